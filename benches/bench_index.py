@@ -1,0 +1,726 @@
+"""Side-by-side benchmark of the kbcore native index against hnswlib, faiss and usearch (issue 2).
+
+Run from the repository root::
+
+    python -m benches.bench_index [--data DIR] [--n 100000] [--quick] [--json OUT] [--plot OUT.png]
+                                  [--libs kbcore,hnswlib,faiss,usearch] [--datasets scifact,synthetic]
+
+All libraries are measured in this one process on the same arrays, one index alive at a time.
+See benches/README.md for what is measured and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from benches.datasets import Dataset, load_scifact, make_synthetic, scifact_dir
+
+K = 10
+M = 16
+EF_CONSTRUCTION = 200
+BUILD_THREADS = 2
+DEFAULT_EFS = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+RECALL_TARGETS = (0.95, 0.99)
+DEFAULT_EF_MIN_RECALL = 0.95
+HNSW_LIBS = ("kbcore", "hnswlib", "faiss", "usearch")
+TIE_EPS = 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# process memory
+
+
+_LIBC: Any = None
+try:
+    _LIBC = ctypes.CDLL("libc.so.6")
+except OSError:
+    pass
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def settle_memory() -> int:
+    """Collect garbage, give freed heap pages back to the OS, reset the peak; return RSS in bytes."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+    return _status_kib("VmRSS") * 1024
+
+
+def rss_bytes() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss_bytes() -> int:
+    return _status_kib("VmHWM") * 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# library adapters: build / set ef / per-query callable / batch search, nothing else
+
+
+class Adapter:
+    """Thin uniform wrapper; the timed loops call the library directly through ``single_fn``."""
+
+    name = ""
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        raise NotImplementedError
+
+    def set_ef(self, ef: int) -> None:
+        raise NotImplementedError
+
+    def prepare_single(self, q: np.ndarray) -> list:
+        """Per-query inputs in the shape the library accepts for a single query (built outside timing)."""
+        return list(q)
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        raise NotImplementedError
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        """Search all queries in one call with one thread; return int64 ids [nq, K]."""
+        raise NotImplementedError
+
+    def own_memory(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        self.index = None
+
+
+class KbcoreHnsw(Adapter):
+    name = "kbcore"
+
+    def __init__(self) -> None:
+        import kbcore
+
+        self.kbcore = kbcore
+        self.index: Any = None
+        self.ef = 64
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M, ef_construction=EF_CONSTRUCTION)
+        self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
+
+    def set_ef(self, ef: int) -> None:
+        self.ef = ef
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        search, ef = self.index.search, self.ef
+        return lambda q: search(q, k=K, ef=ef, threads=1)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        return np.asarray(raw[0], dtype=np.int64)
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        return np.asarray(self.index.search(q, k=K, ef=self.ef, threads=1)[0], dtype=np.int64)
+
+    def own_memory(self) -> int | None:
+        fn = getattr(self.index, "memory_usage", None)
+        return int(fn()) if callable(fn) else None
+
+
+class Hnswlib(Adapter):
+    name = "hnswlib"
+
+    def __init__(self) -> None:
+        import hnswlib
+
+        self.hnswlib = hnswlib
+        self.index: Any = None
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.hnswlib.Index(space="cosine", dim=x.shape[1])
+        self.index.init_index(max_elements=x.shape[0], M=M, ef_construction=EF_CONSTRUCTION, random_seed=42)
+        self.index.set_num_threads(threads)
+        self.index.add_items(x, np.arange(x.shape[0]), num_threads=threads)
+
+    def set_ef(self, ef: int) -> None:
+        self.index.set_ef(ef)
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        knn = self.index.knn_query
+        return lambda q: knn(q, k=K, num_threads=1)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        return raw[0][0].astype(np.int64)
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        return self.index.knn_query(q, k=K, num_threads=1)[0].astype(np.int64)
+
+
+class FaissHnsw(Adapter):
+    name = "faiss"
+
+    def __init__(self) -> None:
+        import faiss
+
+        self.faiss = faiss
+        self.index: Any = None
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.faiss.omp_set_num_threads(threads)
+        self.index = self.faiss.IndexHNSWFlat(x.shape[1], M, self.faiss.METRIC_INNER_PRODUCT)
+        self.index.hnsw.efConstruction = EF_CONSTRUCTION
+        self.index.add(x)
+        self.faiss.omp_set_num_threads(1)
+
+    def set_ef(self, ef: int) -> None:
+        self.faiss.omp_set_num_threads(1)
+        self.index.hnsw.efSearch = ef
+
+    def prepare_single(self, q: np.ndarray) -> list:
+        return [row[None, :] for row in q]  # faiss only takes 2-D input
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        search = self.index.search
+        return lambda q: search(q, K)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        return raw[1][0].astype(np.int64)
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        return self.index.search(q, K)[1].astype(np.int64)
+
+
+class Usearch(Adapter):
+    name = "usearch"
+
+    def __init__(self) -> None:
+        from usearch.index import Index
+
+        self.cls = Index
+        self.index: Any = None
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        # dtype must be explicit: usearch 2.26 stores bf16 by default, the others store float32.
+        self.index = self.cls(
+            ndim=x.shape[1],
+            metric="cos",
+            dtype="f32",
+            connectivity=M,
+            expansion_add=EF_CONSTRUCTION,
+            expansion_search=64,
+        )
+        self.index.add(np.arange(x.shape[0], dtype=np.uint64), x, threads=threads)
+
+    def set_ef(self, ef: int) -> None:
+        self.index.expansion_search = ef
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        search = self.index.search
+        return lambda q: search(q, K, threads=1)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        return np.asarray(raw.keys, dtype=np.int64)
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        m = self.index.search(q, K, threads=1)
+        keys = np.asarray(m.keys).astype(np.int64)
+        keys[np.arange(K)[None, :] >= np.asarray(m.counts)[:, None]] = -1
+        return keys
+
+    def own_memory(self) -> int | None:
+        return int(self.index.memory_usage)
+
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    "kbcore": KbcoreHnsw,
+    "hnswlib": Hnswlib,
+    "faiss": FaissHnsw,
+    "usearch": Usearch,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# measurement helpers
+
+
+def recall_at_k(pred: np.ndarray, ds: Dataset, *, ties: bool = False) -> float:
+    """Mean |pred ∩ exact top-k| / k. With ``ties`` a hit is any id scoring >= the exact k-th score - eps."""
+    if not ties:
+        hits = sum(len(set(p.tolist()) & set(g.tolist())) for p, g in zip(pred, ds.gt_ids))
+        return hits / (K * len(pred))
+    safe = np.where(pred >= 0, pred, 0)
+    scores = np.einsum("qd,qkd->qk", ds.queries, ds.base[safe])
+    ok = (pred >= 0) & (scores >= ds.gt_scores[:, K - 1 : K] - TIE_EPS)
+    # a duplicate id can only be counted once
+    uniq = [len(set(p[o].tolist())) for p, o in zip(pred, ok)]
+    return float(sum(uniq)) / (K * len(pred))
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
+    """Run ``fn`` ``repeats`` times with gc paused; return all wall times (s) and the last result."""
+    times = []
+    out = None
+    for _ in range(repeats):
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+        finally:
+            gc.enable()
+    return times, out
+
+
+def qps_at_recall(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """QPS at ``target`` recall on a (recall, qps) curve ordered by increasing ef.
+
+    Linear interpolation between the last point below and the first point at/above the target;
+    if the smallest ef already reaches it, that point's QPS (a lower bound); None if never reached.
+    """
+    for i, (r, q) in enumerate(curve):
+        if r >= target:
+            if i == 0:
+                return q
+            r0, q0 = curve[i - 1]
+            if r == r0:
+                return q
+            return q0 + (q - q0) * (target - r0) / (r - r0)
+    return None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def fmt(x: Any, spec: str = ".3g") -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def log(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# per-library benchmark
+
+
+def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) -> dict:
+    res: dict[str, Any] = {}
+    x, q = ds.base, ds.queries
+    rss0 = settle_memory()
+    t0 = time.perf_counter()
+    adapter.build(x, BUILD_THREADS)
+    res["build_s"] = time.perf_counter() - t0
+    peak = peak_rss_bytes()
+    rss1 = settle_memory()
+    res["rss_delta_bytes"] = rss1 - rss0
+    res["rss_bytes_per_vector"] = (rss1 - rss0) / ds.n
+    res["peak_rss_delta_bytes"] = peak - rss0
+    own = adapter.own_memory()
+    res["own_memory_bytes"] = own
+    res["own_bytes_per_vector"] = None if own is None else own / ds.n
+    log(
+        f"  {adapter.name:8s} build {res['build_s']:.2f} s ({BUILD_THREADS} threads), "
+        f"RSS +{res['rss_bytes_per_vector']:.0f} B/vector (peak +{res['peak_rss_delta_bytes'] / ds.n:.0f}), "
+        f"own accounting {fmt(res['own_bytes_per_vector'], '.0f')} B/vector"
+    )
+
+    if adapter.name == "kbcore":
+        res["default_ef"] = bench_kbcore_default_ef(adapter, ds)
+
+    inputs = adapter.prepare_single(q)
+    sweep = []
+    log(f"    {'ef':>5s} {'recall':>7s} {'loop QPS':>10s} {'batch QPS':>10s}  (1 thread, median of {repeats})")
+    for ef in efs:
+        adapter.set_ef(ef)
+        fn = adapter.single_fn()
+        loop_times, raws = timed(lambda: [fn(v) for v in inputs], repeats)
+        batch_times, batch_ids = timed(lambda: adapter.batch(q), repeats)
+        loop_ids = np.stack([adapter.single_ids(r) for r in raws])
+        point = {
+            "ef": ef,
+            "recall_loop": recall_at_k(loop_ids, ds),
+            "recall_batch": recall_at_k(batch_ids, ds),
+            "qps_loop": ds.nq / statistics.median(loop_times),
+            "qps_batch": ds.nq / statistics.median(batch_times),
+            "latency_us_loop": 1e6 * statistics.median(loop_times) / ds.nq,
+            "loop_times_s": loop_times,
+            "batch_times_s": batch_times,
+        }
+        sweep.append(point)
+        log(
+            f"    {ef:5d} {point['recall_loop']:7.4f} {point['qps_loop']:10.0f} {point['qps_batch']:10.0f}"
+            + ("" if point["recall_loop"] == point["recall_batch"] else f"  (batch recall {point['recall_batch']:.4f})")
+        )
+    res["sweep"] = sweep
+    res["at_recall"] = {
+        str(t): {
+            mode: qps_at_recall([(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in sweep], t)
+            for mode in ("loop", "batch")
+        }
+        for t in RECALL_TARGETS
+    }
+    adapter.close()
+    res["rss_after_delete_bytes"] = settle_memory() - rss0
+    return res
+
+
+def bench_kbcore_default_ef(adapter: KbcoreHnsw, ds: Dataset) -> dict:
+    index = adapter.index
+    ef = int(index.ef)
+    ids = np.asarray(index.search(ds.queries, k=K, threads=1)[0], dtype=np.int64)
+    rec = recall_at_k(ids, ds)
+    out = {"ef": ef, "recall": rec, "recall_ties": recall_at_k(ids, ds, ties=True), "ok": rec >= DEFAULT_EF_MIN_RECALL}
+    log(
+        f"    kbcore default ef={ef}: recall@{K} {rec:.4f} "
+        f"({'PASS' if out['ok'] else 'FAIL'}, need >= {DEFAULT_EF_MIN_RECALL})"
+    )
+    return out
+
+
+def bench_flat(libs: Sequence[str], ds: Dataset, repeats: int) -> dict:
+    out: dict[str, Any] = {}
+    x, q = ds.base, ds.queries
+    builders: dict[str, Callable[[], Callable[[], np.ndarray]]] = {}
+    if "kbcore" in libs:
+
+        def kb() -> Callable[[], np.ndarray]:
+            import kbcore
+
+            index = kbcore.Index(ds.dim, metric="cosine", kind="flat")
+            index.add(x, np.arange(ds.n, dtype=np.int64), threads=BUILD_THREADS)
+            return lambda: np.asarray(index.search(q, k=K, threads=1)[0], dtype=np.int64)
+
+        builders["kbcore"] = kb
+
+    def fa() -> Callable[[], np.ndarray]:
+        import faiss
+
+        faiss.omp_set_num_threads(1)
+        index = faiss.IndexFlatIP(ds.dim)
+        index.add(x)
+        return lambda: index.search(q, K)[1].astype(np.int64)
+
+    builders["faiss"] = fa
+    for name, make in builders.items():
+        rss0 = settle_memory()
+        search = make()
+        rss1 = settle_memory()
+        times, ids = timed(search, repeats)
+        med = statistics.median(times)
+        out[name] = {
+            "median_s": med,
+            "qps": ds.nq / med,
+            "times_s": times,
+            "recall": recall_at_k(ids, ds),
+            "recall_ties": recall_at_k(ids, ds, ties=True),
+            "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
+        }
+        log(
+            f"  flat {name:8s} batch {med * 1e3:8.1f} ms ({out[name]['qps']:.0f} QPS, 1 thread, median of {repeats}), "
+            f"recall@{K} {out[name]['recall']:.4f} (tie-aware {out[name]['recall_ties']:.4f}), "
+            f"RSS +{out[name]['rss_bytes_per_vector']:.0f} B/vector"
+        )
+        del search, ids
+        settle_memory()
+    if "kbcore" in out:
+        kb_res = out["kbcore"]
+        kb_res["recall_ok"] = kb_res["recall_ties"] == 1.0
+        out["time_ratio_kbcore_over_faiss"] = kb_res["median_s"] / out["faiss"]["median_s"]
+        log(
+            f"  flat kbcore/faiss time ratio {out['time_ratio_kbcore_over_faiss']:.2f}; "
+            f"kbcore flat recall {'PASS' if kb_res['recall_ok'] else 'FAIL'} (== 1.0 up to exact ties)"
+        )
+    return out
+
+
+def bench_dataset(ds: Dataset, libs: Sequence[str], efs: Sequence[int], repeats: int, flat_repeats: int) -> dict:
+    log(f"\n=== {ds.name}: n={ds.n}, nq={ds.nq}, dim={ds.dim}, k={K}, metric=cosine ===")
+    if "crosscheck_exact_top100" in ds.info:
+        log(f"  ground truth vs exact_top100_chunks.npy: {ds.info['crosscheck_exact_top100']}")
+    out: dict[str, Any] = {"n": ds.n, "nq": ds.nq, "dim": ds.dim, "info": ds.info, "libs": {}}
+    for name in libs:
+        out["libs"][name] = bench_hnsw(ADAPTERS[name](), ds, efs, repeats)
+        gc.collect()
+    out["flat"] = bench_flat(libs, ds, flat_repeats)
+    out["ratios"] = compute_ratios(out)
+    return out
+
+
+def compute_ratios(res: dict) -> dict:
+    libs = res["libs"]
+    if "kbcore" not in libs:
+        return {}
+    kb = libs["kbcore"]
+    r: dict[str, Any] = {}
+    if "hnswlib" in libs:
+        r["build_time_kbcore_over_hnswlib"] = ratio(kb["build_s"], libs["hnswlib"]["build_s"])
+    for other in libs:
+        if other == "kbcore":
+            continue
+        r[f"mem_per_vector_kbcore_over_{other}"] = ratio(kb["rss_bytes_per_vector"], libs[other]["rss_bytes_per_vector"])
+        for t in RECALL_TARGETS:
+            for mode in ("loop", "batch"):
+                r[f"qps@{t}_{mode}_kbcore_over_{other}"] = ratio(
+                    kb["at_recall"][str(t)][mode], libs[other]["at_recall"][str(t)][mode]
+                )
+    return r
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+def summary_table(name: str, res: dict) -> str:
+    libs = res["libs"]
+    lines = [f"\n## {name}  (n={res['n']}, nq={res['nq']}, dim={res['dim']}, M={M}, efC={EF_CONSTRUCTION}, k={K})"]
+    head = f"| {'library':8s} | build s | B/vec RSS | B/vec own | " + " | ".join(
+        f"QPS@{t} loop | QPS@{t} batch" for t in RECALL_TARGETS
+    ) + " | R@10 ef=64 | lat µs ef=64 |"
+    lines.append(head)
+    lines.append("|" + "|".join("---" for _ in head.split("|")[1:-1]) + "|")
+    for lib, r in libs.items():
+        at64 = next((p for p in r["sweep"] if p["ef"] == 64), None)
+        cells = [
+            f"{lib:8s}",
+            f"{r['build_s']:.2f}",
+            f"{r['rss_bytes_per_vector']:.0f}",
+            fmt(r["own_bytes_per_vector"], ".0f"),
+        ]
+        for t in RECALL_TARGETS:
+            for mode in ("loop", "batch"):
+                cells.append(fmt(r["at_recall"][str(t)][mode], ".0f"))
+        cells.append(fmt(at64["recall_loop"], ".4f") if at64 else "n/a")
+        cells.append(fmt(at64["latency_us_loop"], ".0f") if at64 else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    flat = res.get("flat", {})
+    if flat:
+        lines.append("")
+        lines.append("| exact flat (1 thread, batch) | ms | QPS | recall@10 | tie-aware |")
+        lines.append("|---|---|---|---|---|")
+        for lib in ("kbcore", "faiss"):
+            if lib in flat:
+                f = flat[lib]
+                lines.append(
+                    f"| {lib} | {f['median_s'] * 1e3:.1f} | {f['qps']:.0f} | {f['recall']:.4f} | {f['recall_ties']:.4f} |"
+                )
+    if "kbcore" in libs:
+        kb = libs["kbcore"]
+        lines.append("")
+        d = kb.get("default_ef", {})
+        lines.append(
+            f"kbcore recall@10 at default ef={d.get('ef')}: {fmt(d.get('recall'), '.4f')} "
+            f"({'PASS' if d.get('ok') else 'FAIL'} >= {DEFAULT_EF_MIN_RECALL})"
+        )
+        rr = res["ratios"]
+        lines.append(f"build time kbcore/hnswlib: {fmt(rr.get('build_time_kbcore_over_hnswlib'), '.2f')}")
+        for other in libs:
+            if other == "kbcore":
+                continue
+            parts = [f"mem {fmt(rr.get(f'mem_per_vector_kbcore_over_{other}'), '.2f')}"]
+            for t in RECALL_TARGETS:
+                for mode in ("loop", "batch"):
+                    parts.append(f"QPS@{t} {mode} {fmt(rr.get(f'qps@{t}_{mode}_kbcore_over_{other}'), '.2f')}")
+            lines.append(f"kbcore/{other}: " + ", ".join(parts))
+        if "time_ratio_kbcore_over_faiss" in flat:
+            lines.append(
+                f"flat time kbcore/faiss: {flat['time_ratio_kbcore_over_faiss']:.2f}; kbcore flat recall "
+                f"{'PASS' if flat['kbcore'].get('recall_ok') else 'FAIL'}"
+            )
+    return "\n".join(lines)
+
+
+def machine_info(libs: Sequence[str]) -> dict:
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)),
+        "numpy": np.__version__,
+    }
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+            fh.seek(0)
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    info["cpu_simd_flags"] = sorted(f for f in flags if f.startswith(("avx", "sse4", "fma")))
+                    break
+    except OSError:
+        pass
+    try:
+        info["loadavg_start"] = os.getloadavg()
+    except OSError:
+        pass
+    from importlib import metadata
+
+    for pkg in ("hnswlib", "faiss-cpu", "usearch", "kbcore"):
+        try:
+            info[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            info[pkg] = None
+    if "faiss" in libs:
+        import faiss
+
+        info["faiss_compile_options"] = faiss.get_compile_options()
+    if "usearch" in libs:
+        from usearch.index import Index
+
+        info["usearch_hardware_acceleration"] = Index(ndim=384, metric="cos", dtype="f32").hardware_acceleration
+    if "kbcore" in libs:
+        import kbcore
+
+        info["kbcore_simd_level"] = kbcore.simd_level() if hasattr(kbcore, "simd_level") else None
+        if hasattr(kbcore, "available_simd_levels"):
+            info["kbcore_available_simd_levels"] = list(kbcore.available_simd_levels())
+    return info
+
+
+def plot_curves(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(len(names), 2, figsize=(11, 4.2 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        for col, mode in enumerate(("loop", "batch")):
+            ax = axes[row][col]
+            for lib, r in results[name]["libs"].items():
+                rec = [p[f"recall_{mode}"] for p in r["sweep"]]
+                qps = [p[f"qps_{mode}"] for p in r["sweep"]]
+                ax.plot(rec, qps, marker="o", ms=3, label=lib)
+            for t in RECALL_TARGETS:
+                ax.axvline(t, color="grey", lw=0.6, ls=":")
+            ax.set_yscale("log")
+            ax.set_xlabel("recall@10")
+            ax.set_ylabel("QPS (1 thread)")
+            ax.set_title(f"{name}: {'single-query loop' if mode == 'loop' else 'one batch'}")
+            ax.grid(True, which="both", lw=0.3)
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="data root holding scifact/ (or the scifact folder); default $KBCORE_DATA or ../shared/data")
+    p.add_argument("--n", type=int, default=None, help="synthetic base size (default 100000; 20000 with --quick)")
+    p.add_argument("--nq", type=int, default=1000, help="synthetic query count (default 1000)")
+    p.add_argument("--quick", action="store_true", help="synthetic n=20000 (smoke run)")
+    p.add_argument("--json", help="write all results and machine info to this file")
+    p.add_argument("--plot", help="write recall/QPS curves to this PNG")
+    p.add_argument("--libs", default=",".join(HNSW_LIBS), help="comma list from kbcore,hnswlib,faiss,usearch")
+    p.add_argument("--datasets", default="scifact,synthetic", help="comma list from scifact,synthetic")
+    p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)), help="comma list of search ef values")
+    p.add_argument("--repeats", type=int, default=3, help="timings per sweep point (median reported)")
+    p.add_argument("--flat-repeats", type=int, default=5, help="timings of the exact flat search")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    libs = [s.strip() for s in args.libs.split(",") if s.strip()]
+    unknown = [lib for lib in libs if lib not in ADAPTERS]
+    if unknown:
+        raise SystemExit(f"unknown --libs {unknown}; choose from {list(ADAPTERS)}")
+    if "kbcore" in libs:
+        try:
+            import kbcore
+
+            kbcore.Index  # noqa: B018 - the package may exist before the native index does
+        except (ImportError, AttributeError) as exc:
+            log(f"WARNING: kbcore not usable ({exc!r}); benchmarking the anchors only")
+            libs.remove("kbcore")
+    efs = [int(e) for e in args.efs.split(",")]
+    n = args.n if args.n is not None else (20_000 if args.quick else 100_000)
+    wanted = [s.strip() for s in args.datasets.split(",") if s.strip()]
+
+    info = machine_info(libs)
+    log(f"machine: {info.get('cpu_model')} ({info['affinity_cpus']} cpus), python {info['python']}, numpy {info['numpy']}")
+    log(
+        "versions: "
+        + ", ".join(f"{p} {info.get(p)}" for p in ("hnswlib", "faiss-cpu", "usearch", "kbcore"))
+        + (f", kbcore simd {info.get('kbcore_simd_level')}" if "kbcore" in libs else "")
+    )
+    log(f"libraries: {libs}; M={M}, ef_construction={EF_CONSTRUCTION}, build threads={BUILD_THREADS}, search threads=1")
+
+    t_start = time.perf_counter()
+    results: dict[str, Any] = {}
+    for which in wanted:
+        if which == "scifact":
+            folder = scifact_dir(args.data)
+            if not (folder / "chunk_embeddings.npy").exists():
+                log(f"\nskipping scifact: {folder / 'chunk_embeddings.npy'} not found")
+                continue
+            ds = load_scifact(args.data, K)
+        elif which == "synthetic":
+            ds = make_synthetic(n, args.nq, k=K)
+        else:
+            raise SystemExit(f"unknown dataset {which!r}")
+        results[ds.name] = bench_dataset(ds, libs, efs, args.repeats, args.flat_repeats)
+        del ds
+        gc.collect()
+
+    info["loadavg_end"] = os.getloadavg()
+    info["total_runtime_s"] = time.perf_counter() - t_start
+    log("\n# Summary (QPS = queries/s on 1 thread; loop = one 1-D query per call; batch = one call)")
+    for name, res in results.items():
+        log(summary_table(name, res))
+    log(f"\ntotal runtime {info['total_runtime_s']:.0f} s; load average start {info.get('loadavg_start')} end {info['loadavg_end']}")
+
+    if args.json:
+        config = {
+            "k": K,
+            "M": M,
+            "ef_construction": EF_CONSTRUCTION,
+            "build_threads": BUILD_THREADS,
+            "search_threads": 1,
+            "efs": efs,
+            "repeats": args.repeats,
+            "flat_repeats": args.flat_repeats,
+            "recall_targets": list(RECALL_TARGETS),
+            "libs": libs,
+        }
+        with open(args.json, "w") as fh:
+            json.dump({"machine": info, "config": config, "datasets": results}, fh, indent=1)
+        log(f"wrote {args.json}")
+    if args.plot:
+        plot_curves(results, args.plot)
+        log(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

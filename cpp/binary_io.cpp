@@ -1,0 +1,280 @@
+#include "binary_io.h"
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "errors.h"
+
+#if defined(_WIN32)
+#include <io.h>
+#else
+#include <fcntl.h>
+#include <unistd.h>
+#endif
+
+namespace kbcore {
+namespace {
+
+constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 8;
+constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ULL;
+constexpr std::uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
+
+constexpr bool host_is_little_endian() {
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return false;
+#else
+  return true;
+#endif
+}
+
+inline std::uint64_t rotl(std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+inline std::uint64_t mix(std::uint64_t h, std::uint64_t w) {
+  h ^= rotl(w * kP2, 31) * kP1;
+  return rotl(h, 27) * kP1 + 0x165667B19E3779F9ULL;
+}
+
+void swap_bytes(unsigned char* p, std::size_t n, std::size_t elem) {
+  for (std::size_t i = 0; i < n; ++i) {
+    unsigned char* e = p + i * elem;
+    for (std::size_t a = 0, b = elem - 1; a < b; ++a, --b) std::swap(e[a], e[b]);
+  }
+}
+
+void store_le64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+std::uint64_t load_le(const unsigned char* p, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// The checksum is computed over whole 8-byte words plus a tail; streaming it needs the
+// same word boundaries, so the writer hashes its buffer in 8-byte multiples.
+std::uint64_t hash_words(std::uint64_t h, const unsigned char* p, std::size_t n) {
+  for (std::size_t i = 0; i + 8 <= n; i += 8) h = mix(h, load_le(p + i, 8));
+  return h;
+}
+std::uint64_t hash_finish(std::uint64_t h, const unsigned char* tail, std::size_t n,
+                          std::uint64_t total) {
+  std::uint64_t w = 0;
+  for (std::size_t i = 0; i < n; ++i) w |= static_cast<std::uint64_t>(tail[i]) << (8 * i);
+  h = mix(h, w ^ (static_cast<std::uint64_t>(n) << 56));
+  h ^= total;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  return h;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const std::size_t body = n & ~static_cast<std::size_t>(7);
+  const std::uint64_t h = hash_words(seed ^ kP1, p, body);
+  return hash_finish(h, p + body, n - body, n);
+}
+
+BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version)
+    : path_(path) {
+  std::random_device rd;
+  tmp_path_ = path + ".tmp-" + std::to_string(rd()) + std::to_string(rd());
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  if (file_ == nullptr) {
+    throw IoError("cannot write '" + path + "': " + errno_text());
+  }
+  unsigned char header[kHeaderBytes] = {};
+  std::memcpy(header, magic, 8);
+  for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<unsigned char>(version >> (8 * i));
+  if (std::fwrite(header, 1, kHeaderBytes, file_) != kHeaderBytes) {
+    throw IoError("cannot write '" + path + "': " + errno_text());
+  }
+  hash_state_ = kP1;
+  buffer_.reserve(1 << 20);
+}
+
+BinaryWriter::~BinaryWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!committed_) std::remove(tmp_path_.c_str());
+}
+
+void BinaryWriter::put(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  payload_bytes_ += bytes;
+  while (bytes > 0) {
+    const std::size_t room = (1 << 20) - buffer_.size();
+    const std::size_t take = std::min(room, bytes);
+    buffer_.insert(buffer_.end(), p, p + take);
+    p += take;
+    bytes -= take;
+    if (buffer_.size() == (1 << 20)) {
+      hash_state_ = hash_words(hash_state_, buffer_.data(), buffer_.size());
+      if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
+        throw IoError("cannot write '" + path_ + "': " + errno_text());
+      }
+      buffer_.clear();
+    }
+  }
+}
+
+void BinaryWriter::raw_le(const void* data, std::size_t n, std::size_t elem) {
+  if (host_is_little_endian() || elem == 1) {
+    put(data, n * elem);
+    return;
+  }
+  std::vector<unsigned char> tmp(static_cast<const unsigned char*>(data),
+                                 static_cast<const unsigned char*>(data) + n * elem);
+  swap_bytes(tmp.data(), n, elem);
+  put(tmp.data(), tmp.size());
+}
+
+void BinaryWriter::u8(std::uint8_t v) { put(&v, 1); }
+void BinaryWriter::u32(std::uint32_t v) {
+  unsigned char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+  put(b, 4);
+}
+void BinaryWriter::u64(std::uint64_t v) {
+  unsigned char b[8];
+  store_le64(b, v);
+  put(b, 8);
+}
+void BinaryWriter::i64(std::int64_t v) { u64(static_cast<std::uint64_t>(v)); }
+void BinaryWriter::f32(float v) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  u32(bits);
+}
+
+void BinaryWriter::commit() {
+  const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
+  hash_state_ = hash_words(hash_state_, buffer_.data(), body);
+  const std::uint64_t sum =
+      hash_finish(hash_state_, buffer_.data() + body, buffer_.size() - body, payload_bytes_);
+  if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
+    throw IoError("cannot write '" + path_ + "': " + errno_text());
+  }
+  unsigned char tail[16];
+  store_le64(tail, payload_bytes_);
+  store_le64(tail + 8, sum);
+  if (std::fseek(file_, 16, SEEK_SET) != 0 || std::fwrite(tail, 1, 16, file_) != 16 ||
+      std::fflush(file_) != 0) {
+    throw IoError("cannot write '" + path_ + "': " + errno_text());
+  }
+#if !defined(_WIN32)
+  if (::fsync(::fileno(file_)) != 0) throw IoError("cannot sync '" + path_ + "': " + errno_text());
+#endif
+  const int closed = std::fclose(file_);
+  file_ = nullptr;
+  if (closed != 0) throw IoError("cannot write '" + path_ + "': " + errno_text());
+#if defined(_WIN32)
+  std::remove(path_.c_str());
+#endif
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    throw IoError("cannot move the saved index into place at '" + path_ + "': " + errno_text());
+  }
+  committed_ = true;
+#if !defined(_WIN32)
+  // fsync the directory so that the rename itself survives a crash.
+  const std::size_t slash = path_.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+  const int fd = ::open(dir.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+#endif
+}
+
+BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version)
+    : path_(path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) throw NotFound("no such file: '" + path + "'");
+    throw IoError("cannot open '" + path + "': " + errno_text());
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  unsigned char header[kHeaderBytes];
+  const std::size_t got = std::fread(header, 1, kHeaderBytes, f);
+  if (got < 8 || std::memcmp(header, magic, 8) != 0) {
+    fail("not a kbcore file of this kind (bad magic)");
+  }
+  if (got < kHeaderBytes) fail("truncated header");
+  version_ = static_cast<std::uint32_t>(load_le(header + 8, 4));
+  if (version_ == 0 || version_ > max_version) {
+    throw FormatError("'" + path + "' has format version " + std::to_string(version_) +
+                      ", this kbcore reads versions 1.." + std::to_string(max_version) +
+                      "; upgrade kbcore to load it");
+  }
+  const std::uint64_t payload = load_le(header + 16, 8);
+  const std::uint64_t sum = load_le(header + 24, 8);
+  if (std::fseek(f, 0, SEEK_END) != 0) fail("cannot determine the file size");
+  const long end = std::ftell(f);
+  if (end < 0) fail("cannot determine the file size");
+  const std::uint64_t actual = static_cast<std::uint64_t>(end) - kHeaderBytes;
+  if (payload != actual) {
+    fail("size mismatch: header says " + std::to_string(payload) + " payload bytes, file has " +
+         std::to_string(actual) + " (truncated or appended to)");
+  }
+  data_.resize(static_cast<std::size_t>(payload));
+  if (std::fseek(f, static_cast<long>(kHeaderBytes), SEEK_SET) != 0 ||
+      std::fread(data_.data(), 1, data_.size(), f) != data_.size()) {
+    fail("read error");
+  }
+  if (checksum64(data_.data(), data_.size(), 0) != sum) fail("checksum mismatch (corrupted file)");
+}
+
+void BinaryReader::fail(const std::string& what) const {
+  throw FormatError("cannot load '" + path_ + "': " + what);
+}
+
+void BinaryReader::require(std::size_t n, std::size_t elem) const {
+  if (elem != 0 && n > remaining() / elem) {
+    fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) +
+         " bytes, " + std::to_string(remaining()) + " remain");
+  }
+}
+
+void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
+  require(n, elem);
+  std::memcpy(out, data_.data() + pos_, n * elem);
+  pos_ += n * elem;
+  if (!host_is_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
+}
+
+std::uint8_t BinaryReader::u8() {
+  require(1, 1);
+  return data_[pos_++];
+}
+std::uint32_t BinaryReader::u32() {
+  require(1, 4);
+  const auto v = static_cast<std::uint32_t>(load_le(data_.data() + pos_, 4));
+  pos_ += 4;
+  return v;
+}
+std::uint64_t BinaryReader::u64() {
+  require(1, 8);
+  const std::uint64_t v = load_le(data_.data() + pos_, 8);
+  pos_ += 8;
+  return v;
+}
+std::int64_t BinaryReader::i64() { return static_cast<std::int64_t>(u64()); }
+float BinaryReader::f32() {
+  const std::uint32_t bits = u32();
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+void BinaryReader::expect_end() const {
+  if (remaining() != 0) fail(std::to_string(remaining()) + " unexpected trailing payload bytes");
+}
+
+}  // namespace kbcore

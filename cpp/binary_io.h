@@ -1,0 +1,98 @@
+#pragma once
+// Versioned binary persistence: explicit little-endian fields, a checksum over the payload,
+// atomic replacement of the target file (temp file, fsync, rename), and a reader that checks
+// every count against the bytes remaining before anything is allocated.
+//
+// File layout: magic[8] | u32 format_version | u32 flags | u64 payload_bytes | u64 checksum | payload
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace kbcore {
+
+/// 64-bit checksum of a byte range (a multiply-rotate hash; detects corruption, not tampering).
+std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed = 0);
+
+/// Streams a payload into `path` atomically: bytes go to a temp file beside it, and
+/// commit() fixes the header, fsyncs and renames. Destroying an uncommitted writer removes
+/// the temp file, so a failure never leaves a half-written target.
+class BinaryWriter {
+ public:
+  BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version);
+  ~BinaryWriter();
+  BinaryWriter(const BinaryWriter&) = delete;
+  BinaryWriter& operator=(const BinaryWriter&) = delete;
+
+  void u8(std::uint8_t v);
+  void u32(std::uint32_t v);
+  void u64(std::uint64_t v);
+  void i64(std::int64_t v);
+  void f32(float v);
+  /// Writes n elements of a 1-, 4- or 8-byte type as little-endian.
+  template <typename T>
+  void array(const T* data, std::size_t n) {
+    static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "unsupported element size");
+    raw_le(data, n, sizeof(T));
+  }
+  /// Finishes the file and moves it into place. Throws IoError on failure.
+  void commit();
+
+ private:
+  void raw_le(const void* data, std::size_t n, std::size_t elem);
+  void put(const void* data, std::size_t bytes);
+  std::string path_;
+  std::string tmp_path_;
+  std::FILE* file_ = nullptr;
+  std::uint64_t payload_bytes_ = 0;
+  std::vector<unsigned char> buffer_;
+  std::uint64_t hash_state_ = 0;
+  bool committed_ = false;
+};
+
+/// Reads a whole file written by BinaryWriter, verifying magic, version, size and checksum
+/// before any field is parsed. Every read is bounds-checked and throws FormatError.
+class BinaryReader {
+ public:
+  /// Throws FileNotFound-style IoError if the file can't be opened, FormatError if it is
+  /// not a valid file of this magic, or if its version is newer than `max_version`.
+  BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version);
+
+  std::uint32_t version() const { return version_; }
+  std::uint8_t u8();
+  std::uint32_t u32();
+  std::uint64_t u64();
+  std::int64_t i64();
+  float f32();
+  /// Reads n elements into out (resized); checks n * sizeof(T) against the bytes remaining
+  /// before allocating.
+  template <typename T>
+  void array(std::vector<T>& out, std::size_t n) {
+    static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "unsupported element size");
+    require(n, sizeof(T));
+    out.resize(n);
+    raw_le(out.data(), n, sizeof(T));
+  }
+  /// Same as array() into a caller buffer of n elements.
+  template <typename T>
+  void array_into(T* out, std::size_t n) {
+    require(n, sizeof(T));
+    raw_le(out, n, sizeof(T));
+  }
+  /// Throws FormatError unless n elements of `elem` bytes remain.
+  void require(std::size_t n, std::size_t elem) const;
+  std::size_t remaining() const { return data_.size() - pos_; }
+  /// Throws FormatError if any payload bytes are left unread.
+  void expect_end() const;
+  /// Throws FormatError with `what` and the file name.
+  [[noreturn]] void fail(const std::string& what) const;
+
+ private:
+  void raw_le(void* out, std::size_t n, std::size_t elem);
+  std::string path_;
+  std::vector<unsigned char> data_;
+  std::size_t pos_ = 0;
+  std::uint32_t version_ = 0;
+};
+
+}  // namespace kbcore

@@ -1,0 +1,112 @@
+// AVX-512F kernels, compiled with -mavx512f (this file only) and used only when the CPU
+// reports avx512f at run time. Tails use masked loads, so any dimension is exact.
+#include <immintrin.h>
+
+#include "distance.h"
+
+namespace kbcore {
+namespace {
+
+inline __mmask16 tail_mask(std::size_t rest) {
+  return static_cast<__mmask16>((1u << rest) - 1u);
+}
+
+float dot_avx512(const float* a, const float* b, std::size_t dim) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 32 <= dim; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i + 16 <= dim; i += 16) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  }
+  if (i < dim) {
+    const __mmask16 m = tail_mask(dim - i);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+float l2sq_avx512(const float* a, const float* b, std::size_t dim) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 32 <= dim; i += 32) {
+    const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16));
+    s0 = _mm512_fmadd_ps(d0, d0, s0);
+    s1 = _mm512_fmadd_ps(d1, d1, s1);
+  }
+  for (; i + 16 <= dim; i += 16) {
+    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    s0 = _mm512_fmadd_ps(d, d, s0);
+  }
+  if (i < dim) {
+    const __mmask16 m = tail_mask(dim - i);
+    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
+    s1 = _mm512_fmadd_ps(d, d, s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+// Four rows against one query: the query is loaded once per step for four rows,
+// which is what keeps an exact scan from being bound by loads.
+template <bool kL2>
+void batch_avx512(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
+  std::size_t r = 0;
+  for (; r + 4 <= n; r += 4) {
+    const float* r0 = rows + r * dim;
+    const float* r1 = r0 + dim;
+    const float* r2 = r1 + dim;
+    const float* r3 = r2 + dim;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    __m512 s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    std::size_t i = 0;
+    for (; i < dim; i += 16) {
+      const __mmask16 m = dim - i >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(dim - i);
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
+      __m512 v0 = _mm512_maskz_loadu_ps(m, r0 + i);
+      __m512 v1 = _mm512_maskz_loadu_ps(m, r1 + i);
+      __m512 v2 = _mm512_maskz_loadu_ps(m, r2 + i);
+      __m512 v3 = _mm512_maskz_loadu_ps(m, r3 + i);
+      if constexpr (kL2) {
+        v0 = _mm512_sub_ps(qv, v0);
+        v1 = _mm512_sub_ps(qv, v1);
+        v2 = _mm512_sub_ps(qv, v2);
+        v3 = _mm512_sub_ps(qv, v3);
+        s0 = _mm512_fmadd_ps(v0, v0, s0);
+        s1 = _mm512_fmadd_ps(v1, v1, s1);
+        s2 = _mm512_fmadd_ps(v2, v2, s2);
+        s3 = _mm512_fmadd_ps(v3, v3, s3);
+      } else {
+        s0 = _mm512_fmadd_ps(qv, v0, s0);
+        s1 = _mm512_fmadd_ps(qv, v1, s1);
+        s2 = _mm512_fmadd_ps(qv, v2, s2);
+        s3 = _mm512_fmadd_ps(qv, v3, s3);
+      }
+    }
+    out[r] = _mm512_reduce_add_ps(s0);
+    out[r + 1] = _mm512_reduce_add_ps(s1);
+    out[r + 2] = _mm512_reduce_add_ps(s2);
+    out[r + 3] = _mm512_reduce_add_ps(s3);
+  }
+  for (; r < n; ++r) out[r] = kL2 ? l2sq_avx512(q, rows + r * dim, dim) : dot_avx512(q, rows + r * dim, dim);
+}
+
+void dot_batch_avx512(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
+  batch_avx512<false>(q, rows, n, dim, out);
+}
+void l2sq_batch_avx512(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
+  batch_avx512<true>(q, rows, n, dim, out);
+}
+
+}  // namespace
+
+namespace detail {
+const Kernels& avx512_kernels() {
+  static const Kernels k{dot_avx512, l2sq_avx512, dot_batch_avx512, l2sq_batch_avx512};
+  return k;
+}
+}  // namespace detail
+
+}  // namespace kbcore

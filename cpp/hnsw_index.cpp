@@ -1,0 +1,313 @@
+#include "hnsw_index.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "binary_io.h"
+#include "errors.h"
+#include "parallel.h"
+
+namespace kbcore {
+
+HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
+    : store_(store),
+      metric_(metric),
+      params_(params),
+      m0_(2 * params.M),
+      level_mult_(1.0 / std::log(static_cast<double>(std::max<std::size_t>(params.M, 2)))),
+      rng_(params.seed) {
+  if (params.M < 2 || params.M > 256) throw InvalidArgument("M must be in [2, 256], got " + std::to_string(params.M));
+  if (params.ef_construction < 1) throw InvalidArgument("ef_construction must be positive");
+  grow();
+}
+
+void HnswIndex::grow() {
+  const std::size_t n = store_.slot_count();
+  if (levels_.size() >= n) return;
+  links0_.resize(n * (1 + m0_), 0);
+  levels_.resize(n, 0);
+  upper_.resize(n);
+}
+
+int HnswIndex::draw_level() {
+  // Level ~ floor(-ln(U) * mL) with mL = 1/ln(M) (paper, section 4.1).
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const double r = -std::log(std::max(u(rng_), 1e-300)) * level_mult_;
+  return static_cast<int>(std::min<double>(r, kMaxLevel));
+}
+
+void HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const {
+  if (cands.size() <= m) return;
+  std::vector<Scored> kept;
+  kept.reserve(m);
+  for (const Scored& c : cands) {
+    if (kept.size() >= m) break;
+    const float* cv = store_.vector(c.slot);
+    bool good = true;
+    for (const Scored& s : kept) {
+      if (distance(k, metric_, cv, store_.vector(s.slot), store_.dim()) < c.dist) {
+        good = false;
+        break;
+      }
+    }
+    if (good) kept.push_back(c);
+  }
+  cands.swap(kept);
+}
+
+void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& k, bool locked) {
+  std::unique_lock<Lock> guard(lock_for(n), std::defer_lock);
+  if (locked) guard.lock();
+  std::uint32_t* nl = links(n, level);
+  const std::size_t cap = capacity(level);
+  const std::size_t count = nl[0];
+  for (std::size_t j = 0; j < count; ++j) {
+    if (nl[1 + j] == s) return;
+  }
+  if (count < cap) {
+    nl[1 + count] = s;
+    nl[0] = static_cast<std::uint32_t>(count + 1);
+    return;
+  }
+  // Full: re-select among the old links plus s with the heuristic, as hnswlib does.
+  std::vector<Scored> cands;
+  cands.reserve(count + 1);
+  const float* nv = store_.vector(n);
+  cands.push_back({d, s});
+  for (std::size_t j = 0; j < count; ++j) {
+    cands.push_back({distance(k, metric_, nv, store_.vector(nl[1 + j]), store_.dim()), nl[1 + j]});
+  }
+  std::sort(cands.begin(), cands.end());
+  select_neighbors(cands, cap, k);
+  nl[0] = static_cast<std::uint32_t>(cands.size());
+  for (std::size_t j = 0; j < cands.size(); ++j) nl[1 + j] = cands[j].slot;
+}
+
+void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool locked) {
+  const float* q = store_.vector(s);
+  Scored cur{dist(k, q, ep), ep};
+  if (locked) {
+    cur = greedy<true>(q, cur, top, level, k);
+  } else {
+    cur = greedy<false>(q, cur, top, level, k);
+  }
+  std::vector<Scored> eps{cur};
+  for (int l = std::min(level, top); l >= 0; --l) {
+    std::vector<Scored> w = locked
+        ? search_layer<true>(q, eps, params_.ef_construction, l, k, AcceptAll{})
+        : search_layer<false>(q, eps, params_.ef_construction, l, k, AcceptAll{});
+    // The node itself can be met when it is being re-linked during repair.
+    w.erase(std::remove_if(w.begin(), w.end(), [s](const Scored& x) { return x.slot == s; }), w.end());
+    eps = w;
+    select_neighbors(w, params_.M, k);
+    {
+      std::unique_lock<Lock> guard(lock_for(s), std::defer_lock);
+      if (locked) guard.lock();
+      std::uint32_t* sl = links(s, l);
+      sl[0] = static_cast<std::uint32_t>(w.size());
+      for (std::size_t j = 0; j < w.size(); ++j) sl[1 + j] = w[j].slot;
+    }
+    for (const Scored& n : w) connect_back(n.slot, s, n.dist, l, k, locked);
+    if (eps.empty()) eps.push_back(cur);
+  }
+}
+
+void HnswIndex::insert(Slot s, const Kernels& k) {
+  const int level = levels_[s];
+  Slot ep;
+  int top;
+  {
+    std::lock_guard<std::mutex> guard(entry_mutex_);
+    ep = entry_;
+    top = max_level_;
+    if (ep == kNoSlot) {
+      entry_ = s;
+      max_level_ = level;
+      return;
+    }
+  }
+  link(s, level, ep, top, k, /*locked=*/true);
+  if (level > top) {
+    std::lock_guard<std::mutex> guard(entry_mutex_);
+    if (level > max_level_) {
+      entry_ = s;
+      max_level_ = level;
+    }
+  }
+}
+
+void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads) {
+  grow();
+  for (Slot s : slots) {
+    const int level = draw_level();
+    levels_[s] = static_cast<std::uint8_t>(level);
+    upper_[s].assign(static_cast<std::size_t>(level) * (1 + params_.M), 0);
+    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+  }
+  const Kernels& k = active_kernels();
+  std::size_t start = 0;
+  // The first node must become the entry point before workers start from it.
+  if (entry_ == kNoSlot && !slots.empty()) {
+    insert(slots[0], k);
+    start = 1;
+  }
+  parallel_for(slots.size() - start, threads, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
+}
+
+void HnswIndex::pick_new_entry(const std::vector<std::uint8_t>& dead) {
+  entry_ = kNoSlot;
+  max_level_ = -1;
+  for (std::size_t s = 0; s < levels_.size(); ++s) {
+    if (!store_.is_live(static_cast<Slot>(s)) || dead[s]) continue;
+    if (static_cast<int>(levels_[s]) > max_level_) {
+      max_level_ = levels_[s];
+      entry_ = static_cast<Slot>(s);
+    }
+  }
+}
+
+void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads) {
+  if (slots.empty()) return;
+  const std::size_t n = levels_.size();
+  std::vector<std::uint8_t> dead(n, 0);
+  for (Slot s : slots) dead[s] = 1;
+  const Kernels& k = active_kernels();
+  if (entry_ != kNoSlot && dead[entry_]) pick_new_entry(dead);
+
+  // Nodes that point at a removed node, per level, are repaired from their surviving links
+  // plus the surviving links of the removed neighbours. Each repair reads only its own list
+  // and lists of removed nodes (which nothing writes), so repairs run in parallel unlocked.
+  std::vector<Slot> live;
+  live.reserve(store_.size());
+  for (std::size_t s = 0; s < n; ++s) {
+    if (store_.is_live(static_cast<Slot>(s)) && !dead[s]) live.push_back(static_cast<Slot>(s));
+  }
+  std::vector<std::uint8_t> orphan(n, 0);
+  parallel_for(live.size(), threads, [&](std::size_t i, std::size_t) {
+    const Slot p = live[i];
+    const float* pv = store_.vector(p);
+    for (int l = 0; l <= levels_[p]; ++l) {
+      std::uint32_t* pl = links(p, l);
+      bool touched = false;
+      for (std::size_t j = 0; j < pl[0]; ++j) touched |= dead[pl[1 + j]] != 0;
+      if (!touched) continue;
+      std::vector<Slot> pool;
+      for (std::size_t j = 0; j < pl[0]; ++j) {
+        const Slot x = pl[1 + j];
+        if (!dead[x]) {
+          pool.push_back(x);
+          continue;
+        }
+        const std::uint32_t* xl = links(x, l);
+        for (std::size_t t = 0; t < xl[0]; ++t) {
+          const Slot y = xl[1 + t];
+          if (y != p && !dead[y]) pool.push_back(y);
+        }
+      }
+      std::sort(pool.begin(), pool.end());
+      pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+      std::vector<Scored> cands;
+      cands.reserve(pool.size());
+      for (Slot y : pool) cands.push_back({distance(k, metric_, pv, store_.vector(y), store_.dim()), y});
+      std::sort(cands.begin(), cands.end());
+      select_neighbors(cands, capacity(l), k);
+      pl[0] = static_cast<std::uint32_t>(cands.size());
+      for (std::size_t j = 0; j < cands.size(); ++j) pl[1 + j] = cands[j].slot;
+      if (l == 0 && cands.empty()) orphan[p] = 1;
+    }
+  }, 64);
+
+  for (Slot s : slots) {
+    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+    levels_[s] = 0;
+    upper_[s].clear();
+    upper_[s].shrink_to_fit();
+  }
+  // A node whose every neighbour (and their neighbours) was removed is re-linked by search.
+  for (std::size_t s = 0; s < n; ++s) {
+    if (!orphan[s] || static_cast<Slot>(s) == entry_ || entry_ == kNoSlot) continue;
+    link(static_cast<Slot>(s), levels_[s], entry_, max_level_, k, /*locked=*/false);
+  }
+}
+
+std::size_t HnswIndex::memory_bytes() const {
+  std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + levels_.capacity() +
+                      upper_.capacity() * sizeof(std::vector<std::uint32_t>);
+  for (const auto& u : upper_) bytes += u.capacity() * sizeof(std::uint32_t);
+  return bytes;
+}
+
+void HnswIndex::save(BinaryWriter& w) const {
+  w.u64(params_.M);
+  w.u64(params_.ef_construction);
+  w.u64(params_.seed);
+  w.u32(entry_);
+  w.u32(static_cast<std::uint32_t>(max_level_ + 1));
+  w.u64(levels_.size());
+  w.array(levels_.data(), levels_.size());
+  w.array(links0_.data(), links0_.size());
+  for (std::size_t s = 0; s < levels_.size(); ++s) {
+    if (levels_[s] > 0) w.array(upper_[s].data(), upper_[s].size());
+  }
+}
+
+void HnswIndex::load(BinaryReader& r) {
+  const std::size_t n = store_.slot_count();
+  const std::uint64_t m = r.u64();
+  const std::uint64_t efc = r.u64();
+  const std::uint64_t seed = r.u64();
+  if (m != params_.M || efc != params_.ef_construction) r.fail("graph parameters disagree with the header");
+  const Slot entry = r.u32();
+  const int max_level = static_cast<int>(r.u32()) - 1;
+  const std::uint64_t slots = r.u64();
+  if (slots != n) r.fail("graph covers " + std::to_string(slots) + " slots, store has " + std::to_string(n));
+  std::vector<std::uint8_t> levels;
+  r.array(levels, n);
+  std::vector<std::uint32_t> links0;
+  r.array(links0, n * (1 + m0_));
+  std::vector<std::vector<std::uint32_t>> upper(n);
+  int seen_max = -1;
+  Slot seen_entry = kNoSlot;
+  for (std::size_t s = 0; s < n; ++s) {
+    if (levels[s] > kMaxLevel) r.fail("node level out of range");
+    if (!store_.is_live(static_cast<Slot>(s))) {
+      if (levels[s] != 0 || links0[s * (1 + m0_)] != 0) r.fail("free slot has links");
+      continue;
+    }
+    if (levels[s] > 0) r.array(upper[s], static_cast<std::size_t>(levels[s]) * (1 + m));
+    if (static_cast<int>(levels[s]) > seen_max) {
+      seen_max = levels[s];
+      seen_entry = static_cast<Slot>(s);
+    }
+  }
+  // Every link must name a live slot and every count must fit its list: a crafted file
+  // must not make a search read out of bounds.
+  const auto check = [&](const std::uint32_t* l, std::size_t cap) {
+    if (l[0] > cap) r.fail("link count exceeds capacity");
+    for (std::size_t j = 0; j < l[0]; ++j) {
+      if (l[1 + j] >= n || !store_.is_live(l[1 + j])) r.fail("link to a missing node");
+    }
+  };
+  for (std::size_t s = 0; s < n; ++s) {
+    if (!store_.is_live(static_cast<Slot>(s))) continue;
+    check(&links0[s * (1 + m0_)], m0_);
+    for (int l = 1; l <= levels[s]; ++l) check(&upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m);
+  }
+  if (store_.size() == 0) {
+    if (entry != kNoSlot || max_level != -1) r.fail("empty graph with an entry point");
+  } else {
+    if (entry >= n || !store_.is_live(entry) || levels[entry] != max_level || max_level != seen_max) {
+      r.fail("invalid entry point");
+    }
+  }
+  (void)seen_entry;
+  params_.seed = seed;
+  levels_ = std::move(levels);
+  links0_ = std::move(links0);
+  upper_ = std::move(upper);
+  entry_ = entry;
+  max_level_ = max_level;
+  rng_.seed(seed ^ n);
+}
+
+}  // namespace kbcore

@@ -1,0 +1,248 @@
+#pragma once
+// Hierarchical Navigable Small World graph (Malkov & Yashunin 2018, "Efficient and robust
+// approximate nearest neighbor search using HNSW graphs", TPAMI). The graph indexes rows of a
+// VectorStore by slot; it does not own the vectors.
+//
+// Thread-safety: search() is const and may run concurrently with other searches. Inserts may
+// run concurrently with each other (per-node striped locks guard link lists, as in hnswlib),
+// but not with searches or removals; the owning Index serialises those with a shared_mutex.
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "distance.h"
+#include "topk.h"
+#include "vector_store.h"
+#include "visited_pool.h"
+
+namespace kbcore {
+
+class BinaryReader;
+class BinaryWriter;
+
+/// Construction parameters. M: links per node on upper levels (2M on level 0);
+/// ef_construction: candidate list size while inserting; seed: level assignment.
+struct HnswParams {
+  std::size_t M = 16;
+  std::size_t ef_construction = 200;
+  std::uint64_t seed = 42;
+};
+
+/// Admits every slot (unfiltered search).
+struct AcceptAll {
+  bool operator()(Slot) const { return true; }
+};
+
+class HnswIndex {
+ public:
+  HnswIndex(const VectorStore& store, Metric metric, HnswParams params);
+
+  const HnswParams& params() const { return params_; }
+  /// Grows per-slot arrays to store.slot_count(). Not thread-safe.
+  void grow();
+  /// Inserts the given (already stored) slots; `threads` workers (0 = all cores).
+  /// Levels are drawn sequentially from the seeded generator, so they are reproducible.
+  void insert_batch(const std::vector<Slot>& slots, std::size_t threads);
+  /// Unlinks the given slots and repairs every node that pointed at them by reconnecting it
+  /// to the removed nodes' neighbours with the selection heuristic (the local repair of
+  /// FreshDiskANN, Singh et al. 2021), so recall does not decay. Slots are then free.
+  void remove_batch(const std::vector<Slot>& slots, std::size_t threads);
+  /// k nearest slots to q with a level-0 candidate list of max(ef, k), ascending.
+  /// O(ef log ef * M) distance evaluations typical. Thread-safe against other searches.
+  std::vector<Scored> search(const float* q, std::size_t k, std::size_t ef) const {
+    return search_with(q, k, ef, AcceptAll{});
+  }
+  /// Same, admitting only slots for which accept(slot) is true into the results; the
+  /// traversal still walks through rejected nodes (so the graph stays navigable).
+  template <typename Accept>
+  std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef,
+                                  const Accept& accept) const;
+
+  /// Bytes held by the graph (links, levels), approximately.
+  std::size_t memory_bytes() const;
+  void save(BinaryWriter& w) const;
+  /// Replaces the graph with a persisted one; validates every link against slot_count.
+  void load(BinaryReader& r);
+
+ private:
+  using Lock = std::mutex;
+  static constexpr std::size_t kLockStripes = 4096;
+  static constexpr int kMaxLevel = 32;
+
+  std::uint32_t* links(Slot s, int level) {
+    return level == 0 ? &links0_[static_cast<std::size_t>(s) * (1 + m0_)]
+                      : &upper_[s][static_cast<std::size_t>(level - 1) * (1 + params_.M)];
+  }
+  const std::uint32_t* links(Slot s, int level) const {
+    return level == 0 ? &links0_[static_cast<std::size_t>(s) * (1 + m0_)]
+                      : &upper_[s][static_cast<std::size_t>(level - 1) * (1 + params_.M)];
+  }
+  std::size_t capacity(int level) const { return level == 0 ? m0_ : params_.M; }
+  float dist(const Kernels& k, const float* q, Slot s) const {
+    return distance(k, metric_, q, store_.vector(s), store_.dim());
+  }
+  Lock& lock_for(Slot s) const { return locks_[s % kLockStripes]; }
+
+  int draw_level();
+  void insert(Slot s, const Kernels& k);
+  /// Links s (whose own level is set) into levels [0, level]; used by insert and repair.
+  void link(Slot s, int level, Slot ep, int top, const Kernels& k, bool locked);
+  void connect_back(Slot n, Slot s, float d, int level, const Kernels& k, bool locked);
+  /// Candidate search on one level from entry points; results ascending, at most ef.
+  template <bool kLocked, typename Accept>
+  std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef,
+                                   int level, const Kernels& k, const Accept& accept) const;
+  template <bool kLocked>
+  Scored greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const;
+  /// Selection heuristic (Malkov & Yashunin, Algorithm 4): keep a candidate only if it is
+  /// closer to the base than to every already kept neighbour. `cands` ascending.
+  void select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
+  void pick_new_entry(const std::vector<std::uint8_t>& dead);
+
+  const VectorStore& store_;
+  Metric metric_;
+  HnswParams params_;
+  std::size_t m0_;
+  double level_mult_;
+  std::vector<std::uint32_t> links0_;              // slot_count * (1 + m0_): [count, ids...]
+  std::vector<std::uint8_t> levels_;               // top level per slot
+  std::vector<std::vector<std::uint32_t>> upper_;  // per slot: levels_[s] * (1 + M)
+  Slot entry_ = kNoSlot;
+  int max_level_ = -1;
+  std::mutex entry_mutex_;
+  mutable std::array<Lock, kLockStripes> locks_;
+  mutable VisitedPool visited_;
+  std::mt19937_64 rng_;
+};
+
+// ---- template implementation -------------------------------------------------------------
+
+namespace detail {
+inline void prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+struct ScoredGreater {
+  bool operator()(const Scored& a, const Scored& b) const { return b < a; }
+};
+}  // namespace detail
+
+template <bool kLocked, typename Accept>
+std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps,
+                                            std::size_t ef, int level, const Kernels& k,
+                                            const Accept& accept) const {
+  auto visited = visited_.acquire(levels_.size());
+  // candidates: min-heap of frontier nodes; results: max-heap of the best ef admitted nodes.
+  std::vector<Scored> candidates;
+  std::vector<Scored> results;
+  candidates.reserve(ef * 2);
+  results.reserve(ef + 1);
+  const auto push_result = [&](const Scored& s) {
+    results.push_back(s);
+    std::push_heap(results.begin(), results.end());
+    if (results.size() > ef) {
+      std::pop_heap(results.begin(), results.end());
+      results.pop_back();
+    }
+  };
+  for (const Scored& e : eps) {
+    if (visited->test_and_set(e.slot)) continue;
+    candidates.push_back(e);
+    std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    if (accept(e.slot)) push_result(e);
+  }
+  std::uint32_t buf[1 + 2 * 64 + 1];
+  std::vector<std::uint32_t> big;
+  while (!candidates.empty()) {
+    const Scored c = candidates.front();
+    if (results.size() >= ef && c.dist > results.front().dist) break;
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    const std::uint32_t* nl;
+    std::size_t count;
+    if constexpr (kLocked) {
+      std::lock_guard<Lock> guard(lock_for(c.slot));
+      const std::uint32_t* src = links(c.slot, level);
+      count = src[0];
+      std::uint32_t* dst = buf;
+      if (count + 1 > sizeof(buf) / sizeof(buf[0])) {
+        big.assign(src, src + count + 1);
+        dst = big.data();
+      } else {
+        std::copy(src, src + count + 1, dst);
+      }
+      nl = dst + 1;
+    } else {
+      const std::uint32_t* src = links(c.slot, level);
+      count = src[0];
+      nl = src + 1;
+    }
+    if (count > 0) detail::prefetch(store_.vector(nl[0]));
+    for (std::size_t j = 0; j < count; ++j) {
+      const Slot n = nl[j];
+      if (j + 1 < count) detail::prefetch(store_.vector(nl[j + 1]));
+      if (visited->test_and_set(n)) continue;
+      const float d = dist(k, q, n);
+      if (results.size() < ef || d < results.front().dist) {
+        candidates.push_back({d, n});
+        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        if (accept(n)) push_result({d, n});
+      }
+    }
+  }
+  std::sort_heap(results.begin(), results.end());
+  return results;
+}
+
+template <bool kLocked>
+Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_level,
+                         const Kernels& k) const {
+  std::vector<std::uint32_t> local;
+  for (int level = from_level; level > to_level; --level) {
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      const std::uint32_t* nl;
+      std::size_t count;
+      if constexpr (kLocked) {
+        std::lock_guard<Lock> guard(lock_for(cur.slot));
+        const std::uint32_t* src = links(cur.slot, level);
+        local.assign(src + 1, src + 1 + src[0]);
+        nl = local.data();
+        count = local.size();
+      } else {
+        const std::uint32_t* src = links(cur.slot, level);
+        count = src[0];
+        nl = src + 1;
+      }
+      for (std::size_t j = 0; j < count; ++j) {
+        const float d = dist(k, q, nl[j]);
+        if (d < cur.dist) {
+          cur = {d, nl[j]};
+          changed = true;
+        }
+      }
+    }
+  }
+  return cur;
+}
+
+template <typename Accept>
+std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef,
+                                           const Accept& accept) const {
+  if (entry_ == kNoSlot || k == 0) return {};
+  const Kernels& kern = active_kernels();
+  Scored cur{dist(kern, q, entry_), entry_};
+  cur = greedy<false>(q, cur, max_level_, 0, kern);
+  std::vector<Scored> res =
+      search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept);
+  if (res.size() > k) res.resize(k);
+  return res;
+}
+
+}  // namespace kbcore

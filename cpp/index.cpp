@@ -1,0 +1,284 @@
+#include "index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_set>
+
+#include "binary_io.h"
+#include "errors.h"
+#include "flat_index.h"
+#include "parallel.h"
+
+namespace kbcore {
+namespace {
+
+constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
+
+bool all_finite(const float* v, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return false;
+  }
+  return true;
+}
+
+// Divides by the L2 norm in place; returns false for a zero vector.
+bool normalise(float* v, std::size_t dim) {
+  double s = 0;
+  for (std::size_t i = 0; i < dim; ++i) s += static_cast<double>(v[i]) * v[i];
+  if (s <= 0 || !std::isfinite(s)) return false;
+  const float inv = static_cast<float>(1.0 / std::sqrt(s));
+  for (std::size_t i = 0; i < dim; ++i) v[i] *= inv;
+  return true;
+}
+
+void pad(std::int64_t* ids, float* dist, std::size_t from, std::size_t k) {
+  for (std::size_t j = from; j < k; ++j) {
+    ids[j] = -1;
+    dist[j] = std::numeric_limits<float>::infinity();
+  }
+}
+
+}  // namespace
+
+Metric parse_metric(const std::string& name) {
+  if (name == "cosine") return Metric::kCosine;
+  if (name == "ip") return Metric::kIp;
+  if (name == "l2") return Metric::kL2;
+  throw InvalidArgument("unknown metric '" + name + "'; expected 'cosine', 'ip' or 'l2'");
+}
+std::string metric_name(Metric m) {
+  switch (m) {
+    case Metric::kCosine:
+      return "cosine";
+    case Metric::kIp:
+      return "ip";
+    default:
+      return "l2";
+  }
+}
+IndexKind parse_kind(const std::string& name) {
+  if (name == "hnsw") return IndexKind::kHnsw;
+  if (name == "flat") return IndexKind::kFlat;
+  throw InvalidArgument("unknown index kind '" + name + "'; expected 'hnsw' or 'flat'");
+}
+std::string kind_name(IndexKind k) { return k == IndexKind::kHnsw ? "hnsw" : "flat"; }
+
+Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
+  if (config.dim == 0 || config.dim > 65536) {
+    throw InvalidArgument("dimension must be in [1, 65536], got " + std::to_string(config.dim));
+  }
+  if (config.ef_search == 0) throw InvalidArgument("ef must be positive");
+  if (config.kind == IndexKind::kHnsw) graph_ = std::make_unique<HnswIndex>(store_, config.metric, config.hnsw);
+}
+
+Index::~Index() = default;
+
+void Index::set_ef_search(std::size_t ef) {
+  if (ef == 0) throw InvalidArgument("ef must be positive, got 0");
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  config_.ef_search = ef;
+}
+
+void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads) {
+  if (n == 0) return;
+  const std::size_t dim = config_.dim;
+  // Validate everything before the first change so that a bad batch changes nothing.
+  std::vector<float> rows(vectors, vectors + n * dim);
+  for (std::size_t i = 0; i < n; ++i) {
+    float* row = rows.data() + i * dim;
+    if (!all_finite(row, dim)) {
+      throw InvalidArgument("vector at row " + std::to_string(i) + " (id " + std::to_string(ids[i]) +
+                            ") contains NaN or infinity");
+    }
+    if (config_.metric == Metric::kCosine && !normalise(row, dim)) {
+      throw InvalidArgument("vector at row " + std::to_string(i) + " (id " + std::to_string(ids[i]) +
+                            ") is all zeros and has no direction under the cosine metric");
+    }
+  }
+  {
+    std::unordered_set<std::int64_t> seen;
+    seen.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!seen.insert(ids[i]).second) {
+        throw InvalidArgument("duplicate id " + std::to_string(ids[i]) + " in one add() batch (row " +
+                              std::to_string(i) + "); each id may appear once per batch");
+      }
+    }
+  }
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  // Upsert: ids already present are removed (with graph repair) and inserted anew.
+  std::vector<Slot> replaced;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (auto s = store_.slot_of(ids[i])) replaced.push_back(*s);
+  }
+  if (!replaced.empty()) remove_locked(replaced, threads);
+  store_.reserve_more(n);
+  std::vector<Slot> slots(n);
+  for (std::size_t i = 0; i < n; ++i) slots[i] = store_.allocate(ids[i], rows.data() + i * dim);
+  if (graph_) graph_->insert_batch(slots, threads);
+}
+
+void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
+  if (graph_) graph_->remove_batch(slots, threads);
+  for (Slot s : slots) store_.release(s);
+}
+
+void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) {
+  if (n == 0) return;
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  std::vector<Slot> slots;
+  slots.reserve(n);
+  std::unordered_set<std::int64_t> seen;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = store_.slot_of(ids[i]);
+    if (!s) throw NotFound("id " + std::to_string(ids[i]) + " is not in the index; nothing was removed");
+    if (!seen.insert(ids[i]).second) {
+      throw InvalidArgument("duplicate id " + std::to_string(ids[i]) + " in one remove() call");
+    }
+    slots.push_back(*s);
+  }
+  remove_locked(slots, threads);
+}
+
+void Index::prepare_query(const float* q, float* out) const {
+  std::memcpy(out, q, config_.dim * sizeof(float));
+  if (!all_finite(out, config_.dim)) throw InvalidArgument("query contains NaN or infinity");
+  if (config_.metric == Metric::kCosine && !normalise(out, config_.dim)) {
+    throw InvalidArgument("query is all zeros and has no direction under the cosine metric");
+  }
+}
+
+void Index::search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
+                   std::size_t threads, std::int64_t* out_ids, float* out_dist) const {
+  if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  const std::size_t dim = config_.dim;
+  std::vector<float> prepared(nq * dim);
+  for (std::size_t i = 0; i < nq; ++i) prepare_query(queries + i * dim, prepared.data() + i * dim);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  if (ef == 0) ef = config_.ef_search;
+  const auto write = [&](std::size_t qi, const std::vector<Scored>& res) {
+    std::int64_t* ids = out_ids + qi * k;
+    float* dist = out_dist + qi * k;
+    const std::size_t m = std::min(k, res.size());
+    for (std::size_t j = 0; j < m; ++j) {
+      ids[j] = store_.id_of(res[j].slot);
+      dist[j] = res[j].dist;
+    }
+    pad(ids, dist, m, k);
+  };
+  if (store_.size() == 0) {
+    for (std::size_t qi = 0; qi < nq; ++qi) pad(out_ids + qi * k, out_dist + qi * k, 0, k);
+    return;
+  }
+  if (graph_) {
+    parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
+      write(qi, graph_->search(prepared.data() + qi * dim, k, ef));
+    });
+    return;
+  }
+  // Exact: each worker scans for a contiguous group of queries so that row blocks are shared.
+  const std::size_t workers = resolve_threads(threads, nq);
+  const std::size_t per = (nq + workers - 1) / workers;
+  parallel_for(workers, workers, [&](std::size_t w, std::size_t) {
+    const std::size_t begin = w * per;
+    const std::size_t end = std::min(nq, begin + per);
+    if (begin >= end) return;
+    auto res = flat_search(store_, config_.metric, prepared.data() + begin * dim, end - begin, k, AcceptAll{});
+    for (std::size_t i = 0; i < res.size(); ++i) write(begin + i, res[i]);
+  });
+}
+
+std::size_t Index::size() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return store_.size();
+}
+
+bool Index::contains(std::int64_t id) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return store_.slot_of(id).has_value();
+}
+
+void Index::get_vectors(const std::int64_t* ids, std::size_t n, float* out) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = store_.slot_of(ids[i]);
+    if (!s) throw NotFound("id " + std::to_string(ids[i]) + " is not in the index");
+    std::memcpy(out + i * config_.dim, store_.vector(*s), config_.dim * sizeof(float));
+  }
+}
+
+std::vector<std::int64_t> Index::ids() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return store_.ids();
+}
+
+std::size_t Index::memory_bytes() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0);
+}
+
+void Index::save(const std::string& path) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  BinaryWriter w(path, kMagic, kFormatVersion);
+  w.u64(config_.dim);
+  w.u8(static_cast<std::uint8_t>(config_.metric));
+  w.u8(static_cast<std::uint8_t>(config_.kind));
+  w.u64(config_.ef_search);
+  w.u64(config_.hnsw.M);
+  w.u64(config_.hnsw.ef_construction);
+  w.u64(config_.hnsw.seed);
+  const std::size_t slots = store_.slot_count();
+  w.u64(slots);
+  w.array(store_.slot_ids().data(), slots);
+  w.array(store_.live_flags().data(), slots);
+  w.array(store_.data(), slots * config_.dim);
+  if (graph_) graph_->save(w);
+  w.commit();
+}
+
+std::unique_ptr<Index> Index::load(const std::string& path) {
+  BinaryReader r(path, kMagic, kFormatVersion);
+  IndexConfig c;
+  c.dim = r.u64();
+  const std::uint8_t metric = r.u8();
+  const std::uint8_t kind = r.u8();
+  c.ef_search = r.u64();
+  c.hnsw.M = r.u64();
+  c.hnsw.ef_construction = r.u64();
+  c.hnsw.seed = r.u64();
+  if (c.dim == 0 || c.dim > 65536) r.fail("invalid dimension " + std::to_string(c.dim));
+  if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
+  if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
+  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > 256 || c.hnsw.ef_construction == 0 ||
+      c.ef_search > (1u << 30) || c.hnsw.ef_construction > (1u << 30)) {
+    r.fail("invalid index parameters");
+  }
+  c.metric = static_cast<Metric>(metric);
+  c.kind = static_cast<IndexKind>(kind);
+  const std::uint64_t slots = r.u64();
+  // Bound the counts by the bytes present before allocating for them.
+  r.require(slots, sizeof(std::int64_t) + 1 + c.dim * sizeof(float));
+  std::vector<std::int64_t> ids;
+  r.array(ids, slots);
+  std::vector<std::uint8_t> live;
+  r.array(live, slots);
+  AlignedVector<float> data(slots * c.dim);
+  r.array_into(data.data(), data.size());
+  auto index = std::make_unique<Index>(c);
+  try {
+    index->store_.restore(std::move(ids), std::move(live), std::move(data));
+  } catch (const FormatError& e) {
+    r.fail(e.what());
+  }
+  if (index->graph_) {
+    index->graph_->grow();
+    index->graph_->load(r);
+  }
+  r.expect_end();
+  return index;
+}
+
+}  // namespace kbcore

@@ -1,0 +1,57 @@
+#pragma once
+// parallel_for over std::thread (no OpenMP): work is handed out in chunks from an atomic
+// counter; the first exception thrown by any worker is captured and rethrown on the
+// caller's thread after every worker has joined.
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kbcore {
+
+/// Number of threads to use for a request of `threads` (0 = all hardware threads) over n items.
+inline std::size_t resolve_threads(std::size_t threads, std::size_t n) {
+  if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  return std::max<std::size_t>(1, std::min(threads, n));
+}
+
+/// Calls fn(i, worker) for i in [0, n) on `threads` threads (worker in [0, threads)).
+/// The calling thread is worker 0. Rethrows the first exception after all workers finish.
+template <typename Fn>
+void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk = 1) {
+  threads = resolve_threads(threads, n);
+  if (threads <= 1) {
+    for (std::size_t i = 0; i < n; ++i) fn(i, std::size_t{0});
+    return;
+  }
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  std::atomic<bool> failed{false};
+  auto worker = [&](std::size_t w) {
+    try {
+      for (;;) {
+        if (failed.load(std::memory_order_relaxed)) return;
+        const std::size_t begin = next.fetch_add(chunk);
+        if (begin >= n) return;
+        const std::size_t end = std::min(n, begin + chunk);
+        for (std::size_t i = begin; i < end; ++i) fn(i, w);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      failed.store(true);
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(worker, w);
+  worker(0);
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace kbcore

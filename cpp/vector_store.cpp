@@ -1,0 +1,101 @@
+#include "vector_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "errors.h"
+
+namespace kbcore {
+
+VectorStore::VectorStore(std::size_t dim) : dim_(dim) {
+  if (dim == 0) throw InvalidArgument("dimension must be positive");
+}
+
+std::optional<Slot> VectorStore::slot_of(std::int64_t id) const {
+  const auto it = id_to_slot_.find(id);
+  if (it == id_to_slot_.end()) return std::nullopt;
+  return it->second;
+}
+
+void VectorStore::reserve_more(std::size_t n) {
+  const std::size_t need = slot_count() + (n > free_.size() ? n - free_.size() : 0);
+  if (need >= kNoSlot) throw InvalidArgument("an index holds at most 4,294,967,294 vectors");
+  if (need * dim_ > data_.capacity()) data_.reserve(std::max(need * dim_, data_.capacity() * 3 / 2));
+  if (need > slot_ids_.capacity()) {
+    const std::size_t cap = std::max(need, slot_ids_.capacity() * 3 / 2);
+    slot_ids_.reserve(cap);
+    live_.reserve(cap);
+  }
+  id_to_slot_.reserve(size() + n);
+}
+
+Slot VectorStore::allocate(std::int64_t id, const float* vec) {
+  Slot slot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+  } else {
+    if (slot_count() + 1 >= kNoSlot) throw InvalidArgument("an index holds at most 4,294,967,294 vectors");
+    slot = static_cast<Slot>(slot_count());
+    slot_ids_.push_back(0);
+    live_.push_back(0);
+    data_.resize(data_.size() + dim_);
+  }
+  std::memcpy(mutable_vector(slot), vec, dim_ * sizeof(float));
+  slot_ids_[slot] = id;
+  live_[slot] = 1;
+  id_to_slot_.emplace(id, slot);
+  return slot;
+}
+
+void VectorStore::release(Slot slot) {
+  if (!live_[slot]) return;
+  id_to_slot_.erase(slot_ids_[slot]);
+  live_[slot] = 0;
+  free_.push_back(slot);
+}
+
+std::vector<std::int64_t> VectorStore::ids() const {
+  std::vector<std::int64_t> out;
+  out.reserve(size());
+  for (std::size_t s = 0; s < slot_count(); ++s) {
+    if (live_[s]) out.push_back(slot_ids_[s]);
+  }
+  return out;
+}
+
+std::size_t VectorStore::memory_bytes() const {
+  // unordered_map: one node (key, value, next pointer, cached hash) plus one bucket pointer.
+  const std::size_t map_bytes = id_to_slot_.size() * (sizeof(std::int64_t) + sizeof(Slot) + 2 * sizeof(void*)) +
+                                id_to_slot_.bucket_count() * sizeof(void*);
+  return data_.capacity() * sizeof(float) + slot_ids_.capacity() * sizeof(std::int64_t) +
+         live_.capacity() + free_.capacity() * sizeof(Slot) + map_bytes;
+}
+
+void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
+                          AlignedVector<float> data) {
+  if (slot_ids.size() != live.size() || data.size() != slot_ids.size() * dim_) {
+    throw FormatError("inconsistent vector store sizes");
+  }
+  std::unordered_map<std::int64_t, Slot> map;
+  std::vector<Slot> free;
+  map.reserve(slot_ids.size());
+  for (std::size_t s = 0; s < slot_ids.size(); ++s) {
+    if (live[s] > 1) throw FormatError("invalid live flag in vector store");
+    if (live[s]) {
+      if (!map.emplace(slot_ids[s], static_cast<Slot>(s)).second) {
+        throw FormatError("duplicate id " + std::to_string(slot_ids[s]) + " in vector store");
+      }
+    } else {
+      free.push_back(static_cast<Slot>(s));
+    }
+  }
+  std::reverse(free.begin(), free.end());
+  slot_ids_ = std::move(slot_ids);
+  live_ = std::move(live);
+  data_ = std::move(data);
+  free_ = std::move(free);
+  id_to_slot_ = std::move(map);
+}
+
+}  // namespace kbcore

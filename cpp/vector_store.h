@@ -1,0 +1,63 @@
+#pragma once
+// Vector storage with stable external ids: rows live in slots of one contiguous array,
+// an id map gives each external int64 id its slot, and freed slots are reused by later adds.
+// Not internally synchronised: the owning Index serialises writers against readers.
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "aligned.h"
+
+namespace kbcore {
+
+/// Slot number of a stored row; kNoSlot marks "none".
+using Slot = std::uint32_t;
+inline constexpr Slot kNoSlot = 0xFFFFFFFFu;
+
+class VectorStore {
+ public:
+  explicit VectorStore(std::size_t dim);
+
+  std::size_t dim() const { return dim_; }
+  /// Live rows.
+  std::size_t size() const { return id_to_slot_.size(); }
+  /// Slots ever allocated (live + free); slot numbers are < slot_count().
+  std::size_t slot_count() const { return slot_ids_.size(); }
+  /// Row of `slot` (dim floats). O(1). The pointer is invalidated by allocate().
+  const float* vector(Slot slot) const { return data_.data() + static_cast<std::size_t>(slot) * dim_; }
+  float* mutable_vector(Slot slot) { return data_.data() + static_cast<std::size_t>(slot) * dim_; }
+  /// All rows, slot-major (slot_count() * dim floats).
+  const float* data() const { return data_.data(); }
+  bool is_live(Slot slot) const { return live_[slot] != 0; }
+  std::int64_t id_of(Slot slot) const { return slot_ids_[slot]; }
+  /// Slot of `id`, if it is stored. O(1) expected.
+  std::optional<Slot> slot_of(std::int64_t id) const;
+  /// Stores `vec` under `id` (which must not be stored) in a free slot or a new one.
+  Slot allocate(std::int64_t id, const float* vec);
+  /// Frees `slot` for reuse; its id is forgotten.
+  void release(Slot slot);
+  /// Reserves room for `n` more rows so that allocate() does not reallocate.
+  void reserve_more(std::size_t n);
+  /// Live ids in slot order.
+  std::vector<std::int64_t> ids() const;
+  /// Bytes held (rows, ids, map), approximately.
+  std::size_t memory_bytes() const;
+
+  /// Raw state for persistence: ids per slot, live flags per slot, rows.
+  const std::vector<std::int64_t>& slot_ids() const { return slot_ids_; }
+  const std::vector<std::uint8_t>& live_flags() const { return live_; }
+  /// Rebuilds from persisted state; validates ids (unique among live slots).
+  void restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
+               AlignedVector<float> data);
+
+ private:
+  std::size_t dim_;
+  AlignedVector<float> data_;               // slot_count() * dim_
+  std::vector<std::int64_t> slot_ids_;      // id per slot (stale for free slots)
+  std::vector<std::uint8_t> live_;          // 1 if the slot holds a live row
+  std::vector<Slot> free_;                  // freed slots, reused LIFO
+  std::unordered_map<std::int64_t, Slot> id_to_slot_;
+};
+
+}  // namespace kbcore

@@ -1,0 +1,80 @@
+#pragma once
+// Visited sets for graph traversal. An epoch counter makes "clear" O(1): a slot is visited
+// when its mark equals the current epoch (the hnswlib trick). A pool hands one set to each
+// concurrent search so that searches never share mutable state.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace kbcore {
+
+/// One visited set over slots [0, capacity). Not thread-safe; owned by one search at a time.
+class VisitedSet {
+ public:
+  /// Starts a new traversal over at least `capacity` slots. O(1) amortised.
+  void reset(std::size_t capacity) {
+    if (marks_.size() < capacity) marks_.resize(capacity, 0);
+    if (++epoch_ == 0) {  // wrapped: every stale mark could alias the new epoch
+      std::fill(marks_.begin(), marks_.end(), 0);
+      epoch_ = 1;
+    }
+  }
+  /// Marks `slot`; returns true if it was already marked in this traversal.
+  bool test_and_set(std::uint32_t slot) {
+    const bool seen = marks_[slot] == epoch_;
+    marks_[slot] = epoch_;
+    return seen;
+  }
+  bool test(std::uint32_t slot) const { return marks_[slot] == epoch_; }
+
+ private:
+  std::vector<std::uint16_t> marks_;
+  std::uint16_t epoch_ = 0;
+};
+
+/// A thread-safe pool of visited sets. acquire() returns a handle that gives the set back.
+class VisitedPool {
+ public:
+  class Handle {
+   public:
+    Handle(VisitedPool* pool, std::unique_ptr<VisitedSet> set) : pool_(pool), set_(std::move(set)) {}
+    Handle(Handle&&) = default;
+    Handle& operator=(Handle&&) = delete;
+    Handle(const Handle&) = delete;
+    ~Handle() {
+      if (set_) pool_->release(std::move(set_));
+    }
+    VisitedSet& operator*() { return *set_; }
+    VisitedSet* operator->() { return set_.get(); }
+
+   private:
+    VisitedPool* pool_;
+    std::unique_ptr<VisitedSet> set_;
+  };
+
+  /// A visited set reset for `capacity` slots. Thread-safe.
+  Handle acquire(std::size_t capacity) {
+    std::unique_ptr<VisitedSet> set;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        set = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    if (!set) set = std::make_unique<VisitedSet>();
+    set->reset(capacity);
+    return Handle(this, std::move(set));
+  }
+
+ private:
+  void release(std::unique_ptr<VisitedSet> set) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(set));
+  }
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<VisitedSet>> free_;
+};
+
+}  // namespace kbcore

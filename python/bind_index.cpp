@@ -1,0 +1,119 @@
+// Glue for kbcore::Index: shape checks, output arrays allocated while holding the GIL and
+// filled in place with the GIL released.
+#include <string>
+
+#include "bindings.h"
+#include "errors.h"
+#include "index.h"
+
+namespace kbcore::python {
+namespace {
+
+std::size_t rows_of(const FloatArray& a, std::size_t dim, const char* what) {
+  if (a.ndim() != 2) throw InvalidArgument(std::string(what) + " must be a 2-D array [n, dim]");
+  if (static_cast<std::size_t>(a.shape(1)) != dim) {
+    throw InvalidArgument(std::string(what) + " have dimension " + std::to_string(a.shape(1)) +
+                          ", the index has dimension " + std::to_string(dim));
+  }
+  return static_cast<std::size_t>(a.shape(0));
+}
+
+std::size_t ids_len(const IdArray& ids) {
+  if (ids.ndim() != 1) throw InvalidArgument("ids must be a 1-D array");
+  return static_cast<std::size_t>(ids.shape(0));
+}
+
+}  // namespace
+
+void bind_index(py::module_& m) {
+  py::class_<Index>(m, "Index")
+      .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
+                       std::size_t ef_construction, std::size_t ef, std::uint64_t seed) {
+             IndexConfig c;
+             c.dim = dim;
+             c.metric = parse_metric(metric);
+             c.kind = parse_kind(kind);
+             c.hnsw.M = M;
+             c.hnsw.ef_construction = ef_construction;
+             c.hnsw.seed = seed;
+             c.ef_search = ef;
+             return std::make_unique<Index>(c);
+           }),
+           py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"),
+           py::arg("ef"), py::arg("seed"))
+      .def("add",
+           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads) {
+             const std::size_t n = rows_of(vectors, self.dim(), "vectors");
+             if (ids_len(ids) != n) {
+               throw InvalidArgument("got " + std::to_string(n) + " vectors but " +
+                                     std::to_string(ids_len(ids)) + " ids");
+             }
+             py::gil_scoped_release nogil;
+             self.add(vectors.data(), ids.data(), n, threads);
+           },
+           py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"))
+      .def("remove",
+           [](Index& self, const IdArray& ids, std::size_t threads) {
+             const std::size_t n = ids_len(ids);
+             py::gil_scoped_release nogil;
+             self.remove(ids.data(), n, threads);
+           },
+           py::arg("ids").noconvert(), py::arg("threads"))
+      .def("search",
+           [](const Index& self, const FloatArray& queries, std::size_t k, std::size_t ef,
+              std::size_t threads) {
+             const std::size_t nq = rows_of(queries, self.dim(), "queries");
+             if (k == 0) throw InvalidArgument("k must be positive, got 0");
+             IdArray ids({nq, k});
+             FloatArray dist({nq, k});
+             {
+               std::int64_t* pi = ids.mutable_data();
+               float* pd = dist.mutable_data();
+               py::gil_scoped_release nogil;
+               self.search(queries.data(), nq, k, ef, threads, pi, pd);
+             }
+             return py::make_tuple(ids, dist);
+           },
+           py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"))
+      .def("get_vectors",
+           [](const Index& self, const IdArray& ids) {
+             const std::size_t n = ids_len(ids);
+             FloatArray out({n, self.dim()});
+             float* p = out.mutable_data();
+             py::gil_scoped_release nogil;
+             self.get_vectors(ids.data(), n, p);
+             return out;
+           },
+           py::arg("ids").noconvert())
+      .def("ids",
+           [](const Index& self) {
+             std::vector<std::int64_t> v = self.ids();
+             IdArray out(v.size());
+             std::copy(v.begin(), v.end(), out.mutable_data());
+             return out;
+           })
+      .def("contains", &Index::contains, py::arg("id"))
+      .def("size", &Index::size)
+      .def("memory_bytes", &Index::memory_bytes)
+      .def("save",
+           [](const Index& self, const std::string& path) {
+             py::gil_scoped_release nogil;
+             self.save(path);
+           },
+           py::arg("path"))
+      .def_static("load",
+                  [](const std::string& path) {
+                    py::gil_scoped_release nogil;
+                    return Index::load(path);
+                  },
+                  py::arg("path"))
+      .def_property_readonly("dim", &Index::dim)
+      .def_property_readonly("metric", [](const Index& self) { return metric_name(self.config().metric); })
+      .def_property_readonly("kind", [](const Index& self) { return kind_name(self.config().kind); })
+      .def_property_readonly("M", [](const Index& self) { return self.config().hnsw.M; })
+      .def_property_readonly("ef_construction", [](const Index& self) { return self.config().hnsw.ef_construction; })
+      .def_property_readonly("seed", [](const Index& self) { return self.config().hnsw.seed; })
+      .def_property("ef", &Index::ef_search, &Index::set_ef_search);
+}
+
+}  // namespace kbcore::python

@@ -1,0 +1,18 @@
+#pragma once
+// Shared declarations of the pybind11 glue. The glue only checks shapes, converts nothing
+// (arrays must arrive with the exact dtype and C layout; the Python layer converts once),
+// releases the GIL around native work and maps core exceptions to kbcore.errors.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace kbcore::python {
+
+using FloatArray = py::array_t<float, py::array::c_style>;
+using IdArray = py::array_t<std::int64_t, py::array::c_style>;
+
+void bind_index(py::module_& m);
+
+}  // namespace kbcore::python

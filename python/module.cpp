@@ -1,0 +1,55 @@
+// Module entry point: exception translation and SIMD controls.
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "distance.h"
+#include "errors.h"
+
+namespace kbcore::python {
+namespace {
+
+void register_errors(py::module_& m) {
+  // The classes live in kbcore/errors.py so that they are plain Python classes that
+  // subclass both KbcoreError and the matching builtin.
+  py::module_ errors = py::module_::import("kbcore.errors");
+  static py::object invalid = errors.attr("InvalidArgumentError");
+  static py::object not_found = errors.attr("NotFoundError");
+  static py::object format = errors.attr("FormatError");
+  static py::object io = errors.attr("StorageError");
+  static py::object base = errors.attr("KbcoreError");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const kbcore::InvalidArgument& e) {
+      PyErr_SetString(invalid.ptr(), e.what());
+    } catch (const kbcore::NotFound& e) {
+      PyErr_SetString(not_found.ptr(), e.what());
+    } catch (const kbcore::FormatError& e) {
+      PyErr_SetString(format.ptr(), e.what());
+    } catch (const kbcore::IoError& e) {
+      PyErr_SetString(io.ptr(), e.what());
+    } catch (const kbcore::Error& e) {
+      PyErr_SetString(base.ptr(), e.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kbcore::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace kbcore;
+  m.doc() = "kbcore native core (C++). Use the kbcore package, not this module.";
+  kbcore::python::register_errors(m);
+  m.def("simd_level", [] { return simd_level_name(active_simd_level()); },
+        "The SIMD level of the distance kernels in use: 'scalar', 'avx2' or 'avx512'.");
+  m.def("available_simd_levels", [] {
+    std::vector<std::string> out;
+    for (SimdLevel l : supported_simd_levels()) out.push_back(simd_level_name(l));
+    return out;
+  }, "SIMD levels this CPU and build can run, lowest first.");
+  m.def("set_simd_level", [](const std::string& name) { set_simd_level(parse_simd_level(name)); },
+        py::arg("level"), "Forces a SIMD level ('scalar', 'avx2', 'avx512').");
+  kbcore::python::bind_index(m);
+}

@@ -1,0 +1,41 @@
+"""kbcore: a performance-first retrieval core for knowledge bases.
+
+The native index (HNSW and exact) lives in :class:`kbcore.Index`.
+"""
+
+from __future__ import annotations
+
+import os as _os
+import warnings as _warnings
+
+from . import errors
+from ._core import available_simd_levels, set_simd_level, simd_level
+from .index import Index
+
+__all__ = [
+    "Index",
+    "errors",
+    "simd_level",
+    "available_simd_levels",
+    "set_simd_level",
+    "__version__",
+]
+
+__version__ = "0.1.0"
+
+
+def _apply_simd_env() -> None:
+    wanted = _os.environ.get("KBCORE_SIMD", "").strip().lower()
+    if not wanted:
+        return
+    try:
+        set_simd_level(wanted)
+    except ValueError as exc:
+        _warnings.warn(
+            f"KBCORE_SIMD={wanted!r} ignored: {exc}; using {simd_level()!r}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+_apply_simd_env()

@@ -1,0 +1,240 @@
+"""The native vector index: HNSW (approximate) or flat (exact), with stable int64 ids."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _core
+from .errors import InvalidArgumentError, InvalidTypeError, NotFoundError
+
+__all__ = ["Index", "Metric", "Kind"]
+
+Metric = Literal["cosine", "ip", "l2"]
+Kind = Literal["hnsw", "flat"]
+
+_METRICS = ("cosine", "ip", "l2")
+_KINDS = ("hnsw", "flat")
+
+
+def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool]:
+    """Converts to C-contiguous float32 [n, dim]; returns (array, was_1d)."""
+    arr = np.asarray(x)
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    ) or arr.dtype == np.bool_:
+        raise InvalidTypeError(
+            f"{what} must be a numeric (float) array, got dtype {arr.dtype}"
+        )
+    one = arr.ndim == 1
+    if one:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2:
+        raise InvalidArgumentError(
+            f"{what} must be a 1-D vector or a 2-D array [n, dim], got {arr.ndim} dimensions"
+        )
+    if arr.shape[1] != dim:
+        raise InvalidArgumentError(
+            f"{what} have dimension {arr.shape[1]}, the index has dimension {dim}"
+        )
+    return np.ascontiguousarray(arr, dtype=np.float32), one
+
+
+def _as_ids(x: npt.ArrayLike, what: str = "ids") -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidTypeError(f"{what} must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{what} must be a 1-D sequence, got {arr.ndim} dimensions")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise InvalidArgumentError(f"{what} must fit in int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value <= 0:
+        raise InvalidArgumentError(f"{name} must be positive, got {value}")
+    return int(value)
+
+
+def _threads(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidArgumentError(f"threads must be a non-negative integer (0 = all cores), got {value!r}")
+    return int(value)
+
+
+class Index:
+    """A vector index over float32 vectors with int64 ids.
+
+    ``kind="hnsw"`` is an approximate HNSW graph (Malkov & Yashunin 2018); ``kind="flat"``
+    scans every vector and is exact. Distances are "smaller is closer" for every metric:
+
+    - ``cosine``: ``1 - cos(a, b)``, in [0, 2]; vectors are stored unit-normalised.
+    - ``ip``: ``1 - dot(a, b)`` (as hnswlib); vectors are stored as given.
+    - ``l2``: squared Euclidean distance.
+
+    Thread safety: searches (and other reads) may run from any number of threads at once;
+    ``add`` and ``remove`` are exclusive: they wait for running searches and block new ones.
+    Native work releases the GIL.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(
+        self,
+        dim: int,
+        metric: Metric = "cosine",
+        kind: Kind = "hnsw",
+        *,
+        M: int = 16,
+        ef_construction: int = 200,
+        ef: int = 64,
+        seed: int = 42,
+    ) -> None:
+        dim = _positive("dim", dim)
+        if metric not in _METRICS:
+            raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {_METRICS}")
+        if kind not in _KINDS:
+            raise InvalidArgumentError(f"unknown kind {kind!r}; expected one of {_KINDS}")
+        M = _positive("M", M)
+        if not 2 <= M <= 256:
+            raise InvalidArgumentError(f"M must be in [2, 256], got {M}")
+        ef_construction = _positive("ef_construction", ef_construction)
+        ef = _positive("ef", ef)
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
+        self._native = _core.Index(dim, metric, kind, M, ef_construction, ef, int(seed))
+
+    @classmethod
+    def _wrap(cls, native: _core.Index) -> Index:
+        obj = cls.__new__(cls)
+        obj._native = native
+        return obj
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return int(self._native.dim)
+
+    @property
+    def metric(self) -> Metric:
+        return self._native.metric  # type: ignore[return-value]
+
+    @property
+    def kind(self) -> Kind:
+        return self._native.kind  # type: ignore[return-value]
+
+    @property
+    def M(self) -> int:  # noqa: N802 - the name of the HNSW parameter
+        return int(self._native.M)
+
+    @property
+    def ef_construction(self) -> int:
+        return int(self._native.ef_construction)
+
+    @property
+    def ef(self) -> int:
+        """Default size of the search candidate list (raised to k when smaller)."""
+        return int(self._native.ef)
+
+    @ef.setter
+    def ef(self, value: int) -> None:
+        self._native.ef = _positive("ef", value)
+
+    # -- mutation -----------------------------------------------------------------------
+    def add(self, vectors: npt.ArrayLike, ids: npt.ArrayLike, *, threads: int = 0) -> None:
+        """Adds vectors [n, dim] under int64 ids [n]; an id already present is replaced.
+
+        The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
+        under cosine); a bad batch changes nothing. ``threads=0`` uses all cores.
+        """
+        arr, one = _as_vectors(vectors, self.dim, "vectors")
+        id_arr = _as_ids(ids)
+        if len(id_arr) != arr.shape[0]:
+            raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(id_arr)} ids")
+        self._native.add(arr, id_arr, _threads(threads))
+
+    def remove(self, ids: npt.ArrayLike, *, threads: int = 0) -> None:
+        """Removes ids; they are never returned again and their slots are reused.
+
+        Raises :class:`~kbcore.errors.NotFoundError` (a ``KeyError``) if any id is absent, in
+        which case nothing is removed. The graph is repaired around the removed nodes.
+        """
+        self._native.remove(_as_ids(ids), _threads(threads))
+
+    # -- queries ------------------------------------------------------------------------
+    def search(
+        self, queries: npt.ArrayLike, k: int = 10, *, ef: int | None = None, threads: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def search(
+        self, queries: npt.ArrayLike, k: int = 10, *, ef: int | None = None, threads: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest neighbours of each query.
+
+        ``queries`` is one vector [dim] or a batch [q, dim]. Returns ``(ids, distances)``:
+        int64 and float32 arrays of shape [q, k] (or [k] for one query), ascending by
+        distance, padded with id -1 and distance +inf when fewer than k vectors exist.
+        ``ef`` (default :attr:`ef`) is the candidate list size of HNSW search; ``threads``
+        is the number of native threads for a batch (0 = all cores).
+        """
+        arr, one = _as_vectors(queries, self.dim, "queries")
+        k = _positive("k", k)
+        ef_value = 0 if ef is None else _positive("ef", ef)
+        ids, dist = self._native.search(arr, k, ef_value, _threads(threads))
+        if one:
+            return ids[0], dist[0]
+        return ids, dist
+
+    def get_vectors(self, ids: npt.ArrayLike) -> np.ndarray:
+        """Stored vectors of ids as float32 [n, dim] (unit-normalised under cosine)."""
+        return self._native.get_vectors(_as_ids(ids))
+
+    def ids(self) -> np.ndarray:
+        """The live ids as an int64 array (in storage order)."""
+        return self._native.ids()
+
+    def memory_usage(self) -> int:
+        """Approximate bytes held natively by vectors, ids and graph."""
+        return int(self._native.memory_bytes())
+
+    def __len__(self) -> int:
+        return int(self._native.size())
+
+    def __contains__(self, id: object) -> bool:
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
+            return False
+        return bool(self._native.contains(int(id)))
+
+    def __repr__(self) -> str:
+        return (
+            f"kbcore.Index(dim={self.dim}, metric={self.metric!r}, kind={self.kind!r}, "
+            f"M={self.M}, ef_construction={self.ef_construction}, ef={self.ef}, size={len(self)})"
+        )
+
+    # -- persistence --------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the index to one file atomically (temp file, fsync, rename)."""
+        self._native.save(os.fspath(path))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Index:
+        """Reads an index written by :meth:`save`.
+
+        Raises ``FileNotFoundError`` if the file does not exist and
+        :class:`~kbcore.errors.FormatError` (an ``OSError``) if it is truncated, corrupted,
+        not an index file, or written by a newer kbcore.
+        """
+        p = os.fspath(path)
+        if not os.path.exists(p):
+            raise FileNotFoundError(2, "No such file or directory", p)
+        return cls._wrap(_core.Index.load(p))

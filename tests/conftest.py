@@ -1,0 +1,198 @@
+"""Shared fixtures for the Index contract tests (API.md).
+
+Everything here is independent of kbcore: seeded synthetic data and an exact float64 numpy
+oracle for each metric, so a test compares the index to ground truth, never to itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+METRICS = ("cosine", "ip", "l2")
+KINDS = ("flat", "hnsw")
+
+#: Absolute tolerance on a distance (float32 kernels vs the float64 oracle; data norms are ~1).
+DIST_ATOL = 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# seeded data
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fresh, seeded generator for each test."""
+    return np.random.default_rng(20240601)
+
+
+@dataclass
+class ClusteredSource:
+    """Gaussian clusters in a low-dimensional latent space, linearly embedded into `dim`.
+
+    Vectors have norms around 1 (so float32 distance errors stay far below DIST_ATOL) and
+    real neighbourhood structure, like embeddings; queries come from the same distribution
+    but are not in the index.
+    """
+
+    rng: np.random.Generator
+    dim: int
+    n_clusters: int = 32
+    latent: int = 16
+    spread: float = 0.5
+    noise: float = 0.05
+
+    def __post_init__(self) -> None:
+        latent = min(self.latent, self.dim)
+        self._proj = self.rng.standard_normal((latent, self.dim)) / np.sqrt(self.dim)
+        self._centers = self.rng.standard_normal((self.n_clusters, latent))
+
+    def sample(self, n: int) -> np.ndarray:
+        """`n` float32 vectors of shape [n, dim]."""
+        latent = self._centers.shape[1]
+        labels = self.rng.integers(0, self.n_clusters, n)
+        z = self._centers[labels] + self.spread * self.rng.standard_normal((n, latent))
+        x = z @ self._proj + self.noise * self.rng.standard_normal((n, self.dim)) / np.sqrt(self.dim)
+        x /= np.sqrt(latent)
+        return x.astype(np.float32)
+
+
+def make_clustered(seed: int, n: int, dim: int, n_queries: int = 100, **kw):
+    """(data [n, dim], queries [n_queries, dim]) float32, from one seeded clustered source."""
+    src = ClusteredSource(np.random.default_rng(seed), dim, **kw)
+    return src.sample(n), src.sample(n_queries)
+
+
+@pytest.fixture
+def clustered():
+    """Factory fixture: clustered(seed, n, dim, n_queries=100) -> (data, queries)."""
+    return make_clustered
+
+
+# --------------------------------------------------------------------------------------------
+# exact oracle
+
+
+def oracle_distances(data: np.ndarray, queries: np.ndarray, metric: str) -> np.ndarray:
+    """Exact float64 distance matrix [q, n]: cosine = 1 - cos, ip = 1 - dot, l2 = squared L2."""
+    d = np.asarray(data, dtype=np.float64)
+    q = np.atleast_2d(np.asarray(queries, dtype=np.float64))
+    if d.shape[0] == 0:
+        return np.zeros((q.shape[0], 0))
+    if metric == "cosine":
+        d = d / np.linalg.norm(d, axis=1, keepdims=True)
+        q = q / np.linalg.norm(q, axis=1, keepdims=True)
+        return 1.0 - q @ d.T
+    if metric == "ip":
+        return 1.0 - q @ d.T
+    if metric == "l2":
+        out = (q * q).sum(1)[:, None] + (d * d).sum(1)[None, :] - 2.0 * (q @ d.T)
+        return np.maximum(out, 0.0)
+    raise AssertionError(f"unknown metric {metric!r}")
+
+
+def oracle_topk(data, ids, queries, k: int, metric: str):
+    """Exact top-k: (ids int64 [q, k] padded -1, dist float64 [q, k] padded +inf)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    full = oracle_distances(data, queries, metric)
+    q, n = full.shape
+    out_ids = np.full((q, k), -1, dtype=np.int64)
+    out_dist = np.full((q, k), np.inf)
+    m = min(k, n)
+    if m:
+        order = np.argsort(full, axis=1, kind="stable")[:, :m]
+        out_ids[:, :m] = ids[order]
+        out_dist[:, :m] = np.take_along_axis(full, order, axis=1)
+    return out_ids, out_dist
+
+
+def assert_search_matches_oracle(got_ids, got_dist, data, ids, queries, k, metric, atol=DIST_ATOL):
+    """The result is the exact top-k: distances equal the oracle's, every returned id is live,
+    unique in its row and at its true distance, and ids equal the oracle's except where two
+    oracle distances tie within `atol` (then either order / either member is accepted).
+    """
+    got_ids = np.atleast_2d(np.asarray(got_ids))
+    got_dist = np.atleast_2d(np.asarray(got_dist))
+    ids = np.asarray(ids, dtype=np.int64)
+    exp_ids, exp_dist = oracle_topk(data, ids, queries, k, metric)
+    assert got_ids.shape == exp_ids.shape, (got_ids.shape, exp_ids.shape)
+    assert got_dist.shape == exp_dist.shape, (got_dist.shape, exp_dist.shape)
+
+    # padding in the same places as the oracle
+    np.testing.assert_array_equal(got_ids == -1, exp_ids == -1, err_msg="padding (-1) positions")
+    np.testing.assert_array_equal(np.isinf(got_dist), np.isinf(exp_dist), err_msg="+inf positions")
+    real = exp_ids != -1
+    np.testing.assert_allclose(got_dist[real], exp_dist[real], rtol=0, atol=atol,
+                               err_msg="distances differ from the exact top-k")
+
+    # each returned id is live, unique per row, and really at the distance reported
+    assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric, atol)
+    full = oracle_distances(data, queries, metric)
+
+    # ids equal the oracle's wherever the oracle order is unambiguous
+    all_d = np.sort(full, axis=1)
+    for r in range(got_ids.shape[0]):
+        for j in range(int(real[r].sum())):
+            dj = exp_dist[r, j]
+            neighbours = all_d[r, max(j - 1, 0): j + 2]
+            tied = np.sum(np.abs(neighbours - dj) <= 2 * atol) > 1
+            if not tied:
+                assert got_ids[r, j] == exp_ids[r, j], (
+                    f"row {r} pos {j}: got id {got_ids[r, j]}, oracle {exp_ids[r, j]}")
+
+
+def assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric, atol=DIST_ATOL):
+    """Every non-padding returned id is in `ids`, unique in its row, and its reported distance
+    equals its exact distance to the query (within `atol`); padding is (-1, +inf) together."""
+    got_ids = np.atleast_2d(np.asarray(got_ids))
+    got_dist = np.atleast_2d(np.asarray(got_dist))
+    ids = np.asarray(ids, dtype=np.int64)
+    pad = got_ids == -1
+    np.testing.assert_array_equal(pad, np.isposinf(got_dist), err_msg="-1 ids must pair with +inf")
+    full = oracle_distances(data, queries, metric)
+    col = {int(i): c for c, i in enumerate(ids)}
+    for r in range(got_ids.shape[0]):
+        row = [int(i) for i in got_ids[r][~pad[r]]]
+        assert len(set(row)) == len(row), f"row {r}: duplicate ids {row}"
+        unknown = [i for i in row if i not in col]
+        assert not unknown, f"row {r}: ids not in the live set: {unknown}"
+        true_d = full[r, [col[i] for i in row]]
+        np.testing.assert_allclose(got_dist[r][~pad[r]], true_d, rtol=0, atol=atol,
+                                   err_msg=f"row {r}: reported distance != true distance of id")
+
+
+def recall_at_k(got_ids, data, ids, queries, k, metric, eps=1e-6) -> float:
+    """Tie-tolerant recall@k: a returned live id counts if its true distance is within `eps`
+    of the oracle's k-th distance."""
+    got_ids = np.atleast_2d(np.asarray(got_ids))
+    ids = np.asarray(ids, dtype=np.int64)
+    full = oracle_distances(data, queries, metric)
+    kth = np.sort(full, axis=1)[:, min(k, full.shape[1]) - 1]
+    col = {int(i): c for c, i in enumerate(ids)}
+    hits = 0
+    for r in range(got_ids.shape[0]):
+        row = {int(i) for i in got_ids[r, :k] if int(i) in col}
+        hits += sum(full[r, col[i]] <= kth[r] + eps for i in row)
+    return hits / (got_ids.shape[0] * k)
+
+
+def assert_rows_sorted(dist) -> None:
+    d = np.atleast_2d(np.asarray(dist, dtype=np.float64))
+    diffs = np.diff(d, axis=1)
+    # inf - inf is nan: padding after padding is fine
+    ok = (diffs >= 0) | np.isnan(diffs)
+    assert ok.all(), f"distances not ascending in rows {np.nonzero(~ok.all(axis=1))[0][:10]}"
+
+
+def build(data, ids=None, *, metric="l2", kind="flat", **kw):
+    """An Index over `data` (ids default to 0..n-1)."""
+    import kbcore
+
+    data = np.asarray(data)
+    index = kbcore.Index(dim=data.shape[1], metric=metric, kind=kind, **kw)
+    if ids is None:
+        ids = np.arange(len(data), dtype=np.int64)
+    index.add(data, ids)
+    return index

@@ -1,0 +1,257 @@
+"""Index.save / Index.load: round trip, atomic write, and rejection of damaged files (API.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kbcore
+from kbcore import errors
+from conftest import KINDS, METRICS, assert_search_matches_oracle, build, make_clustered
+
+# Assumed file header: 8-byte magic, then a little-endian uint32 format version.
+MAGIC_LEN = 8
+VERSION_OFFSET = 8
+
+
+def assert_same_index(a, b, queries, k=10):
+    assert len(b) == len(a)
+    assert sorted(b.ids().tolist()) == sorted(a.ids().tolist())
+    assert (b.dim, b.metric, b.kind) == (a.dim, a.metric, a.kind)
+    assert (b.M, b.ef_construction, b.ef) == (a.M, a.ef_construction, a.ef)
+    a_ids, a_dist = a.search(queries, k=k)
+    b_ids, b_dist = b.search(queries, k=k)
+    np.testing.assert_array_equal(b_ids, a_ids)
+    np.testing.assert_array_equal(b_dist, a_dist)
+    some = a.ids()[:50]
+    if len(some):
+        np.testing.assert_array_equal(b.get_vectors(some), a.get_vectors(some))
+
+
+# --------------------------------------------------------------------------------------------
+# round trip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("metric", METRICS)
+def test_save_load_round_trip_gives_identical_results_and_parameters(tmp_path, kind, metric):
+    data, queries = make_clustered(51, 2000, 16, n_queries=50)
+    index = build(data, metric=metric, kind=kind, M=12, ef_construction=100, ef=48)
+    index.ef = 40  # a changed ef is part of the saved state
+    path = tmp_path / "index.kbi"
+    index.save(path)
+    assert path.is_file()
+    loaded = kbcore.Index.load(path)
+    assert isinstance(loaded, kbcore.Index)
+    assert (loaded.M, loaded.ef_construction, loaded.ef) == (12, 100, 40)
+    assert_same_index(index, loaded, queries)
+    if kind == "flat":
+        ids, dist = loaded.search(queries, k=10)
+        assert_search_matches_oracle(ids, dist, data, np.arange(2000), queries, 10, metric)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("metric", METRICS)
+def test_save_load_round_trip_after_removes_keeps_removed_ids_out(tmp_path, kind, metric):
+    data, queries = make_clustered(52, 2000, 16, n_queries=50)
+    index = build(data, metric=metric, kind=kind)
+    removed = np.random.default_rng(53).choice(2000, 500, replace=False)
+    index.remove(removed)
+    index.save(tmp_path / "index.kbi")
+    loaded = kbcore.Index.load(tmp_path / "index.kbi")
+    assert len(loaded) == 1500
+    assert not any(int(i) in loaded for i in removed[:100])
+    assert_same_index(index, loaded, np.concatenate([data[removed[:50]], queries]))
+    ids, _ = loaded.search(data[removed], k=10)
+    assert not set(removed.tolist()) & set(ids.ravel().tolist())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loaded_index_accepts_further_adds_and_removes(tmp_path, kind):
+    data, queries = make_clustered(54, 1500, 16, n_queries=30)
+    index = build(data[:1000], metric="l2", kind=kind)
+    index.save(tmp_path / "index.kbi")
+    loaded = kbcore.Index.load(tmp_path / "index.kbi")
+    loaded.add(data[1000:], np.arange(1000, 1500))
+    loaded.remove(np.arange(0, 100))
+    assert len(loaded) == 1400
+    ids, _ = loaded.search(data[1000:1100], k=1)
+    np.testing.assert_array_equal(ids[:, 0], np.arange(1000, 1100))
+    if kind == "flat":
+        ids, dist = loaded.search(queries, k=10)
+        assert_search_matches_oracle(ids, dist, data[100:], np.arange(100, 1500), queries, 10, "l2")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_load_round_trip_of_empty_index(tmp_path, kind):
+    index = kbcore.Index(dim=12, metric="cosine", kind=kind)
+    index.save(tmp_path / "empty.kbi")
+    loaded = kbcore.Index.load(tmp_path / "empty.kbi")
+    assert len(loaded) == 0 and loaded.dim == 12 and loaded.metric == "cosine" and loaded.kind == kind
+    ids, dist = loaded.search(np.ones(12, dtype=np.float32), k=3)
+    assert (ids == -1).all() and np.isposinf(dist).all()
+
+
+def test_save_and_load_accept_str_and_pathlike_paths(tmp_path):
+    data, queries = make_clustered(55, 100, 8, n_queries=5)
+    index = build(data, metric="l2", kind="flat")
+    index.save(str(tmp_path / "a.kbi"))
+    index.save(tmp_path / "b.kbi")
+    assert_same_index(index, kbcore.Index.load(tmp_path / "a.kbi"), queries)
+    assert_same_index(index, kbcore.Index.load(str(tmp_path / "b.kbi")), queries)
+
+
+# --------------------------------------------------------------------------------------------
+# atomic write
+
+
+def test_save_overwrites_existing_file_and_leaves_no_temp_files(tmp_path):
+    data, queries = make_clustered(56, 300, 8, n_queries=5)
+    path = tmp_path / "index.kbi"
+    build(data[:100], metric="l2", kind="hnsw").save(path)
+    bigger = build(data, metric="l2", kind="hnsw")
+    bigger.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.kbi"]
+    assert_same_index(bigger, kbcore.Index.load(path), queries)
+
+
+def test_save_into_missing_directory_raises_oserror_and_leaves_no_temp_files(tmp_path):
+    data, _ = make_clustered(57, 100, 8)
+    index = build(data, metric="l2", kind="hnsw")
+    target = tmp_path / "no_such_dir" / "index.kbi"
+    with pytest.raises(OSError):
+        index.save(target)
+    assert not (tmp_path / "no_such_dir").exists()
+    assert list(tmp_path.rglob("*")) == [], f"left behind: {list(tmp_path.rglob('*'))}"
+    assert len(index) == 100  # the index itself is untouched
+
+
+# --------------------------------------------------------------------------------------------
+# damaged files
+
+
+@pytest.fixture(params=KINDS)
+def saved_bytes(request, tmp_path):
+    """(bytes of a saved 200 x 8 index, scratch dir)."""
+    data, _ = make_clustered(58, 200, 8)
+    index = build(data, metric="l2", kind=request.param)
+    path = tmp_path / "good.kbi"
+    index.save(path)
+    return path.read_bytes(), tmp_path
+
+
+def write(tmp_path: Path, name: str, blob: bytes) -> Path:
+    p = tmp_path / name
+    p.write_bytes(blob)
+    return p
+
+
+def assert_format_error(path: Path, match: str | None = None):
+    with pytest.raises(errors.FormatError, match=match) as info:
+        kbcore.Index.load(path)
+    assert isinstance(info.value, OSError)
+    assert isinstance(info.value, errors.KbcoreError)
+    return info.value
+
+
+@pytest.mark.parametrize("where", ["0", "4", "10", "half", "len-1"])
+def test_load_of_truncated_file_raises_format_error(saved_bytes, where):
+    blob, tmp_path = saved_bytes
+    cut = {"0": 0, "4": 4, "10": 10, "half": len(blob) // 2, "len-1": len(blob) - 1}[where]
+    assert_format_error(write(tmp_path, "cut.kbi", blob[:cut]))
+
+
+def test_load_of_file_with_a_flipped_byte_in_the_middle_raises_format_error(saved_bytes):
+    blob, tmp_path = saved_bytes
+    bad = bytearray(blob)
+    bad[len(bad) // 2] ^= 0xFF
+    assert_format_error(write(tmp_path, "flip.kbi", bytes(bad)))
+
+
+def test_load_of_file_with_appended_garbage_raises_format_error(saved_bytes):
+    blob, tmp_path = saved_bytes
+    assert_format_error(write(tmp_path, "long.kbi", blob + b"\x00" * 16))
+
+
+def test_load_of_file_with_wrong_magic_raises_format_error(saved_bytes):
+    blob, tmp_path = saved_bytes
+    bad = bytearray(blob)
+    bad[0] ^= 0xFF
+    assert_format_error(write(tmp_path, "magic.kbi", bytes(bad)), match="(?i)magic|not a kbcore")
+    assert_format_error(write(tmp_path, "text.kbi", b"hello, this is not an index at all\n" * 4))
+
+
+def test_load_of_file_from_a_future_format_version_raises_format_error(saved_bytes):
+    blob, tmp_path = saved_bytes
+    bad = bytearray(blob)
+    (version,) = struct.unpack_from("<I", bad, VERSION_OFFSET)
+    assert 0 < version < 100, f"unexpected header layout: version field reads {version}"
+    struct.pack_into("<I", bad, VERSION_OFFSET, 9999)
+    assert_format_error(write(tmp_path, "future.kbi", bytes(bad)), match="(?i)version")
+
+
+def test_load_of_nonexistent_path_raises_file_not_found_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        kbcore.Index.load(tmp_path / "missing.kbi")
+
+
+# Every truncation and every single-byte flip of a saved file, loaded in a child process so that
+# a crash (segfault, abort, out-of-memory from a trusted count) is reported instead of killing
+# the test run.
+SWEEP = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import kbcore
+    from kbcore import errors
+
+    path, kind = sys.argv[1], sys.argv[2]
+    rng = np.random.default_rng(59)
+    index = kbcore.Index(dim=4, metric="l2", kind=kind, M=4, ef_construction=16)
+    index.add(rng.standard_normal((40, 4)).astype(np.float32), np.arange(40))
+    index.save(path)
+    blob = open(path, "rb").read()
+    cases = [("cut", i, blob[:i]) for i in range(len(blob))]
+    for pos in range(len(blob)):
+        for mask in (0x01, 0x80):
+            b = bytearray(blob); b[pos] ^= mask
+            cases.append(("flip%02x" % mask, pos, bytes(b)))
+    outcomes = {}
+    for what, pos, data in cases:
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            kbcore.Index.load(path)
+            out = "loaded"
+        except errors.FormatError:
+            out = "FormatError"
+        except BaseException as e:
+            out = type(e).__name__ + ": " + str(e)[:80]
+        if out != "FormatError":
+            outcomes.setdefault(out, []).append([what, pos])
+    print(json.dumps({"size": len(blob), "cases": len(cases), "bad": outcomes}))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_never_crashes_and_rejects_every_truncation_and_byte_flip(tmp_path, kind):
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "victim.kbi"), kind],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    bad = {k: v[:8] for k, v in report["bad"].items()}
+    assert not bad, f"{report['cases']} damaged variants of a {report['size']}-byte file; " \
+                    f"not rejected with FormatError (outcome -> first [case, offset]s): {bad}"
