@@ -36,6 +36,7 @@ RECALL_TARGETS = (0.95, 0.99)
 DEFAULT_EF_MIN_RECALL = 0.95
 HNSW_LIBS = ("kbcore", "hnswlib", "faiss", "usearch")
 TIE_EPS = 1e-5
+CPU_PER_WALL_WARN = 1.3  # a single-thread timing that used more CPU than this was not single-threaded
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,16 +276,31 @@ def recall_at_k(pred: np.ndarray, ds: Dataset, *, ties: bool = False) -> float:
     return float(sum(uniq)) / (K * len(pred))
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
-    """Run ``fn`` ``repeats`` times with gc paused; return all wall times (s) and the last result."""
-    times = []
+class Timing(list):
+    """Wall times (s) of the repeats; ``cpu`` holds the matching process CPU times (s)."""
+
+    cpu: list[float]
+
+    @property
+    def cpu_per_wall(self) -> float:
+        """Process CPU time / wall time of the median run: ~1.0 confirms a single busy thread."""
+        i = sorted(range(len(self)), key=self.__getitem__)[len(self) // 2]
+        return self.cpu[i] / self[i]
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
+    """Run ``fn`` ``repeats`` times with gc paused; return the wall/CPU times and the last result."""
+    times = Timing()
+    times.cpu = []
     out = None
     for _ in range(repeats):
         gc.disable()
         try:
+            c0 = time.process_time()
             t0 = time.perf_counter()
             out = fn()
             times.append(time.perf_counter() - t0)
+            times.cpu.append(time.process_time() - c0)
         finally:
             gc.enable()
     return times, out
@@ -333,9 +349,11 @@ def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) 
     res: dict[str, Any] = {}
     x, q = ds.base, ds.queries
     rss0 = settle_memory()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     adapter.build(x, BUILD_THREADS)
     res["build_s"] = time.perf_counter() - t0
+    res["build_cpu_s"] = time.process_time() - c0  # ~BUILD_THREADS x build_s when the cores were free
     peak = peak_rss_bytes()
     rss1 = settle_memory()
     res["rss_delta_bytes"] = rss1 - rss0
@@ -345,7 +363,8 @@ def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) 
     res["own_memory_bytes"] = own
     res["own_bytes_per_vector"] = None if own is None else own / ds.n
     log(
-        f"  {adapter.name:8s} build {res['build_s']:.2f} s ({BUILD_THREADS} threads), "
+        f"  {adapter.name:8s} build {res['build_s']:.2f} s ({BUILD_THREADS} threads, "
+        f"cpu/wall {res['build_cpu_s'] / res['build_s']:.2f}), "
         f"RSS +{res['rss_bytes_per_vector']:.0f} B/vector (peak +{res['peak_rss_delta_bytes'] / ds.n:.0f}), "
         f"own accounting {fmt(res['own_bytes_per_vector'], '.0f')} B/vector"
     )
@@ -353,6 +372,25 @@ def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) 
     if adapter.name == "kbcore":
         res["default_ef"] = bench_kbcore_default_ef(adapter, ds)
 
+    res["sweep"] = run_sweep(adapter, ds, efs, repeats)
+    sweep = res["sweep"]
+    res["at_recall"] = {
+        str(t): {
+            mode: qps_at_recall([(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in sweep], t)
+            for mode in ("loop", "batch")
+        }
+        for t in RECALL_TARGETS
+    }
+    adapter.close()
+    res["rss_after_delete_bytes"] = settle_memory() - rss0
+    log(f"    RSS left after deleting the index: {res['rss_after_delete_bytes'] / 2**20:+.1f} MiB")
+    return res
+
+
+def run_sweep(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) -> list[dict]:
+    """Time the single-query loop and the batch at every ef. A separate function on purpose: the
+    per-query callables hold references to the index and must be gone before it is deleted."""
+    q = ds.queries
     inputs = adapter.prepare_single(q)
     sweep = []
     log(f"    {'ef':>5s} {'recall':>7s} {'loop QPS':>10s} {'batch QPS':>10s}  (1 thread, median of {repeats})")
@@ -371,23 +409,20 @@ def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) 
             "latency_us_loop": 1e6 * statistics.median(loop_times) / ds.nq,
             "loop_times_s": loop_times,
             "batch_times_s": batch_times,
+            "cpu_per_wall_loop": loop_times.cpu_per_wall,
+            "cpu_per_wall_batch": batch_times.cpu_per_wall,
         }
         sweep.append(point)
         log(
             f"    {ef:5d} {point['recall_loop']:7.4f} {point['qps_loop']:10.0f} {point['qps_batch']:10.0f}"
             + ("" if point["recall_loop"] == point["recall_batch"] else f"  (batch recall {point['recall_batch']:.4f})")
+            + (
+                f"  WARNING cpu/wall {point['cpu_per_wall_loop']:.2f}/{point['cpu_per_wall_batch']:.2f} (> 1 thread busy?)"
+                if max(point["cpu_per_wall_loop"], point["cpu_per_wall_batch"]) > CPU_PER_WALL_WARN
+                else ""
+            )
         )
-    res["sweep"] = sweep
-    res["at_recall"] = {
-        str(t): {
-            mode: qps_at_recall([(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in sweep], t)
-            for mode in ("loop", "batch")
-        }
-        for t in RECALL_TARGETS
-    }
-    adapter.close()
-    res["rss_after_delete_bytes"] = settle_memory() - rss0
-    return res
+    return sweep
 
 
 def bench_kbcore_default_ef(adapter: KbcoreHnsw, ds: Dataset) -> dict:
@@ -437,6 +472,7 @@ def bench_flat(libs: Sequence[str], ds: Dataset, repeats: int) -> dict:
             "median_s": med,
             "qps": ds.nq / med,
             "times_s": times,
+            "cpu_per_wall": times.cpu_per_wall,
             "recall": recall_at_k(ids, ds),
             "recall_ties": recall_at_k(ids, ds, ties=True),
             "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
@@ -444,7 +480,7 @@ def bench_flat(libs: Sequence[str], ds: Dataset, repeats: int) -> dict:
         log(
             f"  flat {name:8s} batch {med * 1e3:8.1f} ms ({out[name]['qps']:.0f} QPS, 1 thread, median of {repeats}), "
             f"recall@{K} {out[name]['recall']:.4f} (tie-aware {out[name]['recall_ties']:.4f}), "
-            f"RSS +{out[name]['rss_bytes_per_vector']:.0f} B/vector"
+            f"RSS +{out[name]['rss_bytes_per_vector']:.0f} B/vector, cpu/wall {times.cpu_per_wall:.2f}"
         )
         del search, ids
         settle_memory()
@@ -459,11 +495,45 @@ def bench_flat(libs: Sequence[str], ds: Dataset, repeats: int) -> dict:
     return out
 
 
+def warm_up(libs: Sequence[str], dim: int) -> None:
+    """Build and search a tiny index with every library once, so lazy one-time initialisation
+    (thread pools, BLAS buffers, first-touch of code pages) is not charged to the first measurement."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2000, dim), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[:50].copy()
+    for name in libs:
+        adapter = ADAPTERS[name]()
+        adapter.build(x, BUILD_THREADS)
+        adapter.set_ef(32)
+        fn = adapter.single_fn()
+        for v in adapter.prepare_single(q):
+            fn(v)
+        adapter.batch(q)
+        adapter.close()
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    flat = faiss.IndexFlatIP(dim)
+    flat.add(x)
+    flat.search(q, K)
+    del flat
+    if "kbcore" in libs:
+        import kbcore
+
+        index = kbcore.Index(dim, metric="cosine", kind="flat")
+        index.add(x, np.arange(len(x), dtype=np.int64), threads=BUILD_THREADS)
+        index.search(q, k=K, threads=1)
+        del index
+    settle_memory()
+
+
 def bench_dataset(ds: Dataset, libs: Sequence[str], efs: Sequence[int], repeats: int, flat_repeats: int) -> dict:
     log(f"\n=== {ds.name}: n={ds.n}, nq={ds.nq}, dim={ds.dim}, k={K}, metric=cosine ===")
     if "crosscheck_exact_top100" in ds.info:
         log(f"  ground truth vs exact_top100_chunks.npy: {ds.info['crosscheck_exact_top100']}")
     out: dict[str, Any] = {"n": ds.n, "nq": ds.nq, "dim": ds.dim, "info": ds.info, "libs": {}}
+    warm_up(libs, ds.dim)
     for name in libs:
         out["libs"][name] = bench_hnsw(ADAPTERS[name](), ds, efs, repeats)
         gc.collect()
@@ -518,6 +588,13 @@ def summary_table(name: str, res: dict) -> str:
         cells.append(fmt(at64["recall_loop"], ".4f") if at64 else "n/a")
         cells.append(fmt(at64["latency_us_loop"], ".0f") if at64 else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
+    busy = {lib: r["build_cpu_s"] / r["build_s"] for lib, r in libs.items()}
+    if min(busy.values(), default=BUILD_THREADS) < 0.8 * BUILD_THREADS:
+        lines.append(
+            "WARNING: builds got fewer than the 2 cores they asked for (cpu/wall "
+            + ", ".join(f"{lib} {v:.2f}" for lib, v in busy.items())
+            + "): the machine was busy, build times are inflated"
+        )
     flat = res.get("flat", {})
     if flat:
         lines.append("")

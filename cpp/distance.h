@@ -19,16 +19,16 @@ enum class SimdLevel : std::uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 /// Pointwise kernels over `dim` floats.
 using DotFn = float (*)(const float* a, const float* b, std::size_t dim);
 using L2Fn = float (*)(const float* a, const float* b, std::size_t dim);
-/// Scores `n` contiguous rows (row stride `dim`) against one query: out[i] = dot or l2sq.
-using BatchFn = void (*)(const float* query, const float* rows, std::size_t n, std::size_t dim,
-                         float* out);
+/// Scores four rows (anywhere in memory) against one query: out[j] = dot or l2sq of rows[j].
+/// Interleaving four rows shares the query loads and hides FMA latency.
+using Multi4Fn = void (*)(const float* query, const float* const* rows, std::size_t dim, float* out);
 
 /// One level's kernels.
 struct Kernels {
   DotFn dot;
   L2Fn l2sq;
-  BatchFn dot_batch;
-  BatchFn l2sq_batch;
+  Multi4Fn dot4;
+  Multi4Fn l2sq4;
 };
 
 /// Kernels of one level; level must be supported (see supported_simd_levels).
@@ -56,6 +56,17 @@ const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();
 #endif
 }  // namespace detail
+
+/// Distances of four rows to q under `metric`.
+inline void distance4(const Kernels& k, Metric metric, const float* q, const float* const* rows,
+                      std::size_t dim, float* out) {
+  if (metric == Metric::kL2) {
+    k.l2sq4(q, rows, dim, out);
+    return;
+  }
+  k.dot4(q, rows, dim, out);
+  for (int j = 0; j < 4; ++j) out[j] = 1.0f - out[j];
+}
 
 /// Distance between a and b under `metric` with the given kernels.
 inline float distance(const Kernels& k, Metric metric, const float* a, const float* b,

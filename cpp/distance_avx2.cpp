@@ -53,67 +53,62 @@ float l2sq_avx2(const float* a, const float* b, std::size_t dim) {
 }
 
 template <bool kL2>
-void batch_avx2(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
-  std::size_t r = 0;
+void multi4_avx2(const float* q, const float* const* rs, std::size_t dim, float* out) {
   const std::size_t body = dim & ~static_cast<std::size_t>(7);
-  for (; r + 4 <= n; r += 4) {
-    const float* r0 = rows + r * dim;
-    const float* r1 = r0 + dim;
-    const float* r2 = r1 + dim;
-    const float* r3 = r2 + dim;
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-    for (std::size_t i = 0; i < body; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      __m256 v0 = _mm256_loadu_ps(r0 + i);
-      __m256 v1 = _mm256_loadu_ps(r1 + i);
-      __m256 v2 = _mm256_loadu_ps(r2 + i);
-      __m256 v3 = _mm256_loadu_ps(r3 + i);
-      if constexpr (kL2) {
-        v0 = _mm256_sub_ps(qv, v0);
-        v1 = _mm256_sub_ps(qv, v1);
-        v2 = _mm256_sub_ps(qv, v2);
-        v3 = _mm256_sub_ps(qv, v3);
-        s0 = _mm256_fmadd_ps(v0, v0, s0);
-        s1 = _mm256_fmadd_ps(v1, v1, s1);
-        s2 = _mm256_fmadd_ps(v2, v2, s2);
-        s3 = _mm256_fmadd_ps(v3, v3, s3);
-      } else {
-        s0 = _mm256_fmadd_ps(qv, v0, s0);
-        s1 = _mm256_fmadd_ps(qv, v1, s1);
-        s2 = _mm256_fmadd_ps(qv, v2, s2);
-        s3 = _mm256_fmadd_ps(qv, v3, s3);
-      }
+  const float* r0 = rs[0];
+  const float* r1 = rs[1];
+  const float* r2 = rs[2];
+  const float* r3 = rs[3];
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < body; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    __m256 v0 = _mm256_loadu_ps(r0 + i);
+    __m256 v1 = _mm256_loadu_ps(r1 + i);
+    __m256 v2 = _mm256_loadu_ps(r2 + i);
+    __m256 v3 = _mm256_loadu_ps(r3 + i);
+    if constexpr (kL2) {
+      v0 = _mm256_sub_ps(qv, v0);
+      v1 = _mm256_sub_ps(qv, v1);
+      v2 = _mm256_sub_ps(qv, v2);
+      v3 = _mm256_sub_ps(qv, v3);
+      s0 = _mm256_fmadd_ps(v0, v0, s0);
+      s1 = _mm256_fmadd_ps(v1, v1, s1);
+      s2 = _mm256_fmadd_ps(v2, v2, s2);
+      s3 = _mm256_fmadd_ps(v3, v3, s3);
+    } else {
+      s0 = _mm256_fmadd_ps(qv, v0, s0);
+      s1 = _mm256_fmadd_ps(qv, v1, s1);
+      s2 = _mm256_fmadd_ps(qv, v2, s2);
+      s3 = _mm256_fmadd_ps(qv, v3, s3);
     }
-    float t[4] = {hsum256(s0), hsum256(s1), hsum256(s2), hsum256(s3)};
-    const float* rs[4] = {r0, r1, r2, r3};
-    for (std::size_t i = body; i < dim; ++i) {
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kL2) {
-          const float d = q[i] - rs[j][i];
-          t[j] += d * d;
-        } else {
-          t[j] += q[i] * rs[j][i];
-        }
-      }
-    }
-    for (int j = 0; j < 4; ++j) out[r + j] = t[j];
   }
-  for (; r < n; ++r) out[r] = kL2 ? l2sq_avx2(q, rows + r * dim, dim) : dot_avx2(q, rows + r * dim, dim);
+  float t[4] = {hsum256(s0), hsum256(s1), hsum256(s2), hsum256(s3)};
+  for (std::size_t i = body; i < dim; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (kL2) {
+        const float d = q[i] - rs[j][i];
+        t[j] += d * d;
+      } else {
+        t[j] += q[i] * rs[j][i];
+      }
+    }
+  }
+  for (int j = 0; j < 4; ++j) out[j] = t[j];
 }
 
-void dot_batch_avx2(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
-  batch_avx2<false>(q, rows, n, dim, out);
+void dot4_avx2(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  multi4_avx2<false>(q, rows, dim, out);
 }
-void l2sq_batch_avx2(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
-  batch_avx2<true>(q, rows, n, dim, out);
+void l2sq4_avx2(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  multi4_avx2<true>(q, rows, dim, out);
 }
 
 }  // namespace
 
 namespace detail {
 const Kernels& avx2_kernels() {
-  static const Kernels k{dot_avx2, l2sq_avx2, dot_batch_avx2, l2sq_batch_avx2};
+  static const Kernels k{dot_avx2, l2sq_avx2, dot4_avx2, l2sq4_avx2};
   return k;
 }
 }  // namespace detail

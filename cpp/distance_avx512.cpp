@@ -49,62 +49,56 @@ float l2sq_avx512(const float* a, const float* b, std::size_t dim) {
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-// Four rows against one query: the query is loaded once per step for four rows,
-// which is what keeps an exact scan from being bound by loads.
+// Four rows against one query: the query is loaded once per step for four rows.
 template <bool kL2>
-void batch_avx512(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
-  std::size_t r = 0;
-  for (; r + 4 <= n; r += 4) {
-    const float* r0 = rows + r * dim;
-    const float* r1 = r0 + dim;
-    const float* r2 = r1 + dim;
-    const float* r3 = r2 + dim;
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    __m512 s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
-    std::size_t i = 0;
-    for (; i < dim; i += 16) {
-      const __mmask16 m = dim - i >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(dim - i);
-      const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
-      __m512 v0 = _mm512_maskz_loadu_ps(m, r0 + i);
-      __m512 v1 = _mm512_maskz_loadu_ps(m, r1 + i);
-      __m512 v2 = _mm512_maskz_loadu_ps(m, r2 + i);
-      __m512 v3 = _mm512_maskz_loadu_ps(m, r3 + i);
-      if constexpr (kL2) {
-        v0 = _mm512_sub_ps(qv, v0);
-        v1 = _mm512_sub_ps(qv, v1);
-        v2 = _mm512_sub_ps(qv, v2);
-        v3 = _mm512_sub_ps(qv, v3);
-        s0 = _mm512_fmadd_ps(v0, v0, s0);
-        s1 = _mm512_fmadd_ps(v1, v1, s1);
-        s2 = _mm512_fmadd_ps(v2, v2, s2);
-        s3 = _mm512_fmadd_ps(v3, v3, s3);
-      } else {
-        s0 = _mm512_fmadd_ps(qv, v0, s0);
-        s1 = _mm512_fmadd_ps(qv, v1, s1);
-        s2 = _mm512_fmadd_ps(qv, v2, s2);
-        s3 = _mm512_fmadd_ps(qv, v3, s3);
-      }
+void multi4_avx512(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  const float* r0 = rows[0];
+  const float* r1 = rows[1];
+  const float* r2 = rows[2];
+  const float* r3 = rows[3];
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  __m512 s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < dim; i += 16) {
+    const __mmask16 m = dim - i >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(dim - i);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
+    __m512 v0 = _mm512_maskz_loadu_ps(m, r0 + i);
+    __m512 v1 = _mm512_maskz_loadu_ps(m, r1 + i);
+    __m512 v2 = _mm512_maskz_loadu_ps(m, r2 + i);
+    __m512 v3 = _mm512_maskz_loadu_ps(m, r3 + i);
+    if constexpr (kL2) {
+      v0 = _mm512_sub_ps(qv, v0);
+      v1 = _mm512_sub_ps(qv, v1);
+      v2 = _mm512_sub_ps(qv, v2);
+      v3 = _mm512_sub_ps(qv, v3);
+      s0 = _mm512_fmadd_ps(v0, v0, s0);
+      s1 = _mm512_fmadd_ps(v1, v1, s1);
+      s2 = _mm512_fmadd_ps(v2, v2, s2);
+      s3 = _mm512_fmadd_ps(v3, v3, s3);
+    } else {
+      s0 = _mm512_fmadd_ps(qv, v0, s0);
+      s1 = _mm512_fmadd_ps(qv, v1, s1);
+      s2 = _mm512_fmadd_ps(qv, v2, s2);
+      s3 = _mm512_fmadd_ps(qv, v3, s3);
     }
-    out[r] = _mm512_reduce_add_ps(s0);
-    out[r + 1] = _mm512_reduce_add_ps(s1);
-    out[r + 2] = _mm512_reduce_add_ps(s2);
-    out[r + 3] = _mm512_reduce_add_ps(s3);
   }
-  for (; r < n; ++r) out[r] = kL2 ? l2sq_avx512(q, rows + r * dim, dim) : dot_avx512(q, rows + r * dim, dim);
+  out[0] = _mm512_reduce_add_ps(s0);
+  out[1] = _mm512_reduce_add_ps(s1);
+  out[2] = _mm512_reduce_add_ps(s2);
+  out[3] = _mm512_reduce_add_ps(s3);
 }
 
-void dot_batch_avx512(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
-  batch_avx512<false>(q, rows, n, dim, out);
+void dot4_avx512(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  multi4_avx512<false>(q, rows, dim, out);
 }
-void l2sq_batch_avx512(const float* q, const float* rows, std::size_t n, std::size_t dim, float* out) {
-  batch_avx512<true>(q, rows, n, dim, out);
+void l2sq4_avx512(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  multi4_avx512<true>(q, rows, dim, out);
 }
 
 }  // namespace
 
 namespace detail {
 const Kernels& avx512_kernels() {
-  static const Kernels k{dot_avx512, l2sq_avx512, dot_batch_avx512, l2sq_batch_avx512};
+  static const Kernels k{dot_avx512, l2sq_avx512, dot4_avx512, l2sq4_avx512};
   return k;
 }
 }  // namespace detail

@@ -36,21 +36,19 @@ float l2sq_scalar(const float* a, const float* b, std::size_t dim) {
   return (s0 + s1) + (s2 + s3);
 }
 
-void dot_batch_scalar(const float* q, const float* rows, std::size_t n, std::size_t dim,
-                      float* out) {
-  for (std::size_t r = 0; r < n; ++r) out[r] = dot_scalar(q, rows + r * dim, dim);
+void dot4_scalar(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  for (int j = 0; j < 4; ++j) out[j] = dot_scalar(q, rows[j], dim);
 }
 
-void l2sq_batch_scalar(const float* q, const float* rows, std::size_t n, std::size_t dim,
-                       float* out) {
-  for (std::size_t r = 0; r < n; ++r) out[r] = l2sq_scalar(q, rows + r * dim, dim);
+void l2sq4_scalar(const float* q, const float* const* rows, std::size_t dim, float* out) {
+  for (int j = 0; j < 4; ++j) out[j] = l2sq_scalar(q, rows[j], dim);
 }
 
 }  // namespace
 
 namespace detail {
 const Kernels& scalar_kernels() {
-  static const Kernels k{dot_scalar, l2sq_scalar, dot_batch_scalar, l2sq_batch_scalar};
+  static const Kernels k{dot_scalar, l2sq_scalar, dot4_scalar, l2sq4_scalar};
   return k;
 }
 }  // namespace detail

@@ -27,15 +27,21 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
   heaps.reserve(nq);
   for (std::size_t i = 0; i < nq; ++i) heaps.emplace_back(k);
   std::vector<float> scores(block);
-  const BatchFn batch = metric == Metric::kL2 ? kern.l2sq_batch : kern.dot_batch;
   for (std::size_t b0 = 0; b0 < n; b0 += block) {
     const std::size_t bn = std::min(block, n - b0);
     const float* rows = store.data() + b0 * dim;
     for (std::size_t qi = 0; qi < nq; ++qi) {
-      batch(queries + qi * dim, rows, bn, dim, scores.data());
+      const float* q = queries + qi * dim;
+      std::size_t r = 0;
+      for (; r + 4 <= bn; r += 4) {
+        const float* four[4] = {rows + r * dim, rows + (r + 1) * dim, rows + (r + 2) * dim,
+                                rows + (r + 3) * dim};
+        distance4(kern, metric, q, four, dim, scores.data() + r);
+      }
+      for (; r < bn; ++r) scores[r] = distance(kern, metric, q, rows + r * dim, dim);
       TopK& heap = heaps[qi];
-      for (std::size_t r = 0; r < bn; ++r) {
-        const float d = metric == Metric::kL2 ? scores[r] : 1.0f - scores[r];
+      for (r = 0; r < bn; ++r) {
+        const float d = scores[r];
         const Slot s = static_cast<Slot>(b0 + r);
         if (d <= heap.worst() && store.is_live(s) && accept(s)) heap.push(d, s);
       }

@@ -137,10 +137,12 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
                                             std::size_t ef, int level, const Kernels& k,
                                             const Accept& accept) const {
   auto visited = visited_.acquire(levels_.size());
-  // candidates: min-heap of frontier nodes; results: max-heap of the best ef admitted nodes.
-  std::vector<Scored> candidates;
+  // candidates: min-heap of the frontier; results: max-heap of the best ef admitted nodes.
+  // Scratch buffers are per thread so that a search allocates nothing in steady state.
+  thread_local std::vector<Scored> candidates;
+  thread_local std::vector<std::uint32_t> local;
+  candidates.clear();
   std::vector<Scored> results;
-  candidates.reserve(ef * 2);
   results.reserve(ef + 1);
   const auto push_result = [&](const Scored& s) {
     results.push_back(s);
@@ -156,8 +158,9 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     if (accept(e.slot)) push_result(e);
   }
-  std::uint32_t buf[1 + 2 * 64 + 1];
-  std::vector<std::uint32_t> big;
+  const std::size_t dim = store_.dim();
+  std::uint32_t fresh[4 + 2 * 256];
+  float dists[4 + 2 * 256];
   while (!candidates.empty()) {
     const Scored c = candidates.front();
     if (results.size() >= ef && c.dist > results.front().dist) break;
@@ -168,30 +171,36 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     if constexpr (kLocked) {
       std::lock_guard<Lock> guard(lock_for(c.slot));
       const std::uint32_t* src = links(c.slot, level);
-      count = src[0];
-      std::uint32_t* dst = buf;
-      if (count + 1 > sizeof(buf) / sizeof(buf[0])) {
-        big.assign(src, src + count + 1);
-        dst = big.data();
-      } else {
-        std::copy(src, src + count + 1, dst);
-      }
-      nl = dst + 1;
+      local.assign(src + 1, src + 1 + src[0]);
+      nl = local.data();
+      count = local.size();
     } else {
       const std::uint32_t* src = links(c.slot, level);
       count = src[0];
       nl = src + 1;
     }
-    if (count > 0) detail::prefetch(store_.vector(nl[0]));
+    // Gather the unvisited neighbours first, prefetching their rows, then score them four
+    // at a time: independent dot products keep the FMA units busy.
+    std::size_t m = 0;
     for (std::size_t j = 0; j < count; ++j) {
       const Slot n = nl[j];
-      if (j + 1 < count) detail::prefetch(store_.vector(nl[j + 1]));
       if (visited->test_and_set(n)) continue;
-      const float d = dist(k, q, n);
+      detail::prefetch(store_.vector(n));
+      fresh[m++] = n;
+    }
+    std::size_t j = 0;
+    for (; j + 4 <= m; j += 4) {
+      const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
+                              store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
+      distance4(k, metric_, q, rows, dim, dists + j);
+    }
+    for (; j < m; ++j) dists[j] = dist(k, q, fresh[j]);
+    for (j = 0; j < m; ++j) {
+      const float d = dists[j];
       if (results.size() < ef || d < results.front().dist) {
-        candidates.push_back({d, n});
+        candidates.push_back({d, fresh[j]});
         std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-        if (accept(n)) push_result({d, n});
+        if (accept(fresh[j])) push_result({d, fresh[j]});
       }
     }
   }

@@ -224,3 +224,55 @@ def test_hnsw_recall_after_deleting_30_percent_and_adding_new_matches_fresh_inde
     r_fresh = recall_at_k(fresh.search(queries, k=10)[0], live_data, live_ids, queries, 10, metric)
     assert r_reused >= 0.9 and r_fresh >= 0.9, (r_reused, r_fresh)
     assert r_reused >= r_fresh - 0.02, f"reused {r_reused:.4f} vs fresh {r_fresh:.4f}"
+
+
+# --------------------------------------------------------------------------------------------
+# reachability: with k >= len(index), "padding after the real hits" means every live id is
+# returned. ef is raised to k, so the search is exhaustive over what the graph can reach; a
+# live id missing from the result is a vector the graph has lost. (l2 and cosine only: under
+# ip the pruning heuristic is not a metric and even a fresh hnswlib graph may strand nodes.)
+
+
+def assert_every_live_id_returned(index, queries):
+    n = len(index)
+    live = set(index.ids().tolist())
+    ids, dist = index.search(queries, k=n)
+    for r, row in enumerate(ids):
+        got = set(row[row >= 0].tolist())
+        missing = live - got
+        assert not missing, (f"query {r}: {len(missing)} of {n} live ids unreachable "
+                             f"(e.g. {sorted(missing)[:8]})")
+    assert_rows_sorted(dist)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+@pytest.mark.parametrize("fraction", [0.5, 0.9, 0.99])
+def test_hnsw_keeps_every_live_vector_reachable_after_removals(metric, fraction):
+    data, queries = make_clustered(42, 4000, 32, n_queries=5)
+    index = kbcore.Index(dim=32, metric=metric, kind="hnsw")
+    index.add(data, np.arange(4000), threads=1)  # single-threaded: isolates removal from build
+    removed = np.random.default_rng(43).choice(4000, int(4000 * fraction), replace=False)
+    index.remove(removed, threads=1)
+    assert len(index) == 4000 - len(removed)
+    assert_every_live_id_returned(index, queries)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+def test_hnsw_keeps_every_live_vector_reachable_after_upserts(metric):
+    data, queries = make_clustered(44, 3000, 32, n_queries=5)
+    index = kbcore.Index(dim=32, metric=metric, kind="hnsw")
+    index.add(data, np.arange(3000), threads=1)
+    rng = np.random.default_rng(45)
+    for round_ in range(3):
+        moved = rng.choice(3000, 1000, replace=False)
+        index.add(make_clustered(46 + round_, 1000, 32)[0], moved, threads=1)
+    assert len(index) == 3000
+    assert_every_live_id_returned(index, queries)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+def test_hnsw_fresh_single_threaded_build_reaches_every_vector(metric):
+    data, queries = make_clustered(47, 2000, 32, n_queries=5)
+    index = kbcore.Index(dim=32, metric=metric, kind="hnsw")
+    index.add(data, np.arange(2000), threads=1)
+    assert_every_live_id_returned(index, queries)
