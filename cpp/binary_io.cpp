@@ -214,6 +214,7 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
                       ", this kbcore reads versions 1.." + std::to_string(max_version) +
                       "; upgrade kbcore to load it");
   }
+  if (load_le(header + 12, 4) != 0) fail("unknown header flags (corrupted file)");
   const std::uint64_t payload = load_le(header + 16, 8);
   const std::uint64_t sum = load_le(header + 24, 8);
   if (std::fseek(f, 0, SEEK_END) != 0) fail("cannot determine the file size");

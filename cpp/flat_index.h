@@ -11,6 +11,14 @@
 
 namespace kbcore {
 
+inline void detail_prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
 /// Scores queries [nq x dim] against every live row of `store` and keeps the k best per
 /// query, ascending, ties by slot. `accept(slot)` filters rows (AcceptAll for none).
 /// Single-threaded; callers split queries across threads. O(nq * n * dim).
@@ -51,6 +59,32 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
   out.reserve(nq);
   for (auto& h : heaps) out.push_back(h.take_sorted());
   return out;
+}
+
+/// The k nearest of the given slots to one prepared query, ascending. O(|slots| * dim).
+inline std::vector<Scored> scan_slots(const VectorStore& store, Metric metric, const float* q,
+                                      const std::vector<Slot>& slots, std::size_t k) {
+  const Kernels& kern = active_kernels();
+  const std::size_t dim = store.dim();
+  TopK heap(k);
+  float d[4];
+  std::size_t i = 0;
+  for (; i + 4 <= slots.size(); i += 4) {
+    const float* rows[4] = {store.vector(slots[i]), store.vector(slots[i + 1]), store.vector(slots[i + 2]),
+                            store.vector(slots[i + 3])};
+    if (i + 8 <= slots.size()) {
+      for (int j = 4; j < 8; ++j) detail_prefetch(store.vector(slots[i + j]));
+    }
+    distance4(kern, metric, q, rows, dim, d);
+    for (int j = 0; j < 4; ++j) {
+      if (d[j] <= heap.worst()) heap.push(d[j], slots[i + j]);
+    }
+  }
+  for (; i < slots.size(); ++i) {
+    const float x = distance(kern, metric, q, store.vector(slots[i]), dim);
+    if (x <= heap.worst()) heap.push(x, slots[i]);
+  }
+  return heap.take_sorted();
 }
 
 }  // namespace kbcore

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "binary_io.h"
 #include "errors.h"
@@ -101,11 +102,25 @@ void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool
     eps = w;
     select_neighbors(w, params_.M, k);
     {
+      // Concurrent inserts may already have linked themselves to s (connect_back): merge
+      // those links with the selection instead of overwriting them, or such a node could be
+      // left with no incoming link at all.
       std::unique_lock<Lock> guard(lock_for(s), std::defer_lock);
       if (locked) guard.lock();
       std::uint32_t* sl = links(s, l);
-      sl[0] = static_cast<std::uint32_t>(w.size());
-      for (std::size_t j = 0; j < w.size(); ++j) sl[1 + j] = w[j].slot;
+      std::vector<Scored> merged = w;
+      for (std::size_t j = 0; j < sl[0]; ++j) {
+        const Slot x = sl[1 + j];
+        if (std::none_of(merged.begin(), merged.end(), [x](const Scored& e) { return e.slot == x; })) {
+          merged.push_back({dist(k, q, x), x});
+        }
+      }
+      if (merged.size() > capacity(l)) {
+        std::sort(merged.begin(), merged.end());
+        select_neighbors(merged, capacity(l), k);
+      }
+      sl[0] = static_cast<std::uint32_t>(merged.size());
+      for (std::size_t j = 0; j < merged.size(); ++j) sl[1 + j] = merged[j].slot;
     }
     for (const Scored& n : w) connect_back(n.slot, s, n.dist, l, k, locked);
     if (eps.empty()) eps.push_back(cur);
@@ -151,7 +166,64 @@ void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads
     insert(slots[0], k);
     start = 1;
   }
-  parallel_for(slots.size() - start, threads, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
+  const std::size_t workers = resolve_threads(threads, slots.size() - start);
+  parallel_for(slots.size() - start, workers, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
+  if (workers > 1) ensure_reachable(k);
+}
+
+void HnswIndex::ensure_reachable(const Kernels& k, const std::vector<std::uint8_t>* dead) {
+  if (entry_ == kNoSlot) return;
+  const std::size_t n = levels_.size();
+  // Level 0 must let a search reach every live node from the entry point. Concurrent
+  // inserts and heavy deletion can leave a node with no incoming link; such nodes are
+  // re-linked by search (which gives them incoming links from reachable nodes). A few rounds
+  // settle it; a node the heuristic still refuses is appended to its nearest reachable
+  // neighbour's list directly.
+  for (int round = 0; round < 4; ++round) {
+    std::vector<std::uint8_t> seen(n, 0);
+    std::vector<Slot> stack{entry_};
+    seen[entry_] = 1;
+    while (!stack.empty()) {
+      const Slot c = stack.back();
+      stack.pop_back();
+      const std::uint32_t* cl = links(c, 0);
+      for (std::size_t j = 0; j < cl[0]; ++j) {
+        if (!seen[cl[1 + j]]) {
+          seen[cl[1 + j]] = 1;
+          stack.push_back(cl[1 + j]);
+        }
+      }
+    }
+    std::vector<Slot> lost;
+    for (std::size_t s = 0; s < n; ++s) {
+      if (store_.is_live(static_cast<Slot>(s)) && !seen[s] && !(dead && (*dead)[s])) {
+        lost.push_back(static_cast<Slot>(s));
+      }
+    }
+    if (lost.empty()) return;
+    for (Slot s : lost) {
+      if (round < 3) {
+        link(s, levels_[s], entry_, max_level_, k, /*locked=*/false);
+        continue;
+      }
+      // Last resort: make the nearest reachable node point at s.
+      Scored best{std::numeric_limits<float>::infinity(), kNoSlot};
+      for (std::size_t t = 0; t < n; ++t) {
+        if (!seen[t]) continue;
+        const float d = dist(k, store_.vector(s), static_cast<Slot>(t));
+        if (d < best.dist) best = {d, static_cast<Slot>(t)};
+      }
+      if (best.slot == kNoSlot) continue;
+      std::uint32_t* bl = links(best.slot, 0);
+      if (bl[0] < m0_) {
+        bl[1 + bl[0]] = s;
+        ++bl[0];
+      } else {
+        bl[bl[0]] = s;  // replaces its last (least recently selected) link
+      }
+      seen[s] = 1;
+    }
+  }
 }
 
 void HnswIndex::pick_new_entry(const std::vector<std::uint8_t>& dead) {
@@ -228,6 +300,82 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     if (!orphan[s] || static_cast<Slot>(s) == entry_ || entry_ == kNoSlot) continue;
     link(static_cast<Slot>(s), levels_[s], entry_, max_level_, k, /*locked=*/false);
   }
+  ensure_reachable(k, &dead);
+}
+
+std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef,
+                                               const Bitmap& allowed, std::size_t* evals) const {
+  if (entry_ == kNoSlot || k == 0) return {};
+  ef = std::max(ef, k);
+  const Kernels& kern = active_kernels();
+  const std::size_t dim = store_.dim();
+  // Upper levels are walked without the filter: they only find the region of the query.
+  Scored cur{dist(kern, q, entry_), entry_};
+  cur = greedy<false>(q, cur, max_level_, 0, kern);
+  auto visited = visited_.acquire(levels_.size());
+  thread_local std::vector<Scored> candidates;
+  candidates.clear();
+  std::vector<Scored> results;
+  results.reserve(ef + 1);
+  visited->test_and_set(cur.slot);
+  candidates.push_back(cur);
+  if (allowed.test(cur.slot)) results.push_back(cur);
+  const std::size_t cap = m0_;
+  std::vector<std::uint32_t> fresh(cap);
+  std::vector<float> dists(cap);
+  std::size_t n_evals = 0;
+  while (!candidates.empty()) {
+    const Scored c = candidates.front();
+    if (results.size() >= ef && c.dist > results.front().dist) break;
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    const std::uint32_t* nl = links(c.slot, 0);
+    std::size_t m = 0;
+    // One hop: passing neighbours.
+    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+      const Slot n = nl[1 + j];
+      if (!allowed.test(n) || visited->test_and_set(n)) continue;
+      detail::prefetch(store_.vector(n));
+      fresh[m++] = n;
+    }
+    // Two hops through failing neighbours, until the expansion holds 2M candidates.
+    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+      const Slot n = nl[1 + j];
+      if (allowed.test(n) || visited->test_and_set(n)) continue;
+      const std::uint32_t* nl2 = links(n, 0);
+      for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
+        const Slot n2 = nl2[1 + t];
+        if (!allowed.test(n2) || visited->test_and_set(n2)) continue;
+        detail::prefetch(store_.vector(n2));
+        fresh[m++] = n2;
+      }
+    }
+    std::size_t j = 0;
+    for (; j + 4 <= m; j += 4) {
+      const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
+                              store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
+      distance4(kern, metric_, q, rows, dim, dists.data() + j);
+    }
+    for (; j < m; ++j) dists[j] = dist(kern, q, fresh[j]);
+    n_evals += m;
+    for (j = 0; j < m; ++j) {
+      const float d = dists[j];
+      if (results.size() < ef || d < results.front().dist) {
+        candidates.push_back({d, fresh[j]});
+        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        results.push_back({d, fresh[j]});
+        std::push_heap(results.begin(), results.end());
+        if (results.size() > ef) {
+          std::pop_heap(results.begin(), results.end());
+          results.pop_back();
+        }
+      }
+    }
+  }
+  if (evals != nullptr) *evals += n_evals;
+  std::sort_heap(results.begin(), results.end());
+  if (results.size() > k) results.resize(k);
+  return results;
 }
 
 std::size_t HnswIndex::memory_bytes() const {

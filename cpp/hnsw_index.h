@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "bitmap.h"
 #include "distance.h"
 #include "topk.h"
 #include "vector_store.h"
@@ -58,7 +59,13 @@ class HnswIndex {
   /// traversal still walks through rejected nodes (so the graph stays navigable).
   template <typename Accept>
   std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef,
-                                  const Accept& accept) const;
+                                  const Accept& accept, std::size_t* evals = nullptr) const;
+  /// Filtered search that computes distances only for slots in `allowed`: a neighbour that
+  /// fails the filter is not scored but its own neighbours are (two-hop expansion, ACORN-1 of
+  /// Patel et al., SIGMOD 2024), and each expansion keeps at most 2M passing candidates, so
+  /// the graph stays navigable when most neighbours fail. Thread-safe against other searches.
+  std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef,
+                                      const Bitmap& allowed, std::size_t* evals = nullptr) const;
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
@@ -93,13 +100,17 @@ class HnswIndex {
   /// Candidate search on one level from entry points; results ascending, at most ef.
   template <bool kLocked, typename Accept>
   std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef,
-                                   int level, const Kernels& k, const Accept& accept) const;
+                                   int level, const Kernels& k, const Accept& accept,
+                                   std::size_t* evals = nullptr) const;
   template <bool kLocked>
   Scored greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const;
   /// Selection heuristic (Malkov & Yashunin, Algorithm 4): keep a candidate only if it is
   /// closer to the base than to every already kept neighbour. `cands` ascending.
   void select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
+  /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
+  /// O(n * M) for the check; runs after parallel inserts and after removals.
+  void ensure_reachable(const Kernels& k, const std::vector<std::uint8_t>* dead = nullptr);
 
   const VectorStore& store_;
   Metric metric_;
@@ -135,7 +146,7 @@ struct ScoredGreater {
 template <bool kLocked, typename Accept>
 std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps,
                                             std::size_t ef, int level, const Kernels& k,
-                                            const Accept& accept) const {
+                                            const Accept& accept, std::size_t* evals) const {
   auto visited = visited_.acquire(levels_.size());
   // candidates: min-heap of the frontier; results: max-heap of the best ef admitted nodes.
   // Scratch buffers are per thread so that a search allocates nothing in steady state.
@@ -195,6 +206,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
       distance4(k, metric_, q, rows, dim, dists + j);
     }
     for (; j < m; ++j) dists[j] = dist(k, q, fresh[j]);
+    if (evals != nullptr) *evals += m;
     for (j = 0; j < m; ++j) {
       const float d = dists[j];
       if (results.size() < ef || d < results.front().dist) {
@@ -243,13 +255,13 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
 
 template <typename Accept>
 std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef,
-                                           const Accept& accept) const {
+                                           const Accept& accept, std::size_t* evals) const {
   if (entry_ == kNoSlot || k == 0) return {};
   const Kernels& kern = active_kernels();
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
   std::vector<Scored> res =
-      search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept);
+      search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
   if (res.size() > k) res.resize(k);
   return res;
 }

@@ -82,8 +82,10 @@ void Index::set_ef_search(std::size_t ef) {
   config_.ef_search = ef;
 }
 
-void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads) {
+void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
+                const std::vector<ColumnInput>& columns) {
   if (n == 0) return;
+  MetadataStore::validate(columns, n);
   const std::size_t dim = config_.dim;
   // Validate everything before the first change so that a bad batch changes nothing.
   std::vector<float> rows(vectors, vectors + n * dim);
@@ -102,6 +104,9 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
     std::unordered_set<std::int64_t> seen;
     seen.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
+      if (ids[i] == -1) {
+        throw InvalidArgument("id -1 (row " + std::to_string(i) + ") is reserved: search pads missing results with -1");
+      }
       if (!seen.insert(ids[i]).second) {
         throw InvalidArgument("duplicate id " + std::to_string(ids[i]) + " in one add() batch (row " +
                               std::to_string(i) + "); each id may appear once per batch");
@@ -118,12 +123,17 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   store_.reserve_more(n);
   std::vector<Slot> slots(n);
   for (std::size_t i = 0; i < n; ++i) slots[i] = store_.allocate(ids[i], rows.data() + i * dim);
+  meta_.grow(store_.slot_count());
+  meta_.assign(slots, columns);
   if (graph_) graph_->insert_batch(slots, threads);
 }
 
 void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
   if (graph_) graph_->remove_batch(slots, threads);
-  for (Slot s : slots) store_.release(s);
+  for (Slot s : slots) {
+    meta_.clear(s);
+    store_.release(s);
+  }
 }
 
 void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) {
@@ -151,9 +161,26 @@ void Index::prepare_query(const float* q, float* out) const {
   }
 }
 
+Index::Strategy Index::choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const {
+  if (!graph_ || passing == 0) return Strategy::kExact;
+  // Exact: one sequential distance per passing row. Graph: the measured distance evaluations
+  // of an unfiltered search at this ef, each about kRandomAccess times dearer than a sequential
+  // one (cache misses), plus the reading of link lists of failing neighbours, which grows as
+  // 1/selectivity. Constants were fitted on 19k and 100k x 384 (benches/bench_filter.py).
+  constexpr double kRandomAccess = 2.5;
+  constexpr double kHopCost = 0.08;
+  const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(live, 1));
+  const double evals = static_cast<double>(evals_per_ef_x1024_.load(std::memory_order_relaxed)) / 1024.0 *
+                       static_cast<double>(ef);
+  const double graph = evals * kRandomAccess * (1.0 + kHopCost / sel);
+  return static_cast<double>(passing) <= graph ? Strategy::kExact : Strategy::kGraph;
+}
+
 void Index::search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
-                   std::size_t threads, std::int64_t* out_ids, float* out_dist) const {
+                   std::size_t threads, std::int64_t* out_ids, float* out_dist,
+                   const FilterNode* filter) const {
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  if (filter != nullptr) validate_filter(*filter);
   const std::size_t dim = config_.dim;
   std::vector<float> prepared(nq * dim);
   for (std::size_t i = 0; i < nq; ++i) prepare_query(queries + i * dim, prepared.data() + i * dim);
@@ -173,10 +200,47 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
     for (std::size_t qi = 0; qi < nq; ++qi) pad(out_ids + qi * k, out_dist + qi * k, 0, k);
     return;
   }
-  if (graph_) {
+  if (filter != nullptr) {
+    const Bitmap allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
+    const std::size_t passing = allowed.count();
+    const Strategy strategy = choose_strategy(passing, store_.size(), std::max(ef, k));
+    std::vector<Slot> rows;
+    if (strategy == Strategy::kExact) {
+      rows.reserve(passing);
+      allowed.for_each([&](Slot s) { rows.push_back(s); });
+    }
     parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
-      write(qi, graph_->search(prepared.data() + qi * dim, k, ef));
+      const float* q = prepared.data() + qi * dim;
+      if (strategy == Strategy::kGraph) {
+        std::vector<Scored> res = graph_->search_filtered(q, k, ef, allowed);
+        if (res.size() >= std::min(k, passing)) {
+          write(qi, res);
+          return;
+        }
+        // The traversal could not reach k passing rows: answer exactly instead.
+        std::vector<Slot> all;
+        all.reserve(passing);
+        allowed.for_each([&](Slot s) { all.push_back(s); });
+        write(qi, scan_slots(store_, config_.metric, q, all, k));
+        return;
+      }
+      write(qi, scan_slots(store_, config_.metric, q, rows, k));
     });
+    return;
+  }
+  if (graph_) {
+    std::atomic<std::uint64_t> evals{0};
+    parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
+      std::size_t e = 0;
+      write(qi, graph_->search_with(prepared.data() + qi * dim, k, ef, AcceptAll{}, &e));
+      evals.fetch_add(e, std::memory_order_relaxed);
+    });
+    // Exponential average of evaluations per unit of ef, for the filtered cost model.
+    const double per_ef = static_cast<double>(evals.load()) / static_cast<double>(nq * std::max(ef, k));
+    const double old = static_cast<double>(evals_per_ef_x1024_.load(std::memory_order_relaxed)) / 1024.0;
+    const double w = std::min(1.0, 0.05 * static_cast<double>(nq));
+    evals_per_ef_x1024_.store(static_cast<std::uint64_t>((old * (1 - w) + per_ef * w) * 1024.0),
+                              std::memory_order_relaxed);
     return;
   }
   // Exact: each worker scans for a contiguous group of queries so that row blocks are shared.
@@ -189,6 +253,25 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
     auto res = flat_search(store_, config_.metric, prepared.data() + begin * dim, end - begin, k, AcceptAll{});
     for (std::size_t i = 0; i < res.size(); ++i) write(begin + i, res[i]);
   });
+}
+
+std::size_t Index::count(const FilterNode& filter) const {
+  validate_filter(filter);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return evaluate_filter(filter, meta_, store_.live_bitmap()).count();
+}
+
+std::vector<std::vector<std::pair<std::string, Value>>> Index::get_metadata(const std::int64_t* ids,
+                                                                            std::size_t n) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::vector<std::vector<std::pair<std::string, Value>>> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = store_.slot_of(ids[i]);
+    if (!s) throw NotFound("id " + std::to_string(ids[i]) + " is not in the index");
+    out.push_back(meta_.row(*s));
+  }
+  return out;
 }
 
 std::size_t Index::size() const {
@@ -217,7 +300,7 @@ std::vector<std::int64_t> Index::ids() const {
 
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0);
+  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes();
 }
 
 void Index::save(const std::string& path) const {
@@ -236,6 +319,7 @@ void Index::save(const std::string& path) const {
   w.array(store_.live_flags().data(), slots);
   w.array(store_.data(), slots * config_.dim);
   if (graph_) graph_->save(w);
+  meta_.save(w, store_);
   w.commit();
 }
 
@@ -277,6 +361,7 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
     index->graph_->grow();
     index->graph_->load(r);
   }
+  index->meta_.load(r, index->store_);
   r.expect_end();
   return index;
 }

@@ -6,6 +6,7 @@
 // and may run concurrently from any number of threads; add and remove take the exclusive lock,
 // so they wait for running searches and block new ones until they finish.
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "distance.h"
+#include "filter_expr.h"
+#include "metadata_store.h"
 #include "hnsw_index.h"
 #include "vector_store.h"
 
@@ -52,13 +55,26 @@ class Index {
   /// Adds n rows (row-major n x dim) under ids; an id already present is replaced (upsert).
   /// Validates all input before changing anything: finite values, unique ids in the batch,
   /// non-zero vectors for cosine. Exclusive lock. O(n log N) graph work on `threads` threads.
-  void add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads);
+  /// `columns` (optional) are the rows' metadata (docs/filter-ir.md); a replaced id gets
+  /// exactly the new metadata.
+  void add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
+           const std::vector<ColumnInput>& columns = {});
   /// Removes ids; throws NotFound (and removes nothing) if any id is absent or repeated.
   void remove(const std::int64_t* ids, std::size_t n, std::size_t threads);
   /// k nearest per query into caller buffers [nq x k], ascending; padded with -1 / +inf.
   /// ef = 0 uses ef_search(). Shared lock; batches use `threads` threads (0 = all cores).
+  /// `filter` (optional) restricts results to rows whose metadata passes it; it is evaluated
+  /// once per call to a bitmap, then each query runs an exact scan of the passing rows or a
+  /// filtered graph traversal, whichever the cost model predicts is cheaper. If at least k
+  /// rows pass, k results come back.
   void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
-              std::size_t threads, std::int64_t* out_ids, float* out_dist) const;
+              std::size_t threads, std::int64_t* out_ids, float* out_dist,
+              const FilterNode* filter = nullptr) const;
+  /// Number of live rows that pass `filter`.
+  std::size_t count(const FilterNode& filter) const;
+  /// Metadata of each id (fields without a value omitted); throws NotFound on an unknown id.
+  std::vector<std::vector<std::pair<std::string, Value>>> get_metadata(const std::int64_t* ids,
+                                                                       std::size_t n) const;
 
   std::size_t size() const;
   bool contains(std::int64_t id) const;
@@ -75,6 +91,11 @@ class Index {
 
   static constexpr std::uint32_t kFormatVersion = 1;
 
+  /// How a filtered search was (or would be) run, for tests and benchmarks.
+  enum class Strategy : std::uint8_t { kExact = 0, kGraph = 1 };
+  /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
+  Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
+
  private:
   /// Copies and (for cosine) normalises one query; throws on NaN/inf.
   void prepare_query(const float* q, float* out) const;
@@ -83,6 +104,10 @@ class Index {
   IndexConfig config_;
   VectorStore store_;
   std::unique_ptr<HnswIndex> graph_;  // null for flat
+  MetadataStore meta_;
+  // Measured graph work: distance evaluations per unit of ef over recent unfiltered searches
+  // (an exponential average, in 1/1024 units), feeding the filtered-search cost model.
+  mutable std::atomic<std::uint64_t> evals_per_ef_x1024_{12 * 1024};
   mutable std::shared_mutex mutex_;
 };
 

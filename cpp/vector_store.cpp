@@ -40,10 +40,12 @@ Slot VectorStore::allocate(std::int64_t id, const float* vec) {
     slot_ids_.push_back(0);
     live_.push_back(0);
     data_.resize(data_.size() + dim_);
+    live_bits_.resize(slot_count());
   }
   std::memcpy(mutable_vector(slot), vec, dim_ * sizeof(float));
   slot_ids_[slot] = id;
   live_[slot] = 1;
+  live_bits_.set(slot);
   id_to_slot_.emplace(id, slot);
   return slot;
 }
@@ -52,6 +54,7 @@ void VectorStore::release(Slot slot) {
   if (!live_[slot]) return;
   id_to_slot_.erase(slot_ids_[slot]);
   live_[slot] = 0;
+  live_bits_.reset(slot);
   free_.push_back(slot);
 }
 
@@ -91,6 +94,11 @@ void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::u
     }
   }
   std::reverse(free.begin(), free.end());
+  Bitmap bits(slot_ids.size());
+  for (std::size_t s = 0; s < live.size(); ++s) {
+    if (live[s]) bits.set(s);
+  }
+  live_bits_ = std::move(bits);
   slot_ids_ = std::move(slot_ids);
   live_ = std::move(live);
   data_ = std::move(data);

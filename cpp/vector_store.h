@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "aligned.h"
+#include "bitmap.h"
 
 namespace kbcore {
 
@@ -30,6 +31,8 @@ class VectorStore {
   /// All rows, slot-major (slot_count() * dim floats).
   const float* data() const { return data_.data(); }
   bool is_live(Slot slot) const { return live_[slot] != 0; }
+  /// Live slots as a bitmap of slot_count() bits.
+  const Bitmap& live_bitmap() const { return live_bits_; }
   std::int64_t id_of(Slot slot) const { return slot_ids_[slot]; }
   /// Slot of `id`, if it is stored. O(1) expected.
   std::optional<Slot> slot_of(std::int64_t id) const;
@@ -56,6 +59,7 @@ class VectorStore {
   AlignedVector<float> data_;               // slot_count() * dim_
   std::vector<std::int64_t> slot_ids_;      // id per slot (stale for free slots)
   std::vector<std::uint8_t> live_;          // 1 if the slot holds a live row
+  Bitmap live_bits_;                        // the same, as bits
   std::vector<Slot> free_;                  // freed slots, reused LIFO
   std::unordered_map<std::int64_t, Slot> id_to_slot_;
 };

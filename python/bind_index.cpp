@@ -1,5 +1,6 @@
 // Glue for kbcore::Index: shape checks, output arrays allocated while holding the GIL and
 // filled in place with the GIL released.
+#include <optional>
 #include <string>
 
 #include "bindings.h"
@@ -42,16 +43,19 @@ void bind_index(py::module_& m) {
            py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"),
            py::arg("ef"), py::arg("seed"))
       .def("add",
-           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads) {
+           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads,
+              const py::list& columns) {
              const std::size_t n = rows_of(vectors, self.dim(), "vectors");
              if (ids_len(ids) != n) {
                throw InvalidArgument("got " + std::to_string(n) + " vectors but " +
                                      std::to_string(ids_len(ids)) + " ids");
              }
+             const std::vector<ColumnInput> cols = columns_from_py(columns, n);
              py::gil_scoped_release nogil;
-             self.add(vectors.data(), ids.data(), n, threads);
+             self.add(vectors.data(), ids.data(), n, threads, cols);
            },
-           py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"))
+           py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"),
+           py::arg("columns") = py::list())
       .def("remove",
            [](Index& self, const IdArray& ids, std::size_t threads) {
              const std::size_t n = ids_len(ids);
@@ -61,20 +65,48 @@ void bind_index(py::module_& m) {
            py::arg("ids").noconvert(), py::arg("threads"))
       .def("search",
            [](const Index& self, const FloatArray& queries, std::size_t k, std::size_t ef,
-              std::size_t threads) {
+              std::size_t threads, const py::object& filter) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              if (k == 0) throw InvalidArgument("k must be positive, got 0");
+             std::optional<FilterNode> node;
+             if (!filter.is_none()) node = filter_from_py(filter);
              IdArray ids({nq, k});
              FloatArray dist({nq, k});
              {
                std::int64_t* pi = ids.mutable_data();
                float* pd = dist.mutable_data();
                py::gil_scoped_release nogil;
-               self.search(queries.data(), nq, k, ef, threads, pi, pd);
+               self.search(queries.data(), nq, k, ef, threads, pi, pd, node ? &*node : nullptr);
              }
              return py::make_tuple(ids, dist);
            },
-           py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"))
+           py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"),
+           py::arg("filter") = py::none())
+      .def("count",
+           [](const Index& self, const py::object& filter) {
+             const FilterNode node = filter_from_py(filter);
+             py::gil_scoped_release nogil;
+             return self.count(node);
+           },
+           py::arg("filter"))
+      .def("strategy",
+           [](const Index& self, std::size_t passing, std::size_t ef) {
+             return self.choose_strategy(passing, self.size(), ef) == Index::Strategy::kExact ? "exact" : "graph";
+           },
+           py::arg("passing"), py::arg("ef"))
+      .def("get_metadata",
+           [](const Index& self, const IdArray& ids) {
+             const std::size_t n = ids_len(ids);
+             std::vector<std::vector<std::pair<std::string, Value>>> rows;
+             {
+               py::gil_scoped_release nogil;
+               rows = self.get_metadata(ids.data(), n);
+             }
+             py::list out;
+             for (const auto& r : rows) out.append(row_to_py(r));
+             return out;
+           },
+           py::arg("ids").noconvert())
       .def("get_vectors",
            [](const Index& self, const IdArray& ids) {
              const std::size_t n = ids_len(ids);

@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "filter_expr.h"
+#include "metadata_store.h"
+
 namespace py = pybind11;
 
 namespace kbcore::python {
@@ -14,5 +17,12 @@ using FloatArray = py::array_t<float, py::array::c_style>;
 using IdArray = py::array_t<std::int64_t, py::array::c_style>;
 
 void bind_index(py::module_& m);
+
+/// The compiled filter IR (nested tuples) as a native filter tree.
+FilterNode filter_from_py(py::handle ir);
+/// Typed metadata columns for n rows as borrowed views (the list must outlive their use).
+std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n);
+/// One stored metadata row as a dict.
+py::dict row_to_py(const std::vector<std::pair<std::string, Value>>& row);
 
 }  // namespace kbcore::python

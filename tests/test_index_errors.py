@@ -127,6 +127,7 @@ def test_nan_rejected_even_when_it_comes_as_float64(index):
     assert len(index) == 50
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_float64_values_that_overflow_float32_are_rejected_as_non_finite(index):
     v = vecs().astype(np.float64)
     v[0, 0] = 1e300  # finite in float64, inf once converted to float32
@@ -186,7 +187,7 @@ def test_bad_search_raises_invalid_argument_error(index, query, kw, match):
         index.search(query, **kw)
 
 
-def test_bad_search_on_empty_index_still_raises(rng):
+def test_bad_search_on_empty_index_still_raises():
     empty = kbcore.Index(dim=DIM, metric="cosine", kind="hnsw")
     with raises(errors.InvalidArgumentError, ValueError, "(?i)dim"):
         empty.search(vecs(1, DIM + 2), k=3)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -17,8 +16,8 @@ import kbcore
 from kbcore import errors
 from conftest import KINDS, METRICS, assert_search_matches_oracle, build, make_clustered
 
-# Assumed file header: 8-byte magic, then a little-endian uint32 format version.
-MAGIC_LEN = 8
+# File header (cpp/binary_io.h): magic[8] | u32 format_version | u32 flags | u64 payload_bytes |
+# u64 checksum, all little-endian.
 VERSION_OFFSET = 8
 
 
@@ -75,6 +74,20 @@ def test_save_load_round_trip_after_removes_keeps_removed_ids_out(tmp_path, kind
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("metric", METRICS)
+def test_save_load_round_trip_after_removes_and_reuse_of_freed_slots(tmp_path, kind, metric):
+    data, queries = make_clustered(60, 2600, 16, n_queries=50)
+    index = build(data[:2000], metric=metric, kind=kind)
+    index.remove(np.arange(0, 2000, 3))
+    index.add(data[2000:], np.arange(2000, 2600))  # fills freed slots
+    index.add(data[:5] + 0.5, np.arange(1, 6))  # and some upserts
+    index.save(tmp_path / "index.kbi")
+    loaded = kbcore.Index.load(tmp_path / "index.kbi")
+    assert_same_index(index, loaded, queries)
+    np.testing.assert_array_equal(loaded.ids().size, index.ids().size)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_loaded_index_accepts_further_adds_and_removes(tmp_path, kind):
     data, queries = make_clustered(54, 1500, 16, n_queries=30)
     index = build(data[:1000], metric="l2", kind=kind)
@@ -110,6 +123,41 @@ def test_save_and_load_accept_str_and_pathlike_paths(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
+# committed files of every released format version (written by tests/data/make_format_fixtures.py)
+
+FIXTURES = sorted((Path(__file__).parent / "data").glob("index_v*_*.kbi"))
+
+
+def test_format_fixtures_exist_for_the_current_format_version(tmp_path):
+    data, _ = make_clustered(62, 10, 8)
+    build(data, metric="l2", kind="flat").save(tmp_path / "now.kbi")
+    (version,) = struct.unpack_from("<I", (tmp_path / "now.kbi").read_bytes(), VERSION_OFFSET)
+    names = {p.name for p in FIXTURES}
+    for kind in KINDS:
+        assert any(n.startswith(f"index_v{version}_{kind}_") for n in names), (
+            f"no committed {kind} fixture for format version {version}: "
+            "run tests/data/make_format_fixtures.py and commit its output")
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
+def test_committed_format_fixture_still_loads_with_its_contents(path):
+    _, _, kind, metric = path.stem.split("_")
+    data = np.random.default_rng(20240601).standard_normal((30, 8)).astype(np.float32)
+    live = [i for i in range(30) if i not in (4, 17)]
+    index = kbcore.Index.load(path)
+    assert (index.dim, index.metric, index.kind) == (8, metric, kind)
+    assert (index.M, index.ef_construction, index.ef) == (4, 32, 20)
+    assert len(index) == 28
+    assert sorted(index.ids().tolist()) == [100 + i for i in live]
+    stored = data[live] / np.linalg.norm(data[live], axis=1, keepdims=True) if metric == "cosine" \
+        else data[live]
+    np.testing.assert_allclose(index.get_vectors([100 + i for i in live]), stored, atol=1e-6)
+    queries = np.random.default_rng(1).standard_normal((10, 8)).astype(np.float32)
+    ids, dist = index.search(queries, k=28)
+    assert_search_matches_oracle(ids, dist, data[live], np.array(live) + 100, queries, 28, metric)
+
+
+# --------------------------------------------------------------------------------------------
 # atomic write
 
 
@@ -132,6 +180,23 @@ def test_save_into_missing_directory_raises_oserror_and_leaves_no_temp_files(tmp
     assert not (tmp_path / "no_such_dir").exists()
     assert list(tmp_path.rglob("*")) == [], f"left behind: {list(tmp_path.rglob('*'))}"
     assert len(index) == 100  # the index itself is untouched
+
+
+def test_save_onto_an_existing_directory_raises_oserror_and_leaves_it_unchanged(tmp_path):
+    data, _ = make_clustered(61, 50, 8)
+    index = build(data, metric="l2", kind="flat")
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    with pytest.raises(OSError):
+        index.save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+
+
+def test_load_of_a_directory_raises_oserror(tmp_path):
+    with pytest.raises(OSError):
+        kbcore.Index.load(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------

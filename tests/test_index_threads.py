@@ -109,7 +109,7 @@ def test_hnsw_built_with_two_threads_has_recall_of_a_single_threaded_build(metri
     assert recalls[2] >= 0.95 and recalls[2] >= recalls[1] - 0.02, recalls
 
 
-def build_with_threads(data, metric, threads, chunk=None):
+def build_with_threads(data, metric, threads):
     import kbcore
 
     index = kbcore.Index(dim=data.shape[1], metric=metric, kind="hnsw")
@@ -186,9 +186,45 @@ def test_hnsw_parallel_build_keeps_every_vector_reachable(metric):
     """With k = len(index), ef is raised to k and search is exhaustive over the reachable
     graph: every id must come back. A single-threaded build (and hnswlib's parallel build)
     reaches all of them; a parallel build must too."""
-    data, queries = make_clustered(77, 2000, 32, n_queries=5)
-    index = build_with_threads(data, metric, threads=2)
-    ids, _ = index.search(queries, k=2000)
-    for r, row in enumerate(ids):
-        missing = set(range(2000)) - set(row[row >= 0].tolist())
-        assert not missing, f"query {r}: {len(missing)} of 2000 ids unreachable: {sorted(missing)[:8]}"
+    data, queries = make_clustered(77, 2000, 32, n_queries=3)
+    for attempt in range(3):  # a race shows up on some builds only: try a few
+        index = build_with_threads(data, metric, threads=2)
+        ids, _ = index.search(queries, k=2000)
+        for r, row in enumerate(ids):
+            missing = set(range(2000)) - set(row[row >= 0].tolist())
+            assert not missing, (f"build {attempt}, query {r}: {len(missing)} of 2000 ids "
+                                 f"unreachable: {sorted(missing)[:8]}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_writer_threads_and_a_reader_end_with_every_id_present(kind):
+    data, queries = make_clustered(78, 3000, 16, n_queries=20)
+    index = build(data[:1000], metric="cosine", kind=kind)
+    done = threading.Event()
+
+    def writer(lo, hi):
+        def fn():
+            for start in range(lo, hi, 50):
+                index.add(data[start:start + 50], np.arange(start, start + 50))
+        return fn
+
+    def reader():
+        while not done.is_set():
+            ids, dist = index.search(queries, k=5)
+            assert_distances_are_true(ids, dist, data, np.arange(3000), queries, "cosine")
+
+    def writers():
+        try:
+            run_threads([writer(1000, 2000), writer(2000, 3000)])
+        finally:
+            done.set()
+
+    run_threads([writers, reader])
+    assert len(index) == 3000
+    assert sorted(index.ids().tolist()) == list(range(3000))
+    np.testing.assert_allclose(
+        index.get_vectors([1500, 2500]),
+        data[[1500, 2500]] / np.linalg.norm(data[[1500, 2500]], axis=1, keepdims=True), atol=1e-6)
+    if kind == "flat":
+        ids, dist = index.search(queries, k=10)
+        assert_search_matches_oracle(ids, dist, data, np.arange(3000), queries, 10, "cosine")

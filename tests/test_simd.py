@@ -73,6 +73,36 @@ def test_flat_search_under_every_level_matches_scalar_level(restore_simd_level, 
         np.testing.assert_allclose(one_dist, ref_dist[0], rtol=0, atol=1e-4, err_msg=f"level {level}")
 
 
+def misaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous float32 copy of `a` whose data pointer is 4 bytes past a 64-byte boundary."""
+    buf = np.empty(a.size + 32, dtype=np.float32)
+    skip = ((-buf.ctypes.data) % 64) // 4 + 1
+    out = buf[skip:skip + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.flags.c_contiguous and out.ctypes.data % 32 == 4
+    return out
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_misaligned_inputs_give_same_results_as_aligned_under_every_level(restore_simd_level, kind):
+    data, queries = make_clustered(91, 1000, 37, n_queries=20)
+    for level in levels():
+        kbcore.set_simd_level(level)
+        index = build(data, metric="l2", kind=kind)
+        shifted = build(misaligned(data), metric="l2", kind=kind)
+        np.testing.assert_array_equal(shifted.get_vectors(np.arange(1000)), data)
+        ref_ids, ref_dist = index.search(queries, k=10, threads=1)
+        ids, dist = index.search(misaligned(queries), k=10, threads=1)
+        np.testing.assert_array_equal(ids, ref_ids, err_msg=f"level {level}")
+        np.testing.assert_allclose(dist, ref_dist, rtol=0, atol=1e-5, err_msg=f"level {level}")
+        one_ids, one_dist = index.search(misaligned(queries[3]), k=10)
+        np.testing.assert_array_equal(one_ids, ref_ids[3])
+        if kind == "flat":
+            assert_search_matches_oracle(ids, dist, data, np.arange(1000), queries, 10, "l2")
+            s_ids, s_dist = shifted.search(queries, k=10)
+            assert_search_matches_oracle(s_ids, s_dist, data, np.arange(1000), queries, 10, "l2")
+
+
 @pytest.mark.parametrize("metric", METRICS)
 def test_hnsw_built_and_searched_under_every_level_keeps_recall(restore_simd_level, metric):
     data, queries = make_clustered(90, 3000, 40, n_queries=100)

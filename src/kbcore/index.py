@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _core
-from .errors import InvalidArgumentError, InvalidTypeError, NotFoundError
+from .errors import InvalidArgumentError, InvalidTypeError
+from .filters import compile_where
 
 __all__ = ["Index", "Metric", "Kind"]
 
@@ -40,7 +42,8 @@ def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool
         raise InvalidArgumentError(
             f"{what} have dimension {arr.shape[1]}, the index has dimension {dim}"
         )
-    return np.ascontiguousarray(arr, dtype=np.float32), one
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is reported natively
+        return np.ascontiguousarray(arr, dtype=np.float32), one
 
 
 def _as_ids(x: npt.ArrayLike, what: str = "ids") -> np.ndarray:
@@ -56,6 +59,23 @@ def _as_ids(x: npt.ArrayLike, what: str = "ids") -> np.ndarray:
     if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise InvalidArgumentError(f"{what} must fit in int64")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _metadata_columns(metadata: Any, n: int) -> list[tuple[Any, ...]]:
+    if metadata is None:
+        return []
+    from . import metadata as _md
+
+    if type(metadata).__module__.split(".")[0] == "pyarrow":
+        return _md.columns_from_arrow(metadata, n)
+    if isinstance(metadata, (str, bytes, Mapping)) or not isinstance(metadata, Sequence):
+        raise InvalidTypeError(
+            "metadata must be a list of dicts (one per row) or a pyarrow Table / RecordBatch, "
+            f"got {type(metadata).__name__}"
+        )
+    if len(metadata) != n:
+        raise InvalidArgumentError(f"got {n} vectors but {len(metadata)} metadata rows")
+    return _md.columns_from_rows(metadata, n)
 
 
 def _positive(name: str, value: int) -> int:
@@ -151,17 +171,31 @@ class Index:
         self._native.ef = _positive("ef", value)
 
     # -- mutation -----------------------------------------------------------------------
-    def add(self, vectors: npt.ArrayLike, ids: npt.ArrayLike, *, threads: int = 0) -> None:
+    def add(
+        self,
+        vectors: npt.ArrayLike,
+        ids: npt.ArrayLike,
+        *,
+        metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
+        threads: int = 0,
+    ) -> None:
         """Adds vectors [n, dim] under int64 ids [n]; an id already present is replaced.
 
+        ``metadata`` is optional per-row metadata: a list of n dicts (values int, float, bool,
+        str, list of str, or None for missing) or a pyarrow Table / RecordBatch of n rows (the
+        fast path: columns go to native memory without a Python loop). A replaced id gets
+        exactly the new metadata.
+
         The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
-        under cosine); a bad batch changes nothing. ``threads=0`` uses all cores.
+        under cosine, metadata types); a bad batch changes nothing. ``threads=0`` uses all
+        cores.
         """
-        arr, one = _as_vectors(vectors, self.dim, "vectors")
+        arr, _ = _as_vectors(vectors, self.dim, "vectors")
         id_arr = _as_ids(ids)
         if len(id_arr) != arr.shape[0]:
             raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(id_arr)} ids")
-        self._native.add(arr, id_arr, _threads(threads))
+        columns = _metadata_columns(metadata, arr.shape[0])
+        self._native.add(arr, id_arr, _threads(threads), columns)
 
     def remove(self, ids: npt.ArrayLike, *, threads: int = 0) -> None:
         """Removes ids; they are never returned again and their slots are reused.
@@ -173,11 +207,23 @@ class Index:
 
     # -- queries ------------------------------------------------------------------------
     def search(
-        self, queries: npt.ArrayLike, k: int = 10, *, ef: int | None = None, threads: int = 0
+        self,
+        queries: npt.ArrayLike,
+        k: int = 10,
+        *,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        threads: int = 0,
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
     def search(
-        self, queries: npt.ArrayLike, k: int = 10, *, ef: int | None = None, threads: int = 0
+        self,
+        queries: npt.ArrayLike,
+        k: int = 10,
+        *,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        threads: int = 0,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest neighbours of each query.
 
@@ -186,11 +232,17 @@ class Index:
         distance, padded with id -1 and distance +inf when fewer than k vectors exist.
         ``ef`` (default :attr:`ef`) is the candidate list size of HNSW search; ``threads``
         is the number of native threads for a batch (0 = all cores).
+
+        ``where`` is a Chroma-style metadata filter (see ``docs/filter-ir.md``), compiled
+        once per call and evaluated natively; results then come only from passing rows, and
+        if at least k rows pass, k results come back. Small passing sets are scanned exactly;
+        larger ones use a filter-aware graph traversal, chosen by a cost model.
         """
         arr, one = _as_vectors(queries, self.dim, "queries")
         k = _positive("k", k)
         ef_value = 0 if ef is None else _positive("ef", ef)
-        ids, dist = self._native.search(arr, k, ef_value, _threads(threads))
+        ir = compile_where(where)
+        ids, dist = self._native.search(arr, k, ef_value, _threads(threads), ir)
         if one:
             return ids[0], dist[0]
         return ids, dist
@@ -198,6 +250,17 @@ class Index:
     def get_vectors(self, ids: npt.ArrayLike) -> np.ndarray:
         """Stored vectors of ids as float32 [n, dim] (unit-normalised under cosine)."""
         return self._native.get_vectors(_as_ids(ids))
+
+    def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
+        """Stored metadata of each id, as dicts (fields without a value are omitted)."""
+        return self._native.get_metadata(_as_ids(ids))
+
+    def count(self, where: Mapping[str, Any] | None = None) -> int:
+        """Number of stored vectors whose metadata passes ``where`` (all if None)."""
+        ir = compile_where(where)
+        if ir is None:
+            return len(self)
+        return int(self._native.count(ir))
 
     def ids(self) -> np.ndarray:
         """The live ids as an int64 array (in storage order)."""

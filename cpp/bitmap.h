@@ -1,0 +1,88 @@
+#pragma once
+// A fixed-size bitset over slots, the compiled form of a filter: bit s is set when slot s passes.
+#include <cstdint>
+#include <vector>
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+#endif
+
+namespace kbcore {
+
+/// Portable bit tricks (GCC/Clang builtins, MSVC intrinsics).
+inline int popcount64(std::uint64_t x) {
+#if defined(_MSC_VER) && !defined(__clang__)
+  return static_cast<int>(__popcnt64(x));
+#else
+  return __builtin_popcountll(x);
+#endif
+}
+inline int ctz64(std::uint64_t x) {
+#if defined(_MSC_VER) && !defined(__clang__)
+  unsigned long i;
+  _BitScanForward64(&i, x);
+  return static_cast<int>(i);
+#else
+  return __builtin_ctzll(x);
+#endif
+}
+
+class Bitmap {
+ public:
+  Bitmap() = default;
+  /// n bits, all clear (or all set).
+  explicit Bitmap(std::size_t n, bool value = false)
+      : n_(n), words_((n + 63) / 64, value ? ~std::uint64_t{0} : 0) {
+    trim();
+  }
+  std::size_t size() const { return n_; }
+  bool test(std::size_t i) const { return (words_[i >> 6] >> (i & 63)) & 1u; }
+  void set(std::size_t i) { words_[i >> 6] |= std::uint64_t{1} << (i & 63); }
+  void reset(std::size_t i) { words_[i >> 6] &= ~(std::uint64_t{1} << (i & 63)); }
+  /// Grows to n bits (new bits clear).
+  void resize(std::size_t n) {
+    n_ = n;
+    words_.resize((n + 63) / 64, 0);
+    trim();
+  }
+  /// Number of set bits. O(n / 64).
+  std::size_t count() const {
+    std::size_t c = 0;
+    for (std::uint64_t w : words_) c += static_cast<std::size_t>(popcount64(w));
+    return c;
+  }
+  Bitmap& operator&=(const Bitmap& o) {
+    for (std::size_t i = 0; i < words_.size(); ++i) words_[i] &= o.words_[i];
+    return *this;
+  }
+  Bitmap& operator|=(const Bitmap& o) {
+    for (std::size_t i = 0; i < words_.size(); ++i) words_[i] |= o.words_[i];
+    return *this;
+  }
+  /// this = this AND NOT o.
+  Bitmap& subtract(const Bitmap& o) {
+    for (std::size_t i = 0; i < words_.size(); ++i) words_[i] &= ~o.words_[i];
+    return *this;
+  }
+  /// Calls fn(slot) for every set bit in increasing order.
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    for (std::size_t w = 0; w < words_.size(); ++w) {
+      std::uint64_t bits = words_[w];
+      while (bits) {
+        const int b = ctz64(bits);
+        fn(static_cast<std::uint32_t>((w << 6) + static_cast<std::size_t>(b)));
+        bits &= bits - 1;
+      }
+    }
+  }
+  const std::vector<std::uint64_t>& words() const { return words_; }
+
+ private:
+  void trim() {
+    if (n_ % 64 != 0 && !words_.empty()) words_.back() &= (std::uint64_t{1} << (n_ % 64)) - 1;
+  }
+  std::size_t n_ = 0;
+  std::vector<std::uint64_t> words_;
+};
+
+}  // namespace kbcore

@@ -1,0 +1,147 @@
+// Glue for filters and metadata: the compiled filter IR (nested tuples, see
+// docs/filter-ir.md) becomes a FilterNode; typed metadata columns become borrowed
+// ColumnInput views; stored metadata rows become dicts.
+#include <string>
+
+#include "bindings.h"
+#include "errors.h"
+
+namespace kbcore::python {
+namespace {
+
+Operand operand_from_py(py::handle v) {
+  Operand o;
+  // bool first: in Python a bool is also an int.
+  if (py::isinstance<py::bool_>(v)) {
+    o.kind = ValueKind::kBool;
+    o.b = v.cast<bool>();
+  } else if (py::isinstance<py::int_>(v)) {
+    o.kind = ValueKind::kInt;
+    try {
+      o.i = v.cast<std::int64_t>();
+    } catch (const py::cast_error&) {
+      throw InvalidArgument("filter operand does not fit in int64");
+    }
+  } else if (py::isinstance<py::float_>(v)) {
+    o.kind = ValueKind::kFloat;
+    o.f = v.cast<double>();
+  } else if (py::isinstance<py::str>(v)) {
+    o.kind = ValueKind::kStr;
+    o.s = v.cast<std::string>();
+  } else {
+    throw InvalidArgument("filter operand must be int, float, bool or str");
+  }
+  return o;
+}
+
+template <typename T>
+const T* typed(py::handle h, std::size_t n, const char* what, const std::string& field) {
+  using A = py::array_t<T, py::array::c_style>;
+  if (!py::isinstance<A>(h)) {
+    throw InvalidArgument("metadata column '" + field + "': " + what + " must be a C-contiguous array of " +
+                          py::str(py::dtype::of<T>()).cast<std::string>());
+  }
+  auto a = py::reinterpret_borrow<A>(h);
+  if (a.ndim() != 1 || static_cast<std::size_t>(a.shape(0)) != n) {
+    throw InvalidArgument("metadata column '" + field + "': " + what + " must have length " + std::to_string(n));
+  }
+  return a.data();
+}
+
+std::size_t length_of(py::handle h) { return static_cast<std::size_t>(py::len(h)); }
+
+}  // namespace
+
+FilterNode filter_from_py(py::handle ir) {
+  if (!py::isinstance<py::tuple>(ir) || py::len(ir) < 2) throw InvalidArgument("malformed compiled filter");
+  auto t = py::reinterpret_borrow<py::tuple>(ir);
+  const std::string type = t[0].cast<std::string>();
+  FilterNode n;
+  if (type == "and" || type == "or") {
+    n.type = type == "and" ? FilterNode::Type::kAnd : FilterNode::Type::kOr;
+    for (py::handle c : t[1]) n.children.push_back(filter_from_py(c));
+    return n;
+  }
+  if (type != "cmp" || py::len(t) != 4) throw InvalidArgument("malformed compiled filter");
+  n.type = FilterNode::Type::kCmp;
+  n.field = t[1].cast<std::string>();
+  n.op = parse_filter_op(t[2].cast<std::string>());
+  py::handle v = t[3];
+  if (py::isinstance<py::tuple>(v) || py::isinstance<py::list>(v)) {
+    for (py::handle x : v) n.operands.push_back(operand_from_py(x));
+  } else {
+    n.operands.push_back(operand_from_py(v));
+  }
+  return n;
+}
+
+std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n) {
+  std::vector<ColumnInput> out;
+  for (py::handle h : cols) {
+    if (!py::isinstance<py::tuple>(h) || py::len(h) < 4) throw InvalidArgument("malformed metadata column");
+    auto t = py::reinterpret_borrow<py::tuple>(h);
+    ColumnInput c;
+    c.name = t[0].cast<std::string>();
+    const std::string kind = t[1].cast<std::string>();
+    c.valid = typed<std::uint8_t>(t[2], n, "validity", c.name);
+    if (kind == "int") {
+      c.kind = ValueKind::kInt;
+      c.ints = typed<std::int64_t>(t[3], n, "values", c.name);
+    } else if (kind == "float") {
+      c.kind = ValueKind::kFloat;
+      c.floats = typed<double>(t[3], n, "values", c.name);
+    } else if (kind == "bool") {
+      c.kind = ValueKind::kBool;
+      c.bools = typed<std::uint8_t>(t[3], n, "values", c.name);
+    } else if (kind == "str" && py::len(t) == 5) {
+      c.kind = ValueKind::kStr;
+      c.offsets = typed<std::int64_t>(t[3], n + 1, "offsets", c.name);
+      c.data_len = length_of(t[4]);
+      c.data = typed<std::uint8_t>(t[4], c.data_len, "data", c.name);
+    } else if (kind == "strlist" && py::len(t) == 6) {
+      c.kind = ValueKind::kStrList;
+      c.list_offsets = typed<std::int64_t>(t[3], n + 1, "list offsets", c.name);
+      c.n_strings = length_of(t[4]) == 0 ? 0 : length_of(t[4]) - 1;
+      c.offsets = typed<std::int64_t>(t[4], c.n_strings + 1, "offsets", c.name);
+      c.data_len = length_of(t[5]);
+      c.data = typed<std::uint8_t>(t[5], c.data_len, "data", c.name);
+    } else {
+      throw InvalidArgument("metadata column '" + c.name + "': unknown kind '" + kind + "'");
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+py::dict row_to_py(const std::vector<std::pair<std::string, Value>>& row) {
+  py::dict d;
+  for (const auto& [name, v] : row) {
+    py::object o;
+    switch (v.kind) {
+      case ValueKind::kInt:
+        o = py::int_(v.i);
+        break;
+      case ValueKind::kFloat:
+        o = py::float_(v.f);
+        break;
+      case ValueKind::kBool:
+        o = py::bool_(v.b);
+        break;
+      case ValueKind::kStr:
+        o = py::str(v.s);
+        break;
+      case ValueKind::kStrList: {
+        py::list l;
+        for (const auto& s : v.list) l.append(py::str(s));
+        o = l;
+        break;
+      }
+      default:
+        continue;
+    }
+    d[py::str(name)] = o;
+  }
+  return d;
+}
+
+}  // namespace kbcore::python
