@@ -67,9 +67,11 @@ class Index {
   /// once per call to a bitmap, then each query runs an exact scan of the passing rows or a
   /// filtered graph traversal, whichever the cost model predicts is cheaper. If at least k
   /// rows pass, k results come back.
+  /// `force` overrides the cost model (for benchmarks and tests); kAuto lets it choose.
+  enum class Strategy : std::uint8_t { kExact = 0, kGraph = 1, kAuto = 2 };
   void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
               std::size_t threads, std::int64_t* out_ids, float* out_dist,
-              const FilterNode* filter = nullptr) const;
+              const FilterNode* filter = nullptr, Strategy force = Strategy::kAuto) const;
   /// Number of live rows that pass `filter`.
   std::size_t count(const FilterNode& filter) const;
   /// Metadata of each id (fields without a value omitted); throws NotFound on an unknown id.
@@ -91,10 +93,10 @@ class Index {
 
   static constexpr std::uint32_t kFormatVersion = 1;
 
-  /// How a filtered search was (or would be) run, for tests and benchmarks.
-  enum class Strategy : std::uint8_t { kExact = 0, kGraph = 1 };
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
+  /// Measured distance evaluations per unit of ef of recent unfiltered graph searches.
+  double evals_per_ef() const { return static_cast<double>(evals_per_ef_x1024_.load()) / 1024.0; }
 
  private:
   /// Copies and (for cosine) normalises one query; throws on NaN/inf.

@@ -65,23 +65,27 @@ void bind_index(py::module_& m) {
            py::arg("ids").noconvert(), py::arg("threads"))
       .def("search",
            [](const Index& self, const FloatArray& queries, std::size_t k, std::size_t ef,
-              std::size_t threads, const py::object& filter) {
+              std::size_t threads, const py::object& filter, const std::string& strategy) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              if (k == 0) throw InvalidArgument("k must be positive, got 0");
              std::optional<FilterNode> node;
              if (!filter.is_none()) node = filter_from_py(filter);
+             Index::Strategy force = Index::Strategy::kAuto;
+             if (strategy == "exact") force = Index::Strategy::kExact;
+             else if (strategy == "graph") force = Index::Strategy::kGraph;
+             else if (strategy != "auto") throw InvalidArgument("strategy must be 'auto', 'exact' or 'graph'");
              IdArray ids({nq, k});
              FloatArray dist({nq, k});
              {
                std::int64_t* pi = ids.mutable_data();
                float* pd = dist.mutable_data();
                py::gil_scoped_release nogil;
-               self.search(queries.data(), nq, k, ef, threads, pi, pd, node ? &*node : nullptr);
+               self.search(queries.data(), nq, k, ef, threads, pi, pd, node ? &*node : nullptr, force);
              }
              return py::make_tuple(ids, dist);
            },
            py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"),
-           py::arg("filter") = py::none())
+           py::arg("filter") = py::none(), py::arg("strategy") = "auto")
       .def("count",
            [](const Index& self, const py::object& filter) {
              const FilterNode node = filter_from_py(filter);
@@ -139,6 +143,7 @@ void bind_index(py::module_& m) {
                     return Index::load(path);
                   },
                   py::arg("path"))
+      .def_property_readonly("evals_per_ef", &Index::evals_per_ef)
       .def_property_readonly("dim", &Index::dim)
       .def_property_readonly("metric", [](const Index& self) { return metric_name(self.config().metric); })
       .def_property_readonly("kind", [](const Index& self) { return kind_name(self.config().kind); })

@@ -17,7 +17,7 @@ Strategies (reusable by other test modules):
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import date
 from typing import Any
 
 from hypothesis import strategies as st
@@ -43,43 +43,50 @@ _ISO = re.compile(
     r"([Zz]|[+-]\d{2}(?::?\d{2})?)?)?",
     re.ASCII,
 )
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_DATE = date(1970, 1, 1)
 _CYCLE_DAYS = 146097  # days in 400 Gregorian years
 
 
 def iso_to_epoch(text: str) -> float | None:
-    """Epoch seconds (double) of an ISO-8601 string, or None if it is not one.
+    """Epoch seconds (a double) of an ISO-8601 string, or None if it is not one.
 
-    Date-only means midnight UTC, no offset means UTC; fraction digits after the ninth are
-    ignored; the double is float(whole seconds) + float(fraction digits) / 10**digits.
+    Date-only means midnight UTC, no offset means UTC, 24:00:00 is the end of the day and
+    second 60 is a leap second. The calendar part is computed with ``datetime.date``; the
+    double follows the IR contract (the native parser's sequence of IEEE operations):
+    ``days * 86400.0 + (h * 3600.0 + m * 60.0 + s + fraction) - offset``, where the fraction is
+    accumulated digit by digit as ``sum(digit * scale)`` with ``scale`` = 0.1, 0.01, ...
     """
     m = _ISO.fullmatch(text)
     if m is None:
         return None
-    year = int(m[1])
-    shift = 0
+    year, shift = int(m[1]), 0
     if year == 0:  # datetime starts at year 1; the calendar repeats every 400 years
-        year, shift = 400, -_CYCLE_DAYS * 86400
+        year, shift = 400, -_CYCLE_DAYS
     try:
-        hour = int(m[4]) if m[4] else 0
-        minute = int(m[5]) if m[5] else 0
-        second = int(m[6]) if m[6] else 0
-        tz = timezone.utc
-        if m[8] and m[8] not in "Zz":
-            sign = 1 if m[8][0] == "+" else -1
-            oh, om = int(m[8][1:3]), (int(m[8][-2:]) if len(m[8]) > 3 else 0)
-            if oh > 23 or om > 59:
-                return None
-            tz = timezone(sign * timedelta(hours=oh, minutes=om))
-        dt = datetime(year, int(m[2]), int(m[3]), hour, minute, second, tzinfo=tz)
+        days = (date(year, int(m[2]), int(m[3])) - _EPOCH_DATE).days + shift
     except ValueError:
         return None
-    whole = (dt - _EPOCH) // timedelta(seconds=1) + shift
-    frac = 0.0
-    if m[7]:
-        digits = m[7][:9]
-        frac = float(int(digits)) / float(10 ** len(digits))
-    return float(whole) + frac
+    secs = float(days) * 86400.0
+    if m[4] is None:
+        return secs
+    hour, minute = int(m[4]), int(m[5])
+    second = int(m[6]) if m[6] else 0
+    frac, scale = 0.0, 0.1
+    for ch in m[7] or "":
+        frac += int(ch) * scale
+        scale /= 10
+    if hour > 24 or minute > 59 or second > 60:
+        return None
+    if hour == 24 and (minute or second or frac):
+        return None
+    secs += hour * 3600.0 + minute * 60.0 + second + frac
+    tz = m[8]
+    if not tz or tz in "Zz":
+        return secs
+    oh, om = int(tz[1:3]), (int(tz[-2:]) if len(tz) > 3 else 0)
+    if oh > 23 or om > 59:
+        return None
+    return secs - (1 if tz[0] == "+" else -1) * (oh * 3600.0 + om * 60.0)
 
 
 # ----------------------------------------------------------------------------------------------

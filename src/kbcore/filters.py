@@ -175,10 +175,11 @@ def _items(v: Any, op: str) -> tuple:
         raise _FilterError(f"{op} expects a non-empty list, got {_type_name(v)}")
     if not v:
         raise _FilterError(f"{op} expects a non-empty list, got an empty list")
-    first = _scalar(v[0], op) if not isinstance(v[0], (list, tuple, Mapping)) else None
-    if first is None:
+    try:
+        first = _scalar(v[0], op)
+    except _FilterError:
         raise _FilterError(f"{op} expects items that are str, int, float or bool; "
-                           f"item 0 is {_type_name(v[0])}")
+                           f"item 0 is {_type_name(v[0])}") from None
     if type(first) is str:
         kind = "str"
     elif type(first) is bool:
@@ -244,7 +245,12 @@ def _days_from_civil(y: int, m: int, d: int) -> int:
 
 
 def _parse_iso(text: str) -> float:
-    """The instant of an ISO-8601 string as epoch seconds; raises ValueError with a reason."""
+    """The instant of an ISO-8601 string as epoch seconds; raises ValueError with a reason.
+
+    The arithmetic mirrors ``parse_iso8601`` in ``cpp/string_dict.cpp`` operation for
+    operation (Python floats are IEEE doubles), so the operand of ``$before`` / ``$after`` and
+    a stored string spelled the same way get the same double and compare equal.
+    """
     m = _ISO_RE.fullmatch(text)
     if m is None:
         raise ValueError(
@@ -259,43 +265,47 @@ def _parse_iso(text: str) -> float:
         dim = 29
     if not 1 <= day <= dim:
         raise ValueError(f"day {day} is out of range for {year:04d}-{month:02d}")
-    seconds = _days_from_civil(year, month, day) * 86400
+    secs = float(_days_from_civil(year, month, day)) * 86400.0
+    if m[4] is None:
+        return secs
+    hour, minute = int(m[4]), int(m[5])
+    second = int(m[6]) if m[6] is not None else 0
     frac = 0.0
-    if m[4] is not None:
-        hour, minute = int(m[4]), int(m[5])
-        second = int(m[6]) if m[6] is not None else 0
-        if hour > 23:
-            raise ValueError(f"hour {hour} is out of range")
-        if minute > 59:
-            raise ValueError(f"minute {minute} is out of range")
-        if second > 59:
-            raise ValueError(f"second {second} is out of range")
-        seconds += hour * 3600 + minute * 60 + second
-        digits = m[7]
-        if digits:
-            digits = digits[:9]  # nanoseconds at most; finer digits are ignored
-            frac = float(int(digits)) / float(10 ** len(digits))
-        tz = m[8]
-        if tz is not None and tz not in ("Z", "z"):
-            oh = int(tz[1:3])
-            om = int(tz[-2:]) if len(tz) > 3 else 0
-            if oh > 23 or om > 59:
-                raise ValueError(f"offset {tz} is out of range")
-            off = oh * 3600 + om * 60
-            seconds += -off if tz[0] == "+" else off
-    # two IEEE operations, so a C++ parser doing the same gets bit-identical values
-    return float(seconds) + frac
+    if m[7]:
+        scale = 0.1
+        for ch in m[7]:
+            frac += (ord(ch) - 48) * scale
+            scale /= 10
+    if hour > 24:
+        raise ValueError(f"hour {hour} is out of range")
+    if minute > 59:
+        raise ValueError(f"minute {minute} is out of range")
+    if second > 60:  # 60: a leap second, counted as the first second of the next minute
+        raise ValueError(f"second {second} is out of range")
+    if hour == 24 and (minute != 0 or second != 0 or frac != 0):
+        raise ValueError("hour 24 is only allowed as 24:00:00 (the end of the day)")
+    secs += hour * 3600.0 + minute * 60.0 + second + frac
+    tz = m[8]
+    if tz is None or tz == "Z" or tz == "z":
+        return secs
+    oh = int(tz[1:3])
+    om = int(tz[-2:]) if len(tz) > 3 else 0
+    if oh > 23 or om > 59:
+        raise ValueError(f"offset {tz} is out of range")
+    sign = 1 if tz[0] == "+" else -1
+    return secs - sign * (oh * 3600.0 + om * 60.0)
 
 
 def iso8601_to_epoch(text: str) -> float:
     """Seconds since the Unix epoch (UTC) of an ISO-8601 date or date-time string.
 
     Accepted: ``YYYY-MM-DD`` (midnight UTC), optionally followed by ``T`` (or ``t`` or a
-    space) and ``hh:mm``, ``hh:mm:ss`` or ``hh:mm:ss.fraction`` (``.`` or ``,``; digits after
-    the ninth are ignored), optionally followed by ``Z`` or an offset ``+hh:mm`` / ``+hhmm`` /
-    ``+hh`` (no offset means UTC). Years 0000-9999, proleptic Gregorian calendar, no leap
-    seconds, no 24:00. The value is ``double(whole_seconds) + double(fraction_digits) /
-    10**n_digits``, computed in IEEE double, so a native parser can reproduce it bit for bit.
+    space) and ``hh:mm``, ``hh:mm:ss`` or ``hh:mm:ss.fraction`` (``.`` or ``,``), optionally
+    followed by ``Z`` / ``z`` or an offset ``+hh:mm``, ``+hhmm`` or ``+hh`` (no offset means
+    UTC). Years 0000-9999 of the proleptic Gregorian calendar; ``24:00:00`` is the end of the
+    day and second 60 (a leap second) is the first second of the next minute. This is the
+    grammar the native core uses for stored strings, and the double is computed with the same
+    IEEE operations, so equal spellings give bit-identical values.
 
     Raises :class:`~kbcore.errors.InvalidArgumentError` if ``text`` is not such a string.
     """
