@@ -305,77 +305,10 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
 
 std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef,
                                                const Bitmap& allowed, std::size_t* evals) const {
-  if (entry_ == kNoSlot || k == 0) return {};
-  ef = std::max(ef, k);
-  const Kernels& kern = active_kernels();
-  const std::size_t dim = store_.dim();
-  // Upper levels are walked without the filter: they only find the region of the query.
-  Scored cur{dist(kern, q, entry_), entry_};
-  cur = greedy<false>(q, cur, max_level_, 0, kern);
-  auto visited = visited_.acquire(levels_.size());
-  thread_local std::vector<Scored> candidates;
-  candidates.clear();
-  std::vector<Scored> results;
-  results.reserve(ef + 1);
-  visited->test_and_set(cur.slot);
-  candidates.push_back(cur);
-  if (allowed.test(cur.slot)) results.push_back(cur);
-  const std::size_t cap = m0_;
-  std::vector<std::uint32_t> fresh(cap);
-  std::vector<float> dists(cap);
-  std::size_t n_evals = 0;
-  while (!candidates.empty()) {
-    const Scored c = candidates.front();
-    if (results.size() >= ef && c.dist > results.front().dist) break;
-    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-    candidates.pop_back();
-    const std::uint32_t* nl = links(c.slot, 0);
-    std::size_t m = 0;
-    // One hop: passing neighbours.
-    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
-      const Slot n = nl[1 + j];
-      if (!allowed.test(n) || visited->test_and_set(n)) continue;
-      detail::prefetch(store_.vector(n));
-      fresh[m++] = n;
-    }
-    // Two hops through failing neighbours, until the expansion holds 2M candidates.
-    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
-      const Slot n = nl[1 + j];
-      if (allowed.test(n) || visited->test_and_set(n)) continue;
-      const std::uint32_t* nl2 = links(n, 0);
-      for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
-        const Slot n2 = nl2[1 + t];
-        if (!allowed.test(n2) || visited->test_and_set(n2)) continue;
-        detail::prefetch(store_.vector(n2));
-        fresh[m++] = n2;
-      }
-    }
-    std::size_t j = 0;
-    for (; j + 4 <= m; j += 4) {
-      const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
-                              store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
-      distance4(kern, metric_, q, rows, dim, dists.data() + j);
-    }
-    for (; j < m; ++j) dists[j] = dist(kern, q, fresh[j]);
-    n_evals += m;
-    for (j = 0; j < m; ++j) {
-      const float d = dists[j];
-      if (results.size() < ef || d < results.front().dist) {
-        candidates.push_back({d, fresh[j]});
-        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-        results.push_back({d, fresh[j]});
-        std::push_heap(results.begin(), results.end());
-        if (results.size() > ef) {
-          std::pop_heap(results.begin(), results.end());
-          results.pop_back();
-        }
-      }
-    }
-  }
-  if (evals != nullptr) *evals += n_evals;
-  std::sort_heap(results.begin(), results.end());
-  if (results.size() > k) results.resize(k);
-  return results;
+  std::vector<Scored> res = search_expanding(q, std::max(ef, k), &allowed,
+                                             [](const std::vector<Scored>&) { return true; }, evals);
+  if (res.size() > k) res.resize(k);
+  return res;
 }
 
 std::size_t HnswIndex::memory_bytes() const {

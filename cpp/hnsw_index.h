@@ -67,6 +67,14 @@ class HnswIndex {
   std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef,
                                       const Bitmap& allowed, std::size_t* evals = nullptr) const;
 
+  /// Level-0 search whose candidate list starts at ef and doubles whenever the search
+  /// converges before enough(results) holds (results ascending), until the reachable
+  /// (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
+  /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
+  template <typename Enough>
+  std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
+                                       Enough enough, std::size_t* evals = nullptr) const;
+
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
   void save(BinaryWriter& w) const;
@@ -264,6 +272,93 @@ std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::s
       search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
   if (res.size() > k) res.resize(k);
   return res;
+}
+
+template <typename Enough>
+std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
+                                                Enough enough, std::size_t* evals) const {
+  if (entry_ == kNoSlot) return {};
+  const Kernels& kern = active_kernels();
+  const std::size_t dim = store_.dim();
+  const std::size_t limit = std::max<std::size_t>(store_.size(), 1);
+  ef = std::min(std::max<std::size_t>(ef, 1), limit);
+  const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
+  // Upper levels are walked without the filter: they only find the region of the query.
+  Scored cur{dist(kern, q, entry_), entry_};
+  cur = greedy<false>(q, cur, max_level_, 0, kern);
+  auto visited = visited_.acquire(levels_.size());
+  thread_local std::vector<Scored> candidates;
+  candidates.clear();
+  std::vector<Scored> results;
+  results.reserve(ef + 1);
+  visited->test_and_set(cur.slot);
+  candidates.push_back(cur);
+  if (passes(cur.slot)) results.push_back(cur);
+  const std::size_t cap = m0_;
+  std::vector<std::uint32_t> fresh(cap);
+  std::vector<float> dists(cap);
+  std::size_t n_evals = 0;
+  for (;;) {
+    const bool converged =
+        candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
+    if (converged) {
+      if (candidates.empty() || ef >= limit) break;
+      std::vector<Scored> sorted = results;
+      std::sort(sorted.begin(), sorted.end());
+      if (enough(sorted)) break;
+      ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
+      continue;
+    }
+    const Scored c = candidates.front();
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    const std::uint32_t* nl = links(c.slot, 0);
+    std::size_t m = 0;
+    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+      const Slot n = nl[1 + j];
+      if (!passes(n) || visited->test_and_set(n)) continue;
+      detail::prefetch(store_.vector(n));
+      fresh[m++] = n;
+    }
+    // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.
+    if (allowed != nullptr) {
+      for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+        const Slot n = nl[1 + j];
+        if (allowed->test(n) || visited->test_and_set(n)) continue;
+        const std::uint32_t* nl2 = links(n, 0);
+        for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
+          const Slot n2 = nl2[1 + t];
+          if (!allowed->test(n2) || visited->test_and_set(n2)) continue;
+          detail::prefetch(store_.vector(n2));
+          fresh[m++] = n2;
+        }
+      }
+    }
+    std::size_t j = 0;
+    for (; j + 4 <= m; j += 4) {
+      const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
+                              store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
+      distance4(kern, metric_, q, rows, dim, dists.data() + j);
+    }
+    for (; j < m; ++j) dists[j] = dist(kern, q, fresh[j]);
+    n_evals += m;
+    for (j = 0; j < m; ++j) {
+      const float d = dists[j];
+      if (results.size() < ef || d < results.front().dist) {
+        candidates.push_back({d, fresh[j]});
+        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        results.push_back({d, fresh[j]});
+        std::push_heap(results.begin(), results.end());
+        if (results.size() > ef) {
+          std::pop_heap(results.begin(), results.end());
+          results.pop_back();
+        }
+      }
+    }
+  }
+  if (evals != nullptr) *evals += n_evals;
+  std::sort_heap(results.begin(), results.end());
+  return results;
 }
 
 }  // namespace kbcore

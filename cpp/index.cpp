@@ -261,6 +261,90 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
   });
 }
 
+std::vector<std::vector<Index::GroupHit>> Index::search_groups(
+    const float* queries, std::size_t nq, std::size_t k, const std::string& group_by, std::size_t group_size,
+    std::size_t ef, std::size_t threads, const FilterNode* filter, Strategy force) const {
+  if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  if (group_size == 0) throw InvalidArgument("group_size must be positive, got 0");
+  if (filter != nullptr) validate_filter(*filter);
+  const std::size_t dim = config_.dim;
+  std::vector<float> prepared(nq * dim);
+  for (std::size_t i = 0; i < nq; ++i) prepare_query(queries + i * dim, prepared.data() + i * dim);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::vector<std::vector<GroupHit>> out(nq);
+  if (store_.size() == 0) return out;
+  const Field* field = meta_.field(group_by);
+  if (field == nullptr || field->present == 0) {
+    throw InvalidArgument("group_by field '" + group_by + "' is not present in any stored row");
+  }
+  field->ensure_index();
+  if (ef == 0) ef = config_.ef_search;
+  ef = std::max(ef, k * group_size);
+
+  Bitmap allowed;
+  std::size_t passing = store_.size();
+  if (filter != nullptr) {
+    allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
+    passing = allowed.count();
+  }
+  Strategy strategy = Strategy::kExact;
+  if (graph_) {
+    strategy = force != Strategy::kAuto ? force
+               : filter != nullptr      ? choose_strategy(passing, store_.size(), ef)
+                                        : Strategy::kGraph;
+  }
+  std::vector<Slot> rows;
+  if (strategy == Strategy::kExact) {
+    rows.reserve(passing);
+    if (filter != nullptr) {
+      allowed.for_each([&](Slot s) { rows.push_back(s); });
+    } else {
+      store_.live_bitmap().for_each([&](Slot s) { rows.push_back(s); });
+    }
+  }
+  const auto convert = [&](const std::vector<Group>& groups) {
+    std::vector<GroupHit> hits;
+    hits.reserve(groups.size());
+    for (const Group& g : groups) {
+      GroupHit h;
+      const auto& key = field->group_keys[g.ordinal];
+      h.key.kind = static_cast<ValueKind>(key.first);
+      if (h.key.kind == ValueKind::kInt) {
+        h.key.i = key.second;
+      } else {
+        h.key.s = meta_.dict().str(static_cast<std::uint32_t>(key.second));
+      }
+      for (const Scored& s : g.best) {
+        h.ids.push_back(store_.id_of(s.slot));
+        h.distances.push_back(s.dist);
+      }
+      for (Slot p : g.parts) h.part_ids.push_back(store_.id_of(p));
+      hits.push_back(std::move(h));
+    }
+    return hits;
+  };
+  parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
+    const float* q = prepared.data() + qi * dim;
+    if (strategy == Strategy::kGraph) {
+      const auto enough = [&](const std::vector<Scored>& sorted) { return count_groups(sorted, *field, k) >= k; };
+      std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
+      out[qi] = convert(collapse_sorted(res, *field, k, group_size));
+      return;
+    }
+    const Kernels& kern = active_kernels();
+    std::vector<float> d(rows.size());
+    std::size_t i = 0;
+    for (; i + 4 <= rows.size(); i += 4) {
+      const float* r4[4] = {store_.vector(rows[i]), store_.vector(rows[i + 1]), store_.vector(rows[i + 2]),
+                            store_.vector(rows[i + 3])};
+      distance4(kern, config_.metric, q, r4, dim, d.data() + i);
+    }
+    for (; i < rows.size(); ++i) d[i] = distance(kern, config_.metric, q, store_.vector(rows[i]), dim);
+    out[qi] = convert(collapse_exact(rows, d, *field, k, group_size));
+  });
+  return out;
+}
+
 std::size_t Index::count(const FilterNode& filter) const {
   validate_filter(filter);
   std::shared_lock<std::shared_mutex> lock(mutex_);

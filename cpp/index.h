@@ -15,6 +15,7 @@
 
 #include "distance.h"
 #include "filter_expr.h"
+#include "grouping.h"
 #include "metadata_store.h"
 #include "hnsw_index.h"
 #include "vector_store.h"
@@ -72,6 +73,23 @@ class Index {
   void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
               std::size_t threads, std::int64_t* out_ids, float* out_dist,
               const FilterNode* filter = nullptr, Strategy force = Strategy::kAuto) const;
+  /// One group of a grouped search: its key and hits as ids.
+  struct GroupHit {
+    Value key;                         // kInt or kStr
+    std::vector<std::int64_t> ids;     // best group_size hits, ascending distance
+    std::vector<float> distances;
+    std::vector<std::int64_t> part_ids;  // every part met (includes ids), ascending distance
+  };
+  /// Up to k groups per query, grouped by the int or str metadata field `group_by` and ordered
+  /// by best distance. The graph search keeps doubling its candidate list until k distinct
+  /// groups are found or the (filtered) index is exhausted; the exact path (flat kind or few
+  /// passing rows) groups every passing row. Rows without a group value are never returned.
+  /// Throws InvalidArgument if no stored row has the field.
+  std::vector<std::vector<GroupHit>> search_groups(const float* queries, std::size_t nq, std::size_t k,
+                                                   const std::string& group_by, std::size_t group_size,
+                                                   std::size_t ef, std::size_t threads,
+                                                   const FilterNode* filter = nullptr,
+                                                   Strategy force = Strategy::kAuto) const;
   /// Number of live rows that pass `filter`.
   std::size_t count(const FilterNode& filter) const;
   /// Metadata of each id (fields without a value omitted); throws NotFound on an unknown id.

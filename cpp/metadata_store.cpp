@@ -77,6 +77,23 @@ void Field::ensure_index() const {
   std::sort(str_index.begin(), str_index.end());
   std::sort(list_index.begin(), list_index.end());
   list_index.erase(std::unique(list_index.begin(), list_index.end()), list_index.end());
+  // Group ordinals: ints by value, strings by dictionary id, in one dense numbering.
+  group_of.assign(kinds.size(), kNoGroup);
+  group_keys.clear();
+  for (const auto* idx : {&int_index}) {
+    for (std::size_t i = 0; i < idx->size(); ++i) {
+      if (i == 0 || (*idx)[i].first != (*idx)[i - 1].first) {
+        group_keys.emplace_back(static_cast<std::uint8_t>(ValueKind::kInt), (*idx)[i].first);
+      }
+      group_of[(*idx)[i].second] = static_cast<std::uint32_t>(group_keys.size() - 1);
+    }
+  }
+  for (std::size_t i = 0; i < str_index.size(); ++i) {
+    if (i == 0 || str_index[i].first != str_index[i - 1].first) {
+      group_keys.emplace_back(static_cast<std::uint8_t>(ValueKind::kStr), str_index[i].first);
+    }
+    group_of[str_index[i].second] = static_cast<std::uint32_t>(group_keys.size() - 1);
+  }
   for (std::size_t i = 0; i < str_index.size();) {
     std::size_t j = i;
     while (j < str_index.size() && str_index[j].first == str_index[i].first) ++j;

@@ -72,6 +72,11 @@ struct Field {
   mutable SortedIndex<std::int64_t> bool_index;
   mutable SortedIndex<std::uint32_t> str_index;   // kStr rows by dictionary id
   mutable SortedIndex<std::uint32_t> list_index;  // kStrList elements by dictionary id
+  /// Dense group ordinal of each slot's value (kNoGroup when the slot has no int or str
+  /// value), and the (kind, payload) of each ordinal: what grouped search collapses on.
+  static constexpr std::uint32_t kNoGroup = 0xFFFFFFFFu;
+  mutable std::vector<std::uint32_t> group_of;
+  mutable std::vector<std::pair<std::uint8_t, std::int64_t>> group_keys;
   /// Distinct dictionary ids of str_index with their [begin, end) ranges.
   mutable std::vector<std::pair<std::uint32_t, std::pair<std::size_t, std::size_t>>> str_runs;
 };

@@ -86,6 +86,46 @@ void bind_index(py::module_& m) {
            },
            py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"),
            py::arg("filter") = py::none(), py::arg("strategy") = "auto")
+      .def("search_groups",
+           [](const Index& self, const FloatArray& queries, std::size_t k, const std::string& group_by,
+              std::size_t group_size, std::size_t ef, std::size_t threads, const py::object& filter,
+              const std::string& strategy) {
+             const std::size_t nq = rows_of(queries, self.dim(), "queries");
+             std::optional<FilterNode> node;
+             if (!filter.is_none()) node = filter_from_py(filter);
+             Index::Strategy force = Index::Strategy::kAuto;
+             if (strategy == "exact") force = Index::Strategy::kExact;
+             else if (strategy == "graph") force = Index::Strategy::kGraph;
+             else if (strategy != "auto") throw InvalidArgument("strategy must be 'auto', 'exact' or 'graph'");
+             std::vector<std::vector<Index::GroupHit>> res;
+             {
+               py::gil_scoped_release nogil;
+               res = self.search_groups(queries.data(), nq, k, group_by, group_size, ef, threads,
+                                        node ? &*node : nullptr, force);
+             }
+             // Per query: a list of (key, ids, distances, part_ids) tuples of Python scalars;
+             // small tuples are far cheaper to build than small numpy arrays.
+             py::list out;
+             for (const auto& groups : res) {
+               py::list gl(groups.size());
+               for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+                 const auto& g = groups[gi];
+                 py::tuple ids(g.ids.size()), dist(g.ids.size()), parts(g.part_ids.size());
+                 for (std::size_t j = 0; j < g.ids.size(); ++j) {
+                   ids[j] = py::int_(g.ids[j]);
+                   dist[j] = py::float_(g.distances[j]);
+                 }
+                 for (std::size_t j = 0; j < g.part_ids.size(); ++j) parts[j] = py::int_(g.part_ids[j]);
+                 py::object key = g.key.kind == ValueKind::kInt ? py::object(py::int_(g.key.i))
+                                                                : py::object(py::str(g.key.s));
+                 gl[gi] = py::make_tuple(key, ids, dist, parts);
+               }
+               out.append(gl);
+             }
+             return out;
+           },
+           py::arg("queries").noconvert(), py::arg("k"), py::arg("group_by"), py::arg("group_size"),
+           py::arg("ef"), py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto")
       .def("count",
            [](const Index& self, const py::object& filter) {
              const FilterNode node = filter_from_py(filter);

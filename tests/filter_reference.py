@@ -16,6 +16,7 @@ Strategies (reusable by other test modules):
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import date
 from typing import Any
@@ -23,14 +24,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 __all__ = [
-    "matches",
-    "iso_to_epoch",
-    "valid_wheres",
-    "metadata_rows",
-    "metadata_values",
-    "iso_datetimes",
     "FIELDS",
     "WORDS",
+    "iso_datetimes",
+    "iso_to_epoch",
+    "matches",
+    "metadata_rows",
+    "metadata_values",
+    "valid_wheres",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -140,7 +141,9 @@ def _condition(op: str, operand: Any, stored: Any) -> bool:
     if op == "$contains":
         return _contains(stored, operand)
     if op == "$not_contains":
-        return present and not _contains(stored, operand)
+        # like $contains, it only looks at str and list-of-str values; a missing field (or a
+        # number / bool) neither contains nor "not contains" anything
+        return isinstance(stored, (str, list)) and not _contains(stored, operand)
     if op == "$starts_with":
         return isinstance(stored, str) and stored.startswith(operand)
     if op == "$ends_with":
@@ -239,7 +242,7 @@ def metadata_values() -> st.SearchStrategy:
     return st.one_of(
         st.none(),
         _ints,
-        _floats.filter(lambda f: f == f),
+        _floats.filter(math.isfinite),  # the native core rejects NaN and infinities
         st.booleans(),
         _words,
         iso_datetimes(),

@@ -10,10 +10,11 @@ import warnings as _warnings
 
 from . import errors
 from ._core import available_simd_levels, set_simd_level, simd_level
-from .index import Index
+from .index import Group, Index
 
 __all__ = [
     "Index",
+    "Group",
     "errors",
     "simd_level",
     "available_simd_levels",

@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["compile_where", "dify_condition_to_where", "iso8601_to_epoch", "Node"]
+__all__ = ["Node", "compile_where", "dify_condition_to_where", "iso8601_to_epoch"]
 
 #: A compiled filter node (see the module docstring).
 Node = tuple
@@ -119,7 +119,7 @@ def _number(v: Any, op: str) -> int | float:
     if t is int:
         return _check_int(v, op)
     if t is float:
-        if v != v:
+        if math.isnan(v):
             raise _FilterError(f"{op} expects a number, got NaN")
         return v
     if t is not bool:
@@ -140,7 +140,7 @@ def _scalar(v: Any, op: str) -> str | int | float | bool:
     if t is int:
         return _check_int(v, op)
     if t is float:
-        if v != v:
+        if math.isnan(v):
             raise _FilterError(f"{op} expects a str, int, float or bool, got NaN")
         return v
     c = _coerce_numpy(v)
@@ -827,8 +827,22 @@ def dify_condition_to_where(metadata_condition: Mapping[str, Any] | None) -> dic
             ]
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(f"{path}: {exc}") from None
-        parts.append(per_field[0] if len(per_field) == 1 else {"$or": per_field})
+        part = per_field[0] if len(per_field) == 1 else {"$or": _flat_or(per_field)}
+        if logical == "or" and list(part) == ["$or"]:
+            parts.extend(part["$or"])
+        else:
+            parts.append(part)
 
     if len(parts) == 1:
         return parts[0]
     return {f"${logical}": parts}
+
+
+def _flat_or(wheres: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for w in wheres:
+        if list(w) == ["$or"]:
+            out.extend(w["$or"])
+        else:
+            out.append(w)
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
 from .filters import compile_where
 
-__all__ = ["Index", "Metric", "Kind"]
+__all__ = ["Index", "Group", "Metric", "Kind"]
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
@@ -22,12 +22,33 @@ _METRICS = ("cosine", "ip", "l2")
 _KINDS = ("hnsw", "flat")
 
 
+class Group(NamedTuple):
+    """One source in a grouped search: its key and its best hits.
+
+    ``ids`` / ``distances``: the best ``group_size`` parts, best first. ``part_ids``: every part
+    of this source that the search met among its candidates (best first; includes ``ids``).
+    """
+
+    key: int | str
+    ids: tuple[int, ...]
+    distances: tuple[float, ...]
+    part_ids: tuple[int, ...]
+
+    @property
+    def distance(self) -> float:
+        """The group's best distance."""
+        return self.distances[0]
+
+
+def _groups_of(packed: list[tuple[Any, ...]]) -> list[Group]:
+    new = Group._make
+    return [new(t) for t in packed]
+
+
 def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool]:
-    """Converts to C-contiguous float32 [n, dim]; returns (array, was_1d)."""
+    """Converts to C-contiguous float32 [n, dim]; returns (array, was_1d). Hot path: keep cheap."""
     arr = np.asarray(x)
-    if arr.dtype == object or not (
-        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-    ) or arr.dtype == np.bool_:
+    if arr.dtype.kind not in "fiu":  # float, signed and unsigned int; not bool/str/object
         raise InvalidTypeError(
             f"{what} must be a numeric (float) array, got dtype {arr.dtype}"
         )
@@ -42,6 +63,8 @@ def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool
         raise InvalidArgumentError(
             f"{what} have dimension {arr.shape[1]}, the index has dimension {dim}"
         )
+    if arr.dtype == np.float32 and arr.flags.c_contiguous:
+        return arr, one
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is reported natively
         return np.ascontiguousarray(arr, dtype=np.float32), one
 
@@ -250,6 +273,39 @@ class Index:
     def get_vectors(self, ids: npt.ArrayLike) -> np.ndarray:
         """Stored vectors of ids as float32 [n, dim] (unit-normalised under cosine)."""
         return self._native.get_vectors(_as_ids(ids))
+
+    def search_groups(
+        self,
+        queries: npt.ArrayLike,
+        k: int = 10,
+        *,
+        group_by: str = "document_id",
+        group_size: int = 1,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        threads: int = 0,
+    ) -> list[Group] | list[list[Group]]:
+        """The k best distinct sources per query: search with per-source deduplication.
+
+        Hits are grouped by the metadata field ``group_by`` (int or str values; rows without
+        it are never returned). Each :class:`Group` holds its best ``group_size`` hits and the
+        ids of every part of that source the search met. Groups are ordered by best distance.
+        The graph search keeps widening its candidate list until k distinct groups are found
+        or the (filtered) index is exhausted, so a page is never short when k groups exist.
+        Returns a list of groups for one query (1-D), or one list per query for a batch.
+        """
+        arr, one = _as_vectors(queries, self.dim, "queries")
+        k = _positive("k", k)
+        group_size = _positive("group_size", group_size)
+        if not isinstance(group_by, str) or not group_by:
+            raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
+        ef_value = 0 if ef is None else _positive("ef", ef)
+        ir = compile_where(where)
+        packed = self._native.search_groups(
+            arr, k, group_by, group_size, ef_value, _threads(threads), ir
+        )
+        result = [_groups_of(p) for p in packed]
+        return result[0] if one else result
 
     def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
         """Stored metadata of each id, as dicts (fields without a value are omitted)."""

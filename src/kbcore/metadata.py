@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["columns_from_rows", "columns_from_arrow", "Column", "KINDS"]
+__all__ = ["KINDS", "Column", "columns_from_arrow", "columns_from_rows"]
 
 #: A metadata column: (name, kind, valid, *payload).
 Column = tuple
@@ -93,8 +93,18 @@ def _sort_columns(columns: list[Column]) -> list[Column]:
 class _Field:
     """Per-field accumulators, one (rows, values) pair per kind."""
 
-    __slots__ = ("int_rows", "int_vals", "float_rows", "float_vals", "bool_rows", "bool_vals",
-                 "str_rows", "str_vals", "list_rows", "list_vals")
+    __slots__ = (
+        "bool_rows",
+        "bool_vals",
+        "float_rows",
+        "float_vals",
+        "int_rows",
+        "int_vals",
+        "list_rows",
+        "list_vals",
+        "str_rows",
+        "str_vals",
+    )
 
     def __init__(self) -> None:
         for slot in self.__slots__:
@@ -113,7 +123,7 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
     """Typed columns (see the module docstring) of ``n`` metadata rows given as dicts.
 
     A row may be ``None`` (no metadata); a value ``None`` means the field is missing. Values
-    must be int (fitting int64), float (not NaN), bool, str or a list / tuple of str; numpy
+    must be int (fitting int64), float (finite: not NaN or infinite), bool, str or a list / tuple of str; numpy
     scalars are accepted. Anything else raises :class:`~kbcore.errors.InvalidArgumentError`
     naming the row and the field.
     """
@@ -159,8 +169,8 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
                 acc.int_rows.append(r)
                 acc.int_vals.append(value)
             elif t is float:
-                if math.isnan(value):
-                    raise _bad_value(r, name, value, "NaN is not allowed")
+                if not math.isfinite(value):
+                    raise _bad_value(r, name, value, f"{value} is not allowed (floats must be finite)")
                 acc.float_rows.append(r)
                 acc.float_vals.append(value)
             elif t is list or t is tuple:
@@ -226,8 +236,8 @@ def _add_other(acc: _Field, r: int, name: str, value: Any) -> None:
             return
         if isinstance(value, np.floating):
             f = float(value)
-            if math.isnan(f):
-                raise _bad_value(r, name, value, "NaN is not allowed")
+            if not math.isfinite(f):
+                raise _bad_value(r, name, value, f"{f} is not allowed (floats must be finite)")
             acc.float_rows.append(r)
             acc.float_vals.append(f)
             return
@@ -250,8 +260,8 @@ def _add_other(acc: _Field, r: int, name: str, value: Any) -> None:
         acc.int_vals.append(v)
     elif isinstance(value, float):
         f = float(value)
-        if math.isnan(f):
-            raise _bad_value(r, name, value, "NaN is not allowed")
+        if not math.isfinite(f):
+            raise _bad_value(r, name, value, f"{f} is not allowed (floats must be finite)")
         acc.float_rows.append(r)
         acc.float_vals.append(f)
     elif isinstance(value, Mapping):
@@ -335,11 +345,12 @@ def _arrow_column(pa: Any, pc: Any, name: str, arr: Any, n: int) -> list[Column]
     if types.is_floating(t):
         filled = pc.fill_null(arr, 0.0) if arr.null_count else arr
         vals = _np(filled, np.float64)
-        nan = np.isnan(vals)
-        if nan.any():
+        bad = ~np.isfinite(vals) & valid.astype(bool)
+        if bad.any():
+            row = _first_row(bad)
             raise InvalidArgumentError(
-                f"metadata column {name!r}, row {_first_row(nan)}: NaN is not allowed "
-                "(use null for a missing value)"
+                f"metadata column {name!r}, row {row}: {vals[row]} is not allowed (floats must "
+                "be finite; use null for a missing value)"
             )
         return [(name, "float", valid, vals)]
     if types.is_string(t) or types.is_large_string(t) or _is_string_view(pa, t):
@@ -416,7 +427,7 @@ def columns_from_arrow(table_or_batch: Any, n: int) -> list[Column]:
     """Typed columns (see the module docstring) of a pyarrow ``Table`` or ``RecordBatch``.
 
     Supported column types: signed and unsigned integers (values must fit int64), floats
-    (no NaN; nulls are missing), bool, string / large_string (and string_view),
+    (finite; nulls are missing), bool, string / large_string (and string_view),
     list / large_list / fixed_size_list of string, dictionary-encoded variants of these, and
     timestamp / date columns, which become ISO-8601 strings (``YYYY-MM-DD`` for dates,
     ``YYYY-MM-DDThh:mm:ss[.fraction]`` for timestamps, with ``Z`` when the type has a time
