@@ -83,8 +83,11 @@ void Index::set_ef_search(std::size_t ef) {
 }
 
 void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
-                const std::vector<ColumnInput>& columns) {
+                const std::vector<ColumnInput>& columns, const std::vector<std::optional<std::string>>* texts) {
   if (n == 0) return;
+  if (texts != nullptr && texts->size() != n) {
+    throw InvalidArgument("got " + std::to_string(n) + " vectors but " + std::to_string(texts->size()) + " texts");
+  }
   MetadataStore::validate(columns, n);
   const std::size_t dim = config_.dim;
   // Validate everything before the first change so that a bad batch changes nothing.
@@ -125,6 +128,12 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   for (std::size_t i = 0; i < n; ++i) slots[i] = store_.allocate(ids[i], rows.data() + i * dim);
   meta_.grow(store_.slot_count());
   meta_.assign(slots, columns);
+  text_.grow(store_.slot_count());
+  if (texts != nullptr) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if ((*texts)[i]) text_.set(slots[i], *(*texts)[i]);
+    }
+  }
   if (graph_) graph_->insert_batch(slots, threads);
 }
 
@@ -132,6 +141,7 @@ void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
   if (graph_) graph_->remove_batch(slots, threads);
   for (Slot s : slots) {
     meta_.clear(s);
+    text_.clear(s);
     store_.release(s);
   }
 }
@@ -345,6 +355,25 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
   return out;
 }
 
+std::vector<std::pair<std::int64_t, float>> Index::search_text(const std::string& query, std::size_t k,
+                                                               const FilterNode* filter) const {
+  if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  if (filter != nullptr) validate_filter(*filter);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  Bitmap allowed;
+  if (filter != nullptr) allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
+  const std::vector<Scored> res = text_.search(query, k, filter != nullptr ? &allowed : nullptr);
+  std::vector<std::pair<std::int64_t, float>> out;
+  out.reserve(res.size());
+  for (const Scored& s : res) out.emplace_back(store_.id_of(s.slot), -s.dist);
+  return out;
+}
+
+std::size_t Index::text_documents() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return text_.documents();
+}
+
 std::size_t Index::count(const FilterNode& filter) const {
   validate_filter(filter);
   std::shared_lock<std::shared_mutex> lock(mutex_);
@@ -390,7 +419,8 @@ std::vector<std::int64_t> Index::ids() const {
 
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes();
+  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() +
+         text_.memory_bytes();
 }
 
 void Index::save(const std::string& path) const {
@@ -410,6 +440,7 @@ void Index::save(const std::string& path) const {
   w.array(store_.data(), slots * config_.dim);
   if (graph_) graph_->save(w);
   meta_.save(w, store_);
+  text_.save(w);
   w.commit();
 }
 
@@ -452,6 +483,7 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
     index->graph_->load(r);
   }
   index->meta_.load(r, index->store_);
+  index->text_.load(r, index->store_);
   r.expect_end();
   return index;
 }

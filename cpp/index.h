@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bm25_index.h"
 #include "distance.h"
 #include "filter_expr.h"
 #include "grouping.h"
@@ -58,8 +59,10 @@ class Index {
   /// non-zero vectors for cosine. Exclusive lock. O(n log N) graph work on `threads` threads.
   /// `columns` (optional) are the rows' metadata (docs/filter-ir.md); a replaced id gets
   /// exactly the new metadata.
+  /// `texts` (optional, n entries; nullopt = no text) feed the BM25 index for hybrid search.
   void add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
-           const std::vector<ColumnInput>& columns = {});
+           const std::vector<ColumnInput>& columns = {},
+           const std::vector<std::optional<std::string>>* texts = nullptr);
   /// Removes ids; throws NotFound (and removes nothing) if any id is absent or repeated.
   void remove(const std::int64_t* ids, std::size_t n, std::size_t threads);
   /// k nearest per query into caller buffers [nq x k], ascending; padded with -1 / +inf.
@@ -90,6 +93,12 @@ class Index {
                                                    std::size_t ef, std::size_t threads,
                                                    const FilterNode* filter = nullptr,
                                                    Strategy force = Strategy::kAuto) const;
+  /// BM25 full-text search over the rows' texts: up to k (id, score) pairs per query, score
+  /// descending; rows matching no query term are not returned. Shared lock.
+  std::vector<std::pair<std::int64_t, float>> search_text(const std::string& query, std::size_t k,
+                                                          const FilterNode* filter = nullptr) const;
+  /// Rows with text in the BM25 index.
+  std::size_t text_documents() const;
   /// Number of live rows that pass `filter`.
   std::size_t count(const FilterNode& filter) const;
   /// Metadata of each id (fields without a value omitted); throws NotFound on an unknown id.
@@ -125,6 +134,7 @@ class Index {
   VectorStore store_;
   std::unique_ptr<HnswIndex> graph_;  // null for flat
   MetadataStore meta_;
+  Bm25Index text_;
   // Measured graph work: distance evaluations per unit of ef over recent unfiltered searches
   // (an exponential average, in 1/1024 units), feeding the filtered-search cost model.
   mutable std::atomic<std::uint64_t> evals_per_ef_x1024_{12 * 1024};

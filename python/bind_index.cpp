@@ -44,18 +44,49 @@ void bind_index(py::module_& m) {
            py::arg("ef"), py::arg("seed"))
       .def("add",
            [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads,
-              const py::list& columns) {
+              const py::list& columns, const py::object& texts) {
              const std::size_t n = rows_of(vectors, self.dim(), "vectors");
              if (ids_len(ids) != n) {
                throw InvalidArgument("got " + std::to_string(n) + " vectors but " +
                                      std::to_string(ids_len(ids)) + " ids");
              }
              const std::vector<ColumnInput> cols = columns_from_py(columns, n);
+             std::optional<std::vector<std::optional<std::string>>> text_rows;
+             if (!texts.is_none()) {
+               text_rows.emplace();
+               text_rows->reserve(n);
+               for (py::handle t : texts) {
+                 if (t.is_none()) text_rows->emplace_back(std::nullopt);
+                 else if (py::isinstance<py::str>(t)) text_rows->emplace_back(t.cast<std::string>());
+                 else throw InvalidArgument("texts must be str or None");
+               }
+             }
              py::gil_scoped_release nogil;
-             self.add(vectors.data(), ids.data(), n, threads, cols);
+             self.add(vectors.data(), ids.data(), n, threads, cols, text_rows ? &*text_rows : nullptr);
            },
            py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"),
-           py::arg("columns") = py::list())
+           py::arg("columns") = py::list(), py::arg("texts") = py::none())
+      .def("search_text",
+           [](const Index& self, const std::string& query, std::size_t k, const py::object& filter) {
+             std::optional<FilterNode> node;
+             if (!filter.is_none()) node = filter_from_py(filter);
+             std::vector<std::pair<std::int64_t, float>> res;
+             {
+               py::gil_scoped_release nogil;
+               res = self.search_text(query, k, node ? &*node : nullptr);
+             }
+             IdArray ids(res.size());
+             FloatArray scores(res.size());
+             auto* pi = ids.mutable_data();
+             auto* ps = scores.mutable_data();
+             for (std::size_t i = 0; i < res.size(); ++i) {
+               pi[i] = res[i].first;
+               ps[i] = res[i].second;
+             }
+             return py::make_tuple(ids, scores);
+           },
+           py::arg("query"), py::arg("k"), py::arg("filter") = py::none())
+      .def("text_documents", &Index::text_documents)
       .def("remove",
            [](Index& self, const IdArray& ids, std::size_t threads) {
              const std::size_t n = ids_len(ids);

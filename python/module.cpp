@@ -5,6 +5,7 @@
 #include "bindings.h"
 #include "distance.h"
 #include "errors.h"
+#include "tokenizer.h"
 
 namespace kbcore::python {
 namespace {
@@ -51,5 +52,7 @@ PYBIND11_MODULE(_core, m) {
   }, "SIMD levels this CPU and build can run, lowest first.");
   m.def("set_simd_level", [](const std::string& name) { set_simd_level(parse_simd_level(name)); },
         py::arg("level"), "Forces a SIMD level ('scalar', 'avx2', 'avx512').");
+  m.def("tokenize", [](const std::string& text) { return tokenize(text); }, py::arg("text"),
+        "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams.");
   kbcore::python::bind_index(m);
 }

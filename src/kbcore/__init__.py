@@ -9,7 +9,7 @@ import os as _os
 import warnings as _warnings
 
 from . import errors
-from ._core import available_simd_levels, set_simd_level, simd_level
+from ._core import available_simd_levels, set_simd_level, simd_level, tokenize
 from .index import Group, Index
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "simd_level",
     "available_simd_levels",
     "set_simd_level",
+    "tokenize",
     "__version__",
 ]
 

@@ -170,55 +170,52 @@ def _boolean(v: Any, op: str) -> bool:
     raise _FilterError(f"{op} expects a bool (true or false), got {_type_name(v)}")
 
 
+def _item_kind(item: Any) -> str | None:
+    """"str", "bool" or "number" for a valid $in item (numpy scalars included), else None."""
+    item = _coerce_numpy(item)
+    if isinstance(item, str):
+        return "str"
+    if isinstance(item, bool):
+        return "bool"
+    if isinstance(item, int) or (isinstance(item, float) and not math.isnan(item)):
+        return "number"
+    return None
+
+
 def _items(v: Any, op: str) -> tuple:
     if not isinstance(v, (list, tuple)):
         raise _FilterError(f"{op} expects a non-empty list, got {_type_name(v)}")
     if not v:
         raise _FilterError(f"{op} expects a non-empty list, got an empty list")
-    try:
-        first = _scalar(v[0], op)
-    except _FilterError:
+    kind = _item_kind(v[0])
+    if kind is None:
         raise _FilterError(f"{op} expects items that are str, int, float or bool; "
-                           f"item 0 is {_type_name(v[0])}") from None
-    if type(first) is str:
-        kind = "str"
-    elif type(first) is bool:
-        kind = "bool"
-    else:
-        kind = "number"
+                           f"item 0 is {_type_name(v[0])}")
     out: list = []
     seen: set = set()
     for i, item in enumerate(v):
+        if _item_kind(item) != kind:
+            first = {"str": "a str", "bool": "a bool", "number": "a number"}[kind]
+            raise _FilterError(
+                f"{op} expects items that are all str, all bool or all numbers; item 0 is "
+                f"{first} but item {i} is {_type_name(item)}"
+            )
+        item = _coerce_numpy(item)
         if kind == "str":
-            if type(item) is not str:
-                if not isinstance(item, str):
-                    raise _mixed_error(op, kind, i, item)
-                item = str(item)
+            item = str(item)
         elif kind == "bool":
-            if type(item) is not bool:
-                item = _coerce_numpy(item)
-                if type(item) is not bool:
-                    raise _mixed_error(op, kind, i, v[i])
+            item = bool(item)
+        elif isinstance(item, int):
+            item = int(item)
+            if not _INT64_MIN <= item <= _INT64_MAX:
+                raise _FilterError(f"{op}: item {i}, the integer {item}, does not fit in int64")
         else:
-            if type(item) is bool or isinstance(item, (str, list, tuple, Mapping)) or item is None:
-                raise _mixed_error(op, kind, i, item)
-            try:
-                item = _number(item, op)
-            except _FilterError:
-                raise _mixed_error(op, kind, i, item) from None
+            item = float(item)
         # 1 and 1.0 are the same number; a bool never meets a number here (one kind per list)
         if item not in seen:
             seen.add(item)
             out.append(item)
     return tuple(out)
-
-
-def _mixed_error(op: str, kind: str, i: int, item: object) -> _FilterError:
-    first = {"str": "a str", "bool": "a bool", "number": "a number"}[kind]
-    return _FilterError(
-        f"{op} expects items that are all str, all bool or all numbers; item 0 is {first} "
-        f"but item {i} is {_type_name(item)}"
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -795,9 +792,10 @@ def dify_condition_to_where(metadata_condition: Mapping[str, Any] | None) -> dic
         if isinstance(names, str):
             names = [names]
         if not isinstance(names, (list, tuple)) or not names:
+            got = "an empty list" if isinstance(names, (list, tuple)) else _type_name(names)
             raise InvalidArgumentError(
                 f'{path}["name"]: expected a field name or a non-empty list of field names, '
-                f"got {_type_name(names) if not isinstance(names, (list, tuple)) else 'an empty list'}"
+                f"got {got}"
             )
         for j, name in enumerate(names):
             if not isinstance(name, str) or not name:

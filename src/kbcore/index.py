@@ -200,6 +200,7 @@ class Index:
         ids: npt.ArrayLike,
         *,
         metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
+        texts: Sequence[str | None] | None = None,
         threads: int = 0,
     ) -> None:
         """Adds vectors [n, dim] under int64 ids [n]; an id already present is replaced.
@@ -208,6 +209,9 @@ class Index:
         str, list of str, or None for missing) or a pyarrow Table / RecordBatch of n rows (the
         fast path: columns go to native memory without a Python loop). A replaced id gets
         exactly the new metadata.
+
+        ``texts`` (optional, n str or None) feed the native BM25 index used by
+        :meth:`search_text` and hybrid retrieval; a replaced id gets exactly the new text.
 
         The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
         under cosine, metadata types); a bad batch changes nothing. ``threads=0`` uses all
@@ -218,7 +222,15 @@ class Index:
         if len(id_arr) != arr.shape[0]:
             raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(id_arr)} ids")
         columns = _metadata_columns(metadata, arr.shape[0])
-        self._native.add(arr, id_arr, _threads(threads), columns)
+        if texts is not None:
+            if isinstance(texts, str) or not isinstance(texts, Sequence):
+                raise InvalidTypeError("texts must be a list of str (or None per row)")
+            if len(texts) != arr.shape[0]:
+                raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(texts)} texts")
+            bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
+            if bad is not None:
+                raise InvalidTypeError(f"texts must be str or None, got {type(bad).__name__}")
+        self._native.add(arr, id_arr, _threads(threads), columns, texts)
 
     def remove(self, ids: npt.ArrayLike, *, threads: int = 0) -> None:
         """Removes ids; they are never returned again and their slots are reused.
@@ -306,6 +318,21 @@ class Index:
         )
         result = [_groups_of(p) for p in packed]
         return result[0] if one else result
+
+    def search_text(
+        self, query: str, k: int = 10, *, where: Mapping[str, Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 full-text search over the texts given to :meth:`add`.
+
+        Returns ``(ids, scores)``: int64 and float32 arrays of at most k rows, score
+        descending (BM25 with k1=1.2, b=0.75; higher is better). Rows that match no query
+        term are not returned. ``where`` filters as in :meth:`search`. See
+        :func:`kbcore.tokenize` for the tokenization.
+        """
+        if not isinstance(query, str):
+            raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
+        k = _positive("k", k)
+        return self._native.search_text(query, k, compile_where(where))
 
     def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
         """Stored metadata of each id, as dicts (fields without a value are omitted)."""

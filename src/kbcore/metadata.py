@@ -123,9 +123,9 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
     """Typed columns (see the module docstring) of ``n`` metadata rows given as dicts.
 
     A row may be ``None`` (no metadata); a value ``None`` means the field is missing. Values
-    must be int (fitting int64), float (finite: not NaN or infinite), bool, str or a list / tuple of str; numpy
-    scalars are accepted. Anything else raises :class:`~kbcore.errors.InvalidArgumentError`
-    naming the row and the field.
+    must be int (fitting int64), float (finite: not NaN or infinite), bool, str or a list /
+    tuple of str; numpy scalars are accepted. Anything else raises
+    :class:`~kbcore.errors.InvalidArgumentError` naming the row and the field.
     """
     n = _check_n(n)
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
@@ -170,7 +170,9 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
                 acc.int_vals.append(value)
             elif t is float:
                 if not math.isfinite(value):
-                    raise _bad_value(r, name, value, f"{value} is not allowed (floats must be finite)")
+                    raise _bad_value(
+                        r, name, value, f"{value} is not allowed (floats must be finite)"
+                    )
                 acc.float_rows.append(r)
                 acc.float_vals.append(value)
             elif t is list or t is tuple:

@@ -1,0 +1,200 @@
+#include "bm25_index.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "binary_io.h"
+#include "errors.h"
+#include "tokenizer.h"
+
+namespace kbcore {
+
+Bm25Index::Bm25Index(Bm25Params params) : params_(params) {
+  if (!(params.k1 >= 0) || !(params.b >= 0 && params.b <= 1)) {
+    throw InvalidArgument("BM25 needs k1 >= 0 and 0 <= b <= 1");
+  }
+}
+
+void Bm25Index::grow(std::size_t n) {
+  if (doc_len_.size() >= n) return;
+  doc_terms_.resize(n);
+  doc_len_.resize(n, 0);
+  gen_.resize(n, 0);
+  has_.resize(n, 0);
+}
+
+std::uint32_t Bm25Index::term_id(const std::string& t) {
+  const auto it = term_ids_.find(t);
+  if (it != term_ids_.end()) return it->second;
+  const auto id = static_cast<std::uint32_t>(terms_.size());
+  terms_.push_back(t);
+  df_.push_back(0);
+  postings_.emplace_back();
+  term_ids_.emplace(t, id);
+  return id;
+}
+
+void Bm25Index::clear(Slot s) {
+  if (s >= has_.size() || !has_[s]) return;
+  for (const auto& [term, tf] : doc_terms_[s]) --df_[term];
+  stale_postings_ += doc_terms_[s].size();
+  live_postings_ -= doc_terms_[s].size();
+  total_len_ -= doc_len_[s];
+  --n_docs_;
+  doc_terms_[s].clear();
+  doc_terms_[s].shrink_to_fit();
+  doc_len_[s] = 0;
+  has_[s] = 0;
+  ++gen_[s];
+  if (stale_postings_ > 1024 && stale_postings_ > live_postings_) compact();
+}
+
+void Bm25Index::set(Slot s, std::string_view text) {
+  grow(static_cast<std::size_t>(s) + 1);
+  clear(s);
+  const std::vector<std::string> tokens = tokenize(text);
+  std::unordered_map<std::uint32_t, std::uint32_t> tf;
+  for (const auto& t : tokens) ++tf[term_id(t)];
+  auto& terms = doc_terms_[s];
+  terms.assign(tf.begin(), tf.end());
+  std::sort(terms.begin(), terms.end());
+  for (const auto& [term, count] : terms) {
+    ++df_[term];
+    postings_[term].push_back({s, static_cast<std::uint16_t>(std::min<std::uint32_t>(count, 65535)), gen_[s]});
+  }
+  live_postings_ += terms.size();
+  doc_len_[s] = static_cast<std::uint32_t>(tokens.size());
+  total_len_ += tokens.size();
+  has_[s] = 1;
+  ++n_docs_;
+}
+
+void Bm25Index::compact() {
+  for (auto& p : postings_) p.clear();
+  for (std::size_t s = 0; s < doc_terms_.size(); ++s) {
+    if (!has_[s]) continue;
+    for (const auto& [term, count] : doc_terms_[s]) {
+      postings_[term].push_back({static_cast<Slot>(s), static_cast<std::uint16_t>(std::min<std::uint32_t>(count, 65535)),
+                                 gen_[s]});
+    }
+  }
+  for (auto& p : postings_) p.shrink_to_fit();
+  stale_postings_ = 0;
+}
+
+std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, const Bitmap* allowed) const {
+  TopK top(k);
+  if (n_docs_ == 0 || k == 0) return top.take_sorted();
+  std::vector<std::uint32_t> ids;
+  for (const auto& t : tokenize(query)) {
+    const auto it = term_ids_.find(t);
+    if (it != term_ids_.end() && df_[it->second] > 0) ids.push_back(it->second);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const double n = static_cast<double>(n_docs_);
+  const float avgdl = static_cast<float>(static_cast<double>(total_len_) / n);
+  const float k1 = params_.k1, b = params_.b;
+  thread_local std::vector<float> acc;
+  thread_local std::vector<Slot> touched;
+  if (acc.size() < doc_len_.size()) acc.resize(doc_len_.size(), 0.0f);
+  touched.clear();
+  for (std::uint32_t term : ids) {
+    const double df = df_[term];
+    const auto idf = static_cast<float>(std::log(1.0 + (n - df + 0.5) / (df + 0.5)));
+    for (const Posting& p : postings_[term]) {
+      if (p.gen != gen_[p.slot] || !has_[p.slot]) continue;
+      if (allowed != nullptr && !allowed->test(p.slot)) continue;
+      const float tf = p.tf;
+      const float norm = k1 * (1.0f - b + b * static_cast<float>(doc_len_[p.slot]) / avgdl);
+      const float w = idf * tf * (k1 + 1.0f) / (tf + norm);
+      if (acc[p.slot] == 0.0f) touched.push_back(p.slot);
+      acc[p.slot] += w;
+    }
+  }
+  for (Slot s : touched) {
+    top.push(-acc[s], s);
+    acc[s] = 0.0f;
+  }
+  return top.take_sorted();
+}
+
+std::size_t Bm25Index::memory_bytes() const {
+  std::size_t b = 0;
+  for (const auto& t : terms_) b += 2 * (t.capacity() + sizeof(std::string)) + 4 * sizeof(void*);
+  for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
+  for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
+  return b + doc_len_.capacity() * 4 + gen_.capacity() * 2 + has_.capacity() + df_.capacity() * 4;
+}
+
+// Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.
+// Postings, df and lengths are rebuilt on load.
+void Bm25Index::save(BinaryWriter& w) const {
+  w.f32(params_.k1);
+  w.f32(params_.b);
+  w.u64(terms_.size());
+  for (const auto& t : terms_) {
+    w.u64(t.size());
+    w.array(reinterpret_cast<const std::uint8_t*>(t.data()), t.size());
+  }
+  w.u64(n_docs_);
+  for (std::size_t s = 0; s < doc_terms_.size(); ++s) {
+    if (!has_[s]) continue;
+    w.u32(static_cast<std::uint32_t>(s));
+    w.u32(doc_len_[s]);
+    w.u64(doc_terms_[s].size());
+    for (const auto& [term, tf] : doc_terms_[s]) {
+      w.u32(term);
+      w.u32(tf);
+    }
+  }
+}
+
+void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
+  params_.k1 = r.f32();
+  params_.b = r.f32();
+  if (!(params_.k1 >= 0) || !(params_.b >= 0 && params_.b <= 1)) r.fail("invalid BM25 parameters");
+  const std::uint64_t nterms = r.u64();
+  r.require(nterms, 8);
+  for (std::uint64_t i = 0; i < nterms; ++i) {
+    const std::uint64_t len = r.u64();
+    std::vector<std::uint8_t> bytes;
+    r.array(bytes, len);
+    const std::string t(bytes.begin(), bytes.end());
+    if (term_ids_.count(t)) r.fail("repeated BM25 term");
+    term_id(t);
+  }
+  grow(store.slot_count());
+  const std::uint64_t docs = r.u64();
+  r.require(docs, 16);
+  for (std::uint64_t d = 0; d < docs; ++d) {
+    const Slot s = r.u32();
+    const std::uint32_t len = r.u32();
+    const std::uint64_t nt = r.u64();
+    if (s >= store.slot_count() || !store.is_live(s) || has_[s]) r.fail("BM25 row for a missing or repeated slot");
+    r.require(nt, 8);
+    auto& terms = doc_terms_[s];
+    std::uint64_t sum = 0;
+    for (std::uint64_t j = 0; j < nt; ++j) {
+      const std::uint32_t term = r.u32();
+      const std::uint32_t tf = r.u32();
+      if (term >= terms_.size() || tf == 0 || (!terms.empty() && terms.back().first >= term)) {
+        r.fail("invalid BM25 term list");
+      }
+      terms.emplace_back(term, tf);
+      sum += tf;
+    }
+    if (sum != len) r.fail("BM25 document length disagrees with its terms");
+    for (const auto& [term, tf] : terms) {
+      ++df_[term];
+      postings_[term].push_back({s, static_cast<std::uint16_t>(std::min<std::uint32_t>(tf, 65535)), gen_[s]});
+    }
+    live_postings_ += terms.size();
+    doc_len_[s] = len;
+    total_len_ += len;
+    has_[s] = 1;
+    ++n_docs_;
+  }
+}
+
+}  // namespace kbcore

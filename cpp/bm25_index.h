@@ -1,0 +1,74 @@
+#pragma once
+// A BM25 inverted index over the text of rows, kept in step with the vectors (same slots),
+// for hybrid search. Scoring is Okapi BM25 with Lucene's idf, ln(1 + (N - df + 0.5) / (df + 0.5)),
+// and term weight tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)) (Robertson & Zaragoza 2009).
+//
+// Deletes are lazy: a posting whose slot was cleared or reused (generation mismatch) is skipped
+// and the postings are rebuilt from the per-row term lists once stale entries reach half.
+// Thread-safety as for the owning Index: search is const and concurrent; set/clear exclusive.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "bitmap.h"
+#include "topk.h"
+#include "vector_store.h"
+
+namespace kbcore {
+
+class BinaryReader;
+class BinaryWriter;
+
+struct Bm25Params {
+  float k1 = 1.2f;
+  float b = 0.75f;
+};
+
+class Bm25Index {
+ public:
+  explicit Bm25Index(Bm25Params params = {});
+  const Bm25Params& params() const { return params_; }
+  /// Grows per-slot arrays to n slots.
+  void grow(std::size_t n);
+  /// Gives slot s the text `text` (replacing any previous text). O(|text|).
+  void set(Slot s, std::string_view text);
+  /// Removes slot s's text. O(terms of s).
+  void clear(Slot s);
+  bool has_text(Slot s) const { return s < doc_len_.size() && has_[s]; }
+  /// Rows with text.
+  std::size_t documents() const { return n_docs_; }
+  /// The k best rows for `query` by BM25 score (descending; Scored.dist holds -score), among
+  /// `allowed` when given. Rows that match no query term are not returned. O(postings of the
+  /// query terms). Thread-safe against other searches.
+  std::vector<Scored> search(std::string_view query, std::size_t k, const Bitmap* allowed) const;
+  std::size_t memory_bytes() const;
+  void save(BinaryWriter& w) const;
+  void load(BinaryReader& r, const VectorStore& store);
+
+ private:
+  struct Posting {
+    Slot slot;
+    std::uint16_t tf;   // capped at 65535
+    std::uint16_t gen;  // generation of the slot's text when the posting was written
+  };
+  std::uint32_t term_id(const std::string& t);
+  void compact();
+
+  Bm25Params params_;
+  std::unordered_map<std::string, std::uint32_t> term_ids_;
+  std::vector<std::string> terms_;
+  std::vector<std::uint32_t> df_;                 // live rows containing each term
+  std::vector<std::vector<Posting>> postings_;    // per term
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms_;  // per slot: (term, tf)
+  std::vector<std::uint32_t> doc_len_;            // tokens per slot
+  std::vector<std::uint16_t> gen_;                // per slot
+  std::vector<std::uint8_t> has_;                 // per slot: 1 if it has text
+  std::size_t n_docs_ = 0;
+  std::uint64_t total_len_ = 0;
+  std::size_t live_postings_ = 0;
+  std::size_t stale_postings_ = 0;
+};
+
+}  // namespace kbcore

@@ -1,0 +1,21 @@
+#pragma once
+// Tokenization for the BM25 text index. Works on UTF-8 without external libraries:
+// - alphabetic and other non-CJK scripts: maximal runs of letters, digits and combining
+//   marks are words, lower-cased (ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic,
+//   fullwidth ASCII folded to ASCII);
+// - Chinese, Japanese (kana) and Korean (Hangul): each maximal run of such characters yields
+//   its overlapping character bigrams (a run of one character yields that character), so a
+//   query matches text without a word segmenter.
+// Limits: no stemming, no stop words, no Unicode normalisation (NFC and NFD spellings differ),
+// and scripts written without spaces other than CJK (e.g. Thai) are not segmented.
+// Invalid UTF-8 bytes are treated as separators.
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kbcore {
+
+/// Tokens of `text` in order (see the file comment). O(|text|).
+std::vector<std::string> tokenize(std::string_view text);
+
+}  // namespace kbcore
