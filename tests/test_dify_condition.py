@@ -81,6 +81,9 @@ def error_of(mc) -> str:
         ("after", "2024-01-01T10:00:00+02:00",
          {"$or": [{"f": {"$after": "2024-01-01T10:00:00+02:00"}},
                   {"f": {"$gt": 1704096000.0}}]}),
+        ("before", -62135596800,  # 0001-01-01: years before 1000 keep four digits
+         {"$or": [{"f": {"$before": "0001-01-01T00:00:00Z"}}, {"f": {"$lt": -62135596800}}]}),
+        (">", 2**70, {"f": {"$gt": float(2**70)}}),
         ("before", 1704067200,
          {"$or": [{"f": {"$before": "2024-01-01T00:00:00Z"}}, {"f": {"$lt": 1704067200}}]}),
         ("after", "1704067200.5",
@@ -278,6 +281,7 @@ def test_translated_conditions_select_the_expected_rows(mc, expected):
         (one("after", True), ('"after" needs an ISO-8601 date/date-time string or Unix seconds, '
                              "got bool")),
         (one("before", 1e300), '"before": timestamp 1e+300 is out of range'),
+        (one("in", [1, float("nan")]), '"in" needs a finite number, got nan'),
         (one("before", ["2024-01-01"]), "got list"),
     ],
 )

@@ -518,7 +518,7 @@ def compile_where(where: Mapping[str, Any] | None) -> Node | None:
 
     See ``docs/filter-ir.md``. Raises :class:`~kbcore.errors.InvalidArgumentError` (a
     ``ValueError``) whose message names the place inside the filter, e.g.
-    ``where["$and"][1]["year"]: $gt expects a number (...), got str``.
+    ``where["$and"][1]["year"]: $gt expects a number, got str``.
     The result is canonical (see the module docstring); results for filters made of plain
     dicts, lists and scalars are cached (the IR is immutable, so sharing it is safe).
     """
@@ -597,12 +597,21 @@ def _parse_number(text: str) -> int | float | None:
     return None
 
 
+def _finite(value: float, op: str) -> int | float:
+    """A number the filter language accepts: ints beyond int64 become floats, inf/NaN fail."""
+    if isinstance(value, int):
+        value = int(value)
+        return value if _INT64_MIN <= value <= _INT64_MAX else float(value)
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f'"{op}" needs a finite number, got {value!r}')
+    return value
+
+
 def _dify_number(value: Any, op: str) -> int | float:
     value = _coerce_numpy(value)
     if type(value) is not bool and isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidArgumentError(f'"{op}" needs a finite number, got {value!r}')
-        return value
+        return _finite(value, op)
     if isinstance(value, str):
         n = _parse_number(value)
         if n is not None:
@@ -625,9 +634,7 @@ def _dify_scalar(value: Any, op: str) -> str | int | float | bool:
     if isinstance(value, (str, bool)):
         return value if type(value) in (str, bool) else str(value)
     if isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidArgumentError(f'"{op}" needs a finite number, got {value!r}')
-        return value
+        return _finite(value, op)
     raise InvalidArgumentError(
         f'"{op}" needs a string, number or boolean value, got {_type_name(value)}'
     )
@@ -656,8 +663,6 @@ def _dify_list(value: Any, op: str) -> list:
         elif isinstance(v, bool):
             kinds.add("bool")
         elif isinstance(v, (int, float)):
-            if isinstance(v, float) and not math.isfinite(v):
-                raise InvalidArgumentError(f'"{op}" needs finite numbers, got {v!r}')
             kinds.add("number")
         else:
             raise InvalidArgumentError(
@@ -668,6 +673,8 @@ def _dify_list(value: Any, op: str) -> list:
             f'"{op}" needs values of one type (all strings, all numbers or all booleans), '
             f"got a mix of {' and '.join(sorted(kinds))}"
         )
+    if kinds == {"number"}:
+        items = [_finite(v, op) for v in items]
     return items
 
 
@@ -693,7 +700,8 @@ def _dify_instant(value: Any, op: str) -> tuple[str, float]:
             dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
         except (OverflowError, OSError, ValueError):
             raise InvalidArgumentError(f'"{op}": timestamp {value!r} is out of range') from None
-        text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+        text = (f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}"
+                f"T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}")
         if dt.microsecond:
             text += f".{dt.microsecond:06d}"
         return text + "Z", value

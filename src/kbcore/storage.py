@@ -128,6 +128,8 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp", dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o644)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,213 @@
+"""The knowledge engine on SciFact: retrieval quality, per-retrieve overhead and ingest speed.
+
+Run from the repository root with kbcore installed::
+
+    python -m benches.bench_engine [--data DIR] [--index hnsw|flat|both] [--json OUT]
+
+What it measures (issue 5):
+
+1. **nDCG@10** of documents through the engine with the provided embeddings (pre-embedded
+   ingest): chunk-level with ``deduplicate=True`` (one hit per document, ranked by its best
+   chunk) against the exact baseline 0.6694, and document-level (one vector per document)
+   against 0.6451. Gate: within 0.005.
+2. **Engine overhead** per ``retrieve`` beyond the native search it wraps: for every query,
+   ``kb.retrieve(q, top_k=10)`` and the bare native call (``Index.search_groups`` for dedup,
+   ``Index.search`` without) are timed back to back on one thread; the median of the per-query
+   differences over several rounds is reported. Gate: <= 0.3 ms.
+3. **Pre-embedded ingest**: ``ingest_table`` of the 19,369 chunks (vectors, text, document ids,
+   spans) into an empty knowledge base, durable on return. Gate: >= 50,000 chunks/s.
+4. **Text ingest** with the built-in HashingEmbedder: ``ingest_many`` of the 5,183 document
+   texts (parse, chunk 500/50, embed, index, store). Gate: >= 2,000 chunks/s on 2 cores.
+
+Nothing asserts: the script prints PASS/FAIL per gate. Wall-clock timings on a shared 2-core
+machine are noisy; compare runs on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benches.datasets import scifact_dir
+
+BASELINE_CHUNKS = 0.6694
+BASELINE_DOCS = 0.6451
+
+
+def load(folder: Path) -> dict:
+    import pyarrow as pa
+
+    docs = [json.loads(l) for l in gzip.open(folder / "documents.jsonl.gz", "rt", encoding="utf-8")]
+    chunks = [json.loads(l) for l in gzip.open(folder / "chunks.jsonl.gz", "rt", encoding="utf-8")]
+    queries = [json.loads(l) for l in open(folder / "queries.jsonl", encoding="utf-8")]
+    qrels: dict[str, dict[str, int]] = {}
+    for line in open(folder / "qrels.tsv", encoding="utf-8").read().splitlines()[1:]:
+        q, d, s = line.split("\t")
+        qrels.setdefault(q, {})[d] = int(s)
+    chunk_table = pa.table({
+        "document_id": [c["doc_id"] for c in chunks],
+        "chunk_index": pa.array([c["chunk_index"] for c in chunks], pa.int64()),
+        "char_start": pa.array([c["char_start"] for c in chunks], pa.int64()),
+        "char_end": pa.array([c["char_end"] for c in chunks], pa.int64()),
+        "text": [c["text"] for c in chunks],
+    })
+    doc_table = pa.table({
+        "document_id": [d["id"] for d in docs],
+        "text": [(d["title"] + " " + d["text"]).strip() for d in docs],
+        "structured": [bool(d["metadata"]["structured"]) for d in docs],
+    })
+    return {
+        "docs": docs, "queries": queries, "qrels": qrels,
+        "chunk_table": chunk_table, "doc_table": doc_table,
+        "C": np.load(folder / "chunk_embeddings.npy"),
+        "D": np.load(folder / "doc_embeddings.npy"),
+        "Q": np.load(folder / "query_embeddings.npy"),
+    }
+
+
+def ndcg_at_10(ranked: list[list[str]], queries: list[dict], qrels: dict) -> float:
+    total = 0.0
+    for q, docs in zip(queries, ranked):
+        rel = qrels.get(q["id"], {})
+        dcg = sum(rel.get(d, 0) / math.log2(i + 2) for i, d in enumerate(docs[:10]))
+        ideal = sorted(rel.values(), reverse=True)[:10]
+        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+        total += dcg / idcg if idcg else 0.0
+    return total / len(queries)
+
+
+def overhead(kb, Q: np.ndarray, *, deduplicate: bool, rounds: int) -> dict:
+    """Median per-query (retrieve - native search) time, microseconds."""
+    index = kb._index
+    diffs, eng, nat = [], [], []
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for q in Q:
+                if deduplicate:
+                    t0 = time.perf_counter()
+                    index.search_groups(q, 10, group_by="_group", threads=1)
+                    t1 = time.perf_counter()
+                else:
+                    t0 = time.perf_counter()
+                    index.search(q, 10, threads=1)
+                    t1 = time.perf_counter()
+                kb.retrieve(q, top_k=10, deduplicate=deduplicate)
+                t2 = time.perf_counter()
+                nat.append(t1 - t0)
+                eng.append(t2 - t1)
+                diffs.append((t2 - t1) - (t1 - t0))
+    finally:
+        gc.enable()
+    return {
+        "median_overhead_us": statistics.median(diffs) * 1e6,
+        "median_native_us": statistics.median(nat) * 1e6,
+        "median_retrieve_us": statistics.median(eng) * 1e6,
+    }
+
+
+def run(data: dict, kind: str, rounds: int) -> dict:
+    from kbcore.engine import Document, Engine
+
+    out: dict = {"index": kind}
+    Q, C, D = data["Q"], data["C"], data["D"]
+    with tempfile.TemporaryDirectory(prefix="kbcore-bench-") as tmp:
+        engine = Engine(tmp)
+        # 1 + 3: pre-embedded chunks
+        kb = engine.create_knowledge_base("chunks", embedder=False, index=kind)
+        t0 = time.perf_counter()
+        kb.ingest_table(data["chunk_table"], vectors=C)
+        dt = time.perf_counter() - t0
+        out["preembedded_ingest"] = {"chunks": len(C), "seconds": dt, "chunks_per_s": len(C) / dt}
+        ranked = [[h.document_id for h in kb.retrieve(q, top_k=10, deduplicate=True)] for q in Q]
+        out["ndcg10_chunks_dedup"] = ndcg_at_10(ranked, data["queries"], data["qrels"])
+        # 2: overhead
+        out["overhead_dedup"] = overhead(kb, Q, deduplicate=True, rounds=rounds)
+        out["overhead_plain"] = overhead(kb, Q, deduplicate=False, rounds=rounds)
+        # reopen check: the same answers after a restart
+        engine.close()
+        engine = Engine(tmp)
+        kb = engine.get_knowledge_base("chunks")
+        again = [[h.document_id for h in kb.retrieve(q, top_k=10, deduplicate=True)] for q in Q[:50]]
+        out["reopen_same_results"] = again == ranked[:50]
+
+        # 1: document level
+        kbd = engine.create_knowledge_base("docs", embedder=False, index=kind)
+        t0 = time.perf_counter()
+        kbd.ingest_table(data["doc_table"], vectors=D)
+        out["preembedded_ingest_docs"] = {"rows": len(D), "seconds": time.perf_counter() - t0}
+        ranked = [[h.document_id for h in kbd.retrieve(q, top_k=10)] for q in Q]
+        out["ndcg10_documents"] = ndcg_at_10(ranked, data["queries"], data["qrels"])
+
+        # 4: text ingest with the built-in embedder
+        kbt = engine.create_knowledge_base("text", index=kind, chunk_size=500, chunk_overlap=50)
+        docs = [Document(text=(d["title"] + " " + d["text"]).strip(), document_id=d["id"],
+                         metadata={"structured": bool(d["metadata"]["structured"])})
+                for d in data["docs"]]
+        t0 = time.perf_counter()
+        results = kbt.ingest_many(docs, progress=False)
+        dt = time.perf_counter() - t0
+        n = sum(r.chunks for r in results)
+        out["text_ingest"] = {"documents": len(docs), "chunks": n, "seconds": dt, "chunks_per_s": n / dt}
+        engine.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA or ../shared/data)")
+    ap.add_argument("--index", default="both", choices=("hnsw", "flat", "both"))
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the 300 queries for the overhead timing")
+    ap.add_argument("--json", default=None, help="write every number to this file")
+    args = ap.parse_args(argv)
+    folder = scifact_dir(args.data)
+    if not (folder / "chunk_embeddings.npy").exists():
+        print(f"SciFact not found at {folder}; pass --data or set KBCORE_DATA", file=sys.stderr)
+        return 2
+    import kbcore
+
+    data = load(folder)
+    kinds = ("hnsw", "flat") if args.index == "both" else (args.index,)
+    report = {"kbcore": kbcore.__version__, "simd": kbcore.simd_level(), "cpus": os.cpu_count(),
+              "loadavg_start": os.getloadavg(), "runs": []}
+    for kind in kinds:
+        r = run(data, kind, args.rounds)
+        report["runs"].append(r)
+        gate = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+        print(f"\n== index={kind} ==")
+        v = r["ndcg10_chunks_dedup"]
+        print(f"nDCG@10 chunks+dedup   {v:.4f}  (exact {BASELINE_CHUNKS}, diff {v - BASELINE_CHUNKS:+.4f})  "
+              f"{gate(abs(v - BASELINE_CHUNKS) <= 0.005)}")
+        v = r["ndcg10_documents"]
+        print(f"nDCG@10 documents      {v:.4f}  (exact {BASELINE_DOCS}, diff {v - BASELINE_DOCS:+.4f})  "
+              f"{gate(abs(v - BASELINE_DOCS) <= 0.005)}")
+        for key in ("overhead_dedup", "overhead_plain"):
+            o = r[key]
+            print(f"{key:<22} {o['median_overhead_us']:7.1f} us  (native {o['median_native_us']:.1f} us, "
+                  f"retrieve {o['median_retrieve_us']:.1f} us)  {gate(o['median_overhead_us'] <= 300)}")
+        p = r["preembedded_ingest"]
+        print(f"pre-embedded ingest    {p['chunks_per_s']:>9,.0f} chunks/s ({p['chunks']} in {p['seconds']:.3f} s)  "
+              f"{gate(p['chunks_per_s'] >= 50_000)}")
+        t = r["text_ingest"]
+        print(f"text ingest (hashing)  {t['chunks_per_s']:>9,.0f} chunks/s ({t['chunks']} in {t['seconds']:.2f} s)  "
+              f"{gate(t['chunks_per_s'] >= 2_000)}")
+        print(f"reopen gives the same results: {r['reopen_same_results']}")
+    report["loadavg_end"] = os.getloadavg()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1718 @@
+"""The knowledge engine: persistent knowledge bases with ingest, retrieve and delete_document.
+
+::
+
+    from kbcore import Engine
+    engine = Engine("./kb-data")                        # reopening restores every knowledge base
+    kb = engine.create_knowledge_base("docs", chunk_size=500, chunk_overlap=50)
+    kb.ingest("handbook.pdf", document_id="d1", metadata={"team": "infra"})
+    hits = kb.retrieve("how do I rotate keys?", top_k=5, filters={"team": "infra"})
+    kb.delete_document("d1"); engine.delete_knowledge_base("docs")
+
+A knowledge base holds *chunks* of *documents*; a document is identified by its
+``document_id`` within a *pipeline* (a named chunking configuration, ``"default"`` unless you
+create others). Each chunk is a vector in one native :class:`~kbcore.Index` plus its text and
+metadata. Every chunk's metadata carries ``document_id``, ``file_id`` (the same value),
+``chunk_index``, ``filename`` and ``pipeline_name`` next to the user's metadata, and
+``filters`` use the native filter language (``docs/filter-ir.md``).
+
+Scores: ``distance`` is the index's (smaller is closer); ``score`` is in [0, 1], higher is
+better: ``cosine``: ``1 - distance / 2`` (= ``(1 + cos) / 2``); ``ip``: ``1 - distance / 2``
+clipped to [0, 1] (= ``(1 + dot) / 2``, exact for unit-norm vectors); ``l2``:
+``1 / (1 + distance)`` (distance is the squared Euclidean distance). ``score_threshold``
+keeps hits whose score is at least the threshold.
+
+Durability: every mutation (ingest, delete, pipeline change, compaction) is on disk when the
+call returns, and a crash at any point leaves the previous or the new state (see
+:mod:`kbcore.storage`). Concurrency: any number of threads may retrieve while one mutates;
+a search never sees a half-applied mutation (re-ingesting a document swaps its chunks
+atomically). Writers are serialised across threads and processes; a process sees another
+process's writes at its next mutation or :meth:`KnowledgeBase.refresh`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import storage
+from .chunking import Chunk, check_chunk_params, chunk_text
+from .embedders import (
+    HashingEmbedder,
+    as_embedder,
+    check_embeddings,
+    embedder_from_spec,
+    embedder_spec,
+)
+from .errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
+from .index import Index
+from .parsing import parse
+
+__all__ = [
+    "Engine",
+    "KnowledgeBase",
+    "Hit",
+    "KeyResult",
+    "TextResult",
+    "IngestResult",
+    "DocumentInfo",
+    "Document",
+    "RESERVED_METADATA",
+    "default_data_dir",
+    "score_from_distance",
+]
+
+#: Metadata fields the engine sets on every chunk; user metadata may not use these names.
+RESERVED_METADATA = ("document_id", "file_id", "chunk_index", "filename", "pipeline_name")
+_GROUP = "_group"  # internal: one int per (pipeline, document) ingest, the dedup key
+_RESERVED = frozenset(RESERVED_METADATA) | {_GROUP}
+_INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DEFAULT_PIPELINE = "default"
+
+#: A checkpoint of the index is written when the rows not covered by the last one exceed
+#: max(_CKPT_MIN_ROWS, _CKPT_FRACTION * rows in it): reopening replays at most that many.
+_CKPT_MIN_ROWS = 4096
+_CKPT_FRACTION = 0.5
+#: Compaction runs when more than this many segments exist, or when deleted rows are more
+#: than half of the stored rows.
+_MAX_SEGMENTS = 32
+_COMMIT_ROWS = 16384  # ingest_many commits at most this many chunks at a time
+
+
+def default_data_dir() -> str:
+    """``$KBCORE_HOME`` if set, else ``./kb-data``."""
+    return os.environ.get("KBCORE_HOME") or os.path.join(os.getcwd(), "kb-data")
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One retrieved chunk.
+
+    ``id`` is the chunk's int64 id; ``content`` its text; ``metadata`` its metadata (with
+    ``document_id``, ``file_id``, ``chunk_index``, ``filename``, ``pipeline_name``);
+    ``distance`` is smaller-is-closer, ``score`` in [0, 1] larger-is-better. With
+    ``deduplicate=True``, ``part_ids`` holds the ``chunk_index`` of every chunk of the same
+    document (and pipeline) met in the candidate set, best first; otherwise it is empty.
+    """
+
+    id: int
+    document_id: str
+    content: str
+    metadata: dict[str, Any]
+    distance: float
+    score: float
+    pipeline_name: str
+    chunk_index: int
+    part_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyResult:
+    """aidb-style result of :meth:`KnowledgeBase.retrieve_key`."""
+
+    key: str
+    distance: float
+    part_ids: tuple[int, ...]
+    pipeline_name: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class TextResult:
+    """aidb-style result of :meth:`KnowledgeBase.retrieve_text`: ``value`` is the source text
+    of the document, ``chunk`` the text of its best matching chunk."""
+
+    key: str
+    value: str
+    distance: float
+    part_ids: tuple[int, ...]
+    pipeline_name: str
+    score: float
+    chunk: str
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """What one document's ingest did."""
+
+    document_id: str
+    pipeline_name: str
+    chunks: int
+    replaced: bool
+    format: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentInfo:
+    """A stored document."""
+
+    document_id: str
+    pipeline_name: str
+    filename: str | None
+    chunks: int
+    metadata: dict[str, Any]
+    format: str | None
+    ingested_at: float
+
+
+@dataclass
+class Document:
+    """One input of :meth:`KnowledgeBase.ingest_many`.
+
+    ``source`` is a path, or bytes (or a str with ``filename=``) holding the file's content;
+    ``text`` is already extracted text (no parsing). ``document_id`` defaults to
+    ``filename``, else the path as given, else a hash of the content.
+    """
+
+    source: str | os.PathLike[str] | bytes | None = None
+    document_id: str | None = None
+    filename: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    format: str | None = None
+    text: str | None = None
+
+
+def score_from_distance(distance: np.ndarray | float, metric: str) -> np.ndarray | float:
+    """Maps a distance (smaller is closer) to a score in [0, 1] (larger is better)."""
+    if metric == "l2":
+        return 1.0 / (1.0 + np.maximum(distance, 0.0))
+    return np.clip(1.0 - np.asarray(distance, dtype=np.float64) / 2.0, 0.0, 1.0)
+
+
+def _score(d: float, metric: str) -> float:
+    if metric == "l2":
+        return 1.0 / (1.0 + max(d, 0.0))
+    s = 1.0 - d / 2.0
+    return 0.0 if s < 0.0 else 1.0 if s > 1.0 else s
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+class _RWLock:
+    """Many readers or one writer; waiting writers go first."""
+
+    __slots__ = ("_cond", "_readers", "_writer", "_waiting")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    def acquire_read(self) -> None:
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def _progress(total: int, desc: str, enabled: bool | None) -> Any:
+    """A tqdm bar on a terminal (stderr), else a no-op with the same update/close methods."""
+    if enabled is None:
+        enabled = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            return tqdm(total=total, desc=desc, unit="chunk", leave=False, dynamic_ncols=True)
+        except ImportError:
+            pass
+    return _NoBar()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# -- grouping (dedup by source) --------------------------------------------------------------
+
+
+def _groups_native(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
+    """(best id, its distance, part ids) of the k nearest groups: native ``search_groups``."""
+    groups = kb._index.search_groups(q, k, group_by=_GROUP, group_size=1, where=where, ef=ef)
+    return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
+
+
+def _groups_fallback(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
+    """The same by over-fetching chunks and deduplicating in Python (until search_groups)."""
+    index = kb._index
+    total = len(index)
+    if total == 0:
+        return []
+    fetch = min(max(4 * k, 32), total)
+    base_ef = ef if ef is not None else index.ef
+    while True:
+        ids, dist = index.search(q, fetch, where=where, ef=max(base_ef, fetch))
+        valid = ids >= 0
+        ids, dist = ids[valid], dist[valid]
+        groups = kb._groups_of(ids)
+        _, first = np.unique(groups, return_index=True)
+        if len(first) >= k or len(ids) < fetch or fetch >= total:
+            break
+        fetch = min(fetch * 4, total)
+    first.sort()
+    out = []
+    for pos in first[:k]:
+        g = groups[pos]
+        out.append((int(ids[pos]), float(dist[pos]), ids[groups == g].tolist()))
+    return out
+
+
+def _select_grouping() -> Any:
+    return _groups_native if hasattr(Index, "search_groups") else _groups_fallback
+
+
+#: The dedup implementation in use: native grouping when the index has it.
+_search_groups = _select_grouping()
+
+
+# -- segments --------------------------------------------------------------------------------
+
+
+class _Segment:
+    """One immutable batch of chunks (and their documents) on disk, memory-mapped."""
+
+    def __init__(self, entry: dict[str, Any], chunks: Any, docs: Any) -> None:
+        self.entry = entry  # the manifest entry (deleted_docs is updated in place)
+        self.name: str = entry["name"]
+        self.chunks = chunks
+        self.docs = docs
+        self.ids = _np(chunks.column("__id"), np.int64)
+        self.min_id = int(self.ids[0]) if len(self.ids) else 0
+        self.max_id = int(self.ids[-1]) if len(self.ids) else -1
+        self.contiguous = len(self.ids) == 0 or self.max_id - self.min_id + 1 == len(self.ids)
+        self.text = _combine(chunks.column("__text"))
+        self.start = _np(chunks.column("__start"), np.int64)
+        self.end = _np(chunks.column("__end"), np.int64)
+        self.chunk_index = _np(chunks.column("chunk_index"), np.int64)
+        self.groups = _np(chunks.column(_GROUP), np.int64)
+        counts = _np(docs.column("n_chunks"), np.int64)
+        self.doc_offsets = np.concatenate(([0], np.cumsum(counts)))
+        self.doc_ids: list[str] = docs.column("document_id").to_pylist()
+        self.doc_pipelines: list[str] = docs.column("pipeline_name").to_pylist()
+        self.doc_live = np.ones(len(counts), dtype=bool)
+        for d in entry.get("deleted_docs", []):
+            self.doc_live[d] = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+    @property
+    def live_rows(self) -> int:
+        counts = np.diff(self.doc_offsets)
+        return int(counts[self.doc_live].sum())
+
+    def live_mask(self) -> np.ndarray:
+        return np.repeat(self.doc_live, np.diff(self.doc_offsets))
+
+    def row(self, chunk_id: int) -> int:
+        if self.contiguous:
+            return chunk_id - self.min_id
+        return int(np.searchsorted(self.ids, chunk_id))
+
+    def doc_row(self, row: int) -> int:
+        return int(np.searchsorted(self.doc_offsets, row, side="right")) - 1
+
+    def doc_chunk_ids(self, doc_row: int) -> np.ndarray:
+        return self.ids[self.doc_offsets[doc_row]:self.doc_offsets[doc_row + 1]]
+
+
+def _np(col: Any, dtype: Any) -> np.ndarray:
+    arr = _combine(col)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _combine(col: Any) -> Any:
+    if hasattr(col, "combine_chunks"):
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+# -- knowledge base --------------------------------------------------------------------------
+
+
+class KnowledgeBase:
+    """A persistent knowledge base. Get one from :class:`Engine`; do not construct directly."""
+
+    def __init__(self, engine: Engine, name: str, path: str, embedder: Any | None) -> None:
+        self._engine = engine
+        self.name = name
+        self.path = path
+        self._explicit_embedder = embedder
+        self._rw = _RWLock()
+        self._wmutex = threading.RLock()
+        self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
+        self._closed = False
+        self._index: Index | None = None
+        self._segments: list[_Segment] = []
+        self._seg_mins: list[int] = []
+        self._docs: dict[tuple[str, str], tuple[_Segment, int]] = {}
+        self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+        self._manifest: dict[str, Any] = {}
+        self._load()
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def metric(self) -> str:
+        return self._manifest["config"]["metric"]
+
+    @property
+    def dim(self) -> int | None:
+        return self._manifest["config"].get("dim")
+
+    @property
+    def embedder(self) -> Any | None:
+        """The embedder of text queries and text ingest (None: vectors only)."""
+        return self._embedder
+
+    @property
+    def pipelines(self) -> dict[str, dict[str, int]]:
+        """Pipeline name -> {"chunk_size", "chunk_overlap"}."""
+        return {k: dict(v) for k, v in self._manifest["pipelines"].items()}
+
+    def __len__(self) -> int:
+        """Number of stored chunks."""
+        return 0 if self._index is None else len(self._index)
+
+    def __repr__(self) -> str:
+        return (f"KnowledgeBase({self.name!r}, chunks={len(self)}, documents={len(self._docs)}, "
+                f"metric={self.metric!r}, dim={self.dim})")
+
+    # -- loading -----------------------------------------------------------------------------
+    def _load(self) -> None:
+        m = storage.load_manifest(self.path)
+        cfg = m["config"]
+        segments = []
+        for entry in m["segments"]:
+            chunks = storage.read_arrow(self.path, entry["files"]["chunks"])
+            docs = storage.read_arrow(self.path, entry["files"]["docs"])
+            segments.append(_Segment(entry, chunks, docs))
+        index = None
+        if m.get("index"):
+            storage.check_entry(self.path, m["index"])
+            index = Index.load(os.path.join(self.path, m["index"]["path"]))
+        elif cfg.get("dim"):
+            index = self._new_index(cfg, int(cfg["dim"]))
+        if index is not None:
+            self._reconcile(index, segments)
+        self._manifest = m
+        self._segments = segments
+        self._seg_mins = [s.min_id for s in segments]
+        self._index = index
+        self._docs = {}
+        for seg in segments:
+            for d in np.flatnonzero(seg.doc_live):
+                self._docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg, int(d))
+        self._lookup = None
+        self._embedder = self._resolve_embedder(m.get("embedder"))
+
+    def _resolve_embedder(self, spec: dict[str, Any] | None) -> Any | None:
+        if spec is None or spec.get("kind") == "none":
+            return None
+        for candidate in (self._explicit_embedder, self._engine._embedder):
+            if candidate is not None and embedder_spec(candidate) == spec:
+                return candidate
+        built = embedder_from_spec(spec) if spec.get("kind") == "hashing" else None
+        if built is not None:
+            return built
+        for candidate in (self._explicit_embedder, self._engine._embedder):
+            if candidate is not None and int(candidate.dim) == int(spec.get("dim", -1)):
+                return candidate
+        if spec.get("kind") == "sentence-transformers":
+            try:
+                return embedder_from_spec(spec)
+            except Exception:  # noqa: BLE001 - no model offline: text queries will say so
+                return None
+        return None
+
+    @staticmethod
+    def _new_index(cfg: dict[str, Any], dim: int) -> Index:
+        return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
+                     ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+
+    def _reconcile(self, index: Index, segments: list[_Segment]) -> None:
+        """Brings an index checkpoint up to the manifest: adds the live chunks it lacks (from
+        the segments' vector files), removes the chunks deleted since."""
+        live_parts = [seg.ids[seg.live_mask()] for seg in segments]
+        live = np.concatenate(live_parts) if live_parts else np.empty(0, np.int64)
+        have = index.ids()
+        extra = np.setdiff1d(have, live, assume_unique=True)
+        if len(extra):
+            index.remove(extra)
+        missing = np.setdiff1d(live, have, assume_unique=True)
+        if not len(missing):
+            return
+        for seg in segments:
+            sel = np.isin(seg.ids, missing, assume_unique=True)
+            if not sel.any():
+                continue
+            ventry = seg.entry["files"].get("vectors")
+            if not ventry:
+                raise FormatError(
+                    5, f"knowledge base {self.path!r} is inconsistent: segment {seg.name} has "
+                    "chunks missing from the index and no vector file",
+                )
+            vectors = storage.read_npy(self.path, ventry)
+            rows = np.flatnonzero(sel)
+            meta = seg.chunks.take(rows).drop_columns(list(_INTERNAL_COLUMNS))
+            index.add(vectors[rows], seg.ids[rows], metadata=meta)
+
+    def refresh(self) -> None:
+        """Reloads the knowledge base if another process changed it since."""
+        with self._wmutex, self._flock.hold():
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            current = storage.load_manifest(self.path)["generation"]
+        except FormatError:
+            if not os.path.exists(self.path):
+                raise NotFoundError(f"knowledge base {self.name!r} was deleted") from None
+            raise
+        if current != self._manifest.get("generation"):
+            with self._rw.write():
+                self._load()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        self._check_open()
+        with self._wmutex, self._flock.hold():
+            self._sync()
+            yield
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError(f"knowledge base {self.name!r} is closed")
+
+    # -- manifest helpers ------------------------------------------------------------------
+    def _next_manifest(self) -> dict[str, Any]:
+        m = json.loads(json.dumps(self._manifest))  # deep copy
+        m["generation"] = self._manifest["generation"] + 1
+        return m
+
+    def _commit_manifest(self, m: dict[str, Any]) -> None:
+        storage.save_manifest(self.path, m)
+
+    def _gc(self) -> None:
+        storage.remove_unreferenced(self.path, self._manifest)
+
+    def _tail_rows(self) -> int:
+        return sum(s.rows for s in self._segments if s.entry["files"].get("vectors"))
+
+    def _ckpt_rows(self) -> int:
+        idx = self._manifest.get("index")
+        return int(idx.get("rows", 0)) if idx else 0
+
+    # -- pipelines ---------------------------------------------------------------------------
+    def create_pipeline(self, name: str, *, chunk_size: int | None = None,
+                        chunk_overlap: int | None = None) -> None:
+        """Adds a named pipeline (its own chunking); its documents are retrieved together with
+        the others, and deduplication is per pipeline."""
+        _check_name(name, "pipeline")
+        cfg = self._manifest["config"]
+        size, overlap = check_chunk_params(
+            cfg["chunk_size"] if chunk_size is None else chunk_size,
+            cfg["chunk_overlap"] if chunk_overlap is None else chunk_overlap,
+        )
+        with self._writing():
+            if name in self._manifest["pipelines"]:
+                raise InvalidArgumentError(f"pipeline {name!r} already exists in {self.name!r}")
+            m = self._next_manifest()
+            m["pipelines"][name] = {"chunk_size": size, "chunk_overlap": overlap}
+            self._commit_manifest(m)
+            self._manifest = m
+
+    def delete_pipeline(self, name: str) -> int:
+        """Removes a pipeline and every document ingested through it; returns chunks removed."""
+        with self._writing():
+            self._pipeline(name)
+            if name == _DEFAULT_PIPELINE:
+                raise InvalidArgumentError("the default pipeline cannot be deleted")
+            keys = [k for k in self._docs if k[0] == name]
+            removed = self._delete_keys(keys, drop_pipeline=name)
+        return removed
+
+    def _pipeline(self, name: str) -> dict[str, int]:
+        p = self._manifest["pipelines"].get(name)
+        if p is None:
+            known = ", ".join(sorted(self._manifest["pipelines"]))
+            raise NotFoundError(f"knowledge base {self.name!r} has no pipeline {name!r} (pipelines: {known})")
+        return p
+
+    # -- ingest ------------------------------------------------------------------------------
+    def ingest(
+        self,
+        source: str | os.PathLike[str] | bytes | None = None,
+        *,
+        document_id: str | None = None,
+        filename: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = _DEFAULT_PIPELINE,
+        format: str | None = None,
+        text: str | None = None,
+    ) -> IngestResult:
+        """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
+        it atomically.
+
+        ``source`` is a path, or the file's content as bytes (or str) with ``filename=`` giving
+        its type (the type also comes from the content: PDF and HTML are recognised); ``text``
+        is already extracted text. Bad input (missing or empty file, bytes that do not decode,
+        an unsupported type) raises before anything is stored.
+        """
+        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata,
+                       format=format, text=text)
+        return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
+
+    def ingest_many(
+        self,
+        documents: Iterable[Document | str | os.PathLike[str] | Mapping[str, Any]],
+        *,
+        pipeline: str = _DEFAULT_PIPELINE,
+        metadata: Mapping[str, Any] | None = None,
+        progress: bool | None = None,
+    ) -> list[IngestResult]:
+        """Ingests many documents (paths, :class:`Document`, or dicts of its fields).
+
+        Every document is read, parsed and chunked first, so bad input raises before anything
+        is stored. Chunks are then embedded and committed in batches (each batch atomic and
+        durable). ``metadata`` is added to each document's own metadata. ``progress`` shows a
+        bar (None: when stderr is a terminal).
+        """
+        self._check_open()
+        pcfg = self._pipeline(pipeline)
+        embedder = self._require_embedder("ingest text")
+        prepared = []
+        seen: set[str] = set()
+        for item in documents:
+            doc = _as_document(item)
+            prep = _prepare(doc, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata)
+            if prep.document_id in seen:
+                raise InvalidArgumentError(f"document id {prep.document_id!r} appears twice in one ingest call")
+            seen.add(prep.document_id)
+            prepared.append(prep)
+        results: list[IngestResult] = []
+        total = sum(len(p.chunks) for p in prepared)
+        bar = _progress(total, f"ingest {self.name}", progress)
+        try:
+            batch: list[_Prepared] = []
+            rows = 0
+            for prep in prepared:
+                batch.append(prep)
+                rows += len(prep.chunks)
+                if rows >= _COMMIT_ROWS:
+                    results.extend(self._ingest_prepared(batch, pipeline, embedder, bar))
+                    batch, rows = [], 0
+            if batch:
+                results.extend(self._ingest_prepared(batch, pipeline, embedder, bar))
+        finally:
+            bar.close()
+        return results
+
+    def _require_embedder(self, what: str) -> Any:
+        if self._embedder is None:
+            spec = self._manifest.get("embedder")
+            if spec is None or spec.get("kind") == "none":
+                raise InvalidArgumentError(
+                    f"knowledge base {self.name!r} has no embedder, so it cannot {what}: give "
+                    "query vectors, or create it with an embedder"
+                )
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} was built with embedder {spec}, which cannot be "
+                f"rebuilt here, so it cannot {what}: pass embedder= to Engine or "
+                "get_knowledge_base()"
+            )
+        return self._embedder
+
+    def _embed(self, texts: list[str], embedder: Any, bar: Any) -> np.ndarray:
+        bs = int(getattr(embedder, "batch_size", 256) or 256)
+        dim = int(embedder.dim)
+        out = np.empty((len(texts), dim), dtype=np.float32)
+        for s in range(0, len(texts), bs):
+            part = texts[s:s + bs]
+            out[s:s + len(part)] = check_embeddings(embedder.embed(part), len(part), dim, repr(embedder))
+            bar.update(len(part))
+        return out
+
+    def _ingest_prepared(self, batch: list[_Prepared], pipeline: str, embedder: Any, bar: Any) -> list[IngestResult]:
+        import pyarrow as pa
+
+        texts = [c.text for p in batch for c in p.chunks]
+        vectors = self._embed(texts, embedder, bar)
+        counts = np.fromiter((len(p.chunks) for p in batch), dtype=np.int64, count=len(batch))
+        doc_of_row = np.repeat(np.arange(len(batch)), counts)
+        user = _user_metadata_table([p.metadata for p in batch], doc_of_row)
+        chunk_index = np.fromiter((c.index for p in batch for c in p.chunks), np.int64, len(texts))
+        starts = np.fromiter((c.start for p in batch for c in p.chunks), np.int64, len(texts))
+        ends = np.fromiter((c.end for p in batch for c in p.chunks), np.int64, len(texts))
+        docs = _DocsIn(
+            ids=[p.document_id for p in batch],
+            filenames=[p.filename for p in batch],
+            texts=[p.text for p in batch],
+            formats=[p.format for p in batch],
+            metadata=[json.dumps(p.metadata, sort_keys=True, ensure_ascii=False) for p in batch],
+            counts=counts,
+        )
+        replaced = self._commit(pipeline, docs, pa.array(texts, pa.large_string()), starts, ends,
+                                chunk_index, user, vectors)
+        return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format)
+                for p in batch]
+
+    def ingest_table(
+        self,
+        data: Any,
+        *,
+        vectors: Any = None,
+        vector_column: str = "vector",
+        text_column: str = "text",
+        document_id_column: str = "document_id",
+        chunk_index_column: str | None = "chunk_index",
+        span_columns: tuple[str, str] | None = ("char_start", "char_end"),
+        filename_column: str | None = "filename",
+        metadata_columns: Sequence[str] | None = None,
+        pipeline: str = _DEFAULT_PIPELINE,
+    ) -> int:
+        """Ingests pre-embedded chunks from a pyarrow Table / RecordBatch or a Parquet or Arrow
+        IPC file, at native speed (no Python loop over rows). Returns the number of documents.
+
+        One row per chunk: ``vector_column`` (fixed-size or variable list of floats, or pass
+        ``vectors=`` as a float array [rows, dim]), ``text_column``, ``document_id_column``
+        (strings or integers). Optional: ``chunk_index_column`` (else the order of a document's
+        rows), ``span_columns`` (character start and end in the document), ``filename_column``.
+        Every other column (or only ``metadata_columns``) becomes chunk metadata. Rows of one
+        document need not be adjacent. A document id already stored in the pipeline is replaced
+        atomically. Works without an embedder; the vectors must match the knowledge base's
+        dimension.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self._check_open()
+        self._pipeline(pipeline)
+        table = _as_table(data)
+        n = table.num_rows
+        if n == 0:
+            return 0
+        names = set(table.column_names)
+        for col in (text_column, document_id_column):
+            if col not in names:
+                raise InvalidArgumentError(f"the table has no column {col!r} (columns: {sorted(names)})")
+        if vectors is None:
+            if vector_column not in names:
+                raise InvalidArgumentError(
+                    f"the table has no vector column {vector_column!r}; name it with "
+                    "vector_column= or pass vectors="
+                )
+            vecs = _vectors_from_column(table.column(vector_column))
+        else:
+            vecs = np.asarray(vectors)
+            if vecs.ndim != 2 or vecs.shape[0] != n:
+                raise InvalidArgumentError(f"vectors must have shape [{n}, dim], got {list(vecs.shape)}")
+            if not np.issubdtype(vecs.dtype, np.floating) and not np.issubdtype(vecs.dtype, np.integer):
+                raise InvalidTypeError(f"vectors must be a float array, got dtype {vecs.dtype}")
+            vecs = np.ascontiguousarray(vecs, dtype=np.float32)
+        if self.dim is not None and vecs.shape[1] != self.dim:
+            raise InvalidArgumentError(
+                f"vectors have dimension {vecs.shape[1]}, knowledge base {self.name!r} has {self.dim}"
+            )
+        if not np.isfinite(vecs).all():
+            raise InvalidArgumentError("vectors contain NaN or infinite values")
+
+        doc_col = _combine(table.column(document_id_column))
+        if pa.types.is_dictionary(doc_col.type):
+            doc_col = doc_col.cast(doc_col.type.value_type)
+        if pa.types.is_integer(doc_col.type):
+            doc_col = doc_col.cast(pa.string())
+        if not (pa.types.is_string(doc_col.type) or pa.types.is_large_string(doc_col.type)):
+            raise InvalidTypeError(f"column {document_id_column!r} must hold strings or integers, got {doc_col.type}")
+        if doc_col.null_count:
+            raise InvalidArgumentError(f"column {document_id_column!r} has null document ids")
+        enc = doc_col.dictionary_encode()
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        order = np.argsort(codes, kind="stable")  # groups rows by document, first seen first
+        counts = np.bincount(codes, minlength=len(enc.dictionary))
+        doc_ids = enc.dictionary.cast(pa.string()).to_pylist()
+        if any(d == "" for d in doc_ids):
+            raise InvalidArgumentError(f"column {document_id_column!r} has empty document ids")
+        sorted_needed = not np.all(order[1:] > order[:-1]) if n > 1 else False
+        take = pa.array(order) if sorted_needed else None
+
+        def col(name: str) -> Any:
+            c = _combine(table.column(name))
+            return c.take(take) if take is not None else c
+
+        if sorted_needed:
+            vecs = vecs[order]
+        texts = col(text_column)
+        if pa.types.is_dictionary(texts.type):
+            texts = texts.cast(texts.type.value_type)
+        if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+            raise InvalidTypeError(f"column {text_column!r} must hold strings, got {texts.type}")
+        texts = texts.cast(pa.large_string())
+        if texts.null_count:
+            texts = pc.fill_null(texts, "")
+        doc_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        if chunk_index_column and chunk_index_column in names:
+            chunk_index = _np(col(chunk_index_column), np.int64)
+        else:
+            chunk_index = np.arange(n, dtype=np.int64) - np.repeat(doc_starts, counts)
+        if span_columns and span_columns[0] in names and span_columns[1] in names:
+            starts = _np(col(span_columns[0]), np.int64)
+            ends = _np(col(span_columns[1]), np.int64)
+        else:
+            starts = np.full(n, -1, np.int64)
+            ends = np.full(n, -1, np.int64)
+        filenames: list[str | None] = [None] * len(doc_ids)
+        fname_arr = None
+        if filename_column and filename_column in names:
+            fname_arr = col(filename_column).cast(pa.string())
+            firsts = fname_arr.take(pa.array(doc_starts)).to_pylist()
+            filenames = firsts
+        used = {text_column, document_id_column, vector_column, chunk_index_column, filename_column}
+        if span_columns:
+            used |= set(span_columns)
+        if metadata_columns is None:
+            meta_names = [c for c in table.column_names if c not in used]
+        else:
+            meta_names = list(metadata_columns)
+            for c in meta_names:
+                if c not in names:
+                    raise InvalidArgumentError(f"metadata column {c!r} is not in the table")
+        for c in meta_names:
+            _check_meta_key(c)
+        user = pa.table({c: col(c) for c in meta_names}) if meta_names else None
+        docs = _DocsIn(ids=doc_ids, filenames=filenames, texts=[None] * len(doc_ids),
+                       formats=[None] * len(doc_ids), metadata=["{}"] * len(doc_ids),
+                       counts=counts.astype(np.int64), filename_rows=fname_arr)
+        self._commit(pipeline, docs, texts, starts, ends, chunk_index, user, vecs)
+        return len(doc_ids)
+
+    # -- the commit ------------------------------------------------------------------------
+    def _commit(self, pipeline: str, docs: _DocsIn, texts: Any, starts: np.ndarray, ends: np.ndarray,
+                chunk_index: np.ndarray, user: Any, vectors: np.ndarray) -> set[str]:
+        """Stores one batch of documents atomically; returns the ids of replaced documents."""
+        import pyarrow as pa
+
+        n = len(vectors)
+        ndocs = len(docs.ids)
+        with self._writing():
+            m = self._next_manifest()
+            cfg = m["config"]
+            if cfg.get("dim") is None:
+                cfg["dim"] = int(vectors.shape[1])
+            elif cfg["dim"] != vectors.shape[1]:
+                raise InvalidArgumentError(
+                    f"vectors have dimension {vectors.shape[1]}, knowledge base {self.name!r} has {cfg['dim']}"
+                )
+            index = self._index if self._index is not None else self._new_index(cfg, cfg["dim"])
+            gen = m["generation"]
+            first = m["next_id"]
+            ids = np.arange(first, first + n, dtype=np.int64)
+            m["next_id"] = first + n
+            groups = np.arange(m["next_group"], m["next_group"] + ndocs, dtype=np.int64)
+            m["next_group"] += ndocs
+            chunk_groups = np.repeat(groups, docs.counts)
+            doc_of_row = np.repeat(np.arange(ndocs), docs.counts)
+
+            # metadata columns (native) = the chunk table minus the internal columns
+            doc_id_arr = pa.array(docs.ids, pa.string()).take(pa.array(doc_of_row))
+            if docs.filename_rows is not None:
+                fname = docs.filename_rows
+            else:
+                fname = pa.array(docs.filenames, pa.string()).take(pa.array(doc_of_row))
+            cols: dict[str, Any] = {
+                "__id": pa.array(ids), "__text": texts,
+                "__start": pa.array(starts), "__end": pa.array(ends),
+                "document_id": doc_id_arr, "file_id": doc_id_arr,
+                "chunk_index": pa.array(chunk_index, pa.int64()),
+                "filename": fname,
+                "pipeline_name": pa.DictionaryArray.from_arrays(
+                    pa.array(np.zeros(n, np.int32)), pa.array([pipeline])).cast(pa.string()),
+                _GROUP: pa.array(chunk_groups),
+            }
+            if user is not None:
+                for c in user.column_names:
+                    cols[c] = _combine(user.column(c))
+            chunks = pa.table(cols)
+            meta = chunks.drop_columns(list(_INTERNAL_COLUMNS))
+            doc_table = pa.table({
+                "document_id": pa.array(docs.ids, pa.string()),
+                "pipeline_name": pa.array([pipeline] * ndocs, pa.string()),
+                "filename": pa.array(docs.filenames, pa.string()),
+                "text": pa.array(docs.texts, pa.large_string()),
+                "format": pa.array(docs.formats, pa.string()),
+                "n_chunks": pa.array(docs.counts, pa.int64()),
+                "group": pa.array(groups),
+                "metadata": pa.array(docs.metadata, pa.string()),
+                "ingested_at": pa.array(np.full(ndocs, time.time())),
+            })
+
+            replaced_refs = [self._docs[(pipeline, d)] for d in docs.ids if (pipeline, d) in self._docs]
+            old_ids = (np.concatenate([s.doc_chunk_ids(r) for s, r in replaced_refs])
+                       if replaced_refs else np.empty(0, np.int64))
+            tail = self._tail_rows() + n
+            ckpt = tail >= max(_CKPT_MIN_ROWS, _CKPT_FRACTION * self._ckpt_rows())
+
+            seg_name = f"seg-{gen:08d}"
+            files: dict[str, Any] = {}
+            written: list[str] = []
+            try:
+                files["chunks"] = storage.write_arrow(self.path, f"{seg_name}.chunks.arrow", chunks)
+                written.append(files["chunks"]["path"])
+                files["docs"] = storage.write_arrow(self.path, f"{seg_name}.docs.arrow", doc_table)
+                written.append(files["docs"]["path"])
+                files["vectors"] = None
+                if not ckpt:
+                    files["vectors"] = storage.write_npy(self.path, f"{seg_name}.vectors.npy", vectors)
+                    written.append(files["vectors"]["path"])
+            except BaseException:
+                _unlink_all(self.path, written)
+                raise
+            seg_entry = {"name": seg_name, "rows": n, "docs": ndocs, "deleted_docs": [], "files": files}
+            m["segments"].append(seg_entry)
+            self._mark_deleted(m, replaced_refs)
+
+            with self._rw.write():
+                try:
+                    index.add(vectors, ids, metadata=meta)
+                except BaseException:
+                    _unlink_all(self.path, written)
+                    raise
+                saved_old = None
+                try:
+                    if ckpt:
+                        if len(old_ids):
+                            saved_old = (index.get_vectors(old_ids), index.get_metadata(old_ids))
+                            index.remove(old_ids)
+                        self._checkpoint_into(m, index, gen)
+                    self._commit_manifest(m)
+                except BaseException:
+                    index.remove(ids)
+                    if saved_old is not None:
+                        index.add(saved_old[0], old_ids, metadata=saved_old[1])
+                    _unlink_all(self.path, written + [f"index-{gen:08d}.kbi"])
+                    raise
+                if not ckpt and len(old_ids):
+                    index.remove(old_ids)
+                self._index = index
+                self._apply(m, new_segment=_Segment(seg_entry, chunks, doc_table))
+            self._gc()
+            self._maybe_compact()
+        return {self._segment_doc_id(s, r) for s, r in replaced_refs}
+
+    @staticmethod
+    def _segment_doc_id(seg: _Segment, row: int) -> str:
+        return seg.doc_ids[row]
+
+    def _checkpoint_into(self, m: dict[str, Any], index: Index, gen: int) -> None:
+        """Saves the index as the manifest's checkpoint; drops every vector file entry."""
+        name = f"index-{gen:08d}.kbi"
+        index.save(os.path.join(self.path, name))
+        storage.fsync_dir(self.path)
+        entry = storage.file_entry(self.path, name)
+        entry["rows"] = len(index)
+        m["index"] = entry
+        for seg in m["segments"]:
+            seg["files"]["vectors"] = None
+
+    def _mark_deleted(self, m: dict[str, Any], refs: list[tuple[_Segment, int]]) -> None:
+        """Marks documents deleted in manifest m; drops segments left without live documents."""
+        by_name = {s["name"]: s for s in m["segments"]}
+        for seg, row in refs:
+            entry = by_name[seg.name]
+            if row not in entry["deleted_docs"]:
+                entry["deleted_docs"].append(row)
+                entry["deleted_docs"].sort()
+        m["segments"] = [s for s in m["segments"] if len(s["deleted_docs"]) < s["docs"]]
+
+    def _apply(self, m: dict[str, Any], new_segment: _Segment | None = None) -> None:
+        """Makes manifest m (already committed) the in-memory state. Caller holds the rw lock."""
+        by_name = {s.name: s for s in self._segments}
+        if new_segment is not None:
+            by_name[new_segment.name] = new_segment
+        segments = []
+        for entry in m["segments"]:
+            seg = by_name[entry["name"]]
+            seg.entry = entry
+            seg.doc_live[:] = True
+            for d in entry["deleted_docs"]:
+                seg.doc_live[d] = False
+            segments.append(seg)
+        self._manifest = m
+        self._segments = segments
+        self._seg_mins = [s.min_id for s in segments]
+        self._docs = {}
+        for seg in segments:
+            for d in np.flatnonzero(seg.doc_live):
+                self._docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg, int(d))
+        self._lookup = None
+
+    # -- delete ------------------------------------------------------------------------------
+    def delete_document(self, document_id: str, *, pipeline: str | None = None,
+                        missing_ok: bool = False) -> int:
+        """Deletes a document's chunks (from every pipeline, or only ``pipeline``); returns the
+        number of chunks removed. Unknown ids raise ``NotFoundError`` unless ``missing_ok``."""
+        if not isinstance(document_id, str):
+            raise InvalidTypeError(f"document_id must be a str, got {type(document_id).__name__}")
+        with self._writing():
+            if pipeline is not None:
+                self._pipeline(pipeline)
+            keys = [k for k in self._docs if k[1] == document_id and (pipeline is None or k[0] == pipeline)]
+            if not keys:
+                if missing_ok:
+                    return 0
+                where = f" in pipeline {pipeline!r}" if pipeline else ""
+                raise NotFoundError(f"knowledge base {self.name!r} has no document {document_id!r}{where}")
+            return self._delete_keys(keys)
+
+    def _delete_keys(self, keys: list[tuple[str, str]], drop_pipeline: str | None = None) -> int:
+        refs = [self._docs[k] for k in keys]
+        ids = np.concatenate([s.doc_chunk_ids(r) for s, r in refs]) if refs else np.empty(0, np.int64)
+        m = self._next_manifest()
+        self._mark_deleted(m, refs)
+        if drop_pipeline is not None:
+            del m["pipelines"][drop_pipeline]
+        self._commit_manifest(m)
+        with self._rw.write():
+            if len(ids) and self._index is not None:
+                self._index.remove(ids)
+            self._apply(m)
+        self._gc()
+        self._maybe_compact()
+        return int(len(ids))
+
+    # -- compaction --------------------------------------------------------------------------
+    def _maybe_compact(self) -> None:
+        stored = sum(s.rows for s in self._segments)
+        live = len(self)
+        if len(self._segments) > _MAX_SEGMENTS or (stored > 256 and stored - live > stored // 2):
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrites the live chunks into one segment and checkpoints the index, so deleted
+        chunks' text and vectors no longer take disk space. Searches keep running meanwhile."""
+        import pyarrow as pa
+
+        with self._writing():
+            if self._index is None:
+                return
+            m = self._next_manifest()
+            gen = m["generation"]
+            seg_name = f"seg-{gen:08d}"
+            chunk_parts, doc_parts = [], []
+            for seg in self._segments:
+                if not seg.doc_live.any():
+                    continue
+                chunk_parts.append(seg.chunks.filter(pa.array(seg.live_mask())))
+                doc_parts.append(seg.docs.filter(pa.array(seg.doc_live)))
+            written: list[str] = []
+            new_seg = None
+            m["segments"] = []
+            try:
+                if chunk_parts:
+                    chunks = pa.concat_tables(chunk_parts, promote_options="default").combine_chunks()
+                    docs = pa.concat_tables(doc_parts, promote_options="default").combine_chunks()
+                    files = {
+                        "chunks": storage.write_arrow(self.path, f"{seg_name}.chunks.arrow", chunks),
+                        "docs": storage.write_arrow(self.path, f"{seg_name}.docs.arrow", docs),
+                        "vectors": None,
+                    }
+                    written = [files["chunks"]["path"], files["docs"]["path"]]
+                    entry = {"name": seg_name, "rows": chunks.num_rows, "docs": docs.num_rows,
+                             "deleted_docs": [], "files": files}
+                    m["segments"] = [entry]
+                    new_seg = _Segment(entry, chunks, docs)
+                self._checkpoint_into(m, self._index, gen)
+                written.append(m["index"]["path"])
+                self._commit_manifest(m)
+            except BaseException:
+                _unlink_all(self.path, written)
+                raise
+            with self._rw.write():
+                self._segments = []
+                self._apply(m, new_segment=new_seg)
+            self._gc()
+
+    # -- retrieval ---------------------------------------------------------------------------
+    def _query_vector(self, query: Any) -> np.ndarray:
+        if isinstance(query, str):
+            if not query.strip():
+                raise InvalidArgumentError("the query is empty")
+            embedder = self._require_embedder("embed a text query")
+            return check_embeddings(embedder.embed([query]), 1, self.dim, repr(embedder))[0]
+        if isinstance(query, (bytes, bytearray)):
+            raise InvalidTypeError("a query is a str or a vector, got bytes")
+        q = np.asarray(query)
+        if q.dtype == object or not (np.issubdtype(q.dtype, np.floating) or np.issubdtype(q.dtype, np.integer)):
+            raise InvalidTypeError(f"a query is a str or a float vector, got {type(query).__name__} of dtype {q.dtype}")
+        if q.ndim == 2 and q.shape[0] == 1:
+            q = q[0]
+        if q.ndim != 1:
+            raise InvalidArgumentError(f"a query vector must be 1-D, got shape {list(q.shape)}")
+        return q
+
+    def _where(self, filters: Mapping[str, Any] | None, pipelines: Sequence[str] | None) -> Any:
+        if pipelines is None:
+            return filters
+        if isinstance(pipelines, str):
+            pipelines = [pipelines]
+        for p in pipelines:
+            self._pipeline(p)
+        clause = {"pipeline_name": {"$in": list(pipelines)}}
+        return {"$and": [filters, clause]} if filters else clause
+
+    def _candidates(self, q: np.ndarray, top_k: int, where: Any, deduplicate: bool,
+                    ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
+        index = self._index
+        if index is None or len(index) == 0:
+            return []
+        if deduplicate:
+            return _search_groups(self, q, top_k, where, ef)
+        ids, dist = index.search(q, top_k, where=where, ef=ef)
+        return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]
+
+    def _locate(self, chunk_id: int) -> tuple[_Segment, int]:
+        seg = self._segments[bisect.bisect_right(self._seg_mins, chunk_id) - 1]
+        return seg, seg.row(chunk_id)
+
+    def _groups_of(self, ids: np.ndarray) -> np.ndarray:
+        """The dedup group of each chunk id (vectorised; for the Python grouping fallback)."""
+        lookup = self._lookup
+        if lookup is None:
+            all_ids = np.concatenate([s.ids for s in self._segments]) if self._segments else np.empty(0, np.int64)
+            all_groups = np.concatenate([s.groups for s in self._segments]) if self._segments else np.empty(0, np.int64)
+            lookup = self._lookup = (all_ids, all_groups)
+        pos = np.searchsorted(lookup[0], ids)
+        return lookup[1][pos]
+
+    def _check_k(self, top_k: Any, name: str) -> int:
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
+            raise InvalidTypeError(f"{name} must be an integer, got {type(top_k).__name__}")
+        if top_k < 1:
+            raise InvalidArgumentError(f"{name} must be at least 1, got {top_k}")
+        return int(top_k)
+
+    def retrieve(
+        self,
+        query: str | Any,
+        top_k: int = 5,
+        *,
+        score_threshold: float = 0.0,
+        filters: Mapping[str, Any] | None = None,
+        deduplicate: bool = False,
+        pipelines: Sequence[str] | None = None,
+        ef: int | None = None,
+    ) -> list[Hit]:
+        """The ``top_k`` chunks closest to ``query`` (a str, embedded with the knowledge base's
+        embedder, or a vector), best first.
+
+        ``filters`` is a native ``where`` filter over chunk metadata; ``pipelines`` restricts
+        the pipelines searched; ``deduplicate=True`` returns at most one chunk (the best) per
+        document and pipeline, ``top_k`` distinct documents when there are that many;
+        ``score_threshold`` drops hits whose score is below it; ``ef`` overrides the HNSW
+        search breadth.
+        """
+        top_k = self._check_k(top_k, "top_k")
+        if isinstance(score_threshold, bool) or not isinstance(score_threshold, (int, float)):
+            raise InvalidTypeError(f"score_threshold must be a number, got {type(score_threshold).__name__}")
+        self._check_open()
+        q = self._query_vector(query)
+        where = self._where(filters, pipelines)
+        metric = self._manifest["config"]["metric"]
+        rw = self._rw
+        rw.acquire_read()
+        try:
+            cands = self._candidates(q, top_k, where, deduplicate, ef)
+            if score_threshold > 0.0:
+                cands = [c for c in cands if _score(c[1], metric) >= score_threshold]
+            if not cands:
+                return []
+            metas = self._index.get_metadata([c[0] for c in cands])  # type: ignore[union-attr]
+            hits = []
+            for (cid, dist, parts), meta in zip(cands, metas):
+                seg, row = self._locate(cid)
+                del meta[_GROUP]
+                if len(parts):
+                    parts = tuple(int(seg_.chunk_index[r]) for seg_, r in map(self._locate, parts))
+                hits.append(Hit(cid, meta["document_id"], seg.text[row].as_py(), meta, dist,
+                                _score(dist, metric), meta["pipeline_name"], meta["chunk_index"],
+                                tuple(parts)))
+            return hits
+        finally:
+            rw.release_read()
+
+    def retrieve_key(
+        self,
+        query: str | Any,
+        topk: int = 5,
+        *,
+        deduplicate: bool = False,
+        filters: Mapping[str, Any] | None = None,
+        score_threshold: float = 0.0,
+        pipelines: Sequence[str] | None = None,
+    ) -> list[KeyResult]:
+        """aidb's ``retrieve_key``: the keys (document ids) of the closest chunks, with
+        distance, ``part_ids`` (chunk indexes matched) and ``pipeline_name``. With
+        ``deduplicate=True`` one result per document and pipeline, else one per chunk."""
+        hits = self.retrieve(query, self._check_k(topk, "topk"), deduplicate=deduplicate,
+                             filters=filters, score_threshold=score_threshold, pipelines=pipelines)
+        return [KeyResult(h.document_id, h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score)
+                for h in hits]
+
+    def retrieve_text(
+        self,
+        query: str | Any,
+        topk: int = 5,
+        *,
+        deduplicate: bool = False,
+        filters: Mapping[str, Any] | None = None,
+        score_threshold: float = 0.0,
+        pipelines: Sequence[str] | None = None,
+    ) -> list[TextResult]:
+        """aidb's ``retrieve_text``: :meth:`retrieve_key` plus ``value``, the document's source
+        text, and ``chunk``, the text of the best matching chunk."""
+        hits = self.retrieve(query, self._check_k(topk, "topk"), deduplicate=deduplicate,
+                             filters=filters, score_threshold=score_threshold, pipelines=pipelines)
+        out = []
+        for h in hits:
+            value = self.document_text(h.document_id, pipeline=h.pipeline_name)
+            out.append(TextResult(h.document_id, value, h.distance, h.part_ids or (h.chunk_index,),
+                                  h.pipeline_name, h.score, h.content))
+        return out
+
+    # -- documents ---------------------------------------------------------------------------
+    def document_text(self, document_id: str, *, pipeline: str = _DEFAULT_PIPELINE) -> str:
+        """The source text of a document: as parsed at ingest, or (for pre-embedded chunks)
+        rebuilt from its chunks and their spans."""
+        ref = self._docs.get((pipeline, document_id))
+        if ref is None:
+            raise NotFoundError(f"knowledge base {self.name!r} has no document {document_id!r} in pipeline {pipeline!r}")
+        seg, d = ref
+        text = seg.docs.column("text")[d].as_py()
+        if text is not None:
+            return text
+        lo, hi = int(seg.doc_offsets[d]), int(seg.doc_offsets[d + 1])
+        rows = sorted(range(lo, hi), key=lambda r: int(seg.chunk_index[r]))
+        out = ""
+        end = 0
+        for r in rows:
+            piece = seg.text[r].as_py()
+            s, e = int(seg.start[r]), int(seg.end[r])
+            if s < 0 or e < 0:
+                out = piece if not out else out + "\n\n" + piece
+                continue
+            if s > end:
+                out += " " * (s - end) if out else ""
+                out += piece
+            elif e > end:
+                out += piece[end - s:]
+            end = max(end, e)
+        return out
+
+    def documents(self, *, pipeline: str | None = None) -> list[DocumentInfo]:
+        """The stored documents (of one pipeline, or all), in ingest order."""
+        out = []
+        for seg in self._segments:
+            meta = seg.docs.column("metadata").to_pylist()
+            fnames = seg.docs.column("filename").to_pylist()
+            fmts = seg.docs.column("format").to_pylist()
+            when = seg.docs.column("ingested_at").to_pylist()
+            counts = np.diff(seg.doc_offsets)
+            for d in np.flatnonzero(seg.doc_live):
+                if pipeline is not None and seg.doc_pipelines[d] != pipeline:
+                    continue
+                out.append(DocumentInfo(seg.doc_ids[d], seg.doc_pipelines[d], fnames[d], int(counts[d]),
+                                        json.loads(meta[d]), fmts[d], when[d]))
+        return out
+
+    def __contains__(self, document_id: object) -> bool:
+        return any(k[1] == document_id for k in self._docs)
+
+    def count(self, filters: Mapping[str, Any] | None = None) -> int:
+        """Number of chunks (passing ``filters`` if given)."""
+        if self._index is None:
+            return 0
+        return self._index.count(filters)
+
+    def info(self) -> dict[str, Any]:
+        """A summary: configuration, counts, pipelines, embedder and bytes on disk."""
+        cfg = dict(self._manifest["config"])
+        disk = 0
+        for name in os.listdir(self.path):
+            try:
+                disk += os.path.getsize(os.path.join(self.path, name))
+            except OSError:
+                pass
+        return {
+            "name": self.name, "path": self.path, **cfg,
+            "chunks": len(self), "documents": len(self._docs),
+            "pipelines": self.pipelines, "embedder": self._manifest.get("embedder"),
+            "segments": len(self._segments), "generation": self._manifest["generation"],
+            "disk_bytes": disk, "created_at": self._manifest.get("created_at"),
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Saves the index now, so that reopening replays nothing."""
+        with self._writing():
+            if self._index is None or not self._tail_rows():
+                return
+            m = self._next_manifest()
+            self._checkpoint_into(m, self._index, m["generation"])
+            try:
+                self._commit_manifest(m)
+            except BaseException:
+                _unlink_all(self.path, [m["index"]["path"]])
+                raise
+            with self._rw.write():
+                self._apply(m)
+            self._gc()
+
+    def close(self) -> None:
+        """Checkpoints the index if needed and releases the knowledge base."""
+        if self._closed:
+            return
+        try:
+            if os.path.exists(self.path) and self._tail_rows():
+                self.checkpoint()
+        finally:
+            self._closed = True
+            self._engine._forget(self)
+
+    def __enter__(self) -> KnowledgeBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- ingest helpers --------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    document_id: str
+    filename: str | None
+    text: str
+    format: str
+    metadata: dict[str, Any]
+    chunks: list[Chunk]
+
+
+@dataclass
+class _DocsIn:
+    ids: list[str]
+    filenames: list[str | None]
+    texts: list[str | None]
+    formats: list[str | None]
+    metadata: list[str]
+    counts: np.ndarray
+    filename_rows: Any = None
+
+
+def _as_document(item: Any) -> Document:
+    if isinstance(item, Document):
+        return item
+    if isinstance(item, (str, os.PathLike)):
+        return Document(item)
+    if isinstance(item, Mapping):
+        try:
+            return Document(**item)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"bad document description {dict(item)!r}: {exc}") from None
+    raise InvalidTypeError(f"expected a path, a Document or a dict, got {type(item).__name__}")
+
+
+def _check_meta_key(key: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"metadata keys must be non-empty str, got {key!r}")
+    if key in _RESERVED:
+        raise InvalidArgumentError(
+            f"metadata key {key!r} is reserved: the engine sets {', '.join(RESERVED_METADATA)} itself"
+        )
+    if key.startswith("__") or key.startswith("$"):
+        raise InvalidArgumentError(f"metadata key {key!r} may not start with '__' or '$'")
+
+
+def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidTypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    out = {}
+    for k, v in metadata.items():
+        _check_meta_key(k)
+        if v is None or isinstance(v, (str, bool, int)):
+            pass
+        elif isinstance(v, float):
+            if math.isnan(v):
+                raise InvalidArgumentError(f"metadata {k!r}: NaN is not allowed (use None for missing)")
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+            v = list(v)
+        else:
+            raise InvalidTypeError(
+                f"metadata {k!r}: values must be str, int, float, bool, a list of str or None, got "
+                f"{type(v).__name__}"
+            )
+        out[k] = v
+    return out
+
+
+def _read_source(doc: Document) -> tuple[bytes | None, str | None, str | None, str | None]:
+    """(data, text, filename, path) of one input."""
+    src = doc.source
+    if doc.text is not None:
+        if src is not None:
+            raise InvalidArgumentError("give either a source or text=, not both")
+        if not isinstance(doc.text, str):
+            raise InvalidTypeError(f"text must be a str, got {type(doc.text).__name__}")
+        return None, doc.text, doc.filename, None
+    if src is None:
+        raise InvalidArgumentError("nothing to ingest: give a path, bytes (with filename=) or text=")
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return bytes(src), None, doc.filename, None
+    if isinstance(src, str) and doc.filename is not None:
+        return src.encode("utf-8"), None, doc.filename, None
+    if isinstance(src, (str, os.PathLike)):
+        path = os.fspath(src)
+        if not os.path.exists(path):
+            hint = ("; to ingest a string as content, pass filename= (e.g. filename='notes.txt')"
+                    if isinstance(src, str) and ("\n" in src or len(src) > 255) else "")
+            raise FileNotFoundError(2, f"No such file: {path[:200]!r}{hint}", path[:200])
+        if os.path.isdir(path):
+            raise InvalidArgumentError(f"{path!r} is a directory; ingest the files in it (kbcore ingest does)")
+        with open(path, "rb") as f:
+            data = f.read()
+        return data, None, doc.filename or os.path.basename(path), path
+    raise InvalidTypeError(f"source must be a path, bytes or str, got {type(src).__name__}")
+
+
+def _prepare(doc: Document, chunk_size: int, chunk_overlap: int,
+             extra_meta: Mapping[str, Any] | None) -> _Prepared:
+    data, text, filename, path = _read_source(doc)
+    if text is not None:
+        fmt = "text"
+        if not text.strip():
+            raise InvalidArgumentError("the text is empty: there is nothing to ingest")
+    else:
+        assert data is not None
+        parsed = parse(data, filename=filename, format=doc.format)
+        text, fmt = parsed.text, parsed.format
+    document_id = doc.document_id
+    if document_id is None:
+        document_id = doc.filename or path or hashlib.sha256(
+            data if data is not None else text.encode("utf-8")).hexdigest()[:16]
+    if not isinstance(document_id, str) or not document_id:
+        raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
+    metadata = _check_metadata(extra_meta)
+    metadata.update(_check_metadata(doc.metadata))
+    chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
+    if not chunks:
+        raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
+    return _Prepared(document_id, filename, text, fmt, metadata, chunks)
+
+
+def _user_metadata_table(metas: list[dict[str, Any]], doc_of_row: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    keys: list[str] = []
+    for meta in metas:
+        for k in meta:
+            if k not in keys:
+                keys.append(k)
+    if not keys:
+        return None
+    take = pa.array(doc_of_row)
+    cols = {}
+    for k in keys:
+        values = [meta.get(k) for meta in metas]
+        try:
+            arr = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            kinds = sorted({type(v).__name__ for v in values if v is not None})
+            raise InvalidArgumentError(
+                f"metadata {k!r} holds values of different types ({', '.join(kinds)}) across the "
+                "documents of one ingest call; ingest them in separate calls or use one type"
+            ) from None
+        if pa.types.is_null(arr.type):
+            continue
+        cols[k] = arr.take(take)
+    return pa.table(cols) if cols else None
+
+
+def _as_table(data: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        if not os.path.exists(path):
+            raise FileNotFoundError(2, "No such file", path)
+        if path.lower().endswith((".arrow", ".feather", ".ipc")):
+            import pyarrow.feather as feather
+
+            return feather.read_table(path)
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path)
+        except pa.ArrowInvalid as exc:
+            raise InvalidArgumentError(f"{path!r} is not a Parquet file: {exc}") from None
+    raise InvalidTypeError(
+        f"expected a pyarrow Table / RecordBatch or a Parquet / Arrow file path, got {type(data).__name__}"
+    )
+
+
+def _vectors_from_column(col: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    arr = _combine(col)
+    t = arr.type
+    if arr.null_count:
+        raise InvalidArgumentError("the vector column has null rows")
+    if pa.types.is_fixed_size_list(t):
+        dim = t.list_size
+        flat = arr.flatten() if arr.offset == 0 else arr.flatten()
+        values = flat.to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(values.reshape(len(arr), dim), dtype=np.float32)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False))
+        if len(lengths) and (lengths != lengths[0]).any():
+            raise InvalidArgumentError("the vectors in the vector column have different lengths")
+        dim = int(lengths[0]) if len(lengths) else 0
+        values = arr.flatten().to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(values.reshape(len(arr), dim), dtype=np.float32)
+    raise InvalidTypeError(f"the vector column must be a list of floats, got {t}")
+
+
+def _unlink_all(dirpath: str, names: list[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(dirpath, name))
+        except OSError:
+            pass
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidArgumentError(
+            f"{what} name {name!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+# -- engine ----------------------------------------------------------------------------------
+
+
+class Engine:
+    """A directory of knowledge bases.
+
+    ``path`` defaults to ``$KBCORE_HOME`` or ``./kb-data``. ``embedder`` is the default for new
+    knowledge bases (else the built-in :class:`~kbcore.embedders.HashingEmbedder`) and is used
+    to reopen knowledge bases built with a custom embedder.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, embedder: Any = None) -> None:
+        self.path = os.path.abspath(os.fspath(path) if path is not None else default_data_dir())
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise storage.StorageError(exc.errno, f"cannot create data directory {self.path!r}: {exc.strerror}") from exc
+        self._embedder = as_embedder(embedder) if embedder is not None else None
+        self._kbs: dict[str, KnowledgeBase] = {}
+        self._mutex = threading.RLock()
+        self._flock = storage.FileLock(os.path.join(self.path, ".engine.lock"))
+        with self._flock.hold():
+            for name in os.listdir(self.path):
+                if name.startswith((".tmp-", ".trash-")):
+                    shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"Engine({self.path!r}, knowledge_bases={self.knowledge_bases()})"
+
+    def knowledge_bases(self) -> list[str]:
+        """Names of the knowledge bases in the directory, sorted."""
+        out = []
+        for name in sorted(os.listdir(self.path)):
+            if not name.startswith(".") and os.path.isfile(os.path.join(self.path, name, storage.MANIFEST)):
+                out.append(name)
+        return out
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.knowledge_bases()
+
+    def __getitem__(self, name: str) -> KnowledgeBase:
+        return self.get_knowledge_base(name)
+
+    def create_knowledge_base(
+        self,
+        name: str,
+        *,
+        chunk_size: int = 500,
+        chunk_overlap: int = 50,
+        metric: str = "cosine",
+        index: str = "hnsw",
+        M: int = 16,
+        ef_construction: int = 200,
+        ef: int = 64,
+        embedder: Any = None,
+        dim: int | None = None,
+        description: str = "",
+        exist_ok: bool = False,
+    ) -> KnowledgeBase:
+        """Creates a knowledge base (a directory) and returns it.
+
+        ``embedder``: an embedder, callable or model name; None uses the engine's (else the
+        built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
+        base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
+        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` configure the native
+        index. A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+        """
+        _check_name(name, "knowledge base")
+        chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
+        if metric not in ("cosine", "ip", "l2"):
+            raise InvalidArgumentError(f"unknown metric {metric!r}; expected 'cosine', 'ip' or 'l2'")
+        if index not in ("hnsw", "flat"):
+            raise InvalidArgumentError(f"unknown index {index!r}; expected 'hnsw' or 'flat'")
+        Index(4, metric, index, M=M, ef_construction=ef_construction, ef=ef)  # validates the knobs
+        if embedder is False or embedder == "none":
+            emb = None
+        elif embedder is None:
+            emb = self._embedder if self._embedder is not None else HashingEmbedder()
+        else:
+            emb = as_embedder(embedder)
+        if emb is not None:
+            if dim is not None and dim != emb.dim:
+                raise InvalidArgumentError(f"dim={dim} but the embedder makes {emb.dim}-dimensional vectors")
+            dim = int(emb.dim)
+        elif dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise InvalidArgumentError(f"dim must be a positive integer, got {dim!r}")
+        with self._mutex, self._flock.hold():
+            final = os.path.join(self.path, name)
+            if os.path.exists(final):
+                if exist_ok and os.path.isfile(os.path.join(final, storage.MANIFEST)):
+                    return self.get_knowledge_base(name)
+                raise InvalidArgumentError(f"knowledge base {name!r} already exists in {self.path!r}")
+            tmp = os.path.join(self.path, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+            os.makedirs(tmp)
+            manifest = {
+                "name": name, "generation": 1, "created_at": time.time(), "description": description,
+                "config": {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
+                           "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap},
+                "embedder": embedder_spec(emb) if emb is not None else {"kind": "none"},
+                "pipelines": {_DEFAULT_PIPELINE: {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap}},
+                "next_id": 0, "next_group": 0, "segments": [], "index": None,
+            }
+            try:
+                storage.save_manifest(tmp, manifest)
+                os.rename(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            storage.fsync_dir(self.path)
+            kb = KnowledgeBase(self, name, final, emb)
+            self._kbs[name] = kb
+            return kb
+
+    def get_knowledge_base(self, name: str, *, embedder: Any = None) -> KnowledgeBase:
+        """Opens a knowledge base (cached: the same object for the same name).
+
+        ``embedder`` is needed only for a knowledge base built with a custom embedder.
+        """
+        with self._mutex:
+            kb = self._kbs.get(name)
+            if kb is not None and not kb._closed:
+                if embedder is not None:
+                    kb._explicit_embedder = as_embedder(embedder)
+                    kb._embedder = kb._resolve_embedder(kb._manifest.get("embedder"))
+                return kb
+            if not isinstance(name, str) or not _NAME_RE.match(name):
+                raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
+            path = os.path.join(self.path, name)
+            if not os.path.isfile(os.path.join(path, storage.MANIFEST)):
+                known = ", ".join(self.knowledge_bases()) or "none"
+                raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r} (existing: {known})")
+            kb = KnowledgeBase(self, name, path, as_embedder(embedder) if embedder is not None else None)
+            self._kbs[name] = kb
+            return kb
+
+    def delete_knowledge_base(self, name: str) -> None:
+        """Deletes a knowledge base and its directory (atomically: it is gone or intact)."""
+        with self._mutex, self._flock.hold():
+            path = os.path.join(self.path, name) if isinstance(name, str) and _NAME_RE.match(name) else None
+            if path is None or not os.path.isfile(os.path.join(path, storage.MANIFEST)):
+                raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
+            kb = self._kbs.pop(name, None)
+            if kb is not None:
+                kb._closed = True
+            trash = os.path.join(self.path, f".trash-{name}-{uuid.uuid4().hex[:8]}")
+            lock = storage.FileLock(os.path.join(path, storage.LOCK))
+            with lock.hold():  # wait for a writer in another process to finish
+                os.rename(path, trash)
+            storage.fsync_dir(self.path)
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def _forget(self, kb: KnowledgeBase) -> None:
+        with self._mutex:
+            if self._kbs.get(kb.name) is kb:
+                del self._kbs[kb.name]
+
+    def close(self) -> None:
+        """Closes every open knowledge base (checkpointing their indexes)."""
+        for kb in list(self._kbs.values()):
+            kb.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
