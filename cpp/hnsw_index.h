@@ -298,15 +298,36 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   std::vector<std::uint32_t> fresh(cap);
   std::vector<float> dists(cap);
   std::size_t n_evals = 0;
+  // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
+  // that resuming with a larger ef loses nothing a fresh search with that ef would find.
+  std::vector<Scored> deferred;
+  const auto offer = [&](const Scored& e) {
+    if (results.size() < ef || e.dist < results.front().dist) {
+      candidates.push_back(e);
+      std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+      results.push_back(e);
+      std::push_heap(results.begin(), results.end());
+      if (results.size() > ef) {
+        std::pop_heap(results.begin(), results.end());
+        deferred.push_back(results.back());
+        results.pop_back();
+      }
+    } else {
+      deferred.push_back(e);
+    }
+  };
   for (;;) {
     const bool converged =
         candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
     if (converged) {
-      if (candidates.empty() || ef >= limit) break;
+      if (ef >= limit || (candidates.empty() && deferred.empty())) break;
       std::vector<Scored> sorted = results;
       std::sort(sorted.begin(), sorted.end());
       if (enough(sorted)) break;
       ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
+      std::vector<Scored> again;
+      again.swap(deferred);
+      for (const Scored& e : again) offer(e);
       continue;
     }
     const Scored c = candidates.front();
@@ -342,19 +363,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     }
     for (; j < m; ++j) dists[j] = dist(kern, q, fresh[j]);
     n_evals += m;
-    for (j = 0; j < m; ++j) {
-      const float d = dists[j];
-      if (results.size() < ef || d < results.front().dist) {
-        candidates.push_back({d, fresh[j]});
-        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-        results.push_back({d, fresh[j]});
-        std::push_heap(results.begin(), results.end());
-        if (results.size() > ef) {
-          std::pop_heap(results.begin(), results.end());
-          results.pop_back();
-        }
-      }
-    }
+    for (j = 0; j < m; ++j) offer({dists[j], fresh[j]});
   }
   if (evals != nullptr) *evals += n_evals;
   std::sort_heap(results.begin(), results.end());

@@ -333,24 +333,43 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
     }
     return hits;
   };
+  std::once_flag rows_once;
+  const auto all_rows = [&]() -> const std::vector<Slot>& {
+    std::call_once(rows_once, [&] {
+      if (!rows.empty()) return;
+      rows.reserve(passing);
+      if (filter != nullptr) {
+        allowed.for_each([&](Slot s) { rows.push_back(s); });
+      } else {
+        store_.live_bitmap().for_each([&](Slot s) { rows.push_back(s); });
+      }
+    });
+    return rows;
+  };
   parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
     const float* q = prepared.data() + qi * dim;
     if (strategy == Strategy::kGraph) {
       const auto enough = [&](const std::vector<Scored>& sorted) { return count_groups(sorted, *field, k) >= k; };
       std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
-      out[qi] = convert(collapse_sorted(res, *field, k, group_size));
-      return;
+      std::vector<Group> groups = collapse_sorted(res, *field, k, group_size);
+      if (groups.size() >= k) {
+        out[qi] = convert(groups);
+        return;
+      }
+      // The traversal ran out of reachable candidates before k groups: never return a short
+      // page when more groups may exist; answer this query exactly instead.
     }
+    const std::vector<Slot>& scan = strategy == Strategy::kGraph ? all_rows() : rows;
     const Kernels& kern = active_kernels();
-    std::vector<float> d(rows.size());
+    std::vector<float> d(scan.size());
     std::size_t i = 0;
-    for (; i + 4 <= rows.size(); i += 4) {
-      const float* r4[4] = {store_.vector(rows[i]), store_.vector(rows[i + 1]), store_.vector(rows[i + 2]),
-                            store_.vector(rows[i + 3])};
+    for (; i + 4 <= scan.size(); i += 4) {
+      const float* r4[4] = {store_.vector(scan[i]), store_.vector(scan[i + 1]), store_.vector(scan[i + 2]),
+                            store_.vector(scan[i + 3])};
       distance4(kern, config_.metric, q, r4, dim, d.data() + i);
     }
-    for (; i < rows.size(); ++i) d[i] = distance(kern, config_.metric, q, store_.vector(rows[i]), dim);
-    out[qi] = convert(collapse_exact(rows, d, *field, k, group_size));
+    for (; i < scan.size(); ++i) d[i] = distance(kern, config_.metric, q, store_.vector(scan[i]), dim);
+    out[qi] = convert(collapse_exact(scan, d, *field, k, group_size));
   });
   return out;
 }

@@ -21,9 +21,29 @@ __all__ = [
     "set_simd_level",
     "tokenize",
     "__version__",
+    "Engine",
+    "KnowledgeBase",
+    "Hit",
+    "HashingEmbedder",
 ]
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Engine": "engine", "KnowledgeBase": "engine", "Hit": "engine",
+    "HashingEmbedder": "embedders",
+}
+
+
+def __getattr__(name: str):  # the engine imports pyarrow: load it on first use only
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kbcore' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 def _apply_simd_env() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -59,18 +60,256 @@ def cmd_index_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- knowledge bases -------------------------------------------------------------------------
+
+_DEMO_QUERIES = (
+    ("how do I rotate the API signing keys?", None),
+    ("what happens if nobody acknowledges a page?", None),
+    ("how do I roll back a bad deploy?", None),
+    ("how many reviewers does a billing change need?", None),
+    ("how many vacation days do I get?", None),
+    ("rotate keys", {"team": "security"}),
+)
+_DEMO_TEAMS = {
+    "security.md": "security", "oncall.md": "sre", "deploys.html": "sre",
+    "code-review.txt": "engineering", "faq.jsonl": "people",
+}
+
+
+def _sample_files() -> list[str]:
+    import os
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "handbook")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if not f.startswith("."))
+
+
+def _snippet(text: str, width: int = 96) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: width - 1] + "\u2026"
+
+
+def _print_hits(hits: list, *, width: int = 96) -> None:
+    if not hits:
+        print("  (no hits)")
+    for h in hits:
+        print(f"  {h.score:.3f}  {h.document_id} #{h.chunk_index}  {_snippet(h.content, width)}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Builds a knowledge base from the shipped handbook with the built-in embedder; queries it."""
+    if args.index:
+        return cmd_index_demo(args)
+    import os
+    import tempfile
+
+    from .engine import Document, Engine
+
+    files = _sample_files()
+    with tempfile.TemporaryDirectory(prefix="kbcore-demo-") as tmp:
+        t0 = time.perf_counter()
+        engine = Engine(tmp)
+        kb = engine.create_knowledge_base("handbook", chunk_size=400, chunk_overlap=60)
+        docs = [Document(f, document_id=os.path.basename(f),
+                         metadata={"team": _DEMO_TEAMS.get(os.path.basename(f), "general")})
+                for f in files]
+        results = kb.ingest_many(docs, progress=False)
+        elapsed = time.perf_counter() - t0
+        chunks = sum(r.chunks for r in results)
+        print(f"kbcore {__version__} | SIMD {simd_level()} | knowledge base in {tmp}")
+        print(f"ingested {len(results)} sample documents ({', '.join(r.format or '?' for r in results)}) "
+              f"into {chunks} chunks in {elapsed * 1e3:.0f} ms")
+        print("embedder: built-in HashingEmbedder (offline lexical fallback: matches words and word "
+              "pieces, not meaning)\n")
+        for query, filters in _DEMO_QUERIES:
+            label = f" where {json.dumps(filters)}" if filters else ""
+            print(f"? {query}{label}")
+            t1 = time.perf_counter()
+            hits = kb.retrieve(query, top_k=args.top_k, filters=filters, deduplicate=True)
+            ms = (time.perf_counter() - t1) * 1e3
+            _print_hits(hits)
+            print(f"  ({ms:.2f} ms)\n")
+        engine.close()
+    return 0
+
+
+def _engine(args: argparse.Namespace):
+    from .engine import Engine
+
+    return Engine(args.data)
+
+
+def _expand(paths: Sequence[str]) -> list[tuple[str, str]]:
+    """(path, document id) of every supported file under the given files and directories."""
+    import os
+
+    from .parsing import EXTENSIONS
+
+    out: list[tuple[str, str]] = []
+    for p in paths:
+        if os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for f in sorted(files):
+                    if f.startswith(".") or os.path.splitext(f)[1].lower() not in EXTENSIONS:
+                        continue
+                    full = os.path.join(root, f)
+                    out.append((full, os.path.relpath(full, p).replace(os.sep, "/")))
+        else:
+            out.append((p, p))
+    return out
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from .engine import Document
+
+    metadata = _json_arg(args.metadata, "--metadata") if args.metadata else None
+    engine = _engine(args)
+    if args.kb in engine:
+        kb = engine.get_knowledge_base(args.kb)
+    else:
+        kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size,
+                                          chunk_overlap=args.chunk_overlap, index=args.index)
+        print(f"created knowledge base {args.kb!r} in {engine.path}")
+    if args.pipeline not in kb.pipelines:
+        kb.create_pipeline(args.pipeline)
+    files = _expand(args.paths)
+    if not files:
+        raise SystemExit("kbcore ingest: no supported files found")
+    t0 = time.perf_counter()
+    docs = [Document(path, document_id=doc_id) for path, doc_id in files]
+    results = kb.ingest_many(docs, pipeline=args.pipeline, metadata=metadata)
+    dt = time.perf_counter() - t0
+    chunks = sum(r.chunks for r in results)
+    replaced = sum(r.replaced for r in results)
+    print(f"ingested {len(results)} documents ({replaced} replaced), {chunks} chunks into "
+          f"{args.kb!r} in {dt:.2f} s")
+    engine.close()
+    return 0
+
+
+def _json_arg(text: str, flag: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"kbcore: {flag} is not valid JSON: {exc}") from None
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    filters = _json_arg(args.filter, "--filter") if args.filter else None
+    engine = _engine(args)
+    kb = engine.get_knowledge_base(args.kb)
+    hits = kb.retrieve(args.text, top_k=args.top_k, filters=filters, deduplicate=args.dedup,
+                       score_threshold=args.min_score)
+    if args.json:
+        print(json.dumps([{"id": h.id, "document_id": h.document_id, "chunk_index": h.chunk_index,
+                           "score": h.score, "distance": h.distance, "content": h.content,
+                           "metadata": h.metadata} for h in hits], indent=1, ensure_ascii=False))
+    else:
+        _print_hits(hits, width=120)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    kb = engine.get_knowledge_base(args.kb)
+    n = kb.delete_document(args.document)
+    print(f"deleted document {args.document!r} ({n} chunks) from {args.kb!r}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    names = engine.knowledge_bases()
+    if not names:
+        print(f"no knowledge bases in {engine.path}")
+    for name in names:
+        kb = engine.get_knowledge_base(name)
+        print(f"{name:<24} {len(kb._docs):>7} documents {len(kb):>9} chunks  {kb.metric} {kb.dim}-d")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    info = engine.get_knowledge_base(args.kb).info()
+    print(json.dumps(info, indent=1, ensure_ascii=False, default=str))
+    return 0
+
+
+def _add_synthetic_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n", type=int, default=20_000, help="number of vectors")
+    p.add_argument("--dim", type=int, default=128, help="dimension")
+    p.add_argument("--queries", type=int, default=300, help="number of queries")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kbcore", description="kbcore retrieval core")
+    from .engine import default_data_dir
+    from .errors import KbcoreError
+
+    parser = argparse.ArgumentParser(prog="kbcore", description="kbcore retrieval core and knowledge engine")
     parser.add_argument("--version", action="version", version=f"kbcore {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="build an index on synthetic data; print recall and QPS")
-    demo.add_argument("--n", type=int, default=20_000, help="number of vectors")
-    demo.add_argument("--dim", type=int, default=128, help="dimension")
-    demo.add_argument("--queries", type=int, default=300, help="number of queries")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(func=cmd_index_demo)
+
+    demo = sub.add_parser("demo", help="build a knowledge base from the shipped sample handbook and query it")
+    demo.add_argument("--top-k", type=int, default=3)
+    demo.add_argument("--index", action="store_true",
+                      help="run the synthetic index benchmark instead (same as bench-index)")
+    _add_synthetic_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench-index", help="build an index on synthetic data; print recall and QPS")
+    _add_synthetic_args(bench)
+    bench.set_defaults(func=cmd_index_demo)
+
+    data_help = f"data directory (default $KBCORE_HOME or ./kb-data; now {default_data_dir()})"
+
+    ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
+    ing.add_argument("paths", nargs="+", metavar="PATH")
+    ing.add_argument("--kb", required=True, help="knowledge base name")
+    ing.add_argument("--data", default=None, help=data_help)
+    ing.add_argument("--metadata", default=None, help="JSON object added to every document's metadata")
+    ing.add_argument("--pipeline", default="default")
+    ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
+    ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
+    ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
+    ing.set_defaults(func=cmd_ingest)
+
+    q = sub.add_parser("query", help="retrieve the chunks closest to a text")
+    q.add_argument("text")
+    q.add_argument("--kb", required=True)
+    q.add_argument("--data", default=None, help=data_help)
+    q.add_argument("--filter", default=None, help='JSON where filter, e.g. \'{"team": "infra"}\'')
+    q.add_argument("--top-k", type=int, default=5)
+    q.add_argument("--min-score", type=float, default=0.0, help="score threshold in [0, 1]")
+    q.add_argument("--dedup", action="store_true", help="one hit per document")
+    q.add_argument("--json", action="store_true", help="print hits as JSON")
+    q.set_defaults(func=cmd_query)
+
+    d = sub.add_parser("delete", help="delete a document from a knowledge base")
+    d.add_argument("--kb", required=True)
+    d.add_argument("--document", required=True, help="document id")
+    d.add_argument("--data", default=None, help=data_help)
+    d.set_defaults(func=cmd_delete)
+
+    ls = sub.add_parser("list", help="list the knowledge bases")
+    ls.add_argument("--data", default=None, help=data_help)
+    ls.set_defaults(func=cmd_list)
+
+    info = sub.add_parser("info", help="show a knowledge base's configuration and counts")
+    info.add_argument("--kb", required=True)
+    info.add_argument("--data", default=None, help=data_help)
+    info.set_defaults(func=cmd_info)
+
+    from .server import add_serve_parser  # `serve`: Dify External Knowledge API (kbcore[server])
+
+    add_serve_parser(sub)
+
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (KbcoreError, FileNotFoundError, ImportError) as exc:
+        print(f"kbcore {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

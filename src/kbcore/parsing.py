@@ -95,6 +95,12 @@ _META_CHARSET = re.compile(rb"<meta[^>]+charset=[\"']?([A-Za-z0-9_.:-]+)", re.IG
 def _decode(data: bytes, filename: str | None, fmt: str) -> str:
     for bom, encoding in _BOMS:
         if data.startswith(bom):
+            unit = 4 if "32" in encoding else 2 if "16" in encoding else 1
+            if (len(data) - len(bom)) % unit:
+                raise InvalidArgumentError(
+                    f"{_name(filename)}: starts with a {encoding} byte-order mark but its length is "
+                    f"not a multiple of {unit} bytes: not {encoding} text"
+                )
             try:
                 return data[len(bom):].decode(encoding)
             except UnicodeDecodeError as exc:

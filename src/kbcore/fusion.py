@@ -1,0 +1,222 @@
+"""Rank fusion for hybrid search: reciprocal rank fusion (RRF) and linear score fusion.
+
+Pure functions over ranked lists of ``(key, score)`` pairs, one list per retrieval *leg*
+(for example the vector leg and the BM25 leg). Every leg is ranked best first and its scores
+are "higher is better" (turn distances into similarities before calling :func:`linear`).
+Keys are any hashable values that are mutually orderable (all ``int`` or all ``str``), because
+the last tie-break sorts by key.
+
+Fused results are ``list[tuple[key, float]]`` sorted by fused score descending; equal fused
+scores are broken by the key's best 1-based rank in any leg, then by key ascending, so the
+output is deterministic whatever the order of the legs or of the dict iteration. If a key
+appears twice in one leg, only its first (best) occurrence counts, and ranks count distinct
+keys (a repeat does not push the keys after it down).
+
+Truncating to ``top_k`` is the caller's job (``fused[:top_k]``): a fused list may be shorter
+than ``top_k`` when the legs' candidate windows are small or overlap, and that is not an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+from .errors import InvalidArgumentError, InvalidTypeError
+
+__all__ = ["rrf", "rrf_max_score", "normalize_rrf", "linear"]
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _check_k(k: float) -> float:
+    if isinstance(k, bool) or not isinstance(k, (int, float)):
+        raise InvalidTypeError(f"rrf k must be a number, got {type(k).__name__}")
+    if not math.isfinite(k) or k < 0:
+        raise InvalidArgumentError(f"rrf k must be a finite number >= 0, got {k!r}")
+    return float(k)
+
+
+def _check_weights(weights: Sequence[float] | None, n_legs: int) -> list[float]:
+    if weights is None:
+        return [1.0] * n_legs
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise InvalidTypeError(f"weights must be a sequence of numbers, got {type(weights).__name__}")
+    if len(weights) != n_legs:
+        raise InvalidArgumentError(f"got {n_legs} legs but {len(weights)} weights")
+    out = []
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise InvalidTypeError(f"weights must be numbers, got {type(w).__name__}")
+        if not math.isfinite(w) or w < 0:
+            raise InvalidArgumentError(f"weights must be finite and >= 0, got {w!r}")
+        out.append(float(w))
+    if n_legs and not any(out):
+        raise InvalidArgumentError("at least one weight must be positive")
+    return out
+
+
+def _distinct_keys(leg: Sequence[tuple[K, float]]) -> list[K]:
+    """The leg's keys in order, first occurrence only."""
+    keys = [kv[0] for kv in leg]
+    if len(set(keys)) != len(keys):
+        keys = list(dict.fromkeys(keys))
+    return keys
+
+
+def _sorted(acc: dict[K, list]) -> list[tuple[K, float]]:
+    # acc values are [fused score, best rank]; order: score desc, best rank asc, key asc.
+    # Plain tuples sort natively (no key function); keys are unique, so no two tuples are equal.
+    order = sorted([(-v[0], v[1], key) for key, v in acc.items()])
+    return [(key, -neg) for neg, _, key in order]
+
+
+def rrf(
+    legs: Sequence[Sequence[tuple[K, float]]],
+    k: float = 60,
+    weights: Sequence[float] | None = None,
+) -> list[tuple[K, float]]:
+    """Reciprocal rank fusion (Cormack, Clarke & Büttcher, SIGIR 2009).
+
+    With ``rank_i(d)`` the 1-based position of key ``d`` in leg ``i`` (best = 1) and ``w_i``
+    the leg's weight (default 1)::
+
+        rrf(d) = sum over legs i that contain d of  w_i / (k + rank_i(d))
+
+    Only ranks matter; the legs' scores are ignored (so legs need not share a scale). A key
+    missing from a leg contributes nothing for that leg; a leg of weight 0 is skipped. ``k``
+    (>= 0, default 60) damps the advantage of the very top ranks. Empty legs are allowed; no
+    legs give ``[]``.
+
+    Returns every key of every leg as ``(key, rrf score)``, fused score descending; ties go to
+    the better (smaller) best rank over the legs, then to the smaller key. Scores lie in
+    ``(0, rrf_max_score(len(legs), k, weights)]``; see :func:`normalize_rrf` for [0, 1].
+    """
+    kk = _check_k(k)
+    ws = _check_weights(weights, len(legs))
+    acc: dict[K, list] = {}
+    terms: dict[K, list[float]] | None = {} if len(legs) > 2 else None
+    for leg, w in zip(legs, ws):
+        if w == 0.0:
+            continue
+        for rank, key in enumerate(_distinct_keys(leg), start=1):
+            c = w / (kk + rank)
+            entry = acc.get(key)
+            if entry is None:
+                acc[key] = [c, rank]
+            else:
+                # Two terms add exactly commutatively; for more legs a correctly rounded sum
+                # (below) makes permuted rank patterns tie exactly.
+                entry[0] += c
+                if rank < entry[1]:
+                    entry[1] = rank
+            if terms is not None:
+                terms.setdefault(key, []).append(c)
+    if terms is not None:
+        for key, parts in terms.items():
+            acc[key][0] = math.fsum(parts)
+    return _sorted(acc)
+
+
+def rrf_max_score(n_legs: int, k: float = 60, weights: Sequence[float] | None = None) -> float:
+    """The largest RRF score attainable over ``n_legs`` legs: ``sum(w_i) / (k + 1)``.
+
+    A key reaches it only by ranking first in every leg. With ``weights=None`` it is
+    ``n_legs / (k + 1)``.
+    """
+    if isinstance(n_legs, bool) or not isinstance(n_legs, int) or n_legs < 0:
+        raise InvalidArgumentError(f"n_legs must be a non-negative integer, got {n_legs!r}")
+    kk = _check_k(k)
+    ws = _check_weights(weights, n_legs)
+    return math.fsum(ws) / (kk + 1.0)
+
+
+def normalize_rrf(
+    fused: Sequence[tuple[K, float]],
+    n_legs: int,
+    k: float = 60,
+    weights: Sequence[float] | None = None,
+) -> list[tuple[K, float]]:
+    """Maps RRF scores to [0, 1]: ``score / rrf_max_score(n_legs, k, weights)``, capped at 1.
+
+    ``n_legs``, ``k`` and ``weights`` must be those given to :func:`rrf`. Legs that returned
+    nothing still count in the maximum, so 1.0 means "first in every leg that was asked";
+    pass only the legs that actually ran. Order is unchanged.
+    """
+    top = rrf_max_score(n_legs, k, weights)
+    if top <= 0.0:
+        return [(key, 0.0) for key, _ in fused]
+    return [(key, min(1.0, s / top)) for key, s in fused]
+
+
+def _min_max(leg: Sequence[tuple[K, float]], what: str) -> dict[K, tuple[float, int]]:
+    """First occurrence of each key -> (min-max normalised score, 1-based rank)."""
+    out: dict[K, tuple[float, int]] = {}
+    scores: list[float] = []
+    keys: list[K] = []
+    ranks: list[int] = []
+    rank = 0
+    for key, score in leg:
+        if key in out:
+            continue
+        rank += 1
+        s = float(score)
+        if not math.isfinite(s):
+            raise InvalidArgumentError(f"{what} scores must be finite, got {score!r} for {key!r}")
+        out[key] = (s, rank)
+        keys.append(key)
+        scores.append(s)
+        ranks.append(rank)
+    if not scores:
+        return out
+    lo, hi = min(scores), max(scores)
+    span = hi - lo
+    if span > 0.0:
+        for key, s, r in zip(keys, scores, ranks):
+            out[key] = ((s - lo) / span, r)
+    else:
+        for key, r in zip(keys, ranks):
+            out[key] = (1.0, r)
+    return out
+
+
+def linear(
+    vector_leg: Sequence[tuple[K, float]],
+    text_leg: Sequence[tuple[K, float]],
+    vector_weight: float = 0.7,
+) -> list[tuple[K, float]]:
+    """Weighted sum of min-max normalised scores (a convex combination).
+
+    Each leg's scores (higher is better, finite) are normalised over that leg's own candidates::
+
+        norm(s) = (s - min) / (max - min)      or 1.0 when max == min (one candidate, or ties)
+
+    and with ``w = vector_weight`` in [0, 1]::
+
+        fused(d) = w * norm_vector(d) + (1 - w) * norm_text(d)
+
+    where a key missing from a leg contributes 0 for that leg. Fused scores are in [0, 1].
+    Returns every key of both legs, fused score descending; ties go to the better best rank
+    over the legs, then to the smaller key. Note that the worst candidate of a leg normalises
+    to 0, like a missing one: min-max fusion is sensitive to the candidate window.
+    """
+    if isinstance(vector_weight, bool) or not isinstance(vector_weight, (int, float)):
+        raise InvalidTypeError(f"vector_weight must be a number, got {type(vector_weight).__name__}")
+    w = float(vector_weight)
+    if not 0.0 <= w <= 1.0:  # also rejects NaN
+        raise InvalidArgumentError(f"vector_weight must be in [0, 1], got {vector_weight!r}")
+    acc: dict[K, list] = {}
+    for leg, lw, what in ((vector_leg, w, "vector leg"), (text_leg, 1.0 - w, "text leg")):
+        for key, (s, rank) in _min_max(leg, what).items():
+            c = lw * s
+            entry = acc.get(key)
+            if entry is None:
+                acc[key] = [c, rank]
+            else:
+                entry[0] += c
+                if rank < entry[1]:
+                    entry[1] = rank
+    for entry in acc.values():  # guard against 0.7 * 1 + 0.3 * 1 rounding above 1
+        if entry[0] > 1.0:
+            entry[0] = 1.0
+    return _sorted(acc)
