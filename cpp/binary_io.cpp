@@ -71,6 +71,22 @@ std::uint64_t hash_finish(std::uint64_t h, const unsigned char* tail, std::size_
 
 std::string errno_text() { return std::strerror(errno); }
 
+// 64-bit file positions on every platform (long is 32 bits on Windows).
+int seek64(std::FILE* f, std::int64_t off, int whence) {
+#if defined(_WIN32)
+  return _fseeki64(f, off, whence);
+#else
+  return fseeko(f, static_cast<off_t>(off), whence);
+#endif
+}
+std::int64_t tell64(std::FILE* f) {
+#if defined(_WIN32)
+  return _ftelli64(f);
+#else
+  return static_cast<std::int64_t>(ftello(f));
+#endif
+}
+
 }  // namespace
 
 std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
@@ -162,7 +178,7 @@ void BinaryWriter::commit() {
   unsigned char tail[16];
   store_le64(tail, payload_bytes_);
   store_le64(tail + 8, sum);
-  if (std::fseek(file_, 16, SEEK_SET) != 0 || std::fwrite(tail, 1, 16, file_) != 16 ||
+  if (seek64(file_, 16, SEEK_SET) != 0 || std::fwrite(tail, 1, 16, file_) != 16 ||
       std::fflush(file_) != 0) {
     throw IoError("cannot write '" + path_ + "': " + errno_text());
   }
@@ -217,8 +233,8 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
   if (load_le(header + 12, 4) != 0) fail("unknown header flags (corrupted file)");
   const std::uint64_t payload = load_le(header + 16, 8);
   const std::uint64_t sum = load_le(header + 24, 8);
-  if (std::fseek(f, 0, SEEK_END) != 0) fail("cannot determine the file size");
-  const long end = std::ftell(f);
+  if (seek64(f, 0, SEEK_END) != 0) fail("cannot determine the file size");
+  const std::int64_t end = tell64(f);
   if (end < 0) fail("cannot determine the file size");
   const std::uint64_t actual = static_cast<std::uint64_t>(end) - kHeaderBytes;
   if (payload != actual) {
@@ -226,7 +242,7 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
          std::to_string(actual) + " (truncated or appended to)");
   }
   data_.resize(static_cast<std::size_t>(payload));
-  if (std::fseek(f, static_cast<long>(kHeaderBytes), SEEK_SET) != 0 ||
+  if (seek64(f, static_cast<std::int64_t>(kHeaderBytes), SEEK_SET) != 0 ||
       std::fread(data_.data(), 1, data_.size(), f) != data_.size()) {
     fail("read error");
   }

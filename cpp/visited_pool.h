@@ -2,6 +2,7 @@
 // Visited sets for graph traversal. An epoch counter makes "clear" O(1): a slot is visited
 // when its mark equals the current epoch (the hnswlib trick). A pool hands one set to each
 // concurrent search so that searches never share mutable state.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>

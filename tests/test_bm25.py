@@ -76,8 +76,11 @@ def make_index(texts: dict[int, str | None], *, kind="flat", metadata=None, dim=
     return index
 
 
-VOCAB = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
-         "sigma tau upsilon phi chi psi omega error code e1234 part 42 x").split()
+VOCAB = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi",
+    "psi", "omega", "error", "code", "e1234", "part", "42", "x",
+]
 
 
 def toy_corpus(seed: int, n: int) -> dict[int, str]:

@@ -84,7 +84,8 @@ def test_chunk_level_dedup_and_document_level_reach_the_exact_baselines(tmp_path
 
 
 def test_hnsw_knowledge_base_stays_close_to_exact(tmp_path, scifact):
-    kb = Engine(tmp_path).create_knowledge_base("chunks", embedder=False, index="hnsw", ef_construction=100)
+    kb = Engine(tmp_path).create_knowledge_base("chunks", embedder=False, index="hnsw",
+                                                ef_construction=100, ef=128)
     kb.ingest_table(scifact["chunks"], vectors=scifact["C"])
     ranked = [[h.document_id for h in kb.retrieve(q, top_k=10, deduplicate=True)] for q in scifact["Q"]]
     ndcg = _ndcg10(ranked, scifact["queries"], scifact["qrels"])

@@ -24,8 +24,8 @@ __all__ = ["Chunk", "chunk_text", "check_chunk_params"]
 # A blank line (possibly holding spaces) separates paragraphs.
 _PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
 # A sentence ends with . ! ? (or their CJK forms), optionally followed by closing quotes or
-# brackets, then whitespace; CJK sentence marks need no whitespace after them.
-_SENTENCE = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+|(?<=[\u3002\uff01\uff1f])\s*")
+# brackets; western marks need whitespace after them. Group 1 / 2 is the end of the sentence.
+_SENTENCE = re.compile(r"([.!?][\"'\u201d\u2019)\]]*)\s+|([\u3002\uff01\uff1f])\s*")
 _WORD = re.compile(r"\s+")
 _LEVELS = (_PARAGRAPH, _SENTENCE, _WORD)
 
@@ -72,8 +72,9 @@ def _split(text: str, s: int, e: int, pattern: re.Pattern[str]) -> list[tuple[in
     out: list[tuple[int, int]] = []
     pos = s
     for m in pattern.finditer(text, s, e):
-        if m.start() > pos:
-            a, b = _trimmed(text, pos, m.start())
+        cut = m.end(m.lastindex) if m.lastindex else m.start()  # keep sentence marks
+        if cut > pos:
+            a, b = _trimmed(text, pos, cut)
             if b > a:
                 out.append((a, b))
         pos = max(pos, m.end())

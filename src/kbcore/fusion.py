@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["rrf", "rrf_max_score", "normalize_rrf", "linear"]
+__all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -108,8 +108,7 @@ def rrf(
                 # Two terms add exactly commutatively; for more legs a correctly rounded sum
                 # (below) makes permuted rank patterns tie exactly.
                 entry[0] += c
-                if rank < entry[1]:
-                    entry[1] = rank
+                entry[1] = min(entry[1], rank)
             if terms is not None:
                 terms.setdefault(key, []).append(c)
     if terms is not None:
@@ -214,9 +213,7 @@ def linear(
                 acc[key] = [c, rank]
             else:
                 entry[0] += c
-                if rank < entry[1]:
-                    entry[1] = rank
+                entry[1] = min(entry[1], rank)
     for entry in acc.values():  # guard against 0.7 * 1 + 0.3 * 1 rounding above 1
-        if entry[0] > 1.0:
-            entry[0] = 1.0
+        entry[0] = min(entry[0], 1.0)
     return _sorted(acc)
