@@ -185,6 +185,8 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     if (results.size() >= ef && c.dist > results.front().dist) break;
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
+    // The next candidate's links will be read next: start loading them now.
+    if (!kLocked && !candidates.empty()) detail::prefetch(links(candidates.front().slot, level));
     const std::uint32_t* nl;
     std::size_t count;
     if constexpr (kLocked) {
@@ -204,7 +206,9 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     for (std::size_t j = 0; j < count; ++j) {
       const Slot n = nl[j];
       if (visited->test_and_set(n)) continue;
-      detail::prefetch(store_.vector(n));
+      const char* row = reinterpret_cast<const char*>(store_.vector(n));
+      detail::prefetch(row);
+      detail::prefetch(row + 64);
       fresh[m++] = n;
     }
     std::size_t j = 0;

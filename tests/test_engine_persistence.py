@@ -274,3 +274,29 @@ def test_compaction_reclaims_disk(tmp_path, monkeypatch):
     reopened = Engine(tmp_path)["kb"]
     assert [(h.id, h.content) for h in reopened.retrieve("sentence 2 about keys", top_k=10)] == results
     assert len(reopened.documents()) == 46
+
+
+def _toy_embed(texts):
+    """A custom embedder: letter counts (deterministic, 26-d)."""
+    out = np.zeros((len(texts), 26), np.float32)
+    for i, t in enumerate(texts):
+        for ch in t.lower():
+            if "a" <= ch <= "z":
+                out[i, ord(ch) - 97] += 1
+        out[i, 0] += 1e-3
+    return out
+
+
+def test_custom_embedder_must_be_passed_again_on_reopen(tmp_path):
+    kb = Engine(tmp_path, embedder=_toy_embed).create_knowledge_base("kb")
+    assert kb.dim == 26
+    kb.ingest(text="zzz zzz", document_id="z")
+    kb.ingest(text="aaa bbb", document_id="a")
+    assert kb.retrieve("zz", top_k=1)[0].document_id == "z"
+    kb.close()
+    blind = Engine(tmp_path)["kb"]
+    assert blind.retrieve(_toy_embed(["zz"])[0], top_k=1)[0].document_id == "z"  # vectors still work
+    with pytest.raises(ValueError, match="pass embedder="):
+        blind.retrieve("zz")
+    again = Engine(tmp_path, embedder=_toy_embed)["kb"]
+    assert again.retrieve("zz", top_k=1)[0].document_id == "z"

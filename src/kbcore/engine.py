@@ -274,7 +274,8 @@ class _NoBar:
 
 def _groups_native(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
     """(best id, its distance, part ids) of the k nearest groups: native ``search_groups``."""
-    groups = kb._index.search_groups(q, k, group_by=_GROUP, group_size=1, where=where, ef=ef)
+    groups = kb._index.search_groups(q, k, group_by=_GROUP, group_size=1, where=where, ef=ef,
+                                     threads=1)
     return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
 
 
@@ -287,7 +288,7 @@ def _groups_fallback(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: i
     fetch = min(max(4 * k, 32), total)
     base_ef = ef if ef is not None else index.ef
     while True:
-        ids, dist = index.search(q, fetch, where=where, ef=max(base_ef, fetch))
+        ids, dist = index.search(q, fetch, where=where, ef=max(base_ef, fetch), threads=1)
         valid = ids >= 0
         ids, dist = ids[valid], dist[valid]
         groups = kb._groups_of(ids)
@@ -1113,7 +1114,7 @@ class KnowledgeBase:
             return []
         if deduplicate:
             return _search_groups(self, q, top_k, where, ef)
-        ids, dist = index.search(q, top_k, where=where, ef=ef)
+        ids, dist = index.search(q, top_k, where=where, ef=ef, threads=1)
         return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]
 
     def _locate(self, chunk_id: int) -> tuple[_Segment, int]:
