@@ -23,19 +23,19 @@ _NUMPY_PRELOADED = "numpy" in sys.modules
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import gc
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benches.datasets import (  # noqa: E402
+from benches.datasets import (
     SYNTHETIC_CLUSTERS,
     SYNTHETIC_DIM,
     SYNTHETIC_SEED,
@@ -120,7 +120,9 @@ def draw_attributes(n: int, seed: int = ATTR_SEED) -> tuple[np.ndarray, np.ndarr
     return bucket, tag
 
 
-def synthetic_centres(dim: int = SYNTHETIC_DIM, clusters: int = SYNTHETIC_CLUSTERS, seed: int = SYNTHETIC_SEED) -> np.ndarray:
+def synthetic_centres(
+    dim: int = SYNTHETIC_DIM, clusters: int = SYNTHETIC_CLUSTERS, seed: int = SYNTHETIC_SEED
+) -> np.ndarray:
     """The cluster centres of ``datasets.make_synthetic`` (same seed stream), re-derived here.
 
     The caller checks that base rows really sit around them before using them.
@@ -131,7 +133,9 @@ def synthetic_centres(dim: int = SYNTHETIC_DIM, clusters: int = SYNTHETIC_CLUSTE
     return c
 
 
-def nearest_centre(x: np.ndarray, centres: np.ndarray, block: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+def nearest_centre(
+    x: np.ndarray, centres: np.ndarray, block: int = 16384
+) -> tuple[np.ndarray, np.ndarray]:
     labels = np.empty(x.shape[0], dtype=np.int64)
     best = np.empty(x.shape[0], dtype=np.float32)
     for s in range(0, x.shape[0], block):
@@ -141,7 +145,9 @@ def nearest_centre(x: np.ndarray, centres: np.ndarray, block: int = 16384) -> tu
     return labels, best
 
 
-def locality_attribute(ds: Dataset, queries: np.ndarray, info: dict) -> tuple[str, np.ndarray, dict[float, dict]]:
+def locality_attribute(
+    ds: Dataset, queries: np.ndarray, info: dict
+) -> tuple[str, np.ndarray, dict[float, dict]]:
     """The field behind the anti-correlated filters, and for each target fraction its ``where``.
 
     Synthetic: ``cluster`` = the row's cluster; the filter is ``cluster $in`` the clusters farthest
@@ -169,13 +175,15 @@ def locality_attribute(ds: Dataset, queries: np.ndarray, info: dict) -> tuple[st
                 chosen = sorted(int(c) for c in order[:m])
                 out[frac] = {"where": {"cluster": {"$in": chosen}}, "values": chosen}
             return "cluster", labels, out
-        log(f"  warning: synthetic centres do not match the data (mean cosine {fit:.2f}); "
-            "falling back to far_rank for the anti-correlated filters")
+        log(
+            f"  warning: synthetic centres do not match the data (mean cosine {fit:.2f}); "
+            "falling back to far_rank for the anti-correlated filters"
+        )
     sims = ds.base @ queries.mean(axis=0)
     far_rank = np.empty(ds.n, dtype=np.int64)
     far_rank[np.argsort(sims, kind="stable")] = np.arange(ds.n)
     for frac in ANTI_FRACTIONS:
-        m = max(K, int(round(frac * ds.n)))
+        m = max(K, round(frac * ds.n))
         out[frac] = {"where": {"far_rank": {"$lt": m}}, "values": m}
     return "far_rank", far_rank, out
 
@@ -187,7 +195,7 @@ def make_cases(attrs: Attributes, anti: dict[float, dict]) -> list[Case]:
     ]
     cases.append(
         Case(
-            'tag in [t3,t4]',
+            "tag in [t3,t4]",
             "string",
             {"tag": {"$in": ["t3", "t4"]}},
             lambda a: (a.tag == "t3") | (a.tag == "t4"),
@@ -196,9 +204,9 @@ def make_cases(attrs: Attributes, anti: dict[float, dict]) -> list[Case]:
     for frac, spec in anti.items():
         if attrs.local_name == "cluster":
             values = np.asarray(spec["values"], dtype=np.int64)
-            cond = lambda a, v=values: np.isin(a.local, v)  # noqa: E731
+            cond = lambda a, v=values: np.isin(a.local, v)
         else:
-            cond = lambda a, m=spec["values"]: a.local < m  # noqa: E731
+            cond = lambda a, m=spec["values"]: a.local < m
         cases.append(Case(f"anti {frac:.0%}", "anti-correlated", spec["where"], cond))
     for c in cases:
         c.mask = np.ascontiguousarray(c.condition(attrs), dtype=bool)
@@ -250,8 +258,12 @@ class Budget:
     min_queries: int = 50
 
 
-def time_loop(fn: Callable[[Any], Any], inputs: Sequence[Any], stop_after_s: float | None = None,
-              min_queries: int = 50) -> tuple[float, float, list]:
+def time_loop(
+    fn: Callable[[Any], Any],
+    inputs: Sequence[Any],
+    stop_after_s: float | None = None,
+    min_queries: int = 50,
+) -> tuple[float, float, list]:
     """One timed pass of ``fn`` over ``inputs`` with gc paused; returns (wall s, cpu s, outputs).
 
     With ``stop_after_s`` the pass ends early once that much time is spent and ``min_queries``
@@ -278,9 +290,16 @@ def time_loop(fn: Callable[[Any], Any], inputs: Sequence[Any], stop_after_s: flo
     return wall, cpu, out[:done]
 
 
-def measure_point(fn: Callable[[Any], Any], inputs: Sequence[Any], to_ids: Callable[[Any], np.ndarray],
-                  case: Case, scores: np.ndarray, repeats: int, budget: Budget | None,
-                  always_repeat: bool = False) -> dict:
+def measure_point(
+    fn: Callable[[Any], Any],
+    inputs: Sequence[Any],
+    to_ids: Callable[[Any], np.ndarray],
+    case: Case,
+    scores: np.ndarray,
+    repeats: int,
+    budget: Budget | None,
+    always_repeat: bool = False,
+) -> dict:
     """Recall and single-thread QPS of one configuration (median of ``repeats`` passes)."""
     stop = None if budget is None else budget.point_s
     wall, cpu, outs = time_loop(fn, inputs, stop, budget.min_queries if budget else 0)
@@ -320,9 +339,17 @@ def cpu_warning(p: dict) -> str:
     return ""
 
 
-def sweep(name: str, make_fn: Callable[[int], Callable[[Any], Any]], inputs: Sequence[Any],
-          to_ids: Callable[[Any], np.ndarray], case: Case, scores: np.ndarray, efs: Sequence[int],
-          repeats: int, budget: Budget) -> dict:
+def sweep(
+    name: str,
+    make_fn: Callable[[int], Callable[[Any], Any]],
+    inputs: Sequence[Any],
+    to_ids: Callable[[Any], np.ndarray],
+    case: Case,
+    scores: np.ndarray,
+    efs: Sequence[int],
+    repeats: int,
+    budget: Budget,
+) -> dict:
     """Ascending ef until recall >= target (the smallest qualifying ef is the answer), or the budget ends."""
     points = []
     t0 = time.perf_counter()
@@ -332,9 +359,13 @@ def sweep(name: str, make_fn: Callable[[int], Callable[[Any], Any]], inputs: Seq
         p = measure_point(make_fn(ef), inputs, to_ids, case, scores, repeats, budget)
         p["ef"] = ef
         points.append(p)
-        log(f"      {name:<14s} ef={ef:<5d} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}"
-            f"  ({p['queries']} q x {p['repeats']})" + (f"  short {p['short_ids']}" if p["short_ids"] else "")
-            + (f"  empty results {p['empty_results']}" if p["empty_results"] else "") + cpu_warning(p))
+        log(
+            f"      {name:<14s} ef={ef:<5d} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}"
+            f"  ({p['queries']} q x {p['repeats']})"
+            + (f"  short {p['short_ids']}" if p["short_ids"] else "")
+            + (f"  empty results {p['empty_results']}" if p["empty_results"] else "")
+            + cpu_warning(p)
+        )
         if p["recall"] >= TARGET_RECALL:
             best = p
             stopped = "reached target"
@@ -359,7 +390,9 @@ class KbcoreLib:
         self.compile_where = compile_where
         table = attrs.arrow_table()
         self.index = kbcore.Index(ds.dim, "cosine", "hnsw", M=M, ef_construction=EF_CONSTRUCTION)
-        self.index.add(ds.base, np.arange(ds.n, dtype=np.int64), metadata=table, threads=BUILD_THREADS)
+        self.index.add(
+            ds.base, np.arange(ds.n, dtype=np.int64), metadata=table, threads=BUILD_THREADS
+        )
 
     def warm_up(self, queries: np.ndarray) -> None:
         # Unfiltered searches also calibrate the cost model (evals_per_ef), as in normal use.
@@ -385,7 +418,9 @@ class HnswlibLib:
         import hnswlib
 
         self.index = hnswlib.Index(space="cosine", dim=ds.dim)
-        self.index.init_index(max_elements=ds.n, M=M, ef_construction=EF_CONSTRUCTION, random_seed=42)
+        self.index.init_index(
+            max_elements=ds.n, M=M, ef_construction=EF_CONSTRUCTION, random_seed=42
+        )
         self.index.set_num_threads(BUILD_THREADS)
         self.index.add_items(ds.base, np.arange(ds.n), num_threads=BUILD_THREADS)
 
@@ -397,7 +432,7 @@ class HnswlibLib:
     def make_fn(self, mask: np.ndarray) -> Callable[[int], Callable[[Any], Any]]:
         allowed = mask.tolist()  # a list lookup is the cheapest Python predicate on a label
         knn = self.index.knn_query
-        flt = lambda label: allowed[label]  # noqa: E731
+        flt = lambda label: allowed[label]
         index = self.index
 
         def at_ef(ef: int) -> Callable[[Any], Any]:
@@ -464,7 +499,9 @@ class FaissLib:
         self.index = None
 
 
-def numpy_fn(base: np.ndarray, attrs: Attributes, condition: Callable[[Attributes], np.ndarray]) -> Callable[[Any], Any]:
+def numpy_fn(
+    base: np.ndarray, attrs: Attributes, condition: Callable[[Attributes], np.ndarray]
+) -> Callable[[Any], Any]:
     """Brute force as a numpy user writes it: mask, gather the passing rows, matmul, argpartition."""
 
     def one(q: np.ndarray) -> np.ndarray:
@@ -494,8 +531,14 @@ def usearch_has_filtered_search() -> tuple[bool, str]:
     params = set(inspect.signature(Index.search).parameters)
     names = {n for n in dir(Index) if "filter" in n.lower() or "predicate" in n.lower()}
     if params & {"filter", "predicate", "filter_fn"} or names:
-        return True, f"usearch {usearch.__version__}: unexpected filter API {sorted(params | names)}"
-    return False, f"usearch {usearch.__version__}: {USEARCH_NOTE} (search{sorted(params - {'self'})})"
+        return (
+            True,
+            f"usearch {usearch.__version__}: unexpected filter API {sorted(params | names)}",
+        )
+    return (
+        False,
+        f"usearch {usearch.__version__}: {USEARCH_NOTE} (search{sorted(params - {'self'})})",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -509,8 +552,9 @@ def build_timed(make: Callable[[], Any]) -> tuple[Any, float]:
     return obj, time.perf_counter() - t0
 
 
-def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int], repeats: int,
-                  budget: Budget) -> dict:
+def bench_dataset(
+    ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int], repeats: int, budget: Budget
+) -> dict:
     queries = np.ascontiguousarray(ds.queries[:nq])
     q1 = list(queries)  # 1-D views for the per-query loop
     q2 = [row[None, :] for row in queries]  # [1, d] for faiss and the native binding
@@ -525,7 +569,13 @@ def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int],
         c.gt_ids, c.gt_scores = filtered_truth(scores, c.mask)
     log(f"  attributes, filters and ground truth: {time.perf_counter() - t0:.1f} s")
     res["cases"] = {
-        c.name: {"kind": c.kind, "where": c.where, "passing": c.passing, "fraction": c.fraction, "libs": {}}
+        c.name: {
+            "kind": c.kind,
+            "where": c.where,
+            "passing": c.passing,
+            "fraction": c.fraction,
+            "libs": {},
+        }
         for c in cases
     }
     for c in cases:
@@ -544,25 +594,53 @@ def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int],
             out = res["cases"][c.name]["libs"]
             count = lib.index.count(c.where)
             strategy = native.strategy(c.passing, max(default_ef, K))
-            log(f"    {c.name}: count {count} (numpy {c.passing}), auto strategy at ef={default_ef}: {strategy}")
-            p = measure_point(lib.auto_fn(c.where), q1, lambda r: np.asarray(r[0], dtype=np.int64), c, scores,
-                              repeats, None, always_repeat=True)
+            log(
+                f"    {c.name}: count {count} (numpy {c.passing}), auto strategy at ef={default_ef}: {strategy}"
+            )
+            p = measure_point(
+                lib.auto_fn(c.where),
+                q1,
+                lambda r: np.asarray(r[0], dtype=np.int64),
+                c,
+                scores,
+                repeats,
+                None,
+                always_repeat=True,
+            )
             p.update(ef=default_ef, strategy=strategy, count=count)
             out["kbcore"] = p
-            log(f"      {'kbcore auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  [{strategy}]"
-                + cpu_warning(p))
+            log(
+                f"      {'kbcore auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  [{strategy}]"
+                + cpu_warning(p)
+            )
             for forced in ("exact", "graph"):
-                fp = measure_point(lib.forced_fn(c.where, default_ef, forced), q2,
-                                   lambda r: np.asarray(r[0][0], dtype=np.int64), c, scores, repeats, None,
-                                   always_repeat=True)
+                fp = measure_point(
+                    lib.forced_fn(c.where, default_ef, forced),
+                    q2,
+                    lambda r: np.asarray(r[0][0], dtype=np.int64),
+                    c,
+                    scores,
+                    repeats,
+                    None,
+                    always_repeat=True,
+                )
                 fp["ef"] = default_ef
                 out[f"kbcore[{forced}]"] = fp
-                log(f"      {'kbcore ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  QPS {fp['qps']:9.1f}"
-                    + cpu_warning(fp))
+                log(
+                    f"      {'kbcore ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  QPS {fp['qps']:9.1f}"
+                    + cpu_warning(fp)
+                )
             # The graph traversal alone across ef (one pass per point): where would it reach the target?
             out["kbcore[graph] sweep"] = sweep(
-                "kbcore graph", lambda ef, w=c.where: lib.forced_fn(w, ef, "graph"), q2,
-                lambda r: np.asarray(r[0][0], dtype=np.int64), c, scores, efs, 1, budget,
+                "kbcore graph",
+                lambda ef, w=c.where: lib.forced_fn(w, ef, "graph"),
+                q2,
+                lambda r: np.asarray(r[0][0], dtype=np.int64),
+                c,
+                scores,
+                efs,
+                1,
+                budget,
             )
         res["compile_cost"] = compile_cost(lib, cases, q1, repeats)
         del native
@@ -576,7 +654,8 @@ def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int],
         for c in cases:
             at_ef = lib.make_fn(c.mask)
             res["cases"][c.name]["libs"]["hnswlib"] = sweep(
-                "hnswlib", at_ef, q1, lib.to_ids, c, scores, efs, repeats, budget)
+                "hnswlib", at_ef, q1, lib.to_ids, c, scores, efs, repeats, budget
+            )
             del at_ef
         lib.close()
         del lib
@@ -588,19 +667,30 @@ def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int],
         for c in cases:
             at_ef = lib.make_fn(c.mask)
             res["cases"][c.name]["libs"]["faiss"] = sweep(
-                "faiss", at_ef, q2, lib.to_ids, c, scores, efs, repeats, budget)
+                "faiss", at_ef, q2, lib.to_ids, c, scores, efs, repeats, budget
+            )
             del at_ef
         lib.close()
         del lib
 
     if "numpy" in libs:
         for c in cases:
-            p = measure_point(numpy_fn(ds.base, attrs, c.condition), q1, lambda r: r, c, scores, repeats, budget,
-                              always_repeat=True)
+            p = measure_point(
+                numpy_fn(ds.base, attrs, c.condition),
+                q1,
+                lambda r: r,
+                c,
+                scores,
+                repeats,
+                budget,
+                always_repeat=True,
+            )
             p["ef"] = "exact"
             res["cases"][c.name]["libs"]["numpy"] = p
-            log(f"      {'numpy ' + c.name:<24s} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  ({p['queries']} q x {p['repeats']})"
-                + cpu_warning(p))
+            log(
+                f"      {'numpy ' + c.name:<24s} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  ({p['queries']} q x {p['repeats']})"
+                + cpu_warning(p)
+            )
 
     if "usearch" in libs:
         ok, note = usearch_has_filtered_search()
@@ -615,7 +705,9 @@ def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int],
     return res
 
 
-def compile_cost(lib: KbcoreLib, cases: Sequence[Case], q1: Sequence[np.ndarray], repeats: int) -> dict:
+def compile_cost(
+    lib: KbcoreLib, cases: Sequence[Case], q1: Sequence[np.ndarray], repeats: int
+) -> dict:
     """Filter compile + evaluate (``count``) against a whole filtered search, at ~1 % selectivity."""
     case = min(cases, key=lambda c: abs(c.fraction - 0.01) if c.kind == "selectivity" else 9.0)
     where = case.where
@@ -635,10 +727,14 @@ def compile_cost(lib: KbcoreLib, cases: Sequence[Case], q1: Sequence[np.ndarray]
             w, _, _ = time_loop(fn, q1)
             walls.append(w)
         out[f"{name} us"] = 1e6 * statistics.median(walls) / n
-    out["fraction_of_search"] = out["count (compile + evaluate) us"] / out["filtered search (auto) us"]
-    log(f"  compile + evaluate at {case.name}: count {out['count (compile + evaluate) us']:.1f} us "
+    out["fraction_of_search"] = (
+        out["count (compile + evaluate) us"] / out["filtered search (auto) us"]
+    )
+    log(
+        f"  compile + evaluate at {case.name}: count {out['count (compile + evaluate) us']:.1f} us "
         f"(compile {out['compile_where only us']:.1f} us, evaluate {out['native count (evaluate only) us']:.1f} us) "
-        f"vs filtered search {out['filtered search (auto) us']:.1f} us = {out['fraction_of_search']:.1%}")
+        f"vs filtered search {out['filtered search (auto) us']:.1f} us = {out['fraction_of_search']:.1%}"
+    )
     return out
 
 
@@ -652,7 +748,11 @@ def summarise(res: dict) -> None:
             if r is None:
                 continue
             p = r if "points" not in r else r["qualifying"]
-            if p is not None and p["recall"] >= TARGET_RECALL and (best is None or p["qps"] > best[1]):
+            if (
+                p is not None
+                and p["recall"] >= TARGET_RECALL
+                and (best is None or p["qps"] > best[1])
+            ):
                 best = (name, p["qps"], p["ef"])
         c["best_anchor"] = None if best is None else {"lib": best[0], "qps": best[1], "ef": best[2]}
         kb = libs.get("kbcore")
@@ -674,13 +774,19 @@ def anchor_cell(r: dict | None, nq: int) -> tuple[str, str, str, str]:
     if "supported" in r:
         return "-", "-", "-", USEARCH_NOTE if not r["supported"] else r["note"]
     if "points" not in r:  # numpy: one exact point
-        note = "" if r["repeats"] > 1 and r["queries"] == nq else f"{r['queries']} q x {r['repeats']}"
+        note = (
+            "" if r["repeats"] > 1 and r["queries"] == nq else f"{r['queries']} q x {r['repeats']}"
+        )
         return f"{r['recall']:.3f}", _fmt_qps(r["qps"]), "exact", note
     p = r["qualifying"]
     if p is None:
         last = max(r["points"], key=lambda x: x["recall"])
-        return (f"{last['recall']:.3f}", _fmt_qps(last["qps"]), str(last["ef"]),
-                f"never >= {TARGET_RECALL} (best shown; {r['stopped']})")
+        return (
+            f"{last['recall']:.3f}",
+            _fmt_qps(last["qps"]),
+            str(last["ef"]),
+            f"never >= {TARGET_RECALL} (best shown; {r['stopped']})",
+        )
     note = []
     if p["queries"] < nq or p["repeats"] == 1:
         note.append(f"{p['queries']} q x {p['repeats']}")
@@ -705,8 +811,10 @@ def report(results: dict) -> list[str]:
     flags: list[str] = []
     for ds in results["datasets"]:
         lines.append("")
-        lines.append(f"## {ds['name']}  (n = {ds['n']:,}, {ds['queries']} queries, d = {ds['dim']}, k = {K}, "
-                     f"1 search thread, loop of single queries, median of {results['config']['repeats']})")
+        lines.append(
+            f"## {ds['name']}  (n = {ds['n']:,}, {ds['queries']} queries, d = {ds['dim']}, k = {K}, "
+            f"1 search thread, loop of single queries, median of {results['config']['repeats']})"
+        )
         lines.append("")
         lines.append("| filter | pass | library | recall@10 | QPS | ef | note |")
         lines.append("| --- | ---: | --- | ---: | ---: | ---: | --- |")
@@ -714,7 +822,9 @@ def report(results: dict) -> list[str]:
             libs = c["libs"]
             first = True
 
-            def row(lib: str, cells: tuple[str, str, str, str]) -> None:
+            def row(
+                lib: str, cells: tuple[str, str, str, str], name: str = name, c: dict = c
+            ) -> None:
                 nonlocal first
                 head = f"| {name} | {c['fraction']:.2%} |" if first else "| | |"
                 first = False
@@ -725,29 +835,42 @@ def report(results: dict) -> list[str]:
                 ratio = c["kbcore_ratio"]
                 best = c["best_anchor"]
                 note = f"auto -> {kb['strategy']}; ratio " + (
-                    f"{ratio:.2f} vs {best['lib']}" if ratio is not None else "n/a (no anchor reached the target)")
+                    f"{ratio:.2f} vs {best['lib']}"
+                    if ratio is not None
+                    else "n/a (no anchor reached the target)"
+                )
                 if kb["recall"] < TARGET_RECALL:
                     note += f" (does not count: recall < {TARGET_RECALL})"
                 row("**kbcore**", (f"{kb['recall']:.3f}", _fmt_qps(kb["qps"]), str(kb["ef"]), note))
                 for forced in ("exact", "graph"):
                     fp = libs.get(f"kbcore[{forced}]")
                     if fp is not None:
-                        row(f"kbcore {forced} (forced)", (f"{fp['recall']:.3f}", _fmt_qps(fp["qps"]), str(fp["ef"]), "analysis"))
+                        row(
+                            f"kbcore {forced} (forced)",
+                            (f"{fp['recall']:.3f}", _fmt_qps(fp["qps"]), str(fp["ef"]), "analysis"),
+                        )
                 gs = libs.get("kbcore[graph] sweep")
                 if gs is not None:
                     p = gs["qualifying"]
-                    row("kbcore graph (forced, ef sweep)",
+                    last = gs["points"][-1]
+                    never = f"never >= {TARGET_RECALL} up to ef {last['ef']} (recall {last['recall']:.3f})"
+                    row(
+                        "kbcore graph (forced, ef sweep)",
                         (f"{p['recall']:.3f}", _fmt_qps(p["qps"]), str(p["ef"]), "analysis, 1 pass")
-                        if p is not None else
-                        ("-", "-", "-", f"never >= {TARGET_RECALL} up to ef {gs['points'][-1]['ef']} "
-                                        f"(recall {gs['points'][-1]['recall']:.3f})"))
+                        if p is not None
+                        else ("-", "-", "-", never),
+                    )
                 if kb["recall"] < TARGET_RECALL:
-                    flags.append(f"{ds['name']} / {name}: kbcore recall {kb['recall']:.4f} < {TARGET_RECALL} "
-                                 f"(strategy {kb['strategy']}, ef {kb['ef']})")
+                    flags.append(
+                        f"{ds['name']} / {name}: kbcore recall {kb['recall']:.4f} < {TARGET_RECALL} "
+                        f"(strategy {kb['strategy']}, ef {kb['ef']})"
+                    )
                 if ratio is not None and ratio < 1.0:
-                    flags.append(f"{ds['name']} / {name}: kbcore ratio {ratio:.2f} < 1.0 "
-                                 f"({_fmt_qps(kb['qps'])} QPS, {kb['strategy']}) vs {best['lib']} "
-                                 f"{_fmt_qps(best['qps'])} QPS at ef {best['ef']}")
+                    flags.append(
+                        f"{ds['name']} / {name}: kbcore ratio {ratio:.2f} < 1.0 "
+                        f"({_fmt_qps(kb['qps'])} QPS, {kb['strategy']}) vs {best['lib']} "
+                        f"{_fmt_qps(best['qps'])} QPS at ef {best['ef']}"
+                    )
             for lib in ANCHORS:
                 if lib in libs:
                     row(lib, anchor_cell(libs[lib], ds["queries"]))
@@ -761,17 +884,23 @@ def report(results: dict) -> list[str]:
                 f"{cc['filtered search (auto) us']:.1f} us: **{cc['fraction_of_search']:.1%}** of the search (target <= 10%)."
             )
             if cc["fraction_of_search"] > 0.10:
-                flags.append(f"{ds['name']}: filter compile + evaluate is {cc['fraction_of_search']:.1%} of a "
-                             f"filtered search at {cc['case']} (> 10%)")
+                flags.append(
+                    f"{ds['name']}: filter compile + evaluate is {cc['fraction_of_search']:.1%} of a "
+                    f"filtered search at {cc['case']} (> 10%)"
+                )
         contended = [r for r in _timed_points(ds) if r["cpu_per_wall"] < CPU_PER_WALL_LOW]
         lines.append("")
-        lines.append(f"Timings with cpu/wall < {CPU_PER_WALL_LOW} (descheduled by another process): "
-                     f"{len(contended)} of {len(_timed_points(ds))}.")
+        lines.append(
+            f"Timings with cpu/wall < {CPU_PER_WALL_LOW} (descheduled by another process): "
+            f"{len(contended)} of {len(_timed_points(ds))}."
+        )
         if "kbcore_evals_per_ef" in ds:
             lines.append("")
-            lines.append(f"kbcore default ef {ds['kbcore_default_ef']}, cost-model evals_per_ef after warm-up "
-                         f"{ds['kbcore_evals_per_ef']:.2f}; builds (2 threads): "
-                         + ", ".join(f"{k} {v:.1f} s" for k, v in ds["build_s"].items()))
+            lines.append(
+                f"kbcore default ef {ds['kbcore_default_ef']}, cost-model evals_per_ef after warm-up "
+                f"{ds['kbcore_evals_per_ef']:.2f}; builds (2 threads): "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in ds["build_s"].items())
+            )
     lines.append("")
     if flags:
         lines.append("Targets (kbcore recall < 0.95, ratio < 1.0, or compile cost > 10%):")
@@ -793,7 +922,9 @@ def machine_info() -> dict:
         "cpus": os.cpu_count(),
         "numpy": np.__version__,
         "numpy_imported_before_blas_pin": _NUMPY_PRELOADED,
-        "blas_threads_env": {v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
+        "blas_threads_env": {
+            v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+        },
     }
     try:
         with open("/proc/cpuinfo") as fh:
@@ -814,17 +945,37 @@ def machine_info() -> dict:
         import kbcore
 
         info["kbcore_simd"] = kbcore.simd_level()
-    except Exception:  # noqa: BLE001
-        pass
+    except ImportError as e:
+        info["kbcore_simd"] = f"unavailable: {e}"
     return info
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benches.bench_filter", description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA, else ../shared/data)")
-    ap.add_argument("--n", type=int, default=None, help="synthetic base size (default 100000; 20000 with --quick)")
-    ap.add_argument("--nq", type=int, default=None, help="timed queries per dataset (default 300; 100 with --quick)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: small synthetic base, fewer queries, tight budgets")
+    ap = argparse.ArgumentParser(
+        prog="python -m benches.bench_filter", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--data",
+        default=None,
+        help="data root holding scifact/ (default $KBCORE_DATA, else ../shared/data)",
+    )
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="synthetic base size (default 100000; 20000 with --quick)",
+    )
+    ap.add_argument(
+        "--nq",
+        type=int,
+        default=None,
+        help="timed queries per dataset (default 300; 100 with --quick)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: small synthetic base, fewer queries, tight budgets",
+    )
     ap.add_argument("--json", default=None, help="write every number here")
     ap.add_argument("--datasets", default="scifact,synthetic")
     ap.add_argument("--libs", default=",".join(ALL_LIBS))
@@ -834,8 +985,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     n = args.n or (20_000 if args.quick else 100_000)
     nq = args.nq or (100 if args.quick else 300)
-    budget = Budget(point_s=8, sweep_s=20, repeat_if_below_s=3) if args.quick else Budget(
-        point_s=25, sweep_s=75, repeat_if_below_s=12)
+    budget = (
+        Budget(point_s=8, sweep_s=20, repeat_if_below_s=3)
+        if args.quick
+        else Budget(point_s=25, sweep_s=75, repeat_if_below_s=12)
+    )
     libs = [s.strip() for s in args.libs.split(",") if s.strip()]
     unknown = set(libs) - set(ALL_LIBS)
     if unknown:
@@ -845,15 +999,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     results: dict[str, Any] = {
-        "config": {"n": n, "nq": nq, "k": K, "M": M, "ef_construction": EF_CONSTRUCTION, "efs": efs,
-                   "repeats": args.repeats, "target_recall": TARGET_RECALL, "libs": libs,
-                   "budget": budget.__dict__, "quick": args.quick},
+        "config": {
+            "n": n,
+            "nq": nq,
+            "k": K,
+            "M": M,
+            "ef_construction": EF_CONSTRUCTION,
+            "efs": efs,
+            "repeats": args.repeats,
+            "target_recall": TARGET_RECALL,
+            "libs": libs,
+            "budget": budget.__dict__,
+            "quick": args.quick,
+        },
         "machine": machine_info(),
         "loadavg_start": os.getloadavg(),
         "datasets": [],
     }
-    log(f"bench_filter: libs {libs}, datasets {datasets}, synthetic n = {n}, {nq} timed queries, "
-        f"load average {results['loadavg_start'][0]:.2f}")
+    log(
+        f"bench_filter: libs {libs}, datasets {datasets}, synthetic n = {n}, {nq} timed queries, "
+        f"load average {results['loadavg_start'][0]:.2f}"
+    )
     for name in datasets:
         if name == "scifact":
             folder = scifact_dir(args.data)
@@ -866,15 +1032,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             ap.error(f"unknown dataset {name!r}")
         log(f"\n{ds.name}: n = {ds.n:,}, d = {ds.dim}")
-        results["datasets"].append(bench_dataset(ds, min(nq, ds.nq), libs, efs, args.repeats, budget))
+        results["datasets"].append(
+            bench_dataset(ds, min(nq, ds.nq), libs, efs, args.repeats, budget)
+        )
         del ds
         gc.collect()
     results["loadavg_end"] = os.getloadavg()
     results["total_s"] = time.perf_counter() - t_start
     lines = report(results)
     log("\n".join(lines))
-    log(f"\ntotal {results['total_s'] / 60:.1f} min; load average start {results['loadavg_start'][0]:.2f}, "
-        f"end {results['loadavg_end'][0]:.2f}")
+    log(
+        f"\ntotal {results['total_s'] / 60:.1f} min; load average start {results['loadavg_start'][0]:.2f}, "
+        f"end {results['loadavg_end'][0]:.2f}"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1, default=_json_default)

@@ -287,3 +287,14 @@ def test_linear_rejects_bad_inputs():
         linear([(1, float("inf"))], [])
     with pytest.raises(ValueError, match="finite"):
         linear([], [(1, float("nan"))])
+
+
+def test_numpy_scalars_are_accepted_as_keys_weights_and_k():
+    import numpy as np
+
+    vec = [(np.int64(4), np.float32(0.9)), (np.int64(2), np.float32(0.1))]
+    txt = [(np.int64(2), np.float32(3.0))]
+    got = rrf([vec, txt], k=np.int64(60), weights=[np.float32(0.5), np.float64(1.0)])
+    assert [int(key) for key, _ in got] == [2, 4]
+    assert got[0][1] == pytest.approx(0.5 / 62 + 1.0 / 61)
+    assert [int(key) for key, _ in linear(vec, txt, vector_weight=np.float32(0.7))] == [4, 2]

@@ -19,6 +19,7 @@ than ``top_k`` when the legs' candidate windows are small or overlap, and that i
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
 
@@ -30,7 +31,7 @@ K = TypeVar("K", bound=Hashable)
 
 
 def _check_k(k: float) -> float:
-    if isinstance(k, bool) or not isinstance(k, (int, float)):
+    if isinstance(k, bool) or not isinstance(k, numbers.Real):
         raise InvalidTypeError(f"rrf k must be a number, got {type(k).__name__}")
     if not math.isfinite(k) or k < 0:
         raise InvalidArgumentError(f"rrf k must be a finite number >= 0, got {k!r}")
@@ -46,7 +47,7 @@ def _check_weights(weights: Sequence[float] | None, n_legs: int) -> list[float]:
         raise InvalidArgumentError(f"got {n_legs} legs but {len(weights)} weights")
     out = []
     for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Real):
             raise InvalidTypeError(f"weights must be numbers, got {type(w).__name__}")
         if not math.isfinite(w) or w < 0:
             raise InvalidArgumentError(f"weights must be finite and >= 0, got {w!r}")
@@ -199,7 +200,7 @@ def linear(
     over the legs, then to the smaller key. Note that the worst candidate of a leg normalises
     to 0, like a missing one: min-max fusion is sensitive to the candidate window.
     """
-    if isinstance(vector_weight, bool) or not isinstance(vector_weight, (int, float)):
+    if isinstance(vector_weight, bool) or not isinstance(vector_weight, numbers.Real):
         raise InvalidTypeError(f"vector_weight must be a number, got {type(vector_weight).__name__}")
     w = float(vector_weight)
     if not 0.0 <= w <= 1.0:  # also rejects NaN
