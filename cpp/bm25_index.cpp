@@ -45,8 +45,9 @@ void Bm25Index::clear(Slot s) {
   doc_terms_[s].shrink_to_fit();
   doc_len_[s] = 0;
   has_[s] = 0;
-  ++gen_[s];
-  if (stale_postings_ > 1024 && stale_postings_ > live_postings_) compact();
+  ++version_;
+  // Stale postings are told apart by generation; compact before a generation could wrap.
+  if (++gen_[s] == 0xFFFFFFFFu || (stale_postings_ > 1024 && stale_postings_ > live_postings_)) compact();
 }
 
 void Bm25Index::set(Slot s, std::string_view text) {
@@ -60,9 +61,10 @@ void Bm25Index::set(Slot s, std::string_view text) {
   std::sort(terms.begin(), terms.end());
   for (const auto& [term, count] : terms) {
     ++df_[term];
-    postings_[term].push_back({s, static_cast<std::uint16_t>(std::min<std::uint32_t>(count, 65535)), gen_[s]});
+    postings_[term].push_back({s, count, gen_[s]});
   }
   live_postings_ += terms.size();
+  ++version_;
   doc_len_[s] = static_cast<std::uint32_t>(tokens.size());
   total_len_ += tokens.size();
   has_[s] = 1;
@@ -70,23 +72,37 @@ void Bm25Index::set(Slot s, std::string_view text) {
 }
 
 void Bm25Index::compact() {
-  for (auto& p : postings_) p.clear();
+  // Drop terms no row uses any more and renumber the rest, so the vocabulary shrinks too.
+  std::vector<std::uint32_t> remap(terms_.size(), 0xFFFFFFFFu);
+  std::vector<std::string> terms;
+  std::vector<std::uint32_t> df;
+  for (std::size_t t = 0; t < terms_.size(); ++t) {
+    if (df_[t] == 0) continue;
+    remap[t] = static_cast<std::uint32_t>(terms.size());
+    terms.push_back(std::move(terms_[t]));
+    df.push_back(df_[t]);
+  }
+  term_ids_.clear();
+  for (std::size_t t = 0; t < terms.size(); ++t) term_ids_.emplace(terms[t], static_cast<std::uint32_t>(t));
+  terms_ = std::move(terms);
+  df_ = std::move(df);
+  postings_.assign(terms_.size(), {});
   for (std::size_t s = 0; s < doc_terms_.size(); ++s) {
+    gen_[s] = 0;
     if (!has_[s]) continue;
-    for (const auto& [term, count] : doc_terms_[s]) {
-      postings_[term].push_back({static_cast<Slot>(s), static_cast<std::uint16_t>(std::min<std::uint32_t>(count, 65535)),
-                                 gen_[s]});
+    for (auto& [term, count] : doc_terms_[s]) {
+      term = remap[term];
+      postings_[term].push_back({static_cast<Slot>(s), count, 0});
     }
   }
-  for (auto& p : postings_) p.shrink_to_fit();
   stale_postings_ = 0;
 }
 
 std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, const Bitmap* allowed) const {
-  TopK top(k);
+  TopK top(std::min(k, n_docs_));
   if (n_docs_ == 0 || k == 0) return top.take_sorted();
   std::vector<std::uint32_t> ids;
-  for (const auto& t : tokenize(query)) {
+  for (const auto& t : tokenize(query, /*for_query=*/true)) {
     const auto it = term_ids_.find(t);
     if (it != term_ids_.end() && df_[it->second] > 0) ids.push_back(it->second);
   }
@@ -95,6 +111,18 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   const double n = static_cast<double>(n_docs_);
   const float avgdl = static_cast<float>(static_cast<double>(total_len_) / n);
   const float k1 = params_.k1, b = params_.b;
+  {
+    // Length normalisation depends on avgdl, so it is cached per corpus state.
+    std::lock_guard<std::mutex> lock(norm_mutex_);
+    if (norm_version_ != version_ || norm_.size() != doc_len_.size()) {
+      norm_.resize(doc_len_.size());
+      for (std::size_t s = 0; s < doc_len_.size(); ++s) {
+        norm_[s] = k1 * (1.0f - b + b * static_cast<float>(doc_len_[s]) / avgdl);
+      }
+      norm_version_ = version_;
+    }
+  }
+  const float* norm = norm_.data();
   thread_local std::vector<float> acc;
   thread_local std::vector<Slot> touched;
   if (acc.size() < doc_len_.size()) acc.resize(doc_len_.size(), 0.0f);
@@ -105,9 +133,8 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
     for (const Posting& p : postings_[term]) {
       if (p.gen != gen_[p.slot] || !has_[p.slot]) continue;
       if (allowed != nullptr && !allowed->test(p.slot)) continue;
-      const float tf = p.tf;
-      const float norm = k1 * (1.0f - b + b * static_cast<float>(doc_len_[p.slot]) / avgdl);
-      const float w = idf * tf * (k1 + 1.0f) / (tf + norm);
+      const auto tf = static_cast<float>(p.tf);
+      const float w = idf * tf * (k1 + 1.0f) / (tf + norm[p.slot]);
       if (acc[p.slot] == 0.0f) touched.push_back(p.slot);
       acc[p.slot] += w;
     }
@@ -124,7 +151,8 @@ std::size_t Bm25Index::memory_bytes() const {
   for (const auto& t : terms_) b += 2 * (t.capacity() + sizeof(std::string)) + 4 * sizeof(void*);
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
-  return b + doc_len_.capacity() * 4 + gen_.capacity() * 2 + has_.capacity() + df_.capacity() * 4;
+  return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 +
+         norm_.capacity() * 4;
 }
 
 // Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.
@@ -132,10 +160,16 @@ std::size_t Bm25Index::memory_bytes() const {
 void Bm25Index::save(BinaryWriter& w) const {
   w.f32(params_.k1);
   w.f32(params_.b);
-  w.u64(terms_.size());
-  for (const auto& t : terms_) {
-    w.u64(t.size());
-    w.array(reinterpret_cast<const std::uint8_t*>(t.data()), t.size());
+  std::vector<std::uint32_t> remap(terms_.size(), 0xFFFFFFFFu);
+  std::uint64_t used = 0;
+  for (std::size_t t = 0; t < terms_.size(); ++t) {
+    if (df_[t] > 0) remap[t] = static_cast<std::uint32_t>(used++);
+  }
+  w.u64(used);
+  for (std::size_t t = 0; t < terms_.size(); ++t) {
+    if (df_[t] == 0) continue;
+    w.u64(terms_[t].size());
+    w.array(reinterpret_cast<const std::uint8_t*>(terms_[t].data()), terms_[t].size());
   }
   w.u64(n_docs_);
   for (std::size_t s = 0; s < doc_terms_.size(); ++s) {
@@ -143,8 +177,9 @@ void Bm25Index::save(BinaryWriter& w) const {
     w.u32(static_cast<std::uint32_t>(s));
     w.u32(doc_len_[s]);
     w.u64(doc_terms_[s].size());
+    // Renumbering keeps the order of term ids, so each list stays sorted.
     for (const auto& [term, tf] : doc_terms_[s]) {
-      w.u32(term);
+      w.u32(remap[term]);
       w.u32(tf);
     }
   }
@@ -187,7 +222,7 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
     if (sum != len) r.fail("BM25 document length disagrees with its terms");
     for (const auto& [term, tf] : terms) {
       ++df_[term];
-      postings_[term].push_back({s, static_cast<std::uint16_t>(std::min<std::uint32_t>(tf, 65535)), gen_[s]});
+      postings_[term].push_back({s, tf, gen_[s]});
     }
     live_postings_ += terms.size();
     doc_len_[s] = len;

@@ -7,6 +7,7 @@
 // and the postings are rebuilt from the per-row term lists once stale entries reach half.
 // Thread-safety as for the owning Index: search is const and concurrent; set/clear exclusive.
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -50,8 +51,8 @@ class Bm25Index {
  private:
   struct Posting {
     Slot slot;
-    std::uint16_t tf;   // capped at 65535
-    std::uint16_t gen;  // generation of the slot's text when the posting was written
+    std::uint32_t tf;
+    std::uint32_t gen;  // generation of the slot's text when the posting was written
   };
   std::uint32_t term_id(const std::string& t);
   void compact();
@@ -63,7 +64,12 @@ class Bm25Index {
   std::vector<std::vector<Posting>> postings_;    // per term
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms_;  // per slot: (term, tf)
   std::vector<std::uint32_t> doc_len_;            // tokens per slot
-  std::vector<std::uint16_t> gen_;                // per slot
+  std::vector<std::uint32_t> gen_;                // per slot; a compaction runs before it can wrap
+  // k1 * (1 - b + b * dl / avgdl) per slot, cached for the corpus state `norm_version_`.
+  mutable std::vector<float> norm_;
+  mutable std::uint64_t norm_version_ = ~std::uint64_t{0};
+  mutable std::mutex norm_mutex_;
+  std::uint64_t version_ = 0;                     // bumped by every set / clear
   std::vector<std::uint8_t> has_;                 // per slot: 1 if it has text
   std::size_t n_docs_ = 0;
   std::uint64_t total_len_ = 0;

@@ -100,6 +100,7 @@ std::uint32_t word_char(std::uint32_t c) {
     return (c % 2 == 0) ? c + 1 : c;
   }
   if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;  // Greek capitals
+  if (c == 0x3C2) return 0x3C3;                               // final sigma
   if (c >= 0x410 && c <= 0x42F) return c + 32;                // Cyrillic capitals
   if (c >= 0x400 && c <= 0x40F) return c + 80;
   // Punctuation and symbol blocks are separators; everything else is part of a word.
@@ -117,7 +118,7 @@ std::uint32_t word_char(std::uint32_t c) {
 
 }  // namespace
 
-std::vector<std::string> tokenize(std::string_view text) {
+std::vector<std::string> tokenize(std::string_view text, bool for_query) {
   std::vector<std::string> out;
   std::string word;
   std::vector<std::uint32_t> cjk;
@@ -128,10 +129,12 @@ std::vector<std::string> tokenize(std::string_view text) {
     }
   };
   const auto flush_cjk = [&] {
-    if (cjk.size() == 1) {
-      std::string t;
-      append_utf8(t, cjk[0]);
-      out.push_back(std::move(t));
+    if (cjk.size() == 1 || (!for_query && !cjk.empty())) {
+      for (std::uint32_t c : cjk) {
+        std::string t;
+        append_utf8(t, c);
+        out.push_back(std::move(t));
+      }
     }
     for (std::size_t j = 0; j + 1 < cjk.size(); ++j) {
       std::string t;

@@ -4,8 +4,9 @@
 //   marks are words, lower-cased (ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic,
 //   fullwidth ASCII folded to ASCII);
 // - Chinese, Japanese (kana) and Korean (Hangul): each maximal run of such characters yields
-//   its overlapping character bigrams (a run of one character yields that character), so a
-//   query matches text without a word segmenter.
+//   its overlapping character bigrams, so a query matches text without a word segmenter.
+//   Documents also index every character alone, so that a one-character query (a run of one
+//   character, which a query tokenizes as that character) still matches inside longer runs.
 // Limits: no stemming, no stop words, no Unicode normalisation (NFC and NFD spellings differ),
 // and scripts written without spaces other than CJK (e.g. Thai) are not segmented.
 // Invalid UTF-8 bytes are treated as separators.
@@ -15,7 +16,8 @@
 
 namespace kbcore {
 
-/// Tokens of `text` in order (see the file comment). O(|text|).
-std::vector<std::string> tokenize(std::string_view text);
+/// Tokens of `text` in order (see the file comment): document tokens, or query tokens when
+/// `for_query` (CJK runs longer than one character give bigrams only). O(|text|).
+std::vector<std::string> tokenize(std::string_view text, bool for_query = false);
 
 }  // namespace kbcore

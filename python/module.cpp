@@ -52,7 +52,9 @@ PYBIND11_MODULE(_core, m) {
   }, "SIMD levels this CPU and build can run, lowest first.");
   m.def("set_simd_level", [](const std::string& name) { set_simd_level(parse_simd_level(name)); },
         py::arg("level"), "Forces a SIMD level ('scalar', 'avx2', 'avx512').");
-  m.def("tokenize", [](const std::string& text) { return tokenize(text); }, py::arg("text"),
-        "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams.");
+  m.def("tokenize", [](const std::string& text, bool for_query) { return tokenize(text, for_query); },
+        py::arg("text"), py::arg("for_query") = false,
+        "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
+        "also index single CJK characters).");
   kbcore::python::bind_index(m);
 }

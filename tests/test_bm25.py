@@ -36,7 +36,7 @@ def reference_bm25(texts: dict[int, str], query: str, allowed=None) -> dict[int,
     tf = {i: Counter(toks) for i, toks in docs.items()}
     df = Counter(term for c in tf.values() for term in c)
     out: dict[int, float] = {}
-    for term in dict.fromkeys(kbcore.tokenize(query)):  # distinct terms, once each
+    for term in dict.fromkeys(kbcore.tokenize(query, for_query=True)):  # distinct, once each
         if df[term] == 0:
             continue
         idf = math.log(1.0 + (n - df[term] + 0.5) / (df[term] + 0.5))
@@ -221,7 +221,7 @@ def test_tokenize_folds_fullwidth_ascii(text, tokens):
     ],
 )
 def test_tokenize_cjk_runs_into_bigrams(text, tokens):
-    assert kbcore.tokenize(text) == tokens
+    assert kbcore.tokenize(text, for_query=True) == tokens
 
 
 @pytest.mark.parametrize(
@@ -234,7 +234,22 @@ def test_tokenize_cjk_runs_into_bigrams(text, tokens):
     ],
 )
 def test_tokenize_mixed_script_splits_at_script_boundaries(text, tokens):
-    assert kbcore.tokenize(text) == tokens
+    assert kbcore.tokenize(text, for_query=True) == tokens
+
+
+@pytest.mark.parametrize("text", ["知识库", "東京タワー", "서울은 한국의", "api キー"])
+def test_document_tokens_add_every_cjk_character_to_the_query_bigrams(text):
+    query_tokens = kbcore.tokenize(text, for_query=True)
+    doc_tokens = kbcore.tokenize(text)
+    singles = [t for t in doc_tokens if len(t) == 1 and t not in query_tokens]
+    assert sorted(doc_tokens) == sorted(query_tokens + singles)
+    assert "".join(singles) == "".join(ch for ch in text if ord(ch) > 0x3000)
+
+
+def test_one_character_cjk_query_matches_inside_a_longer_run():
+    index = make_index({1: "猫が好き", 2: "犬が好き"})
+    ids, _ = index.search_text("猫", 5)
+    assert ids.tolist() == [1]
 
 
 CJK_DOCS = {
