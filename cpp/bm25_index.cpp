@@ -112,17 +112,25 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   const float avgdl = static_cast<float>(static_cast<double>(total_len_) / n);
   const float k1 = params_.k1, b = params_.b;
   {
-    // Length normalisation depends on avgdl, so it is cached per corpus state.
+    // Term weights depend on avgdl, so they are cached per corpus state.
     std::lock_guard<std::mutex> lock(norm_mutex_);
-    if (norm_version_ != version_ || norm_.size() != doc_len_.size()) {
-      norm_.resize(doc_len_.size());
+    if (norm_version_ != version_ || weights_.size() != postings_.size()) {
+      std::vector<float> norm(doc_len_.size());
       for (std::size_t s = 0; s < doc_len_.size(); ++s) {
-        norm_[s] = k1 * (1.0f - b + b * static_cast<float>(doc_len_[s]) / avgdl);
+        norm[s] = k1 * (1.0f - b + b * static_cast<float>(doc_len_[s]) / avgdl);
+      }
+      weights_.resize(postings_.size());
+      for (std::size_t t = 0; t < postings_.size(); ++t) {
+        auto& w = weights_[t];
+        w.resize(postings_[t].size());
+        for (std::size_t i = 0; i < w.size(); ++i) {
+          const auto tf = static_cast<float>(postings_[t][i].tf);
+          w[i] = tf * (k1 + 1.0f) / (tf + norm[postings_[t][i].slot]);
+        }
       }
       norm_version_ = version_;
     }
   }
-  const float* norm = norm_.data();
   thread_local std::vector<float> acc;
   thread_local std::vector<Slot> touched;
   if (acc.size() < doc_len_.size()) acc.resize(doc_len_.size(), 0.0f);
@@ -130,13 +138,16 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   for (std::uint32_t term : ids) {
     const double df = df_[term];
     const auto idf = static_cast<float>(std::log(1.0 + (n - df + 0.5) / (df + 0.5)));
-    for (const Posting& p : postings_[term]) {
-      if (p.gen != gen_[p.slot] || !has_[p.slot]) continue;
+    const std::vector<Posting>& plist = postings_[term];
+    const float* w = weights_[term].data();
+    const std::uint32_t* gen = gen_.data();
+    for (std::size_t i = 0; i < plist.size(); ++i) {
+      const Posting& p = plist[i];
+      // A cleared or rewritten row has a newer generation than its old postings.
+      if (p.gen != gen[p.slot]) continue;
       if (allowed != nullptr && !allowed->test(p.slot)) continue;
-      const auto tf = static_cast<float>(p.tf);
-      const float w = idf * tf * (k1 + 1.0f) / (tf + norm[p.slot]);
       if (acc[p.slot] == 0.0f) touched.push_back(p.slot);
-      acc[p.slot] += w;
+      acc[p.slot] += idf * w[i];
     }
   }
   for (Slot s : touched) {
@@ -152,7 +163,11 @@ std::size_t Bm25Index::memory_bytes() const {
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
   return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 +
-         norm_.capacity() * 4;
+         [&] {
+           std::size_t w = 0;
+           for (const auto& v : weights_) w += v.capacity() * 4;
+           return w;
+         }();
 }
 
 // Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.

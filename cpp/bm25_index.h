@@ -65,8 +65,9 @@ class Bm25Index {
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms_;  // per slot: (term, tf)
   std::vector<std::uint32_t> doc_len_;            // tokens per slot
   std::vector<std::uint32_t> gen_;                // per slot; a compaction runs before it can wrap
-  // k1 * (1 - b + b * dl / avgdl) per slot, cached for the corpus state `norm_version_`.
-  mutable std::vector<float> norm_;
+  // Per posting, tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)): depends on avgdl, so it
+  // is cached for the corpus state `norm_version_` and rebuilt lazily after writes.
+  mutable std::vector<std::vector<float>> weights_;
   mutable std::uint64_t norm_version_ = ~std::uint64_t{0};
   mutable std::mutex norm_mutex_;
   std::uint64_t version_ = 0;                     // bumped by every set / clear
