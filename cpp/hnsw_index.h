@@ -337,12 +337,15 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     const Scored c = candidates.front();
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
+    if (!candidates.empty()) detail::prefetch(links(candidates.front().slot, 0));
     const std::uint32_t* nl = links(c.slot, 0);
     std::size_t m = 0;
     for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
       const Slot n = nl[1 + j];
       if (!passes(n) || visited->test_and_set(n)) continue;
-      detail::prefetch(store_.vector(n));
+      const char* row = reinterpret_cast<const char*>(store_.vector(n));
+      detail::prefetch(row);
+      detail::prefetch(row + 64);
       fresh[m++] = n;
     }
     // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.

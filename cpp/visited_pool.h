@@ -35,6 +35,8 @@ class VisitedSet {
 };
 
 /// A thread-safe pool of visited sets. acquire() returns a handle that gives the set back.
+/// Each thread first reuses its own cached set (no lock on the hot path); a nested or
+/// concurrent acquire on the same thread falls back to the shared, mutex-guarded free list.
 class VisitedPool {
  public:
   class Handle {
@@ -57,7 +59,9 @@ class VisitedPool {
   /// A visited set reset for `capacity` slots. Thread-safe.
   Handle acquire(std::size_t capacity) {
     std::unique_ptr<VisitedSet> set;
-    {
+    if (thread_cache()) {
+      set = std::move(thread_cache());
+    } else {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!free_.empty()) {
         set = std::move(free_.back());
@@ -71,8 +75,18 @@ class VisitedPool {
 
  private:
   void release(std::unique_ptr<VisitedSet> set) {
+    if (!thread_cache()) {
+      thread_cache() = std::move(set);
+      return;
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(std::move(set));
+  }
+  // One cached set per thread, shared by every pool: epochs make a set safe to reuse for any
+  // index, since reset() grows it and starts a fresh epoch.
+  static std::unique_ptr<VisitedSet>& thread_cache() {
+    thread_local std::unique_ptr<VisitedSet> cache;
+    return cache;
   }
   std::mutex mutex_;
   std::vector<std::unique_ptr<VisitedSet>> free_;

@@ -71,14 +71,14 @@ class _ListHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.records: list[dict] = []
-        self.lock = threading.Lock()
+        self._mutex = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        with self.lock:
+        with self._mutex:
             self.records.append(json.loads(record.getMessage()))
 
     def by_request(self, request_id: str) -> list[dict]:
-        with self.lock:
+        with self._mutex:
             return [r for r in self.records if r.get("request_id") == request_id]
 
 
