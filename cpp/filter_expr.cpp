@@ -22,45 +22,118 @@ void set_all(Bitmap& out, const SortedIndex<K>& idx) {
 }
 
 constexpr double kTwo63 = 9223372036854775808.0;
+constexpr std::int64_t kMinI = std::numeric_limits<std::int64_t>::min();
+constexpr std::int64_t kMaxI = std::numeric_limits<std::int64_t>::max();
+constexpr double kInfD = std::numeric_limits<double>::infinity();
 
-// Rows whose numeric value (int or float) lies within [lo, hi] (inclusive flags).
-void numeric_range(Bitmap& out, const Field& f, double lo, bool lo_incl, double hi, bool hi_incl,
-                   bool include_ints) {
-  // Floats: exact bounds, nudged for exclusivity.
+// Exact comparison of a double with an int64 (no rounding): -1, 0 or 1.
+int cmp_double_int(double d, std::int64_t i) {
+  if (d < -kTwo63) return -1;
+  if (d >= kTwo63) return 1;
+  const auto t = static_cast<std::int64_t>(d);  // truncates; exact for |d| < 2^63
+  if (t != i) return t < i ? -1 : 1;
+  const double frac = d - static_cast<double>(t);  // exact: same binade
+  return frac < 0 ? -1 : (frac > 0 ? 1 : 0);
+}
+
+// The int64 interval [lo, hi] of integers n with n >= / > the operand (lower) or
+// n <= / < it (upper); `empty` when none.
+struct IntBounds {
+  std::int64_t lo = kMinI;
+  std::int64_t hi = kMaxI;
+  bool empty = false;
+};
+
+void int_lower(IntBounds& b, const Operand& o, bool incl) {
+  if (o.kind == ValueKind::kInt) {
+    if (incl) b.lo = std::max(b.lo, o.i);
+    else if (o.i == kMaxI) b.empty = true;
+    else b.lo = std::max(b.lo, o.i + 1);
+    return;
+  }
+  const double x = o.f;
+  if (x < -kTwo63) return;
+  const double c = std::ceil(x);
+  if (c >= kTwo63) {
+    b.empty = true;
+    return;
+  }
+  std::int64_t n = static_cast<std::int64_t>(c);
+  if (!incl && c == x) {
+    if (n == kMaxI) {
+      b.empty = true;
+      return;
+    }
+    ++n;
+  }
+  b.lo = std::max(b.lo, n);
+}
+
+void int_upper(IntBounds& b, const Operand& o, bool incl) {
+  if (o.kind == ValueKind::kInt) {
+    if (incl) b.hi = std::min(b.hi, o.i);
+    else if (o.i == kMinI) b.empty = true;
+    else b.hi = std::min(b.hi, o.i - 1);
+    return;
+  }
+  const double x = o.f;
+  if (x >= kTwo63) return;
+  const double f = std::floor(x);
+  if (f < -kTwo63) {
+    b.empty = true;
+    return;
+  }
+  std::int64_t n = static_cast<std::int64_t>(f);
+  if (!incl && f == x) {
+    if (n == kMinI) {
+      b.empty = true;
+      return;
+    }
+    --n;
+  }
+  b.hi = std::min(b.hi, n);
+}
+
+// Smallest double d with d >= (incl) or > (excl) the operand, exactly.
+double double_lower(const Operand& o, bool incl) {
+  if (o.kind == ValueKind::kFloat) return incl ? o.f : std::nextafter(o.f, kInfD);
+  double d = static_cast<double>(o.i);
+  const int c = cmp_double_int(d, o.i);
+  if (c < 0 || (c == 0 && !incl)) d = std::nextafter(d, kInfD);
+  return d;
+}
+
+// Largest double d with d <= (incl) or < (excl) the operand, exactly.
+double double_upper(const Operand& o, bool incl) {
+  if (o.kind == ValueKind::kFloat) return incl ? o.f : std::nextafter(o.f, -kInfD);
+  double d = static_cast<double>(o.i);
+  const int c = cmp_double_int(d, o.i);
+  if (c > 0 || (c == 0 && !incl)) d = std::nextafter(d, -kInfD);
+  return d;
+}
+
+// Rows whose numeric value (int or float row) lies between the bounds; a null bound is
+// open. Int and float rows are compared with the operand exactly, never through a rounding.
+void numeric_range(Bitmap& out, const Field& f, const Operand* lo, bool lo_incl, const Operand* hi,
+                   bool hi_incl) {
   if (!f.float_index.empty()) {
-    const double flo = lo_incl ? lo : std::nextafter(lo, std::numeric_limits<double>::infinity());
-    const double fhi = hi_incl ? hi : std::nextafter(hi, -std::numeric_limits<double>::infinity());
+    const double flo = lo ? double_lower(*lo, lo_incl) : -kInfD;
+    const double fhi = hi ? double_upper(*hi, hi_incl) : kInfD;
     if (flo <= fhi) set_range(out, f.float_index, flo, fhi);
   }
-  if (include_ints && !f.int_index.empty()) {
-    // Integers x with x >= lo (or > lo) and x <= hi (or < hi).
-    double ilo = lo_incl ? std::ceil(lo) : std::floor(lo) + 1;
-    double ihi = hi_incl ? std::floor(hi) : std::ceil(hi) - 1;
-    if (ilo < -kTwo63) ilo = -kTwo63;
-    if (ihi >= kTwo63) ihi = std::nextafter(kTwo63, 0.0);
-    if (ilo <= ihi && ilo < kTwo63 && ihi >= -kTwo63) {
-      set_range(out, f.int_index, static_cast<std::int64_t>(ilo), static_cast<std::int64_t>(ihi));
-    }
+  if (!f.int_index.empty()) {
+    IntBounds b;
+    if (lo) int_lower(b, *lo, lo_incl);
+    if (hi) int_upper(b, *hi, hi_incl);
+    if (!b.empty && b.lo <= b.hi) set_range(out, f.int_index, b.lo, b.hi);
   }
 }
 
 void eq_value(Bitmap& out, const Field& f, const Operand& v, const StringDict& dict) {
   switch (v.kind) {
     case ValueKind::kInt:
-      set_range(out, f.int_index, v.i, v.i);
-      if (!f.float_index.empty()) {
-        const double d = static_cast<double>(v.i);
-        if (static_cast<double>(static_cast<std::int64_t>(d)) == d && static_cast<std::int64_t>(d) == v.i) {
-          set_range(out, f.float_index, d, d);
-        }
-      }
-      break;
     case ValueKind::kFloat:
-      set_range(out, f.float_index, v.f, v.f);
-      if (std::floor(v.f) == v.f && v.f >= -kTwo63 && v.f < kTwo63) {
-        const auto i = static_cast<std::int64_t>(v.f);
-        set_range(out, f.int_index, i, i);
-      }
+      numeric_range(out, f, &v, true, &v, true);
       break;
     case ValueKind::kBool: {
       const std::int64_t b = v.b ? 1 : 0;
@@ -103,8 +176,6 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
   f->ensure_index();
   const StringDict& dict = meta.dict();
   const Operand& v = n.operands[0];
-  const auto number = [](const Operand& o) { return o.kind == ValueKind::kInt ? static_cast<double>(o.i) : o.f; };
-  constexpr double kInf = std::numeric_limits<double>::infinity();
   switch (n.op) {
     case FilterOp::kEq:
     case FilterOp::kNe:
@@ -115,33 +186,17 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
       for (const Operand& o : n.operands) eq_value(out, *f, o, dict);
       break;
     case FilterOp::kGt:
-    case FilterOp::kGte:
-    case FilterOp::kLt:
-    case FilterOp::kLte: {
-      const bool lower = n.op == FilterOp::kGt || n.op == FilterOp::kGte;
-      const bool incl = n.op == FilterOp::kGte || n.op == FilterOp::kLte;
-      const double x = number(v);
-      // An int operand compares exactly against int rows; doubles cover float rows (and int
-      // rows when the operand is a float).
-      const bool int_operand = v.kind == ValueKind::kInt;
-      if (lower) {
-        numeric_range(out, *f, x, incl, kInf, true, !int_operand);
-      } else {
-        numeric_range(out, *f, -kInf, true, x, incl, !int_operand);
-      }
-      if (int_operand) {
-        constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
-        constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-        if (lower) {
-          if (incl) set_range(out, f->int_index, v.i, kMax);
-          else if (v.i < kMax) set_range(out, f->int_index, v.i + 1, kMax);
-        } else {
-          if (incl) set_range(out, f->int_index, kMin, v.i);
-          else if (v.i > kMin) set_range(out, f->int_index, kMin, v.i - 1);
-        }
-      }
+      numeric_range(out, *f, &v, false, nullptr, true);
       break;
-    }
+    case FilterOp::kGte:
+      numeric_range(out, *f, &v, true, nullptr, true);
+      break;
+    case FilterOp::kLt:
+      numeric_range(out, *f, nullptr, true, &v, false);
+      break;
+    case FilterOp::kLte:
+      numeric_range(out, *f, nullptr, true, &v, true);
+      break;
     case FilterOp::kContains:
     case FilterOp::kNotContains: {
       Bitmap hit(live.size());

@@ -265,3 +265,13 @@ def test_delete_knowledge_base_removes_it(tmp_path, engine):
     with pytest.raises(InvalidArgumentError, match="closed"):
         kb.retrieve("some text")
     assert "gone" not in Engine(engine.path).knowledge_bases()
+
+
+def test_progress_bar_is_shown_on_request_and_silent_otherwise(kb, capsys):
+    from kbcore.engine import Document
+
+    docs = [Document(text=f"document {i} about things", document_id=f"p{i}") for i in range(5)]
+    kb.ingest_many(docs, progress=True)
+    assert "ingest kb" in capsys.readouterr().err  # tqdm writes to stderr
+    kb.ingest_many(docs)  # stderr is not a terminal here: no bar
+    assert capsys.readouterr().err == ""

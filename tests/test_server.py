@@ -25,9 +25,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="the server tests need httpx (pip install 'kbcore[test]')")
+httpx = pytest.importorskip(
+    "httpx", reason="the server tests need httpx (pip install 'kbcore[test]')"
+)
 pytest.importorskip("starlette", reason="the server needs Starlette (pip install 'kbcore[server]')")
-uvicorn = pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')")
+uvicorn = pytest.importorskip(
+    "uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')"
+)
 
 from kbcore import Engine  # noqa: E402
 from kbcore.server import create_app, parse_api_keys  # noqa: E402
@@ -38,33 +42,91 @@ MAX_BODY = 4096
 
 
 def _epoch(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp())
+    return int(
+        datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp()
+    )
 
 
 #: The "ops" corpus: one chunk per document; the metadata every operator test is computed on.
 DOCS = {
-    "a": dict(text="# Key rotation\n\nRotate the signing keys every ninety days.", filename="rotation.md",
-              metadata={"team": "infra", "title": "Key rotation", "year": 2021, "tags": ["security", "ops"],
-                        "created": "2021-03-01T00:00:00Z", "ts": _epoch("2021-03-01T00:00:00Z"), "note": ""}),
-    "b": dict(text="The west region runs its own ingress controllers.", filename="west.md",
-              metadata={"team": "infra-west", "year": 2022, "tags": ["ops"], "created": "2022-06-15",
-                        "ts": _epoch("2022-06-15T00:00:00Z"), "note": "urgent"}),
-    "c": dict(text="Search relevance is measured with nDCG at ten.", filename="search.txt",
-              metadata={"team": "search", "year": 2023, "created": "2023-01-10T12:00:00+02:00",
-                        "ts": _epoch("2023-01-10T10:00:00Z")}),
-    "d": dict(text="<html><body><p>Quality reviews of ranking models.</p></body></html>",
-              filename="quality.html",
-              metadata={"team": "Search Quality", "year": 2024, "tags": ["search", "ml"],
-                        "created": "2024-02-29", "ts": _epoch("2024-02-29T00:00:00Z"), "note": "n/a"}),
-    "e": dict(text="Miscellaneous notes without a file name.", filename=None,
-              metadata={"year": 2020, "tags": ["misc"], "note": ""}),
+    "a": {
+        "text": "# Key rotation\n\nRotate the signing keys every ninety days.",
+        "filename": "rotation.md",
+        "metadata": {
+            "team": "infra",
+            "title": "Key rotation",
+            "year": 2021,
+            "tags": ["security", "ops"],
+            "created": "2021-03-01T00:00:00Z",
+            "ts": _epoch("2021-03-01T00:00:00Z"),
+            "note": "",
+        },
+    },
+    "b": {
+        "text": "The west region runs its own ingress controllers.",
+        "filename": "west.md",
+        "metadata": {
+            "team": "infra-west",
+            "year": 2022,
+            "tags": ["ops"],
+            "created": "2022-06-15",
+            "ts": _epoch("2022-06-15T00:00:00Z"),
+            "note": "urgent",
+        },
+    },
+    "c": {
+        "text": "Search relevance is measured with nDCG at ten.",
+        "filename": "search.txt",
+        "metadata": {
+            "team": "search",
+            "year": 2023,
+            "created": "2023-01-10T12:00:00+02:00",
+            "ts": _epoch("2023-01-10T10:00:00Z"),
+        },
+    },
+    "d": {
+        "text": "<html><body><p>Quality reviews of ranking models.</p></body></html>",
+        "filename": "quality.html",
+        "metadata": {
+            "team": "Search Quality",
+            "year": 2024,
+            "tags": ["search", "ml"],
+            "created": "2024-02-29",
+            "ts": _epoch("2024-02-29T00:00:00Z"),
+            "note": "n/a",
+        },
+    },
+    "e": {
+        "text": "Miscellaneous notes without a file name.",
+        "filename": None,
+        "metadata": {"year": 2020, "tags": ["misc"], "note": ""},
+    },
 }
 ALL = set(DOCS)
 
 #: Words that appear in exactly one document of the "load" knowledge base each.
-LOAD_WORDS = ["aurora", "basalt", "cobalt", "dolphin", "ember", "fjord", "granite", "harbor",
-              "iris", "juniper", "kelp", "lantern", "meadow", "nectar", "obsidian", "pepper",
-              "quartz", "raven", "saffron", "tundra"]
+LOAD_WORDS = [
+    "aurora",
+    "basalt",
+    "cobalt",
+    "dolphin",
+    "ember",
+    "fjord",
+    "granite",
+    "harbor",
+    "iris",
+    "juniper",
+    "kelp",
+    "lantern",
+    "meadow",
+    "nectar",
+    "obsidian",
+    "pepper",
+    "quartz",
+    "raven",
+    "saffron",
+    "tundra",
+]
 
 
 class _ListHandler(logging.Handler):
@@ -89,14 +151,22 @@ def server(tmp_path_factory):
     ops = engine.create_knowledge_base("ops", index="flat")
     for doc_id, d in DOCS.items():
         if d["filename"]:
-            ops.ingest(d["text"].encode(), document_id=doc_id, filename=d["filename"], metadata=d["metadata"])
+            ops.ingest(
+                d["text"].encode(),
+                document_id=doc_id,
+                filename=d["filename"],
+                metadata=d["metadata"],
+            )
         else:
             ops.ingest(text=d["text"], document_id=doc_id, metadata=d["metadata"])
     assert len(ops) == len(DOCS)
     load = engine.create_knowledge_base("load")
     for i, word in enumerate(LOAD_WORDS):
-        load.ingest(text=f"Document {i} is about the {word} and nothing else.", document_id=f"w{i}",
-                    metadata={"word": word})
+        load.ingest(
+            text=f"Document {i} is about the {word} and nothing else.",
+            document_id=f"w{i}",
+            metadata={"word": word},
+        )
 
     app = create_app(engine, KEYS, max_body_bytes=MAX_BODY, max_top_k=MAX_TOP_K)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -132,13 +202,20 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server):
     url, _ = server
-    with httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {KEYS[0]}"}) as c:
+    with httpx.Client(
+        base_url=url, timeout=10, headers={"Authorization": f"Bearer {KEYS[0]}"}
+    ) as c:
         yield c
 
 
-def body(query="keys", knowledge_id="ops", top_k=10, threshold=0.0, condition=None, **extra) -> dict:
-    b = {"knowledge_id": knowledge_id, "query": query,
-         "retrieval_setting": {"top_k": top_k, "score_threshold": threshold}}
+def body(
+    query="keys", knowledge_id="ops", top_k=10, threshold=0.0, condition=None, **extra
+) -> dict:
+    b = {
+        "knowledge_id": knowledge_id,
+        "query": query,
+        "retrieval_setting": {"top_k": top_k, "score_threshold": threshold},
+    }
     if condition is not None:
         b["metadata_condition"] = condition
     b.update(extra)
@@ -162,8 +239,18 @@ def docs_of(resp) -> set[str]:
 # -- authorisation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer   ", "Basic a2V5OnZhbHVl",
-                                    f"Token {KEYS[0]}", f"Bearer {KEYS[0]} extra"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        f"Bearer:{KEYS[0]}",
+        "Basic a2V5OnZhbHVl",
+        f"Token {KEYS[0]}",
+        f"Bearer {KEYS[0]} extra",
+    ],
+)
 def test_missing_or_malformed_authorization_is_403_1001(server, header):
     url, _ = server
     headers = {} if header is None else {"Authorization": header}
@@ -183,13 +270,17 @@ def test_wrong_key_is_403_1002(server, key):
 def test_every_configured_key_is_accepted_and_scheme_is_case_insensitive(server, key):
     url, _ = server
     for scheme in ("Bearer", "bearer"):
-        resp = httpx.post(f"{url}/retrieval", json=body(), headers={"Authorization": f"{scheme} {key}"})
+        resp = httpx.post(
+            f"{url}/retrieval", json=body(), headers={"Authorization": f"{scheme} {key}"}
+        )
         assert resp.status_code == 200, resp.text
 
 
 def test_authorization_is_checked_before_the_body(server):
     url, _ = server
-    resp = httpx.post(f"{url}/retrieval", content=b"not json", headers={"Authorization": "Bearer nope"})
+    resp = httpx.post(
+        f"{url}/retrieval", content=b"not json", headers={"Authorization": "Bearer nope"}
+    )
     error_of(resp, 403, 1002)
 
 
@@ -225,22 +316,25 @@ def test_unknown_knowledge_id_is_404_2001(client):
         assert kid in msg
 
 
-@pytest.mark.parametrize("payload, fragment", [
-    (b"{not json", "not valid JSON"),
-    (b"\xff\xfe\x00", "not valid JSON"),
-    (b"[1, 2]", "JSON object"),
-    (json.dumps({"query": "x"}).encode(), "knowledge_id"),
-    (json.dumps({"knowledge_id": 3, "query": "x"}).encode(), "knowledge_id"),
-    (json.dumps({"knowledge_id": "ops"}).encode(), "query"),
-    (json.dumps({"knowledge_id": "ops", "query": "   "}).encode(), "query is empty"),
-    (json.dumps(body(retrieval_setting=[])).encode(), "retrieval_setting"),
-    (json.dumps(body(top_k="5")).encode(), "top_k"),
-    (json.dumps(body(top_k=0)).encode(), "top_k"),
-    (json.dumps(body(top_k=True)).encode(), "top_k"),
-    (json.dumps(body(top_k=MAX_TOP_K + 1)).encode(), f"at most {MAX_TOP_K}"),
-    (json.dumps(body(threshold=1.5)).encode(), "score_threshold"),
-    (json.dumps(body(threshold="high")).encode(), "score_threshold"),
-])
+@pytest.mark.parametrize(
+    "payload, fragment",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe\x00", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"query": "x"}).encode(), "knowledge_id"),
+        (json.dumps({"knowledge_id": 3, "query": "x"}).encode(), "knowledge_id"),
+        (json.dumps({"knowledge_id": "ops"}).encode(), "query"),
+        (json.dumps({"knowledge_id": "ops", "query": "   "}).encode(), "query is empty"),
+        (json.dumps(body(retrieval_setting=[])).encode(), "retrieval_setting"),
+        (json.dumps(body(top_k="5")).encode(), "top_k"),
+        (json.dumps(body(top_k=0)).encode(), "top_k"),
+        (json.dumps(body(top_k=True)).encode(), "top_k"),
+        (json.dumps(body(top_k=MAX_TOP_K + 1)).encode(), f"at most {MAX_TOP_K}"),
+        (json.dumps(body(threshold=1.5)).encode(), "score_threshold"),
+        (json.dumps(body(threshold="high")).encode(), "score_threshold"),
+    ],
+)
 def test_malformed_requests_are_400_3001_with_a_message(client, payload, fragment):
     msg = error_of(client.post("/retrieval", content=payload), 400, 3001)
     assert fragment in msg
@@ -269,11 +363,25 @@ def test_every_error_is_logged_as_one_json_line_with_the_request_id(server, clie
     _, logs = server
     cases = [
         (httpx.post(f"{server[0]}/retrieval", json=body()), 1001),
-        (httpx.post(f"{server[0]}/retrieval", json=body(), headers={"Authorization": "Bearer bad"}), 1002),
+        (
+            httpx.post(
+                f"{server[0]}/retrieval", json=body(), headers={"Authorization": "Bearer bad"}
+            ),
+            1002,
+        ),
         (client.post("/retrieval"), 3000),
         (client.post("/retrieval", json=body(knowledge_id="nope")), 2001),
-        (client.post("/retrieval", json=body(condition={"conditions": [
-            {"name": "year", "comparison_operator": "like", "value": 1}]})), 3002),
+        (
+            client.post(
+                "/retrieval",
+                json=body(
+                    condition={
+                        "conditions": [{"name": "year", "comparison_operator": "like", "value": 1}]
+                    }
+                ),
+            ),
+            3002,
+        ),
     ]
     for resp, code in cases:
         rid = resp.headers["x-request-id"]
@@ -303,7 +411,13 @@ def test_records_are_sorted_scored_titled_and_carry_metadata_objects(client):
     assert scores == sorted(scores, reverse=True)
     assert all(0.0 <= s <= 1.0 for s in scores)
     titles = {r["metadata"]["document_id"]: r["title"] for r in records}
-    assert titles == {"a": "Key rotation", "b": "west.md", "c": "search.txt", "d": "quality.html", "e": "e"}
+    assert titles == {
+        "a": "Key rotation",
+        "b": "west.md",
+        "c": "search.txt",
+        "d": "quality.html",
+        "e": "e",
+    }
     for r in records:
         assert set(r) == {"content", "score", "title", "metadata"}
         assert isinstance(r["metadata"], dict)
@@ -317,10 +431,14 @@ def test_records_are_sorted_scored_titled_and_carry_metadata_objects(client):
 
 
 def test_top_k_limits_and_score_threshold_is_applied_on_the_server(client):
-    everything = client.post("/retrieval", json=body(query="rotate the signing keys")).json()["records"]
+    everything = client.post("/retrieval", json=body(query="rotate the signing keys")).json()[
+        "records"
+    ]
     assert len(client.post("/retrieval", json=body(top_k=2)).json()["records"]) == 2
     cut = (everything[0]["score"] + everything[1]["score"]) / 2
-    kept = client.post("/retrieval", json=body(query="rotate the signing keys", threshold=cut)).json()["records"]
+    kept = client.post(
+        "/retrieval", json=body(query="rotate the signing keys", threshold=cut)
+    ).json()["records"]
     assert [r["metadata"]["document_id"] for r in kept] == ["a"]
     assert all(r["score"] >= cut for r in kept)
     assert client.post("/retrieval", json=body(threshold=1.0)).json() == {"records": []}
@@ -329,10 +447,17 @@ def test_top_k_limits_and_score_threshold_is_applied_on_the_server(client):
     assert len(client.post("/retrieval", json=null_setting).json()["records"]) == 3
 
 
-@pytest.mark.parametrize("condition", [
-    "absent", None, {}, {"logical_operator": "and"}, {"logical_operator": "and", "conditions": None},
-    {"logical_operator": "or", "conditions": []},
-])
+@pytest.mark.parametrize(
+    "condition",
+    [
+        "absent",
+        None,
+        {},
+        {"logical_operator": "and"},
+        {"logical_operator": "and", "conditions": None},
+        {"logical_operator": "or", "conditions": []},
+    ],
+)
 def test_absent_or_empty_metadata_condition_means_no_filter(client, condition):
     b = body()
     if condition != "absent":
@@ -383,7 +508,12 @@ OPERATOR_CASES = [
     ("after ISO", [cond("created", "after", "2022-01-01T00:00:00Z")], "and", {"b", "c", "d"}),
     ("after offset", [cond("created", "after", "2023-01-10T11:00:00+01:00")], "and", {"d"}),
     ("before on seconds", [cond("ts", "before", "2022-01-01T00:00:00Z")], "and", {"a"}),
-    ("after seconds value", [cond("ts", "after", _epoch("2022-06-15T00:00:00Z"))], "and", {"c", "d"}),
+    (
+        "after seconds value",
+        [cond("ts", "after", _epoch("2022-06-15T00:00:00Z"))],
+        "and",
+        {"c", "d"},
+    ),
     # combinations
     ("name list", [cond(["team", "note"], "contains", "ur")], "and", {"b"}),
     ("or", [cond("team", "is", "search"), cond("year", ">", 2023)], "or", {"c", "d"}),
@@ -392,25 +522,31 @@ OPERATOR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("conditions, logical, expected",
-                         [c[1:] for c in OPERATOR_CASES], ids=[c[0] for c in OPERATOR_CASES])
+@pytest.mark.parametrize(
+    "conditions, logical, expected",
+    [c[1:] for c in OPERATOR_CASES],
+    ids=[c[0] for c in OPERATOR_CASES],
+)
 def test_every_dify_operator_filters_exactly(client, conditions, logical, expected):
     mc = {"logical_operator": logical, "conditions": conditions}
     resp = client.post("/retrieval", json=body(condition=mc))
     assert docs_of(resp) == expected
 
 
-@pytest.mark.parametrize("mc, fragment", [
-    ({"conditions": [cond("year", "like", 1)]}, "unknown operator"),
-    ({"conditions": [cond("year", ">", "abc")]}, ">"),
-    ({"conditions": [cond("created", "before", "yesterday")]}, "before"),
-    ({"conditions": [cond("team", "contains")]}, "needs a value"),
-    ({"conditions": [cond("team", "in", [])]}, "in"),
-    ({"conditions": [cond("", "is", "x")]}, "name"),
-    ({"logical_operator": "xor", "conditions": [cond("team", "is", "x")]}, "logical_operator"),
-    ({"conditions": {"name": "team"}}, "conditions"),
-    ("team = infra", "metadata_condition"),
-])
+@pytest.mark.parametrize(
+    "mc, fragment",
+    [
+        ({"conditions": [cond("year", "like", 1)]}, "unknown operator"),
+        ({"conditions": [cond("year", ">", "abc")]}, ">"),
+        ({"conditions": [cond("created", "before", "yesterday")]}, "before"),
+        ({"conditions": [cond("team", "contains")]}, "needs a value"),
+        ({"conditions": [cond("team", "in", [])]}, "in"),
+        ({"conditions": [cond("", "is", "x")]}, "name"),
+        ({"logical_operator": "xor", "conditions": [cond("team", "is", "x")]}, "logical_operator"),
+        ({"conditions": {"name": "team"}}, "conditions"),
+        ("team = infra", "metadata_condition"),
+    ],
+)
 def test_operators_that_cannot_apply_are_400_3002_never_dropped(client, mc, fragment):
     msg = error_of(client.post("/retrieval", json=body(condition=mc)), 400, 3002)
     assert fragment in msg
@@ -427,8 +563,12 @@ def test_concurrent_load_loses_and_mixes_up_nothing(server):
         """(headers, body, expected status) of request i: mostly good, some 403 and 404."""
         j = i % len(LOAD_WORDS)
         word = LOAD_WORDS[j]
-        b = body(query=f"tell me about the {word}", knowledge_id="load", top_k=3,
-                 condition={"conditions": [cond("word", "is", word)]})
+        b = body(
+            query=f"tell me about the {word}",
+            knowledge_id="load",
+            top_k=3,
+            condition={"conditions": [cond("word", "is", word)]},
+        )
         if i % 16 == 5:
             return {"Authorization": "Bearer wrong"}, b, 403
         if i % 16 == 11:
@@ -440,6 +580,7 @@ def test_concurrent_load_loses_and_mixes_up_nothing(server):
         sem = asyncio.Semaphore(concurrency)
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as ac:
+
             async def one(i: int):
                 headers, b, _ = plan(i)
                 async with sem:
@@ -486,14 +627,34 @@ def test_kbcore_serve_command_serves_with_keys_from_the_environment(tmp_path):
     data = tmp_path / "kb-data"
     with Engine(data) as engine:
         kb = engine.create_knowledge_base("handbook")
-        kb.ingest(text="Rotate the API keys every ninety days.", document_id="keys",
-                  metadata={"team": "infra"})
+        kb.ingest(
+            text="Rotate the API keys every ninety days.",
+            document_id="keys",
+            metadata={"team": "infra"},
+        )
     port = _free_port()
     env = dict(os.environ, KBCORE_API_KEYS="env-key-1,env-key-2")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kbcore", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--data", str(data), "--log-level", "warning"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kbcore",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data",
+            str(data),
+            "--log-level",
+            "warning",
+            "--refresh-interval",
+            "0.2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -510,12 +671,33 @@ def test_kbcore_serve_command_serves_with_keys_from_the_environment(tmp_path):
         auth = {"Authorization": "Bearer env-key-2"}
         error_of(httpx.post(f"{url}/retrieval", headers=auth), 400, 3000)
         error_of(httpx.post(f"{url}/retrieval", headers={"Authorization": "Bearer x"}), 403, 1002)
-        resp = httpx.post(f"{url}/retrieval", headers=auth, json=body(
-            query="how often are keys rotated?", knowledge_id="handbook", top_k=3,
-            condition={"conditions": [cond("team", "is", "infra")]}))
+        resp = httpx.post(
+            f"{url}/retrieval",
+            headers=auth,
+            json=body(
+                query="how often are keys rotated?",
+                knowledge_id="handbook",
+                top_k=3,
+                condition={"conditions": [cond("team", "is", "infra")]},
+            ),
+        )
         records = resp.json()["records"]
         assert [r["metadata"]["document_id"] for r in records] == ["keys"]
         assert records[0]["title"] == "keys"
+        # a write by another process (this one) is seen after the refresh interval
+        with Engine(data) as engine:
+            engine.get_knowledge_base("handbook").ingest(
+                text="Backups run nightly at two.",
+                document_id="backups",
+                metadata={"team": "infra"},
+            )
+        time.sleep(0.3)
+        resp = httpx.post(
+            f"{url}/retrieval",
+            headers=auth,
+            json=body(query="when do backups run?", knowledge_id="handbook", top_k=1),
+        )
+        assert resp.json()["records"][0]["metadata"]["document_id"] == "backups"
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -531,7 +713,13 @@ def test_kbcore_serve_command_serves_with_keys_from_the_environment(tmp_path):
 
 def test_kbcore_serve_refuses_to_start_without_a_key(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KBCORE_API_KEYS"}
-    proc = subprocess.run([sys.executable, "-m", "kbcore", "serve", "--data", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kbcore", "serve", "--data", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "no API key" in proc.stderr

@@ -911,6 +911,7 @@ class KnowledgeBase:
                 if not ckpt:
                     files["vectors"] = storage.write_npy(self.path, f"{seg_name}.vectors.npy", vectors)
                     written.append(files["vectors"]["path"])
+                storage.fsync_dir(self.path)  # the new names are durable before the manifest names them
             except BaseException:
                 _unlink_all(self.path, written)
                 raise
@@ -941,7 +942,8 @@ class KnowledgeBase:
                 if not ckpt and len(old_ids):
                     index.remove(old_ids)
                 self._index = index
-                self._apply(m, new_segment=_Segment(seg_entry, chunks, doc_table))
+                self._apply(m, new_segment=_Segment(seg_entry, chunks, doc_table),
+                            removed=[(pipeline, d) for d in docs.ids])
             self._gc()
             self._maybe_compact()
         return {self._segment_doc_id(s, r) for s, r in replaced_refs}
@@ -971,8 +973,12 @@ class KnowledgeBase:
                 entry["deleted_docs"].sort()
         m["segments"] = [s for s in m["segments"] if len(s["deleted_docs"]) < s["docs"]]
 
-    def _apply(self, m: dict[str, Any], new_segment: _Segment | None = None) -> None:
-        """Makes manifest m (already committed) the in-memory state. Caller holds the rw lock."""
+    def _apply(self, m: dict[str, Any], new_segment: _Segment | None = None,
+               removed: Iterable[tuple[str, str]] | None = None) -> None:
+        """Makes manifest m (already committed) the in-memory state. Caller holds the rw lock.
+
+        ``removed`` lists the (pipeline, document) keys the mutation deleted; the document map is
+        then updated in place of being rebuilt (None: rebuild it from the segments)."""
         by_name = {s.name: s for s in self._segments}
         if new_segment is not None:
             by_name[new_segment.name] = new_segment
@@ -981,16 +987,24 @@ class KnowledgeBase:
             seg = by_name[entry["name"]]
             seg.entry = entry
             seg.doc_live[:] = True
-            for d in entry["deleted_docs"]:
-                seg.doc_live[d] = False
+            seg.doc_live[entry["deleted_docs"]] = False
             segments.append(seg)
+        if removed is None:
+            docs: dict[tuple[str, str], tuple[_Segment, int]] = {}
+            for seg in segments:
+                for d in np.flatnonzero(seg.doc_live):
+                    docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg, int(d))
+        else:
+            docs = dict(self._docs)
+            for key in removed:
+                docs.pop(key, None)
+            if new_segment is not None:
+                for d, (p, doc_id) in enumerate(zip(new_segment.doc_pipelines, new_segment.doc_ids)):
+                    docs[(p, doc_id)] = (new_segment, d)
         self._manifest = m
         self._segments = segments
         self._seg_mins = [s.min_id for s in segments]
-        self._docs = {}
-        for seg in segments:
-            for d in np.flatnonzero(seg.doc_live):
-                self._docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg, int(d))
+        self._docs = docs
         self._lookup = None
 
     # -- delete ------------------------------------------------------------------------------
@@ -1022,7 +1036,7 @@ class KnowledgeBase:
         with self._rw.write():
             if len(ids) and self._index is not None:
                 self._index.remove(ids)
-            self._apply(m)
+            self._apply(m, removed=keys)
         self._gc()
         self._maybe_compact()
         return int(len(ids))
@@ -1064,6 +1078,7 @@ class KnowledgeBase:
                         "vectors": None,
                     }
                     written = [files["chunks"]["path"], files["docs"]["path"]]
+                    storage.fsync_dir(self.path)
                     entry = {"name": seg_name, "rows": chunks.num_rows, "docs": docs.num_rows,
                              "deleted_docs": [], "files": files}
                     m["segments"] = [entry]
@@ -1311,7 +1326,7 @@ class KnowledgeBase:
                 _unlink_all(self.path, [m["index"]["path"]])
                 raise
             with self._rw.write():
-                self._apply(m)
+                self._apply(m, removed=())
             self._gc()
 
     def close(self) -> None:

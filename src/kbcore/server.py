@@ -69,13 +69,13 @@ from .errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from .filters import compile_where, dify_condition_to_where
 
 __all__ = [
-    "create_app",
-    "serve",
-    "parse_api_keys",
-    "add_serve_parser",
     "API_KEYS_ENV",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_TOP_K",
+    "add_serve_parser",
+    "create_app",
+    "parse_api_keys",
+    "serve",
 ]
 
 #: Environment variable holding API keys, separated by commas or whitespace.
@@ -113,7 +113,9 @@ class _ApiError(Exception):
 # -- keys ------------------------------------------------------------------------------------
 
 
-def parse_api_keys(keys: Iterable[str] | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+def parse_api_keys(
+    keys: Iterable[str] | None = None, env: Mapping[str, str] | None = None
+) -> list[str]:
     """The configured API keys: ``keys`` plus those in ``$KBCORE_API_KEYS`` (comma or
     whitespace separated), without duplicates, in order. Raises ``InvalidArgumentError`` for an
     empty key or one with whitespace inside."""
@@ -155,13 +157,19 @@ class _KeyRing:
 
 def _bearer_token(header: str | None) -> str:
     if header is None or not header.strip():
-        raise _ApiError(403, E_AUTH_HEADER,
-                        "missing Authorization header; expected 'Authorization: Bearer <api-key>'")
+        raise _ApiError(
+            403,
+            E_AUTH_HEADER,
+            "missing Authorization header; expected 'Authorization: Bearer <api-key>'",
+        )
     scheme, _, token = header.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
-        raise _ApiError(403, E_AUTH_HEADER,
-                        "invalid Authorization header format; expected 'Authorization: Bearer <api-key>'")
+        raise _ApiError(
+            403,
+            E_AUTH_HEADER,
+            "invalid Authorization header format; expected 'Authorization: Bearer <api-key>'",
+        )
     return token
 
 
@@ -179,13 +187,15 @@ class _Request:
 
 def _type_name(v: Any) -> str:
     return {type(None): "null", bool: "boolean", str: "string", list: "array", dict: "object"}.get(
-        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__)
+        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__
+    )
 
 
 def _parse_request(body: bytes, max_top_k: int) -> _Request:
     if not body.strip():
         raise _ApiError(
-            400, E_EMPTY_BODY,
+            400,
+            E_EMPTY_BODY,
             "empty request body; the API key is valid. POST a JSON object with knowledge_id, "
             "query and retrieval_setting {top_k, score_threshold}",
         )
@@ -194,7 +204,9 @@ def _parse_request(body: bytes, max_top_k: int) -> _Request:
     except (UnicodeDecodeError, ValueError) as exc:
         raise _ApiError(400, E_BAD_REQUEST, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise _ApiError(400, E_BAD_REQUEST, f"the request body must be a JSON object, got {_type_name(data)}")
+        raise _ApiError(
+            400, E_BAD_REQUEST, f"the request body must be a JSON object, got {_type_name(data)}"
+        )
 
     kid = data.get("knowledge_id")
     if not isinstance(kid, str) or not kid.strip():
@@ -211,29 +223,50 @@ def _parse_request(body: bytes, max_top_k: int) -> _Request:
     if setting is None:
         setting = {}
     if not isinstance(setting, dict):
-        raise _ApiError(400, E_BAD_REQUEST, f"retrieval_setting must be an object, got {_type_name(setting)}")
+        raise _ApiError(
+            400, E_BAD_REQUEST, f"retrieval_setting must be an object, got {_type_name(setting)}"
+        )
     top_k = setting.get("top_k", 5)
     if top_k is None:
         top_k = 5
     if isinstance(top_k, float) and top_k.is_integer():
         top_k = int(top_k)
     if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise _ApiError(400, E_BAD_REQUEST, f"retrieval_setting.top_k must be an integer, got {_type_name(top_k)}")
+        raise _ApiError(
+            400,
+            E_BAD_REQUEST,
+            f"retrieval_setting.top_k must be an integer, got {_type_name(top_k)}",
+        )
     if top_k < 1:
-        raise _ApiError(400, E_BAD_REQUEST, f"retrieval_setting.top_k must be at least 1, got {top_k}")
+        raise _ApiError(
+            400, E_BAD_REQUEST, f"retrieval_setting.top_k must be at least 1, got {top_k}"
+        )
     if top_k > max_top_k:
-        raise _ApiError(400, E_BAD_REQUEST,
-                        f"retrieval_setting.top_k is {top_k}; this server allows at most {max_top_k} "
-                        "(kbcore serve --max-top-k)")
+        raise _ApiError(
+            400,
+            E_BAD_REQUEST,
+            f"retrieval_setting.top_k is {top_k}; this server allows at most {max_top_k} "
+            "(kbcore serve --max-top-k)",
+        )
     threshold = setting.get("score_threshold", 0.0)
     if threshold is None:
         threshold = 0.0
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise _ApiError(400, E_BAD_REQUEST,
-                        f"retrieval_setting.score_threshold must be a number, got {_type_name(threshold)}")
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not math.isfinite(threshold)
+    ):
+        raise _ApiError(
+            400,
+            E_BAD_REQUEST,
+            f"retrieval_setting.score_threshold must be a number, got {_type_name(threshold)}",
+        )
     if not 0.0 <= threshold <= 1.0:
-        raise _ApiError(400, E_BAD_REQUEST,
-                        f"retrieval_setting.score_threshold must be within [0, 1], got {threshold}")
+        raise _ApiError(
+            400,
+            E_BAD_REQUEST,
+            f"retrieval_setting.score_threshold must be within [0, 1], got {threshold}",
+        )
 
     try:
         where = dify_condition_to_where(data.get("metadata_condition"))
@@ -269,8 +302,13 @@ def _finite(v: Any) -> Any:
 
 
 def _dumps(payload: Any) -> bytes:
-    return json.dumps(_finite(payload), ensure_ascii=False, allow_nan=False,
-                      default=_json_default, separators=(",", ":")).encode("utf-8")
+    return json.dumps(
+        _finite(payload),
+        ensure_ascii=False,
+        allow_nan=False,
+        default=_json_default,
+        separators=(",", ":"),
+    ).encode("utf-8")
 
 
 def _title(meta: Mapping[str, Any], document_id: str) -> str:
@@ -284,10 +322,23 @@ def _title(meta: Mapping[str, Any], document_id: str) -> str:
 class _Service:
     """The framework-independent part: keys, engine, refresh throttling, retrieval."""
 
-    def __init__(self, engine: Any, keys: Sequence[str], *, max_body_bytes: int, max_top_k: int,
-                 refresh_interval: float) -> None:
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
-            raise InvalidArgumentError(f"max_body_bytes must be an integer >= 1024, got {max_body_bytes!r}")
+    def __init__(
+        self,
+        engine: Any,
+        keys: Sequence[str],
+        *,
+        max_body_bytes: int,
+        max_top_k: int,
+        refresh_interval: float,
+    ) -> None:
+        if (
+            isinstance(max_body_bytes, bool)
+            or not isinstance(max_body_bytes, int)
+            or max_body_bytes < 1024
+        ):
+            raise InvalidArgumentError(
+                f"max_body_bytes must be an integer >= 1024, got {max_body_bytes!r}"
+            )
         if isinstance(max_top_k, bool) or not isinstance(max_top_k, int) or max_top_k < 1:
             raise InvalidArgumentError(f"max_top_k must be a positive integer, got {max_top_k!r}")
         if not isinstance(refresh_interval, (int, float)) or refresh_interval < 0:
@@ -317,14 +368,17 @@ class _Service:
             kb = self.engine.get_knowledge_base(req.knowledge_id)
             self._maybe_refresh(kb)
         except NotFoundError:
-            raise _ApiError(404, E_NO_KNOWLEDGE,
-                            f"knowledge base {req.knowledge_id!r} does not exist") from None
+            raise _ApiError(
+                404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist"
+            ) from None
         try:
-            hits = kb.retrieve(req.query, top_k=req.top_k, score_threshold=req.score_threshold,
-                               filters=req.where)
+            hits = kb.retrieve(
+                req.query, top_k=req.top_k, score_threshold=req.score_threshold, filters=req.where
+            )
         except NotFoundError:
-            raise _ApiError(404, E_NO_KNOWLEDGE,
-                            f"knowledge base {req.knowledge_id!r} does not exist") from None
+            raise _ApiError(
+                404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist"
+            ) from None
         except (InvalidArgumentError, InvalidTypeError) as exc:
             raise _ApiError(400, E_BAD_REQUEST, str(exc)) from None
         records = []
@@ -333,14 +387,27 @@ class _Service:
             if score < req.score_threshold:  # the engine applies it too; the contract is ours
                 continue
             meta = dict(h.metadata) if isinstance(h.metadata, Mapping) else {}
-            records.append({"content": h.content, "score": score,
-                            "title": _title(meta, h.document_id), "metadata": meta})
+            records.append(
+                {
+                    "content": h.content,
+                    "score": score,
+                    "title": _title(meta, h.document_id),
+                    "metadata": meta,
+                }
+            )
         records.sort(key=lambda r: -r["score"])
         return records
 
 
-def _log_error(request_id: str, err: _ApiError, *, client: str | None, knowledge_id: str | None,
-               started: float, exc_text: str | None = None) -> None:
+def _log_error(
+    request_id: str,
+    err: _ApiError,
+    *,
+    client: str | None,
+    knowledge_id: str | None,
+    started: float,
+    exc_text: str | None = None,
+) -> None:
     record: dict[str, Any] = {
         "event": "retrieval_error",
         "request_id": request_id,
@@ -383,24 +450,37 @@ def create_app(
         from .engine import Engine
 
         engine = Engine(engine)
-    service = _Service(engine, list(api_keys), max_body_bytes=max_body_bytes, max_top_k=max_top_k,
-                       refresh_interval=refresh_interval)
+    service = _Service(
+        engine,
+        list(api_keys),
+        max_body_bytes=max_body_bytes,
+        max_top_k=max_top_k,
+        refresh_interval=refresh_interval,
+    )
 
     def reply(status: int, payload: Any, request_id: str) -> Response:
-        return Response(_dumps(payload), status_code=status, media_type="application/json",
-                        headers={"X-Request-Id": request_id})
+        return Response(
+            _dumps(payload),
+            status_code=status,
+            media_type="application/json",
+            headers={"X-Request-Id": request_id},
+        )
 
     async def read_body(request: Request) -> bytes:
         limit = service.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-            raise _ApiError(413, E_TOO_LARGE, f"the request body is {int(declared)} bytes; the limit is {limit}")
+            raise _ApiError(
+                413, E_TOO_LARGE, f"the request body is {int(declared)} bytes; the limit is {limit}"
+            )
         parts: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise _ApiError(413, E_TOO_LARGE, f"the request body is larger than the limit of {limit} bytes")
+                raise _ApiError(
+                    413, E_TOO_LARGE, f"the request body is larger than the limit of {limit} bytes"
+                )
             parts.append(chunk)
         return b"".join(parts)
 
@@ -420,15 +500,35 @@ def create_app(
             _log_error(request_id, err, client=client, knowledge_id=knowledge_id, started=started)
             return reply(err.status, {"error_code": err.code, "error_msg": err.message}, request_id)
         except Exception as exc:  # noqa: BLE001 - any failure must still answer and be logged
-            err = _ApiError(500, E_INTERNAL, f"internal error ({type(exc).__name__}); see the server log, request id {request_id}")
-            _log_error(request_id, err, client=client, knowledge_id=knowledge_id, started=started,
-                       exc_text="".join(traceback.format_exception(exc)))
+            err = _ApiError(
+                500,
+                E_INTERNAL,
+                f"internal error ({type(exc).__name__}); see the server log, "
+                f"request id {request_id}",
+            )
+            _log_error(
+                request_id,
+                err,
+                client=client,
+                knowledge_id=knowledge_id,
+                started=started,
+                exc_text="".join(traceback.format_exception(exc)),
+            )
             return reply(500, {"error_code": E_INTERNAL, "error_msg": err.message}, request_id)
         if log.isEnabledFor(logging.INFO):
-            log.info(_dumps({"event": "retrieval", "request_id": request_id, "client": client,
-                             "knowledge_id": knowledge_id, "top_k": req.top_k,
-                             "records": len(records),
-                             "duration_ms": round((time.perf_counter() - started) * 1000.0, 3)}).decode("utf-8"))
+            log.info(
+                _dumps(
+                    {
+                        "event": "retrieval",
+                        "request_id": request_id,
+                        "client": client,
+                        "knowledge_id": knowledge_id,
+                        "top_k": req.top_k,
+                        "records": len(records),
+                        "duration_ms": round((time.perf_counter() - started) * 1000.0, 3),
+                    }
+                ).decode("utf-8")
+            )
         return reply(200, {"records": records}, request_id)
 
     async def health(request: Request) -> Response:
@@ -438,15 +538,25 @@ def create_app(
         status = getattr(exc, "status_code", 500)
         detail = getattr(exc, "detail", None) or "error"
         request_id = uuid.uuid4().hex[:16]
-        err = _ApiError(status, status, f"{detail}: {request.method} {request.url.path} "
-                        "(the Dify endpoint is POST /retrieval)")
-        _log_error(request_id, err, client=request.client.host if request.client else None,
-                   knowledge_id=None, started=time.perf_counter())
+        err = _ApiError(
+            status,
+            status,
+            f"{detail}: {request.method} {request.url.path} (the Dify endpoint is POST /retrieval)",
+        )
+        _log_error(
+            request_id,
+            err,
+            client=request.client.host if request.client else None,
+            knowledge_id=None,
+            started=time.perf_counter(),
+        )
         return reply(status, {"error_code": status, "error_msg": err.message}, request_id)
 
     app = Starlette(
-        routes=[Route("/retrieval", retrieval, methods=["POST"]),
-                Route("/health", health, methods=["GET"])],
+        routes=[
+            Route("/retrieval", retrieval, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
         exception_handlers={HTTPException: http_error},
     )
     app.state.kbcore_engine = engine
@@ -463,8 +573,9 @@ class _JsonLines(logging.Formatter):
         msg = record.getMessage()
         if record.name == log.name and msg.startswith("{"):
             return msg
-        return _dumps({"event": "log", "logger": record.name, "level": record.levelname,
-                       "message": msg}).decode("utf-8")
+        return _dumps(
+            {"event": "log", "logger": record.name, "level": record.levelname, "message": msg}
+        ).decode("utf-8")
 
 
 def _configure_logging(level: str) -> None:
@@ -492,19 +603,41 @@ def serve(
     try:
         import uvicorn
     except ImportError:
-        raise ImportError("kbcore serve needs uvicorn and Starlette: pip install 'kbcore[server]'") from None
+        raise ImportError(
+            "kbcore serve needs uvicorn and Starlette: pip install 'kbcore[server]'"
+        ) from None
     from .engine import Engine
 
     engine = Engine(data)
-    app = create_app(engine, api_keys, max_body_bytes=max_body_bytes, max_top_k=max_top_k,
-                     refresh_interval=refresh_interval)
+    app = create_app(
+        engine,
+        api_keys,
+        max_body_bytes=max_body_bytes,
+        max_top_k=max_top_k,
+        refresh_interval=refresh_interval,
+    )
     _configure_logging(log_level)
     names = engine.knowledge_bases()
-    log.info(_dumps({"event": "start", "data": engine.path, "knowledge_bases": names,
-                     "url": f"http://{host}:{port}/retrieval", "keys": len(api_keys)}).decode("utf-8"))
+    log.info(
+        _dumps(
+            {
+                "event": "start",
+                "data": engine.path,
+                "knowledge_bases": names,
+                "url": f"http://{host}:{port}/retrieval",
+                "keys": len(api_keys),
+            }
+        ).decode("utf-8")
+    )
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
-                    log_config=None)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level.lower(),
+            access_log=False,
+            log_config=None,
+        )
     finally:
         engine.close()
 
@@ -520,16 +653,37 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help=f"an accepted bearer key (repeatable; also ${API_KEYS_ENV})")
-    p.add_argument("--data", default=None, metavar="DIR",
-                   help="data directory of the knowledge bases (default $KBCORE_HOME or ./kb-data)")
-    p.add_argument("--max-top-k", type=int, default=DEFAULT_MAX_TOP_K,
-                   help=f"largest top_k a request may ask for (default {DEFAULT_MAX_TOP_K})")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help=f"request body limit in bytes (default {DEFAULT_MAX_BODY_BYTES})")
-    p.add_argument("--refresh-interval", type=float, default=DEFAULT_REFRESH_INTERVAL,
-                   help="seconds between checks for changes by other processes (0: never)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"an accepted bearer key (repeatable; also ${API_KEYS_ENV})",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="data directory of the knowledge bases (default $KBCORE_HOME or ./kb-data)",
+    )
+    p.add_argument(
+        "--max-top-k",
+        type=int,
+        default=DEFAULT_MAX_TOP_K,
+        help=f"largest top_k a request may ask for (default {DEFAULT_MAX_TOP_K})",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"request body limit in bytes (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    p.add_argument(
+        "--refresh-interval",
+        type=float,
+        default=DEFAULT_REFRESH_INTERVAL,
+        help="seconds between checks for changes by other processes (0: never)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_cmd_serve)
     return p
@@ -545,9 +699,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"kbcore serve: {exc}", file=sys.stderr)
         return 2
     try:
-        serve(args.data or default_data_dir(), keys, host=args.host, port=args.port,
-              max_body_bytes=args.max_body_bytes, max_top_k=args.max_top_k,
-              refresh_interval=args.refresh_interval, log_level=args.log_level)
+        serve(
+            args.data or default_data_dir(),
+            keys,
+            host=args.host,
+            port=args.port,
+            max_body_bytes=args.max_body_bytes,
+            max_top_k=args.max_top_k,
+            refresh_interval=args.refresh_interval,
+            log_level=args.log_level,
+        )
     except (ImportError, InvalidArgumentError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,451 @@
+"""A LangBot knowledge engine that keeps its own kbcore index on local disk.
+
+One kbcore knowledge base per LangBot ``kb_id``, in one data directory (see ``data_dir``). The
+host is used only for two things: ``invoke_embedding`` (the embedding model picked when the
+knowledge base was created; none picked means kbcore's built-in offline embedder) and
+``get_knowledge_file_stream`` (the bytes of an uploaded file, when the host did not parse it).
+Everything else (parsing, chunking, the index, metadata filters, deduplication) is kbcore's,
+so ``filters`` are evaluated natively whatever vector store the host has.
+
+Ingest never raises: a failure is an ``IngestionResult`` with status FAILED and an
+``error_message``, and leaves the knowledge base as it was (kbcore commits a document
+atomically). Retrieval returns ``distance`` (lower is closer) and ``score`` in [0, 1] (higher
+is better; see :mod:`kbcore.engine` for the mapping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import os
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from langbot_plugin.api.definition.components.knowledge_engine.engine import (
+    KnowledgeEngine,
+    KnowledgeEngineCapability,
+)
+from langbot_plugin.api.entities.builtin.provider.message import ContentElement
+from langbot_plugin.api.entities.builtin.rag.context import (
+    RetrievalContext,
+    RetrievalResponse,
+    RetrievalResultEntry,
+)
+from langbot_plugin.api.entities.builtin.rag.enums import DocumentStatus
+from langbot_plugin.api.entities.builtin.rag.errors import RetrievalError
+from langbot_plugin.api.entities.builtin.rag.models import IngestionContext, IngestionResult
+
+from kbcore import Engine
+from kbcore.chunking import chunk_text
+from kbcore.engine import RESERVED_METADATA
+from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError
+from kbcore.parsing import parse
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming the data directory (wins over the plugin config).
+DATA_DIR_ENV = "KBCORE_LANGBOT_DATA"
+#: Texts per ``invoke_embedding`` call (the host's IPC times out on very large batches).
+EMBEDDING_BATCH = 32
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_META_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+_METRICS = ("cosine", "ip", "l2")
+_INDEX_KINDS = ("hnsw", "flat")
+
+
+def resolve_data_dir(config: Mapping[str, Any] | None = None) -> str:
+    """``$KBCORE_LANGBOT_DATA``, else the plugin config's ``data_dir``, else ``/data/kbcore``
+    when ``/data`` is a writable directory (LangBot's per-plugin data mount), else
+    ``./data/kbcore`` (relative to the plugin's working directory)."""
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
+    if env:
+        return os.path.abspath(env)
+    configured = str((config or {}).get("data_dir") or "").strip()
+    if configured:
+        return os.path.abspath(configured)
+    if os.path.isdir("/data") and os.access("/data", os.W_OK):
+        return "/data/kbcore"
+    return os.path.abspath(os.path.join("data", "kbcore"))
+
+
+def kb_name(kb_id: str) -> str:
+    """The kbcore knowledge-base name of a LangBot ``kb_id`` (UUIDs are used as they are;
+    anything else is hashed into a valid name)."""
+    if not isinstance(kb_id, str) or not kb_id:
+        raise InvalidArgumentError(f"a knowledge base id must be a non-empty string, got {kb_id!r}")
+    if _NAME_RE.match(kb_id):
+        return kb_id
+    return "kb-" + hashlib.sha256(kb_id.encode("utf-8")).hexdigest()[:32]
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def _int(settings: Mapping[str, Any], name: str, default: int, minimum: int) -> int:
+    v = settings.get(name)
+    if v is None or v == "":
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, str):
+        try:
+            v = int(v.strip())
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidArgumentError(f"setting {name!r} must be an integer, got {v!r}")
+    if v < minimum:
+        raise InvalidArgumentError(f"setting {name!r} must be at least {minimum}, got {v}")
+    return v
+
+
+def _float(settings: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    v = settings.get(name)
+    if v is None or v == "":
+        return default
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InvalidArgumentError(f"setting {name!r} must be a number, got {v!r}")
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"setting {name!r} must be within [{lo}, {hi}], got {v}")
+    return float(v)
+
+
+def _bool(settings: Mapping[str, Any], name: str, default: bool) -> bool:
+    v = settings.get(name)
+    if v is None or v == "":
+        return default
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return v.strip().lower() in ("true", "1", "yes")
+    if isinstance(v, int):
+        return bool(v)
+    raise InvalidArgumentError(f"setting {name!r} must be true or false, got {v!r}")
+
+
+def _choice(settings: Mapping[str, Any], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    v = settings.get(name)
+    if v is None or v == "":
+        return default
+    if not isinstance(v, str) or v.strip().lower() not in allowed:
+        raise InvalidArgumentError(
+            f"setting {name!r} must be one of {', '.join(allowed)}, got {v!r}"
+        )
+    return v.strip().lower()
+
+
+def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The creation settings with defaults applied and values checked."""
+    s = settings or {}
+    model = s.get("embedding_model_uuid") or ""
+    if not isinstance(model, str):
+        raise InvalidArgumentError(
+            f"setting 'embedding_model_uuid' must be a string, got {model!r}"
+        )
+    out = {
+        "embedding_model_uuid": model.strip(),
+        "chunk_size": _int(s, "chunk_size", 500, 1),
+        "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
+        "metric": _choice(s, "metric", "cosine", _METRICS),
+        "index_kind": _choice(s, "index_kind", "hnsw", _INDEX_KINDS),
+    }
+    if out["chunk_overlap"] >= out["chunk_size"]:
+        raise InvalidArgumentError(
+            f"chunk_overlap ({out['chunk_overlap']}) must be smaller than "
+            f"chunk_size ({out['chunk_size']})"
+        )
+    return out
+
+
+def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The retrieval settings with defaults applied and values checked."""
+    s = settings or {}
+    ef = _int(s, "ef", 0, 0)
+    return {
+        "top_k": _int(s, "top_k", 5, 1),
+        "score_threshold": _float(s, "score_threshold", 0.0, 0.0, 1.0),
+        "deduplicate": _bool(s, "deduplicate", False),
+        "ef": ef or None,
+    }
+
+
+def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
+    """Chunk metadata from the host's file metadata: the MIME type, a title if the parser found
+    one, and the scalar entries of ``extra`` (others are skipped: the index stores scalars)."""
+    fm = ctx.file_object.metadata
+    out: dict[str, Any] = {}
+    if fm.mime_type:
+        out["mime_type"] = str(fm.mime_type)
+    if title:
+        out["title"] = title
+    reserved = set(RESERVED_METADATA)
+    for key, value in (fm.extra or {}).items():
+        if not isinstance(key, str) or key in reserved or key in out or not _META_KEY_RE.match(key):
+            continue
+        if isinstance(value, (str, bool, int)) or (
+            isinstance(value, float) and math.isfinite(value)
+        ):
+            out[key] = value
+    return out
+
+
+# -- the component ---------------------------------------------------------------------------
+
+
+class KbcoreKnowledgeEngine(KnowledgeEngine):
+    """LangBot knowledge engine over local kbcore knowledge bases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
+
+    @classmethod
+    def get_capabilities(cls) -> list[str]:
+        return [KnowledgeEngineCapability.DOC_INGESTION, KnowledgeEngineCapability.DOC_PARSING]
+
+    # -- engine and knowledge bases --------------------------------------------------------
+    def engine(self) -> Engine:
+        """The kbcore engine over the data directory (opened on first use)."""
+        with self._engine_lock:
+            if self._engine is None:
+                config = {}
+                plugin = getattr(self, "plugin", None)
+                if plugin is not None:
+                    try:
+                        config = plugin.get_config() or {}
+                    except Exception:  # noqa: BLE001 - no invocation scope: use the defaults
+                        config = {}
+                path = resolve_data_dir(config)
+                self._engine = Engine(path)
+                logger.info("kbcore knowledge engine: data directory %s", path)
+            return self._engine
+
+    def _open(self, kb_id: str) -> Any | None:
+        try:
+            return self.engine().get_knowledge_base(kb_name(kb_id))
+        except NotFoundError:
+            return None
+
+    def _create(self, kb_id: str, settings: Mapping[str, Any] | None) -> Any:
+        s = creation_settings(settings)
+        return self.engine().create_knowledge_base(
+            kb_name(kb_id),
+            chunk_size=s["chunk_size"],
+            chunk_overlap=s["chunk_overlap"],
+            metric=s["metric"],
+            index=s["index_kind"],
+            # a host model: vectors come from invoke_embedding; none: the built-in embedder
+            embedder=False if s["embedding_model_uuid"] else None,
+            description=f"LangBot knowledge base {kb_id}",
+            exist_ok=True,
+        )
+
+    async def _embed(
+        self, kb: Any, settings: Mapping[str, Any] | None, texts: list[str]
+    ) -> np.ndarray:
+        """float32 [len(texts), dim]: the knowledge base's own embedder, else the host model."""
+        if kb.embedder is not None:
+            return await asyncio.to_thread(
+                lambda: np.asarray(kb.embedder.embed(texts), dtype=np.float32)
+            )
+        model = creation_settings(settings)["embedding_model_uuid"]
+        if not model:
+            raise InvalidArgumentError(
+                f"knowledge base {kb.name!r} was created with a host embedding model, but no "
+                "embedding_model_uuid was given in the creation settings"
+            )
+        out: list[list[float]] = []
+        for s in range(0, len(texts), EMBEDDING_BATCH):
+            batch = texts[s : s + EMBEDDING_BATCH]
+            vectors = await self.plugin.invoke_embedding(model, batch)
+            if not isinstance(vectors, list) or len(vectors) != len(batch):
+                got = len(vectors) if isinstance(vectors, list) else type(vectors).__name__
+                raise InvalidArgumentError(
+                    f"embedding model {model!r} returned {got} vectors for {len(batch)} texts"
+                )
+            out.extend(vectors)
+        try:
+            arr = np.asarray(out, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"embedding model {model!r} returned vectors of different lengths"
+            ) from None
+        if arr.ndim != 2 or not np.isfinite(arr).all():
+            raise InvalidArgumentError(
+                f"embedding model {model!r} returned malformed vectors (shape {arr.shape})"
+            )
+        if kb.dim is not None and arr.shape[1] != kb.dim:
+            raise InvalidArgumentError(
+                f"embedding model {model!r} makes {arr.shape[1]}-dimensional vectors but "
+                f"knowledge base {kb.name!r} holds {kb.dim}-dimensional ones: use the model "
+                "it was built with, or re-create the knowledge base"
+            )
+        return arr
+
+    # -- lifecycle hooks -------------------------------------------------------------------
+    async def on_knowledge_base_create(self, kb_id: str, config: dict) -> None:
+        kb = await asyncio.to_thread(self._create, kb_id, config)
+        logger.info("kbcore: created knowledge base %s for %s", kb.name, kb_id)
+
+    async def on_knowledge_base_delete(self, kb_id: str) -> None:
+        name = kb_name(kb_id)
+
+        def drop() -> None:
+            try:
+                self.engine().delete_knowledge_base(name)
+            except NotFoundError:
+                pass
+
+        await asyncio.to_thread(drop)
+        logger.info("kbcore: deleted knowledge base %s for %s", name, kb_id)
+
+    # -- ingest ----------------------------------------------------------------------------
+    async def ingest(self, context: IngestionContext) -> IngestionResult:
+        doc_id = context.file_object.metadata.document_id
+        try:
+            return await self._ingest(context)
+        except Exception as exc:  # noqa: BLE001 - the host gets a FAILED result, never an exception
+            logger.warning(
+                "kbcore: ingest of %s (%s) failed: %s",
+                doc_id,
+                context.file_object.metadata.filename,
+                exc,
+                exc_info=not isinstance(exc, KbcoreError),
+            )
+            return IngestionResult(
+                document_id=doc_id,
+                status=DocumentStatus.FAILED,
+                error_message=f"{type(exc).__name__}: {exc}",
+            )
+
+    async def _ingest(self, ctx: IngestionContext) -> IngestionResult:
+        fm = ctx.file_object.metadata
+        doc_id = fm.document_id
+        kb = self._open(ctx.knowledge_base_id)
+        if kb is None:  # created before the plugin was installed, or the hook failed
+            kb = await asyncio.to_thread(self._create, ctx.knowledge_base_id, ctx.creation_settings)
+
+        title = None
+        if (
+            ctx.parsed_content is not None
+            and ctx.parsed_content.text
+            and ctx.parsed_content.text.strip()
+        ):
+            text, fmt = ctx.parsed_content.text, "host-parsed"
+        else:
+            data = await self.plugin.get_knowledge_file_stream(ctx.file_object.storage_path)
+            parsed = await asyncio.to_thread(parse, data, filename=fm.filename or None)
+            text, fmt, title = parsed.text, parsed.format, parsed.title
+
+        pipeline = kb.pipelines["default"]
+        chunks = chunk_text(
+            text,
+            chunk_size=pipeline["chunk_size"],
+            chunk_overlap=pipeline["chunk_overlap"],
+            document_id=doc_id,
+        )
+        if not chunks:
+            raise InvalidArgumentError(
+                f"{fm.filename or doc_id!r} contains no text: there is nothing to ingest"
+            )
+        vectors = await self._embed(kb, ctx.creation_settings, [c.text for c in chunks])
+
+        import pyarrow as pa
+
+        n = len(chunks)
+        meta = _file_metadata(ctx, title)
+        columns: dict[str, Any] = {
+            "text": pa.array([c.text for c in chunks], pa.large_string()),
+            "document_id": pa.array([doc_id] * n, pa.string()),
+            "chunk_index": pa.array([c.index for c in chunks], pa.int64()),
+            "char_start": pa.array([c.start for c in chunks], pa.int64()),
+            "char_end": pa.array([c.end for c in chunks], pa.int64()),
+            "filename": pa.array([fm.filename or None] * n, pa.string()),
+        }
+        for key, value in meta.items():
+            columns[key] = pa.array([value] * n)
+        table = pa.table(columns)
+        await asyncio.to_thread(
+            kb.ingest_table, table, vectors=vectors, metadata_columns=list(meta)
+        )
+        logger.info("kbcore: ingested %s (%s) into %s: %d chunks", doc_id, fm.filename, kb.name, n)
+        return IngestionResult(
+            document_id=doc_id,
+            status=DocumentStatus.COMPLETED,
+            chunks_created=n,
+            metadata={
+                "engine": "kbcore",
+                "knowledge_base": kb.name,
+                "format": fmt,
+                "dim": int(vectors.shape[1]),
+            },
+        )
+
+    # -- delete ----------------------------------------------------------------------------
+    async def delete_document(self, kb_id: str, document_id: str) -> bool:
+        """Deletes the document's chunks; True when it is gone (also if it was never there)."""
+        kb = self._open(kb_id)
+        if kb is None:
+            return True
+        try:
+            removed = await asyncio.to_thread(kb.delete_document, document_id, missing_ok=True)
+        except KbcoreError as exc:
+            logger.warning("kbcore: delete of %s from %s failed: %s", document_id, kb.name, exc)
+            return False
+        logger.info("kbcore: deleted %s from %s (%d chunks)", document_id, kb.name, removed)
+        return True
+
+    # -- retrieve --------------------------------------------------------------------------
+    async def retrieve(self, context: RetrievalContext) -> RetrievalResponse:
+        kb_id = context.knowledge_base_id or context.get_collection_id()
+        try:
+            settings = retrieval_settings(context.retrieval_settings)
+        except InvalidArgumentError as exc:
+            raise RetrievalError(str(exc)) from None
+        kb = self._open(kb_id) if kb_id else None
+        if kb is None or len(kb) == 0:
+            return RetrievalResponse(results=[], total_found=0, metadata={"engine": "kbcore"})
+        try:
+            query = (await self._embed(kb, context.creation_settings, [context.query]))[0]
+            hits = await asyncio.to_thread(
+                kb.retrieve,
+                query,
+                settings["top_k"],
+                score_threshold=settings["score_threshold"],
+                filters=context.filters or None,
+                deduplicate=settings["deduplicate"],
+                ef=settings["ef"],
+            )
+        except (KbcoreError, ValueError, TypeError) as exc:
+            raise RetrievalError(f"kbcore retrieval in {kb.name!r} failed: {exc}") from None
+        entries = []
+        for h in hits:
+            meta = dict(h.metadata)
+            if meta.get("filename"):
+                meta.setdefault("document_name", meta["filename"])
+            entries.append(
+                RetrievalResultEntry(
+                    id=f"{h.document_id}#{h.chunk_index}",
+                    content=[ContentElement.from_text(h.content)],
+                    metadata=meta,
+                    distance=float(h.distance),
+                    score=min(max(float(h.score), 0.0), 1.0),
+                )
+            )
+        return RetrievalResponse(
+            results=entries,
+            total_found=len(entries),
+            metadata={"engine": "kbcore", "knowledge_base": kb.name},
+        )

@@ -1,0 +1,507 @@
+"""The LangBot plugin in integrations/langbot, run offline against the real langbot-plugin SDK.
+
+The plugin is loaded the way the SDK's runtime loads it (``ComponentDiscoveryEngine`` on the
+plugin's ``manifest.yaml``, ``get_python_component_class``, the plugin object wired to a
+runtime handler and set on the component). The host is a fake ``plugin_runtime_handler``
+whose ``call_action`` answers ``INVOKE_EMBEDDING`` (with kbcore's hashing embedder at another
+dimension than the built-in default, so host vectors are recognisable) and the file-stream
+action, as the SDK's own tests fake it. Contexts are built with ``model_validate`` from plain
+dicts and results dumped with ``model_dump(mode="json")``, as the SDK's handler does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+
+with warnings.catch_warnings():  # the SDK's pydantic models warn about v1-style config
+    warnings.simplefilter("ignore", DeprecationWarning)
+    pytest.importorskip(
+        "langbot_plugin", reason="needs the LangBot plugin SDK (pip install 'kbcore[langbot]')"
+    )
+    import langbot_plugin.cli.utils.page_components  # noqa: F401 - imports the runtime models
+
+from langbot_plugin.api.definition.components.knowledge_engine.engine import (  # noqa: E402
+    KnowledgeEngine,
+)
+from langbot_plugin.api.definition.plugin import BasePlugin  # noqa: E402
+from langbot_plugin.api.entities.builtin.rag.context import (  # noqa: E402
+    RetrievalContext,
+    RetrievalResponse,
+)
+from langbot_plugin.api.entities.builtin.rag.enums import DocumentStatus  # noqa: E402
+from langbot_plugin.api.entities.builtin.rag.errors import RetrievalError  # noqa: E402
+from langbot_plugin.api.entities.builtin.rag.models import (  # noqa: E402
+    IngestionContext,
+    IngestionResult,
+)
+from langbot_plugin.entities.io.actions.enums import PluginToRuntimeAction  # noqa: E402
+from langbot_plugin.utils.discover.engine import ComponentDiscoveryEngine  # noqa: E402
+
+from kbcore.chunking import chunk_text  # noqa: E402
+from kbcore.embedders import HashingEmbedder  # noqa: E402
+from kbcore.parsing import parse  # noqa: E402
+
+PLUGIN_DIR = Path(__file__).resolve().parent.parent / "integrations" / "langbot"
+HOST_MODEL = "host-embedding-model"
+HOST_DIM = 96  # the built-in embedder makes 384: a KB of dimension 96 was embedded by the host
+
+HOST_SETTINGS = {
+    "embedding_model_uuid": HOST_MODEL,
+    "chunk_size": 200,
+    "chunk_overlap": 20,
+    "metric": "cosine",
+    "index_kind": "flat",
+}
+
+FILES = {
+    "kb/rotation.md": b"# Key rotation\n\nRotate the signing keys every ninety days. The vault "
+    b"keeps the previous key for a week so that old tokens still verify.\n\n"
+    b"## Emergencies\n\nIf a key leaks, rotate it at once and revoke every "
+    b"token signed with it.",
+    "kb/ingress.html": b"<html><head><title>Ingress</title><script>var x = 1;</script></head><body>"
+    b"<h1>Ingress</h1><p>The west region runs its own ingress controllers behind "
+    b"a regional load balancer.</p></body></html>",
+    "kb/search.txt": b"Search relevance is measured with nDCG at ten on a held-out query set. "
+    b"Regressions above one point block a release.",
+    "kb/binary.txt": b"\x80\x81\xc3\x28\xa0\xa1" * 20,
+    "kb/report.docx": b"PK\x03\x04 not a supported format",
+}
+
+
+class FakeHost:
+    """A plugin_runtime_handler: answers INVOKE_EMBEDDING and the knowledge file stream."""
+
+    def __init__(self) -> None:
+        self.embedder = HashingEmbedder(dim=HOST_DIM)
+        self.calls: list[tuple[PluginToRuntimeAction, dict]] = []
+        self.local: dict[str, bytes] = {}
+        self.deleted: list[str] = []
+        self.embedding_reply = None  # a callable replacing the embedding answer
+
+    async def call_action(self, action, data, timeout=None):
+        self.calls.append((action, data))
+        if action == PluginToRuntimeAction.INVOKE_EMBEDDING:
+            assert data["embedding_model_uuid"] == HOST_MODEL
+            if self.embedding_reply is not None:
+                return self.embedding_reply(data)
+            return {"vectors": self.embedder.embed(data["texts"]).tolist()}
+        if action == PluginToRuntimeAction.GET_KNOWLEDEGE_FILE_STREAM:
+            path = data["storage_path"]
+            if path not in FILES:
+                raise RuntimeError(f"file not found in storage: {path}")
+            key = f"file-key-{len(self.calls)}"
+            self.local[key] = FILES[path]
+            return {"file_key": key}
+        raise AssertionError(f"the plugin called an unexpected host action: {action}")
+
+    async def read_local_file(self, file_key: str) -> bytes:
+        return self.local[file_key]
+
+    async def delete_local_file(self, file_key: str) -> None:
+        self.deleted.append(file_key)
+        del self.local[file_key]
+
+    def count(self, action) -> int:
+        return sum(1 for a, _ in self.calls if a == action)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def loaded(tmp_path, monkeypatch):
+    """(plugin manifest, component manifests, engine component, fake host, data dir)."""
+    from langbot_plugin.cli.utils.page_components import discover_plugin_components
+
+    data = tmp_path / "kbcore-data"
+    monkeypatch.setenv("KBCORE_LANGBOT_DATA", str(data))
+    monkeypatch.chdir(PLUGIN_DIR)  # the runtime runs a plugin from its own directory
+    discovery = ComponentDiscoveryEngine()
+    plugin_manifest = discovery.load_component_manifest(
+        "manifest.yaml", owner="builtin", no_save=True
+    )
+    assert plugin_manifest is not None and plugin_manifest.kind == "Plugin"
+    components = discover_plugin_components(plugin_manifest, discovery)
+
+    host = FakeHost()
+    plugin_cls = plugin_manifest.get_python_component_class()
+    assert issubclass(plugin_cls, BasePlugin)
+    plugin = plugin_cls()
+    plugin.config = {}
+    plugin.plugin_runtime_handler = host
+    run(plugin.initialize())
+    (engine_manifest,) = [c for c in components if c.kind == KnowledgeEngine.__kind__]
+    engine_cls = engine_manifest.get_python_component_class()
+    assert issubclass(engine_cls, KnowledgeEngine)
+    component = engine_cls()
+    component.plugin = plugin
+    run(component.initialize())
+    try:
+        yield plugin_manifest, components, component, host, data
+    finally:
+        if component._engine is not None:
+            component._engine.close()
+        for name in [m for m in sys.modules if m == "components" or m.startswith("components.")]:
+            del sys.modules[name]
+        sys.modules.pop("main", None)
+
+
+def ingestion(
+    kb_id: str,
+    doc_id: str,
+    path: str,
+    *,
+    settings=HOST_SETTINGS,
+    extra=None,
+    parsed: str | None = None,
+) -> IngestionContext:
+    filename = path.rsplit("/", 1)[-1]
+    payload = {
+        "file_object": {
+            "metadata": {
+                "filename": filename,
+                "file_size": len(FILES.get(path, b"")),
+                "mime_type": "application/octet-stream",
+                "document_id": doc_id,
+                "knowledge_base_id": kb_id,
+                "extra": extra or {},
+            },
+            "storage_path": path,
+        },
+        "knowledge_base_id": kb_id,
+        "creation_settings": dict(settings),
+    }
+    if parsed is not None:
+        payload["parsed_content"] = {"text": parsed, "sections": [], "metadata": {}}
+    return IngestionContext.model_validate(payload)
+
+
+def retrieval(
+    kb_id: str, query: str, *, settings=None, filters=None, creation=HOST_SETTINGS
+) -> RetrievalContext:
+    return RetrievalContext.model_validate(
+        {
+            "query": query,
+            "knowledge_base_id": kb_id,
+            "retrieval_settings": settings or {},
+            "creation_settings": dict(creation),
+            "filters": filters or {},
+        }
+    )
+
+
+def ingest(component, ctx) -> dict:
+    result = run(component.ingest(ctx))
+    assert isinstance(result, IngestionResult)
+    return result.model_dump(mode="json")
+
+
+def retrieve(component, ctx) -> RetrievalResponse:
+    response = run(component.retrieve(ctx))
+    assert isinstance(response, RetrievalResponse)
+    RetrievalResponse.model_validate(response.model_dump(mode="json"))  # crosses the wire intact
+    return response
+
+
+def expected_chunks(path: str, size=200, overlap=20) -> list[str]:
+    text = parse(FILES[path], filename=path).text
+    return [c.text for c in chunk_text(text, chunk_size=size, chunk_overlap=overlap)]
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:langbot_plugin.*")
+
+KB = "3f1c2a9e-7b4d-4e0a-9c51-0d2e6f8a1b23"  # LangBot's knowledge base ids are UUIDs
+
+
+def populate(component) -> None:
+    run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
+    for doc_id, path, team in (
+        ("doc-1", "kb/rotation.md", "infra"),
+        ("doc-2", "kb/ingress.html", "infra"),
+        ("doc-3", "kb/search.txt", "search"),
+    ):
+        out = ingest(
+            component, ingestion(KB, doc_id, path, extra={"team": "" + team, "year": 2024})
+        )
+        assert out["status"] == "completed", out
+
+
+# -- the plugin package ----------------------------------------------------------------------
+
+
+def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loaded):
+    plugin_manifest, components, component, _, _ = loaded
+    assert plugin_manifest.metadata.name and plugin_manifest.metadata.author
+    (ke,) = [c for c in components if c.kind == "KnowledgeEngine"]
+    creation = {f["name"]: f for f in ke.spec["creation_schema"]}
+    assert set(creation) == {
+        "embedding_model_uuid",
+        "chunk_size",
+        "chunk_overlap",
+        "metric",
+        "index_kind",
+    }
+    assert creation["embedding_model_uuid"]["type"] == "embedding-model-selector"
+    assert creation["chunk_size"]["default"] == 500 and creation["chunk_overlap"]["default"] == 50
+    assert {o["name"] for o in creation["metric"]["options"]} == {"cosine", "ip", "l2"}
+    assert {o["name"] for o in creation["index_kind"]["options"]} == {"hnsw", "flat"}
+    retrieval_fields = {f["name"]: f for f in ke.spec["retrieval_schema"]}
+    assert set(retrieval_fields) == {"top_k", "score_threshold", "deduplicate", "ef"}
+    assert retrieval_fields["top_k"]["default"] == 5
+    assert set(type(component).get_capabilities()) == {"doc_ingestion", "doc_parsing"}
+    requirements = (PLUGIN_DIR / "requirements.txt").read_text().split()
+    assert any(r.startswith("kbcore") for r in requirements)
+    assert (PLUGIN_DIR / plugin_manifest.metadata.icon).is_file()
+
+
+def test_the_sdk_cli_builds_an_installable_package(tmp_path):
+    src = tmp_path / "plugin"
+    shutil.copytree(
+        PLUGIN_DIR, src, ignore=shutil.ignore_patterns("__pycache__", "data", "dist", ".env")
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "langbot_plugin.cli.__init__",
+            "build",
+            "-o",
+            str(tmp_path / "dist"),
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (package,) = (tmp_path / "dist").glob("*.lbpkg")
+    names = set(zipfile.ZipFile(package).namelist())
+    assert {
+        "manifest.yaml",
+        "main.py",
+        "requirements.txt",
+        "README.md",
+        "components/knowledge_engine/kbcore_engine.yaml",
+        "components/knowledge_engine/kbcore_engine.py",
+    } <= names
+
+
+# -- ingest and retrieve ---------------------------------------------------------------------
+
+
+def test_ingest_reads_and_parses_host_files_and_embeds_with_the_host_model(loaded):
+    _, _, component, host, data = loaded
+    populate(component)
+    assert host.count(PluginToRuntimeAction.GET_KNOWLEDEGE_FILE_STREAM) == 3
+    assert host.deleted and not host.local  # every transferred file was released
+    kb = component.engine().get_knowledge_base(KB)
+    assert kb.dim == HOST_DIM and kb.embedder is None
+    assert str(data) == component.engine().path
+    total = sum(
+        len(expected_chunks(p)) for p in ("kb/rotation.md", "kb/ingress.html", "kb/search.txt")
+    )
+    assert len(kb) == total
+    out = ingest(component, ingestion(KB, "doc-1", "kb/rotation.md"))
+    assert out["chunks_created"] == len(expected_chunks("kb/rotation.md")) > 1
+    assert out["document_id"] == "doc-1" and out["error_message"] is None
+    assert len(kb) == total  # re-ingesting replaced doc-1
+
+
+def test_retrieve_returns_scored_entries_with_text_content_and_ids(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+    response = retrieve(component, retrieval(KB, "how often are signing keys rotated?"))
+    assert 0 < len(response.results) <= 5  # top_k defaults to 5
+    assert response.total_found == len(response.results)
+    top = response.results[0]
+    assert top.metadata["document_id"] == top.metadata["file_id"] == "doc-1"
+    assert top.metadata["filename"] == "rotation.md" and top.metadata["team"] == "infra"
+    assert top.content[0].type == "text" and top.content[0].text in expected_chunks(
+        "kb/rotation.md"
+    )
+    distances = [e.distance for e in response.results]
+    assert distances == sorted(distances)
+    assert all(0.0 <= e.score <= 1.0 for e in response.results)
+    scores = [e.score for e in response.results]
+    assert scores == sorted(scores, reverse=True)
+    assert len({e.id for e in response.results}) == len(response.results)
+    embeds = [d for a, d in host.calls if a == PluginToRuntimeAction.INVOKE_EMBEDDING]
+    assert embeds[-1]["texts"] == ["how often are signing keys rotated?"]
+
+    two = retrieve(component, retrieval(KB, "keys", settings={"top_k": 2}))
+    assert len(two.results) == 2
+    cut = retrieve(
+        component,
+        retrieval(
+            KB,
+            "how often are signing keys rotated?",
+            settings={"top_k": 10, "score_threshold": top.score},
+        ),
+    )
+    assert cut.results and all(e.score >= top.score for e in cut.results)
+    dedup = retrieve(
+        component, retrieval(KB, "rotate keys tokens", settings={"top_k": 10, "deduplicate": True})
+    )
+    doc_ids = [e.metadata["document_id"] for e in dedup.results]
+    assert len(doc_ids) == len(set(doc_ids)) == 3
+    tuned = retrieve(component, retrieval(KB, "keys", settings={"top_k": "3", "ef": 128}))
+    assert len(tuned.results) == 3
+
+
+def test_retrieve_evaluates_chroma_style_filters_natively(loaded):
+    _, _, component, _, _ = loaded
+    populate(component)
+
+    def docs(filters):
+        r = retrieve(
+            component, retrieval(KB, "keys ingress search", settings={"top_k": 20}, filters=filters)
+        )
+        return {e.metadata["document_id"] for e in r.results}
+
+    assert docs({"team": "infra"}) == {"doc-1", "doc-2"}
+    assert docs({"file_id": "doc-2"}) == {"doc-2"}
+    assert docs({"$and": [{"team": "infra"}, {"filename": {"$ends_with": ".md"}}]}) == {"doc-1"}
+    assert docs({"$or": [{"team": "search"}, {"document_id": {"$in": ["doc-2"]}}]}) == {
+        "doc-2",
+        "doc-3",
+    }
+    assert docs({"year": {"$gte": 2025}}) == set()
+    with pytest.raises(RetrievalError, match="unknown operator"):
+        run(component.retrieve(retrieval(KB, "keys", filters={"team": {"$like": "inf"}})))
+    with pytest.raises(RetrievalError, match="top_k"):
+        run(component.retrieve(retrieval(KB, "keys", settings={"top_k": "many"})))
+
+
+def test_host_parsed_content_is_used_without_reading_the_file(loaded):
+    _, _, component, host, _ = loaded
+    run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
+    text = "Parsed by the host: the on-call rotation changes every Monday at noon."
+    out = ingest(component, ingestion(KB, "doc-p", "kb/not-in-storage.pdf", parsed=text))
+    assert out["status"] == "completed" and out["chunks_created"] == 1
+    assert host.count(PluginToRuntimeAction.GET_KNOWLEDEGE_FILE_STREAM) == 0
+    hit = retrieve(component, retrieval(KB, "when does the on-call rotation change?")).results[0]
+    assert hit.content[0].text == text and hit.metadata["document_id"] == "doc-p"
+
+
+def test_builtin_embedder_is_used_when_no_host_model_is_chosen(loaded):
+    _, _, component, host, _ = loaded
+    run(component.on_knowledge_base_create("kb-local", {}))
+    out = ingest(component, ingestion("kb-local", "doc-1", "kb/rotation.md", settings={}))
+    assert out["status"] == "completed" and out["metadata"]["dim"] == 384
+    kb = component.engine().get_knowledge_base("kb-local")
+    assert kb.pipelines["default"] == {"chunk_size": 500, "chunk_overlap": 50}
+    response = retrieve(component, retrieval("kb-local", "rotate signing keys", creation={}))
+    assert response.results[0].metadata["document_id"] == "doc-1"
+    assert host.count(PluginToRuntimeAction.INVOKE_EMBEDDING) == 0
+
+
+def test_ingest_creates_a_missing_knowledge_base_from_the_creation_settings(loaded):
+    _, _, component, _, _ = loaded
+    out = ingest(component, ingestion("made-on-ingest", "doc-3", "kb/search.txt"))
+    assert out["status"] == "completed"
+    kb = component.engine().get_knowledge_base("made-on-ingest")
+    assert kb.info()["index"] == "flat" and kb.dim == HOST_DIM
+
+
+# -- failures never raise and never lose state -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, fragment",
+    [
+        ("kb/report.docx", ".docx"),
+        ("kb/binary.txt", "UTF-8"),
+        ("kb/missing.txt", "file not found"),
+    ],
+)
+def test_bad_files_fail_with_a_message_and_leave_the_knowledge_base_intact(loaded, path, fragment):
+    _, _, component, _, _ = loaded
+    populate(component)
+    kb = component.engine().get_knowledge_base(KB)
+    before = len(kb)
+    out = ingest(component, ingestion(KB, "doc-bad", path))
+    assert out["status"] == DocumentStatus.FAILED.value
+    assert out["document_id"] == "doc-bad" and out["chunks_created"] == 0
+    assert fragment in out["error_message"]
+    assert len(kb) == before and "doc-bad" not in kb
+    assert retrieve(component, retrieval(KB, "signing keys")).results
+
+
+@pytest.mark.parametrize(
+    "reply, fragment",
+    [
+        (lambda data: {"vectors": []}, "returned 0 vectors"),
+        (lambda data: {"vectors": [[0.1] * (HOST_DIM - 1)] * len(data["texts"])}, "dimensional"),
+        (lambda data: {"vectors": [[float("nan")] * HOST_DIM] * len(data["texts"])}, "malformed"),
+    ],
+)
+def test_embedding_failures_fail_the_ingest_and_keep_the_previous_version(loaded, reply, fragment):
+    _, _, component, host, _ = loaded
+    populate(component)
+    kb = component.engine().get_knowledge_base(KB)
+    before = len(kb)
+    host.embedding_reply = reply
+    out = ingest(component, ingestion(KB, "doc-1", "kb/search.txt"))  # would replace doc-1
+    assert out["status"] == "failed" and fragment in out["error_message"]
+    host.embedding_reply = None
+    assert len(kb) == before
+    top = retrieve(component, retrieval(KB, "rotate signing keys every ninety days")).results[0]
+    assert top.metadata["document_id"] == "doc-1" and "Rotate" in top.content[0].text
+
+
+def test_bad_creation_settings_are_rejected(loaded):
+    _, _, component, _, _ = loaded
+    with pytest.raises(ValueError, match="chunk_overlap"):
+        run(component.on_knowledge_base_create("kb-x", {"chunk_size": 100, "chunk_overlap": 100}))
+    with pytest.raises(ValueError, match="metric"):
+        run(component.on_knowledge_base_create("kb-x", {"metric": "manhattan"}))
+    out = ingest(component, ingestion("kb-y", "d", "kb/search.txt", settings={"index_kind": "ivf"}))
+    assert out["status"] == "failed" and "index_kind" in out["error_message"]
+
+
+# -- delete and persistence ------------------------------------------------------------------
+
+
+def test_delete_document_and_knowledge_base_free_what_they_hold(loaded):
+    _, _, component, _, data = loaded
+    populate(component)
+    kb = component.engine().get_knowledge_base(KB)
+    before = len(kb)
+    n1 = len(expected_chunks("kb/rotation.md"))
+    assert run(component.delete_document(KB, "doc-1")) is True
+    assert len(kb) == before - n1 and "doc-1" not in kb
+    hits = retrieve(component, retrieval(KB, "rotate signing keys", settings={"top_k": 20})).results
+    assert hits and all(e.metadata["document_id"] != "doc-1" for e in hits)
+    assert run(component.delete_document(KB, "doc-1")) is True  # already gone
+    assert run(component.delete_document("never-created", "doc-1")) is True
+
+    assert (data / KB).is_dir()
+    run(component.on_knowledge_base_delete(KB))
+    assert not (data / KB).exists()
+    assert not [p for p in os.listdir(data) if not p.startswith(".")]
+    assert retrieve(component, retrieval(KB, "keys")).results == []
+    run(component.on_knowledge_base_delete(KB))  # idempotent
+
+
+def test_a_new_plugin_process_finds_the_knowledge_bases_on_disk(loaded):
+    _, _, component, _, _ = loaded
+    populate(component)
+    first = retrieve(component, retrieval(KB, "ingress controllers")).results
+    component._engine.close()
+    fresh = type(component)()
+    fresh.plugin = component.plugin
+    again = retrieve(fresh, retrieval(KB, "ingress controllers")).results
+    assert [(e.id, round(e.score, 6)) for e in again] == [(e.id, round(e.score, 6)) for e in first]
+    fresh._engine.close()
+    component._engine = None
