@@ -28,6 +28,31 @@ void HnswIndex::grow() {
   links0_.resize(n * (1 + m0_), 0);
   levels_.resize(n, 0);
   upper_.resize(n);
+  pending_.resize(n, 0);
+}
+
+void HnswIndex::add_pending(const std::vector<Slot>& slots) {
+  grow();
+  for (Slot s : slots) {
+    levels_[s] = 0;
+    upper_[s].clear();
+    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+    if (!pending_[s]) {
+      pending_[s] = 1;
+      pending_list_.push_back(s);
+    }
+  }
+  std::sort(pending_list_.begin(), pending_list_.end());
+}
+
+std::size_t HnswIndex::build_pending(std::size_t max_rows, std::size_t threads) {
+  const std::size_t take = std::min(max_rows, pending_list_.size());
+  if (take == 0) return pending_list_.size();
+  std::vector<Slot> batch(pending_list_.begin(), pending_list_.begin() + static_cast<std::ptrdiff_t>(take));
+  pending_list_.erase(pending_list_.begin(), pending_list_.begin() + static_cast<std::ptrdiff_t>(take));
+  for (Slot s : batch) pending_[s] = 0;
+  insert_batch(batch, threads);
+  return pending_list_.size();
 }
 
 int HnswIndex::draw_level() {
@@ -196,7 +221,7 @@ void HnswIndex::ensure_reachable(const Kernels& k, const std::vector<std::uint8_
     }
     std::vector<Slot> lost;
     for (std::size_t s = 0; s < n; ++s) {
-      if (store_.is_live(static_cast<Slot>(s)) && !seen[s] && !(dead && (*dead)[s])) {
+      if (store_.is_live(static_cast<Slot>(s)) && !seen[s] && !pending_[s] && !(dead && (*dead)[s])) {
         lost.push_back(static_cast<Slot>(s));
       }
     }
@@ -230,7 +255,7 @@ void HnswIndex::pick_new_entry(const std::vector<std::uint8_t>& dead) {
   entry_ = kNoSlot;
   max_level_ = -1;
   for (std::size_t s = 0; s < levels_.size(); ++s) {
-    if (!store_.is_live(static_cast<Slot>(s)) || dead[s]) continue;
+    if (!store_.is_live(static_cast<Slot>(s)) || dead[s] || pending_[s]) continue;
     if (static_cast<int>(levels_[s]) > max_level_) {
       max_level_ = levels_[s];
       entry_ = static_cast<Slot>(s);
@@ -242,7 +267,18 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
   if (slots.empty()) return;
   const std::size_t n = levels_.size();
   std::vector<std::uint8_t> dead(n, 0);
-  for (Slot s : slots) dead[s] = 1;
+  bool pending_removed = false;
+  for (Slot s : slots) {
+    dead[s] = 1;
+    if (pending_[s]) {
+      pending_[s] = 0;
+      pending_removed = true;
+    }
+  }
+  if (pending_removed) {
+    pending_list_.erase(std::remove_if(pending_list_.begin(), pending_list_.end(), [&](Slot s) { return dead[s] != 0; }),
+                        pending_list_.end());
+  }
   const Kernels& k = active_kernels();
   if (entry_ != kNoSlot && dead[entry_]) pick_new_entry(dead);
 
@@ -330,6 +366,7 @@ void HnswIndex::save(BinaryWriter& w) const {
   for (std::size_t s = 0; s < levels_.size(); ++s) {
     if (levels_[s] > 0) w.array(upper_[s].data(), upper_[s].size());
   }
+  w.array(pending_.data(), pending_.size());
 }
 
 void HnswIndex::load(BinaryReader& r) {
@@ -347,8 +384,6 @@ void HnswIndex::load(BinaryReader& r) {
   std::vector<std::uint32_t> links0;
   r.array(links0, n * (1 + m0_));
   std::vector<std::vector<std::uint32_t>> upper(n);
-  int seen_max = -1;
-  Slot seen_entry = kNoSlot;
   for (std::size_t s = 0; s < n; ++s) {
     if (levels[s] > kMaxLevel) r.fail("node level out of range");
     if (!store_.is_live(static_cast<Slot>(s))) {
@@ -356,32 +391,48 @@ void HnswIndex::load(BinaryReader& r) {
       continue;
     }
     if (levels[s] > 0) r.array(upper[s], static_cast<std::size_t>(levels[s]) * (1 + m));
-    if (static_cast<int>(levels[s]) > seen_max) {
-      seen_max = levels[s];
-      seen_entry = static_cast<Slot>(s);
-    }
   }
-  // Every link must name a live slot and every count must fit its list: a crafted file
-  // must not make a search read out of bounds.
+  std::vector<std::uint8_t> pending;
+  r.array(pending, n);
+  int seen_max = -1;
+  std::size_t graph_nodes = 0;
+  std::vector<Slot> pending_list;
+  for (std::size_t s = 0; s < n; ++s) {
+    if (pending[s] > 1) r.fail("invalid pending flag");
+    if (pending[s]) {
+      if (!store_.is_live(static_cast<Slot>(s)) || levels[s] != 0 || links0[s * (1 + m0_)] != 0) {
+        r.fail("a pending node must be live and unlinked");
+      }
+      pending_list.push_back(static_cast<Slot>(s));
+      continue;
+    }
+    if (!store_.is_live(static_cast<Slot>(s))) continue;
+    ++graph_nodes;
+    seen_max = std::max(seen_max, static_cast<int>(levels[s]));
+  }
+  // Every link must name a linked live slot and every count must fit its list: a crafted
+  // file must not make a search read out of bounds.
   const auto check = [&](const std::uint32_t* l, std::size_t cap) {
     if (l[0] > cap) r.fail("link count exceeds capacity");
     for (std::size_t j = 0; j < l[0]; ++j) {
-      if (l[1 + j] >= n || !store_.is_live(l[1 + j])) r.fail("link to a missing node");
+      if (l[1 + j] >= n || !store_.is_live(l[1 + j]) || pending[l[1 + j]]) r.fail("link to a missing node");
     }
   };
   for (std::size_t s = 0; s < n; ++s) {
-    if (!store_.is_live(static_cast<Slot>(s))) continue;
+    if (!store_.is_live(static_cast<Slot>(s)) || pending[s]) continue;
     check(&links0[s * (1 + m0_)], m0_);
     for (int l = 1; l <= levels[s]; ++l) check(&upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m);
   }
-  if (store_.size() == 0) {
+  if (graph_nodes == 0) {
     if (entry != kNoSlot || max_level != -1) r.fail("empty graph with an entry point");
   } else {
-    if (entry >= n || !store_.is_live(entry) || levels[entry] != max_level || max_level != seen_max) {
+    if (entry >= n || !store_.is_live(entry) || pending[entry] || levels[entry] != max_level ||
+        max_level != seen_max) {
       r.fail("invalid entry point");
     }
   }
-  (void)seen_entry;
+  pending_ = std::move(pending);
+  pending_list_ = std::move(pending_list);
   params_.seed = seed;
   levels_ = std::move(levels);
   links0_ = std::move(links0);

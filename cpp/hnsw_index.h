@@ -46,6 +46,14 @@ class HnswIndex {
   /// Inserts the given (already stored) slots; `threads` workers (0 = all cores).
   /// Levels are drawn sequentially from the seeded generator, so they are reproducible.
   void insert_batch(const std::vector<Slot>& slots, std::size_t threads);
+  /// Registers stored slots whose graph insertion is deferred: they are not linked yet, and
+  /// searches must scan them exactly (pending()). build_pending() links them later.
+  void add_pending(const std::vector<Slot>& slots);
+  /// Links up to max_rows pending slots (oldest slots first); returns how many remain.
+  std::size_t build_pending(std::size_t max_rows, std::size_t threads);
+  /// Slots stored but not yet linked into the graph, ascending. O(1).
+  const std::vector<Slot>& pending() const { return pending_list_; }
+  bool is_pending(Slot s) const { return s < pending_.size() && pending_[s] != 0; }
   /// Unlinks the given slots and repairs every node that pointed at them by reconnecting it
   /// to the removed nodes' neighbours with the selection heuristic (the local repair of
   /// FreshDiskANN, Singh et al. 2021), so recall does not decay. Slots are then free.
@@ -128,6 +136,8 @@ class HnswIndex {
   std::vector<std::uint32_t> links0_;              // slot_count * (1 + m0_): [count, ids...]
   std::vector<std::uint8_t> levels_;               // top level per slot
   std::vector<std::vector<std::uint32_t>> upper_;  // per slot: levels_[s] * (1 + M)
+  std::vector<std::uint8_t> pending_;              // per slot: 1 if stored but not linked yet
+  std::vector<Slot> pending_list_;                 // the same slots, ascending
   Slot entry_ = kNoSlot;
   int max_level_ = -1;
   std::mutex entry_mutex_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <unordered_set>
@@ -83,7 +84,8 @@ void Index::set_ef_search(std::size_t ef) {
 }
 
 void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
-                const std::vector<ColumnInput>& columns, const std::vector<std::optional<std::string>>* texts) {
+                const std::vector<ColumnInput>& columns, const std::vector<std::optional<std::string>>* texts,
+                bool defer_graph) {
   if (n == 0) return;
   if (texts != nullptr && texts->size() != n) {
     throw InvalidArgument("got " + std::to_string(n) + " vectors but " + std::to_string(texts->size()) + " texts");
@@ -134,8 +136,37 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       if ((*texts)[i]) text_.set(slots[i], *(*texts)[i]);
     }
   }
-  if (graph_) graph_->insert_batch(slots, threads);
+  if (graph_) {
+    if (defer_graph) {
+      graph_->add_pending(slots);
+    } else {
+      graph_->insert_batch(slots, threads);
+    }
+  }
 }
+
+std::size_t Index::build_graph(std::size_t max_rows, std::size_t threads) {
+  if (!graph_) return 0;
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  return graph_->build_pending(max_rows, threads);
+}
+
+std::size_t Index::pending_rows() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return graph_ ? graph_->pending().size() : 0;
+}
+
+namespace {
+// Merges two ascending result lists into the k best.
+std::vector<Scored> merge_topk(std::vector<Scored> a, const std::vector<Scored>& b, std::size_t k) {
+  if (b.empty()) return a;
+  std::vector<Scored> out;
+  out.reserve(std::min(k, a.size() + b.size()));
+  std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  if (out.size() > k) out.resize(k);
+  return out;
+}
+}  // namespace
 
 void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
   if (graph_) graph_->remove_batch(slots, threads);
@@ -229,6 +260,13 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
       const float* q = prepared.data() + qi * dim;
       if (strategy == Strategy::kGraph) {
         std::vector<Scored> res = graph_->search_filtered(q, k, ef, allowed);
+        if (!graph_->pending().empty()) {
+          std::vector<Slot> fresh;
+          for (Slot s : graph_->pending()) {
+            if (allowed.test(s)) fresh.push_back(s);
+          }
+          res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, fresh, k), k);
+        }
         if (res.size() >= std::min(k, passing)) {
           write(qi, res);
           return;
@@ -248,7 +286,13 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
     std::atomic<std::uint64_t> evals{0};
     parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
       std::size_t e = 0;
-      write(qi, graph_->search_with(prepared.data() + qi * dim, k, ef, AcceptAll{}, &e));
+      const float* q = prepared.data() + qi * dim;
+      std::vector<Scored> res = graph_->search_with(q, k, ef, AcceptAll{}, &e);
+      // Rows whose graph insertion is deferred are scanned exactly.
+      if (!graph_->pending().empty()) {
+        res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, graph_->pending(), k), k);
+      }
+      write(qi, res);
       evals.fetch_add(e, std::memory_order_relaxed);
     });
     // Exponential average of evaluations per unit of ef, for the filtered cost model.
@@ -351,6 +395,14 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
     if (strategy == Strategy::kGraph) {
       const auto enough = [&](const std::vector<Scored>& sorted) { return count_groups(sorted, *field, k) >= k; };
       std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
+      if (!graph_->pending().empty()) {
+        std::vector<Slot> fresh;
+        for (Slot s : graph_->pending()) {
+          if (filter == nullptr || allowed.test(s)) fresh.push_back(s);
+        }
+        res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, fresh, fresh.size()),
+                         res.size() + fresh.size());
+      }
       std::vector<Group> groups = collapse_sorted(res, *field, k, group_size);
       if (groups.size() >= k) {
         out[qi] = convert(groups);

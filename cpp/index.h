@@ -60,9 +60,17 @@ class Index {
   /// `columns` (optional) are the rows' metadata (docs/filter-ir.md); a replaced id gets
   /// exactly the new metadata.
   /// `texts` (optional, n entries; nullopt = no text) feed the BM25 index for hybrid search.
+  /// With `defer_graph` (hnsw only), the rows are stored and searchable at once (scanned
+  /// exactly) but linked into the graph only by build_graph(); the exclusive lock is then
+  /// held only while the rows are copied, not for the graph work.
   void add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
            const std::vector<ColumnInput>& columns = {},
-           const std::vector<std::optional<std::string>>* texts = nullptr);
+           const std::vector<std::optional<std::string>>* texts = nullptr, bool defer_graph = false);
+  /// Links up to max_rows rows added with defer_graph into the graph (exclusive lock for that
+  /// batch only); returns how many rows are still waiting. O(max_rows * log n) graph work.
+  std::size_t build_graph(std::size_t max_rows, std::size_t threads);
+  /// Rows stored but not yet linked into the graph (0 for flat).
+  std::size_t pending_rows() const;
   /// Removes ids; throws NotFound (and removes nothing) if any id is absent or repeated.
   void remove(const std::int64_t* ids, std::size_t n, std::size_t threads);
   /// k nearest per query into caller buffers [nq x k], ascending; padded with -1 / +inf.

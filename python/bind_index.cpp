@@ -44,7 +44,7 @@ void bind_index(py::module_& m) {
            py::arg("ef"), py::arg("seed"))
       .def("add",
            [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads,
-              const py::list& columns, const py::object& texts) {
+              const py::list& columns, const py::object& texts, bool defer_graph) {
              const std::size_t n = rows_of(vectors, self.dim(), "vectors");
              if (ids_len(ids) != n) {
                throw InvalidArgument("got " + std::to_string(n) + " vectors but " +
@@ -62,10 +62,18 @@ void bind_index(py::module_& m) {
                }
              }
              py::gil_scoped_release nogil;
-             self.add(vectors.data(), ids.data(), n, threads, cols, text_rows ? &*text_rows : nullptr);
+             self.add(vectors.data(), ids.data(), n, threads, cols, text_rows ? &*text_rows : nullptr,
+                      defer_graph);
            },
            py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"),
-           py::arg("columns") = py::list(), py::arg("texts") = py::none())
+           py::arg("columns") = py::list(), py::arg("texts") = py::none(), py::arg("defer_graph") = false)
+      .def("build_graph",
+           [](Index& self, std::size_t max_rows, std::size_t threads) {
+             py::gil_scoped_release nogil;
+             return self.build_graph(max_rows, threads);
+           },
+           py::arg("max_rows"), py::arg("threads"))
+      .def("pending_rows", &Index::pending_rows)
       .def("search_text",
            [](const Index& self, const std::string& query, std::size_t k, const py::object& filter) {
              std::optional<FilterNode> node;

@@ -201,6 +201,7 @@ class Index:
         *,
         metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
         texts: Sequence[str | None] | None = None,
+        defer_graph: bool = False,
         threads: int = 0,
     ) -> None:
         """Adds vectors [n, dim] under int64 ids [n]; an id already present is replaced.
@@ -209,6 +210,10 @@ class Index:
         str, list of str, or None for missing) or a pyarrow Table / RecordBatch of n rows (the
         fast path: columns go to native memory without a Python loop). A replaced id gets
         exactly the new metadata.
+
+        ``defer_graph=True`` (hnsw) stores the rows and makes them searchable at once (they are
+        scanned exactly) but leaves linking them into the graph to :meth:`build_graph`, so
+        the call returns after copying the rows and writers hold the lock only briefly.
 
         ``texts`` (optional, n str or None) feed the native BM25 index used by
         :meth:`search_text` and hybrid retrieval; a replaced id gets exactly the new text.
@@ -230,7 +235,21 @@ class Index:
             bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
             if bad is not None:
                 raise InvalidTypeError(f"texts must be str or None, got {type(bad).__name__}")
-        self._native.add(arr, id_arr, _threads(threads), columns, texts)
+        self._native.add(arr, id_arr, _threads(threads), columns, texts, bool(defer_graph))
+
+    def build_graph(self, max_rows: int | None = None, *, threads: int = 0) -> int:
+        """Links up to ``max_rows`` (all if None) rows added with ``defer_graph=True`` into
+        the HNSW graph and returns how many still wait. Each call holds the write lock only
+        for its own batch, so a background thread can call it in small batches while
+        searches continue. Searches are exact over waiting rows, so results never miss them.
+        """
+        limit = 2**62 if max_rows is None else _positive("max_rows", max_rows)
+        return int(self._native.build_graph(limit, _threads(threads)))
+
+    @property
+    def pending(self) -> int:
+        """Rows stored but not yet linked into the graph (see ``defer_graph``)."""
+        return int(self._native.pending_rows())
 
     def remove(self, ids: npt.ArrayLike, *, threads: int = 0) -> None:
         """Removes ids; they are never returned again and their slots are reused.
