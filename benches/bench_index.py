@@ -345,13 +345,13 @@ def log(msg: str = "") -> None:
 # per-library benchmark
 
 
-def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) -> dict:
+def build_one(adapter: Adapter, ds: Dataset) -> dict:
+    """Build with BUILD_THREADS threads; time it and measure the RSS it adds (indexes built earlier stay alive)."""
     res: dict[str, Any] = {}
-    x, q = ds.base, ds.queries
     rss0 = settle_memory()
     c0 = time.process_time()
     t0 = time.perf_counter()
-    adapter.build(x, BUILD_THREADS)
+    adapter.build(ds.base, BUILD_THREADS)
     res["build_s"] = time.perf_counter() - t0
     res["build_cpu_s"] = time.process_time() - c0  # ~BUILD_THREADS x build_s when the cores were free
     peak = peak_rss_bytes()
@@ -364,65 +364,83 @@ def bench_hnsw(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) 
     res["own_bytes_per_vector"] = None if own is None else own / ds.n
     log(
         f"  {adapter.name:8s} build {res['build_s']:.2f} s ({BUILD_THREADS} threads, "
-        f"cpu/wall {res['build_cpu_s'] / res['build_s']:.2f}), "
+        f"cpu {res['build_cpu_s']:.2f} s = {res['build_cpu_s'] / res['build_s']:.2f} cores busy), "
         f"RSS +{res['rss_bytes_per_vector']:.0f} B/vector (peak +{res['peak_rss_delta_bytes'] / ds.n:.0f}), "
         f"own accounting {fmt(res['own_bytes_per_vector'], '.0f')} B/vector"
     )
-
-    if adapter.name == "kbcore":
-        res["default_ef"] = bench_kbcore_default_ef(adapter, ds)
-
-    res["sweep"] = run_sweep(adapter, ds, efs, repeats)
-    sweep = res["sweep"]
-    res["at_recall"] = {
-        str(t): {
-            mode: qps_at_recall([(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in sweep], t)
-            for mode in ("loop", "batch")
-        }
-        for t in RECALL_TARGETS
-    }
-    adapter.close()
-    res["rss_after_delete_bytes"] = settle_memory() - rss0
-    log(f"    RSS left after deleting the index: {res['rss_after_delete_bytes'] / 2**20:+.1f} MiB")
     return res
 
 
-def run_sweep(adapter: Adapter, ds: Dataset, efs: Sequence[int], repeats: int) -> list[dict]:
-    """Time the single-query loop and the batch at every ef. A separate function on purpose: the
-    per-query callables hold references to the index and must be gone before it is deleted."""
+def run_sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repeats: int) -> dict[str, list[dict]]:
+    """Time the single-query loop and the batch at every ef for every library.
+
+    Repeats are interleaved across libraries (the order rotates each round), so a burst of load
+    from other processes on a shared machine hits all libraries alike instead of one of them.
+    A separate function on purpose: the per-query callables hold references to the indexes and
+    must be gone before the indexes are deleted.
+    """
     q = ds.queries
-    inputs = adapter.prepare_single(q)
-    sweep = []
-    log(f"    {'ef':>5s} {'recall':>7s} {'loop QPS':>10s} {'batch QPS':>10s}  (1 thread, median of {repeats})")
+    inputs = {a.name: a.prepare_single(q) for a in adapters}
+    sweeps: dict[str, list[dict]] = {a.name: [] for a in adapters}
     for ef in efs:
-        adapter.set_ef(ef)
-        fn = adapter.single_fn()
-        loop_times, raws = timed(lambda: [fn(v) for v in inputs], repeats)
-        batch_times, batch_ids = timed(lambda: adapter.batch(q), repeats)
-        loop_ids = np.stack([adapter.single_ids(r) for r in raws])
-        point = {
-            "ef": ef,
-            "recall_loop": recall_at_k(loop_ids, ds),
-            "recall_batch": recall_at_k(batch_ids, ds),
-            "qps_loop": ds.nq / statistics.median(loop_times),
-            "qps_batch": ds.nq / statistics.median(batch_times),
-            "latency_us_loop": 1e6 * statistics.median(loop_times) / ds.nq,
-            "loop_times_s": loop_times,
-            "batch_times_s": batch_times,
-            "cpu_per_wall_loop": loop_times.cpu_per_wall,
-            "cpu_per_wall_batch": batch_times.cpu_per_wall,
-        }
-        sweep.append(point)
+        loop_t: dict[str, Timing] = {}
+        batch_t: dict[str, Timing] = {}
+        raws: dict[str, Any] = {}
+        batch_ids: dict[str, np.ndarray] = {}
+        fns = {}
+        for a in adapters:
+            a.set_ef(ef)
+            fns[a.name] = a.single_fn()
+            loop_t[a.name] = Timing()
+            loop_t[a.name].cpu = []
+            batch_t[a.name] = Timing()
+            batch_t[a.name].cpu = []
+        for rep in range(repeats):
+            order = list(adapters[rep % len(adapters) :]) + list(adapters[: rep % len(adapters)])
+            for a in order:
+                a.set_ef(ef)  # faiss: also re-pins OpenMP to one thread
+                fn, vin = fns[a.name], inputs[a.name]
+                t, raws[a.name] = timed(lambda: [fn(v) for v in vin], 1)
+                loop_t[a.name].append(t[0])
+                loop_t[a.name].cpu.append(t.cpu[0])
+                t, batch_ids[a.name] = timed(lambda: a.batch(q), 1)
+                batch_t[a.name].append(t[0])
+                batch_t[a.name].cpu.append(t.cpu[0])
+        for a in adapters:
+            lt, bt = loop_t[a.name], batch_t[a.name]
+            loop_ids = np.stack([a.single_ids(r) for r in raws[a.name]])
+            sweeps[a.name].append(
+                {
+                    "ef": ef,
+                    "recall_loop": recall_at_k(loop_ids, ds),
+                    "recall_batch": recall_at_k(batch_ids[a.name], ds),
+                    "qps_loop": ds.nq / statistics.median(lt),
+                    "qps_batch": ds.nq / statistics.median(bt),
+                    "latency_us_loop": 1e6 * statistics.median(lt) / ds.nq,
+                    "loop_times_s": list(lt),
+                    "batch_times_s": list(bt),
+                    "cpu_per_wall_loop": lt.cpu_per_wall,
+                    "cpu_per_wall_batch": bt.cpu_per_wall,
+                }
+            )
         log(
-            f"    {ef:5d} {point['recall_loop']:7.4f} {point['qps_loop']:10.0f} {point['qps_batch']:10.0f}"
-            + ("" if point["recall_loop"] == point["recall_batch"] else f"  (batch recall {point['recall_batch']:.4f})")
-            + (
-                f"  WARNING cpu/wall {point['cpu_per_wall_loop']:.2f}/{point['cpu_per_wall_batch']:.2f} (> 1 thread busy?)"
-                if max(point["cpu_per_wall_loop"], point["cpu_per_wall_batch"]) > CPU_PER_WALL_WARN
-                else ""
+            f"    ef {ef:4d} | "
+            + " | ".join(
+                f"{a.name} {sweeps[a.name][-1]['recall_loop']:.4f} {sweeps[a.name][-1]['qps_loop']:6.0f}"
+                f"/{sweeps[a.name][-1]['qps_batch']:.0f}"
+                for a in adapters
             )
         )
-    return sweep
+        for a in adapters:
+            p = sweeps[a.name][-1]
+            if p["recall_loop"] != p["recall_batch"]:
+                log(f"      note: {a.name} batch recall {p['recall_batch']:.4f} differs from loop recall")
+            if max(p["cpu_per_wall_loop"], p["cpu_per_wall_batch"]) > CPU_PER_WALL_WARN:
+                log(
+                    f"      WARNING: {a.name} cpu/wall {p['cpu_per_wall_loop']:.2f}/{p['cpu_per_wall_batch']:.2f} "
+                    "(more than one thread busy in a 1-thread search)"
+                )
+    return sweeps
 
 
 def bench_kbcore_default_ef(adapter: KbcoreHnsw, ds: Dataset) -> dict:
@@ -438,52 +456,94 @@ def bench_kbcore_default_ef(adapter: KbcoreHnsw, ds: Dataset) -> dict:
     return out
 
 
+def bench_hnsw_all(libs: Sequence[str], ds: Dataset, efs: Sequence[int], repeats: int) -> dict:
+    """Build every library's index one after the other (all stay alive), then run the interleaved sweep."""
+    out: dict[str, dict] = {}
+    rss_start = settle_memory()
+    adapters = []
+    for name in libs:
+        adapter = ADAPTERS[name]()
+        out[name] = build_one(adapter, ds)
+        if name == "kbcore":
+            out[name]["default_ef"] = bench_kbcore_default_ef(adapter, ds)
+        adapters.append(adapter)
+    log(
+        f"  ef sweep, 1 search thread, median of {repeats} interleaved runs; "
+        f"per library: recall@{K} loop-QPS/batch-QPS"
+    )
+    sweeps = run_sweep(adapters, ds, efs, repeats)
+    for name, sweep in sweeps.items():
+        out[name]["sweep"] = sweep
+        out[name]["at_recall"] = {
+            str(t): {
+                mode: qps_at_recall([(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in sweep], t)
+                for mode in ("loop", "batch")
+            }
+            for t in RECALL_TARGETS
+        }
+    for a in adapters:
+        a.close()
+    del adapters
+    left = settle_memory() - rss_start
+    for name in out:
+        out[name]["rss_after_delete_all_bytes"] = left
+    log(f"  RSS left after deleting all HNSW indexes: {left / 2**20:+.1f} MiB")
+    return out
+
+
 def bench_flat(libs: Sequence[str], ds: Dataset, repeats: int) -> dict:
+    """Exact search, 1 thread, whole query batch: kbcore flat vs faiss IndexFlatIP, interleaved repeats."""
+    import faiss
+
     out: dict[str, Any] = {}
     x, q = ds.base, ds.queries
-    builders: dict[str, Callable[[], Callable[[], np.ndarray]]] = {}
+    searches: dict[str, Callable[[], np.ndarray]] = {}
+    rss0 = settle_memory()
     if "kbcore" in libs:
+        import kbcore
 
-        def kb() -> Callable[[], np.ndarray]:
-            import kbcore
-
-            index = kbcore.Index(ds.dim, metric="cosine", kind="flat")
-            index.add(x, np.arange(ds.n, dtype=np.int64), threads=BUILD_THREADS)
-            return lambda: np.asarray(index.search(q, k=K, threads=1)[0], dtype=np.int64)
-
-        builders["kbcore"] = kb
-
-    def fa() -> Callable[[], np.ndarray]:
-        import faiss
-
-        faiss.omp_set_num_threads(1)
-        index = faiss.IndexFlatIP(ds.dim)
-        index.add(x)
-        return lambda: index.search(q, K)[1].astype(np.int64)
-
-    builders["faiss"] = fa
-    for name, make in builders.items():
-        rss0 = settle_memory()
-        search = make()
+        kb_index = kbcore.Index(ds.dim, metric="cosine", kind="flat")
+        kb_index.add(x, np.arange(ds.n, dtype=np.int64), threads=BUILD_THREADS)
+        searches["kbcore"] = lambda: np.asarray(kb_index.search(q, k=K, threads=1)[0], dtype=np.int64)
         rss1 = settle_memory()
-        times, ids = timed(search, repeats)
-        med = statistics.median(times)
-        out[name] = {
-            "median_s": med,
-            "qps": ds.nq / med,
-            "times_s": times,
-            "cpu_per_wall": times.cpu_per_wall,
-            "recall": recall_at_k(ids, ds),
-            "recall_ties": recall_at_k(ids, ds, ties=True),
-            "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
-        }
-        log(
-            f"  flat {name:8s} batch {med * 1e3:8.1f} ms ({out[name]['qps']:.0f} QPS, 1 thread, median of {repeats}), "
-            f"recall@{K} {out[name]['recall']:.4f} (tie-aware {out[name]['recall_ties']:.4f}), "
-            f"RSS +{out[name]['rss_bytes_per_vector']:.0f} B/vector, cpu/wall {times.cpu_per_wall:.2f}"
+        out["kbcore"] = {"rss_bytes_per_vector": (rss1 - rss0) / ds.n}
+        rss0 = rss1
+    faiss.omp_set_num_threads(1)
+    fa_index = faiss.IndexFlatIP(ds.dim)
+    fa_index.add(x)
+    searches["faiss"] = lambda: fa_index.search(q, K)[1].astype(np.int64)
+    out["faiss"] = {"rss_bytes_per_vector": (settle_memory() - rss0) / ds.n}
+
+    times: dict[str, Timing] = {}
+    ids: dict[str, np.ndarray] = {}
+    for name in searches:
+        times[name] = Timing()
+        times[name].cpu = []
+    names = list(searches)
+    for rep in range(repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            t, ids[name] = timed(searches[name], 1)
+            times[name].append(t[0])
+            times[name].cpu.append(t.cpu[0])
+    for name in names:
+        med = statistics.median(times[name])
+        out[name].update(
+            {
+                "median_s": med,
+                "qps": ds.nq / med,
+                "times_s": list(times[name]),
+                "cpu_per_wall": times[name].cpu_per_wall,
+                "recall": recall_at_k(ids[name], ds),
+                "recall_ties": recall_at_k(ids[name], ds, ties=True),
+            }
         )
-        del search, ids
-        settle_memory()
+        r = out[name]
+        log(
+            f"  flat {name:8s} batch {med * 1e3:8.1f} ms ({r['qps']:.0f} QPS, 1 thread, median of {repeats}), "
+            f"recall@{K} {r['recall']:.4f} (tie-aware {r['recall_ties']:.4f}), "
+            f"RSS +{r['rss_bytes_per_vector']:.0f} B/vector, cpu/wall {r['cpu_per_wall']:.2f}"
+        )
+    del searches
     if "kbcore" in out:
         kb_res = out["kbcore"]
         kb_res["recall_ok"] = kb_res["recall_ties"] == 1.0
@@ -534,9 +594,8 @@ def bench_dataset(ds: Dataset, libs: Sequence[str], efs: Sequence[int], repeats:
         log(f"  ground truth vs exact_top100_chunks.npy: {ds.info['crosscheck_exact_top100']}")
     out: dict[str, Any] = {"n": ds.n, "nq": ds.nq, "dim": ds.dim, "info": ds.info, "libs": {}}
     warm_up(libs, ds.dim)
-    for name in libs:
-        out["libs"][name] = bench_hnsw(ADAPTERS[name](), ds, efs, repeats)
-        gc.collect()
+    out["libs"] = bench_hnsw_all(libs, ds, efs, repeats)
+    settle_memory()
     out["flat"] = bench_flat(libs, ds, flat_repeats)
     out["ratios"] = compute_ratios(out)
     return out
@@ -550,6 +609,7 @@ def compute_ratios(res: dict) -> dict:
     r: dict[str, Any] = {}
     if "hnswlib" in libs:
         r["build_time_kbcore_over_hnswlib"] = ratio(kb["build_s"], libs["hnswlib"]["build_s"])
+        r["build_cpu_kbcore_over_hnswlib"] = ratio(kb["build_cpu_s"], libs["hnswlib"]["build_cpu_s"])
     for other in libs:
         if other == "kbcore":
             continue
@@ -569,7 +629,7 @@ def compute_ratios(res: dict) -> dict:
 def summary_table(name: str, res: dict) -> str:
     libs = res["libs"]
     lines = [f"\n## {name}  (n={res['n']}, nq={res['nq']}, dim={res['dim']}, M={M}, efC={EF_CONSTRUCTION}, k={K})"]
-    head = f"| {'library':8s} | build s | B/vec RSS | B/vec own | " + " | ".join(
+    head = f"| {'library':8s} | build s | build cpu s | B/vec RSS | B/vec own | " + " | ".join(
         f"QPS@{t} loop | QPS@{t} batch" for t in RECALL_TARGETS
     ) + " | R@10 ef=64 | lat µs ef=64 |"
     lines.append(head)
@@ -579,6 +639,7 @@ def summary_table(name: str, res: dict) -> str:
         cells = [
             f"{lib:8s}",
             f"{r['build_s']:.2f}",
+            f"{r['build_cpu_s']:.2f}",
             f"{r['rss_bytes_per_vector']:.0f}",
             fmt(r["own_bytes_per_vector"], ".0f"),
         ]
@@ -615,7 +676,10 @@ def summary_table(name: str, res: dict) -> str:
             f"({'PASS' if d.get('ok') else 'FAIL'} >= {DEFAULT_EF_MIN_RECALL})"
         )
         rr = res["ratios"]
-        lines.append(f"build time kbcore/hnswlib: {fmt(rr.get('build_time_kbcore_over_hnswlib'), '.2f')}")
+        lines.append(
+            f"build time kbcore/hnswlib: wall {fmt(rr.get('build_time_kbcore_over_hnswlib'), '.2f')}, "
+            f"cpu {fmt(rr.get('build_cpu_kbcore_over_hnswlib'), '.2f')}"
+        )
         for other in libs:
             if other == "kbcore":
                 continue

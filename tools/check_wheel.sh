@@ -22,6 +22,10 @@ echo "repaired wheel: $(basename "$WHEEL")"
 # No compiler: if pip tried to build anything from source, it would fail loudly.
 CC=/bin/false CXX=/bin/false "$WORK/test-venv/bin/pip" install -q --only-binary=:all: "$WHEEL[test]"
 cd "$WORK"  # away from the source tree
+# Tests look for the shared data beside the repository unless KBCORE_DATA says otherwise.
+if [ -z "${KBCORE_DATA:-}" ] && [ -d "$ROOT/../shared/data" ]; then
+  export KBCORE_DATA="$(cd "$ROOT/../shared/data" && pwd)"
+fi
 "$WORK/test-venv/bin/python" -c "import kbcore; print('wheel imports; SIMD', kbcore.simd_level())"
 "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests"
 KBCORE_SIMD=scalar "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider \

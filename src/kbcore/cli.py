@@ -199,7 +199,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     engine = _engine(args)
     kb = engine.get_knowledge_base(args.kb)
     hits = kb.retrieve(args.text, top_k=args.top_k, filters=filters, deduplicate=args.dedup,
-                       score_threshold=args.min_score)
+                       score_threshold=args.min_score, search_type=args.search_type,
+                       fusion=args.fusion, vector_weight=args.vector_weight)
     if args.json:
         print(json.dumps([{"id": h.id, "document_id": h.document_id, "chunk_index": h.chunk_index,
                            "score": h.score, "distance": h.distance, "content": h.content,
@@ -274,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
     ing.set_defaults(func=cmd_ingest)
 
-    q = sub.add_parser("query", help="retrieve the chunks closest to a text")
+    q = sub.add_parser("query", help="retrieve the chunks that best match a text")
     q.add_argument("text")
     q.add_argument("--kb", required=True)
     q.add_argument("--data", default=None, help=data_help)
@@ -282,6 +283,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("--top-k", type=int, default=5)
     q.add_argument("--min-score", type=float, default=0.0, help="score threshold in [0, 1]")
     q.add_argument("--dedup", action="store_true", help="one hit per document")
+    q.add_argument("--search-type", default=None, choices=("vector", "full_text", "hybrid"),
+                   help="vector (embeddings), full_text (BM25) or hybrid (both, fused); "
+                        "default: the knowledge base's")
+    q.add_argument("--fusion", default=None, choices=("rrf", "linear"),
+                   help="hybrid fusion: rrf (reciprocal rank fusion) or linear (weighted min-max scores); "
+                        "default: the knowledge base's")
+    q.add_argument("--vector-weight", type=float, default=None,
+                   help="weight of the vector leg in linear fusion, in [0, 1]; default: the knowledge base's")
     q.add_argument("--json", action="store_true", help="print hits as JSON")
     q.set_defaults(func=cmd_query)
 

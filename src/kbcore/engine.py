@@ -60,7 +60,9 @@ from .embedders import (
     embedder_spec,
 )
 from .errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
-from .index import Index
+from .filters import compile_where
+from .fusion import linear, normalize_rrf, rrf
+from .index import Index, _as_vectors
 from .parsing import parse
 
 __all__ = [
@@ -73,6 +75,8 @@ __all__ = [
     "DocumentInfo",
     "Document",
     "RESERVED_METADATA",
+    "SEARCH_TYPES",
+    "FUSIONS",
     "default_data_dir",
     "score_from_distance",
 ]
@@ -93,6 +97,12 @@ _CKPT_FRACTION = 0.5
 #: than half of the stored rows.
 _MAX_SEGMENTS = 32
 _COMMIT_ROWS = 16384  # ingest_many commits at most this many chunks at a time
+
+#: ``retrieve``'s search types and hybrid fusions.
+SEARCH_TYPES = ("vector", "full_text", "hybrid")
+FUSIONS = ("rrf", "linear")
+#: A knowledge base's search defaults when its manifest predates them.
+_SEARCH_DEFAULTS: dict[str, Any] = {"search_type": "vector", "fusion": "rrf", "vector_weight": 0.7}
 
 
 def default_data_dir() -> str:
@@ -196,6 +206,37 @@ def score_from_distance(distance: np.ndarray | float, metric: str) -> np.ndarray
     if metric == "l2":
         return 1.0 / (1.0 + np.maximum(distance, 0.0))
     return np.clip(1.0 - np.asarray(distance, dtype=np.float64) / 2.0, 0.0, 1.0)
+
+
+def _scores(dist: np.ndarray, metric: str) -> list[float]:
+    """Scores of a distance array, as Python floats."""
+    if metric == "l2":
+        return (1.0 / (1.0 + np.maximum(dist.astype(np.float64), 0.0))).tolist()
+    return np.clip(1.0 - dist.astype(np.float64) / 2.0, 0.0, 1.0).tolist()
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def _check_vector_weight(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidTypeError(f"vector_weight must be a number in [0, 1], got {type(value).__name__}")
+    w = float(value)
+    if not 0.0 <= w <= 1.0:  # also rejects NaN
+        raise InvalidArgumentError(f"vector_weight must be in [0, 1], got {value!r}")
+    return w
+
+
+def _check_rrf_k(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidTypeError(f"rrf_k must be a number, got {type(value).__name__}")
+    k = float(value)
+    if not math.isfinite(k) or k < 0:
+        raise InvalidArgumentError(f"rrf_k must be a finite number >= 0, got {value!r}")
+    return k
 
 
 def _score(d: float, metric: str) -> float:
@@ -396,6 +437,7 @@ class KnowledgeBase:
         self._docs: dict[tuple[str, str], tuple[_Segment, int]] = {}
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
         self._manifest: dict[str, Any] = {}
+        self._stale_text = False  # the index's text leg was rebuilt on load: checkpoint it
         self._load()
 
     # -- properties ------------------------------------------------------------------------
@@ -411,6 +453,30 @@ class KnowledgeBase:
     def embedder(self) -> Any | None:
         """The embedder of text queries and text ingest (None: vectors only)."""
         return self._embedder
+
+    @property
+    def search_defaults(self) -> dict[str, Any]:
+        """``search_type``, ``fusion`` and ``vector_weight`` used when ``retrieve`` is not given
+        them (set at creation or with :meth:`set_search_defaults`)."""
+        cfg = self._manifest["config"]
+        return {k: cfg.get(k, v) for k, v in _SEARCH_DEFAULTS.items()}
+
+    def set_search_defaults(self, *, search_type: str | None = None, fusion: str | None = None,
+                            vector_weight: float | None = None) -> None:
+        """Changes the knowledge base's search defaults (durably); None keeps a value."""
+        new = self.search_defaults
+        if search_type is not None:
+            new["search_type"] = _check_choice("search_type", search_type, SEARCH_TYPES)
+        if fusion is not None:
+            new["fusion"] = _check_choice("fusion", fusion, FUSIONS)
+        if vector_weight is not None:
+            new["vector_weight"] = _check_vector_weight(vector_weight)
+        with self._writing():
+            m = self._next_manifest()
+            m["config"].update(new)
+            self._commit_manifest(m)
+            with self._rw.write():
+                self._apply(m, removed=())
 
     @property
     def pipelines(self) -> dict[str, dict[str, int]]:
@@ -440,8 +506,13 @@ class KnowledgeBase:
             index = Index.load(os.path.join(self.path, m["index"]["path"]))
         elif cfg.get("dim"):
             index = self._new_index(cfg, int(cfg["dim"]))
+        stale_text = False
         if index is not None:
             self._reconcile(index, segments)
+            if index._native.text_documents() != len(index):  # written before the text leg existed
+                index = self._rebuild_text_leg(index, segments, cfg)
+                stale_text = True
+        self._stale_text = stale_text
         self._manifest = m
         self._segments = segments
         self._seg_mins = [s.min_id for s in segments]
@@ -502,7 +573,26 @@ class KnowledgeBase:
             vectors = storage.read_npy(self.path, ventry)
             rows = np.flatnonzero(sel)
             meta = seg.chunks.take(rows).drop_columns(list(_INTERNAL_COLUMNS))
-            index.add(vectors[rows], seg.ids[rows], metadata=meta)
+            index.add(vectors[rows], seg.ids[rows], metadata=meta,
+                      texts=_text_list(seg.text.take(rows)))
+
+    def _rebuild_text_leg(self, index: Index, segments: list[_Segment], cfg: dict[str, Any]) -> Index:
+        """A copy of ``index`` whose BM25 leg holds every live chunk's text (from the segments).
+
+        Index files written before the engine fed chunk text to the native BM25 index have no
+        text leg; the vectors are re-added to a fresh index together with their text and
+        metadata. Runs once: the next checkpoint (at the latest on close) persists the result.
+        """
+        fresh = self._new_index(cfg, index.dim)
+        for seg in segments:
+            rows = np.flatnonzero(seg.live_mask())
+            if not len(rows):
+                continue
+            ids = seg.ids[rows]
+            meta = seg.chunks.take(rows).drop_columns(list(_INTERNAL_COLUMNS))
+            fresh.add(index.get_vectors(ids), ids, metadata=meta,
+                      texts=_text_list(seg.text.take(rows)))
+        return fresh
 
     def refresh(self) -> None:
         """Reloads the knowledge base if another process changed it since."""
@@ -700,7 +790,7 @@ class KnowledgeBase:
             counts=counts,
         )
         replaced = self._commit(pipeline, docs, pa.array(texts, pa.large_string()), starts, ends,
-                                chunk_index, user, vectors)
+                                chunk_index, user, vectors, text_list=texts)
         return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format)
                 for p in batch]
 
@@ -835,9 +925,16 @@ class KnowledgeBase:
 
     # -- the commit ------------------------------------------------------------------------
     def _commit(self, pipeline: str, docs: _DocsIn, texts: Any, starts: np.ndarray, ends: np.ndarray,
-                chunk_index: np.ndarray, user: Any, vectors: np.ndarray) -> set[str]:
-        """Stores one batch of documents atomically; returns the ids of replaced documents."""
+                chunk_index: np.ndarray, user: Any, vectors: np.ndarray,
+                text_list: list[str] | None = None) -> set[str]:
+        """Stores one batch of documents atomically; returns the ids of replaced documents.
+
+        ``texts`` (a pyarrow string array without nulls) is stored with the chunks and fed to
+        the index's BM25 leg; ``text_list`` is the same as a list when the caller has it."""
         import pyarrow as pa
+
+        if text_list is None:
+            text_list = _text_list(texts)
 
         n = len(vectors)
         ndocs = len(docs.ids)
@@ -921,7 +1018,7 @@ class KnowledgeBase:
 
             with self._rw.write():
                 try:
-                    index.add(vectors, ids, metadata=meta)
+                    index.add(vectors, ids, metadata=meta, texts=text_list)
                 except BaseException:
                     _unlink_all(self.path, written)
                     raise
@@ -929,14 +1026,16 @@ class KnowledgeBase:
                 try:
                     if ckpt:
                         if len(old_ids):
-                            saved_old = (index.get_vectors(old_ids), index.get_metadata(old_ids))
+                            saved_old = (index.get_vectors(old_ids), index.get_metadata(old_ids),
+                                         [t for s, r in replaced_refs for t in _text_list(
+                                             s.text[s.doc_offsets[r]:s.doc_offsets[r + 1]])])
                             index.remove(old_ids)
                         self._checkpoint_into(m, index, gen)
                     self._commit_manifest(m)
                 except BaseException:
                     index.remove(ids)
                     if saved_old is not None:
-                        index.add(saved_old[0], old_ids, metadata=saved_old[1])
+                        index.add(saved_old[0], old_ids, metadata=saved_old[1], texts=saved_old[2])
                     _unlink_all(self.path, written + [f"index-{gen:08d}.kbi"])
                     raise
                 if not ckpt and len(old_ids):
@@ -960,6 +1059,7 @@ class KnowledgeBase:
         entry = storage.file_entry(self.path, name)
         entry["rows"] = len(index)
         m["index"] = entry
+        self._stale_text = False
         for seg in m["segments"]:
             seg["files"]["vectors"] = None
 
@@ -1153,6 +1253,29 @@ class KnowledgeBase:
             raise InvalidArgumentError(f"{name} must be at least 1, got {top_k}")
         return int(top_k)
 
+    def _search_mode(self, query: Any, search_type: str | None, fusion: str | None,
+                     vector_weight: float | None) -> tuple[str, str, float]:
+        """Resolves (search type, fusion, vector weight): arguments, else the knowledge base's
+        defaults. A vector query under a *default* text or hybrid search type searches vectors."""
+        cfg = self._manifest["config"]
+        explicit = search_type is not None
+        mode = _check_choice("search_type", search_type if explicit else cfg.get("search_type", "vector"),
+                             SEARCH_TYPES)
+        fusion = _check_choice("fusion", fusion if fusion is not None else cfg.get("fusion", "rrf"), FUSIONS)
+        weight = _check_vector_weight(vector_weight if vector_weight is not None
+                                      else cfg.get("vector_weight", 0.7))
+        if mode != "vector" and not isinstance(query, str):
+            if isinstance(query, (bytes, bytearray)):
+                raise InvalidTypeError("a query is a str or a vector, got bytes")
+            if explicit:
+                raise InvalidArgumentError(
+                    f"search_type={mode!r} needs the query as a string (BM25 searches text), got a "
+                    f"{type(query).__name__}; pass the text as query (for hybrid search of a "
+                    "knowledge base without embedder, also the vector as query_vector=)"
+                )
+            mode = "vector"
+        return mode, fusion, weight
+
     def retrieve(
         self,
         query: str | Any,
@@ -1163,21 +1286,50 @@ class KnowledgeBase:
         deduplicate: bool = False,
         pipelines: Sequence[str] | None = None,
         ef: int | None = None,
+        search_type: str | None = None,
+        fusion: str | None = None,
+        vector_weight: float | None = None,
+        rrf_k: float = 60,
+        window: int | None = None,
+        query_vector: Any = None,
     ) -> list[Hit]:
-        """The ``top_k`` chunks closest to ``query`` (a str, embedded with the knowledge base's
-        embedder, or a vector), best first.
+        """The ``top_k`` chunks that best match ``query`` (a str, embedded with the knowledge
+        base's embedder, or a vector), best first.
 
         ``filters`` is a native ``where`` filter over chunk metadata; ``pipelines`` restricts
         the pipelines searched; ``deduplicate=True`` returns at most one chunk (the best) per
         document and pipeline, ``top_k`` distinct documents when there are that many;
         ``score_threshold`` drops hits whose score is below it; ``ef`` overrides the HNSW
         search breadth.
+
+        ``search_type`` (default: the knowledge base's, see :meth:`Engine.create_knowledge_base`):
+
+        - ``"vector"``: nearest neighbours of the query's embedding;
+        - ``"full_text"``: BM25 over the chunks' text (needs a str query, no embedder);
+        - ``"hybrid"``: both legs, each over ``window`` candidates (default
+          ``max(4 * top_k, 50)``) under the same filters, fused by ``fusion``: ``"rrf"``
+          (reciprocal rank fusion, 1-based ranks, constant ``rrf_k``) or ``"linear"``
+          (``vector_weight * minmax(vector score) + (1 - vector_weight) * minmax(BM25)``).
+          ``vector_weight`` is used by linear fusion only.
+
+        Deduplication applies after fusion. ``query_vector`` gives the vector leg's query for
+        a str ``query`` (a knowledge base without embedder, or a precomputed embedding).
+        Scores are in [0, 1]; see the module docstring for each search type's mapping.
         """
         top_k = self._check_k(top_k, "top_k")
         if isinstance(score_threshold, bool) or not isinstance(score_threshold, (int, float)):
             raise InvalidTypeError(f"score_threshold must be a number, got {type(score_threshold).__name__}")
         self._check_open()
-        q = self._query_vector(query)
+        mode, fusion, weight = self._search_mode(query, search_type, fusion, vector_weight)
+        rrf_k = _check_rrf_k(rrf_k)
+        window = max(4 * top_k, 50) if window is None else self._check_k(window, "window")
+        if query_vector is not None and not isinstance(query, str):
+            raise InvalidArgumentError("query_vector= goes with a text query; the query is already a vector")
+        if mode != "vector":
+            return self._retrieve_fused(query, query_vector, top_k, score_threshold,
+                                        self._where(filters, pipelines), deduplicate, ef, mode,
+                                        fusion, weight, rrf_k, window)
+        q = self._query_vector(query if query_vector is None else query_vector)
         where = self._where(filters, pipelines)
         metric = self._manifest["config"]["metric"]
         rw = self._rw
@@ -1186,21 +1338,106 @@ class KnowledgeBase:
             cands = self._candidates(q, top_k, where, deduplicate, ef)
             if score_threshold > 0.0:
                 cands = [c for c in cands if _score(c[1], metric) >= score_threshold]
-            if not cands:
-                return []
-            metas = self._index.get_metadata([c[0] for c in cands])  # type: ignore[union-attr]
-            hits = []
-            for (cid, dist, parts), meta in zip(cands, metas):
-                seg, row = self._locate(cid)
-                del meta[_GROUP]
-                if len(parts):
-                    parts = tuple(int(seg_.chunk_index[r]) for seg_, r in map(self._locate, parts))
-                hits.append(Hit(cid, meta["document_id"], seg.text[row].as_py(), meta, dist,
-                                _score(dist, metric), meta["pipeline_name"], meta["chunk_index"],
-                                tuple(parts)))
-            return hits
+            return self._hits(cands, metric, fused=False)
         finally:
             rw.release_read()
+
+    def _hits(self, cands: list[tuple[int, float, Sequence[int]]], metric: str, *, fused: bool) -> list[Hit]:
+        """Hits of (chunk id, distance or fused score, part ids) candidates. Caller holds the
+        read lock."""
+        if not cands:
+            return []
+        metas = self._index.get_metadata([c[0] for c in cands])  # type: ignore[union-attr]
+        hits = []
+        for (cid, value, parts), meta in zip(cands, metas):
+            seg, row = self._locate(cid)
+            del meta[_GROUP]
+            if len(parts):
+                parts = tuple(int(seg_.chunk_index[r]) for seg_, r in map(self._locate, parts))
+            if fused:
+                score, dist = value, 1.0 - value
+            else:
+                score, dist = _score(value, metric), value
+            hits.append(Hit(cid, meta["document_id"], seg.text[row].as_py(), meta, dist, score,
+                            meta["pipeline_name"], meta["chunk_index"], tuple(parts)))
+        return hits
+
+    def _retrieve_fused(self, query: Any, query_vector: Any, top_k: int, score_threshold: float,
+                        where: Any, deduplicate: bool, ef: int | None, mode: str, fusion: str,
+                        weight: float, rrf_k: float, window: int) -> list[Hit]:
+        """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
+        fusion in Python, dedup after fusion (widening the window while too few documents)."""
+        if not query.strip():
+            raise InvalidArgumentError("the query is empty")
+        ef_value = 0 if ef is None else self._check_k(ef, "ef")
+        q = None
+        if mode == "hybrid":
+            if query_vector is None and self._embedder is None:
+                self._require_embedder(
+                    "embed the query for hybrid search (pass query_vector=, or use "
+                    "search_type='full_text')")
+            q = self._query_vector(query if query_vector is None else query_vector)
+        ir = compile_where(where)  # one compiled filter for both legs
+        metric = self._manifest["config"]["metric"]
+        rw = self._rw
+        rw.acquire_read()
+        try:
+            index = self._index
+            if index is None or len(index) == 0:
+                return []
+            native = index._native
+            if q is not None:
+                q, _ = _as_vectors(q, index.dim, "the query vector")
+            n = len(index)
+            while True:
+                w = min(window, n)
+                vec_leg: list[tuple[int, float]] = []
+                if q is not None:
+                    ids, dist = native.search(q, w, ef_value, 1, ir)
+                    ids, dist = ids[0], dist[0]
+                    if ids[-1] < 0:
+                        keep = ids >= 0
+                        ids, dist = ids[keep], dist[keep]
+                    vec_leg = list(zip(ids.tolist(), _scores(dist, metric)))
+                tids, tscores = native.search_text(query, w, ir)
+                text_leg = list(zip(tids.tolist(), tscores.tolist()))
+                if mode == "full_text":
+                    top = text_leg[0][1] if text_leg else 0.0
+                    fused = [(i, min(1.0, s / top) if top > 0.0 else 0.0) for i, s in text_leg]
+                elif fusion == "rrf":
+                    fused = normalize_rrf(rrf([vec_leg, text_leg], k=rrf_k), 2, rrf_k)
+                else:
+                    fused = linear(vec_leg, text_leg, weight)
+                if not deduplicate:
+                    cands: list[tuple[int, float, Sequence[int]]] = [(i, s, ()) for i, s in fused[:top_k]]
+                    break
+                cands = self._dedup_fused(fused, top_k)
+                full = len(tids) == w or len(vec_leg) == w
+                if len(cands) >= top_k or not full or w >= n:
+                    break
+                window = w * 4
+            if score_threshold > 0.0:
+                cands = [c for c in cands if c[1] >= score_threshold]
+            return self._hits(cands, metric, fused=True)
+        finally:
+            rw.release_read()
+
+    def _dedup_fused(self, fused: list[tuple[int, float]], top_k: int) -> list[tuple[int, float, Sequence[int]]]:
+        """The best chunk of each (pipeline, document) in fused order, with the ids of every
+        chunk of that document among the fused candidates (best first)."""
+        if not fused:
+            return []
+        groups = self._groups_of(np.fromiter((f[0] for f in fused), np.int64, len(fused))).tolist()
+        slot: dict[int, int] = {}
+        out: list[tuple[int, float, list[int]]] = []
+        for (cid, score), g in zip(fused, groups):
+            i = slot.get(g)
+            if i is None:
+                slot[g] = len(out)
+                out.append((cid, score, [cid]))
+            else:
+                out[i][2].append(cid)
+        return out[:top_k]  # type: ignore[return-value]
 
     def retrieve_key(
         self,
@@ -1211,12 +1448,21 @@ class KnowledgeBase:
         filters: Mapping[str, Any] | None = None,
         score_threshold: float = 0.0,
         pipelines: Sequence[str] | None = None,
+        search_type: str | None = None,
+        fusion: str | None = None,
+        vector_weight: float | None = None,
+        rrf_k: float = 60,
+        window: int | None = None,
+        query_vector: Any = None,
     ) -> list[KeyResult]:
         """aidb's ``retrieve_key``: the keys (document ids) of the closest chunks, with
         distance, ``part_ids`` (chunk indexes matched) and ``pipeline_name``. With
-        ``deduplicate=True`` one result per document and pipeline, else one per chunk."""
+        ``deduplicate=True`` one result per document and pipeline, else one per chunk.
+        The search options are :meth:`retrieve`'s."""
         hits = self.retrieve(query, self._check_k(topk, "topk"), deduplicate=deduplicate,
-                             filters=filters, score_threshold=score_threshold, pipelines=pipelines)
+                             filters=filters, score_threshold=score_threshold, pipelines=pipelines,
+                             search_type=search_type, fusion=fusion, vector_weight=vector_weight,
+                             rrf_k=rrf_k, window=window, query_vector=query_vector)
         return [KeyResult(h.document_id, h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score)
                 for h in hits]
 
@@ -1229,11 +1475,19 @@ class KnowledgeBase:
         filters: Mapping[str, Any] | None = None,
         score_threshold: float = 0.0,
         pipelines: Sequence[str] | None = None,
+        search_type: str | None = None,
+        fusion: str | None = None,
+        vector_weight: float | None = None,
+        rrf_k: float = 60,
+        window: int | None = None,
+        query_vector: Any = None,
     ) -> list[TextResult]:
         """aidb's ``retrieve_text``: :meth:`retrieve_key` plus ``value``, the document's source
         text, and ``chunk``, the text of the best matching chunk."""
         hits = self.retrieve(query, self._check_k(topk, "topk"), deduplicate=deduplicate,
-                             filters=filters, score_threshold=score_threshold, pipelines=pipelines)
+                             filters=filters, score_threshold=score_threshold, pipelines=pipelines,
+                             search_type=search_type, fusion=fusion, vector_weight=vector_weight,
+                             rrf_k=rrf_k, window=window, query_vector=query_vector)
         out = []
         for h in hits:
             value = self.document_text(h.document_id, pipeline=h.pipeline_name)
@@ -1305,7 +1559,7 @@ class KnowledgeBase:
             except OSError:
                 pass
         return {
-            "name": self.name, "path": self.path, **cfg,
+            "name": self.name, "path": self.path, **self.search_defaults, **cfg,
             "chunks": len(self), "documents": len(self._docs),
             "pipelines": self.pipelines, "embedder": self._manifest.get("embedder"),
             "segments": len(self._segments), "generation": self._manifest["generation"],
@@ -1316,7 +1570,7 @@ class KnowledgeBase:
     def checkpoint(self) -> None:
         """Saves the index now, so that reopening replays nothing."""
         with self._writing():
-            if self._index is None or not self._tail_rows():
+            if self._index is None or not (self._tail_rows() or self._stale_text):
                 return
             m = self._next_manifest()
             self._checkpoint_into(m, self._index, m["generation"])
@@ -1334,7 +1588,7 @@ class KnowledgeBase:
         if self._closed:
             return
         try:
-            if os.path.exists(self.path) and self._tail_rows():
+            if os.path.exists(self.path) and (self._tail_rows() or self._stale_text):
                 self.checkpoint()
         finally:
             self._closed = True
@@ -1549,6 +1803,15 @@ def _vectors_from_column(col: Any) -> np.ndarray:
     raise InvalidTypeError(f"the vector column must be a list of floats, got {t}")
 
 
+def _text_list(arr: Any) -> list[str]:
+    """A pyarrow string array as a list of str for the native BM25 leg (null -> "")."""
+    if arr.null_count:
+        import pyarrow.compute as pc
+
+        arr = pc.fill_null(arr, "")
+    return arr.to_pylist()
+
+
 def _unlink_all(dirpath: str, names: list[str]) -> None:
     for name in names:
         try:
@@ -1624,6 +1887,9 @@ class Engine:
         dim: int | None = None,
         description: str = "",
         exist_ok: bool = False,
+        search_type: str = "vector",
+        fusion: str = "rrf",
+        vector_weight: float = 0.7,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
@@ -1631,9 +1897,14 @@ class Engine:
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
         ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` configure the native
-        index. A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+        index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
+        :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
+        base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
         """
         _check_name(name, "knowledge base")
+        search_type = _check_choice("search_type", search_type, SEARCH_TYPES)
+        fusion = _check_choice("fusion", fusion, FUSIONS)
+        vector_weight = _check_vector_weight(vector_weight)
         chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
         if metric not in ("cosine", "ip", "l2"):
             raise InvalidArgumentError(f"unknown metric {metric!r}; expected 'cosine', 'ip' or 'l2'")
@@ -1663,7 +1934,8 @@ class Engine:
             manifest = {
                 "name": name, "generation": 1, "created_at": time.time(), "description": description,
                 "config": {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
-                           "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap},
+                           "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+                           "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight},
                 "embedder": embedder_spec(emb) if emb is not None else {"kind": "none"},
                 "pipelines": {_DEFAULT_PIPELINE: {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap}},
                 "next_id": 0, "next_group": 0, "segments": [], "index": None,
