@@ -108,6 +108,18 @@ class Adapter:
         """Search all queries in one call with one thread; return int64 ids [nq, K]."""
         raise NotImplementedError
 
+    def batch_threads(self, q: np.ndarray, threads: int) -> np.ndarray:
+        """Search all queries in one call with ``threads`` threads; return int64 ids [nq, K]."""
+        raise NotImplementedError
+
+    def save(self, path: str) -> None:
+        """Write the index to the file ``path`` with the library's own persistence."""
+        raise NotImplementedError
+
+    def load(self, path: str) -> Any:
+        """Read back what :meth:`save` wrote; return the loaded index object."""
+        raise NotImplementedError
+
     def own_memory(self) -> int | None:
         return None
 
@@ -142,6 +154,15 @@ class KbcoreHnsw(Adapter):
     def batch(self, q: np.ndarray) -> np.ndarray:
         return np.asarray(self.index.search(q, k=K, ef=self.ef, threads=1)[0], dtype=np.int64)
 
+    def batch_threads(self, q: np.ndarray, threads: int) -> np.ndarray:
+        return np.asarray(self.index.search(q, k=K, ef=self.ef, threads=threads)[0], dtype=np.int64)
+
+    def save(self, path: str) -> None:
+        self.index.save(path)  # kbcore fsyncs before its atomic rename
+
+    def load(self, path: str) -> Any:
+        return self.kbcore.Index.load(path)
+
     def own_memory(self) -> int | None:
         fn = getattr(self.index, "memory_usage", None)
         return int(fn()) if callable(fn) else None
@@ -174,6 +195,17 @@ class Hnswlib(Adapter):
 
     def batch(self, q: np.ndarray) -> np.ndarray:
         return self.index.knn_query(q, k=K, num_threads=1)[0].astype(np.int64)
+
+    def batch_threads(self, q: np.ndarray, threads: int) -> np.ndarray:
+        return self.index.knn_query(q, k=K, num_threads=threads)[0].astype(np.int64)
+
+    def save(self, path: str) -> None:
+        self.index.save_index(path)
+
+    def load(self, path: str) -> Any:
+        index = self.hnswlib.Index(space="cosine", dim=self.index.dim)
+        index.load_index(path, max_elements=self.index.get_max_elements())
+        return index
 
 
 class FaissHnsw(Adapter):
@@ -209,6 +241,19 @@ class FaissHnsw(Adapter):
     def batch(self, q: np.ndarray) -> np.ndarray:
         return self.index.search(q, K)[1].astype(np.int64)
 
+    def batch_threads(self, q: np.ndarray, threads: int) -> np.ndarray:
+        self.faiss.omp_set_num_threads(threads)
+        try:
+            return self.index.search(q, K)[1].astype(np.int64)
+        finally:
+            self.faiss.omp_set_num_threads(1)
+
+    def save(self, path: str) -> None:
+        self.faiss.write_index(self.index, path)
+
+    def load(self, path: str) -> Any:
+        return self.faiss.read_index(path)
+
 
 class Usearch(Adapter):
     name = "usearch"
@@ -242,10 +287,19 @@ class Usearch(Adapter):
         return np.asarray(raw.keys, dtype=np.int64)
 
     def batch(self, q: np.ndarray) -> np.ndarray:
-        m = self.index.search(q, K, threads=1)
+        return self.batch_threads(q, 1)
+
+    def batch_threads(self, q: np.ndarray, threads: int) -> np.ndarray:
+        m = self.index.search(q, K, threads=threads)
         keys = np.asarray(m.keys).astype(np.int64)
         keys[np.arange(K)[None, :] >= np.asarray(m.counts)[:, None]] = -1
         return keys
+
+    def save(self, path: str) -> None:
+        self.index.save(path)
+
+    def load(self, path: str) -> Any:
+        return self.cls.restore(path)
 
     def own_memory(self) -> int | None:
         return int(self.index.memory_usage)
@@ -371,8 +425,13 @@ def build_one(adapter: Adapter, ds: Dataset) -> dict:
     return res
 
 
-def run_sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repeats: int) -> dict[str, list[dict]]:
+def run_sweep(
+    adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repeats: int, mt_threads: int = 0
+) -> dict[str, list[dict]]:
     """Time the single-query loop and the batch at every ef for every library.
+
+    With ``mt_threads`` > 1 the batch is also timed with that many search threads (``batch_mt``,
+    the all-cores throughput).
 
     Repeats are interleaved across libraries (the order rotates each round), so a burst of load
     from other processes on a shared machine hits all libraries alike instead of one of them.
@@ -387,6 +446,8 @@ def run_sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repe
         batch_t: dict[str, Timing] = {}
         raws: dict[str, Any] = {}
         batch_ids: dict[str, np.ndarray] = {}
+        mt_t: dict[str, Timing] = {}
+        mt_ids: dict[str, np.ndarray] = {}
         fns = {}
         for a in adapters:
             a.set_ef(ef)
@@ -395,6 +456,8 @@ def run_sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repe
             loop_t[a.name].cpu = []
             batch_t[a.name] = Timing()
             batch_t[a.name].cpu = []
+            mt_t[a.name] = Timing()
+            mt_t[a.name].cpu = []
         for rep in range(repeats):
             order = list(adapters[rep % len(adapters) :]) + list(adapters[: rep % len(adapters)])
             for a in order:
@@ -406,6 +469,10 @@ def run_sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repe
                 t, batch_ids[a.name] = timed(lambda: a.batch(q), 1)
                 batch_t[a.name].append(t[0])
                 batch_t[a.name].cpu.append(t.cpu[0])
+                if mt_threads > 1:
+                    t, mt_ids[a.name] = timed(lambda: a.batch_threads(q, mt_threads), 1)
+                    mt_t[a.name].append(t[0])
+                    mt_t[a.name].cpu.append(t.cpu[0])
         for a in adapters:
             lt, bt = loop_t[a.name], batch_t[a.name]
             loop_ids = np.stack([a.single_ids(r) for r in raws[a.name]])
@@ -423,11 +490,23 @@ def run_sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], repe
                     "cpu_per_wall_batch": bt.cpu_per_wall,
                 }
             )
+            if mt_threads > 1:
+                mt = mt_t[a.name]
+                sweeps[a.name][-1].update(
+                    {
+                        "recall_batch_mt": recall_at_k(mt_ids[a.name], ds),
+                        "qps_batch_mt": ds.nq / statistics.median(mt),
+                        "batch_mt_times_s": list(mt),
+                        "cpu_per_wall_batch_mt": mt.cpu_per_wall,
+                        "batch_mt_threads": mt_threads,
+                    }
+                )
         log(
             f"    ef {ef:4d} | "
             + " | ".join(
                 f"{a.name} {sweeps[a.name][-1]['recall_loop']:.4f} {sweeps[a.name][-1]['qps_loop']:6.0f}"
                 f"/{sweeps[a.name][-1]['qps_batch']:.0f}"
+                + (f"/{sweeps[a.name][-1]['qps_batch_mt']:.0f}" if mt_threads > 1 else "")
                 for a in adapters
             )
         )
@@ -456,8 +535,60 @@ def bench_kbcore_default_ef(adapter: KbcoreHnsw, ds: Dataset) -> dict:
     return out
 
 
-def bench_hnsw_all(libs: Sequence[str], ds: Dataset, efs: Sequence[int], repeats: int) -> dict:
-    """Build every library's index one after the other (all stay alive), then run the interleaved sweep."""
+def sweep_modes(sweep: Sequence[dict]) -> tuple[str, ...]:
+    """The timing modes present in a sweep: loop, batch and (if measured) batch_mt."""
+    return ("loop", "batch") + (("batch_mt",) if sweep and "qps_batch_mt" in sweep[0] else ())
+
+
+def bench_save_load(adapter: Adapter, ds: Dataset) -> dict:
+    """Save to a temporary file (fsync included), then load it back; times and file size.
+
+    kbcore's ``save`` fsyncs on its own; the anchors' files get the same explicit fsync, so
+    ``save_s`` compares durable writes. ``save_call_s`` is the library call alone. The load
+    reads from the page cache (the file was just written): it measures parsing and allocation,
+    not the disk.
+    """
+    import tempfile
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="kbcore-bench-save-") as tmp:
+        path = os.path.join(tmp, f"{adapter.name}.index")
+        settle_memory()
+        t0 = time.perf_counter()
+        adapter.save(path)
+        out["save_call_s"] = time.perf_counter() - t0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        out["save_s"] = time.perf_counter() - t0
+        out["file_bytes"] = os.path.getsize(path)
+        out["file_bytes_per_vector"] = out["file_bytes"] / ds.n
+        t0 = time.perf_counter()
+        loaded = adapter.load(path)
+        out["load_s"] = time.perf_counter() - t0
+        del loaded
+    settle_memory()
+    log(
+        f"    {adapter.name:8s} save {out['save_s']:.3f} s (call {out['save_call_s']:.3f} s), "
+        f"load {out['load_s']:.3f} s, file {out['file_bytes_per_vector']:.0f} B/vector"
+    )
+    return out
+
+
+def bench_hnsw_all(
+    libs: Sequence[str],
+    ds: Dataset,
+    efs: Sequence[int],
+    repeats: int,
+    mt_threads: int = 0,
+    save_load: bool = False,
+) -> dict:
+    """Build every library's index one after the other (all stay alive), then run the interleaved sweep.
+
+    ``mt_threads`` > 1 adds the all-cores batch timing; ``save_load`` adds save/load timings after
+    the sweep (one library at a time, the loaded copy is freed at once)."""
     out: dict[str, dict] = {}
     rss_start = settle_memory()
     adapters = []
@@ -471,16 +602,20 @@ def bench_hnsw_all(libs: Sequence[str], ds: Dataset, efs: Sequence[int], repeats
         f"  ef sweep, 1 search thread, median of {repeats} interleaved runs; "
         f"per library: recall@{K} loop-QPS/batch-QPS"
     )
-    sweeps = run_sweep(adapters, ds, efs, repeats)
+    sweeps = run_sweep(adapters, ds, efs, repeats, mt_threads)
     for name, sweep in sweeps.items():
         out[name]["sweep"] = sweep
         out[name]["at_recall"] = {
             str(t): {
                 mode: qps_at_recall([(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in sweep], t)
-                for mode in ("loop", "batch")
+                for mode in sweep_modes(sweep)
             }
             for t in RECALL_TARGETS
         }
+    if save_load:
+        log("  save / load (temporary file, fsync included in save):")
+        for a in adapters:
+            out[a.name]["save_load"] = bench_save_load(a, ds)
     for a in adapters:
         a.close()
     del adapters
@@ -588,13 +723,21 @@ def warm_up(libs: Sequence[str], dim: int) -> None:
     settle_memory()
 
 
-def bench_dataset(ds: Dataset, libs: Sequence[str], efs: Sequence[int], repeats: int, flat_repeats: int) -> dict:
+def bench_dataset(
+    ds: Dataset,
+    libs: Sequence[str],
+    efs: Sequence[int],
+    repeats: int,
+    flat_repeats: int,
+    mt_threads: int = 0,
+    save_load: bool = False,
+) -> dict:
     log(f"\n=== {ds.name}: n={ds.n}, nq={ds.nq}, dim={ds.dim}, k={K}, metric=cosine ===")
     if "crosscheck_exact_top100" in ds.info:
         log(f"  ground truth vs exact_top100_chunks.npy: {ds.info['crosscheck_exact_top100']}")
     out: dict[str, Any] = {"n": ds.n, "nq": ds.nq, "dim": ds.dim, "info": ds.info, "libs": {}}
     warm_up(libs, ds.dim)
-    out["libs"] = bench_hnsw_all(libs, ds, efs, repeats)
+    out["libs"] = bench_hnsw_all(libs, ds, efs, repeats, mt_threads, save_load)
     settle_memory()
     out["flat"] = bench_flat(libs, ds, flat_repeats)
     out["ratios"] = compute_ratios(out)
@@ -615,7 +758,7 @@ def compute_ratios(res: dict) -> dict:
             continue
         r[f"mem_per_vector_kbcore_over_{other}"] = ratio(kb["rss_bytes_per_vector"], libs[other]["rss_bytes_per_vector"])
         for t in RECALL_TARGETS:
-            for mode in ("loop", "batch"):
+            for mode in kb["at_recall"][str(t)]:
                 r[f"qps@{t}_{mode}_kbcore_over_{other}"] = ratio(
                     kb["at_recall"][str(t)][mode], libs[other]["at_recall"][str(t)][mode]
                 )
@@ -666,6 +809,16 @@ def summary_table(name: str, res: dict) -> str:
                 f = flat[lib]
                 lines.append(
                     f"| {lib} | {f['median_s'] * 1e3:.1f} | {f['qps']:.0f} | {f['recall']:.4f} | {f['recall_ties']:.4f} |"
+                )
+    if any("save_load" in r for r in libs.values()):
+        lines.append("")
+        lines.append("| save / load | save s (fsync) | load s | file B/vector |")
+        lines.append("|---|---|---|---|")
+        for lib, r in libs.items():
+            sl = r.get("save_load")
+            if sl:
+                lines.append(
+                    f"| {lib} | {sl['save_s']:.3f} | {sl['load_s']:.3f} | {sl['file_bytes_per_vector']:.0f} |"
                 )
     if "kbcore" in libs:
         kb = libs["kbcore"]
@@ -787,6 +940,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)), help="comma list of search ef values")
     p.add_argument("--repeats", type=int, default=3, help="timings per sweep point (median reported)")
     p.add_argument("--flat-repeats", type=int, default=5, help="timings of the exact flat search")
+    p.add_argument(
+        "--mt-threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="search threads of the all-cores batch timing (default: all usable cores; 0 or 1 skips it)",
+    )
+    p.add_argument("--no-save-load", action="store_true", help="skip the save/load timings")
     return p.parse_args(argv)
 
 
@@ -830,7 +990,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ds = make_synthetic(n, args.nq, k=K)
         else:
             raise SystemExit(f"unknown dataset {which!r}")
-        results[ds.name] = bench_dataset(ds, libs, efs, args.repeats, args.flat_repeats)
+        results[ds.name] = bench_dataset(
+            ds, libs, efs, args.repeats, args.flat_repeats, args.mt_threads, not args.no_save_load
+        )
         del ds
         gc.collect()
 
@@ -851,6 +1013,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "efs": efs,
             "repeats": args.repeats,
             "flat_repeats": args.flat_repeats,
+            "mt_threads": args.mt_threads,
+            "save_load": not args.no_save_load,
             "recall_targets": list(RECALL_TARGETS),
             "libs": libs,
         }

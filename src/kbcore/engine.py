@@ -22,6 +22,14 @@ clipped to [0, 1] (= ``(1 + dot) / 2``, exact for unit-norm vectors); ``l2``:
 ``1 / (1 + distance)`` (distance is the squared Euclidean distance). ``score_threshold``
 keeps hits whose score is at least the threshold.
 
+Search types (``retrieve(search_type=...)``, default per knowledge base): ``"vector"``;
+``"full_text"``, BM25 over the chunk text held by the index beside the vectors, scored
+``bm25 / best bm25 of the query`` (the best match scores 1); ``"hybrid"``, both legs over a
+candidate window each, fused by reciprocal rank fusion (score: the RRF value over its maximum
+``2 / (rrf_k + 1)``, 1 = first in both legs) or linearly (``vector_weight`` times the min-max
+normalised vector score plus the rest times the min-max normalised BM25 score). For full-text
+and hybrid hits ``distance`` is ``1 - score``. See ``docs/engine.md``.
+
 Durability: every mutation (ingest, delete, pipeline change, compaction) is on disk when the
 call returns, and a crash at any point leaves the previous or the new state (see
 :mod:`kbcore.storage`). Concurrency: any number of threads may retrieve while one mutates;
@@ -1389,6 +1397,8 @@ class KnowledgeBase:
             if q is not None:
                 q, _ = _as_vectors(q, index.dim, "the query vector")
             n = len(index)
+            if mode == "full_text" and not deduplicate:
+                window = min(window, top_k)  # one leg, no collapse: top_k candidates suffice
             while True:
                 w = min(window, n)
                 vec_leg: list[tuple[int, float]] = []
