@@ -40,6 +40,7 @@ process's writes at its next mutation or :meth:`KnowledgeBase.refresh`.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import hashlib
 import json
@@ -51,6 +52,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -446,7 +448,13 @@ class KnowledgeBase:
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
         self._manifest: dict[str, Any] = {}
         self._stale_text = False  # the index's text leg was rebuilt on load: checkpoint it
+        # Background graph building: ingest stores rows with defer_graph=True (searchable at
+        # once by an exact scan of the rows not yet in the graph) and this thread links them
+        # into the HNSW graph in small batches, each holding the native write lock briefly.
+        self._builder: threading.Thread | None = None
+        self._builder_stop = threading.Event()
         self._load()
+        self._start_graph_builder()
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -582,7 +590,7 @@ class KnowledgeBase:
             rows = np.flatnonzero(sel)
             meta = seg.chunks.take(rows).drop_columns(list(_INTERNAL_COLUMNS))
             index.add(vectors[rows], seg.ids[rows], metadata=meta,
-                      texts=_text_list(seg.text.take(rows)))
+                      texts=_text_list(seg.text.take(rows)), defer_graph=True)
 
     def _rebuild_text_leg(self, index: Index, segments: list[_Segment], cfg: dict[str, Any]) -> Index:
         """A copy of ``index`` whose BM25 leg holds every live chunk's text (from the segments).
@@ -599,13 +607,14 @@ class KnowledgeBase:
             ids = seg.ids[rows]
             meta = seg.chunks.take(rows).drop_columns(list(_INTERNAL_COLUMNS))
             fresh.add(index.get_vectors(ids), ids, metadata=meta,
-                      texts=_text_list(seg.text.take(rows)))
+                      texts=_text_list(seg.text.take(rows)), defer_graph=True)
         return fresh
 
     def refresh(self) -> None:
         """Reloads the knowledge base if another process changed it since."""
         with self._wmutex, self._flock.hold():
             self._sync()
+        self._start_graph_builder()
 
     def _sync(self) -> None:
         try:
@@ -1026,7 +1035,7 @@ class KnowledgeBase:
 
             with self._rw.write():
                 try:
-                    index.add(vectors, ids, metadata=meta, texts=text_list)
+                    index.add(vectors, ids, metadata=meta, texts=text_list, defer_graph=True)
                 except BaseException:
                     _unlink_all(self.path, written)
                     raise
@@ -1053,6 +1062,7 @@ class KnowledgeBase:
                             removed=[(pipeline, d) for d in docs.ids])
             self._gc()
             self._maybe_compact()
+        self._start_graph_builder()
         return {self._segment_doc_id(s, r) for s, r in replaced_refs}
 
     @staticmethod
@@ -1576,6 +1586,58 @@ class KnowledgeBase:
             "disk_bytes": disk, "created_at": self._manifest.get("created_at"),
         }
 
+    # -- background graph building -------------------------------------------------------------
+    _GRAPH_BATCH = 1024  # rows linked per native call: bounds how long a search may wait
+
+    def _start_graph_builder(self) -> None:
+        index = self._index
+        if index is None or index.kind != "hnsw" or index.pending == 0 or self._closed:
+            return
+        if self._builder is not None and self._builder.is_alive():
+            return
+        self._builder_stop.clear()
+        _LIVE_BUILDERS.add(self)
+        self._builder = threading.Thread(target=self._build_graph_loop, name=f"kbcore-graph-{self.name}",
+                                         daemon=True)
+        self._builder.start()
+
+    def _build_graph_loop(self) -> None:
+        while not self._builder_stop.is_set():
+            index = self._index
+            if index is None or index.pending == 0:
+                return
+            index.build_graph(self._GRAPH_BATCH)
+
+    def _stop_graph_builder(self) -> None:
+        self._builder_stop.set()
+        if self._builder is not None:
+            self._builder.join()
+            self._builder = None
+
+    @property
+    def pending_graph_rows(self) -> int:
+        """Chunks stored and searchable (by exact scan) but not yet linked into the HNSW graph."""
+        index = self._index
+        return 0 if index is None else index.pending
+
+    def wait_until_indexed(self, timeout: float | None = None) -> bool:
+        """Waits until every chunk is linked into the HNSW graph (ingest returns as soon as
+        the chunks are durable and searchable; linking continues in the background). Returns
+        False if ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.pending_graph_rows:
+            builder = self._builder
+            if builder is None or not builder.is_alive():
+                self._start_graph_builder()
+                builder = self._builder
+                if builder is None:
+                    break
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            builder.join(timeout=0.05 if remaining is None else min(0.05, remaining))
+            if deadline is not None and time.monotonic() >= deadline:
+                return self.pending_graph_rows == 0
+        return True
+
     # -- lifecycle ---------------------------------------------------------------------------
     def checkpoint(self) -> None:
         """Saves the index now, so that reopening replays nothing."""
@@ -1594,9 +1656,11 @@ class KnowledgeBase:
             self._gc()
 
     def close(self) -> None:
-        """Checkpoints the index if needed and releases the knowledge base."""
+        """Checkpoints the index if needed and releases the knowledge base. Rows not yet
+        linked into the graph are saved as such and linked after the next open."""
         if self._closed:
             return
+        self._stop_graph_builder()
         try:
             if os.path.exists(self.path) and (self._tail_rows() or self._stale_text):
                 self.checkpoint()
@@ -1609,6 +1673,17 @@ class KnowledgeBase:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Knowledge bases whose graph builder may be running; stopped at interpreter exit so that no
+# native build is in flight while Python shuts down (the graph state is saved as pending).
+_LIVE_BUILDERS: weakref.WeakSet[KnowledgeBase] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_graph_builders() -> None:
+    for kb in list(_LIVE_BUILDERS):
+        kb._stop_graph_builder()
 
 
 # -- ingest helpers --------------------------------------------------------------------------
