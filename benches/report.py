@@ -323,7 +323,9 @@ def num(x: Any, digits: int = 3) -> str:
         return "n/a"
     if isinstance(x, bool):
         return "yes" if x else "no"
-    if not isinstance(x, (int, float)):
+    if isinstance(x, int):
+        return f"{x:,}"
+    if not isinstance(x, float):
         return str(x)
     ax = abs(x)
     if ax >= 10 ** digits:
@@ -362,8 +364,10 @@ class Ratio:
 
     def ratio_text(self) -> str:
         r = self.ratio
+        if self.value is None:
+            return "n/a"
         if r is None:
-            return "no anchor" if self.anchor is None else "n/a"
+            return "no anchor value" if self.anchor is None else "n/a"
         text = f"{r:.2f}×"
         return f"**{text}** {self.anchor}" if self.wins else f"{text} {self.anchor}"
 
@@ -475,9 +479,9 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
                f"M = {cfg.get('M')}, ef_construction = {cfg.get('ef_construction')}, k = 10)", "")
 
         # recall vs QPS
-        modes = [("loop", "1 thread, one query per call"), ("batch", "1 thread, one batch call")]
+        modes = [("loop", "1 thread, loop"), ("batch", "1 thread, batch")]
         if mt > 1 and kb is not None and "batch_mt" in kb.get("at_recall", {}).get("0.95", {}):
-            modes.append(("batch_mt", f"all cores ({mt} threads), one batch call"))
+            modes.append(("batch_mt", f"all cores ({mt} thr), batch"))
         head = ["library"]
         for mode, label in modes:
             for t in RECALL_TARGETS:
@@ -508,8 +512,9 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
                 cells += [f"{rec:.4f}" if rec is not None else "n/a", num(lat)]
             rows.append(cells)
         rd.add("Recall@10 against QPS: QPS at equal recall, interpolated on the ef sweep "
-               f"(efs {cfg.get('efs')}, median of {cfg.get('repeats')}). n/a = the recall "
-               "was never reached.", "")
+               f"(efs {cfg.get('efs')}, median of {cfg.get('repeats')}). *loop* = one 1-D "
+               "query per call (what a RAG request sees); *batch* = one call with all queries. "
+               "n/a = the recall was never reached.", "")
         rd.add(*table(head, rows), "")
 
         # build and memory
@@ -1134,7 +1139,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default=None, help=f"comma list of modules from: {names}")
     p.add_argument("--large", action="store_true",
                    help="also run index_1m (synthetic 1,000,000 x 384; about 1.5 h, ~12 GiB RAM)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default benches/results)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default benches/results; with --from-json: beside the JSON)")
     p.add_argument("--machine", default=None,
                    help="machine name in the file names (default: from the CPU model and cores)")
     p.add_argument("--timeout", type=float, default=None,
@@ -1162,9 +1168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json:
         for report, out_dir, stem in reports_from(Path(args.from_json)):
-            target = Path(args.out) if args.out != str(DEFAULT_OUT) else out_dir
+            target = Path(args.out) if args.out else out_dir
             md, plots = render(report, target, stem)
-            if target != out_dir:
+            if not (target / f"{stem}.json").exists():  # assembled from module JSONs, or moved
                 (target / f"{stem}.json").write_text(json.dumps(report, indent=1),
                                                      encoding="utf-8")
             print(f"wrote {md}" + "".join(f"\nwrote {target / p}" for p in plots))
@@ -1174,7 +1180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     day = report["created"][:10]
     stem = f"{day}-{args.machine or machine_slug(report['machine'])}" + (
         "-quick" if args.quick else "")
-    out_dir = Path(args.out)
+    out_dir = Path(args.out) if args.out else DEFAULT_OUT
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(report, indent=1), encoding="utf-8")

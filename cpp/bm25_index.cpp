@@ -50,14 +50,32 @@ void Bm25Index::clear(Slot s) {
   if (++gen_[s] == 0xFFFFFFFFu || (stale_postings_ > 1024 && stale_postings_ > live_postings_)) compact();
 }
 
-void Bm25Index::set(Slot s, std::string_view text) {
+void Bm25Index::set(Slot s, std::string_view text) { set_tokens(s, tokenize(text)); }
+
+std::vector<std::pair<std::string, std::uint32_t>> Bm25Index::count_tokens(std::vector<std::string> tokens) {
+  std::sort(tokens.begin(), tokens.end());
+  std::vector<std::pair<std::string, std::uint32_t>> out;
+  for (std::size_t i = 0; i < tokens.size();) {
+    std::size_t j = i;
+    while (j < tokens.size() && tokens[j] == tokens[i]) ++j;
+    out.emplace_back(std::move(tokens[i]), static_cast<std::uint32_t>(j - i));
+    i = j;
+  }
+  return out;
+}
+
+void Bm25Index::set_tokens(Slot s, const std::vector<std::string>& tokens) {
+  set_counted(s, count_tokens(tokens), tokens.size());
+}
+
+void Bm25Index::set_counted(Slot s, const std::vector<std::pair<std::string, std::uint32_t>>& counts,
+                            std::size_t length) {
   grow(static_cast<std::size_t>(s) + 1);
   clear(s);
-  const std::vector<std::string> tokens = tokenize(text);
-  std::unordered_map<std::uint32_t, std::uint32_t> tf;
-  for (const auto& t : tokens) ++tf[term_id(t)];
   auto& terms = doc_terms_[s];
-  terms.assign(tf.begin(), tf.end());
+  terms.clear();
+  terms.reserve(counts.size());
+  for (const auto& [token, count] : counts) terms.emplace_back(term_id(token), count);
   std::sort(terms.begin(), terms.end());
   for (const auto& [term, count] : terms) {
     ++df_[term];
@@ -65,8 +83,8 @@ void Bm25Index::set(Slot s, std::string_view text) {
   }
   live_postings_ += terms.size();
   ++version_;
-  doc_len_[s] = static_cast<std::uint32_t>(tokens.size());
-  total_len_ += tokens.size();
+  doc_len_[s] = static_cast<std::uint32_t>(length);
+  total_len_ += length;
   has_[s] = 1;
   ++n_docs_;
 }

@@ -35,6 +35,14 @@ class Bm25Index {
   void grow(std::size_t n);
   /// Gives slot s the text `text` (replacing any previous text). O(|text|).
   void set(Slot s, std::string_view text);
+  /// Same as set() with the text already tokenized (tokenize(text)); lets callers tokenize
+  /// in parallel before taking a write lock.
+  void set_tokens(Slot s, const std::vector<std::string>& tokens);
+  /// Same with the tokens already counted: (distinct token, count) pairs and the token total.
+  void set_counted(Slot s, const std::vector<std::pair<std::string, std::uint32_t>>& counts,
+                   std::size_t length);
+  /// Counts tokens into distinct (token, count) pairs; thread-safe (touches no index state).
+  static std::vector<std::pair<std::string, std::uint32_t>> count_tokens(std::vector<std::string> tokens);
   /// Removes slot s's text. O(terms of s).
   void clear(Slot s);
   bool has_text(Slot s) const { return s < doc_len_.size() && has_[s]; }

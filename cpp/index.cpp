@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "flat_index.h"
 #include "parallel.h"
+#include "tokenizer.h"
 
 namespace kbcore {
 namespace {
@@ -118,6 +119,19 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       }
     }
   }
+  // Tokenize texts for the BM25 leg in parallel before taking the write lock.
+  std::vector<std::vector<std::pair<std::string, std::uint32_t>>> term_counts;
+  std::vector<std::size_t> lengths;
+  if (texts != nullptr) {
+    term_counts.resize(n);
+    lengths.resize(n);
+    parallel_for(n, threads, [&](std::size_t i, std::size_t) {
+      if (!(*texts)[i]) return;
+      std::vector<std::string> tokens = tokenize(*(*texts)[i]);
+      lengths[i] = tokens.size();
+      term_counts[i] = Bm25Index::count_tokens(std::move(tokens));
+    }, 64);
+  }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   // Upsert: ids already present are removed (with graph repair) and inserted anew.
   std::vector<Slot> replaced;
@@ -133,7 +147,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   text_.grow(store_.slot_count());
   if (texts != nullptr) {
     for (std::size_t i = 0; i < n; ++i) {
-      if ((*texts)[i]) text_.set(slots[i], *(*texts)[i]);
+      if ((*texts)[i]) text_.set_counted(slots[i], term_counts[i], lengths[i]);
     }
   }
   if (graph_) {

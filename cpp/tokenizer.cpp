@@ -124,7 +124,7 @@ std::vector<std::string> tokenize(std::string_view text, bool for_query) {
   std::vector<std::uint32_t> cjk;
   const auto flush_word = [&] {
     if (!word.empty()) {
-      out.push_back(word);
+      out.emplace_back(word);
       word.clear();
     }
   };
@@ -144,8 +144,23 @@ std::vector<std::string> tokenize(std::string_view text, bool for_query) {
     }
     cjk.clear();
   };
+  out.reserve(text.size() / 6 + 1);
   std::size_t i = 0;
   while (i < text.size()) {
+    // ASCII fast path: most text in most knowledge bases.
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {
+      ++i;
+      if (!cjk.empty()) flush_cjk();
+      if ((b >= 'a' && b <= 'z') || (b >= '0' && b <= '9')) {
+        word.push_back(static_cast<char>(b));
+      } else if (b >= 'A' && b <= 'Z') {
+        word.push_back(static_cast<char>(b + 32));
+      } else {
+        flush_word();
+      }
+      continue;
+    }
     const std::uint32_t c = next_cp(text, i);
     if (c != 0xFFFFFFFFu && is_cjk(c)) {
       flush_word();

@@ -53,7 +53,7 @@ def _index(rows, kind: str, *, ids=None, data=None, seed: int = 0, **kw) -> kbco
     kw.setdefault("M", 8)
     kw.setdefault("ef_construction", 40)
     index = kbcore.Index(dim=data.shape[1], metric="l2", kind=kind, **kw)
-    index.add(data, ids, metadata=rows)
+    index.add(data, ids, metadata=rows, threads=1)
     return index
 
 
@@ -160,43 +160,52 @@ def _leaf_about(draw, rows: list) -> dict:
     return {field: {op: v}}
 
 
-def _wheres_about(rows: list, depth: int = 2) -> st.SearchStrategy:
-    """Where dicts built from ``_leaf_about``: leaves, several keys in one dict, $and / $or."""
-    leaf = _leaf_about(rows)
-    if depth == 0:
-        return leaf
-    child = _wheres_about(rows, depth - 1)
-    children = st.lists(child, min_size=1, max_size=3)
+def _merged(leaves: list) -> dict:
+    """Several field conditions in one dict (an AND), operators of one field merged."""
+    out: dict = {}
+    for w in leaves:
+        for key, spec in w.items():
+            if isinstance(out.get(key), dict) and isinstance(spec, dict):
+                out[key] = {**out[key], **spec}
+            else:
+                out[key] = spec
+    return out
 
-    def merged(leaves: list) -> dict:
-        out: dict = {}
-        for w in leaves:  # several fields (or operators of one field) in one dict: an AND
-            for key, spec in w.items():
-                if isinstance(out.get(key), dict) and isinstance(spec, dict):
-                    out[key] = {**out[key], **spec}
-                else:
-                    out[key] = spec
-        return out
 
-    return st.one_of(
-        leaf,
-        st.builds(merged, st.lists(leaf, min_size=2, max_size=3)),
-        st.builds(lambda xs: {"$and": xs}, children),
-        st.builds(lambda xs: {"$or": xs}, children),
-        st.builds(lambda xs, ys, extra: {"$and": xs, "$or": ys, **extra}, children, children, leaf),
-    )
+@st.composite
+def _wheres_about(draw, rows: list, depth: int = 2) -> dict:
+    """Where dicts built from ``_leaf_about``: leaves, several keys in one dict, $and / $or
+    nested up to ``depth`` (drawn step by step: building strategy trees per example is slow)."""
+    shape = draw(st.integers(0, 4)) if depth else 0
+    if shape == 0:
+        return draw(_leaf_about(rows))
+    if shape == 1:
+        return _merged([draw(_leaf_about(rows)) for _ in range(draw(st.integers(2, 3)))])
+
+    def children() -> list:
+        return [draw(_wheres_about(rows, depth - 1)) for _ in range(draw(st.integers(1, 3)))]
+
+    if shape == 2:
+        return {"$and": children()}
+    if shape == 3:
+        return {"$or": children()}
+    return {"$and": children(), "$or": children(), **draw(_leaf_about(rows))}
+
+
+_ROWS = st.lists(metadata_rows(), min_size=3, max_size=40)
+_RANDOM_WHERES = valid_wheres()
 
 
 @st.composite
 def _corpora(draw) -> tuple[list, list]:
-    """Metadata rows and 1-4 filters over them: some split the rows, some are fully random."""
-    rows = draw(st.lists(metadata_rows(), min_size=3, max_size=40))
-    wheres = draw(st.lists(st.one_of(_wheres_about(rows), _wheres_about(rows), valid_wheres()),
-                           min_size=1, max_size=4))
+    """Metadata rows and 1-4 filters over them: most split the rows, some are fully random."""
+    rows = draw(_ROWS)
+    wheres = [draw(_RANDOM_WHERES) if draw(st.integers(0, 2)) == 0
+              else draw(_wheres_about(rows)) for _ in range(draw(st.integers(1, 4)))]
     return rows, wheres
 
 
-@settings(_HYPOTHESIS, max_examples=200)
+@settings(_HYPOTHESIS, max_examples=150)
 @given(corpus=_corpora(), k=st.integers(1, 8), seed=st.integers(0, 2**32 - 1))
 def test_filtered_search_agrees_with_the_reference_evaluator(corpus, k, seed):
     rows, wheres = corpus
@@ -212,18 +221,19 @@ def test_filtered_search_agrees_with_the_reference_evaluator(corpus, k, seed):
         assert flat.count(where) == expected, where
         assert hnsw.count(where) == expected, where
 
-        got_ids, got_dist = flat.search(queries, k, where=where)
+        got_ids, got_dist = flat.search(queries, k, where=where, threads=1)
         assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, k, "l2")
 
-        got_ids, got_dist = hnsw.search(queries, k, where=where)
+        got_ids, got_dist = hnsw.search(queries, k, where=where, threads=1)
         _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, k)
         ir = compile_where(where)
-        for strategy in ("exact", "graph"):
-            got_ids, got_dist = hnsw._native.search(queries, k, 16, 1, ir, strategy)
-            _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, k)
+        got_ids, got_dist = hnsw._native.search(queries, k, 16, 1, ir, "exact")
+        assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, k, "l2")
+        got_ids, got_dist = hnsw._native.search(queries, k, 16, 1, ir, "graph")
+        _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, k)
 
 
-@settings(_HYPOTHESIS, max_examples=60)
+@settings(_HYPOTHESIS, max_examples=50)
 @given(
     corpus=_corpora(),
     updates=st.lists(st.tuples(st.integers(0, 39), metadata_rows()), max_size=10),
@@ -531,7 +541,7 @@ def test_comparisons_at_the_int64_limits_agree_with_the_reference():
             if got != expected:
                 wrong.append((op, x, got, expected))
     for op in ("$in", "$nin"):
-        for items in itertools.combinations(EDGE_VALUES[:10], 2):
+        for items in itertools.combinations(EDGE_VALUES, 2):
             where = {"a": {op: list(items)}}
             got, expected = index.count(where), int(_passing_mask(where, rows).sum())
             if got != expected:
@@ -644,10 +654,11 @@ ERROR_CASES = [
     ({"a": {"$in": []}}, 'where["a"]: $in expects a non-empty list, got an empty list'),
     ({"a": {"$nin": "x"}}, 'where["a"]: $nin expects a non-empty list, got str'),
     ({"a": {"$in": [1, "x"]}},
-     'where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a '
-     "number but item 1 is str"),
-    ({"a": {"$in": [True, 1]}}, 'where["a"]: $in expects items that are all str, all bool or '
-                                "all numbers; item 0 is a bool but item 1 is int"),
+     ('where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a '
+      "number but item 1 is str")),
+    ({"a": {"$in": [True, 1]}},
+     ('where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a '
+      "bool but item 1 is int")),
     ({"a": {"$foo": 1}}, 'where["a"]: unknown operator "$foo"'),
     ({"$and": [{"$or": [{"x": 1}, {"y": {"gt": 1}}]}]},
      'where["$and"][0]["$or"][1]["y"]: unknown operator "gt" (did you mean "$gt"?)'),
@@ -744,7 +755,7 @@ def test_forced_exact_strategy_equals_the_oracle(clustered_index, name, fraction
 
 
 @pytest.mark.parametrize("name, min_recall", [("50%", 0.9), ("10%", 0.9), ("1%", None),
-                                              ("anti-correlated 10%", None),
+                                              ("anti-correlated 10%", 0.9),
                                               ("anti-correlated 1%", None)])
 def test_forced_graph_strategy_returns_k_passing_rows_with_high_recall(clustered_index, name,
                                                                        min_recall):
