@@ -205,6 +205,19 @@ def _corpora(draw) -> tuple[list, list]:
     return rows, wheres
 
 
+def _conditions(where: dict):
+    """Every single-operator condition inside a where, as a where of its own."""
+    for key, spec in where.items():
+        if key in ("$and", "$or"):
+            for child in spec:
+                yield from _conditions(child)
+        elif isinstance(spec, dict):
+            for op, operand in spec.items():
+                yield {key: {op: operand}}
+        else:
+            yield {key: spec}
+
+
 @settings(_HYPOTHESIS, max_examples=150)
 @given(corpus=_corpora(), k=st.integers(1, 8), seed=st.integers(0, 2**32 - 1))
 def test_filtered_search_agrees_with_the_reference_evaluator(corpus, k, seed):
@@ -216,6 +229,8 @@ def test_filtered_search_agrees_with_the_reference_evaluator(corpus, k, seed):
     flat = _index(rows, "flat", ids=ids, data=data)
     hnsw = _index(rows, "hnsw", ids=ids, data=data)
     for where in wheres:
+        for condition in _conditions(where):  # each condition alone, unmasked by and / or
+            assert flat.count(condition) == _passing_mask(condition, rows).sum(), condition
         mask = _passing_mask(where, rows)
         expected = int(mask.sum())
         assert flat.count(where) == expected, where
