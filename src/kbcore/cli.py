@@ -139,7 +139,11 @@ def _engine(args: argparse.Namespace):
 
 
 def _expand(paths: Sequence[str]) -> list[tuple[str, str]]:
-    """(path, document id) of every supported file under the given files and directories."""
+    """(path, document id) of every supported file under the given files and directories.
+
+    A file's document id is its path relative to the directory given, or its base name when
+    the file itself is given, so ``ingest docs/`` and ``ingest docs/a.md`` name ``a.md`` alike
+    and re-ingesting replaces it."""
     import os
 
     from .parsing import EXTENSIONS
@@ -155,7 +159,7 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str]]:
                     full = os.path.join(root, f)
                     out.append((full, os.path.relpath(full, p).replace(os.sep, "/")))
         else:
-            out.append((p, p))
+            out.append((p, os.path.basename(p)))
     return out
 
 
