@@ -470,7 +470,7 @@ def run_sweep(
                 batch_t[a.name].append(t[0])
                 batch_t[a.name].cpu.append(t.cpu[0])
                 if mt_threads > 1:
-                    t, mt_ids[a.name] = timed(lambda: a.batch_threads(q, mt_threads), 1)
+                    t, mt_ids[a.name] = timed(lambda a=a: a.batch_threads(q, mt_threads), 1)
                     mt_t[a.name].append(t[0])
                     mt_t[a.name].cpu.append(t.cpu[0])
         for a in adapters:

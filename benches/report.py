@@ -77,17 +77,17 @@ class Module:
 
 MODULES: tuple[Module, ...] = (
     Module("index", "benches.bench_index", "HNSW index: recall vs QPS, build, memory, save/load",
-           quick_args=("--quick",), full_minutes="10-14"),
+           quick_args=("--quick",), full_minutes="10-15"),
     Module("filter", "benches.bench_filter", "Filtered search", quick_args=("--quick",),
-           full_minutes="15-25"),
+           full_minutes="5-10"),
     Module("groups", "benches.bench_groups", "Grouped search", quick_args=("--quick",),
            full_minutes="2-5"),
     Module("hybrid", "benches.bench_hybrid", "BM25 and hybrid search (index level)",
            quick_args=("--repeats", "1"), full_minutes="1"),
     Module("engine", "benches.bench_engine", "Knowledge engine (quality, overhead, ingest)",
-           quick_args=("--index", "hnsw", "--rounds", "1"), full_minutes="2-4"),
+           quick_args=("--index", "hnsw", "--rounds", "1"), full_minutes="1-2"),
     Module("engine_hybrid", "benches.bench_engine_hybrid", "Knowledge engine: hybrid retrieve",
-           quick_args=("--rounds", "1"), full_minutes="2-3"),
+           quick_args=("--rounds", "1"), full_minutes="1-2"),
     Module("index_1m", "benches.bench_index", "HNSW index at 1M x 384 (opt-in)",
            full_args=("--datasets", "synthetic", "--n", "1000000"),
            quick_args=("--datasets", "synthetic", "--n", "1000000"), opt_in=True,
@@ -208,7 +208,9 @@ def run_module(mod: Module, cmd: list[str], timeout: float | None) -> dict[str, 
     json_path = Path(cmd[cmd.index("--json") + 1])
     entry: dict[str, Any] = {
         "title": mod.title,
-        "command": [os.path.basename(cmd[0])] + cmd[1:],
+        # The JSON goes to a temporary folder that is gone afterwards: name it generically.
+        "command": [os.path.basename(cmd[0])]
+        + [f"<tmp>/{json_path.name}" if a == str(json_path) else a for a in cmd[1:]],
         "loadavg_start": loadavg(),
     }
     env = dict(os.environ)
@@ -332,7 +334,7 @@ def num(x: Any, digits: int = 3) -> str:
         return f"{x:,.0f}"
     if ax == 0:
         return "0"
-    decimals = max(0, digits - 1 - int(math.floor(math.log10(ax))))
+    decimals = max(0, digits - 1 - math.floor(math.log10(ax)))
     return f"{x:,.{decimals}f}"
 
 
@@ -368,7 +370,8 @@ class Ratio:
             return "n/a"
         if r is None:
             return "no anchor value" if self.anchor is None else "n/a"
-        text = f"{r:.2f}×"
+        # Three decimals where two would print a tie ("1.00×") that is not one.
+        text = f"{r:.3f}×" if r != 1.0 and round(r, 2) == 1.0 else f"{r:.2f}×"
         return f"**{text}** {self.anchor}" if self.wins else f"{text} {self.anchor}"
 
     def cell(self, fmt: Callable[[Any], str] = num) -> str:
@@ -887,15 +890,15 @@ def section_hybrid(rd: Render, report: dict, headline: bool) -> None:
         rows = [
             ["BM25 nDCG@10",
              Ratio(bm.get("kbcore_ndcg10"), best_tok[0], best_tok[1]).cell(lambda x: f"{x:.4f}"),
-             f"same tokens {bm.get('bm25s_same_tokens_ndcg10', 0):.4f}, own tokenizer "
-             f"{bm.get('bm25s_own_tokenizer_en_stopwords_ndcg10', 0):.4f}"],
+             (f"same tokens {bm.get('bm25s_same_tokens_ndcg10', 0):.4f}, own tokenizer "
+              f"{bm.get('bm25s_own_tokenizer_en_stopwords_ndcg10', 0):.4f}")],
             ["BM25 single-query QPS (1 thread)",
              Ratio(sp.get("kbcore_qps"), "bm25s", sp.get("bm25s_qps")).cell(),
              num(sp.get("bm25s_qps"))],
             ["BM25 build, documents/s (tokenization included)",
              Ratio(sp.get("kbcore_build_docs_per_s"), "bm25s", bm_best_build or None).cell(),
-             f"own tokenizer {num(sp.get('bm25s_build_own_tokenizer_docs_per_s'))}, kbcore tokens "
-             f"{num(sp.get('bm25s_build_kbcore_tokens_docs_per_s'))}"],
+             (f"own tokenizer {num(sp.get('bm25s_build_own_tokenizer_docs_per_s'))}, "
+              f"kbcore tokens {num(sp.get('bm25s_build_kbcore_tokens_docs_per_s'))}")],
         ]
         rd.add(*table(["figure", "kbcore (× best anchor)", "bm25s"], rows, "lrr"), "")
         rd.add(f"Score agreement with bm25s on the same tokens: identical top-10 sets "
@@ -923,8 +926,8 @@ def section_hybrid(rd: Render, report: dict, headline: bool) -> None:
     lat = res.get("latency", {})
     if lat:
         rows = [[kind, num(v["dense_us"]), num(v["hybrid_rrf_us"]), f"{v['ratio']:.2f}×",
-                 f"{num(v['dense_window_us'])} + {num(v['text_window_us'])} + "
-                 f"{num(v['fusion_us'])}", gate(v.get("gate_ratio_le_1.5"))]
+                 (f"{num(v['dense_window_us'])} + {num(v['text_window_us'])} + "
+                  f"{num(v['fusion_us'])}"), gate(v.get("gate_ratio_le_1.5"))]
                 for kind, v in lat.items()]
         rd.add("Hybrid latency, µs per query, 1 thread (no anchor: kbcore against its own dense "
                "search):", "")
