@@ -347,6 +347,28 @@ std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, st
   return res;
 }
 
+double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const {
+  if (entry_ == kNoSlot) return 0.0;
+  const Kernels& kern = active_kernels();
+  Scored cur{dist(kern, q, entry_), entry_};
+  cur = greedy<false>(q, cur, max_level_, 0, kern);
+  auto visited = visited_.acquire(levels_.size());
+  std::size_t seen = 0, pass = 0;
+  const auto visit = [&](Slot s) {
+    if (visited->test_and_set(s)) return;
+    ++seen;
+    pass += allowed.test(s) ? 1 : 0;
+  };
+  visit(cur.slot);
+  const std::uint32_t* nl = links(cur.slot, 0);
+  for (std::size_t j = 0; j < nl[0]; ++j) {
+    visit(nl[1 + j]);
+    const std::uint32_t* nl2 = links(nl[1 + j], 0);
+    for (std::size_t t = 0; t < nl2[0]; ++t) visit(nl2[1 + t]);
+  }
+  return seen == 0 ? 0.0 : static_cast<double>(pass) / static_cast<double>(seen);
+}
+
 std::size_t HnswIndex::memory_bytes() const {
   std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + levels_.capacity() +
                       upper_.capacity() * sizeof(std::vector<std::uint32_t>);

@@ -75,6 +75,13 @@ class HnswIndex {
   std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef,
                                       const Bitmap& allowed, std::size_t* evals = nullptr) const;
 
+  /// Fraction of the slots within two hops of the query's level-0 entry point (found by the
+  /// greedy descent of every search) that pass `allowed`: the selectivity of the filter in
+  /// the query's own neighbourhood. Far below the global selectivity, the passing rows lie
+  /// away from the query (anti-correlated) and a filtered traversal would have to cross a
+  /// long stretch of failing nodes. O(M^2) bitmap tests.
+  double local_selectivity(const float* q, const Bitmap& allowed) const;
+
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
   /// converges before enough(results) holds (results ascending), until the reachable
   /// (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the

@@ -17,6 +17,10 @@
 namespace kbcore {
 namespace {
 
+// A query whose two-hop neighbourhood passes less than this fraction of the global
+// selectivity is answered by the exact scan (see Index::search).
+constexpr double kLocalSelectivityRatio = 0.5;
+
 constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
 
 bool all_finite(const float* v, std::size_t n) {
@@ -266,13 +270,26 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
                               : force != Strategy::kAuto ? force
                                                          : choose_strategy(passing, store_.size(), std::max(ef, k));
     std::vector<Slot> rows;
-    if (strategy == Strategy::kExact) {
-      rows.reserve(passing);
-      allowed.for_each([&](Slot s) { rows.push_back(s); });
-    }
+    std::once_flag rows_once;
+    const auto passing_rows = [&]() -> const std::vector<Slot>& {
+      std::call_once(rows_once, [&] {
+        rows.reserve(passing);
+        allowed.for_each([&](Slot s) { rows.push_back(s); });
+      });
+      return rows;
+    };
+    const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
     parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
       const float* q = prepared.data() + qi * dim;
       if (strategy == Strategy::kGraph) {
+        // Per query: where the passing rows are scarce around the query itself (the filter
+        // is anti-correlated with it), a filtered walk must cross long failing stretches and
+        // loses recall; the exact scan is used instead. The cost model chose the graph, so
+        // this is the exception, measured per query in O(M^2).
+        if (force == Strategy::kAuto && graph_->local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
+          write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+          return;
+        }
         std::vector<Scored> res = graph_->search_filtered(q, k, ef, allowed);
         if (!graph_->pending().empty()) {
           std::vector<Slot> fresh;
@@ -292,7 +309,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
         write(qi, scan_slots(store_, config_.metric, q, all, k));
         return;
       }
-      write(qi, scan_slots(store_, config_.metric, q, rows, k));
+      write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
     });
     return;
   }
