@@ -23,12 +23,29 @@ using L2Fn = float (*)(const float* a, const float* b, std::size_t dim);
 /// Interleaving four rows shares the query loads and hides FMA latency.
 using Multi4Fn = void (*)(const float* query, const float* const* rows, std::size_t dim, float* out);
 
+/// Scores a 4 x 4 tile: out[4 * i + j] = dot or l2sq of queries[i] and rows[j]. Sixteen
+/// accumulators reuse every load four times, which is what an exact batch scan needs to be
+/// compute-bound rather than load-bound.
+using Tile4x4Fn = void (*)(const float* const* queries, const float* const* rows, std::size_t dim,
+                           float* out);
+
+/// Inner products of up to kPanelQueries queries with a panel of 32 rows stored transposed
+/// (panel[d * 32 + r] = row r, dimension d): out[32 * i + r] = dot(queries[i], row r).
+/// Broadcast-multiply over a transposed panel needs no horizontal sums (the GEMM layout).
+using PanelFn = void (*)(const float* const* queries, std::size_t nq, const float* panel, std::size_t dim,
+                         float* out);
+inline constexpr std::size_t kPanelRows = 32;
+inline constexpr std::size_t kPanelQueries = 8;
+
 /// One level's kernels.
 struct Kernels {
   DotFn dot;
   L2Fn l2sq;
   Multi4Fn dot4;
   Multi4Fn l2sq4;
+  Tile4x4Fn dot4x4;
+  Tile4x4Fn l2sq4x4;
+  PanelFn dot_panel;  ///< null where the level has no panel kernel
 };
 
 /// Kernels of one level; level must be supported (see supported_simd_levels).

@@ -104,11 +104,20 @@ void l2sq4_avx2(const float* q, const float* const* rows, std::size_t dim, float
   multi4_avx2<true>(q, rows, dim, out);
 }
 
+// AVX2 has 16 registers: a 4 x 4 tile of accumulators would spill, so the tile is four
+// one-query passes over the same four rows (which stay in L1).
+void dot4x4_avx2(const float* const* q, const float* const* rows, std::size_t dim, float* out) {
+  for (int i = 0; i < 4; ++i) multi4_avx2<false>(q[i], rows, dim, out + 4 * i);
+}
+void l2sq4x4_avx2(const float* const* q, const float* const* rows, std::size_t dim, float* out) {
+  for (int i = 0; i < 4; ++i) multi4_avx2<true>(q[i], rows, dim, out + 4 * i);
+}
+
 }  // namespace
 
 namespace detail {
 const Kernels& avx2_kernels() {
-  static const Kernels k{dot_avx2, l2sq_avx2, dot4_avx2, l2sq4_avx2};
+  static const Kernels k{dot_avx2, l2sq_avx2, dot4_avx2, l2sq4_avx2, dot4x4_avx2, l2sq4x4_avx2, nullptr};
   return k;
 }
 }  // namespace detail

@@ -44,11 +44,19 @@ void l2sq4_scalar(const float* q, const float* const* rows, std::size_t dim, flo
   for (int j = 0; j < 4; ++j) out[j] = l2sq_scalar(q, rows[j], dim);
 }
 
+void dot4x4_scalar(const float* const* q, const float* const* rows, std::size_t dim, float* out) {
+  for (int i = 0; i < 4; ++i) dot4_scalar(q[i], rows, dim, out + 4 * i);
+}
+
+void l2sq4x4_scalar(const float* const* q, const float* const* rows, std::size_t dim, float* out) {
+  for (int i = 0; i < 4; ++i) l2sq4_scalar(q[i], rows, dim, out + 4 * i);
+}
+
 }  // namespace
 
 namespace detail {
 const Kernels& scalar_kernels() {
-  static const Kernels k{dot_scalar, l2sq_scalar, dot4_scalar, l2sq4_scalar};
+  static const Kernels k{dot_scalar, l2sq_scalar, dot4_scalar, l2sq4_scalar, dot4x4_scalar, l2sq4x4_scalar, nullptr};
   return k;
 }
 }  // namespace detail

@@ -35,10 +35,72 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
   heaps.reserve(nq);
   for (std::size_t i = 0; i < nq; ++i) heaps.emplace_back(k);
   std::vector<float> scores(block);
+  // Scores for up to four queries against one block: scores[4 * block] (query-major).
+  scores.resize(4 * block);
+  const auto admit = [&](std::size_t qi, const float* d, std::size_t b0, std::size_t bn) {
+    TopK& heap = heaps[qi];
+    for (std::size_t r = 0; r < bn; ++r) {
+      const Slot s = static_cast<Slot>(b0 + r);
+      if (d[r] <= heap.worst() && store.is_live(s) && accept(s)) heap.push(d[r], s);
+    }
+  };
+  // Inner-product metrics with a panel kernel and enough queries to amortise packing: rows
+  // are packed 32 at a time, transposed, and every query group is multiplied against them.
+  if (metric != Metric::kL2 && kern.dot_panel != nullptr && nq >= 8) {
+    std::vector<float> panel(kPanelRows * dim);
+    std::vector<float> out(kPanelQueries * kPanelRows);
+    for (std::size_t b0 = 0; b0 < n; b0 += kPanelRows) {
+      const std::size_t bn = std::min(kPanelRows, n - b0);
+      std::fill(panel.begin(), panel.end(), 0.0f);
+      for (std::size_t r = 0; r < bn; ++r) {
+        const float* row = store.data() + (b0 + r) * dim;
+        for (std::size_t d = 0; d < dim; ++d) panel[d * kPanelRows + r] = row[d];
+      }
+      for (std::size_t qi = 0; qi < nq; qi += kPanelQueries) {
+        const std::size_t m = std::min(kPanelQueries, nq - qi);
+        const float* qs[kPanelQueries];
+        for (std::size_t a = 0; a < kPanelQueries; ++a) qs[a] = queries + std::min(qi + a, nq - 1) * dim;
+        kern.dot_panel(qs, m, panel.data(), dim, out.data());
+        for (std::size_t a = 0; a < m; ++a) {
+          float* d = out.data() + kPanelRows * a;
+          for (std::size_t r = 0; r < bn; ++r) d[r] = 1.0f - d[r];
+          admit(qi + a, d, b0, bn);
+        }
+      }
+    }
+    std::vector<std::vector<Scored>> result;
+    result.reserve(nq);
+    for (auto& h : heaps) result.push_back(h.take_sorted());
+    return result;
+  }
   for (std::size_t b0 = 0; b0 < n; b0 += block) {
     const std::size_t bn = std::min(block, n - b0);
     const float* rows = store.data() + b0 * dim;
-    for (std::size_t qi = 0; qi < nq; ++qi) {
+    std::size_t qi = 0;
+    // Four queries at a time: 4 x 4 tiles of (query, row) pairs.
+    for (; qi + 4 <= nq; qi += 4) {
+      const float* q4[4] = {queries + qi * dim, queries + (qi + 1) * dim, queries + (qi + 2) * dim,
+                            queries + (qi + 3) * dim};
+      std::size_t r = 0;
+      float tile[16];
+      for (; r + 4 <= bn; r += 4) {
+        const float* r4[4] = {rows + r * dim, rows + (r + 1) * dim, rows + (r + 2) * dim, rows + (r + 3) * dim};
+        if (metric == Metric::kL2) {
+          kern.l2sq4x4(q4, r4, dim, tile);
+        } else {
+          kern.dot4x4(q4, r4, dim, tile);
+          for (float& t : tile) t = 1.0f - t;
+        }
+        for (int a = 0; a < 4; ++a) {
+          for (int b = 0; b < 4; ++b) scores[a * block + r + b] = tile[4 * a + b];
+        }
+      }
+      for (; r < bn; ++r) {
+        for (int a = 0; a < 4; ++a) scores[a * block + r] = distance(kern, metric, q4[a], rows + r * dim, dim);
+      }
+      for (int a = 0; a < 4; ++a) admit(qi + a, scores.data() + a * block, b0, bn);
+    }
+    for (; qi < nq; ++qi) {
       const float* q = queries + qi * dim;
       std::size_t r = 0;
       for (; r + 4 <= bn; r += 4) {
@@ -47,12 +109,7 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
         distance4(kern, metric, q, four, dim, scores.data() + r);
       }
       for (; r < bn; ++r) scores[r] = distance(kern, metric, q, rows + r * dim, dim);
-      TopK& heap = heaps[qi];
-      for (r = 0; r < bn; ++r) {
-        const float d = scores[r];
-        const Slot s = static_cast<Slot>(b0 + r);
-        if (d <= heap.worst() && store.is_live(s) && accept(s)) heap.push(d, s);
-      }
+      admit(qi, scores.data(), b0, bn);
     }
   }
   std::vector<std::vector<Scored>> out;
