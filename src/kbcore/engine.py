@@ -448,6 +448,7 @@ class KnowledgeBase:
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
         self._manifest: dict[str, Any] = {}
         self._stale_text = False  # the index's text leg was rebuilt on load: checkpoint it
+        self._graph_unsaved = False  # the background builder linked rows since the last save
         # Background graph building: ingest stores rows with defer_graph=True (searchable at
         # once by an exact scan of the rows not yet in the graph) and this thread links them
         # into the HNSW graph in small batches, each holding the native write lock briefly.
@@ -1072,6 +1073,7 @@ class KnowledgeBase:
     def _checkpoint_into(self, m: dict[str, Any], index: Index, gen: int) -> None:
         """Saves the index as the manifest's checkpoint; drops every vector file entry."""
         name = f"index-{gen:08d}.kbi"
+        self._graph_unsaved = False  # before the save: a batch linked after it sets it again
         index.save(os.path.join(self.path, name))
         storage.fsync_dir(self.path)
         entry = storage.file_entry(self.path, name)
@@ -1607,6 +1609,8 @@ class KnowledgeBase:
             if index is None or index.pending == 0:
                 return
             index.build_graph(self._GRAPH_BATCH)
+            # Saved at the next checkpoint or close, so that reopening does not relink.
+            self._graph_unsaved = True
 
     def _stop_graph_builder(self) -> None:
         self._builder_stop.set()
@@ -1642,7 +1646,7 @@ class KnowledgeBase:
     def checkpoint(self) -> None:
         """Saves the index now, so that reopening replays nothing."""
         with self._writing():
-            if self._index is None or not (self._tail_rows() or self._stale_text):
+            if self._index is None or not (self._tail_rows() or self._stale_text or self._graph_unsaved):
                 return
             m = self._next_manifest()
             self._checkpoint_into(m, self._index, m["generation"])
@@ -1662,7 +1666,7 @@ class KnowledgeBase:
             return
         self._stop_graph_builder()
         try:
-            if os.path.exists(self.path) and (self._tail_rows() or self._stale_text):
+            if os.path.exists(self.path) and (self._tail_rows() or self._stale_text or self._graph_unsaved):
                 self.checkpoint()
         finally:
             self._closed = True
