@@ -62,9 +62,18 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
         for (std::size_t a = 0; a < kPanelQueries; ++a) qs[a] = queries + std::min(qi + a, nq - 1) * dim;
         kern.dot_panel(qs, m, panel.data(), dim, out.data());
         for (std::size_t a = 0; a < m; ++a) {
-          float* d = out.data() + kPanelRows * a;
-          for (std::size_t r = 0; r < bn; ++r) d[r] = 1.0f - d[r];
-          admit(qi + a, d, b0, bn);
+          // distance = 1 - dot enters the heap when dot >= 1 - worst: test the raw dot
+          // against that bar and convert only the (few) rows that pass it.
+          const float* d = out.data() + kPanelRows * a;
+          TopK& heap = heaps[qi + a];
+          float bar = 1.0f - heap.worst();
+          for (std::size_t r = 0; r < bn; ++r) {
+            if (d[r] < bar) continue;
+            const Slot s = static_cast<Slot>(b0 + r);
+            if (!store.is_live(s) || !accept(s)) continue;
+            heap.push(1.0f - d[r], s);
+            bar = 1.0f - heap.worst();
+          }
         }
       }
     }

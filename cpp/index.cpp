@@ -19,7 +19,7 @@ namespace {
 
 // A query whose two-hop neighbourhood passes less than this fraction of the global
 // selectivity is answered by the exact scan (see Index::search).
-constexpr double kLocalSelectivityRatio = 0.5;
+constexpr double kLocalSelectivityRatio = 0.8;
 
 constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
 
