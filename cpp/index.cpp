@@ -305,10 +305,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
           return;
         }
         // The traversal could not reach k passing rows: answer exactly instead.
-        std::vector<Slot> all;
-        all.reserve(passing);
-        allowed.for_each([&](Slot s) { all.push_back(s); });
-        write(qi, scan_slots(store_, config_.metric, q, all, k));
+        write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
         return;
       }
       write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));

@@ -19,6 +19,13 @@ std::size_t rows_of(const FloatArray& a, std::size_t dim, const char* what) {
   return static_cast<std::size_t>(a.shape(0));
 }
 
+Index::Strategy parse_strategy(const std::string& name) {
+  if (name == "auto") return Index::Strategy::kAuto;
+  if (name == "exact") return Index::Strategy::kExact;
+  if (name == "graph") return Index::Strategy::kGraph;
+  throw InvalidArgument("strategy must be 'auto', 'exact' or 'graph', got '" + name + "'");
+}
+
 std::size_t ids_len(const IdArray& ids) {
   if (ids.ndim() != 1) throw InvalidArgument("ids must be a 1-D array");
   return static_cast<std::size_t>(ids.shape(0));
@@ -109,10 +116,7 @@ void bind_index(py::module_& m) {
              if (k == 0) throw InvalidArgument("k must be positive, got 0");
              std::optional<FilterNode> node;
              if (!filter.is_none()) node = filter_from_py(filter);
-             Index::Strategy force = Index::Strategy::kAuto;
-             if (strategy == "exact") force = Index::Strategy::kExact;
-             else if (strategy == "graph") force = Index::Strategy::kGraph;
-             else if (strategy != "auto") throw InvalidArgument("strategy must be 'auto', 'exact' or 'graph'");
+             const Index::Strategy force = parse_strategy(strategy);
              IdArray ids({nq, k});
              FloatArray dist({nq, k});
              {
@@ -132,10 +136,7 @@ void bind_index(py::module_& m) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              std::optional<FilterNode> node;
              if (!filter.is_none()) node = filter_from_py(filter);
-             Index::Strategy force = Index::Strategy::kAuto;
-             if (strategy == "exact") force = Index::Strategy::kExact;
-             else if (strategy == "graph") force = Index::Strategy::kGraph;
-             else if (strategy != "auto") throw InvalidArgument("strategy must be 'auto', 'exact' or 'graph'");
+             const Index::Strategy force = parse_strategy(strategy);
              std::vector<std::vector<Index::GroupHit>> res;
              {
                py::gil_scoped_release nogil;
