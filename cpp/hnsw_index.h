@@ -229,7 +229,13 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
       fresh[m++] = n;
     }
     std::size_t j = 0;
+    const std::size_t row_bytes = dim * sizeof(float);
     for (; j + 4 <= m; j += 4) {
+      // Whole rows of the next group: their loads overlap this group's arithmetic.
+      for (std::size_t t = j + 4; t < std::min(m, j + 8); ++t) {
+        const char* row = reinterpret_cast<const char*>(store_.vector(fresh[t]));
+        for (std::size_t off = 128; off < row_bytes; off += 64) detail::prefetch(row + off);
+      }
       const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
                               store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
       distance4(k, metric_, q, rows, dim, dists + j);
@@ -241,6 +247,8 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
       if (results.size() < ef || d < results.front().dist) {
         candidates.push_back({d, fresh[j]});
         std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        // Its link list is read if it is expanded: start loading it now.
+        if (!kLocked) detail::prefetch(links(fresh[j], level));
         if (accept(fresh[j])) push_result({d, fresh[j]});
       }
     }

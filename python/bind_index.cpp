@@ -23,7 +23,21 @@ Index::Strategy parse_strategy(const std::string& name) {
   if (name == "auto") return Index::Strategy::kAuto;
   if (name == "exact") return Index::Strategy::kExact;
   if (name == "graph") return Index::Strategy::kGraph;
-  throw InvalidArgument("strategy must be 'auto', 'exact' or 'graph', got '" + name + "'");
+  if (name == "walk") return Index::Strategy::kWalk;
+  throw InvalidArgument("strategy must be 'auto', 'exact', 'graph' or 'walk', got '" + name + "'");
+}
+
+const char* strategy_name(Index::Strategy s) {
+  switch (s) {
+    case Index::Strategy::kExact:
+      return "exact";
+    case Index::Strategy::kGraph:
+      return "graph";
+    case Index::Strategy::kWalk:
+      return "walk";
+    default:
+      return "auto";
+  }
 }
 
 std::size_t ids_len(const IdArray& ids) {
@@ -175,7 +189,7 @@ void bind_index(py::module_& m) {
            py::arg("filter"))
       .def("strategy",
            [](const Index& self, std::size_t passing, std::size_t ef) {
-             return self.choose_strategy(passing, self.size(), ef) == Index::Strategy::kExact ? "exact" : "graph";
+             return strategy_name(self.choose_strategy(passing, self.size(), ef));
            },
            py::arg("passing"), py::arg("ef"))
       .def("get_metadata",

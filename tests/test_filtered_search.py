@@ -246,6 +246,8 @@ def test_filtered_search_agrees_with_the_reference_evaluator(corpus, k, seed):
         assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, k, "l2")
         got_ids, got_dist = hnsw._native.search(queries, k, 16, 1, ir, "graph")
         _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, k)
+        got_ids, got_dist = hnsw._native.search(queries, k, 16, 1, ir, "walk")
+        _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, k)
 
 
 @settings(_HYPOTHESIS, max_examples=50)
@@ -784,6 +786,34 @@ def test_forced_graph_strategy_returns_k_passing_rows_with_high_recall(clustered
         assert recall >= min_recall, f"recall@10 {recall:.3f} at {name}"
 
 
+@pytest.mark.parametrize("name, min_recall", [("50%", 0.9), ("10%", 0.9), ("1%", None),
+                                              ("anti-correlated 10%", None),
+                                              ("anti-correlated 1%", None)])
+def test_forced_walk_strategy_returns_k_passing_rows_with_high_recall(clustered_index, name,
+                                                                      min_recall):
+    # The plain walk scores every node it meets and admits passing ones; where it cannot
+    # reach k passing rows (selective or anti-correlated filters) the exact answer replaces it.
+    index, data, ids, queries, rows, far = clustered_index
+    where = _filter_of(name, far)
+    mask = _passing_mask(where, rows)
+    got_ids, got_dist = index._native.search(queries, 10, 64, 1, compile_where(where), "walk")
+    _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, 10)
+    if min_recall is not None:
+        recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "l2")
+        assert recall >= min_recall, f"recall@10 {recall:.3f} at {name}"
+
+
+def test_cost_model_walks_wide_filters_and_scans_selective_ones(clustered_index):
+    index, *_ = clustered_index
+    native = index._native
+    index.search(np.zeros(native.dim, dtype=np.float32) + 1, 10)  # calibrates evals per ef
+    live = len(index)
+    assert native.strategy(live // 2, 16) == "walk"
+    assert native.strategy(live // 5, 16) in ("graph", "exact")
+    assert native.strategy(max(live // 1000, 1), 64) == "exact"
+    assert native.strategy(0, 64) == "exact"
+
+
 @pytest.mark.parametrize("ef", [None, 10])
 @pytest.mark.parametrize("name", ["50%", "10%", "1%", "anti-correlated 10%",
                                   "anti-correlated 1%"])
@@ -806,7 +836,7 @@ def test_filtered_search_with_fewer_passing_rows_than_k_returns_all_of_them(clus
     mask = _passing_mask(where, rows)
     assert 0 < mask.sum() < 20
     exp_ids, _ = oracle_topk(data[mask], ids[mask], queries, 20, "l2")
-    for strategy in ("auto", "exact", "graph"):
+    for strategy in ("auto", "exact", "graph", "walk"):
         got_ids, got_dist = index._native.search(queries, 20, 64, 1, compile_where(where),
                                                  strategy)
         assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, 20, "l2")
