@@ -114,6 +114,10 @@ class HnswIndex {
     return distance(k, metric_, q, store_.vector(s), store_.dim());
   }
   Lock& lock_for(Slot s) const { return locks_[s % kLockStripes]; }
+  /// Distances from q to m slots into out, four rows at a time (the loads of one group
+  /// overlap the arithmetic of the previous one); a tail of 1-3 rows is padded by repeating
+  /// its last row, so every row goes through the same four-row kernel.
+  void score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m, float* out) const;
 
   int draw_level();
   void insert(Slot s, const Kernels& k);
@@ -168,6 +172,30 @@ struct ScoredGreater {
 };
 }  // namespace detail
 
+inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m,
+                             float* out) const {
+  const std::size_t dim = store_.dim();
+  const std::size_t row_bytes = dim * sizeof(float);
+  for (std::size_t j = 0; j < m; j += 4) {
+    // Whole rows of the next group: their loads overlap this group's arithmetic.
+    for (std::size_t t = j + 4; t < std::min(m, j + 8); ++t) {
+      const char* row = reinterpret_cast<const char*>(store_.vector(slots[t]));
+      for (std::size_t off = 128; off < row_bytes; off += 64) detail::prefetch(row + off);
+    }
+    const std::size_t last = m - 1;
+    const float* rows[4] = {store_.vector(slots[j]), store_.vector(slots[std::min(j + 1, last)]),
+                            store_.vector(slots[std::min(j + 2, last)]),
+                            store_.vector(slots[std::min(j + 3, last)])};
+    if (j + 4 <= m) {
+      distance4(k, metric_, q, rows, dim, out + j);
+    } else {
+      float tail[4];
+      distance4(k, metric_, q, rows, dim, tail);
+      for (std::size_t t = j; t < m; ++t) out[t] = tail[t - j];
+    }
+  }
+}
+
 template <bool kLocked, typename Accept>
 std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps,
                                             std::size_t ef, int level, const Kernels& k,
@@ -194,7 +222,6 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     if (accept(e.slot)) push_result(e);
   }
-  const std::size_t dim = store_.dim();
   std::uint32_t fresh[4 + 2 * 256];
   float dists[4 + 2 * 256];
   while (!candidates.empty()) {
@@ -228,21 +255,9 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
       detail::prefetch(row + 64);
       fresh[m++] = n;
     }
-    std::size_t j = 0;
-    const std::size_t row_bytes = dim * sizeof(float);
-    for (; j + 4 <= m; j += 4) {
-      // Whole rows of the next group: their loads overlap this group's arithmetic.
-      for (std::size_t t = j + 4; t < std::min(m, j + 8); ++t) {
-        const char* row = reinterpret_cast<const char*>(store_.vector(fresh[t]));
-        for (std::size_t off = 128; off < row_bytes; off += 64) detail::prefetch(row + off);
-      }
-      const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
-                              store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
-      distance4(k, metric_, q, rows, dim, dists + j);
-    }
-    for (; j < m; ++j) dists[j] = dist(k, q, fresh[j]);
+    score(k, q, fresh, m, dists);
     if (evals != nullptr) *evals += m;
-    for (j = 0; j < m; ++j) {
+    for (std::size_t j = 0; j < m; ++j) {
       const float d = dists[j];
       if (results.size() < ef || d < results.front().dist) {
         candidates.push_back({d, fresh[j]});
@@ -279,9 +294,15 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
         nl = src + 1;
       }
       for (std::size_t j = 0; j < count; ++j) {
-        const float d = dist(k, q, nl[j]);
-        if (d < cur.dist) {
-          cur = {d, nl[j]};
+        const char* row = reinterpret_cast<const char*>(store_.vector(nl[j]));
+        detail::prefetch(row);
+        detail::prefetch(row + 64);
+      }
+      float d[4 + 2 * 256];
+      score(k, q, nl, count, d);
+      for (std::size_t j = 0; j < count; ++j) {
+        if (d[j] < cur.dist) {
+          cur = {d[j], nl[j]};
           changed = true;
         }
       }
@@ -308,7 +329,6 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
                                                 Enough enough, std::size_t* evals) const {
   if (entry_ == kNoSlot) return {};
   const Kernels& kern = active_kernels();
-  const std::size_t dim = store_.dim();
   const std::size_t limit = std::max<std::size_t>(store_.size(), 1);
   ef = std::min(std::max<std::size_t>(ef, 1), limit);
   const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
@@ -387,15 +407,9 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
         }
       }
     }
-    std::size_t j = 0;
-    for (; j + 4 <= m; j += 4) {
-      const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
-                              store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
-      distance4(kern, metric_, q, rows, dim, dists.data() + j);
-    }
-    for (; j < m; ++j) dists[j] = dist(kern, q, fresh[j]);
+    score(kern, q, fresh.data(), m, dists.data());
     n_evals += m;
-    for (j = 0; j < m; ++j) offer({dists[j], fresh[j]});
+    for (std::size_t j = 0; j < m; ++j) offer({dists[j], fresh[j]});
   }
   if (evals != nullptr) *evals += n_evals;
   std::sort_heap(results.begin(), results.end());
