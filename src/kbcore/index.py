@@ -130,7 +130,7 @@ class Index:
     Native work releases the GIL.
     """
 
-    __slots__ = ("_native",)
+    __slots__ = ("_native", "_dim")
 
     def __init__(
         self,
@@ -156,17 +156,19 @@ class Index:
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
         self._native = _core.Index(dim, metric, kind, M, ef_construction, ef, int(seed))
+        self._dim = int(self._native.dim)
 
     @classmethod
     def _wrap(cls, native: _core.Index) -> Index:
         obj = cls.__new__(cls)
         obj._native = native
+        obj._dim = int(native.dim)
         return obj
 
     # -- properties ---------------------------------------------------------------------
     @property
     def dim(self) -> int:
-        return int(self._native.dim)
+        return self._dim
 
     @property
     def metric(self) -> Metric:
@@ -292,7 +294,24 @@ class Index:
         if at least k rows pass, k results come back. Small passing sets are scanned exactly;
         larger ones use a filter-aware graph traversal, chosen by a cost model.
         """
-        arr, one = _as_vectors(queries, self.dim, "queries")
+        if (
+            type(queries) is np.ndarray
+            and queries.ndim == 1
+            and queries.dtype == np.float32
+            and queries.shape[0] == self._dim
+            and queries.flags.c_contiguous
+            and type(k) is int
+            and k > 0
+            and where is None
+            and (ef is None or (type(ef) is int and ef > 0))
+            and type(threads) is int
+            and threads >= 0
+        ):
+            # Hot path of a loop of single unfiltered queries: nothing to convert or check
+            # (one query runs on one thread whatever `threads` says).
+            ids, dist = self._native.search(queries.reshape(1, -1), k, ef or 0, 1, None)
+            return ids[0], dist[0]
+        arr, one = _as_vectors(queries, self._dim, "queries")
         k = _positive("k", k)
         ef_value = 0 if ef is None else _positive("ef", ef)
         ir = compile_where(where)
