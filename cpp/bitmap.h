@@ -1,5 +1,6 @@
 #pragma once
 // A fixed-size bitset over slots, the compiled form of a filter: bit s is set when slot s passes.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 #if defined(_MSC_VER) && !defined(__clang__)
@@ -12,8 +13,15 @@ namespace kbcore {
 inline int popcount64(std::uint64_t x) {
 #if defined(_MSC_VER) && !defined(__clang__)
   return static_cast<int>(__popcnt64(x));
-#else
+#elif defined(__POPCNT__)
   return __builtin_popcountll(x);
+#else
+  // The portable baseline has no POPCNT instruction, and the builtin then calls a libgcc
+  // routine per word; this SWAR form stays inline and vectorises in word loops.
+  x = x - ((x >> 1) & 0x5555555555555555ULL);
+  x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+  x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0FULL;
+  return static_cast<int>((x * 0x0101010101010101ULL) >> 56);
 #endif
 }
 inline int ctz64(std::uint64_t x) {
@@ -74,6 +82,39 @@ class Bitmap {
         bits &= bits - 1;
       }
     }
+  }
+  /// this = this AND mask (same size); returns the number of set bits. One O(n / 64) pass.
+  std::size_t and_count(const Bitmap& mask) {
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < words_.size(); ++i) {
+      words_[i] &= mask.words_[i];
+      c += static_cast<std::size_t>(popcount64(words_[i]));
+    }
+    return c;
+  }
+  /// The set bits in increasing order; `count` must be count() (it sizes the output).
+  /// O(n / 64 + count); words holding at most two bits, the common case of a selective
+  /// filter, take no data-dependent branch (a for_each loop mispredicts on most words).
+  std::vector<std::uint32_t> to_slots(std::size_t count) const {
+    // Two unconditional stores per word: the buffer has two slots of slack beyond `count`,
+    // and every store is bounded by it even if `count` were wrong.
+    std::vector<std::uint32_t> out(count + 2);
+    std::uint32_t* p = out.data();
+    std::size_t k = 0;
+    constexpr std::uint64_t kTop = std::uint64_t{1} << 63;  // keeps ctz defined on 0
+    for (std::size_t w = 0; w < words_.size() && k <= count; ++w) {
+      std::uint64_t bits = words_[w];
+      const auto base = static_cast<std::uint32_t>(w << 6);
+      p[k] = base + static_cast<std::uint32_t>(ctz64(bits | kTop));
+      k += bits != 0;
+      bits &= bits - 1;
+      p[k] = base + static_cast<std::uint32_t>(ctz64(bits | kTop));
+      k += bits != 0;
+      bits &= bits - 1;
+      for (; bits != 0 && k < count; bits &= bits - 1) p[k++] = base + static_cast<std::uint32_t>(ctz64(bits));
+    }
+    out.resize(std::min(k, count));
+    return out;
   }
   const std::vector<std::uint64_t>& words() const { return words_; }
 
