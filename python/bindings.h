@@ -17,8 +17,10 @@ using FloatArray = py::array_t<float, py::array::c_style>;
 using IdArray = py::array_t<std::int64_t, py::array::c_style>;
 
 void bind_index(py::module_& m);
+/// The Filter class: a compiled filter IR converted to a FilterNode once.
+void bind_filter(py::module_& m);
 
-/// The compiled filter IR (nested tuples) as a native filter tree.
+/// The compiled filter IR (nested tuples) or a Filter object as a native filter tree.
 FilterNode filter_from_py(py::handle ir);
 /// Typed metadata columns for n rows as borrowed views (the list must outlive their use).
 std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n);
