@@ -96,14 +96,29 @@ class Bitmap {
   /// O(n / 64 + count); words holding at most two bits, the common case of a selective
   /// filter, take no data-dependent branch (a for_each loop mispredicts on most words).
   std::vector<std::uint32_t> to_slots(std::size_t count) const {
-    // Two unconditional stores per word: the buffer has two slots of slack beyond `count`,
-    // and every store is bounded by it even if `count` were wrong.
-    std::vector<std::uint32_t> out(count + 2);
+    return extract(count, [this](std::size_t w) { return words_[w]; });
+  }
+  /// this = this AND mask, and the set bits in increasing order, in one pass; `bound` must be
+  /// at least the number of bits set after the AND (it sizes the output). O(n / 64 + bound).
+  std::vector<std::uint32_t> and_to_slots(const Bitmap& mask, std::size_t bound) {
+    std::uint64_t* words = words_.data();
+    const std::uint64_t* m = mask.words_.data();
+    return extract(bound, [words, m](std::size_t w) { return words[w] &= m[w]; });
+  }
+  const std::vector<std::uint64_t>& words() const { return words_; }
+
+ private:
+  // The set bits of word(0), word(1), ... in increasing order, at most `bound` of them. Two
+  // unconditional stores per word: the buffer has two slots of slack beyond `bound`, and every
+  // store is bounded by it even if `bound` were too small.
+  template <typename Word>
+  std::vector<std::uint32_t> extract(std::size_t bound, Word word) const {
+    std::vector<std::uint32_t> out(bound + 2);
     std::uint32_t* p = out.data();
     std::size_t k = 0;
     constexpr std::uint64_t kTop = std::uint64_t{1} << 63;  // keeps ctz defined on 0
-    for (std::size_t w = 0; w < words_.size() && k <= count; ++w) {
-      std::uint64_t bits = words_[w];
+    for (std::size_t w = 0; w < words_.size() && k <= bound; ++w) {
+      std::uint64_t bits = word(w);
       const auto base = static_cast<std::uint32_t>(w << 6);
       p[k] = base + static_cast<std::uint32_t>(ctz64(bits | kTop));
       k += bits != 0;
@@ -111,14 +126,11 @@ class Bitmap {
       p[k] = base + static_cast<std::uint32_t>(ctz64(bits | kTop));
       k += bits != 0;
       bits &= bits - 1;
-      for (; bits != 0 && k < count; bits &= bits - 1) p[k++] = base + static_cast<std::uint32_t>(ctz64(bits));
+      for (; bits != 0 && k < bound; bits &= bits - 1) p[k++] = base + static_cast<std::uint32_t>(ctz64(bits));
     }
-    out.resize(std::min(k, count));
+    out.resize(std::min(k, bound));
     return out;
   }
-  const std::vector<std::uint64_t>& words() const { return words_; }
-
- private:
   void trim() {
     if (n_ % 64 != 0 && !words_.empty()) words_.back() &= (std::uint64_t{1} << (n_ % 64)) - 1;
   }

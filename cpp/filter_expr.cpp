@@ -369,6 +369,53 @@ Bitmap eval(const FilterNode& n, const MetadataStore& meta, const Bitmap& live) 
   }
 }
 
+// Bits of a slot number below n, split into two radix digits.
+unsigned digit_bits(std::size_t n) {
+  unsigned bits = 1;
+  while (bits < 32 && (std::size_t{1} << bits) < n) ++bits;
+  return (bits + 1) / 2;
+}
+
+// Sorting `matches` slots with two counting passes over digits of digit_bits(n) bits costs
+// about 3.5 ns per match plus 1.3 ns per bucket; setting them in an n-bit set and reading it
+// back costs about 2 ns per 64-bit word plus 0.6 ns per match (measured on 19k, 100k and 1M
+// rows with 0.3 % to 3 % passing). The radix sort wins below about 1 % passing.
+bool radix_is_cheaper(std::size_t matches, std::size_t n) {
+  const std::size_t buckets = std::size_t{1} << digit_bits(n);
+  return 29 * matches + 13 * buckets < 20 * ((n + 63) / 64);
+}
+
+// The live slots of the runs, ascending: a two-pass LSD radix sort (counting sort on the low,
+// then the high digit; stable, so the result is ordered). O(matches + sqrt(n)).
+std::vector<Slot> sorted_live_slots(const Runs& runs, const Bitmap& live) {
+  std::vector<Slot> a;
+  a.reserve(runs.total);
+  for (const Run& r : runs.runs) {
+    for_each_slot(r, [&](Slot s) {
+      if (live.test(s)) a.push_back(s);
+    });
+  }
+  const unsigned d = digit_bits(live.size());
+  const std::uint32_t mask = (std::uint32_t{1} << d) - 1;
+  std::vector<std::uint32_t> lo(std::size_t{1} << d, 0), hi(std::size_t{1} << d, 0);
+  for (Slot s : a) {
+    ++lo[s & mask];
+    ++hi[(s >> d) & mask];
+  }
+  std::uint32_t sl = 0, sh = 0;
+  for (std::size_t i = 0; i < lo.size(); ++i) {
+    const std::uint32_t cl = lo[i], ch = hi[i];
+    lo[i] = sl;
+    hi[i] = sh;
+    sl += cl;
+    sh += ch;
+  }
+  std::vector<Slot> tmp(a.size());
+  for (Slot s : a) tmp[lo[s & mask]++] = s;
+  for (Slot s : tmp) a[hi[(s >> d) & mask]++] = s;
+  return a;
+}
+
 }  // namespace
 
 FilterOp parse_filter_op(const std::string& name) {
@@ -474,10 +521,25 @@ FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, co
       m.has_rows = true;
       return m;
     }
-    // Several keys (a range, $in, a prefix): their slots interleave. Setting them in a bit set
-    // and reading it back in order costs O(n / 64 + matches), cheaper than sorting them.
+    if (runs.total <= rows_up_to && radix_is_cheaper(runs.total, live.size())) {
+      m.rows = sorted_live_slots(runs, live);
+      m.count = m.rows.size();
+      m.has_rows = true;
+      return m;
+    }
     bits = Bitmap(live.size());
     runs.set_into(bits);
+    if (runs.total <= rows_up_to) {
+      // Several keys (a range, $in, a prefix): their slots interleave. Setting them in a bit
+      // set and reading it back in order, in the same pass as the AND with the live rows,
+      // costs O(n / 64 + matches) with few branches: cheaper than sorting them.
+      m.rows = bits.and_to_slots(live, runs.total);
+      m.count = m.rows.size();
+      m.has_rows = true;
+      m.bitmap = std::move(bits);
+      m.has_bitmap = true;
+      return m;
+    }
   } else {
     bits = eval(node, meta, live);
   }
