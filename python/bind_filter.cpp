@@ -97,6 +97,16 @@ void bind_filter(py::module_& m) {
            py::arg("ir"));
 }
 
+FilterRef::FilterRef(py::handle filter) {
+  if (filter.is_none()) return;
+  if (py::isinstance<CompiledFilter>(filter)) {
+    node_ = &filter.cast<const CompiledFilter&>().node;
+    return;
+  }
+  owned_ = filter_from_py(filter);
+  node_ = &*owned_;
+}
+
 std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n) {
   std::vector<ColumnInput> out;
   for (py::handle h : cols) {

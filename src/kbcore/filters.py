@@ -585,11 +585,21 @@ def native_filter(where: Mapping[str, Any] | None) -> Any:
     """
     if where is None:
         return None
-    key = _quick_key(where)
-    if key is not None:
-        hit = _cache.get(key)
-        if hit is not None:
-            return hit[1]
+    # _quick_key inlined (a call is a sizeable part of a hit). The field and operator types
+    # need no check here: only checked keys are ever stored, and a dict key is hashable.
+    if type(where) is dict and len(where) == 1:
+        for field, spec in where.items():
+            if type(spec) is dict:
+                if len(spec) == 1:
+                    for op, v in spec.items():
+                        if type(v) in _SCALAR_TYPES:
+                            hit = _cache.get((field, op, type(v), v))
+                            if hit is not None:
+                                return hit[1]
+            elif type(spec) in _SCALAR_TYPES:
+                hit = _cache.get((field, type(spec), spec))
+                if hit is not None:
+                    return hit[1]
     return _compiled(where)[1]
 
 

@@ -359,7 +359,7 @@ class Index:
         """Number of stored vectors whose metadata passes ``where`` (all if None)."""
         if where is None:
             return len(self)
-        return int(self._native.count(native_filter(where)))
+        return self._native.count(native_filter(where))
 
     def ids(self) -> np.ndarray:
         """The live ids as an int64 array (in storage order)."""
