@@ -40,6 +40,17 @@ bool normalise(float* v, std::size_t dim) {
   return true;
 }
 
+// Below this passing fraction a filtered search always scans the passing rows exactly (the
+// floor of choose_strategy), so the evaluation hands over their ascending list at once.
+constexpr double kRowsListFraction = 0.15;
+
+// The rows passing `filter` as a filtered search first needs them: the list of passing rows
+// when few pass, else the bitmap (the other form is derived once the strategy is known).
+FilterMatches match_for_search(const FilterNode& filter, const MetadataStore& meta, const VectorStore& store) {
+  const auto rows_up_to = static_cast<std::size_t>(kRowsListFraction * static_cast<double>(store.size()));
+  return match_filter(filter, meta, store.live_bitmap(), rows_up_to);
+}
+
 void pad(std::int64_t* ids, float* dist, std::size_t from, std::size_t k) {
   for (std::size_t j = from; j < k; ++j) {
     ids[j] = -1;
@@ -279,19 +290,18 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
     return;
   }
   if (filter != nullptr) {
-    const Bitmap allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
-    const std::size_t passing = allowed.count();
+    FilterMatches matches = match_for_search(*filter, meta_, store_);
+    const std::size_t passing = matches.count;
     const Strategy strategy = !graph_ ? Strategy::kExact
                               : force != Strategy::kAuto ? force
                                                          : choose_strategy(passing, store_.size(), std::max(ef, k));
-    std::vector<Slot> rows;
+    // The graph walk tests the bitmap; the exact scan reads the ascending list of passing rows.
+    if (strategy == Strategy::kGraph) matches.ensure_bitmap();
+    const Bitmap& allowed = matches.bitmap;
     std::once_flag rows_once;
     const auto passing_rows = [&]() -> const std::vector<Slot>& {
-      std::call_once(rows_once, [&] {
-        rows.reserve(passing);
-        allowed.for_each([&](Slot s) { rows.push_back(s); });
-      });
-      return rows;
+      std::call_once(rows_once, [&] { matches.ensure_rows(); });
+      return matches.rows;
     };
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
     // A graph answer is completed with the exact scan of rows not linked yet; a traversal
@@ -501,7 +511,8 @@ std::size_t Index::text_documents() const {
 std::size_t Index::count(const FilterNode& filter) const {
   validate_filter(filter);
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return evaluate_filter(filter, meta_, store_.live_bitmap()).count();
+  // The very evaluation a filtered search runs, so that timing count() times a search's filter.
+  return match_for_search(filter, meta_, store_).count;
 }
 
 std::vector<std::vector<std::pair<std::string, Value>>> Index::get_metadata(const std::int64_t* ids,

@@ -1,6 +1,7 @@
 // Glue for filters and metadata: the compiled filter IR (nested tuples, see
 // docs/filter-ir.md) becomes a FilterNode; typed metadata columns become borrowed
 // ColumnInput views; stored metadata rows become dicts.
+#include <memory>
 #include <string>
 
 #include "bindings.h"
@@ -52,7 +53,16 @@ std::size_t length_of(py::handle h) { return static_cast<std::size_t>(py::len(h)
 
 }  // namespace
 
+namespace {
+// A filter tree converted from the IR and validated once; the Python layer caches these
+// next to the IR so that a repeated `where` costs neither conversion nor validation.
+struct CompiledFilter {
+  FilterNode node;
+};
+}  // namespace
+
 FilterNode filter_from_py(py::handle ir) {
+  if (py::isinstance<CompiledFilter>(ir)) return ir.cast<const CompiledFilter&>().node;
   if (!py::isinstance<py::tuple>(ir) || py::len(ir) < 2) throw InvalidArgument("malformed compiled filter");
   auto t = py::reinterpret_borrow<py::tuple>(ir);
   const std::string type = t[0].cast<std::string>();
@@ -73,6 +83,28 @@ FilterNode filter_from_py(py::handle ir) {
     n.operands.push_back(operand_from_py(v));
   }
   return n;
+}
+
+void bind_filter(py::module_& m) {
+  py::class_<CompiledFilter, std::shared_ptr<CompiledFilter>>(
+      m, "Filter", "A compiled filter (IR of docs/filter-ir.md) converted and validated once.")
+      .def(py::init([](const py::tuple& ir) {
+             auto f = std::make_shared<CompiledFilter>();
+             f->node = filter_from_py(ir);
+             validate_filter(f->node);
+             return f;
+           }),
+           py::arg("ir"));
+}
+
+FilterRef::FilterRef(py::handle filter) {
+  if (filter.is_none()) return;
+  if (py::isinstance<CompiledFilter>(filter)) {
+    node_ = &filter.cast<const CompiledFilter&>().node;
+    return;
+  }
+  owned_ = filter_from_py(filter);
+  node_ = &*owned_;
 }
 
 std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n) {

@@ -97,12 +97,11 @@ void bind_index(py::module_& m) {
       .def("pending_rows", &Index::pending_rows)
       .def("search_text",
            [](const Index& self, const std::string& query, std::size_t k, const py::object& filter) {
-             std::optional<FilterNode> node;
-             if (!filter.is_none()) node = filter_from_py(filter);
+             const FilterRef node(filter);
              std::vector<std::pair<std::int64_t, float>> res;
              {
                py::gil_scoped_release nogil;
-               res = self.search_text(query, k, node ? &*node : nullptr);
+               res = self.search_text(query, k, node.get());
              }
              IdArray ids(res.size());
              FloatArray scores(res.size());
@@ -128,8 +127,7 @@ void bind_index(py::module_& m) {
               std::size_t threads, const py::object& filter, const std::string& strategy) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              if (k == 0) throw InvalidArgument("k must be positive, got 0");
-             std::optional<FilterNode> node;
-             if (!filter.is_none()) node = filter_from_py(filter);
+             const FilterRef node(filter);
              const Index::Strategy force = parse_strategy(strategy);
              IdArray ids({nq, k});
              FloatArray dist({nq, k});
@@ -137,7 +135,7 @@ void bind_index(py::module_& m) {
                std::int64_t* pi = ids.mutable_data();
                float* pd = dist.mutable_data();
                py::gil_scoped_release nogil;
-               self.search(queries.data(), nq, k, ef, threads, pi, pd, node ? &*node : nullptr, force);
+               self.search(queries.data(), nq, k, ef, threads, pi, pd, node.get(), force);
              }
              return py::make_tuple(ids, dist);
            },
@@ -148,14 +146,13 @@ void bind_index(py::module_& m) {
               std::size_t group_size, std::size_t ef, std::size_t threads, const py::object& filter,
               const std::string& strategy) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
-             std::optional<FilterNode> node;
-             if (!filter.is_none()) node = filter_from_py(filter);
+             const FilterRef node(filter);
              const Index::Strategy force = parse_strategy(strategy);
              std::vector<std::vector<Index::GroupHit>> res;
              {
                py::gil_scoped_release nogil;
                res = self.search_groups(queries.data(), nq, k, group_by, group_size, ef, threads,
-                                        node ? &*node : nullptr, force);
+                                        node.get(), force);
              }
              // Per query: a list of (key, ids, distances, part_ids) tuples of Python scalars;
              // small tuples are far cheaper to build than small numpy arrays.
@@ -182,9 +179,10 @@ void bind_index(py::module_& m) {
            py::arg("ef"), py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto")
       .def("count",
            [](const Index& self, const py::object& filter) {
-             const FilterNode node = filter_from_py(filter);
+             const FilterRef node(filter);
+             if (node.get() == nullptr) throw InvalidArgument("count needs a filter");
              py::gil_scoped_release nogil;
-             return self.count(node);
+             return self.count(*node.get());
            },
            py::arg("filter"))
       .def("strategy",

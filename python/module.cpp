@@ -56,5 +56,6 @@ PYBIND11_MODULE(_core, m) {
         py::arg("text"), py::arg("for_query") = false,
         "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
         "also index single CJK characters).");
+  kbcore::python::bind_filter(m);
   kbcore::python::bind_index(m);
 }

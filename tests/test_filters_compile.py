@@ -495,3 +495,61 @@ def test_compiled_ir_means_what_the_where_means(where, rows):
     ir = compile_where(where)
     for row in rows:
         assert eval_ir(ir, row) == matches(where, row), (where, row, ir)
+
+
+# ----------------------------------------------------------------------------------------------
+# native_filter: the cached native form the index evaluates
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"a": {"$gt": "x"}},
+        {"a": {"$bogus": 1}},
+        {"$a": 1},
+        {"a": float("nan")},
+        {"a": {"$in": []}},
+        {},
+        {"a": {"$gt": 1}, "b": {"$lt": "y"}},
+        {"a": 2**63},
+    ],
+)
+def test_native_filter_raises_what_compile_where_raises(where):
+    from kbcore.filters import native_filter
+
+    expected = error_of(where)
+    for _ in range(2):  # the second call must not find anything cached
+        with pytest.raises(InvalidArgumentError) as exc:
+            native_filter(where)
+        assert str(exc.value) == expected
+
+
+def test_native_filter_cache_keeps_scalar_types_apart():
+    import kbcore
+
+    index = kbcore.Index(2, "l2", "flat")
+    rows = [{"a": 1}, {"a": True}, {"a": "1"}, {"a": 1.0}, {"a": 2}]
+    index.add(np.eye(5, 2, dtype=np.float32) + 1, np.arange(5, dtype=np.int64), metadata=rows)
+    # 1 and 1.0 match the int and the float row; True only the bool row; "1" only the str row
+    # (in Python 1 == 1.0 == True and they hash alike: a cache key must keep them apart)
+    for _ in range(3):  # the first round fills the cache, the others hit it
+        for v, passing in ((1, 2), (True, 1), ("1", 1), (1.0, 2), (False, 0)):
+            assert index.count({"a": v}) == passing, v
+            assert index.count({"a": {"$eq": v}}) == passing, v
+            assert index.count({"a": {"$ne": v}}) == 5 - passing, v
+
+
+def test_native_filter_follows_a_where_mutated_between_calls():
+    import kbcore
+
+    index = kbcore.Index(2, "l2", "flat")
+    index.add(np.ones((10, 2), dtype=np.float32), np.arange(10, dtype=np.int64),
+              metadata=[{"a": i} for i in range(10)])
+    where = {"a": {"$lt": 5}}
+    assert index.count(where) == 5
+    where["a"]["$lt"] = 2
+    assert index.count(where) == 2
+    where["a"] = {"$gte": 7}
+    assert index.count(where) == 3
+    where["b"] = 1
+    assert index.count(where) == 0

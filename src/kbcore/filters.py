@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from . import _core
 from .errors import InvalidArgumentError
 
-__all__ = ["Node", "compile_where", "dify_condition_to_where", "iso8601_to_epoch"]
+__all__ = ["Node", "compile_where", "dify_condition_to_where", "iso8601_to_epoch", "native_filter"]
 
 #: A compiled filter node (see the module docstring).
 Node = tuple
@@ -472,7 +473,9 @@ def _compile_node(where: Any) -> Node:
 
 
 # -- cache: keyed on a hashable image of the where that keeps scalar types apart (1, 1.0 and
-#    True are equal and hash alike in Python, but compile to different IR values)
+#    True are equal and hash alike in Python, but compile to different IR values). An entry
+#    holds the IR and the native Filter built from it (converted and validated once), so that
+#    a repeated where costs one dict lookup before the native evaluation.
 
 
 class _Unhashable(Exception):
@@ -492,25 +495,72 @@ def _freeze(v: Any) -> Any:
     raise _Unhashable
 
 
+_SCALAR_TYPES = frozenset((str, int, float, bool))
+
+
+def _quick_key(where: Any) -> Any:
+    """The key of the one-condition shapes ``{f: {op: v}}`` and ``{f: v}`` with a plain scalar
+    v, built without recursion; ``None`` for any other where (then ``_freeze`` decides).
+
+    It starts with a str, so it never equals a ``_freeze`` key (those start with ``dict``).
+    """
+    if type(where) is dict and len(where) == 1:
+        for field, spec in where.items():
+            if type(field) is not str:
+                return None
+            if type(spec) is dict:
+                if len(spec) == 1:
+                    for op, v in spec.items():
+                        if type(op) is str and type(v) in _SCALAR_TYPES:
+                            return (field, op, type(v), v)
+            elif type(spec) in _SCALAR_TYPES:
+                return (field, type(spec), spec)
+    return None
+
+
 _CACHE_SIZE = 1024
-_cache: dict[Any, Node] = {}
+_cache: dict[Any, tuple[Node, Any]] = {}  # key -> (IR, native Filter)
 
 
-def _compile_top(where: Any) -> Node:
+def _compiled(where: Any) -> tuple[Node, Any]:
+    """(IR, native Filter) of a non-None where, from the cache when possible; raises
+    InvalidArgumentError naming the place of the error."""
     try:
-        key = _freeze(where)
-    except _Unhashable:  # numpy scalars, Mapping subclasses ...: compile without caching
-        return _compile_node(where)
-    node = _cache.get(key)
-    if node is None:
+        key = _quick_key(where)
+        if key is None:
+            key = _freeze(where)
+        hit = _cache.get(key)
+        if hit is not None:
+            return hit
         node = _compile_node(where)  # raises before anything is cached
-        if len(_cache) >= _CACHE_SIZE:
-            try:  # evict the oldest entry (dicts keep insertion order)
-                del _cache[next(iter(_cache))]
-            except (KeyError, RuntimeError, StopIteration):  # another thread got there first
-                pass
-        _cache[key] = node
-    return node
+    except _Unhashable:  # numpy scalars, Mapping subclasses ...: compile without caching
+        node = _compile_where_uncached(where)
+        return node, _core.Filter(node)
+    except _FilterError as err:
+        raise _invalid(err) from None
+    except RecursionError:
+        raise InvalidArgumentError("where: the filter is nested too deeply") from None
+    hit = (node, _core.Filter(node))
+    if len(_cache) >= _CACHE_SIZE:
+        try:  # evict the oldest entry (dicts keep insertion order)
+            del _cache[next(iter(_cache))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+            pass
+    _cache[key] = hit
+    return hit
+
+
+def _invalid(err: _FilterError) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{_format_path('where', err.segments)}: {err.message}")
+
+
+def _compile_where_uncached(where: Any) -> Node:
+    try:
+        return _compile_node(where)
+    except _FilterError as err:
+        raise _invalid(err) from None
+    except RecursionError:
+        raise InvalidArgumentError("where: the filter is nested too deeply") from None
 
 
 def compile_where(where: Mapping[str, Any] | None) -> Node | None:
@@ -524,14 +574,33 @@ def compile_where(where: Mapping[str, Any] | None) -> Node | None:
     """
     if where is None:
         return None
-    try:
-        return _compile_top(where)
-    except _FilterError as err:
-        raise InvalidArgumentError(
-            f"{_format_path('where', err.segments)}: {err.message}"
-        ) from None
-    except RecursionError:
-        raise InvalidArgumentError("where: the filter is nested too deeply") from None
+    return _compiled(where)[0]
+
+
+def native_filter(where: Mapping[str, Any] | None) -> Any:
+    """The compiled ``where`` as the native ``Filter`` the index evaluates (``None`` for None).
+
+    Validates exactly as :func:`compile_where` (same errors) and shares its cache; on a cache
+    hit of a one-condition where this is one dict lookup.
+    """
+    if where is None:
+        return None
+    # _quick_key inlined (a call is a sizeable part of a hit). The field and operator types
+    # need no check here: only checked keys are ever stored, and a dict key is hashable.
+    if type(where) is dict and len(where) == 1:
+        for field, spec in where.items():
+            if type(spec) is dict:
+                if len(spec) == 1:
+                    for op, v in spec.items():
+                        if type(v) in _SCALAR_TYPES:
+                            hit = _cache.get((field, op, type(v), v))
+                            if hit is not None:
+                                return hit[1]
+            elif type(spec) in _SCALAR_TYPES:
+                hit = _cache.get((field, type(spec), spec))
+                if hit is not None:
+                    return hit[1]
+    return _compiled(where)[1]
 
 
 # ----------------------------------------------------------------------------------------------

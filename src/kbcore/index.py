@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
-from .filters import compile_where
+from .filters import native_filter
 
 __all__ = ["Index", "Group", "Metric", "Kind"]
 
@@ -314,8 +314,7 @@ class Index:
         arr, one = _as_vectors(queries, self._dim, "queries")
         k = _positive("k", k)
         ef_value = 0 if ef is None else _positive("ef", ef)
-        ir = compile_where(where)
-        ids, dist = self._native.search(arr, k, ef_value, _threads(threads), ir)
+        ids, dist = self._native.search(arr, k, ef_value, _threads(threads), native_filter(where))
         if one:
             return ids[0], dist[0]
         return ids, dist
@@ -350,9 +349,8 @@ class Index:
         if not isinstance(group_by, str) or not group_by:
             raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
         ef_value = 0 if ef is None else _positive("ef", ef)
-        ir = compile_where(where)
         packed = self._native.search_groups(
-            arr, k, group_by, group_size, ef_value, _threads(threads), ir
+            arr, k, group_by, group_size, ef_value, _threads(threads), native_filter(where)
         )
         result = [_groups_of(p) for p in packed]
         return result[0] if one else result
@@ -370,7 +368,7 @@ class Index:
         if not isinstance(query, str):
             raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
         k = _positive("k", k)
-        return self._native.search_text(query, k, compile_where(where))
+        return self._native.search_text(query, k, native_filter(where))
 
     def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
         """Stored metadata of each id, as dicts (fields without a value are omitted)."""
@@ -378,10 +376,9 @@ class Index:
 
     def count(self, where: Mapping[str, Any] | None = None) -> int:
         """Number of stored vectors whose metadata passes ``where`` (all if None)."""
-        ir = compile_where(where)
-        if ir is None:
+        if where is None:
             return len(self)
-        return int(self._native.count(ir))
+        return self._native.count(native_filter(where))
 
     def ids(self) -> np.ndarray:
         """The live ids as an int64 array (in storage order)."""
