@@ -295,8 +295,8 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
     const Strategy strategy = !graph_ ? Strategy::kExact
                               : force != Strategy::kAuto ? force
                                                          : choose_strategy(passing, store_.size(), std::max(ef, k));
-    // The graph walk tests the bitmap; the exact scan reads the ascending list of passing rows.
-    if (strategy == Strategy::kGraph) matches.ensure_bitmap();
+    // The graph traversals test the bitmap; the exact scan reads the ascending list of passing rows.
+    if (strategy != Strategy::kExact) matches.ensure_bitmap();
     const Bitmap& allowed = matches.bitmap;
     std::once_flag rows_once;
     const auto passing_rows = [&]() -> const std::vector<Slot>& {
