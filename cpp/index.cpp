@@ -12,7 +12,6 @@
 #include "errors.h"
 #include "flat_index.h"
 #include "parallel.h"
-#include "tokenizer.h"
 
 namespace kbcore {
 namespace {
@@ -123,19 +122,10 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       }
     }
   }
-  // Tokenize texts for the BM25 leg in parallel before taking the write lock.
-  std::vector<std::vector<std::pair<std::string, std::uint32_t>>> term_counts;
-  std::vector<std::size_t> lengths;
-  if (texts != nullptr) {
-    term_counts.resize(n);
-    lengths.resize(n);
-    parallel_for(n, threads, [&](std::size_t i, std::size_t) {
-      if (!(*texts)[i]) return;
-      std::vector<std::string> tokens = tokenize(*(*texts)[i]);
-      lengths[i] = tokens.size();
-      term_counts[i] = Bm25Index::count_tokens(std::move(tokens));
-    }, 64);
-  }
+  // Tokenize and count the texts for the BM25 leg (in parallel, against a batch vocabulary)
+  // before taking the write lock; under it only the batch's distinct terms are looked up.
+  std::optional<Bm25Batch> text_batch;
+  if (texts != nullptr) text_batch.emplace(*texts, threads);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   // Upsert: ids already present are removed (with graph repair) and inserted anew.
   std::vector<Slot> replaced;
@@ -149,11 +139,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   meta_.grow(store_.slot_count());
   meta_.assign(slots, columns);
   text_.grow(store_.slot_count());
-  if (texts != nullptr) {
-    for (std::size_t i = 0; i < n; ++i) {
-      if ((*texts)[i]) text_.set_counted(slots[i], term_counts[i], lengths[i]);
-    }
-  }
+  if (text_batch) text_.set_batch(*text_batch, slots);
   if (graph_) {
     if (defer_graph) {
       graph_->add_pending(slots);
