@@ -556,3 +556,23 @@ def test_batches_into_a_populated_index_match_the_reference():
         texts.update({int(i): rows[int(i)] for i in ids})
     for q in toy_queries(12, 25) + ["東京", "ÉCOLE café"]:
         assert_matches_reference(index, texts, q, 15)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_batch_ingest_writes_the_committed_bm25_fixture_byte_for_byte(threads, tmp_path):
+    # bm25_rows_v1.kbi was written by the row-at-a-time implementation (see the script that
+    # made it): the same texts must give the same term numbering, postings and lengths.
+    import json
+    import sys
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    sys.path.insert(0, str(data))
+    try:
+        import make_bm25_fixture as fixture
+    finally:
+        sys.path.remove(str(data))
+    texts = json.loads((data / "bm25_rows.json").read_text(encoding="utf-8"))
+    assert texts == fixture.rows()
+    fixture.build(texts, threads=threads).save(tmp_path / "now.kbi")
+    assert (tmp_path / "now.kbi").read_bytes() == (data / "bm25_rows_v1.kbi").read_bytes()
