@@ -334,16 +334,19 @@ void Bm25Index::save(BinaryWriter& w) const {
     w.array(reinterpret_cast<const std::uint8_t*>(term.data()), term.size());
   }
   w.u64(n_docs_);
+  std::vector<std::uint32_t> pairs;  // one row's (term, tf) list, written in one call
   for (std::size_t s = 0; s < doc_terms_.size(); ++s) {
     if (!has_[s]) continue;
     w.u32(static_cast<std::uint32_t>(s));
     w.u32(doc_len_[s]);
     w.u64(doc_terms_[s].size());
     // Renumbering keeps the order of term ids, so each list stays sorted.
+    pairs.clear();
     for (const auto& [term, tf] : doc_terms_[s]) {
-      w.u32(remap[term]);
-      w.u32(tf);
+      pairs.push_back(remap[term]);
+      pairs.push_back(tf);
     }
+    w.array(pairs.data(), pairs.size());
   }
 }
 
