@@ -53,7 +53,7 @@ void Bm25Index::clear(Slot s) {
 void Bm25Index::set(Slot s, std::string_view text) {
   std::vector<std::optional<std::string>> texts;
   texts.emplace_back(std::string(text));
-  set_batch(Bm25Batch(texts, 1), {s});
+  set_batch(Bm25Batch(texts, 1), {s}, 1);
 }
 
 namespace {
@@ -172,7 +172,7 @@ Bm25Batch::Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::
   }
 }
 
-void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots) {
+void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads) {
   const std::size_t n = batch.rows();
   if (slots.size() != n) {
     throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " +
@@ -190,12 +190,9 @@ void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots
   for (std::size_t t = 0; t < nterms; ++t) id[t] = term_id(batch.terms_.str(static_cast<std::uint32_t>(t)));
   for (std::size_t i = 0; i < n; ++i) {
     if (!batch.has_text_[i]) continue;
-    const Slot s = slots[i];
-    doc_terms_[s].clear();
-    doc_terms_[s].reserve(batch.row_terms_[i]);
-    doc_len_[s] = static_cast<std::uint32_t>(batch.row_len_[i]);
+    doc_len_[slots[i]] = static_cast<std::uint32_t>(batch.row_len_[i]);
     total_len_ += batch.row_len_[i];
-    has_[s] = 1;
+    has_[slots[i]] = 1;
     ++n_docs_;
     live_postings_ += batch.row_terms_[i];
   }
@@ -203,19 +200,36 @@ void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots
   std::vector<std::uint32_t> order(nterms);
   std::iota(order.begin(), order.end(), 0u);
   std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return id[a] < id[b]; });
-  for (const std::uint32_t t : order) {
-    const std::uint32_t term = id[t];
-    const std::uint64_t begin = batch.term_begin_[t], end = batch.term_begin_[t + 1];
-    df_[term] += static_cast<std::uint32_t>(end - begin);
-    std::vector<Posting>& plist = postings_[term];
-    const std::size_t need = plist.size() + (end - begin);
-    if (plist.capacity() < need) plist.reserve(std::max(need, plist.capacity() * 2));
-    for (std::uint64_t p = begin; p < end; ++p) {
-      const Slot s = slots[batch.post_row_[p]];
-      plist.push_back({s, batch.post_tf_[p], gen_[s]});
-      doc_terms_[s].emplace_back(term, batch.post_tf_[p]);
+  // Two independent tasks (the caller holds the index's write lock): the per-term postings
+  // and df, and the per-row term lists. They write disjoint state.
+  parallel_for(2, threads, [&](std::size_t task, std::size_t) {
+    if (task == 0) {
+      for (const std::uint32_t t : order) {
+        const std::uint32_t term = id[t];
+        const std::uint64_t begin = batch.term_begin_[t], end = batch.term_begin_[t + 1];
+        df_[term] += static_cast<std::uint32_t>(end - begin);
+        std::vector<Posting>& plist = postings_[term];
+        const std::size_t need = plist.size() + (end - begin);
+        if (plist.capacity() < need) plist.reserve(std::max(need, plist.capacity() * 2));
+        for (std::uint64_t p = begin; p < end; ++p) {
+          const Slot s = slots[batch.post_row_[p]];
+          plist.push_back({s, batch.post_tf_[p], gen_[s]});
+        }
+      }
+      return;
     }
-  }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!batch.has_text_[i]) continue;
+      doc_terms_[slots[i]].clear();
+      doc_terms_[slots[i]].reserve(batch.row_terms_[i]);
+    }
+    for (const std::uint32_t t : order) {
+      const std::uint32_t term = id[t];
+      for (std::uint64_t p = batch.term_begin_[t]; p < batch.term_begin_[t + 1]; ++p) {
+        doc_terms_[slots[batch.post_row_[p]]].emplace_back(term, batch.post_tf_[p]);
+      }
+    }
+  });
   ++version_;
 }
 

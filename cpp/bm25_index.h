@@ -65,8 +65,9 @@ class Bm25Index {
   /// Gives slot s the text `text` (replacing any previous text). O(|text|).
   void set(Slot s, std::string_view text);
   /// Gives row i of `batch` (if it has text) to slots[i], as set() row by row would; the
-  /// slots must be distinct. O(distinct batch terms + postings of the batch).
-  void set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots);
+  /// slots must be distinct. O(distinct batch terms + postings of the batch), on up to two
+  /// of `threads` threads (0 = all cores).
+  void set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads);
   /// Removes slot s's text. O(terms of s).
   void clear(Slot s);
   bool has_text(Slot s) const { return s < doc_len_.size() && has_[s]; }

@@ -167,7 +167,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   meta_.grow(store_.slot_count());
   meta_.assign(slots, columns);
   text_.grow(store_.slot_count());
-  if (text_batch) text_.set_batch(*text_batch, slots);
+  if (text_batch) text_.set_batch(*text_batch, slots, threads);
   if (graph_) {
     if (defer_graph) {
       graph_->add_pending(slots);
