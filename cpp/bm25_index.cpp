@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "binary_io.h"
 #include "errors.h"
+#include "parallel.h"
 #include "tokenizer.h"
 
 namespace kbcore {
@@ -23,14 +25,12 @@ void Bm25Index::grow(std::size_t n) {
   has_.resize(n, 0);
 }
 
-std::uint32_t Bm25Index::term_id(const std::string& t) {
-  const auto it = term_ids_.find(t);
-  if (it != term_ids_.end()) return it->second;
-  const auto id = static_cast<std::uint32_t>(terms_.size());
-  terms_.push_back(t);
-  df_.push_back(0);
-  postings_.emplace_back();
-  term_ids_.emplace(t, id);
+std::uint32_t Bm25Index::term_id(std::string_view t) {
+  const auto [id, added] = terms_.intern(t);
+  if (added) {
+    df_.push_back(0);
+    postings_.emplace_back();
+  }
   return id;
 }
 
@@ -50,58 +50,199 @@ void Bm25Index::clear(Slot s) {
   if (++gen_[s] == 0xFFFFFFFFu || (stale_postings_ > 1024 && stale_postings_ > live_postings_)) compact();
 }
 
-void Bm25Index::set(Slot s, std::string_view text) { set_tokens(s, tokenize(text)); }
-
-std::vector<std::pair<std::string, std::uint32_t>> Bm25Index::count_tokens(std::vector<std::string> tokens) {
-  std::sort(tokens.begin(), tokens.end());
-  std::vector<std::pair<std::string, std::uint32_t>> out;
-  for (std::size_t i = 0; i < tokens.size();) {
-    std::size_t j = i;
-    while (j < tokens.size() && tokens[j] == tokens[i]) ++j;
-    out.emplace_back(std::move(tokens[i]), static_cast<std::uint32_t>(j - i));
-    i = j;
-  }
-  return out;
+void Bm25Index::set(Slot s, std::string_view text) {
+  std::vector<std::optional<std::string>> texts;
+  texts.emplace_back(std::string(text));
+  set_batch(Bm25Batch(texts, 1), {s}, 1);
 }
 
-void Bm25Index::set_tokens(Slot s, const std::vector<std::string>& tokens) {
-  set_counted(s, count_tokens(tokens), tokens.size());
+namespace {
+
+// One worker's share of Bm25Batch construction: its rows' (local term, tf) pairs against a
+// worker-local vocabulary.
+struct BatchWorker {
+  StringTable vocab;
+  TokenBuffer tokens;
+  std::vector<std::uint32_t> local;                          // local term id per token
+  std::vector<std::uint32_t> seen;                           // per local term: last row + 1
+  std::vector<std::uint32_t> count;                          // per local term: tf in that row
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs;  // (local term, tf), row after row
+};
+
+}  // namespace
+
+Bm25Batch::Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::size_t threads) {
+  const std::size_t n = texts.size();
+  if (n >= kNoSlot) throw InvalidArgument("too many rows in one text batch");
+  has_text_.assign(n, 0);
+  row_len_.assign(n, 0);
+  row_terms_.assign(n, 0);
+  if (n == 0) {
+    term_begin_.assign(1, 0);
+    return;
+  }
+  // 1. In parallel: tokenize each row and count its distinct terms against the worker's own
+  //    vocabulary (no shared state, no per-token allocation).
+  const std::size_t workers = resolve_threads(threads, n);
+  std::vector<BatchWorker> work(workers);
+  std::vector<std::uint32_t> row_worker(n, 0);
+  std::vector<std::uint64_t> row_first(n, 0);  // index of the row's first pair in its worker's list
+  parallel_for(n, workers, [&](std::size_t i, std::size_t w) {
+    if (!texts[i]) return;
+    BatchWorker& bw = work[w];
+    tokenize_into(*texts[i], /*for_query=*/false, bw.tokens);
+    const std::size_t len = bw.tokens.size();
+    bw.local.resize(len);
+    for (std::size_t j = 0; j < len; ++j) bw.local[j] = bw.vocab.intern(bw.tokens[j]).first;
+    if (bw.seen.size() < bw.vocab.size()) {
+      bw.seen.resize(bw.vocab.size() * 2, 0);
+      bw.count.resize(bw.vocab.size() * 2, 0);
+    }
+    const auto stamp = static_cast<std::uint32_t>(i + 1);
+    const std::size_t first = bw.pairs.size();
+    for (std::size_t j = 0; j < len; ++j) {
+      const std::uint32_t t = bw.local[j];
+      if (bw.seen[t] != stamp) {
+        bw.seen[t] = stamp;
+        bw.count[t] = 0;
+        bw.pairs.emplace_back(t, 0);
+      }
+      ++bw.count[t];
+    }
+    for (std::size_t p = first; p < bw.pairs.size(); ++p) bw.pairs[p].second = bw.count[bw.pairs[p].first];
+    has_text_[i] = 1;
+    row_len_[i] = len;
+    row_terms_[i] = static_cast<std::uint32_t>(bw.pairs.size() - first);
+    row_worker[i] = static_cast<std::uint32_t>(w);
+    row_first[i] = first;
+  }, 64);
+
+  // 2. Row by row: map the workers' local terms to batch terms, numbering new terms in order
+  //    of first appearance (within a row, by term bytes), and count each term's rows.
+  constexpr std::uint32_t kUnmapped = 0xFFFFFFFFu;
+  std::vector<std::vector<std::uint32_t>> remap(workers);
+  std::size_t largest = 0;
+  for (std::size_t w = 0; w < workers; ++w) {
+    remap[w].assign(work[w].vocab.size(), kUnmapped);
+    largest = std::max(largest, work[w].vocab.size());
+  }
+  terms_.reserve(largest);
+  std::vector<std::uint32_t> df;
+  std::vector<std::uint32_t> fresh;
+  std::size_t postings = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!has_text_[i]) continue;
+    BatchWorker& bw = work[row_worker[i]];
+    std::vector<std::uint32_t>& map = remap[row_worker[i]];
+    auto* pairs = bw.pairs.data() + row_first[i];
+    const std::size_t m = row_terms_[i];
+    fresh.clear();
+    for (std::size_t p = 0; p < m; ++p) {
+      if (map[pairs[p].first] == kUnmapped) fresh.push_back(pairs[p].first);
+    }
+    if (!fresh.empty()) {
+      std::sort(fresh.begin(), fresh.end(),
+                [&](std::uint32_t a, std::uint32_t b) { return bw.vocab.str(a) < bw.vocab.str(b); });
+      for (const std::uint32_t t : fresh) {
+        map[t] = terms_.intern(bw.vocab.str(t)).first;
+        if (df.size() < terms_.size()) df.push_back(0);
+      }
+    }
+    for (std::size_t p = 0; p < m; ++p) {
+      pairs[p].first = map[pairs[p].first];  // now a batch term
+      ++df[pairs[p].first];
+    }
+    postings += m;
+  }
+
+  // 3. Transpose into per-term postings, rows ascending within each term.
+  term_begin_.assign(terms_.size() + 1, 0);
+  for (std::size_t t = 0; t < terms_.size(); ++t) term_begin_[t + 1] = term_begin_[t] + df[t];
+  post_row_.resize(postings);
+  post_tf_.resize(postings);
+  std::vector<std::uint64_t> fill(term_begin_.begin(), term_begin_.end() - 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!has_text_[i]) continue;
+    const auto* pairs = work[row_worker[i]].pairs.data() + row_first[i];
+    for (std::size_t p = 0; p < row_terms_[i]; ++p) {
+      const std::uint64_t at = fill[pairs[p].first]++;
+      post_row_[at] = static_cast<std::uint32_t>(i);
+      post_tf_[at] = pairs[p].second;
+    }
+  }
 }
 
-void Bm25Index::set_counted(Slot s, const std::vector<std::pair<std::string, std::uint32_t>>& counts,
-                            std::size_t length) {
-  grow(static_cast<std::size_t>(s) + 1);
-  clear(s);
-  auto& terms = doc_terms_[s];
-  terms.clear();
-  terms.reserve(counts.size());
-  for (const auto& [token, count] : counts) terms.emplace_back(term_id(token), count);
-  std::sort(terms.begin(), terms.end());
-  for (const auto& [term, count] : terms) {
-    ++df_[term];
-    postings_[term].push_back({s, count, gen_[s]});
+void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads) {
+  const std::size_t n = batch.rows();
+  if (slots.size() != n) {
+    throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " +
+                          std::to_string(n) + " rows");
   }
-  live_postings_ += terms.size();
+  if (n == 0) return;
+  grow(static_cast<std::size_t>(*std::max_element(slots.begin(), slots.end())) + 1);
+  // Drop the rows' old text first: clear() may compact, which renumbers terms.
+  for (std::size_t i = 0; i < n; ++i) {
+    if (batch.has_text_[i]) clear(slots[i]);
+  }
+  const std::size_t nterms = batch.terms();
+  // Terms new to the index get ids in the batch's order, as row-by-row insertion would.
+  std::vector<std::uint32_t> id(nterms);
+  for (std::size_t t = 0; t < nterms; ++t) id[t] = term_id(batch.terms_.str(static_cast<std::uint32_t>(t)));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!batch.has_text_[i]) continue;
+    doc_len_[slots[i]] = static_cast<std::uint32_t>(batch.row_len_[i]);
+    total_len_ += batch.row_len_[i];
+    has_[slots[i]] = 1;
+    ++n_docs_;
+    live_postings_ += batch.row_terms_[i];
+  }
+  // Visiting terms by ascending index id appends to each row's term list in sorted order.
+  std::vector<std::uint32_t> order(nterms);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return id[a] < id[b]; });
+  // Two independent tasks (the caller holds the index's write lock): the per-term postings
+  // and df, and the per-row term lists. They write disjoint state.
+  parallel_for(2, threads, [&](std::size_t task, std::size_t) {
+    if (task == 0) {
+      for (const std::uint32_t t : order) {
+        const std::uint32_t term = id[t];
+        const std::uint64_t begin = batch.term_begin_[t], end = batch.term_begin_[t + 1];
+        df_[term] += static_cast<std::uint32_t>(end - begin);
+        std::vector<Posting>& plist = postings_[term];
+        const std::size_t need = plist.size() + (end - begin);
+        if (plist.capacity() < need) plist.reserve(std::max(need, plist.capacity() * 2));
+        for (std::uint64_t p = begin; p < end; ++p) {
+          const Slot s = slots[batch.post_row_[p]];
+          plist.push_back({s, batch.post_tf_[p], gen_[s]});
+        }
+      }
+      return;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!batch.has_text_[i]) continue;
+      doc_terms_[slots[i]].clear();
+      doc_terms_[slots[i]].reserve(batch.row_terms_[i]);
+    }
+    for (const std::uint32_t t : order) {
+      const std::uint32_t term = id[t];
+      for (std::uint64_t p = batch.term_begin_[t]; p < batch.term_begin_[t + 1]; ++p) {
+        doc_terms_[slots[batch.post_row_[p]]].emplace_back(term, batch.post_tf_[p]);
+      }
+    }
+  });
   ++version_;
-  doc_len_[s] = static_cast<std::uint32_t>(length);
-  total_len_ += length;
-  has_[s] = 1;
-  ++n_docs_;
 }
 
 void Bm25Index::compact() {
   // Drop terms no row uses any more and renumber the rest, so the vocabulary shrinks too.
   std::vector<std::uint32_t> remap(terms_.size(), 0xFFFFFFFFu);
-  std::vector<std::string> terms;
+  StringTable terms;
   std::vector<std::uint32_t> df;
   for (std::size_t t = 0; t < terms_.size(); ++t) {
     if (df_[t] == 0) continue;
-    remap[t] = static_cast<std::uint32_t>(terms.size());
-    terms.push_back(std::move(terms_[t]));
+    remap[t] = terms.intern(terms_.str(static_cast<std::uint32_t>(t))).first;
     df.push_back(df_[t]);
   }
-  term_ids_.clear();
-  for (std::size_t t = 0; t < terms.size(); ++t) term_ids_.emplace(terms[t], static_cast<std::uint32_t>(t));
   terms_ = std::move(terms);
   df_ = std::move(df);
   postings_.assign(terms_.size(), {});
@@ -120,9 +261,11 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   TopK top(std::min(k, n_docs_));
   if (n_docs_ == 0 || k == 0) return top.take_sorted();
   std::vector<std::uint32_t> ids;
-  for (const auto& t : tokenize(query, /*for_query=*/true)) {
-    const auto it = term_ids_.find(t);
-    if (it != term_ids_.end() && df_[it->second] > 0) ids.push_back(it->second);
+  TokenBuffer tokens;
+  tokenize_into(query, /*for_query=*/true, tokens);
+  for (std::size_t j = 0; j < tokens.size(); ++j) {
+    const auto id = terms_.find(tokens[j]);
+    if (id && df_[*id] > 0) ids.push_back(*id);
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -176,8 +319,7 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
 }
 
 std::size_t Bm25Index::memory_bytes() const {
-  std::size_t b = 0;
-  for (const auto& t : terms_) b += 2 * (t.capacity() + sizeof(std::string)) + 4 * sizeof(void*);
+  std::size_t b = terms_.memory_bytes();
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
   return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 +
@@ -201,20 +343,24 @@ void Bm25Index::save(BinaryWriter& w) const {
   w.u64(used);
   for (std::size_t t = 0; t < terms_.size(); ++t) {
     if (df_[t] == 0) continue;
-    w.u64(terms_[t].size());
-    w.array(reinterpret_cast<const std::uint8_t*>(terms_[t].data()), terms_[t].size());
+    const std::string_view term = terms_.str(static_cast<std::uint32_t>(t));
+    w.u64(term.size());
+    w.array(reinterpret_cast<const std::uint8_t*>(term.data()), term.size());
   }
   w.u64(n_docs_);
+  std::vector<std::uint32_t> pairs;  // one row's (term, tf) list, written in one call
   for (std::size_t s = 0; s < doc_terms_.size(); ++s) {
     if (!has_[s]) continue;
     w.u32(static_cast<std::uint32_t>(s));
     w.u32(doc_len_[s]);
     w.u64(doc_terms_[s].size());
     // Renumbering keeps the order of term ids, so each list stays sorted.
+    pairs.clear();
     for (const auto& [term, tf] : doc_terms_[s]) {
-      w.u32(remap[term]);
-      w.u32(tf);
+      pairs.push_back(remap[term]);
+      pairs.push_back(tf);
     }
+    w.array(pairs.data(), pairs.size());
   }
 }
 
@@ -229,7 +375,7 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
     std::vector<std::uint8_t> bytes;
     r.array(bytes, len);
     const std::string t(bytes.begin(), bytes.end());
-    if (term_ids_.count(t)) r.fail("repeated BM25 term");
+    if (terms_.find(t)) r.fail("repeated BM25 term");
     term_id(t);
   }
   grow(store.slot_count());

@@ -8,12 +8,13 @@
 // Thread-safety as for the owning Index: search is const and concurrent; set/clear exclusive.
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "bitmap.h"
+#include "string_dict.h"
 #include "topk.h"
 #include "vector_store.h"
 
@@ -27,6 +28,34 @@ struct Bm25Params {
   float b = 0.75f;
 };
 
+/// The texts of one add() batch, tokenized and counted against a batch-local vocabulary and
+/// transposed into per-term postings of batch rows, ready for Bm25Index::set_batch. Built
+/// without touching an index, so callers build it before taking their write lock; set_batch
+/// then does O(distinct terms of the batch) vocabulary lookups instead of one per (row, term).
+class Bm25Batch {
+ public:
+  /// Tokenizes texts[i] (nullopt = row without text) on `threads` threads (0 = all cores).
+  /// O(total text bytes).
+  Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::size_t threads);
+  /// Rows of the batch (with or without text).
+  std::size_t rows() const { return has_text_.size(); }
+  /// Distinct terms of the batch.
+  std::size_t terms() const { return terms_.size(); }
+
+ private:
+  friend class Bm25Index;
+  // Term ids in order of first appearance: by row, then by term bytes within a row. This is
+  // the order in which a row-by-row insertion of sorted terms meets them, so new index term
+  // ids come out exactly as if the rows were set one at a time.
+  StringTable terms_;
+  std::vector<std::uint64_t> term_begin_;   // postings of term t: [term_begin_[t], term_begin_[t + 1])
+  std::vector<std::uint32_t> post_row_;     // batch row of each posting, ascending per term
+  std::vector<std::uint32_t> post_tf_;      // term frequency of each posting
+  std::vector<std::uint32_t> row_terms_;    // distinct terms per row
+  std::vector<std::uint64_t> row_len_;      // tokens per row
+  std::vector<std::uint8_t> has_text_;      // 1 if the row has text (possibly empty)
+};
+
 class Bm25Index {
  public:
   explicit Bm25Index(Bm25Params params = {});
@@ -35,14 +64,10 @@ class Bm25Index {
   void grow(std::size_t n);
   /// Gives slot s the text `text` (replacing any previous text). O(|text|).
   void set(Slot s, std::string_view text);
-  /// Same as set() with the text already tokenized (tokenize(text)); lets callers tokenize
-  /// in parallel before taking a write lock.
-  void set_tokens(Slot s, const std::vector<std::string>& tokens);
-  /// Same with the tokens already counted: (distinct token, count) pairs and the token total.
-  void set_counted(Slot s, const std::vector<std::pair<std::string, std::uint32_t>>& counts,
-                   std::size_t length);
-  /// Counts tokens into distinct (token, count) pairs; thread-safe (touches no index state).
-  static std::vector<std::pair<std::string, std::uint32_t>> count_tokens(std::vector<std::string> tokens);
+  /// Gives row i of `batch` (if it has text) to slots[i], as set() row by row would; the
+  /// slots must be distinct. O(distinct batch terms + postings of the batch), on up to two
+  /// of `threads` threads (0 = all cores).
+  void set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads);
   /// Removes slot s's text. O(terms of s).
   void clear(Slot s);
   bool has_text(Slot s) const { return s < doc_len_.size() && has_[s]; }
@@ -62,12 +87,11 @@ class Bm25Index {
     std::uint32_t tf;
     std::uint32_t gen;  // generation of the slot's text when the posting was written
   };
-  std::uint32_t term_id(const std::string& t);
+  std::uint32_t term_id(std::string_view t);
   void compact();
 
   Bm25Params params_;
-  std::unordered_map<std::string, std::uint32_t> term_ids_;
-  std::vector<std::string> terms_;
+  StringTable terms_;                             // the vocabulary: term string <-> term id
   std::vector<std::uint32_t> df_;                 // live rows containing each term
   std::vector<std::vector<Posting>> postings_;    // per term
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms_;  // per slot: (term, tf)

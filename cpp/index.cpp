@@ -12,7 +12,6 @@
 #include "errors.h"
 #include "flat_index.h"
 #include "parallel.h"
-#include "tokenizer.h"
 
 namespace kbcore {
 namespace {
@@ -38,6 +37,14 @@ bool normalise(float* v, std::size_t dim) {
   const float inv = static_cast<float>(1.0 / std::sqrt(s));
   for (std::size_t i = 0; i < dim; ++i) v[i] *= inv;
   return true;
+}
+
+// The factor normalise() scales by; nullopt for a zero vector.
+std::optional<float> inverse_norm(const float* v, std::size_t dim) {
+  double s = 0;
+  for (std::size_t i = 0; i < dim; ++i) s += static_cast<double>(v[i]) * v[i];
+  if (s <= 0 || !std::isfinite(s)) return std::nullopt;
+  return static_cast<float>(1.0 / std::sqrt(s));
 }
 
 // Below this passing fraction a filtered search always scans the passing rows exactly (the
@@ -108,15 +115,28 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   }
   MetadataStore::validate(columns, n);
   const std::size_t dim = config_.dim;
-  // Validate everything before the first change so that a bad batch changes nothing.
-  std::vector<float> rows(vectors, vectors + n * dim);
-  for (std::size_t i = 0; i < n; ++i) {
-    float* row = rows.data() + i * dim;
+  // Validate everything before the first change so that a bad batch changes nothing. The rows
+  // are not copied here: allocate() copies each one into the store and cosine rows are scaled
+  // there by the inverse norm computed now (the same arithmetic as normalising a copy).
+  const bool cosine = config_.metric == Metric::kCosine;
+  std::vector<float> inv_norm(cosine ? n : 0);
+  std::vector<std::uint8_t> bad(n, 0);  // 1: NaN or infinity, 2: zero vector under cosine
+  parallel_for(n, threads, [&](std::size_t i, std::size_t) {
+    const float* row = vectors + i * dim;
     if (!all_finite(row, dim)) {
+      bad[i] = 1;
+    } else if (cosine) {
+      const std::optional<float> inv = inverse_norm(row, dim);
+      if (inv) inv_norm[i] = *inv;
+      else bad[i] = 2;
+    }
+  }, 256);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bad[i] == 1) {
       throw InvalidArgument("vector at row " + std::to_string(i) + " (id " + std::to_string(ids[i]) +
                             ") contains NaN or infinity");
     }
-    if (config_.metric == Metric::kCosine && !normalise(row, dim)) {
+    if (bad[i] == 2) {
       throw InvalidArgument("vector at row " + std::to_string(i) + " (id " + std::to_string(ids[i]) +
                             ") is all zeros and has no direction under the cosine metric");
     }
@@ -134,19 +154,10 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       }
     }
   }
-  // Tokenize texts for the BM25 leg in parallel before taking the write lock.
-  std::vector<std::vector<std::pair<std::string, std::uint32_t>>> term_counts;
-  std::vector<std::size_t> lengths;
-  if (texts != nullptr) {
-    term_counts.resize(n);
-    lengths.resize(n);
-    parallel_for(n, threads, [&](std::size_t i, std::size_t) {
-      if (!(*texts)[i]) return;
-      std::vector<std::string> tokens = tokenize(*(*texts)[i]);
-      lengths[i] = tokens.size();
-      term_counts[i] = Bm25Index::count_tokens(std::move(tokens));
-    }, 64);
-  }
+  // Tokenize and count the texts for the BM25 leg (in parallel, against a batch vocabulary)
+  // before taking the write lock; under it only the batch's distinct terms are looked up.
+  std::optional<Bm25Batch> text_batch;
+  if (texts != nullptr) text_batch.emplace(*texts, threads);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   // Upsert: ids already present are removed (with graph repair) and inserted anew.
   std::vector<Slot> replaced;
@@ -156,15 +167,18 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   if (!replaced.empty()) remove_locked(replaced, threads);
   store_.reserve_more(n);
   std::vector<Slot> slots(n);
-  for (std::size_t i = 0; i < n; ++i) slots[i] = store_.allocate(ids[i], rows.data() + i * dim);
+  for (std::size_t i = 0; i < n; ++i) {
+    slots[i] = store_.allocate(ids[i], vectors + i * dim);
+    if (cosine) {
+      float* row = store_.mutable_vector(slots[i]);
+      const float inv = inv_norm[i];
+      for (std::size_t j = 0; j < dim; ++j) row[j] *= inv;
+    }
+  }
   meta_.grow(store_.slot_count());
   meta_.assign(slots, columns);
   text_.grow(store_.slot_count());
-  if (texts != nullptr) {
-    for (std::size_t i = 0; i < n; ++i) {
-      if ((*texts)[i]) text_.set_counted(slots[i], term_counts[i], lengths[i]);
-    }
-  }
+  if (text_batch) text_.set_batch(*text_batch, slots, threads);
   if (graph_) {
     if (defer_graph) {
       graph_->add_pending(slots);

@@ -1,6 +1,8 @@
 #include "string_dict.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "errors.h"
@@ -83,6 +85,120 @@ std::optional<double> parse_iso8601(std::string_view s) {
   }
   if (pos != s.size() || oh > 23 || om > 59) return std::nullopt;
   return secs - sign * (oh * 3600.0 + om * 60.0);
+}
+
+namespace {
+
+std::uint64_t mix64(std::uint64_t x) {
+  // splitmix64's finaliser (Steele, Lea & Flood 2014): every input bit reaches every output bit.
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+constexpr std::uint64_t kIdMask = 0xFFFFFFFFull;
+
+std::uint64_t load8(const char* p) {
+  std::uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
+}
+
+// a == b for two strings of n bytes each; inline for the short strings of a vocabulary.
+bool same_bytes(const char* a, const char* b, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    if (load8(a + i) != load8(b + i)) return false;
+  }
+  for (; i < n; ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::uint64_t hash_bytes(std::string_view s) {
+  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ (s.size() * 0xC2B2AE3D27D4EB4Full);
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) h = mix64(h ^ load8(s.data() + i));
+  // The tail byte by byte: a variable-length memcpy would be a library call per string.
+  std::uint64_t w = 0;
+  for (std::size_t k = 0; i + k < s.size(); ++k) {
+    w |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i + k])) << (8 * k);
+  }
+  return mix64(h ^ w);
+}
+
+std::optional<std::uint32_t> StringTable::find(std::string_view s) const {
+  if (slots_.empty()) return std::nullopt;
+  const std::uint64_t tag = hash_bytes(s) >> 32;
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = tag & mask;; i = (i + 1) & mask) {
+    const std::uint64_t e = slots_[i];
+    if (e == 0) return std::nullopt;
+    if ((e >> 32) == tag) {
+      const std::string_view t = str(static_cast<std::uint32_t>((e & kIdMask) - 1));
+      if (t.size() == s.size() && same_bytes(t.data(), s.data(), s.size())) {
+        return static_cast<std::uint32_t>((e & kIdMask) - 1);
+      }
+    }
+  }
+}
+
+std::pair<std::uint32_t, bool> StringTable::intern(std::string_view s) {
+  const std::uint64_t tag = hash_bytes(s) >> 32;
+  if (2 * (size() + 1) > slots_.size()) rehash(std::max<std::size_t>(16, 2 * slots_.size()));
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = tag & mask;
+  for (;; i = (i + 1) & mask) {
+    const std::uint64_t e = slots_[i];
+    if (e == 0) break;
+    if ((e >> 32) == tag) {
+      const auto id = static_cast<std::uint32_t>((e & kIdMask) - 1);
+      const std::string_view t = str(id);
+      if (t.size() == s.size() && same_bytes(t.data(), s.data(), s.size())) return {id, false};
+    }
+  }
+  if (size() >= kIdMask - 1) throw InvalidArgument("too many distinct strings (at most 4,294,967,294)");
+  const auto id = static_cast<std::uint32_t>(size());
+  bytes_.append(s.data(), s.size());
+  ends_.push_back(bytes_.size());
+  slots_[i] = (tag << 32) | (static_cast<std::uint64_t>(id) + 1);
+  return {id, true};
+}
+
+void StringTable::rehash(std::size_t capacity) {
+  std::vector<std::uint64_t> slots(capacity, 0);
+  const std::size_t mask = capacity - 1;
+  for (const std::uint64_t e : slots_) {
+    if (e == 0) continue;
+    std::size_t i = (e >> 32) & mask;
+    while (slots[i] != 0) i = (i + 1) & mask;
+    slots[i] = e;
+  }
+  slots_ = std::move(slots);
+}
+
+void StringTable::reserve(std::size_t n, std::size_t bytes) {
+  ends_.reserve(n);
+  if (bytes > 0) bytes_.reserve(bytes);
+  std::size_t capacity = std::max<std::size_t>(16, slots_.size());
+  while (capacity < 2 * n) capacity *= 2;
+  if (capacity != slots_.size()) rehash(capacity);
+}
+
+void StringTable::clear() {
+  bytes_.clear();
+  ends_.clear();
+  slots_.clear();
+}
+
+std::size_t StringTable::memory_bytes() const {
+  return bytes_.capacity() + ends_.capacity() * sizeof(std::uint64_t) + slots_.capacity() * sizeof(std::uint64_t);
 }
 
 std::uint32_t StringDict::intern(std::string_view s) {

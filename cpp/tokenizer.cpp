@@ -118,33 +118,36 @@ std::uint32_t word_char(std::uint32_t c) {
 
 }  // namespace
 
-std::vector<std::string> tokenize(std::string_view text, bool for_query) {
-  std::vector<std::string> out;
-  std::string word;
+void tokenize_into(std::string_view text, bool for_query, TokenBuffer& out) {
+  out.clear();
+  std::string& bytes = out.bytes;
+  std::vector<std::size_t>& ends = out.ends;
+  // The word being read is appended to `bytes` in place and ends where it stops growing; a
+  // CJK run is buffered as code points (it yields characters and bigrams). A word and a CJK
+  // run are never open at once: each flushes the other before it starts.
   std::vector<std::uint32_t> cjk;
+  std::size_t word_start = 0;
   const auto flush_word = [&] {
-    if (!word.empty()) {
-      out.emplace_back(word);
-      word.clear();
-    }
+    if (bytes.size() > word_start) ends.push_back(bytes.size());
+    word_start = bytes.size();
   };
   const auto flush_cjk = [&] {
     if (cjk.size() == 1 || (!for_query && !cjk.empty())) {
       for (std::uint32_t c : cjk) {
-        std::string t;
-        append_utf8(t, c);
-        out.push_back(std::move(t));
+        append_utf8(bytes, c);
+        ends.push_back(bytes.size());
       }
     }
     for (std::size_t j = 0; j + 1 < cjk.size(); ++j) {
-      std::string t;
-      append_utf8(t, cjk[j]);
-      append_utf8(t, cjk[j + 1]);
-      out.push_back(std::move(t));
+      append_utf8(bytes, cjk[j]);
+      append_utf8(bytes, cjk[j + 1]);
+      ends.push_back(bytes.size());
     }
     cjk.clear();
+    word_start = bytes.size();
   };
-  out.reserve(text.size() / 6 + 1);
+  bytes.reserve(text.size());
+  ends.reserve(text.size() / 6 + 1);
   std::size_t i = 0;
   while (i < text.size()) {
     // ASCII fast path: most text in most knowledge bases.
@@ -153,9 +156,9 @@ std::vector<std::string> tokenize(std::string_view text, bool for_query) {
       ++i;
       if (!cjk.empty()) flush_cjk();
       if ((b >= 'a' && b <= 'z') || (b >= '0' && b <= '9')) {
-        word.push_back(static_cast<char>(b));
+        bytes.push_back(static_cast<char>(b));
       } else if (b >= 'A' && b <= 'Z') {
-        word.push_back(static_cast<char>(b + 32));
+        bytes.push_back(static_cast<char>(b + 32));
       } else {
         flush_word();
       }
@@ -167,16 +170,24 @@ std::vector<std::string> tokenize(std::string_view text, bool for_query) {
       cjk.push_back(c);
       continue;
     }
-    flush_cjk();
+    if (!cjk.empty()) flush_cjk();
     const std::uint32_t w = word_char(c);
     if (w == 0) {
       flush_word();
     } else {
-      append_utf8(word, w);
+      append_utf8(bytes, w);
     }
   }
   flush_word();
   flush_cjk();
+}
+
+std::vector<std::string> tokenize(std::string_view text, bool for_query) {
+  TokenBuffer buf;
+  tokenize_into(text, for_query, buf);
+  std::vector<std::string> out;
+  out.reserve(buf.size());
+  for (std::size_t j = 0; j < buf.size(); ++j) out.emplace_back(buf[j]);
   return out;
 }
 

@@ -491,3 +491,88 @@ def test_add_rejects_bad_texts_and_changes_nothing():
         index.add(one, [2], texts=["banana", "extra"])
     assert len(index) == 1
     assert len(index.search_text("banana", 5)[0]) == 0
+
+
+# ----------------------------------------------------------------------------------------
+# batch ingest: one add() of many rows equals the same rows added one at a time
+
+
+def _mixed_corpus(seed: int, n: int) -> list[str | None]:
+    """Rows sharing many terms in mixed scripts, with empty and missing texts."""
+    rnd = random.Random(seed)
+    words = VOCAB + ["東京", "大阪", "天気", "café", "ÉCOLE", "σοφία", "кремль", "한국어", "naïve"]
+    rows: list[str | None] = []
+    for i in range(n):
+        if i % 23 == 7:
+            rows.append(None)
+        elif i % 31 == 5:
+            rows.append(rnd.choice(["", " ... ", "!!"]))  # text without tokens
+        else:
+            rows.append(" ".join(rnd.choices(words, k=rnd.randint(1, 60))))
+    return rows
+
+
+def _text_results(index, queries):
+    return [tuple(a.tobytes() for a in index.search_text(q, 50)) for q in queries]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_one_batch_builds_the_same_index_as_row_by_row_adds(threads, tmp_path):
+    rows = _mixed_corpus(5, 700)
+    ids = np.arange(len(rows), dtype=np.int64) * 3 + 1
+    vecs = np.random.default_rng(0).standard_normal((len(rows), 4)).astype(np.float32)
+    batch = kbcore.Index(dim=4, metric="cosine", kind="flat")
+    batch.add(vecs, ids, texts=rows, threads=threads)
+    single = kbcore.Index(dim=4, metric="cosine", kind="flat")
+    for i in range(len(rows)):
+        single.add(vecs[i:i + 1], ids[i:i + 1], texts=rows[i:i + 1], threads=1)
+    queries = toy_queries(9, 40) + ["東京 天気", "東", "café naïve", "σοφία кремль 한국어"]
+    assert _text_results(batch, queries) == _text_results(single, queries)
+    n_text = sum(r is not None for r in rows)
+    assert batch._native.text_documents() == single._native.text_documents() == n_text
+    # Same term numbering, postings and statistics: the saved files are byte for byte equal.
+    batch.save(tmp_path / "batch.kbi")
+    single.save(tmp_path / "single.kbi")
+    assert (tmp_path / "batch.kbi").read_bytes() == (tmp_path / "single.kbi").read_bytes()
+
+
+def test_rows_with_empty_text_count_in_the_collection_statistics():
+    texts = {1: "apple pie", 2: "", 3: "apple tart", 4: " -- ", 5: None}
+    index = make_index(texts)
+    assert index._native.text_documents() == 4
+    assert_matches_reference(index, texts, "apple", 10)
+    assert_matches_reference(index, texts, "tart pie", 10)
+
+
+def test_batches_into_a_populated_index_match_the_reference():
+    rows = _mixed_corpus(11, 400)
+    texts: dict[int, str | None] = {}
+    index = kbcore.Index(dim=4, metric="cosine", kind="hnsw", M=8, ef_construction=32)
+    rng = np.random.default_rng(2)
+    for start in range(0, len(rows), 90):  # later batches meet known and new terms
+        ids = np.arange(start, min(start + 90, len(rows)), dtype=np.int64)
+        index.add(rng.standard_normal((len(ids), 4)).astype(np.float32), ids,
+                  texts=rows[start:start + 90], defer_graph=True)
+        texts.update({int(i): rows[int(i)] for i in ids})
+    for q in toy_queries(12, 25) + ["東京", "ÉCOLE café"]:
+        assert_matches_reference(index, texts, q, 15)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_batch_ingest_writes_the_committed_bm25_fixture_byte_for_byte(threads, tmp_path):
+    # bm25_rows_v1.kbi was written by the row-at-a-time implementation (see the script that
+    # made it): the same texts must give the same term numbering, postings and lengths.
+    import json
+    import sys
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    sys.path.insert(0, str(data))
+    try:
+        import make_bm25_fixture as fixture
+    finally:
+        sys.path.remove(str(data))
+    texts = json.loads((data / "bm25_rows.json").read_text(encoding="utf-8"))
+    assert texts == fixture.rows()
+    fixture.build(texts, threads=threads).save(tmp_path / "now.kbi")
+    assert (tmp_path / "now.kbi").read_bytes() == (data / "bm25_rows_v1.kbi").read_bytes()

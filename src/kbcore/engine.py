@@ -1026,7 +1026,11 @@ class KnowledgeBase:
                 if not ckpt:
                     files["vectors"] = storage.write_npy(self.path, f"{seg_name}.vectors.npy", vectors)
                     written.append(files["vectors"]["path"])
-                storage.fsync_dir(self.path)  # the new names are durable before the manifest names them
+                # The new names are durable before the manifest names them. With a checkpoint,
+                # Index.save fsyncs the directory after renaming the index into place, which
+                # covers these names too, so one directory fsync is saved (~10-30 ms on a VM disk).
+                if not ckpt:
+                    storage.fsync_dir(self.path)
             except BaseException:
                 _unlink_all(self.path, written)
                 raise
@@ -1074,8 +1078,7 @@ class KnowledgeBase:
         """Saves the index as the manifest's checkpoint; drops every vector file entry."""
         name = f"index-{gen:08d}.kbi"
         self._graph_unsaved = False  # before the save: a batch linked after it sets it again
-        index.save(os.path.join(self.path, name))
-        storage.fsync_dir(self.path)
+        index.save(os.path.join(self.path, name))  # fsyncs the file, renames it, fsyncs the directory
         entry = storage.file_entry(self.path, name)
         entry["rows"] = len(index)
         m["index"] = entry
