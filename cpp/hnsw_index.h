@@ -83,7 +83,7 @@ class HnswIndex {
   double local_selectivity(const float* q, const Bitmap& allowed) const;
 
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
-  /// converges before enough(results) holds (results ascending), until the reachable
+  /// converges before enough(results) holds (results in heap order, not sorted), until the reachable
   /// (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
   /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
   template <typename Enough>
@@ -315,9 +315,9 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   visited->test_and_set(cur.slot);
   candidates.push_back(cur);
   if (passes(cur.slot)) results.push_back(cur);
-  const std::size_t cap = m0_;
-  std::vector<std::uint32_t> fresh(cap);
-  std::vector<float> dists(cap);
+  const std::size_t cap = m0_;  // at most 2 * 256 (M is at most 256)
+  std::uint32_t fresh[2 * 256];
+  float dists[2 * 256];
   std::size_t n_evals = 0;
   // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
   // that resuming with a larger ef loses nothing a fresh search with that ef would find.
@@ -342,9 +342,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
         candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
     if (converged) {
       if (ef >= limit || (candidates.empty() && deferred.empty())) break;
-      std::vector<Scored> sorted = results;
-      std::sort(sorted.begin(), sorted.end());
-      if (enough(sorted)) break;
+      if (enough(results)) break;
       ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
       std::vector<Scored> again;
       again.swap(deferred);
@@ -383,7 +381,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     for (; j + 4 <= m; j += 4) {
       const float* rows[4] = {store_.vector(fresh[j]), store_.vector(fresh[j + 1]),
                               store_.vector(fresh[j + 2]), store_.vector(fresh[j + 3])};
-      distance4(kern, metric_, q, rows, dim, dists.data() + j);
+      distance4(kern, metric_, q, rows, dim, dists + j);
     }
     for (; j < m; ++j) dists[j] = dist(kern, q, fresh[j]);
     n_evals += m;
