@@ -37,6 +37,26 @@ class DenseMarks {
 
 constexpr std::uint32_t kSkip = std::numeric_limits<std::uint32_t>::max();
 
+// Per-thread scratch of the functions below. Reached through an out-of-line call so that a
+// loop holds a plain pointer: a thread_local named inside a loop may be re-resolved (a
+// __tls_get_addr call in a shared library) at every use.
+struct Scratch {
+  DenseMarks marks;
+  std::vector<std::uint32_t> per_hit;
+  std::vector<std::uint32_t> per_group;
+  std::vector<Scored> best_of;
+  std::vector<std::pair<Scored, std::uint32_t>> ranked;
+  std::vector<std::pair<std::uint32_t, Scored>> members;
+};
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 }  // namespace
 
 void GroupedSlots::clear() {
@@ -50,15 +70,19 @@ void GroupedSlots::clear() {
 void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
                      std::size_t group_size, GroupedSlots& out) {
   out.clear();
-  thread_local DenseMarks rank_of;     // group ordinal -> rank among the kept groups
-  thread_local std::vector<std::uint32_t> rank_of_hit;  // per hit: its group's rank or kSkip
-  thread_local std::vector<std::uint32_t> count;        // per kept group: parts met
+  Scratch& sc = scratch();
+  DenseMarks& rank_of = sc.marks;                         // group ordinal -> rank among kept groups
+  std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
+  std::vector<std::uint32_t>& count = sc.per_group;      // per kept group: parts met
   rank_of.begin(field.group_keys.size());
   rank_of_hit.resize(sorted.size());
   count.clear();
+  // Gather every hit's group first: independent loads that overlap their cache misses,
+  // where the ranking loop below would wait for each one in turn.
+  for (std::size_t i = 0; i < sorted.size(); ++i) rank_of_hit[i] = field.group_of[sorted[i].slot];
   // Pass 1: rank the first k groups to appear and count their parts.
   for (std::size_t i = 0; i < sorted.size(); ++i) {
-    const std::uint32_t g = field.group_of[sorted[i].slot];
+    const std::uint32_t g = rank_of_hit[i];
     std::uint32_t r = kSkip;
     if (g != Field::kNoGroup) {
       if (rank_of.marked(g)) {
@@ -99,7 +123,7 @@ void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std:
 }
 
 std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k) {
-  thread_local DenseMarks seen;
+  DenseMarks& seen = scratch().marks;
   seen.begin(field.group_keys.size());
   std::size_t n = 0;
   for (const Scored& s : hits) {
@@ -116,7 +140,11 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
   out.clear();
   // Best distance per group in one pass over dense ordinals, then the k best groups.
   const std::size_t ng = field.group_keys.size();
-  thread_local std::vector<Scored> best_of;
+  Scratch& sc = scratch();
+  std::vector<Scored>& best_of = sc.best_of;
+  std::vector<std::pair<Scored, std::uint32_t>>& ranked = sc.ranked;
+  DenseMarks& rank_of = sc.marks;
+  std::vector<std::pair<std::uint32_t, Scored>>& members = sc.members;
   best_of.assign(ng, Scored{std::numeric_limits<float>::infinity(), kNoSlot});
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::uint32_t g = field.group_of[rows[i]];
@@ -124,7 +152,6 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
     const Scored s{dist[i], rows[i]};
     if (s < best_of[g]) best_of[g] = s;
   }
-  thread_local std::vector<std::pair<Scored, std::uint32_t>> ranked;
   ranked.clear();
   for (std::uint32_t g = 0; g < ng; ++g) {
     if (best_of[g].slot != kNoSlot) ranked.push_back({best_of[g], g});
@@ -135,14 +162,12 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
     ranked.resize(k);
   }
   std::sort(ranked.begin(), ranked.end(), by_best);
-  thread_local DenseMarks rank_of;
   rank_of.begin(ng);
   for (std::size_t r = 0; r < ranked.size(); ++r) {
     out.ordinals.push_back(ranked[r].second);
     rank_of.mark(ranked[r].second, static_cast<std::uint32_t>(r));
   }
   // Every part of a kept group, ordered by (group rank, distance), then cut into groups.
-  thread_local std::vector<std::pair<std::uint32_t, Scored>> members;
   members.clear();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::uint32_t g = field.group_of[rows[i]];

@@ -166,6 +166,16 @@ inline void prefetch(const void* p) {
 struct ScoredGreater {
   bool operator()(const Scored& a, const Scored& b) const { return b < a; }
 };
+/// Per-thread scratch of search_expanding (which is not reentrant on one thread).
+struct ExpandScratch {
+  std::vector<Scored> candidates;
+  std::vector<Scored> deferred;
+  std::vector<Scored> again;
+};
+/// This thread's ExpandScratch. Out of line on purpose: the search then holds a plain
+/// pointer, where a thread_local named in its hot loop is re-resolved (a __tls_get_addr call
+/// in a shared library) at nearly every use, once per scored node.
+ExpandScratch& expand_scratch();
 }  // namespace detail
 
 template <bool kLocked, typename Accept>
@@ -308,7 +318,8 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
   auto visited = visited_.acquire(levels_.size());
-  thread_local std::vector<Scored> candidates;
+  detail::ExpandScratch& scratch = detail::expand_scratch();
+  std::vector<Scored>& candidates = scratch.candidates;
   candidates.clear();
   std::vector<Scored> results;
   results.reserve(ef + 1);
@@ -321,7 +332,11 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   std::size_t n_evals = 0;
   // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
   // that resuming with a larger ef loses nothing a fresh search with that ef would find.
-  std::vector<Scored> deferred;
+  // Kept per thread so that steady-state searches do not regrow it: most searches never
+  // resume and only ever append here.
+  std::vector<Scored>& deferred = scratch.deferred;
+  std::vector<Scored>& again = scratch.again;
+  deferred.clear();
   const auto offer = [&](const Scored& e) {
     if (results.size() < ef || e.dist < results.front().dist) {
       candidates.push_back(e);
@@ -344,7 +359,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
       if (ef >= limit || (candidates.empty() && deferred.empty())) break;
       if (enough(results)) break;
       ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
-      std::vector<Scored> again;
+      again.clear();
       again.swap(deferred);
       for (const Scored& e : again) offer(e);
       continue;
@@ -388,6 +403,10 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     for (j = 0; j < m; ++j) offer({dists[j], fresh[j]});
   }
   if (evals != nullptr) *evals += n_evals;
+  // Do not keep the memory of an exhaustive expansion for the life of the thread.
+  constexpr std::size_t kKeepScratch = std::size_t{1} << 16;
+  if (deferred.capacity() > kKeepScratch) std::vector<Scored>().swap(deferred);
+  if (again.capacity() > kKeepScratch) std::vector<Scored>().swap(again);
   std::sort_heap(results.begin(), results.end());
   return results;
 }

@@ -430,7 +430,8 @@ std::vector<Index::GroupPage> Index::search_groups(
   };
   parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
     const float* q = prepared.data() + qi * dim;
-    thread_local GroupedSlots groups;
+    thread_local GroupedSlots tls_groups;  // per-thread scratch, reused across queries
+    GroupedSlots& groups = tls_groups;
     if (strategy == Strategy::kGraph) {
       // The candidate list in any order: counting distinct groups needs no sort.
       const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
