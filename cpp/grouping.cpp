@@ -13,25 +13,30 @@ class DenseMarks {
  public:
   /// Starts a pass over ordinals in [0, n); every ordinal reads as unmarked.
   void begin(std::size_t n) {
-    if (stamp_.size() < n) {
-      stamp_.resize(n, 0);
-      value_.resize(n, 0);
-    }
+    if (slots_.size() < n) slots_.resize(n, Slot{0, 0});
     if (++epoch_ == 0) {  // wrapped: old stamps could alias the new epoch
-      std::fill(stamp_.begin(), stamp_.end(), 0);
+      for (Slot& s : slots_) s.stamp = 0;
       epoch_ = 1;
     }
   }
-  bool marked(std::uint32_t g) const { return stamp_[g] == epoch_; }
-  std::uint32_t value(std::uint32_t g) const { return value_[g]; }
-  void mark(std::uint32_t g, std::uint32_t v) {
-    stamp_[g] = epoch_;
-    value_[g] = v;
+  bool marked(std::uint32_t g) const { return slots_[g].stamp == epoch_; }
+  std::uint32_t value(std::uint32_t g) const { return slots_[g].value; }
+  void mark(std::uint32_t g, std::uint32_t v) { slots_[g] = Slot{epoch_, v}; }
+  /// Starts loading the entry of g (the caller will look it up soon).
+  void prefetch(std::uint32_t g) const {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[g]);
+#else
+    (void)g;
+#endif
   }
 
  private:
-  std::vector<std::uint32_t> stamp_;
-  std::vector<std::uint32_t> value_;
+  struct Slot {
+    std::uint32_t stamp;
+    std::uint32_t value;
+  };
+  std::vector<Slot> slots_;  // stamp and value side by side: one cache line per lookup
   std::uint32_t epoch_ = 0;
 };
 
@@ -79,7 +84,11 @@ void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std:
   count.clear();
   // Gather every hit's group first: independent loads that overlap their cache misses,
   // where the ranking loop below would wait for each one in turn.
-  for (std::size_t i = 0; i < sorted.size(); ++i) rank_of_hit[i] = field.group_of[sorted[i].slot];
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const std::uint32_t g = field.group_of[sorted[i].slot];
+    rank_of_hit[i] = g;
+    if (g != Field::kNoGroup) rank_of.prefetch(g);
+  }
   // Pass 1: rank the first k groups to appear and count their parts.
   for (std::size_t i = 0; i < sorted.size(); ++i) {
     const std::uint32_t g = rank_of_hit[i];

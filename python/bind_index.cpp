@@ -79,8 +79,9 @@ py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
       PyTuple_SET_ITEM(dist.ptr(), static_cast<Py_ssize_t>(j),
                        steal(PyFloat_FromDouble(page.distances[b + j])).release().ptr());
     }
-    const std::size_t pb = page.parts_begin(g);
-    py::object parts = int_tuple(page.part_ids.data() + pb, page.parts_end[g] - pb);
+    // Parts met = the best hits (a source met only through its best parts): one shared tuple.
+    const std::size_t pb = page.parts_begin(g), np = page.parts_end[g] - pb;
+    py::object parts = np == n ? ids : int_tuple(page.part_ids.data() + pb, np);
     py::object grp = steal(type != nullptr ? type->tp_alloc(type, 4) : PyTuple_New(4));
     PyTuple_SET_ITEM(grp.ptr(), 0, key.release().ptr());
     PyTuple_SET_ITEM(grp.ptr(), 1, ids.release().ptr());
