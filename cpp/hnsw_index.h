@@ -83,8 +83,8 @@ class HnswIndex {
   double local_selectivity(const float* q, const Bitmap& allowed) const;
 
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
-  /// converges before enough(results) holds (results in heap order, not sorted), until the reachable
-  /// (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
+  /// converges before enough(results) holds (results in heap order, not sorted), until the
+  /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
   /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
   template <typename Enough>
   std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,

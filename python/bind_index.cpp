@@ -207,7 +207,8 @@ void bind_index(py::module_& m) {
              }
              py::list out(nq);
              for (std::size_t qi = 0; qi < nq; ++qi) {
-               PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(qi), groups_to_py(pages[qi], type).release().ptr());
+               py::list groups = groups_to_py(pages[qi], type);
+               PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(qi), groups.release().ptr());
              }
              return out;
            },
