@@ -2,47 +2,158 @@
 
 #include <algorithm>
 #include <limits>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace kbcore {
+namespace {
 
-std::vector<Group> collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
-                                   std::size_t group_size) {
-  std::vector<Group> groups;
-  std::unordered_map<std::uint32_t, std::size_t> where;
-  for (const Scored& s : sorted) {
-    const std::uint32_t g = field.group_of[s.slot];
-    if (g == Field::kNoGroup) continue;
-    auto it = where.find(g);
-    if (it == where.end()) {
-      if (groups.size() >= k) continue;
-      it = where.emplace(g, groups.size()).first;
-      groups.push_back(Group{g, {}, {}});
+// One value per group ordinal, valid only when stamped with the current epoch: starting a
+// new pass is O(1) (bump the epoch) instead of clearing an array of every group, and nothing
+// needs undoing if a pass is abandoned by an exception. One instance per thread and purpose.
+class DenseMarks {
+ public:
+  /// Starts a pass over ordinals in [0, n); every ordinal reads as unmarked.
+  void begin(std::size_t n) {
+    if (slots_.size() < n) slots_.resize(n, Slot{0, 0});
+    if (++epoch_ == 0) {  // wrapped: old stamps could alias the new epoch
+      for (Slot& s : slots_) s.stamp = 0;
+      epoch_ = 1;
     }
-    Group& grp = groups[it->second];
-    if (grp.best.size() < group_size) grp.best.push_back(s);
-    grp.parts.push_back(s.slot);
   }
-  return groups;
+  bool marked(std::uint32_t g) const { return slots_[g].stamp == epoch_; }
+  std::uint32_t value(std::uint32_t g) const { return slots_[g].value; }
+  void mark(std::uint32_t g, std::uint32_t v) { slots_[g] = Slot{epoch_, v}; }
+  /// Starts loading the entry of g (the caller will look it up soon).
+  void prefetch(std::uint32_t g) const {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[g]);
+#else
+    (void)g;
+#endif
+  }
+
+ private:
+  struct Slot {
+    std::uint32_t stamp;
+    std::uint32_t value;
+  };
+  std::vector<Slot> slots_;  // stamp and value side by side: one cache line per lookup
+  std::uint32_t epoch_ = 0;
+};
+
+constexpr std::uint32_t kSkip = std::numeric_limits<std::uint32_t>::max();
+
+// Per-thread scratch of the functions below. Reached through an out-of-line call so that a
+// loop holds a plain pointer: a thread_local named inside a loop may be re-resolved (a
+// __tls_get_addr call in a shared library) at every use.
+struct Scratch {
+  DenseMarks marks;
+  std::vector<std::uint32_t> per_hit;
+  std::vector<std::uint32_t> per_group;
+  std::vector<Scored> best_of;
+  std::vector<std::pair<Scored, std::uint32_t>> ranked;
+  std::vector<std::pair<std::uint32_t, Scored>> members;
+};
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
-std::size_t count_groups(const std::vector<Scored>& sorted, const Field& field, std::size_t k) {
-  std::unordered_set<std::uint32_t> seen;
-  for (const Scored& s : sorted) {
+}  // namespace
+
+void GroupedSlots::clear() {
+  ordinals.clear();
+  best_end.clear();
+  best.clear();
+  parts_end.clear();
+  parts.clear();
+}
+
+void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
+                     std::size_t group_size, GroupedSlots& out) {
+  out.clear();
+  Scratch& sc = scratch();
+  DenseMarks& rank_of = sc.marks;                         // group ordinal -> rank among kept groups
+  std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
+  std::vector<std::uint32_t>& count = sc.per_group;      // per kept group: parts met
+  rank_of.begin(field.group_keys.size());
+  rank_of_hit.resize(sorted.size());
+  count.clear();
+  // Gather every hit's group first: independent loads that overlap their cache misses,
+  // where the ranking loop below would wait for each one in turn.
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const std::uint32_t g = field.group_of[sorted[i].slot];
+    rank_of_hit[i] = g;
+    if (g != Field::kNoGroup) rank_of.prefetch(g);
+  }
+  // Pass 1: rank the first k groups to appear and count their parts.
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const std::uint32_t g = rank_of_hit[i];
+    std::uint32_t r = kSkip;
+    if (g != Field::kNoGroup) {
+      if (rank_of.marked(g)) {
+        r = rank_of.value(g);
+      } else if (out.ordinals.size() < k) {
+        r = static_cast<std::uint32_t>(out.ordinals.size());
+        rank_of.mark(g, r);
+        out.ordinals.push_back(g);
+        count.push_back(0);
+      }
+    }
+    rank_of_hit[i] = r;
+    if (r != kSkip) ++count[r];
+  }
+  // Pass 2: offsets from the counts, then place every hit; `sorted` order keeps each group's
+  // hits ascending.
+  const std::size_t ng = out.ordinals.size();
+  out.best_end.resize(ng);
+  out.parts_end.resize(ng);
+  std::uint32_t best_total = 0, parts_total = 0;
+  for (std::size_t r = 0; r < ng; ++r) {
+    best_total += static_cast<std::uint32_t>(std::min<std::size_t>(count[r], group_size));
+    parts_total += count[r];
+    out.best_end[r] = best_total;
+    out.parts_end[r] = parts_total;
+  }
+  out.best.resize(best_total);
+  out.parts.resize(parts_total);
+  // Reuse `count` as the number placed so far per group.
+  std::fill(count.begin(), count.end(), 0);
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const std::uint32_t r = rank_of_hit[i];
+    if (r == kSkip) continue;
+    const std::uint32_t j = count[r]++;
+    out.parts[out.parts_begin(r) + j] = sorted[i].slot;
+    if (j < group_size) out.best[out.best_begin(r) + j] = sorted[i];
+  }
+}
+
+std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k) {
+  DenseMarks& seen = scratch().marks;
+  seen.begin(field.group_keys.size());
+  std::size_t n = 0;
+  for (const Scored& s : hits) {
     const std::uint32_t g = field.group_of[s.slot];
-    if (g == Field::kNoGroup) continue;
-    seen.insert(g);
-    if (seen.size() >= k) break;
+    if (g == Field::kNoGroup || seen.marked(g)) continue;
+    seen.mark(g, 0);
+    if (++n >= k) break;
   }
-  return seen.size();
+  return n;
 }
 
-std::vector<Group> collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist,
-                                  const Field& field, std::size_t k, std::size_t group_size) {
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field,
+                    std::size_t k, std::size_t group_size, GroupedSlots& out) {
+  out.clear();
   // Best distance per group in one pass over dense ordinals, then the k best groups.
   const std::size_t ng = field.group_keys.size();
-  thread_local std::vector<Scored> best_of;
+  Scratch& sc = scratch();
+  std::vector<Scored>& best_of = sc.best_of;
+  std::vector<std::pair<Scored, std::uint32_t>>& ranked = sc.ranked;
+  DenseMarks& rank_of = sc.marks;
+  std::vector<std::pair<std::uint32_t, Scored>>& members = sc.members;
   best_of.assign(ng, Scored{std::numeric_limits<float>::infinity(), kNoSlot});
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::uint32_t g = field.group_of[rows[i]];
@@ -50,7 +161,7 @@ std::vector<Group> collapse_exact(const std::vector<Slot>& rows, const std::vect
     const Scored s{dist[i], rows[i]};
     if (s < best_of[g]) best_of[g] = s;
   }
-  std::vector<std::pair<Scored, std::uint32_t>> ranked;
+  ranked.clear();
   for (std::uint32_t g = 0; g < ng; ++g) {
     if (best_of[g].slot != kNoSlot) ranked.push_back({best_of[g], g});
   }
@@ -60,24 +171,34 @@ std::vector<Group> collapse_exact(const std::vector<Slot>& rows, const std::vect
     ranked.resize(k);
   }
   std::sort(ranked.begin(), ranked.end(), by_best);
-  std::vector<Group> groups(ranked.size());
-  thread_local std::vector<std::uint32_t> rank_of;
-  rank_of.assign(ng, Field::kNoGroup);
-  for (std::size_t i = 0; i < ranked.size(); ++i) {
-    groups[i].ordinal = ranked[i].second;
-    rank_of[ranked[i].second] = static_cast<std::uint32_t>(i);
+  rank_of.begin(ng);
+  for (std::size_t r = 0; r < ranked.size(); ++r) {
+    out.ordinals.push_back(ranked[r].second);
+    rank_of.mark(ranked[r].second, static_cast<std::uint32_t>(r));
   }
+  // Every part of a kept group, ordered by (group rank, distance), then cut into groups.
+  members.clear();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::uint32_t g = field.group_of[rows[i]];
-    if (g == Field::kNoGroup || rank_of[g] == Field::kNoGroup) continue;
-    groups[rank_of[g]].best.push_back({dist[i], rows[i]});
+    if (g == Field::kNoGroup || !rank_of.marked(g)) continue;
+    members.push_back({rank_of.value(g), Scored{dist[i], rows[i]}});
   }
-  for (Group& grp : groups) {
-    std::sort(grp.best.begin(), grp.best.end());
-    for (const Scored& s : grp.best) grp.parts.push_back(s.slot);
-    if (grp.best.size() > group_size) grp.best.resize(group_size);
+  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second < b.second;
+  });
+  out.best_end.resize(ranked.size());
+  out.parts_end.resize(ranked.size());
+  out.parts.reserve(members.size());
+  std::size_t i = 0;
+  for (std::uint32_t r = 0; r < ranked.size(); ++r) {
+    std::size_t taken = 0;
+    for (; i < members.size() && members[i].first == r; ++i, ++taken) {
+      if (taken < group_size) out.best.push_back(members[i].second);
+      out.parts.push_back(members[i].second.slot);
+    }
+    out.best_end[r] = static_cast<std::uint32_t>(out.best.size());
+    out.parts_end[r] = static_cast<std::uint32_t>(out.parts.size());
   }
-  return groups;
 }
 
 }  // namespace kbcore

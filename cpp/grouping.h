@@ -1,7 +1,11 @@
 #pragma once
 // Collapsing hits by source: each hit's group is the value of one metadata field (int or
-// str); a group keeps its best `group_size` hits and the ids of every part of it that the
+// str); a group keeps its best `group_size` hits and the slots of every part of it that the
 // search met. Groups are ordered by their best distance.
+//
+// Results are flat (a few arrays per query, not a few per group) and the per-call group
+// lookups use dense per-thread marks indexed by the field's group ordinal, so collapsing a
+// page allocates nothing per group and never hashes.
 #include <cstdint>
 #include <vector>
 
@@ -10,26 +14,37 @@
 
 namespace kbcore {
 
-/// One collapsed group: its dense ordinal in the field, best hits (ascending), parts met.
-struct Group {
-  std::uint32_t ordinal = Field::kNoGroup;
+/// The groups of one query, best first, flattened. Group g has ordinal ordinals[g]; its best
+/// hits are best[best_begin(g), best_end[g]) and the parts met parts[parts_begin(g),
+/// parts_end[g]), both ascending by distance (the best hits are a prefix of the parts).
+struct GroupedSlots {
+  std::vector<std::uint32_t> ordinals;   // dense group ordinal in the field, one per group
+  std::vector<std::uint32_t> best_end;   // one per group: end offset of its hits in `best`
   std::vector<Scored> best;
+  std::vector<std::uint32_t> parts_end;  // one per group: end offset of its parts in `parts`
   std::vector<Slot> parts;
+
+  std::size_t size() const { return ordinals.size(); }
+  std::size_t best_begin(std::size_t g) const { return g == 0 ? 0 : best_end[g - 1]; }
+  std::size_t parts_begin(std::size_t g) const { return g == 0 ? 0 : parts_end[g - 1]; }
+  void clear();
 };
 
-/// Groups `sorted` (ascending) by field.group_of; keeps the first k groups to appear (the k
-/// with the best distances) and, for them, the best group_size hits and every part met.
-/// Slots without a group value are skipped. The field's index must be built. O(|sorted|).
-std::vector<Group> collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
-                                   std::size_t group_size);
+/// Groups `sorted` (ascending) by field.group_of into `out` (cleared first); keeps the first
+/// k groups to appear (the k with the best distances) and, for them, the best group_size hits
+/// and every part met. Slots without a group value are skipped. The field's index must be
+/// built. O(|sorted|), no allocation in steady state beyond `out`'s growth.
+void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
+                     std::size_t group_size, GroupedSlots& out);
 
-/// Number of distinct groups among `sorted`, counting stops at `k`. O(|sorted|).
-std::size_t count_groups(const std::vector<Scored>& sorted, const Field& field, std::size_t k);
+/// Number of distinct groups among `hits` (any order), counting stops at `k`. O(|hits|).
+std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k);
 
-/// Exact grouping over all `rows` with their distances `dist` (same order): the k groups with
-/// the smallest best distance, each with its best group_size hits and every part among rows.
-/// O(|rows| + groups).
-std::vector<Group> collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist,
-                                  const Field& field, std::size_t k, std::size_t group_size);
+/// Exact grouping over all `rows` with their distances `dist` (same order) into `out`
+/// (cleared first): the k groups with the smallest best distance, each with its best
+/// group_size hits and every part among rows. O(|rows| + groups + m log m) for the m parts of
+/// the k groups.
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field,
+                    std::size_t k, std::size_t group_size, GroupedSlots& out);
 
 }  // namespace kbcore

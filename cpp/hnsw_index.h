@@ -83,8 +83,8 @@ class HnswIndex {
   double local_selectivity(const float* q, const Bitmap& allowed) const;
 
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
-  /// converges before enough(results) holds (results ascending), until the reachable
-  /// (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
+  /// converges before enough(results) holds (results in heap order, not sorted), until the
+  /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
   /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
   template <typename Enough>
   std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
@@ -170,6 +170,16 @@ inline void prefetch(const void* p) {
 struct ScoredGreater {
   bool operator()(const Scored& a, const Scored& b) const { return b < a; }
 };
+/// Per-thread scratch of search_expanding (which is not reentrant on one thread).
+struct ExpandScratch {
+  std::vector<Scored> candidates;
+  std::vector<Scored> deferred;
+  std::vector<Scored> again;
+};
+/// This thread's ExpandScratch. Out of line on purpose: the search then holds a plain
+/// pointer, where a thread_local named in its hot loop is re-resolved (a __tls_get_addr call
+/// in a shared library) at nearly every use, once per scored node.
+ExpandScratch& expand_scratch();
 }  // namespace detail
 
 inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m,
@@ -336,20 +346,25 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
   auto visited = visited_.acquire(levels_.size());
-  thread_local std::vector<Scored> candidates;
+  detail::ExpandScratch& scratch = detail::expand_scratch();
+  std::vector<Scored>& candidates = scratch.candidates;
   candidates.clear();
   std::vector<Scored> results;
   results.reserve(ef + 1);
   visited->test_and_set(cur.slot);
   candidates.push_back(cur);
   if (passes(cur.slot)) results.push_back(cur);
-  const std::size_t cap = m0_;
-  std::vector<std::uint32_t> fresh(cap);
-  std::vector<float> dists(cap);
+  const std::size_t cap = m0_;  // at most 2 * 256 (M is at most 256)
+  std::uint32_t fresh[2 * 256];
+  float dists[2 * 256];
   std::size_t n_evals = 0;
   // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
   // that resuming with a larger ef loses nothing a fresh search with that ef would find.
-  std::vector<Scored> deferred;
+  // Kept per thread so that steady-state searches do not regrow it: most searches never
+  // resume and only ever append here.
+  std::vector<Scored>& deferred = scratch.deferred;
+  std::vector<Scored>& again = scratch.again;
+  deferred.clear();
   const auto offer = [&](const Scored& e) {
     if (results.size() < ef || e.dist < results.front().dist) {
       candidates.push_back(e);
@@ -370,11 +385,9 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
         candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
     if (converged) {
       if (ef >= limit || (candidates.empty() && deferred.empty())) break;
-      std::vector<Scored> sorted = results;
-      std::sort(sorted.begin(), sorted.end());
-      if (enough(sorted)) break;
+      if (enough(results)) break;
       ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
-      std::vector<Scored> again;
+      again.clear();
       again.swap(deferred);
       for (const Scored& e : again) offer(e);
       continue;
@@ -407,11 +420,15 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
         }
       }
     }
-    score(kern, q, fresh.data(), m, dists.data());
+    score(kern, q, fresh, m, dists);
     n_evals += m;
     for (std::size_t j = 0; j < m; ++j) offer({dists[j], fresh[j]});
   }
   if (evals != nullptr) *evals += n_evals;
+  // Do not keep the memory of an exhaustive expansion for the life of the thread.
+  constexpr std::size_t kKeepScratch = std::size_t{1} << 16;
+  if (deferred.capacity() > kKeepScratch) std::vector<Scored>().swap(deferred);
+  if (again.capacity() > kKeepScratch) std::vector<Scored>().swap(again);
   std::sort_heap(results.begin(), results.end());
   return results;
 }

@@ -390,7 +390,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
   });
 }
 
-std::vector<std::vector<Index::GroupHit>> Index::search_groups(
+std::vector<Index::GroupPage> Index::search_groups(
     const float* queries, std::size_t nq, std::size_t k, const std::string& group_by, std::size_t group_size,
     std::size_t ef, std::size_t threads, const FilterNode* filter, Strategy force) const {
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
@@ -400,7 +400,7 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
   std::vector<float> prepared(nq * dim);
   for (std::size_t i = 0; i < nq; ++i) prepare_query(queries + i * dim, prepared.data() + i * dim);
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  std::vector<std::vector<GroupHit>> out(nq);
+  std::vector<GroupPage> out(nq);
   if (store_.size() == 0) return out;
   const Field* field = meta_.field(group_by);
   if (field == nullptr || field->present == 0) {
@@ -433,26 +433,34 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
       store_.live_bitmap().for_each([&](Slot s) { rows.push_back(s); });
     }
   }
-  const auto convert = [&](const std::vector<Group>& groups) {
-    std::vector<GroupHit> hits;
-    hits.reserve(groups.size());
-    for (const Group& g : groups) {
-      GroupHit h;
-      const auto& key = field->group_keys[g.ordinal];
-      h.key.kind = static_cast<ValueKind>(key.first);
-      if (h.key.kind == ValueKind::kInt) {
-        h.key.i = key.second;
+  // Slots to ids and group ordinals to keys, copied out under the lock (the caller builds
+  // its objects after the lock is released).
+  const auto convert = [&](const GroupedSlots& groups, GroupPage& page) {
+    const std::size_t ng = groups.size();
+    page.key_kinds.resize(ng);
+    page.key_ints.resize(ng);
+    page.key_str_end.resize(ng);
+    page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
+    page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
+    for (std::size_t g = 0; g < ng; ++g) {
+      const auto& key = field->group_keys[groups.ordinals[g]];
+      page.key_kinds[g] = static_cast<ValueKind>(key.first);
+      if (page.key_kinds[g] == ValueKind::kInt) {
+        page.key_ints[g] = key.second;
       } else {
-        h.key.s = meta_.dict().str(static_cast<std::uint32_t>(key.second));
+        page.key_ints[g] = 0;
+        page.key_chars += meta_.dict().str(static_cast<std::uint32_t>(key.second));
       }
-      for (const Scored& s : g.best) {
-        h.ids.push_back(store_.id_of(s.slot));
-        h.distances.push_back(s.dist);
-      }
-      for (Slot p : g.parts) h.part_ids.push_back(store_.id_of(p));
-      hits.push_back(std::move(h));
+      page.key_str_end[g] = page.key_chars.size();
     }
-    return hits;
+    page.ids.resize(groups.best.size());
+    page.distances.resize(groups.best.size());
+    for (std::size_t i = 0; i < groups.best.size(); ++i) {
+      page.ids[i] = store_.id_of(groups.best[i].slot);
+      page.distances[i] = groups.best[i].dist;
+    }
+    page.part_ids.resize(groups.parts.size());
+    for (std::size_t i = 0; i < groups.parts.size(); ++i) page.part_ids[i] = store_.id_of(groups.parts[i]);
   };
   std::once_flag rows_once;
   const auto all_rows = [&]() -> const std::vector<Slot>& {
@@ -469,8 +477,11 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
   };
   parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
     const float* q = prepared.data() + qi * dim;
+    thread_local GroupedSlots tls_groups;  // per-thread scratch, reused across queries
+    GroupedSlots& groups = tls_groups;
     if (strategy == Strategy::kGraph) {
-      const auto enough = [&](const std::vector<Scored>& sorted) { return count_groups(sorted, *field, k) >= k; };
+      // The candidate list in any order: counting distinct groups needs no sort.
+      const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
       std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
       if (!graph_->pending().empty()) {
         std::vector<Slot> fresh;
@@ -480,9 +491,9 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
         res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, fresh, fresh.size()),
                          res.size() + fresh.size());
       }
-      std::vector<Group> groups = collapse_sorted(res, *field, k, group_size);
+      collapse_sorted(res, *field, k, group_size, groups);
       if (groups.size() >= k) {
-        out[qi] = convert(groups);
+        convert(groups, out[qi]);
         return;
       }
       // The traversal ran out of reachable candidates before k groups: never return a short
@@ -498,7 +509,8 @@ std::vector<std::vector<Index::GroupHit>> Index::search_groups(
       distance4(kern, config_.metric, q, r4, dim, d.data() + i);
     }
     for (; i < scan.size(); ++i) d[i] = distance(kern, config_.metric, q, store_.vector(scan[i]), dim);
-    out[qi] = convert(collapse_exact(scan, d, *field, k, group_size));
+    collapse_exact(scan, d, *field, k, group_size, groups);
+    convert(groups, out[qi]);
   });
   return out;
 }

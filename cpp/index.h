@@ -87,23 +87,37 @@ class Index {
   void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
               std::size_t threads, std::int64_t* out_ids, float* out_dist,
               const FilterNode* filter = nullptr, Strategy force = Strategy::kAuto) const;
-  /// One group of a grouped search: its key and hits as ids.
-  struct GroupHit {
-    Value key;                         // kInt or kStr
-    std::vector<std::int64_t> ids;     // best group_size hits, ascending distance
+  /// The groups of one query of a grouped search, best first, flattened (a few arrays per
+  /// query instead of a few per group). Group g has key key_kinds[g] (kInt: key_ints[g];
+  /// kStr: key_chars[key_str_begin(g), key_str_end[g])), its best hits ids/distances
+  /// [best_begin(g), best_end[g]) ascending, and every part met part_ids [parts_begin(g),
+  /// parts_end[g]) ascending by distance; the best hits are a prefix of the parts.
+  struct GroupPage {
+    std::vector<ValueKind> key_kinds;         // one per group: kInt or kStr
+    std::vector<std::int64_t> key_ints;       // one per group (0 for str keys)
+    std::vector<std::size_t> key_str_end;     // one per group: end of its str key in key_chars
+    std::string key_chars;                    // the str keys, concatenated (UTF-8)
+    std::vector<std::uint32_t> best_end;      // one per group: end of its hits in ids/distances
+    std::vector<std::int64_t> ids;
     std::vector<float> distances;
-    std::vector<std::int64_t> part_ids;  // every part met (includes ids), ascending distance
+    std::vector<std::uint32_t> parts_end;     // one per group: end of its parts in part_ids
+    std::vector<std::int64_t> part_ids;
+
+    std::size_t size() const { return key_kinds.size(); }
+    std::size_t key_str_begin(std::size_t g) const { return g == 0 ? 0 : key_str_end[g - 1]; }
+    std::size_t best_begin(std::size_t g) const { return g == 0 ? 0 : best_end[g - 1]; }
+    std::size_t parts_begin(std::size_t g) const { return g == 0 ? 0 : parts_end[g - 1]; }
   };
   /// Up to k groups per query, grouped by the int or str metadata field `group_by` and ordered
   /// by best distance. The graph search keeps doubling its candidate list until k distinct
   /// groups are found or the (filtered) index is exhausted; the exact path (flat kind or few
   /// passing rows) groups every passing row. Rows without a group value are never returned.
-  /// Throws InvalidArgument if no stored row has the field.
-  std::vector<std::vector<GroupHit>> search_groups(const float* queries, std::size_t nq, std::size_t k,
-                                                   const std::string& group_by, std::size_t group_size,
-                                                   std::size_t ef, std::size_t threads,
-                                                   const FilterNode* filter = nullptr,
-                                                   Strategy force = Strategy::kAuto) const;
+  /// Throws InvalidArgument if no stored row has the field. Shared lock.
+  std::vector<GroupPage> search_groups(const float* queries, std::size_t nq, std::size_t k,
+                                       const std::string& group_by, std::size_t group_size,
+                                       std::size_t ef, std::size_t threads,
+                                       const FilterNode* filter = nullptr,
+                                       Strategy force = Strategy::kAuto) const;
   /// BM25 full-text search over the rows' texts: up to k (id, score) pairs per query, score
   /// descending; rows matching no query term are not returned. Shared lock.
   std::vector<std::pair<std::int64_t, float>> search_text(const std::string& query, std::size_t k,

@@ -45,6 +45,67 @@ std::size_t ids_len(const IdArray& ids) {
   return static_cast<std::size_t>(ids.shape(0));
 }
 
+// Grouped results are built straight from the flat native page: per group one 4-tuple
+// (key, ids, distances, part_ids) of Python scalars, created as an instance of `type` (a
+// tuple subclass without extra storage, e.g. a NamedTuple) when one is given. Such an
+// instance is allocated and filled exactly as tuple.__new__(type, fields) does, without a
+// Python-level __new__ call per group; small tuples are far cheaper than small numpy arrays.
+PyTypeObject* group_tuple_type(const py::object& group_type) {
+  if (group_type.is_none()) return nullptr;
+  if (!PyType_Check(group_type.ptr())) throw InvalidArgument("group_type must be a type");
+  auto* type = reinterpret_cast<PyTypeObject*>(group_type.ptr());
+  if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_basicsize != PyTuple_Type.tp_basicsize ||
+      type->tp_itemsize != PyTuple_Type.tp_itemsize || type->tp_dictoffset != 0) {
+    throw InvalidArgument("group_type must be a tuple subclass without instance attributes (a NamedTuple)");
+  }
+  return type;
+}
+
+py::object steal(PyObject* o) {
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(o);
+}
+
+py::object int_tuple(const std::int64_t* v, std::size_t n) {
+  py::object t = steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
+  for (std::size_t j = 0; j < n; ++j) {
+    PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(j), steal(PyLong_FromLongLong(v[j])).release().ptr());
+  }
+  return t;
+}
+
+py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
+  const std::size_t ng = page.size();
+  py::list out(ng);
+  for (std::size_t g = 0; g < ng; ++g) {
+    py::object key;
+    if (page.key_kinds[g] == ValueKind::kInt) {
+      key = steal(PyLong_FromLongLong(page.key_ints[g]));
+    } else {
+      const std::size_t b = page.key_str_begin(g);
+      key = steal(PyUnicode_DecodeUTF8(page.key_chars.data() + b,
+                                       static_cast<Py_ssize_t>(page.key_str_end[g] - b), "strict"));
+    }
+    const std::size_t b = page.best_begin(g), n = page.best_end[g] - b;
+    py::object ids = int_tuple(page.ids.data() + b, n);
+    py::object dist = steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
+    for (std::size_t j = 0; j < n; ++j) {
+      PyTuple_SET_ITEM(dist.ptr(), static_cast<Py_ssize_t>(j),
+                       steal(PyFloat_FromDouble(page.distances[b + j])).release().ptr());
+    }
+    // Parts met = the best hits (a source met only through its best parts): one shared tuple.
+    const std::size_t pb = page.parts_begin(g), np = page.parts_end[g] - pb;
+    py::object parts = np == n ? ids : int_tuple(page.part_ids.data() + pb, np);
+    py::object grp = steal(type != nullptr ? type->tp_alloc(type, 4) : PyTuple_New(4));
+    PyTuple_SET_ITEM(grp.ptr(), 0, key.release().ptr());
+    PyTuple_SET_ITEM(grp.ptr(), 1, ids.release().ptr());
+    PyTuple_SET_ITEM(grp.ptr(), 2, dist.release().ptr());
+    PyTuple_SET_ITEM(grp.ptr(), 3, parts.release().ptr());
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(g), grp.release().ptr());
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_index(py::module_& m) {
@@ -144,39 +205,27 @@ void bind_index(py::module_& m) {
       .def("search_groups",
            [](const Index& self, const FloatArray& queries, std::size_t k, const std::string& group_by,
               std::size_t group_size, std::size_t ef, std::size_t threads, const py::object& filter,
-              const std::string& strategy) {
+              const std::string& strategy, const py::object& group_type) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              const FilterRef node(filter);
              const Index::Strategy force = parse_strategy(strategy);
-             std::vector<std::vector<Index::GroupHit>> res;
+             PyTypeObject* type = group_tuple_type(group_type);
+             std::vector<Index::GroupPage> pages;
              {
                py::gil_scoped_release nogil;
-               res = self.search_groups(queries.data(), nq, k, group_by, group_size, ef, threads,
-                                        node.get(), force);
+               pages = self.search_groups(queries.data(), nq, k, group_by, group_size, ef, threads,
+                                          node.get(), force);
              }
-             // Per query: a list of (key, ids, distances, part_ids) tuples of Python scalars;
-             // small tuples are far cheaper to build than small numpy arrays.
-             py::list out;
-             for (const auto& groups : res) {
-               py::list gl(groups.size());
-               for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-                 const auto& g = groups[gi];
-                 py::tuple ids(g.ids.size()), dist(g.ids.size()), parts(g.part_ids.size());
-                 for (std::size_t j = 0; j < g.ids.size(); ++j) {
-                   ids[j] = py::int_(g.ids[j]);
-                   dist[j] = py::float_(g.distances[j]);
-                 }
-                 for (std::size_t j = 0; j < g.part_ids.size(); ++j) parts[j] = py::int_(g.part_ids[j]);
-                 py::object key = g.key.kind == ValueKind::kInt ? py::object(py::int_(g.key.i))
-                                                                : py::object(py::str(g.key.s));
-                 gl[gi] = py::make_tuple(key, ids, dist, parts);
-               }
-               out.append(gl);
+             py::list out(nq);
+             for (std::size_t qi = 0; qi < nq; ++qi) {
+               py::list groups = groups_to_py(pages[qi], type);
+               PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(qi), groups.release().ptr());
              }
              return out;
            },
            py::arg("queries").noconvert(), py::arg("k"), py::arg("group_by"), py::arg("group_size"),
-           py::arg("ef"), py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto")
+           py::arg("ef"), py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto",
+           py::arg("group_type") = py::none())
       .def("count",
            [](const Index& self, const py::object& filter) {
              const FilterRef node(filter);

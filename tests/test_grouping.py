@@ -559,3 +559,69 @@ def test_batch_equals_single_queries_and_threads_do_not_change_results(corpus, f
     assert all(isinstance(g, kbcore.Group) for g in single[0])
     assert batch1 == single
     assert batch2 == batch1
+
+
+# --------------------------------------------------------------------------------------------
+# result objects and the collapse of one candidate list
+
+
+def test_groups_are_group_named_tuples_of_python_scalars(corpus, hnsw):
+    got = hnsw.search_groups(corpus.queries[0], K, group_size=2)
+    plain = hnsw._native.search_groups(corpus.queries[:1], K, "document_id", 2, 0, 1, None)[0]
+    for g, t in zip(got, plain, strict=True):
+        assert type(g) is kbcore.Group and type(t) is tuple
+        assert g == kbcore.Group._make(t) and tuple(g) == (g.key, g.ids, g.distances, g.part_ids)
+        assert g._asdict()["part_ids"] == g.part_ids and g.distance == g.distances[0]
+        assert all(type(f) is tuple for f in (g.ids, g.distances, g.part_ids))
+        assert all(type(i) is int for i in g.ids + g.part_ids)
+        assert all(type(d) is float for d in g.distances)
+        assert g.part_ids[: len(g.ids)] == g.ids
+
+
+def test_native_group_type_must_be_a_plain_tuple_subclass(corpus, hnsw):
+    class WithDict(tuple):
+        pass
+
+    q = corpus.queries[:1]
+    for bad in (dict, WithDict, 3):
+        with pytest.raises(ValueError, match="group_type"):
+            hnsw._native.search_groups(q, K, "document_id", 1, 0, 1, None, "auto", bad)
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_hnsw_groups_collapse_the_ungrouped_candidate_list(corpus, hnsw, group_size):
+    """Without expansion, grouped search walks the graph like an ungrouped search with the
+    same ef, then collapses that list: the groups must be the first k keys of the list, each
+    with its first group_size hits and every hit of its key, in list order. (The two walks are
+    separate code, so a near-tie may be broken differently: 90 % of the pages must match
+    exactly; a collapse bug breaks nearly all of them.)"""
+    ef = 64
+    key_of = {int(i): int(s) for i, s in zip(corpus.ids, corpus.source)}
+    checked = matched = 0
+    for q in corpus.queries:
+        ids, dist = hnsw.search(q, ef, ef=ef)
+        order: list[int] = []
+        hits: dict[int, list[tuple[int, float]]] = {}
+        for i, d in zip(ids.tolist(), dist.tolist()):
+            s = key_of[i]
+            if s < 0:
+                continue
+            if s not in hits:
+                if len(order) == K:
+                    continue
+                order.append(s)
+                hits[s] = []
+            hits[s].append((i, d))
+        if len(order) < K:
+            continue  # the grouped search would widen its list here
+        checked += 1
+        got = hnsw.search_groups(q, K, group_size=group_size, ef=ef)
+        want = [(s, tuple(i for i, _ in hits[s][:group_size]), tuple(i for i, _ in hits[s]))
+                for s in order]
+        if [(g.key, g.ids, g.part_ids) for g in got] == want:
+            matched += 1
+            for g in got:
+                best = [d for _, d in hits[g.key][:group_size]]
+                assert g.distances == pytest.approx(best, abs=1e-6)
+    assert checked >= len(corpus.queries) // 2
+    assert matched >= 0.9 * checked, f"{matched} of {checked} pages equal the collapsed list"

@@ -52,7 +52,10 @@ class Index:
         threads: int,
         filter: _FilterArg | None = ...,
         strategy: str = ...,
-    ) -> list[list[tuple[int | str, tuple[int, ...], tuple[float, ...], tuple[int, ...]]]]: ...
+        group_type: type[tuple[Any, ...]] | None = ...,
+    ) -> list[list[tuple[int | str, tuple[int, ...], tuple[float, ...], tuple[int, ...]]]]:
+        """Per query, a list of (key, ids, distances, part_ids) built as ``group_type``
+        instances (a NamedTuple class) when given, else plain tuples."""
     def search_text(
         self, query: str, k: int, filter: _FilterArg | None = ...
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...

@@ -40,11 +40,6 @@ class Group(NamedTuple):
         return self.distances[0]
 
 
-def _groups_of(packed: list[tuple[Any, ...]]) -> list[Group]:
-    new = Group._make
-    return [new(t) for t in packed]
-
-
 def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool]:
     """Converts to C-contiguous float32 [n, dim]; returns (array, was_1d). Hot path: keep cheap."""
     arr = np.asarray(x)
@@ -349,10 +344,11 @@ class Index:
         if not isinstance(group_by, str) or not group_by:
             raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
         ef_value = 0 if ef is None else _positive("ef", ef)
-        packed = self._native.search_groups(
-            arr, k, group_by, group_size, ef_value, _threads(threads), native_filter(where)
+        # The native layer builds the Group instances itself (one list per query).
+        result = self._native.search_groups(
+            arr, k, group_by, group_size, ef_value, _threads(threads), native_filter(where), "auto",
+            Group,
         )
-        result = [_groups_of(p) for p in packed]
         return result[0] if one else result
 
     def search_text(
