@@ -78,6 +78,27 @@ void HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t m, cons
     }
     if (good) kept.push_back(c);
   }
+  // Free link slots are filled with pruned candidates, nearest first, unless a kept
+  // neighbour is kFillAlpha times closer to the candidate than the base is.
+  if (kept.size() < m) {
+    const std::size_t first = kept.size();
+    for (const Scored& c : cands) {
+      if (kept.size() >= m) break;
+      bool in = false;
+      for (std::size_t i = 0; i < first; ++i) in = in || kept[i].slot == c.slot;
+      if (in) continue;
+      const float* cv = store_.vector(c.slot);
+      bool good = true;
+      for (const Scored& s : kept) {
+        if (kFillAlpha * distance(k, metric_, cv, store_.vector(s.slot), store_.dim()) < c.dist) {
+          good = false;
+          break;
+        }
+      }
+      if (good) kept.push_back(c);
+    }
+    std::sort(kept.begin(), kept.end());
+  }
   cands.swap(kept);
 }
 

@@ -132,8 +132,15 @@ class HnswIndex {
   template <bool kLocked>
   Scored greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const;
   /// Selection heuristic (Malkov & Yashunin, Algorithm 4): keep a candidate only if it is
-  /// closer to the base than to every already kept neighbour. `cands` ascending.
+  /// closer to the base than to every already kept neighbour. `cands` ascending. Link slots
+  /// the heuristic leaves free are then filled with the pruned candidates, nearest first,
+  /// skipping one whose distance to a kept neighbour is below 1/kFillAlpha of its distance to
+  /// the base (a relaxed form of the same rule, as the alpha of Vamana, Subramanya et al.
+  /// NeurIPS 2019). The diverse links stay; the full lists raise recall per distance
+  /// evaluation. Measured with M = 16, ef_construction = 200 (benches/bench_index.py): SciFact
+  /// recall@10 at ef 16 0.925 -> 0.948 and 1.2x QPS at recall 0.95; synthetic 100k 1.05x.
   void select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
+  static constexpr float kFillAlpha = 2.0f;
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
   /// O(n * M) for the check; runs after parallel inserts and after removals.
