@@ -26,6 +26,7 @@ void HnswIndex::grow() {
   const std::size_t n = store_.slot_count();
   if (levels_.size() >= n) return;
   links0_.resize(n * (1 + m0_), 0);
+  core0_.resize(n, 0);
   levels_.resize(n, 0);
   upper_.resize(n);
   pending_.resize(n, 0);
@@ -37,6 +38,7 @@ void HnswIndex::add_pending(const std::vector<Slot>& slots) {
     levels_[s] = 0;
     upper_[s].clear();
     links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+    core0_[s] = 0;
     if (!pending_[s]) {
       pending_[s] = 1;
       pending_list_.push_back(s);
@@ -62,44 +64,42 @@ int HnswIndex::draw_level() {
   return static_cast<int>(std::min<double>(r, kMaxLevel));
 }
 
-void HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const {
-  if (cands.size() <= m) return;
+std::size_t HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const {
+  if (cands.size() <= m) return cands.size();
   std::vector<Scored> kept;
   kept.reserve(m);
+  const std::size_t dim = store_.dim();
   for (const Scored& c : cands) {
     if (kept.size() >= m) break;
     const float* cv = store_.vector(c.slot);
     bool good = true;
-    for (const Scored& s : kept) {
-      if (distance(k, metric_, cv, store_.vector(s.slot), store_.dim()) < c.dist) {
-        good = false;
-        break;
-      }
+    // Four kept neighbours per kernel call; the first one closer to c than the base rejects it.
+    for (std::size_t i = 0; good && i < kept.size(); i += 4) {
+      const std::size_t last = kept.size() - 1;
+      const float* rows[4] = {store_.vector(kept[i].slot), store_.vector(kept[std::min(i + 1, last)].slot),
+                              store_.vector(kept[std::min(i + 2, last)].slot),
+                              store_.vector(kept[std::min(i + 3, last)].slot)};
+      float d4[4];
+      distance4(k, metric_, cv, rows, dim, d4);
+      for (std::size_t t = 0; t < 4 && i + t < kept.size(); ++t) good = good && !(d4[t] < c.dist);
     }
     if (good) kept.push_back(c);
   }
-  // Free link slots are filled with pruned candidates, nearest first, unless a kept
-  // neighbour is kFillAlpha times closer to the candidate than the base is.
-  if (kept.size() < m) {
-    const std::size_t first = kept.size();
+  const std::size_t core = kept.size();
+  // Link slots the heuristic left free take the pruned candidates, nearest first.
+  if (core < m) {
+    std::size_t next = 0;  // kept[0, core) is ascending and a subsequence of cands
     for (const Scored& c : cands) {
       if (kept.size() >= m) break;
-      bool in = false;
-      for (std::size_t i = 0; i < first; ++i) in = in || kept[i].slot == c.slot;
-      if (in) continue;
-      const float* cv = store_.vector(c.slot);
-      bool good = true;
-      for (const Scored& s : kept) {
-        if (kFillAlpha * distance(k, metric_, cv, store_.vector(s.slot), store_.dim()) < c.dist) {
-          good = false;
-          break;
-        }
+      if (next < core && kept[next].slot == c.slot) {
+        ++next;
+        continue;
       }
-      if (good) kept.push_back(c);
+      kept.push_back(c);
     }
-    std::sort(kept.begin(), kept.end());
   }
   cands.swap(kept);
+  return core;
 }
 
 void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& k, bool locked) {
@@ -111,23 +111,69 @@ void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& 
   for (std::size_t j = 0; j < count; ++j) {
     if (nl[1 + j] == s) return;
   }
+  const std::size_t core = level == 0 ? std::min<std::size_t>(core0_[n], count) : count;
+  const float* nv = store_.vector(n);
+  const auto add_to_core = [&] {
+    // s joins the core links; fill links (the tail, ascending) move back one place, and the
+    // farthest one is dropped when the list is full.
+    const std::size_t end = count < cap ? count + 1 : count;
+    for (std::size_t j = end; j > core + 1; --j) nl[j] = nl[j - 1];
+    nl[1 + core] = s;
+    nl[0] = static_cast<std::uint32_t>(end);
+    if (level == 0) core0_[n] = static_cast<std::uint16_t>(core + 1);
+  };
   if (count < cap) {
-    nl[1 + count] = s;
-    nl[0] = static_cast<std::uint32_t>(count + 1);
+    add_to_core();
     return;
+  }
+  if (level == 0 && core > 0) {
+    // Full list [core ascending, fill ascending]. If s is farther than every link, the
+    // heuristic would meet it last: it is pruned if a core link is closer to it than n is
+    // (then nothing changes), else it is kept as a core link and the farthest fill link
+    // goes. Either way the result equals re-running the heuristic, for far fewer distances.
+    const std::uint32_t ends[2] = {nl[core], nl[count]};
+    float de[2];
+    const float* rows[4] = {store_.vector(ends[0]), store_.vector(ends[1]), store_.vector(ends[1]),
+                            store_.vector(ends[1])};
+    float d4[4];
+    distance4(k, metric_, nv, rows, store_.dim(), d4);
+    de[0] = d4[0];
+    de[1] = d4[1];
+    if (d > de[0] && d > de[1]) {
+      const float* sv = store_.vector(s);
+      for (std::size_t i = 0; i < core; i += 4) {
+        const std::size_t last = core - 1;
+        const float* r4[4] = {store_.vector(nl[1 + i]), store_.vector(nl[1 + std::min(i + 1, last)]),
+                              store_.vector(nl[1 + std::min(i + 2, last)]),
+                              store_.vector(nl[1 + std::min(i + 3, last)])};
+        distance4(k, metric_, sv, r4, store_.dim(), d4);
+        for (std::size_t t = 0; t < 4 && i + t < core; ++t) {
+          if (d4[t] < d) return;  // pruned by a core link: the list stays as it is
+        }
+      }
+      if (core < count) {
+        add_to_core();
+        return;
+      }
+    }
   }
   // Full: re-select among the old links plus s with the heuristic, as hnswlib does.
   std::vector<Scored> cands;
   cands.reserve(count + 1);
-  const float* nv = store_.vector(n);
   cands.push_back({d, s});
+  float dn[2 * 256];
   for (std::size_t j = 0; j < count; ++j) {
-    cands.push_back({distance(k, metric_, nv, store_.vector(nl[1 + j]), store_.dim()), nl[1 + j]});
+    const char* row = reinterpret_cast<const char*>(store_.vector(nl[1 + j]));
+    detail::prefetch(row);
+    detail::prefetch(row + 64);
   }
+  score(k, nv, nl + 1, count, dn);
+  for (std::size_t j = 0; j < count; ++j) cands.push_back({dn[j], nl[1 + j]});
   std::sort(cands.begin(), cands.end());
-  select_neighbors(cands, cap, k);
+  const std::size_t kept_core = select_neighbors(cands, cap, k);
   nl[0] = static_cast<std::uint32_t>(cands.size());
   for (std::size_t j = 0; j < cands.size(); ++j) nl[1 + j] = cands[j].slot;
+  if (level == 0) core0_[n] = static_cast<std::uint16_t>(kept_core);
 }
 
 void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool locked) {
@@ -146,7 +192,7 @@ void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool
     // The node itself can be met when it is being re-linked during repair.
     w.erase(std::remove_if(w.begin(), w.end(), [s](const Scored& x) { return x.slot == s; }), w.end());
     eps = w;
-    select_neighbors(w, params_.M, k);
+    const std::size_t w_core = select_neighbors(w, params_.M, k);
     {
       // Concurrent inserts may already have linked themselves to s (connect_back): merge
       // those links with the selection instead of overwriting them, or such a node could be
@@ -154,19 +200,27 @@ void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool
       std::unique_lock<Lock> guard(lock_for(s), std::defer_lock);
       if (locked) guard.lock();
       std::uint32_t* sl = links(s, l);
-      std::vector<Scored> merged = w;
+      // Order: the selection's core links, links made by others, then its fill links.
+      std::vector<Scored> merged(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(w_core));
       for (std::size_t j = 0; j < sl[0]; ++j) {
         const Slot x = sl[1 + j];
-        if (std::none_of(merged.begin(), merged.end(), [x](const Scored& e) { return e.slot == x; })) {
+        if (std::none_of(w.begin(), w.end(), [x](const Scored& e) { return e.slot == x; })) {
           merged.push_back({dist(k, q, x), x});
         }
       }
+      std::size_t core = merged.size();
+      merged.insert(merged.end(), w.begin() + static_cast<std::ptrdiff_t>(w_core), w.end());
       if (merged.size() > capacity(l)) {
-        std::sort(merged.begin(), merged.end());
-        select_neighbors(merged, capacity(l), k);
+        if (core < capacity(l)) {
+          merged.resize(capacity(l));  // drop the farthest fill links
+        } else {
+          std::sort(merged.begin(), merged.end());
+          core = select_neighbors(merged, capacity(l), k);
+        }
       }
       sl[0] = static_cast<std::uint32_t>(merged.size());
       for (std::size_t j = 0; j < merged.size(); ++j) sl[1 + j] = merged[j].slot;
+      if (l == 0) core0_[s] = static_cast<std::uint16_t>(std::min(core, merged.size()));
     }
     for (const Scored& n : w) connect_back(n.slot, s, n.dist, l, k, locked);
     if (eps.empty()) eps.push_back(cur);
@@ -204,6 +258,7 @@ void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads
     levels_[s] = static_cast<std::uint8_t>(level);
     upper_[s].assign(static_cast<std::size_t>(level) * (1 + params_.M), 0);
     links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+    core0_[s] = 0;
   }
   const Kernels& k = active_kernels();
   std::size_t start = 0;
@@ -339,15 +394,17 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
       cands.reserve(pool.size());
       for (Slot y : pool) cands.push_back({distance(k, metric_, pv, store_.vector(y), store_.dim()), y});
       std::sort(cands.begin(), cands.end());
-      select_neighbors(cands, capacity(l), k);
+      const std::size_t core = select_neighbors(cands, capacity(l), k);
       pl[0] = static_cast<std::uint32_t>(cands.size());
       for (std::size_t j = 0; j < cands.size(); ++j) pl[1 + j] = cands[j].slot;
+      if (l == 0) core0_[p] = static_cast<std::uint16_t>(core);
       if (l == 0 && cands.empty()) orphan[p] = 1;
     }
   }, 64);
 
   for (Slot s : slots) {
     links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+    core0_[s] = 0;
     levels_[s] = 0;
     upper_[s].clear();
     upper_[s].shrink_to_fit();
@@ -398,7 +455,8 @@ double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const
 }
 
 std::size_t HnswIndex::memory_bytes() const {
-  std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + levels_.capacity() +
+  std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + core0_.capacity() * sizeof(std::uint16_t) +
+                      levels_.capacity() +
                       upper_.capacity() * sizeof(std::vector<std::uint32_t>);
   for (const auto& u : upper_) bytes += u.capacity() * sizeof(std::uint32_t);
   return bytes;
@@ -486,6 +544,9 @@ void HnswIndex::load(BinaryReader& r) {
   params_.seed = seed;
   levels_ = std::move(levels);
   links0_ = std::move(links0);
+  // Persisted lists do not record which links are fill links: all count as core links.
+  core0_.assign(n, 0);
+  for (std::size_t s = 0; s < n; ++s) core0_[s] = static_cast<std::uint16_t>(links0_[s * (1 + m0_)]);
   upper_ = std::move(upper);
   entry_ = entry;
   max_level_ = max_level;

@@ -133,14 +133,14 @@ class HnswIndex {
   Scored greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const;
   /// Selection heuristic (Malkov & Yashunin, Algorithm 4): keep a candidate only if it is
   /// closer to the base than to every already kept neighbour. `cands` ascending. Link slots
-  /// the heuristic leaves free are then filled with the pruned candidates, nearest first,
-  /// skipping one whose distance to a kept neighbour is below 1/kFillAlpha of its distance to
-  /// the base (a relaxed form of the same rule, as the alpha of Vamana, Subramanya et al.
-  /// NeurIPS 2019). The diverse links stay; the full lists raise recall per distance
-  /// evaluation. Measured with M = 16, ef_construction = 200 (benches/bench_index.py): SciFact
-  /// recall@10 at ef 16 0.925 -> 0.948 and 1.2x QPS at recall 0.95; synthetic 100k 1.05x.
-  void select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
-  static constexpr float kFillAlpha = 2.0f;
+  /// the heuristic leaves free then take the pruned candidates, nearest first (the "keep
+  /// pruned connections" option of the paper). Returns the number of heuristic ("core")
+  /// links; cands becomes [core ascending, fill ascending]. Full lists raise recall per
+  /// distance evaluation: measured with M = 16, ef_construction = 200 (benches/bench_index.py),
+  /// SciFact recall@10 at ef 16 0.925 -> 0.946, about 1.2x QPS at recall 0.95; synthetic 100k
+  /// about 1.05x. core0_ keeps the core count of level-0 lists so that connect_back can
+  /// settle most new links without re-running the heuristic.
+  std::size_t select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
   /// O(n * M) for the check; runs after parallel inserts and after removals.
@@ -152,6 +152,7 @@ class HnswIndex {
   std::size_t m0_;
   double level_mult_;
   std::vector<std::uint32_t> links0_;              // slot_count * (1 + m0_): [count, ids...]
+  std::vector<std::uint16_t> core0_;               // per slot: leading level-0 links that are not fill
   std::vector<std::uint8_t> levels_;               // top level per slot
   std::vector<std::vector<std::uint32_t>> upper_;  // per slot: levels_[s] * (1 + M)
   std::vector<std::uint8_t> pending_;              // per slot: 1 if stored but not linked yet
