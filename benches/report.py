@@ -867,11 +867,27 @@ def section_groups(rd: Render, report: dict, headline: bool) -> None:
         if not of:
             rd.add("_No anchor on this dataset in this run (`--quick` skips hnswlib on "
                    "synthetic data)._", "")
+        eq = ds.get("equal_quality")
+        eq_ratio = None
+        if eq:
+            t = eq.get("timing", {})
+            kb_eq = next((v for k, v in t.items() if k.startswith("kbcore")), None)
+            of_eq = next((v for k, v in t.items() if k.startswith("hnswlib")), None)
+            if kb_eq and of_eq:
+                eq_ratio = Ratio(kb_eq["qps"], "hnswlib over-fetch + dedup", of_eq["qps"])
+                rd.add(f"At equal quality (the lowest ef at which `search_groups` matches the "
+                       f"over-fetch's grouped recall and nDCG@10: ef {eq['ef']}, recall "
+                       f"{eq['recall']:.3f}, nDCG@10 {eq['ndcg10']:.4f}), timed side by side: "
+                       f"{num(kb_eq['qps'])} QPS against {num(of_eq['qps'])} = "
+                       f"{eq_ratio.cell()}. The QPS bar is read here; the rows above are both at "
+                       f"ef {res.get('ef', 64)}.", "")
         passes = ds.get("passes", {})
         rd.add("Bars: " + ", ".join(f"{k} {gate(v)}" for k, v in passes.items()) + ".", "")
         if headline and ds_name == "scifact" and of:
-            rd.head("SciFact: grouped search QPS (`search_groups`)",
+            rd.head("SciFact: grouped search QPS (`search_groups`), both at ef 64",
                     Ratio(kbg.get("qps"), "hnswlib over-fetch + dedup", of["qps"]))
+            if eq_ratio is not None:
+                rd.head(f"SciFact: grouped search QPS at equal quality (ef {eq['ef']})", eq_ratio)
     module_footer(rd, report, "groups")
 
 
