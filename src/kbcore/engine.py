@@ -70,7 +70,7 @@ from .embedders import (
     embedder_spec,
 )
 from .errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
-from .filters import compile_where
+from .filters import native_filter
 from .fusion import linear, normalize_rrf, rrf
 from .index import Index, _as_vectors
 from .parsing import parse
@@ -1400,7 +1400,7 @@ class KnowledgeBase:
                     "embed the query for hybrid search (pass query_vector=, or use "
                     "search_type='full_text')")
             q = self._query_vector(query if query_vector is None else query_vector)
-        ir = compile_where(where)  # one compiled filter for both legs
+        ir = native_filter(where)  # one compiled native filter for both legs
         metric = self._manifest["config"]["metric"]
         rw = self._rw
         rw.acquire_read()
