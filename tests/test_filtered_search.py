@@ -771,36 +771,24 @@ def test_forced_exact_strategy_equals_the_oracle(clustered_index, name, fraction
     assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, 10, "l2")
 
 
-@pytest.mark.parametrize("name, min_recall", [("50%", 0.9), ("10%", 0.9), ("1%", None),
-                                              ("anti-correlated 10%", 0.9),
-                                              ("anti-correlated 1%", None)])
-def test_forced_graph_strategy_returns_k_passing_rows_with_high_recall(clustered_index, name,
-                                                                       min_recall):
+@pytest.mark.parametrize("strategy, name, min_recall", [
+    ("graph", "50%", 0.9), ("graph", "10%", 0.9), ("graph", "1%", None),
+    ("graph", "anti-correlated 10%", 0.9), ("graph", "anti-correlated 1%", None),
+    # The plain walk scores every node it meets and admits passing ones; where it cannot reach
+    # k passing rows (selective or anti-correlated filters) the exact answer replaces it.
+    ("walk", "50%", 0.9), ("walk", "10%", 0.9), ("walk", "1%", None),
+    ("walk", "anti-correlated 10%", None), ("walk", "anti-correlated 1%", None),
+])
+def test_forced_graph_strategies_return_k_passing_rows_with_high_recall(clustered_index, strategy,
+                                                                         name, min_recall):
     index, data, ids, queries, rows, far = clustered_index
     where = _filter_of(name, far)
     mask = _passing_mask(where, rows)
-    got_ids, got_dist = index._native.search(queries, 10, 64, 1, compile_where(where), "graph")
+    got_ids, got_dist = index._native.search(queries, 10, 64, 1, compile_where(where), strategy)
     _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, 10)
     if min_recall is not None:
         recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "l2")
-        assert recall >= min_recall, f"recall@10 {recall:.3f} at {name}"
-
-
-@pytest.mark.parametrize("name, min_recall", [("50%", 0.9), ("10%", 0.9), ("1%", None),
-                                              ("anti-correlated 10%", None),
-                                              ("anti-correlated 1%", None)])
-def test_forced_walk_strategy_returns_k_passing_rows_with_high_recall(clustered_index, name,
-                                                                      min_recall):
-    # The plain walk scores every node it meets and admits passing ones; where it cannot
-    # reach k passing rows (selective or anti-correlated filters) the exact answer replaces it.
-    index, data, ids, queries, rows, far = clustered_index
-    where = _filter_of(name, far)
-    mask = _passing_mask(where, rows)
-    got_ids, got_dist = index._native.search(queries, 10, 64, 1, compile_where(where), "walk")
-    _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, 10)
-    if min_recall is not None:
-        recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "l2")
-        assert recall >= min_recall, f"recall@10 {recall:.3f} at {name}"
+        assert recall >= min_recall, f"recall@10 {recall:.3f} at {name} ({strategy})"
 
 
 def test_cost_model_walks_wide_filters_and_scans_selective_ones(clustered_index):
