@@ -71,7 +71,7 @@ from .embedders import (
 )
 from .errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from .filters import native_filter
-from .fusion import linear, normalize_rrf, rrf
+from .fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf
 from .index import Index, _as_vectors
 from .parsing import parse
 
@@ -229,24 +229,6 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
-
-
-def _check_vector_weight(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidTypeError(f"vector_weight must be a number in [0, 1], got {type(value).__name__}")
-    w = float(value)
-    if not 0.0 <= w <= 1.0:  # also rejects NaN
-        raise InvalidArgumentError(f"vector_weight must be in [0, 1], got {value!r}")
-    return w
-
-
-def _check_rrf_k(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidTypeError(f"rrf_k must be a number, got {type(value).__name__}")
-    k = float(value)
-    if not math.isfinite(k) or k < 0:
-        raise InvalidArgumentError(f"rrf_k must be a finite number >= 0, got {value!r}")
-    return k
 
 
 def _score(d: float, metric: str) -> float:
@@ -487,7 +469,7 @@ class KnowledgeBase:
         if fusion is not None:
             new["fusion"] = _check_choice("fusion", fusion, FUSIONS)
         if vector_weight is not None:
-            new["vector_weight"] = _check_vector_weight(vector_weight)
+            new["vector_weight"] = check_vector_weight(vector_weight)
         with self._writing():
             m = self._next_manifest()
             m["config"].update(new)
@@ -1285,7 +1267,7 @@ class KnowledgeBase:
         mode = _check_choice("search_type", search_type if explicit else cfg.get("search_type", "vector"),
                              SEARCH_TYPES)
         fusion = _check_choice("fusion", fusion if fusion is not None else cfg.get("fusion", "rrf"), FUSIONS)
-        weight = _check_vector_weight(vector_weight if vector_weight is not None
+        weight = check_vector_weight(vector_weight if vector_weight is not None
                                       else cfg.get("vector_weight", 0.7))
         if mode != "vector" and not isinstance(query, str):
             if isinstance(query, (bytes, bytearray)):
@@ -1344,7 +1326,7 @@ class KnowledgeBase:
             raise InvalidTypeError(f"score_threshold must be a number, got {type(score_threshold).__name__}")
         self._check_open()
         mode, fusion, weight = self._search_mode(query, search_type, fusion, vector_weight)
-        rrf_k = _check_rrf_k(rrf_k)
+        rrf_k = check_rrf_k(rrf_k, "rrf_k")
         window = max(4 * top_k, 50) if window is None else self._check_k(window, "window")
         if query_vector is not None and not isinstance(query, str):
             raise InvalidArgumentError("query_vector= goes with a text query; the query is already a vector")
@@ -1996,7 +1978,7 @@ class Engine:
         _check_name(name, "knowledge base")
         search_type = _check_choice("search_type", search_type, SEARCH_TYPES)
         fusion = _check_choice("fusion", fusion, FUSIONS)
-        vector_weight = _check_vector_weight(vector_weight)
+        vector_weight = check_vector_weight(vector_weight)
         chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
         if metric not in ("cosine", "ip", "l2"):
             raise InvalidArgumentError(f"unknown metric {metric!r}; expected 'cosine', 'ip' or 'l2'")

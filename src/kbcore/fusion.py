@@ -30,12 +30,23 @@ __all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score"]
 K = TypeVar("K", bound=Hashable)
 
 
-def _check_k(k: float) -> float:
+def check_rrf_k(k: float, name: str = "rrf k") -> float:
+    """``k`` as a float; raises unless it is a finite real number >= 0 (``name`` in messages)."""
     if isinstance(k, bool) or not isinstance(k, numbers.Real):
-        raise InvalidTypeError(f"rrf k must be a number, got {type(k).__name__}")
+        raise InvalidTypeError(f"{name} must be a number, got {type(k).__name__}")
     if not math.isfinite(k) or k < 0:
-        raise InvalidArgumentError(f"rrf k must be a finite number >= 0, got {k!r}")
+        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {k!r}")
     return float(k)
+
+
+def check_vector_weight(value: float) -> float:
+    """``vector_weight`` as a float; raises unless it is a real number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidTypeError(f"vector_weight must be a number in [0, 1], got {type(value).__name__}")
+    w = float(value)
+    if not 0.0 <= w <= 1.0:  # also rejects NaN
+        raise InvalidArgumentError(f"vector_weight must be in [0, 1], got {value!r}")
+    return w
 
 
 def _check_weights(weights: Sequence[float] | None, n_legs: int) -> list[float]:
@@ -93,7 +104,7 @@ def rrf(
     the better (smaller) best rank over the legs, then to the smaller key. Scores lie in
     ``(0, rrf_max_score(len(legs), k, weights)]``; see :func:`normalize_rrf` for [0, 1].
     """
-    kk = _check_k(k)
+    kk = check_rrf_k(k)
     ws = _check_weights(weights, len(legs))
     acc: dict[K, list] = {}
     terms: dict[K, list[float]] | None = {} if len(legs) > 2 else None
@@ -126,7 +137,7 @@ def rrf_max_score(n_legs: int, k: float = 60, weights: Sequence[float] | None = 
     """
     if isinstance(n_legs, bool) or not isinstance(n_legs, int) or n_legs < 0:
         raise InvalidArgumentError(f"n_legs must be a non-negative integer, got {n_legs!r}")
-    kk = _check_k(k)
+    kk = check_rrf_k(k)
     ws = _check_weights(weights, n_legs)
     return math.fsum(ws) / (kk + 1.0)
 
@@ -200,11 +211,7 @@ def linear(
     over the legs, then to the smaller key. Note that the worst candidate of a leg normalises
     to 0, like a missing one: min-max fusion is sensitive to the candidate window.
     """
-    if isinstance(vector_weight, bool) or not isinstance(vector_weight, numbers.Real):
-        raise InvalidTypeError(f"vector_weight must be a number, got {type(vector_weight).__name__}")
-    w = float(vector_weight)
-    if not 0.0 <= w <= 1.0:  # also rejects NaN
-        raise InvalidArgumentError(f"vector_weight must be in [0, 1], got {vector_weight!r}")
+    w = check_vector_weight(vector_weight)
     acc: dict[K, list] = {}
     for leg, lw, what in ((vector_leg, w, "vector leg"), (text_leg, 1.0 - w, "text leg")):
         for key, (s, rank) in _min_max(leg, what).items():
