@@ -234,17 +234,28 @@ def run(data: dict, kind: str, rounds: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_scifact_args(argv: list[str] | None, description: str, index_choices: tuple[str, ...],
+                       index_default: str, rounds_help: str) -> tuple[argparse.Namespace, Path] | None:
+    """The command line shared by the engine benchmarks; None (after a message) without SciFact."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA or ../shared/data)")
-    ap.add_argument("--index", default="both", choices=("hnsw", "flat", "both"))
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the 300 queries for the overhead timing")
+    ap.add_argument("--index", default=index_default, choices=index_choices)
+    ap.add_argument("--rounds", type=int, default=3, help=rounds_help)
     ap.add_argument("--json", default=None, help="write every number to this file")
     args = ap.parse_args(argv)
     folder = scifact_dir(args.data)
     if not (folder / "chunk_embeddings.npy").exists():
         print(f"SciFact not found at {folder}; pass --data or set KBCORE_DATA", file=sys.stderr)
+        return None
+    return args, folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_scifact_args(argv, __doc__.split("\n\n")[0], ("hnsw", "flat", "both"), "both",
+                                "rounds of the 300 queries for the overhead timing")
+    if parsed is None:
         return 2
+    args, folder = parsed
     import kbcore
 
     data = load(folder)

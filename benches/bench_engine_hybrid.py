@@ -26,7 +26,6 @@ machine are noisy; compare runs on a quiet machine.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -38,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benches.bench_engine import load, ndcg_at_10
-from benches.datasets import scifact_dir
+from benches.bench_engine import load, ndcg_at_10, parse_scifact_args
 
 TOP_K = 10
 MODES = [("vector", "rrf"), ("hybrid", "rrf"), ("hybrid", "linear"), ("full_text", "rrf")]
@@ -142,16 +140,11 @@ def gate(ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA or ../shared/data)")
-    ap.add_argument("--index", default="hnsw", choices=("hnsw", "flat"))
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the 300 queries for the latency timing")
-    ap.add_argument("--json", default=None, help="write every number to this file")
-    args = ap.parse_args(argv)
-    folder = scifact_dir(args.data)
-    if not (folder / "chunk_embeddings.npy").exists():
-        print(f"SciFact not found at {folder}; pass --data or set KBCORE_DATA", file=sys.stderr)
+    parsed = parse_scifact_args(argv, __doc__.split("\n\n")[0], ("hnsw", "flat"), "hnsw",
+                                "rounds of the 300 queries for the latency timing")
+    if parsed is None:
         return 2
+    args, folder = parsed
     import kbcore
 
     data = load(folder)
