@@ -388,14 +388,19 @@ def _selected(index, where, n) -> list[int]:
     return sorted(ids[ids >= 0].tolist())
 
 
+def _assert_selects(index, rows, where, expected, reference_rows=None) -> None:
+    """The reference evaluator, count() and a filtered search all select exactly `expected`."""
+    ref = rows if reference_rows is None else reference_rows
+    assert [i for i, r in enumerate(ref) if matches(where, r)] == expected, where
+    assert index.count(where) == len(expected), where
+    assert _selected(index, where, len(rows)) == expected, where
+
+
 @pytest.mark.parametrize("where, expected", OPERATOR_CASES, ids=lambda v: None)
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_operator_selects_the_rows_the_spec_says(doc_indexes, kind, where, expected):
     # the expectations are hand-written from docs/filter-ir.md; the reference must agree
-    assert [i for i, r in enumerate(DOCS) if matches(where, r)] == expected
-    index = doc_indexes[kind]
-    assert index.count(where) == len(expected)
-    assert _selected(index, where, len(DOCS)) == expected
+    _assert_selects(doc_indexes[kind], DOCS, where, expected)
 
 
 MISSING_FIELD_CASES = [
@@ -435,9 +440,7 @@ def test_missing_field_matches_only_ne_nin_exists_false_and_empty_true(kind, op,
     index = _index(rows, kind)
     where = {"f": op}
     expected = [0, 1, 2, 3] if matches_missing else []
-    assert [i for i, r in enumerate(rows) if matches(where, r)] == expected
-    assert index.count(where) == len(expected)
-    assert _selected(index, where, len(rows)) == expected
+    _assert_selects(index, rows, where, expected)
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,10 +494,7 @@ TYPED_CASES = [
 @pytest.mark.parametrize("where, expected", TYPED_CASES, ids=lambda v: None)
 @pytest.mark.parametrize("kind", KINDS)
 def test_numbers_compare_numerically_and_bools_str_and_lists_stay_apart(kind, where, expected):
-    assert [i for i, r in enumerate(TYPED_ROWS) if matches(where, r)] == expected
-    index = _index(TYPED_ROWS, kind)
-    assert index.count(where) == len(expected)
-    assert _selected(index, where, len(TYPED_ROWS)) == expected
+    _assert_selects(_index(TYPED_ROWS, kind), TYPED_ROWS, where, expected)
 
 
 LIST_ROWS = [
@@ -531,10 +531,7 @@ LIST_CASES = [
 def test_list_of_str_fields_use_membership_for_contains_and_never_equal_a_scalar(kind, where,
                                                                                  expected):
     reference_rows = [_expected_metadata(r) for r in LIST_ROWS]  # the tuple as a list
-    assert [i for i, r in enumerate(reference_rows) if matches(where, r)] == expected
-    index = _index(LIST_ROWS, kind)
-    assert index.count(where) == len(expected)
-    assert _selected(index, where, len(LIST_ROWS)) == expected
+    _assert_selects(_index(LIST_ROWS, kind), LIST_ROWS, where, expected, reference_rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,9 +597,7 @@ def test_int64_neighbours_that_round_to_the_same_double_are_told_apart(kind):
         ({"a": 2**63 - 1025}, [7]),
     ]
     for where, expected in cases:
-        assert [i for i, r in enumerate(rows) if matches(where, r)] == expected, where
-        assert index.count(where) == len(expected), where
-        assert _selected(index, where, len(rows)) == expected, where
+        _assert_selects(index, rows, where, expected)
 
 
 def test_an_integer_operand_beyond_int64_is_rejected_not_rounded():
@@ -653,10 +648,7 @@ DATE_CASES = [
 @pytest.mark.parametrize("where, expected", DATE_CASES, ids=lambda v: None)
 @pytest.mark.parametrize("kind", KINDS)
 def test_before_and_after_compare_iso_dates_as_instants_across_offsets(kind, where, expected):
-    assert [i for i, r in enumerate(DATE_ROWS) if matches(where, r)] == expected
-    index = _index(DATE_ROWS, kind)
-    assert index.count(where) == len(expected)
-    assert _selected(index, where, len(DATE_ROWS)) == expected
+    _assert_selects(_index(DATE_ROWS, kind), DATE_ROWS, where, expected)
 
 
 # --------------------------------------------------------------------------------------------
