@@ -662,8 +662,14 @@ def plot_recall_qps(rd: Render, ds_name: str, ds: dict, mt: int) -> str | None:
         ax.grid(True, which="both", lw=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{ds_name}: n = {ds['n']:,}, d = {ds['dim']}, M = 16, ef_construction = 200")
+    return _save_plot(rd, fig, f"{rd.stem}-recall-qps-{_safe(ds_name)}.png")
+
+
+def _save_plot(rd: Render, fig: Any, fname: str) -> str:
+    """Writes fig beside the report, closes it and lists it; returns the file name."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    fname = f"{rd.stem}-recall-qps-{_safe(ds_name)}.png"
     fig.savefig(rd.out_dir / fname, dpi=110)
     plt.close(fig)
     rd.plots.append(fname)
@@ -809,17 +815,12 @@ def plot_filter(rd: Render, ds: dict) -> str | None:
         ax.legend(fontsize=8)
     ax_q.set_yscale("log")
     ax_q.set_ylabel("QPS, 1 thread (hollow: recall < 0.95)")
-    ax_q.set_title("QPS (anchors at their smallest ef with recall ≥ 0.95)", fontsize=10)
+    ax_q.set_title("QPS (each library at its smallest ef with recall ≥ 0.95)", fontsize=10)
     ax_r.axhline(0.95, color="grey", lw=0.6, ls=":")
     ax_r.set_ylabel("recall@10")
     ax_r.set_title("recall@10 at that point", fontsize=10)
     fig.suptitle(f"Filtered search, {ds['name']} (n = {ds['n']:,}): bucket < t")
-    fig.tight_layout()
-    fname = f"{rd.stem}-filtered-{_safe(ds['name'])}.png"
-    fig.savefig(rd.out_dir / fname, dpi=110)
-    plt.close(fig)
-    rd.plots.append(fname)
-    return fname
+    return _save_plot(rd, fig, f"{rd.stem}-filtered-{_safe(ds['name'])}.png")
 
 
 # -- groups --------------------------------------------------------------------------------------
