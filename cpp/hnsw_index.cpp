@@ -68,22 +68,13 @@ std::size_t HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t 
   if (cands.size() <= m) return cands.size();
   std::vector<Scored> kept;
   kept.reserve(m);
-  const std::size_t dim = store_.dim();
+  std::uint32_t kept_slots[2 * 256];
   for (const Scored& c : cands) {
     if (kept.size() >= m) break;
-    const float* cv = store_.vector(c.slot);
-    bool good = true;
-    // Four kept neighbours per kernel call; the first one closer to c than the base rejects it.
-    for (std::size_t i = 0; good && i < kept.size(); i += 4) {
-      const std::size_t last = kept.size() - 1;
-      const float* rows[4] = {store_.vector(kept[i].slot), store_.vector(kept[std::min(i + 1, last)].slot),
-                              store_.vector(kept[std::min(i + 2, last)].slot),
-                              store_.vector(kept[std::min(i + 3, last)].slot)};
-      float d4[4];
-      distance4(k, metric_, cv, rows, dim, d4);
-      for (std::size_t t = 0; t < 4 && i + t < kept.size(); ++t) good = good && !(d4[t] < c.dist);
-    }
-    if (good) kept.push_back(c);
+    // Rejected if a kept neighbour is closer to c than the base is.
+    if (any_closer(k, store_.vector(c.slot), kept_slots, kept.size(), c.dist)) continue;
+    kept_slots[kept.size()] = c.slot;
+    kept.push_back(c);
   }
   const std::size_t core = kept.size();
   // Link slots the heuristic left free take the pruned candidates, nearest first.
@@ -131,26 +122,11 @@ void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& 
     // heuristic would meet it last: it is pruned if a core link is closer to it than n is
     // (then nothing changes), else it is kept as a core link and the farthest fill link
     // goes. Either way the result equals re-running the heuristic, for far fewer distances.
-    const std::uint32_t ends[2] = {nl[core], nl[count]};
+    const std::uint32_t ends[2] = {nl[core], nl[count]};  // the farthest core and fill links
     float de[2];
-    const float* rows[4] = {store_.vector(ends[0]), store_.vector(ends[1]), store_.vector(ends[1]),
-                            store_.vector(ends[1])};
-    float d4[4];
-    distance4(k, metric_, nv, rows, store_.dim(), d4);
-    de[0] = d4[0];
-    de[1] = d4[1];
+    score(k, nv, ends, 2, de);
     if (d > de[0] && d > de[1]) {
-      const float* sv = store_.vector(s);
-      for (std::size_t i = 0; i < core; i += 4) {
-        const std::size_t last = core - 1;
-        const float* r4[4] = {store_.vector(nl[1 + i]), store_.vector(nl[1 + std::min(i + 1, last)]),
-                              store_.vector(nl[1 + std::min(i + 2, last)]),
-                              store_.vector(nl[1 + std::min(i + 3, last)])};
-        distance4(k, metric_, sv, r4, store_.dim(), d4);
-        for (std::size_t t = 0; t < 4 && i + t < core; ++t) {
-          if (d4[t] < d) return;  // pruned by a core link: the list stays as it is
-        }
-      }
+      if (any_closer(k, store_.vector(s), nl + 1, core, d)) return;  // pruned: nothing changes
       if (core < count) {
         add_to_core();
         return;
@@ -162,11 +138,7 @@ void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& 
   cands.reserve(count + 1);
   cands.push_back({d, s});
   float dn[2 * 256];
-  for (std::size_t j = 0; j < count; ++j) {
-    const char* row = reinterpret_cast<const char*>(store_.vector(nl[1 + j]));
-    detail::prefetch(row);
-    detail::prefetch(row + 64);
-  }
+  prefetch_rows(nl + 1, count);
   score(k, nv, nl + 1, count, dn);
   for (std::size_t j = 0; j < count; ++j) cands.push_back({dn[j], nl[1 + j]});
   std::sort(cands.begin(), cands.end());

@@ -118,6 +118,13 @@ class HnswIndex {
   /// overlap the arithmetic of the previous one); a tail of 1-3 rows is padded by repeating
   /// its last row, so every row goes through the same four-row kernel.
   void score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m, float* out) const;
+  /// True if some slot lies closer to v than d (four rows per kernel call, first hit stops).
+  bool any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n, float d) const;
+  /// Starts loading the first two cache lines of each slot's row.
+  void prefetch_rows(const std::uint32_t* slots, std::size_t n) const {
+    for (std::size_t j = 0; j < n; ++j) prefetch_row(slots[j]);
+  }
+  void prefetch_row(Slot s) const;
 
   int draw_level();
   void insert(Slot s, const Kernels& k);
@@ -189,6 +196,27 @@ struct ExpandScratch {
 /// in a shared library) at nearly every use, once per scored node.
 ExpandScratch& expand_scratch();
 }  // namespace detail
+
+inline void HnswIndex::prefetch_row(Slot s) const {
+  const char* row = reinterpret_cast<const char*>(store_.vector(s));
+  detail::prefetch(row);
+  detail::prefetch(row + 64);
+}
+
+inline bool HnswIndex::any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n,
+                                  float d) const {
+  for (std::size_t i = 0; i < n; i += 4) {
+    const std::size_t last = n - 1;
+    const float* rows[4] = {store_.vector(slots[i]), store_.vector(slots[std::min(i + 1, last)]),
+                            store_.vector(slots[std::min(i + 2, last)]), store_.vector(slots[std::min(i + 3, last)])};
+    float d4[4];
+    distance4(k, metric_, v, rows, store_.dim(), d4);
+    for (std::size_t t = 0; t < 4 && i + t < n; ++t) {
+      if (d4[t] < d) return true;
+    }
+  }
+  return false;
+}
 
 inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m,
                              float* out) const {
@@ -268,9 +296,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     for (std::size_t j = 0; j < count; ++j) {
       const Slot n = nl[j];
       if (visited->test_and_set(n)) continue;
-      const char* row = reinterpret_cast<const char*>(store_.vector(n));
-      detail::prefetch(row);
-      detail::prefetch(row + 64);
+      prefetch_row(n);
       fresh[m++] = n;
     }
     score(k, q, fresh, m, dists);
@@ -311,11 +337,7 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
         count = src[0];
         nl = src + 1;
       }
-      for (std::size_t j = 0; j < count; ++j) {
-        const char* row = reinterpret_cast<const char*>(store_.vector(nl[j]));
-        detail::prefetch(row);
-        detail::prefetch(row + 64);
-      }
+      prefetch_rows(nl, count);
       float d[4 + 2 * 256];
       score(k, q, nl, count, d);
       for (std::size_t j = 0; j < count; ++j) {
@@ -409,9 +431,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
       const Slot n = nl[1 + j];
       if (!passes(n) || visited->test_and_set(n)) continue;
-      const char* row = reinterpret_cast<const char*>(store_.vector(n));
-      detail::prefetch(row);
-      detail::prefetch(row + 64);
+      prefetch_row(n);
       fresh[m++] = n;
     }
     // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.
