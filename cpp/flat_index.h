@@ -6,18 +6,11 @@
 #include <vector>
 
 #include "distance.h"
+#include "prefetch.h"
 #include "topk.h"
 #include "vector_store.h"
 
 namespace kbcore {
-
-inline void detail_prefetch(const void* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
-#else
-  (void)p;
-#endif
-}
 
 /// Scores queries [nq x dim] against every live row of `store` and keeps the k best per
 /// query, ascending, ties by slot. `accept(slot)` filters rows (AcceptAll for none).
@@ -134,13 +127,17 @@ inline std::vector<Scored> scan_slots(const VectorStore& store, Metric metric, c
   const std::size_t dim = store.dim();
   TopK heap(k);
   float d[4];
+  // Whole rows, kAhead rows ahead, into L2 (prefetch.h): the slots are scattered, so the
+  // hardware prefetchers cannot guess them. 4, 8 and 16 rows ahead measured within noise.
+  constexpr std::size_t kAhead = 8;
+  const std::size_t row_bytes = dim * sizeof(float);
+  const auto prefetch_row = [&](std::size_t j) { prefetch_row_l2(store.vector(slots[j]), row_bytes); };
+  for (std::size_t j = 0; j < std::min(kAhead, slots.size()); ++j) prefetch_row(j);
   std::size_t i = 0;
   for (; i + 4 <= slots.size(); i += 4) {
     const float* rows[4] = {store.vector(slots[i]), store.vector(slots[i + 1]), store.vector(slots[i + 2]),
                             store.vector(slots[i + 3])};
-    if (i + 8 <= slots.size()) {
-      for (int j = 4; j < 8; ++j) detail_prefetch(store.vector(slots[i + j]));
-    }
+    for (std::size_t j = i + kAhead; j < std::min(slots.size(), i + kAhead + 4); ++j) prefetch_row(j);
     distance4(kern, metric, q, rows, dim, d);
     for (int j = 0; j < 4; ++j) {
       if (d[j] <= heap.worst()) heap.push(d[j], slots[i + j]);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "prefetch.h"
+
 namespace kbcore {
 namespace {
 
@@ -23,13 +25,7 @@ class DenseMarks {
   std::uint32_t value(std::uint32_t g) const { return slots_[g].value; }
   void mark(std::uint32_t g, std::uint32_t v) { slots_[g] = Slot{epoch_, v}; }
   /// Starts loading the entry of g (the caller will look it up soon).
-  void prefetch(std::uint32_t g) const {
-#if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(&slots_[g]);
-#else
-    (void)g;
-#endif
-  }
+  void prefetch(std::uint32_t g) const { prefetch_l1(&slots_[g]); }
 
  private:
   struct Slot {

@@ -14,6 +14,7 @@
 
 #include "bitmap.h"
 #include "distance.h"
+#include "prefetch.h"
 #include "topk.h"
 #include "vector_store.h"
 #include "visited_pool.h"
@@ -114,16 +115,18 @@ class HnswIndex {
     return distance(k, metric_, q, store_.vector(s), store_.dim());
   }
   Lock& lock_for(Slot s) const { return locks_[s % kLockStripes]; }
-  /// Distances from q to m slots into out, four rows at a time (the loads of one group
-  /// overlap the arithmetic of the previous one); a tail of 1-3 rows is padded by repeating
-  /// its last row, so every row goes through the same four-row kernel.
+  /// Distances from q to m slots into out, four rows at a time (independent dot products
+  /// keep the FMA units busy); a tail of 1-3 rows is padded by repeating its last row, so
+  /// every row goes through the same four-row kernel. Callers prefetch the rows first.
   void score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m, float* out) const;
   /// True if some slot lies closer to v than d (four rows per kernel call, first hit stops).
   bool any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n, float d) const;
-  /// Starts loading the first two cache lines of each slot's row.
+  /// Starts loading each slot's whole row into L2 (see prefetch_row).
   void prefetch_rows(const std::uint32_t* slots, std::size_t n) const {
     for (std::size_t j = 0; j < n; ++j) prefetch_row(slots[j]);
   }
+  /// Starts loading the whole row of s into L2 (prefetch_row_l2, which has the figures).
+  /// Searches call it for every unvisited neighbour of an expanded node before scoring any.
   void prefetch_row(Slot s) const;
 
   int draw_level();
@@ -175,13 +178,6 @@ class HnswIndex {
 // ---- template implementation -------------------------------------------------------------
 
 namespace detail {
-inline void prefetch(const void* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
-#else
-  (void)p;
-#endif
-}
 struct ScoredGreater {
   bool operator()(const Scored& a, const Scored& b) const { return b < a; }
 };
@@ -198,9 +194,7 @@ ExpandScratch& expand_scratch();
 }  // namespace detail
 
 inline void HnswIndex::prefetch_row(Slot s) const {
-  const char* row = reinterpret_cast<const char*>(store_.vector(s));
-  detail::prefetch(row);
-  detail::prefetch(row + 64);
+  prefetch_row_l2(store_.vector(s), store_.dim() * sizeof(float));
 }
 
 inline bool HnswIndex::any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n,
@@ -221,13 +215,7 @@ inline bool HnswIndex::any_closer(const Kernels& k, const float* v, const std::u
 inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m,
                              float* out) const {
   const std::size_t dim = store_.dim();
-  const std::size_t row_bytes = dim * sizeof(float);
   for (std::size_t j = 0; j < m; j += 4) {
-    // Whole rows of the next group: their loads overlap this group's arithmetic.
-    for (std::size_t t = j + 4; t < std::min(m, j + 8); ++t) {
-      const char* row = reinterpret_cast<const char*>(store_.vector(slots[t]));
-      for (std::size_t off = 128; off < row_bytes; off += 64) detail::prefetch(row + off);
-    }
     const std::size_t last = m - 1;
     const float* rows[4] = {store_.vector(slots[j]), store_.vector(slots[std::min(j + 1, last)]),
                             store_.vector(slots[std::min(j + 2, last)]),
@@ -276,7 +264,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
     // The next candidate's links will be read next: start loading them now.
-    if (!kLocked && !candidates.empty()) detail::prefetch(links(candidates.front().slot, level));
+    if (!kLocked && !candidates.empty()) prefetch_l1(links(candidates.front().slot, level));
     const std::uint32_t* nl;
     std::size_t count;
     if constexpr (kLocked) {
@@ -307,7 +295,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
         candidates.push_back({d, fresh[j]});
         std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
         // Its link list is read if it is expanded: start loading it now.
-        if (!kLocked) detail::prefetch(links(fresh[j], level));
+        if (!kLocked) prefetch_l1(links(fresh[j], level));
         if (accept(fresh[j])) push_result({d, fresh[j]});
       }
     }
@@ -425,7 +413,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     const Scored c = candidates.front();
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    if (!candidates.empty()) detail::prefetch(links(candidates.front().slot, 0));
+    if (!candidates.empty()) prefetch_l1(links(candidates.front().slot, 0));
     const std::uint32_t* nl = links(c.slot, 0);
     std::size_t m = 0;
     for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
@@ -443,7 +431,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
         for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
           const Slot n2 = nl2[1 + t];
           if (!allowed->test(n2) || visited->test_and_set(n2)) continue;
-          detail::prefetch(store_.vector(n2));
+          prefetch_row(n2);
           fresh[m++] = n2;
         }
       }

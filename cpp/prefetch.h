@@ -1,0 +1,39 @@
+#pragma once
+// Software prefetch hints. No-ops on compilers without __builtin_prefetch.
+#include <cstddef>
+
+namespace kbcore {
+
+/// Starts loading the cache line of p into every level (PREFETCHT0 on x86): for small data
+/// read right away (link lists, per-group marks).
+inline void prefetch_l1(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
+/// Starts loading the cache line of p into L2 but not L1 (PREFETCHT1 on x86).
+inline void prefetch_l2(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 2);
+#else
+  (void)p;
+#endif
+}
+
+/// Starts loading a whole vector row of `bytes` into L2. Searches know the rows they will
+/// score a group of up to 2M rows (graph) or a few rows (scans of scattered slots) ahead and
+/// request them all at once: with the L2 hint the requests queue in L2's miss buffers instead
+/// of stalling on L1's few, and memory streams the rows at close to its bandwidth. Measured
+/// on the AMD EPYC of benches/results (384-d rows, M = 16): against a T0 prefetch of each
+/// row's first lines plus whole rows one group of four ahead, single-query HNSW search took
+/// 0.6x the time on SciFact and 0.57x on synthetic 100k at the same ef, building took 0.6x,
+/// and an exact scan of 10 % of synthetic 100k took 0.6x.
+inline void prefetch_row_l2(const void* row, std::size_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (std::size_t off = 0; off < bytes; off += 64) prefetch_l2(p + off);
+}
+
+}  // namespace kbcore
