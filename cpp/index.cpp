@@ -500,15 +500,8 @@ std::vector<Index::GroupPage> Index::search_groups(
       // page when more groups may exist; answer this query exactly instead.
     }
     const std::vector<Slot>& scan = strategy == Strategy::kGraph ? all_rows() : rows;
-    const Kernels& kern = active_kernels();
     std::vector<float> d(scan.size());
-    std::size_t i = 0;
-    for (; i + 4 <= scan.size(); i += 4) {
-      const float* r4[4] = {store_.vector(scan[i]), store_.vector(scan[i + 1]), store_.vector(scan[i + 2]),
-                            store_.vector(scan[i + 3])};
-      distance4(kern, config_.metric, q, r4, dim, d.data() + i);
-    }
-    for (; i < scan.size(); ++i) d[i] = distance(kern, config_.metric, q, store_.vector(scan[i]), dim);
+    score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
     collapse_exact(scan, d, *field, k, group_size, groups);
     convert(groups, out[qi]);
   });
