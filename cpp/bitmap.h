@@ -98,13 +98,6 @@ class Bitmap {
   std::vector<std::uint32_t> to_slots(std::size_t count) const {
     return extract(count, [this](std::size_t w) { return words_[w]; });
   }
-  /// this = this AND mask, and the set bits in increasing order, in one pass; `bound` must be
-  /// at least the number of bits set after the AND (it sizes the output). O(n / 64 + bound).
-  std::vector<std::uint32_t> and_to_slots(const Bitmap& mask, std::size_t bound) {
-    std::uint64_t* words = words_.data();
-    const std::uint64_t* m = mask.words_.data();
-    return extract(bound, [words, m](std::size_t w) { return words[w] &= m[w]; });
-  }
   const std::vector<std::uint64_t>& words() const { return words_; }
 
  private:

@@ -46,7 +46,7 @@ void validate_filter(const FilterNode& node);
 Bitmap evaluate_filter(const FilterNode& node, const MetadataStore& meta, const Bitmap& live);
 
 /// The live rows that pass a filter: their number, and the passing slots as a bitmap over all
-/// slots and/or as an ascending list, whichever the evaluation produced; the other form is
+/// slots and/or as a list, whichever the evaluation produced; the other form is
 /// derived on demand. A filtered search wants the list for an exact scan of the passing rows
 /// and the bitmap for a filtered graph walk.
 struct FilterMatches {
@@ -55,7 +55,7 @@ struct FilterMatches {
   bool has_bitmap = false;
   Bitmap bitmap;                 // valid when has_bitmap: bit s set iff slot s passes
   bool has_rows = false;
-  std::vector<Slot> rows;        // valid when has_rows: the passing slots, ascending, count entries
+  std::vector<Slot> rows;        // valid when has_rows: the passing slots, each once, in no set order
   /// Makes `rows` valid (from the bitmap). O(slots / 64 + count). Not safe to call concurrently.
   const std::vector<Slot>& ensure_rows();
   /// Makes `bitmap` valid (from the rows). O(slots / 64 + count). Not safe to call concurrently.
@@ -64,10 +64,10 @@ struct FilterMatches {
 
 /// Evaluates `node` among `live` like evaluate_filter, producing `rows` when at most
 /// `rows_up_to` rows pass. A leaf that reads a sorted index (eq, $in, ranges, string tests)
-/// costs O(log n + matches) plus, unless its matches are one run of a single key (already
-/// ascending: the list is copied out of the index with no pass over all slots), one
-/// O(n / 64) pass that turns the bit set into the list. Other nodes evaluate to a bitmap as
-/// in evaluate_filter. Thread-safe for concurrent readers.
+/// costs O(log n + matches) when at most rows_up_to entries match (the list is copied out of
+/// the index in index order, with no pass over all slots), else O(n / 64 + matches) for the
+/// bitmap. Other nodes evaluate to a bitmap as in evaluate_filter. Thread-safe for
+/// concurrent readers.
 FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, const Bitmap& live,
                            std::size_t rows_up_to);
 

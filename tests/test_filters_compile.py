@@ -553,3 +553,49 @@ def test_native_filter_follows_a_where_mutated_between_calls():
     assert index.count(where) == 3
     where["b"] = 1
     assert index.count(where) == 0
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"a": {"$lt": 5}},
+        {"a": 1},
+        {"a": True},
+        {"a": 1.0},
+        {"a": "x"},
+        {"a": {"$eq": "x"}},
+        {"a": {"$in": [1, 2]}},  # a list operand: no quick key
+        {"a": {"$gt": 1, "$lt": 3}},  # two operators: no quick key
+        {"a": 1, "b": 2},  # two fields: no quick key
+        {"$and": [{"a": 1}, {"b": 2}]},
+        {1: 2},
+        {"a": {1: 2}},
+        {"a": None},
+        {"a": np.int64(3)},  # not a plain int: no quick key
+    ],
+)
+def test_native_cache_lookup_uses_the_quick_key(where):
+    # kbcore._core.cached_filter builds in C the key kbcore.filters._quick_key builds in
+    # Python: a hit on exactly the same entries, None for every other shape.
+    from kbcore import _core
+    from kbcore.filters import _quick_key
+
+    key = _quick_key(where)
+    sentinel = object()
+    cache = {} if key is None else {key: (("ir",), sentinel)}
+    assert _core.cached_filter(cache, where) is (None if key is None else sentinel)
+    assert _core.cached_filter({}, where) is None  # a miss
+    # A look-alike key of another type never hits: 1, 1.0 and True hash alike.
+    if key is not None:
+        other = {("a", bool, True): (("ir",), sentinel), ("a", "$lt", float, 5.0): (("ir",), sentinel)}
+        if key not in other:
+            assert _core.cached_filter(other, where) is None
+
+
+def test_native_cache_lookup_checks_its_arguments():
+    from kbcore import _core
+
+    with pytest.raises(TypeError):
+        _core.cached_filter([], {"a": 1})
+    with pytest.raises(TypeError):
+        _core.cached_filter({})

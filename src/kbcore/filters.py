@@ -520,6 +520,7 @@ def _quick_key(where: Any) -> Any:
 
 _CACHE_SIZE = 1024
 _cache: dict[Any, tuple[Node, Any]] = {}  # key -> (IR, native Filter)
+_cached_filter = _core.cached_filter
 
 
 def _compiled(where: Any) -> tuple[Node, Any]:
@@ -580,26 +581,15 @@ def compile_where(where: Mapping[str, Any] | None) -> Node | None:
 def native_filter(where: Mapping[str, Any] | None) -> Any:
     """The compiled ``where`` as the native ``Filter`` the index evaluates (``None`` for None).
 
-    Validates exactly as :func:`compile_where` (same errors) and shares its cache; on a cache
-    hit of a one-condition where this is one dict lookup.
+    Validates exactly as :func:`compile_where` (same errors) and shares its cache; a cache hit
+    of a one-condition where is one native call (``_core.cached_filter`` builds the key of
+    :func:`_quick_key` and looks it up).
     """
     if where is None:
         return None
-    # _quick_key inlined (a call is a sizeable part of a hit). The field and operator types
-    # need no check here: only checked keys are ever stored, and a dict key is hashable.
-    if type(where) is dict and len(where) == 1:
-        for field, spec in where.items():
-            if type(spec) is dict:
-                if len(spec) == 1:
-                    for op, v in spec.items():
-                        if type(v) in _SCALAR_TYPES:
-                            hit = _cache.get((field, op, type(v), v))
-                            if hit is not None:
-                                return hit[1]
-            elif type(spec) in _SCALAR_TYPES:
-                hit = _cache.get((field, type(spec), spec))
-                if hit is not None:
-                    return hit[1]
+    hit = _cached_filter(_cache, where)
+    if hit is not None:
+        return hit
     return _compiled(where)[1]
 
 
