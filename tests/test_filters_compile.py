@@ -599,3 +599,29 @@ def test_native_cache_lookup_checks_its_arguments():
         _core.cached_filter([], {"a": 1})
     with pytest.raises(TypeError):
         _core.cached_filter({})
+
+
+def test_a_filter_object_never_initialised_raises_instead_of_crashing():
+    # Filter.__new__ alone makes an object with no filter inside: every entry point that
+    # takes a native filter must refuse it with a clear error, for subclasses too.
+    import kbcore
+    from kbcore import _core
+
+    class Sub(_core.Filter):
+        pass
+
+    index = kbcore.Index(2, "l2", "hnsw")
+    index.add(np.eye(3, 2, dtype=np.float32), np.arange(3, dtype=np.int64), metadata=[{"a": i} for i in range(3)])
+    native = index._native
+    q = np.ones((1, 2), dtype=np.float32)
+    for empty in (_core.Filter.__new__(_core.Filter), Sub.__new__(Sub)):
+        for call in (
+            lambda: native.count(empty),
+            lambda: native.search(q, 2, 0, 1, empty, "auto"),
+            lambda: native.search_groups(q, 2, "a", 1, 0, 1, empty, "auto", kbcore.Group),
+            lambda: _core.Filter(("and", (empty,))),
+        ):
+            with pytest.raises(InvalidArgumentError, match="never initialised"):
+                call()
+    # An initialised subclass instance is a filter like any other.
+    assert native.count(Sub(compile_where({"a": {"$gte": 1}}))) == 2

@@ -297,14 +297,15 @@ class Index:
             and queries.flags.c_contiguous
             and type(k) is int
             and k > 0
-            and where is None
             and (ef is None or (type(ef) is int and ef > 0))
             and type(threads) is int
             and threads >= 0
         ):
-            # Hot path of a loop of single unfiltered queries: nothing to convert or check
-            # (one query runs on one thread whatever `threads` says).
-            ids, dist = self._native.search(queries.reshape(1, -1), k, ef or 0, 1, None)
+            # Hot path of a loop of single queries (what a RAG request runs): nothing to
+            # convert or check but the filter (one query runs on one thread whatever `threads`
+            # says).
+            nf = None if where is None else native_filter(where)
+            ids, dist = self._native.search(queries.reshape(1, -1), k, ef or 0, 1, nf)
             return ids[0], dist[0]
         arr, one = _as_vectors(queries, self._dim, "queries")
         k = _positive("k", k)
