@@ -4,24 +4,23 @@
 
 namespace kbcore {
 
-/// Starts loading the cache line of p into every level (PREFETCHT0 on x86): for small data
-/// read right away (link lists, per-group marks).
-inline void prefetch_l1(const void* p) {
+/// Starts loading the cache line of p for reading; kLocality is __builtin_prefetch's (3: every
+/// cache level, 2: L2 and below).
+template <int kLocality>
+inline void prefetch_hint(const void* p) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, 0, kLocality);
 #else
   (void)p;
 #endif
 }
 
-/// Starts loading the cache line of p into L2 but not L1 (PREFETCHT1 on x86).
-inline void prefetch_l2(const void* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 2);
-#else
-  (void)p;
-#endif
-}
+/// Into every level (PREFETCHT0 on x86): for small data read right away (link lists,
+/// per-group marks).
+inline void prefetch_l1(const void* p) { prefetch_hint<3>(p); }
+
+/// Into L2 but not L1 (PREFETCHT1 on x86).
+inline void prefetch_l2(const void* p) { prefetch_hint<2>(p); }
 
 /// Starts loading a whole vector row of `bytes` into L2. Searches know the rows they will
 /// score a group of up to 2M rows (graph) or a few rows (scans of scattered slots) ahead and
