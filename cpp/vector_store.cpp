@@ -12,9 +12,7 @@ VectorStore::VectorStore(std::size_t dim) : dim_(dim) {
 }
 
 std::optional<Slot> VectorStore::slot_of(std::int64_t id) const {
-  const auto it = id_to_slot_.find(id);
-  if (it == id_to_slot_.end()) return std::nullopt;
-  return it->second;
+  return id_to_slot_.find(id, slot_ids_.data());
 }
 
 void VectorStore::reserve_more(std::size_t n) {
@@ -26,7 +24,7 @@ void VectorStore::reserve_more(std::size_t n) {
     slot_ids_.reserve(cap);
     live_.reserve(cap);
   }
-  id_to_slot_.reserve(size() + n);
+  id_to_slot_.reserve(size() + n, slot_ids_.data());
 }
 
 Slot VectorStore::allocate(std::int64_t id, const float* vec) {
@@ -46,13 +44,13 @@ Slot VectorStore::allocate(std::int64_t id, const float* vec) {
   slot_ids_[slot] = id;
   live_[slot] = 1;
   live_bits_.set(slot);
-  id_to_slot_.emplace(id, slot);
+  id_to_slot_.insert(id, slot, slot_ids_.data());
   return slot;
 }
 
 void VectorStore::release(Slot slot) {
   if (!live_[slot]) return;
-  id_to_slot_.erase(slot_ids_[slot]);
+  id_to_slot_.erase(slot_ids_[slot], slot_ids_.data());
   live_[slot] = 0;
   live_bits_.reset(slot);
   free_.push_back(slot);
@@ -68,9 +66,7 @@ std::vector<std::int64_t> VectorStore::ids() const {
 }
 
 std::size_t VectorStore::memory_bytes() const {
-  // unordered_map: one node (key, value, next pointer, cached hash) plus one bucket pointer.
-  const std::size_t map_bytes = id_to_slot_.size() * (sizeof(std::int64_t) + sizeof(Slot) + 2 * sizeof(void*)) +
-                                id_to_slot_.bucket_count() * sizeof(void*);
+  const std::size_t map_bytes = id_to_slot_.memory_bytes();
   return data_.capacity() * sizeof(float) + slot_ids_.capacity() * sizeof(std::int64_t) +
          live_.capacity() + free_.capacity() * sizeof(Slot) + map_bytes;
 }
@@ -80,15 +76,20 @@ void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::u
   if (slot_ids.size() != live.size() || data.size() != slot_ids.size() * dim_) {
     throw FormatError("inconsistent vector store sizes");
   }
-  std::unordered_map<std::int64_t, Slot> map;
+  IdMap map;
   std::vector<Slot> free;
-  map.reserve(slot_ids.size());
+  std::size_t live_count = 0;
   for (std::size_t s = 0; s < slot_ids.size(); ++s) {
     if (live[s] > 1) throw FormatError("invalid live flag in vector store");
+    live_count += live[s];
+  }
+  map.reserve(live_count, slot_ids.data());
+  for (std::size_t s = 0; s < slot_ids.size(); ++s) {
     if (live[s]) {
-      if (!map.emplace(slot_ids[s], static_cast<Slot>(s)).second) {
+      if (map.find(slot_ids[s], slot_ids.data())) {
         throw FormatError("duplicate id " + std::to_string(slot_ids[s]) + " in vector store");
       }
+      map.insert(slot_ids[s], static_cast<Slot>(s), slot_ids.data());
     } else {
       free.push_back(static_cast<Slot>(s));
     }

@@ -4,17 +4,15 @@
 // Not internally synchronised: the owning Index serialises writers against readers.
 #include <cstdint>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "aligned.h"
 #include "bitmap.h"
+#include "id_map.h"
 
 namespace kbcore {
 
-/// Slot number of a stored row; kNoSlot marks "none".
-using Slot = std::uint32_t;
-inline constexpr Slot kNoSlot = 0xFFFFFFFFu;
+// Slot (the number of a stored row) and kNoSlot ("none") come from id_map.h.
 
 class VectorStore {
  public:
@@ -61,7 +59,7 @@ class VectorStore {
   std::vector<std::uint8_t> live_;          // 1 if the slot holds a live row
   Bitmap live_bits_;                        // the same, as bits
   std::vector<Slot> free_;                  // freed slots, reused LIFO
-  std::unordered_map<std::int64_t, Slot> id_to_slot_;
+  IdMap id_to_slot_;                        // live ids -> slots (keys read from slot_ids_)
 };
 
 }  // namespace kbcore

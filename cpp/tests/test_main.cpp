@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -14,6 +15,7 @@
 #include "distance.h"
 #include "errors.h"
 #include "filter_expr.h"
+#include "id_map.h"
 #include "index.h"
 #include "string_dict.h"
 
@@ -332,6 +334,51 @@ void test_match_filter_agrees_with_oracle() {
   CHECK(b.to_slots(0).empty());
 }
 
+// IdMap against std::map under random inserts, erases (backward shift) and lookups, with ids
+// that collide in the low bits and slots reused LIFO as VectorStore reuses them.
+void test_id_map_agrees_with_oracle() {
+  using namespace kbcore;
+  std::mt19937_64 rng(11);
+  for (const std::int64_t spread : {std::int64_t{64}, std::int64_t{1} << 40}) {
+    IdMap map;
+    std::map<std::int64_t, Slot> oracle;
+    std::vector<std::int64_t> ids;  // id per slot
+    std::vector<Slot> free;
+    for (int step = 0; step < 200000; ++step) {
+      const std::int64_t id = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(spread)) * 1024 - spread;
+      const auto it = oracle.find(id);
+      const auto got = map.find(id, ids.data());
+      CHECK(got.has_value() == (it != oracle.end()));
+      if (got) CHECK(*got == it->second);
+      if (it == oracle.end() && rng() % 3 != 0) {
+        Slot s;
+        if (!free.empty()) {
+          s = free.back();
+          free.pop_back();
+        } else {
+          s = static_cast<Slot>(ids.size());
+          ids.push_back(0);
+        }
+        ids[s] = id;
+        map.insert(id, s, ids.data());
+        oracle.emplace(id, s);
+      } else if (it != oracle.end()) {
+        CHECK(map.erase(id, ids.data()));
+        free.push_back(it->second);
+        oracle.erase(it);
+        CHECK(!map.find(id, ids.data()));
+      }
+      CHECK(map.size() == oracle.size());
+    }
+    for (const auto& [id, s] : oracle) {
+      const auto got = map.find(id, ids.data());
+      CHECK(got && *got == s);
+    }
+    CHECK(!map.erase(spread * 4096 + 7, ids.data()));
+    CHECK(map.bucket_count() >= 2 * map.size());
+  }
+}
+
 int main() {
   const std::pair<const char*, void (*)()> tests[] = {
       {"kernels_agree_with_scalar", test_kernels_agree_with_scalar},
@@ -340,6 +387,7 @@ int main() {
       {"iso8601", test_iso8601},
       {"bad_input_changes_nothing", test_bad_input_changes_nothing},
       {"match_filter_agrees_with_oracle", test_match_filter_agrees_with_oracle},
+      {"id_map_agrees_with_oracle", test_id_map_agrees_with_oracle},
   };
   for (const auto& [name, fn] : tests) {
     try {
