@@ -36,7 +36,7 @@ void HnswIndex::add_pending(const std::vector<Slot>& slots) {
   grow();
   for (Slot s : slots) {
     levels_[s] = 0;
-    upper_[s].clear();
+    upper_[s].reset();
     links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
     core0_[s] = 0;
     if (!pending_[s]) {
@@ -228,7 +228,7 @@ void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads
   for (Slot s : slots) {
     const int level = draw_level();
     levels_[s] = static_cast<std::uint8_t>(level);
-    upper_[s].assign(static_cast<std::size_t>(level) * (1 + params_.M), 0);
+    upper_[s] = level > 0 ? std::make_unique<std::uint32_t[]>(upper_words(s)) : nullptr;  // zeroed
     links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
     core0_[s] = 0;
   }
@@ -378,8 +378,7 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
     core0_[s] = 0;
     levels_[s] = 0;
-    upper_[s].clear();
-    upper_[s].shrink_to_fit();
+    upper_[s].reset();
   }
   // A node whose every neighbour (and their neighbours) was removed is re-linked by search.
   for (std::size_t s = 0; s < n; ++s) {
@@ -429,8 +428,8 @@ double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const
 std::size_t HnswIndex::memory_bytes() const {
   std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + core0_.capacity() * sizeof(std::uint16_t) +
                       levels_.capacity() +
-                      upper_.capacity() * sizeof(std::vector<std::uint32_t>);
-  for (const auto& u : upper_) bytes += u.capacity() * sizeof(std::uint32_t);
+                      upper_.capacity() * sizeof(upper_[0]);
+  for (std::size_t s = 0; s < levels_.size(); ++s) bytes += upper_words(static_cast<Slot>(s)) * sizeof(std::uint32_t);
   return bytes;
 }
 
@@ -444,7 +443,7 @@ void HnswIndex::save(BinaryWriter& w) const {
   w.array(levels_.data(), levels_.size());
   w.array(links0_.data(), links0_.size());
   for (std::size_t s = 0; s < levels_.size(); ++s) {
-    if (levels_[s] > 0) w.array(upper_[s].data(), upper_[s].size());
+    if (levels_[s] > 0) w.array(upper_[s].get(), upper_words(static_cast<Slot>(s)));
   }
   w.array(pending_.data(), pending_.size());
 }
@@ -463,14 +462,19 @@ void HnswIndex::load(BinaryReader& r) {
   r.array(levels, n);
   std::vector<std::uint32_t> links0;
   r.array(links0, n * (1 + m0_));
-  std::vector<std::vector<std::uint32_t>> upper(n);
+  std::vector<std::unique_ptr<std::uint32_t[]>> upper(n);
   for (std::size_t s = 0; s < n; ++s) {
     if (levels[s] > kMaxLevel) r.fail("node level out of range");
     if (!store_.is_live(static_cast<Slot>(s))) {
       if (levels[s] != 0 || links0[s * (1 + m0_)] != 0) r.fail("free slot has links");
       continue;
     }
-    if (levels[s] > 0) r.array(upper[s], static_cast<std::size_t>(levels[s]) * (1 + m));
+    if (levels[s] > 0) {
+      const std::size_t words = static_cast<std::size_t>(levels[s]) * (1 + m);
+      r.require(words, sizeof(std::uint32_t));  // before allocating
+      upper[s] = std::make_unique<std::uint32_t[]>(words);
+      r.array_into(upper[s].get(), words);
+    }
   }
   std::vector<std::uint8_t> pending;
   r.array(pending, n);

@@ -8,6 +8,7 @@
 // but not with searches or removals; the owning Index serialises those with a shared_mutex.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -111,6 +112,8 @@ class HnswIndex {
                       : &upper_[s][static_cast<std::size_t>(level - 1) * (1 + params_.M)];
   }
   std::size_t capacity(int level) const { return level == 0 ? m0_ : params_.M; }
+  /// Words of s's upper-level lists.
+  std::size_t upper_words(Slot s) const { return static_cast<std::size_t>(levels_[s]) * (1 + params_.M); }
   float dist(const Kernels& k, const float* q, Slot s) const {
     return distance(k, metric_, q, store_.vector(s), store_.dim());
   }
@@ -164,7 +167,9 @@ class HnswIndex {
   std::vector<std::uint32_t> links0_;              // slot_count * (1 + m0_): [count, ids...]
   std::vector<std::uint16_t> core0_;               // per slot: leading level-0 links that are not fill
   std::vector<std::uint8_t> levels_;               // top level per slot
-  std::vector<std::vector<std::uint32_t>> upper_;  // per slot: levels_[s] * (1 + M)
+  // Per slot: levels_[s] lists of [count, ids...] (1 + M each), null at level 0 (most slots):
+  // 8 B per slot where a std::vector would take 24.
+  std::vector<std::unique_ptr<std::uint32_t[]>> upper_;
   std::vector<std::uint8_t> pending_;              // per slot: 1 if stored but not linked yet
   std::vector<Slot> pending_list_;                 // the same slots, ascending
   Slot entry_ = kNoSlot;
