@@ -451,7 +451,7 @@ const Bitmap& FilterMatches::ensure_bitmap() {
 }
 
 FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, const Bitmap& live,
-                           std::size_t rows_up_to) {
+                           std::size_t rows_up_to, bool all_live) {
   FilterMatches m;
   m.slots = live.size();
   Bitmap bits;
@@ -463,13 +463,23 @@ FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, co
       // all slots. It is left in index order (ascending within each key): its readers, the
       // exact scans, keep the k best by (distance, slot) whatever the order, and sorting it
       // cost as much as the evaluation itself (SciFact, 1 % passing).
-      m.rows.reserve(runs.total);
+      // Every entry is written and the cursor advances only past live ones (no branch);
+      // with every slot live, as in an index without deletes, there is nothing to test.
+      m.rows.resize(runs.total);
+      Slot* out = m.rows.data();
+      std::size_t kept = 0;
       for (const Run& r : runs.runs) {
-        for_each_slot(r, [&](Slot s) {
-          if (live.test(s)) m.rows.push_back(s);
-        });
+        if (all_live) {
+          for_each_slot(r, [&](Slot s) { out[kept++] = s; });
+        } else {
+          for_each_slot(r, [&](Slot s) {
+            out[kept] = s;
+            kept += live.test(s) ? 1 : 0;
+          });
+        }
       }
-      m.count = m.rows.size();
+      m.rows.resize(kept);
+      m.count = kept;
       m.has_rows = true;
       return m;
     }

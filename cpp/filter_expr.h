@@ -66,9 +66,10 @@ struct FilterMatches {
 /// `rows_up_to` rows pass. A leaf that reads a sorted index (eq, $in, ranges, string tests)
 /// costs O(log n + matches) when at most rows_up_to entries match (the list is copied out of
 /// the index in index order, with no pass over all slots), else O(n / 64 + matches) for the
-/// bitmap. Other nodes evaluate to a bitmap as in evaluate_filter. Thread-safe for
-/// concurrent readers.
+/// bitmap. Other nodes evaluate to a bitmap as in evaluate_filter. `all_live` promises that
+/// every slot of `live` is set (no row was removed), which spares a test per match.
+/// Thread-safe for concurrent readers.
 FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, const Bitmap& live,
-                           std::size_t rows_up_to);
+                           std::size_t rows_up_to, bool all_live = false);
 
 }  // namespace kbcore

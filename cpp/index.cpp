@@ -55,7 +55,7 @@ constexpr double kRowsListFraction = 0.15;
 // when few pass, else the bitmap (the other form is derived once the strategy is known).
 FilterMatches match_for_search(const FilterNode& filter, const MetadataStore& meta, const VectorStore& store) {
   const auto rows_up_to = static_cast<std::size_t>(kRowsListFraction * static_cast<double>(store.size()));
-  return match_filter(filter, meta, store.live_bitmap(), rows_up_to);
+  return match_filter(filter, meta, store.live_bitmap(), rows_up_to, store.size() == store.slot_count());
 }
 
 void pad(std::int64_t* ids, float* dist, std::size_t from, std::size_t k) {
