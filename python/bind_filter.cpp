@@ -103,31 +103,24 @@ FilterNode filter_from_py(py::handle ir) {
 
 namespace {
 
-// cached_filter(cache, where): the native Filter cached for a one-condition where
-// ({field: {op: v}} or {field: v} with a str / int / float / bool v), else None. The key is
-// the one kbcore.filters._quick_key builds, (field, op, type(v), v) or (field, type(v), v),
-// and `cache` maps keys to (IR, Filter). A plain C function (METH_FASTCALL) rather than a
-// pybind11 one: a cache hit is the filter cost of every filtered search, and pybind11's
-// dispatch alone costs more than the lookup (measured 0.37 us -> 0.12 us per hit for
-// kbcore.filters.native_filter on the benchmark machine).
+// The cache key of a where of one of the one-condition shapes {field: {op: v}} and
+// {field: v} with a str / int / float / bool v: (field, op, type(v), v) or (field, type(v), v),
+// a new reference; None (a new reference too) for any other where. The type keeps 1, 1.0 and
+// True apart (they hash alike). Built in C for both sides of kbcore.filters' cache (storing
+// and looking up), so that a hit costs one C call: pybind11's dispatch alone cost more than
+// the lookup (native_filter 0.37 us -> 0.12 us per hit on the benchmark machine).
 bool plain_scalar(PyObject* v) {
   PyTypeObject* t = Py_TYPE(v);
   return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type || t == &PyBool_Type;
 }
 
-PyObject* cached_filter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyDict_Check(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "cached_filter(cache: dict, where) takes two arguments");
-    return nullptr;
-  }
-  PyObject* where = args[1];
+PyObject* quick_key(PyObject*, PyObject* where) {
   if (!PyDict_CheckExact(where) || PyDict_GET_SIZE(where) != 1) Py_RETURN_NONE;
   Py_ssize_t pos = 0;
   PyObject* field = nullptr;
   PyObject* spec = nullptr;
   PyDict_Next(where, &pos, &field, &spec);  // borrowed references
   if (!PyUnicode_CheckExact(field)) Py_RETURN_NONE;
-  PyObject* key = nullptr;
   if (PyDict_CheckExact(spec)) {
     if (PyDict_GET_SIZE(spec) != 1) Py_RETURN_NONE;
     pos = 0;
@@ -135,13 +128,22 @@ PyObject* cached_filter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* v = nullptr;
     PyDict_Next(spec, &pos, &op, &v);
     if (!PyUnicode_CheckExact(op) || !plain_scalar(v)) Py_RETURN_NONE;
-    key = PyTuple_Pack(4, field, op, reinterpret_cast<PyObject*>(Py_TYPE(v)), v);
-  } else if (plain_scalar(spec)) {
-    key = PyTuple_Pack(3, field, reinterpret_cast<PyObject*>(Py_TYPE(spec)), spec);
-  } else {
-    Py_RETURN_NONE;
+    return PyTuple_Pack(4, field, op, reinterpret_cast<PyObject*>(Py_TYPE(v)), v);
   }
+  if (plain_scalar(spec)) return PyTuple_Pack(3, field, reinterpret_cast<PyObject*>(Py_TYPE(spec)), spec);
+  Py_RETURN_NONE;
+}
+
+// cached_filter(cache, where): cache[quick_key(where)][1] (the native Filter of a cached
+// (IR, Filter) entry), else None.
+PyObject* cached_filter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "cached_filter(cache: dict, where) takes two arguments");
+    return nullptr;
+  }
+  PyObject* key = quick_key(nullptr, args[1]);
   if (key == nullptr) return nullptr;
+  if (key == Py_None) return key;
   PyObject* hit = PyDict_GetItemWithError(args[0], key);  // borrowed
   Py_DECREF(key);
   if (hit == nullptr) {
@@ -154,6 +156,8 @@ PyObject* cached_filter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return filter;
 }
 
+PyMethodDef kQuickKeyDef = {"quick_key", &quick_key, METH_O,
+                            "quick_key(where): the filter-cache key of a one-condition where, else None."};
 PyMethodDef kCachedFilterDef = {
     "cached_filter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cached_filter)), METH_FASTCALL,
     "cached_filter(cache, where): the cached native Filter of a one-condition where, else None."};
@@ -161,8 +165,10 @@ PyMethodDef kCachedFilterDef = {
 }  // namespace
 
 void bind_filter(py::module_& m) {
-  m.add_object("cached_filter",
-               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kCachedFilterDef, nullptr, m.attr("__name__").ptr())));
+  for (PyMethodDef* def : {&kQuickKeyDef, &kCachedFilterDef}) {
+    m.add_object(def->ml_name,
+                 py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr())));
+  }
   py::class_<CompiledFilter, std::shared_ptr<CompiledFilter>>(
       m, "Filter", "A compiled filter (IR of docs/filter-ir.md) converted and validated once.")
       .def(py::init([](const py::tuple& ir) {

@@ -575,8 +575,8 @@ def test_native_filter_follows_a_where_mutated_between_calls():
     ],
 )
 def test_native_cache_lookup_uses_the_quick_key(where):
-    # kbcore._core.cached_filter builds in C the key kbcore.filters._quick_key builds in
-    # Python: a hit on exactly the same entries, None for every other shape.
+    # The lookup (kbcore._core.cached_filter) hits exactly the entries stored under the key
+    # the cache uses (kbcore.filters._quick_key), and returns None for every other shape.
     from kbcore import _core
     from kbcore.filters import _quick_key
 

@@ -495,27 +495,11 @@ def _freeze(v: Any) -> Any:
     raise _Unhashable
 
 
-_SCALAR_TYPES = frozenset((str, int, float, bool))
-
-
-def _quick_key(where: Any) -> Any:
-    """The key of the one-condition shapes ``{f: {op: v}}`` and ``{f: v}`` with a plain scalar
-    v, built without recursion; ``None`` for any other where (then ``_freeze`` decides).
-
-    It starts with a str, so it never equals a ``_freeze`` key (those start with ``dict``).
-    """
-    if type(where) is dict and len(where) == 1:
-        for field, spec in where.items():
-            if type(field) is not str:
-                return None
-            if type(spec) is dict:
-                if len(spec) == 1:
-                    for op, v in spec.items():
-                        if type(op) is str and type(v) in _SCALAR_TYPES:
-                            return (field, op, type(v), v)
-            elif type(spec) in _SCALAR_TYPES:
-                return (field, type(spec), spec)
-    return None
+# The key of the one-condition shapes {f: {op: v}} and {f: v} with a plain str / int / float /
+# bool v, built in C without recursion: (f, op, type(v), v) or (f, type(v), v); None for any
+# other where (then _freeze decides). It starts with a str, so it never equals a _freeze key
+# (those start with "dict"). The C lookup of native_filter builds the same key.
+_quick_key = _core.quick_key
 
 
 _CACHE_SIZE = 1024
@@ -582,8 +566,8 @@ def native_filter(where: Mapping[str, Any] | None) -> Any:
     """The compiled ``where`` as the native ``Filter`` the index evaluates (``None`` for None).
 
     Validates exactly as :func:`compile_where` (same errors) and shares its cache; a cache hit
-    of a one-condition where is one native call (``_core.cached_filter`` builds the key of
-    :func:`_quick_key` and looks it up).
+    of a one-condition where is one native call (``_core.cached_filter`` builds the
+    ``_quick_key`` key and looks it up).
     """
     if where is None:
         return None
