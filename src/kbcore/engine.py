@@ -96,7 +96,7 @@ RESERVED_METADATA = ("document_id", "file_id", "chunk_index", "filename", "pipel
 _GROUP = "_group"  # internal: one int per (pipeline, document) ingest, the dedup key
 _RESERVED = frozenset(RESERVED_METADATA) | {_GROUP}
 _INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DEFAULT_PIPELINE = "default"
 
 #: A checkpoint of the index is written when the rows not covered by the last one exceed
@@ -305,44 +305,11 @@ class _NoBar:
 # -- grouping (dedup by source) --------------------------------------------------------------
 
 
-def _groups_native(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
+def _search_groups(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
     """(best id, its distance, part ids) of the k nearest groups: native ``search_groups``."""
     groups = kb._index.search_groups(q, k, group_by=_GROUP, group_size=1, where=where, ef=ef,
                                      threads=1)
     return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
-
-
-def _groups_fallback(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
-    """The same by over-fetching chunks and deduplicating in Python (until search_groups)."""
-    index = kb._index
-    total = len(index)
-    if total == 0:
-        return []
-    fetch = min(max(4 * k, 32), total)
-    base_ef = ef if ef is not None else index.ef
-    while True:
-        ids, dist = index.search(q, fetch, where=where, ef=max(base_ef, fetch), threads=1)
-        valid = ids >= 0
-        ids, dist = ids[valid], dist[valid]
-        groups = kb._groups_of(ids)
-        _, first = np.unique(groups, return_index=True)
-        if len(first) >= k or len(ids) < fetch or fetch >= total:
-            break
-        fetch = min(fetch * 4, total)
-    first.sort()
-    out = []
-    for pos in first[:k]:
-        g = groups[pos]
-        out.append((int(ids[pos]), float(dist[pos]), ids[groups == g].tolist()))
-    return out
-
-
-def _select_grouping() -> Any:
-    return _groups_native if hasattr(Index, "search_groups") else _groups_fallback
-
-
-#: The dedup implementation in use: native grouping when the index has it.
-_search_groups = _select_grouping()
 
 
 # -- segments --------------------------------------------------------------------------------
@@ -1242,7 +1209,7 @@ class KnowledgeBase:
         return seg, seg.row(chunk_id)
 
     def _groups_of(self, ids: np.ndarray) -> np.ndarray:
-        """The dedup group of each chunk id (vectorised; for the Python grouping fallback)."""
+        """The dedup group of each chunk id (vectorised; for fused hybrid results)."""
         lookup = self._lookup
         if lookup is None:
             all_ids = np.concatenate([s.ids for s in self._segments]) if self._segments else np.empty(0, np.int64)
@@ -1895,7 +1862,7 @@ def _unlink_all(dirpath: str, names: list[str]) -> None:
 
 
 def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise InvalidArgumentError(
             f"{what} name {name!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -2037,7 +2004,7 @@ class Engine:
                     kb._explicit_embedder = as_embedder(embedder)
                     kb._embedder = kb._resolve_embedder(kb._manifest.get("embedder"))
                 return kb
-            if not isinstance(name, str) or not _NAME_RE.match(name):
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
             path = os.path.join(self.path, name)
             if not os.path.isfile(os.path.join(path, storage.MANIFEST)):
@@ -2050,11 +2017,12 @@ class Engine:
     def delete_knowledge_base(self, name: str) -> None:
         """Deletes a knowledge base and its directory (atomically: it is gone or intact)."""
         with self._mutex, self._flock.hold():
-            path = os.path.join(self.path, name) if isinstance(name, str) and _NAME_RE.match(name) else None
+            path = os.path.join(self.path, name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
             if path is None or not os.path.isfile(os.path.join(path, storage.MANIFEST)):
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
             kb = self._kbs.pop(name, None)
             if kb is not None:
+                kb._stop_graph_builder()  # no thread may keep linking a deleted index
                 kb._closed = True
             trash = os.path.join(self.path, f".trash-{name}-{uuid.uuid4().hex[:8]}")
             lock = storage.FileLock(os.path.join(path, storage.LOCK))
