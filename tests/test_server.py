@@ -12,6 +12,7 @@ is used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -60,6 +61,7 @@ DOCS = {
             "created": "2021-03-01T00:00:00Z",
             "ts": _epoch("2021-03-01T00:00:00Z"),
             "note": "",
+            "published": "2024-01-15",
         },
     },
     "b": {
@@ -72,6 +74,7 @@ DOCS = {
             "created": "2022-06-15",
             "ts": _epoch("2022-06-15T00:00:00Z"),
             "note": "urgent",
+            "version": "2.0",
         },
     },
     "c": {
@@ -82,6 +85,7 @@ DOCS = {
             "year": 2023,
             "created": "2023-01-10T12:00:00+02:00",
             "ts": _epoch("2023-01-10T10:00:00Z"),
+            "level": 3,
         },
     },
     "d": {
@@ -130,8 +134,8 @@ LOAD_WORDS = [
 
 
 class _ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+    def __init__(self, level: int = logging.WARNING) -> None:
+        super().__init__(level)
         self.records: list[dict] = []
         self._mutex = threading.Lock()
 
@@ -142,6 +146,37 @@ class _ListHandler(logging.Handler):
     def by_request(self, request_id: str) -> list[dict]:
         with self._mutex:
             return [r for r in self.records if r.get("request_id") == request_id]
+
+
+@contextlib.contextmanager
+def running(app, level=logging.WARNING, **limits):
+    """Serves ``app`` with uvicorn (kbcore's uvicorn_config) on 127.0.0.1 in a thread; yields
+    (url, log handler); stops the server on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn_config(app, log_level="error", **limits))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    handler = _ListHandler(level)
+    logger = logging.getLogger("kbcore.server")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(level)
+    thread.start()
+    deadline = time.monotonic() + 10
+    try:
+        while not srv.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            assert thread.is_alive(), "the server thread died"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}", handler
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        sock.close()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 @pytest.fixture(scope="module")
@@ -169,32 +204,10 @@ def server(tmp_path_factory):
         )
 
     app = create_app(engine, KEYS, max_body_bytes=MAX_BODY, max_top_k=MAX_TOP_K)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn_config(app, log_level="error"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-
-    handler = _ListHandler()
-    logger = logging.getLogger("kbcore.server")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.WARNING)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        assert thread.is_alive(), "the server thread died"
-        time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}", handler
+        with running(app) as (url, handler):
+            yield url, handler
     finally:
-        srv.should_exit = True
-        thread.join(10)
-        sock.close()
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
         engine.close()
 
 
@@ -516,6 +529,38 @@ OPERATOR_CASES = [
     ("or", [cond("team", "is", "search"), cond("year", ">", 2023)], "or", {"c", "d"}),
     ("and", [cond("tags", "contains", "ops"), cond("year", "≥", 2022)], "and", {"b"}),
     ("case and spaces", [cond("team", "  Start   With ", "infra")], "AND", {"a", "b"}),
+    # Dify 1.12: a comparison with a missing field is never true (SQL NULL), "not" ones included
+    ("is not skips missing", [cond("note", "is not", "urgent")], "and", {"a", "d", "e"}),
+    ("≠ skips missing", [cond("ts", "≠", _epoch("2021-03-01T00:00:00Z"))], "and",
+     {"b", "c", "d"}),
+    ("not in skips missing", [cond("note", "not in", "urgent")], "and", {"a", "d", "e"}),
+    ("not contains skips missing", [cond("note", "not contains", "x")], "and",
+     {"a", "b", "d", "e"}),
+    # in / not in with Dify's comma-joined string; an empty one: nothing / everything
+    ("in comma-joined", [cond("team", "in", "infra,search")], "and", {"a", "c"}),
+    ("in empty string", [cond("team", "in", "")], "and", set()),
+    ("not in empty string", [cond("team", "not in", "")], "and", ALL),
+    ("in empty string or", [cond("team", "in", ""), cond("year", "<", 2021)], "or", {"e"}),
+    ("in numbers as text", [cond("year", "in", "2020,2024")], "and", {"d", "e"}),
+    # automatic (LLM) filtering sends strings: text equality, a stored number by its spelling
+    ("= text 2.0", [cond("version", "=", "2.0")], "and", {"b"}),
+    ("is text 3 on a number", [cond("level", "is", "3")], "and", {"c"}),
+    ("is not text 3 on a number", [cond("level", "is not", "3")], "and", set()),
+    ("≠ text 2.0", [cond("version", "≠", "2.0")], "and", set()),
+    # Dify's UI sends dates as Unix seconds; a stored ISO date is the same instant
+    ("is seconds on ISO date", [cond("published", "is", 1705276800)], "and", {"a"}),
+    ("is seconds other day", [cond("published", "is", 1705276800 + 86400)], "and", set()),
+    ("is not seconds on ISO date", [cond("published", "is not", 1705276800 + 1)], "and",
+     {"a"}),
+    ("is seconds on seconds", [cond("ts", "is", _epoch("2022-06-15T00:00:00Z"))], "and",
+     {"b"}),
+    # a condition whose value the user left empty is skipped, as Dify does
+    ("null value skipped", [{"name": "team", "comparison_operator": "is", "value": None}],
+     "and", ALL),
+    ("null value skipped in and", [{"name": ["team"], "comparison_operator": "contains",
+                                    "value": None}, cond("year", ">", 2022)], "and", {"c", "d"}),
+    ("empty needs no value", [{"name": "note", "comparison_operator": "empty", "value": None}],
+     "and", {"a", "c", "e"}),
 ]
 
 
@@ -718,3 +763,67 @@ def test_kbcore_serve_refuses_to_start_without_a_key(tmp_path):
     )
     assert proc.returncode == 2
     assert "no API key" in proc.stderr
+
+
+# -- what Dify 1.12 sends --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["//retrieval", "/retrieval/", "///retrieval//"])
+def test_an_endpoint_registered_with_a_trailing_slash_is_served(server, path):
+    # Dify posts to f"{endpoint}/retrieval": "http://host:8000/" gives "//retrieval"
+    url, _ = server
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    probe = httpx.post(url + path, headers=auth)  # Dify's registration probe: no body
+    error_of(probe, 400, 3000)
+    resp = httpx.post(url + path, headers=auth, content=json.dumps(body()),
+                      timeout=10)
+    assert docs_of(resp) == ALL
+
+
+def test_a_blank_query_finds_no_records_with_200(client):
+    for query in ("   ", "\t\n", ""):
+        resp = client.post("/retrieval", json=body(query=query))
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {"records": []}
+    error_of(client.post("/retrieval", json=body(query=" ", knowledge_id="nope")), 404, 2001)
+
+
+def test_top_k_above_the_limit_is_clamped_and_logged(server, client):
+    _, logs = server
+    resp = client.post("/retrieval", json=body(knowledge_id="load", top_k=MAX_TOP_K + 1000))
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["records"]) == len(LOAD_WORDS)  # every chunk: 20 < MAX_TOP_K
+    (rec,) = logs.by_request(resp.headers["x-request-id"])
+    assert rec["event"] == "top_k_clamped"
+    assert rec["requested_top_k"] == MAX_TOP_K + 1000 and rec["top_k"] == MAX_TOP_K
+
+
+def test_top_k_null_means_difys_default_of_5(client):
+    b = body(knowledge_id="load")
+    b["retrieval_setting"] = {"top_k": None, "score_threshold": 0.0}
+    assert len(client.post("/retrieval", json=b).json()["records"]) == 5
+
+
+def test_the_request_dify_builds_is_served(server):
+    # ExternalDatasetService.fetch_external_knowledge_retrieval: data=json.dumps(params), a
+    # Content-Type header, metadata_condition from MetadataCondition.model_dump()
+    url, _ = server
+    params = {
+        "retrieval_setting": {"top_k": 3, "score_threshold": 0.0},
+        "query": "rotate keys",
+        "knowledge_id": "ops",
+        "metadata_condition": {
+            "logical_operator": "and",
+            "conditions": [
+                {"name": ["team"], "comparison_operator": "start with", "value": "infra"},
+                {"name": ["year"], "comparison_operator": "≥", "value": 2021},
+                {"name": ["note"], "comparison_operator": "is", "value": None},
+            ],
+        },
+    }
+    resp = httpx.post(
+        f"{url}/retrieval",
+        content=json.dumps(params),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEYS[1]}"},
+    )
+    assert docs_of(resp) == {"a", "b"}
