@@ -279,3 +279,98 @@ def test_the_error_names_the_failing_condition_index():
         {"name": "b", "comparison_operator": ">", "value": "many"},
     ]}
     assert error_of(mc).startswith('metadata_condition["conditions"][1]: ">" compares numbers')
+
+
+# ----------------------------------------------------------------------------------------------
+# Dify 1.12 semantics (see docs/dify.md)
+
+DIFY_ROWS = [
+    {"id": 0, "v": "2.0", "n": 3, "d": "2024-01-15", "t": "infra"},
+    {"id": 1, "v": "2", "n": 2.5, "d": 1705276800, "t": "search"},  # 2024-01-15 in seconds
+    {"id": 2, "n": "3", "d": "2024-01-15T00:00:01Z", "t": "infra, search"},
+    {"id": 3},
+]
+
+
+def dify_ids(mc) -> list[int]:
+    where = translate(mc)
+    return [r["id"] for r in DIFY_ROWS if where is None or matches(where, r)]
+
+
+@pytest.mark.parametrize(
+    ("mc", "expected"),
+    [
+        (one("=", "2.0", name="v"), [0]),  # text equality: "2.0" is not "2"
+        (one("is", "3", name="n"), [0, 2]),  # the number 3 is spelled "3"
+        (one("is", "2.5", name="n"), [1]),
+        (one("is not", "3", name="n"), [1]),  # 3 and "3" are both "3"; row 3 lacks n
+        (one("≠", "2.0", name="v"), [1]),
+        (one("is", 1705276800, name="d"), [0, 1]),  # Unix seconds = the ISO date's instant
+        (one("is not", 1705276800, name="d"), [2]),
+        (one("is", 1705276801, name="d"), [2]),
+        (one("in", "infra,search", name="t"), [0, 1]),  # split on commas, not a substring
+        (one("in", "", name="t"), []),
+        (one("not in", "", name="t"), [0, 1, 2, 3]),
+        (one("not in", "infra", name="t"), [1, 2]),  # row 3 lacks t: NULL is never "not in"
+        (one("in", [3, "2.5"], name="n"), [0, 1, 2]),
+        (one("in", "3", name="n"), [0, 2]),
+        (one("is", None, name="t"), [0, 1, 2, 3]),  # a null value: Dify skips the condition
+        ({"logical_operator": "or", "conditions": [
+            {"name": "t", "comparison_operator": "contains", "value": None},
+            {"name": "n", "comparison_operator": ">", "value": 2.6}]}, [0]),
+        ({"conditions": [{"name": "t", "comparison_operator": "is"}]}, [0, 1, 2, 3]),
+    ],
+)
+def test_dify_semantics_select_the_rows_difys_filter_selects(mc, expected):
+    assert dify_ids(mc) == expected
+
+
+def test_only_null_valued_conditions_mean_no_filter():
+    mc = {"conditions": [{"name": "a", "comparison_operator": "is", "value": None},
+                         {"name": "b", "comparison_operator": "<", "value": None}]}
+    assert dify_condition_to_where(mc) is None
+
+
+@pytest.mark.parametrize("text", ["1" * 400, "1" * 5000, "9" * 20000 + "x", "-" + "1" * 4400])
+def test_long_digit_strings_are_text_or_a_clear_error_never_overflow(text):
+    assert translate(one("=", text)) == {"f": {"$eq": text}}
+    with pytest.raises(InvalidArgumentError, match="is not a number"):
+        dify_condition_to_where(one(">", text))
+
+
+# ----------------------------------------------------------------------------------------------
+# linear time: every regular expression and parser a request reaches (item: ReDoS audit)
+
+
+def _seconds(fn, arg) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    fn(arg)
+    return time.perf_counter() - t0
+
+
+def test_the_number_parser_is_linear_on_a_long_non_number():
+    from kbcore.dify.condition import _number_shape, _parse_number
+
+    # the old regex took 4.85 s on 20,000 digits plus "x" (quadratic backtracking)
+    for n in (20_000, 200_000):
+        text = "1" * n + "x"
+        assert _parse_number(text) is None
+        assert _seconds(_number_shape, text) < 0.5
+        assert _seconds(_parse_number, "1." + "1" * n + "e+x") < 0.5
+
+
+def test_every_regex_on_the_request_path_is_linear_on_adversarial_input():
+    from kbcore import embedders, engine, filters
+
+    cases = [
+        (filters._ISO_RE.fullmatch, "2024-01-01T00:00:00." + "1" * 100_000 + "x"),
+        (filters._ISO_RE.fullmatch, "2024-01-01T00:00" + ":00" * 30_000),
+        (engine._NAME_RE.match, "a" * 100_000 + "!"),
+        (embedders._WORD_RE.findall, "ab " * 100_000),
+    ]
+    for fn, text in cases:
+        assert _seconds(fn, text) < 0.5, (fn, text[:30])
+    with pytest.raises(InvalidArgumentError, match="ISO-8601"):
+        dify_condition_to_where(one("after", "2024-01-01T00:00:00." + "1" * 100_000 + "x"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import logging
 import os
@@ -770,14 +771,26 @@ def test_kbcore_serve_refuses_to_start_without_a_key(tmp_path):
 
 @pytest.mark.parametrize("path", ["//retrieval", "/retrieval/", "///retrieval//"])
 def test_an_endpoint_registered_with_a_trailing_slash_is_served(server, path):
-    # Dify posts to f"{endpoint}/retrieval": "http://host:8000/" gives "//retrieval"
+    # Dify posts to f"{endpoint}/retrieval": "http://host:8000/" gives "//retrieval";
+    # http.client sends the path exactly as given
     url, _ = server
+    host, port = url.removeprefix("http://").split(":")
     auth = {"Authorization": f"Bearer {KEYS[0]}"}
-    probe = httpx.post(url + path, headers=auth)  # Dify's registration probe: no body
-    error_of(probe, 400, 3000)
-    resp = httpx.post(url + path, headers=auth, content=json.dumps(body()),
-                      timeout=10)
-    assert docs_of(resp) == ALL
+
+    def post(payload: bytes) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("POST", path, body=payload, headers=auth)
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    status, data = post(b"")  # Dify's registration probe: no body
+    assert (status, data["error_code"]) == (400, 3000)
+    status, data = post(json.dumps(body()).encode())
+    assert status == 200
+    assert {r["metadata"]["document_id"] for r in data["records"]} == ALL
 
 
 def test_a_blank_query_finds_no_records_with_200(client):
@@ -827,3 +840,238 @@ def test_the_request_dify_builds_is_served(server):
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEYS[1]}"},
     )
     assert docs_of(resp) == {"a", "b"}
+
+
+# -- hardening: nothing stalls the server, nothing is a 500 ----------------------------------
+
+TIMEOUT = 1.0  # body and header timeouts of the hardened server
+
+
+@pytest.fixture(scope="module")
+def hardened(tmp_path_factory):
+    """A server with the default body limit (1 MiB) and one-second body / header timeouts;
+    logs at INFO."""
+    engine = Engine(tmp_path_factory.mktemp("kb-hard"))
+    kb = engine.create_knowledge_base("ops", index="flat")
+    kb.ingest(text="Rotate the signing keys every ninety days.", document_id="a",
+              metadata={"team": "infra", "year": 2021})
+    kb.ingest(text="Search relevance is measured with nDCG.", document_id="b",
+              metadata={"team": "search", "year": 2023})
+    app = create_app(engine, KEYS, body_timeout=TIMEOUT)
+    try:
+        with running(app, logging.INFO, header_timeout=TIMEOUT, keep_alive_timeout=1) as srv:
+            yield srv
+    finally:
+        engine.close()
+
+
+def _post(url: str, payload: bytes, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/retrieval", content=payload, timeout=timeout,
+                      headers={"Authorization": f"Bearer {KEYS[0]}"})
+
+
+def _raw(**fields) -> bytes:
+    """A request body; ensure_ascii keeps lone surrogates as \\ud800 escapes, as a client
+    would send them."""
+    b = {"knowledge_id": "ops", "query": "keys", "retrieval_setting": {"top_k": 5}}
+    b.update(fields)
+    return json.dumps(b, ensure_ascii=True).encode("ascii")
+
+
+def _mc(op, value, name="year") -> dict:
+    return {"metadata_condition": {"conditions": [cond(name, op, value)]}}
+
+
+HOSTILE = [
+    ("value 10**400 >", _raw(**_mc(">", 10**400)), 400, 3002),
+    ("value 10**400 is", _raw(**_mc("is", 10**400)), 400, 3002),
+    ("value -10**400 before", _raw(**_mc("before", -(10**400))), 400, 3002),
+    ("value '1'*400 >", _raw(**_mc(">", "1" * 400)), 400, 3002),
+    ("value '1'*400 is", _raw(**_mc("is", "1" * 400)), 200, None),
+    ("value 5000 digits >", _raw(**_mc(">", "1" * 5000)), 400, 3002),
+    ("value 5000 digits =", _raw(**_mc("=", "1" * 5000)), 200, None),
+    ("value 5000 digits in", _raw(**_mc("in", "1" * 5000)), 200, None),
+    ("value 20000 digits+x before", _raw(**_mc("before", "9" * 20000 + "x")), 400, 3002),
+    ("long ISO fraction", _raw(**_mc("after", "2024-01-01T00:00:00." + "1" * 30000)), 200, None),
+    ("JSON number of 5000 digits", b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
+     b'{"top_k":' + b"1" * 5000 + b"}}", 400, 3001),
+    ("score_threshold 10**400", _raw(retrieval_setting={"top_k": 3,
+                                                        "score_threshold": 10**400}), 400, 3001),
+    ("score_threshold 1e999", b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
+     b'{"score_threshold":1e999}}', 400, 3001),
+    ("top_k 10**400 is clamped", _raw(retrieval_setting={"top_k": 10**400}), 200, None),
+    ("top_k -10**400", _raw(retrieval_setting={"top_k": -(10**400)}), 400, 3001),
+    ("JSON nested 100000 deep", b'{"knowledge_id":"ops","query":"q","x":'
+     + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, 3001),
+    ("condition nested 100000 deep", b'{"knowledge_id":"ops","query":"q",'
+     b'"metadata_condition":' + b'{"conditions":[' * 50_000 + b"]}" * 50_000 + b"}",
+     400, 3001),
+    ("surrogate in a value", _raw(**_mc("is", "\ud800", "team")), 400, 3002),
+    ("surrogate in an in list", _raw(**_mc("in", ["x", "a\udc00"], "team")), 400, 3002),
+    ("surrogate in a field name", _raw(**_mc("is", "x", "te\ud83dam")), 400, 3002),
+    ("surrogate in knowledge_id", _raw(knowledge_id="ops\ud800"), 400, 3001),
+    ("surrogate in query", _raw(query="keys \udfff"), 400, 3001),
+    ("surrogate in an operator", _raw(metadata_condition={"conditions": [
+        {"name": "team", "comparison_operator": "is\ud800", "value": "x"}]}), 400, 3002),
+    ("invalid UTF-8", b'{"knowledge_id":"ops\xff","query":"q"}', 400, 3001),
+]
+
+
+@pytest.mark.parametrize("payload, status, code", [h[1:] for h in HOSTILE],
+                         ids=[h[0] for h in HOSTILE])
+def test_hostile_input_is_a_4xx_json_error_with_its_code_never_a_500(hardened, payload,
+                                                                     status, code):
+    url, logs = hardened
+    resp = _post(url, payload)
+    assert resp.headers["content-type"].startswith("application/json"), resp.text
+    if code is None:
+        assert resp.status_code == status, resp.text
+        assert "records" in resp.json()
+    else:
+        error_of(resp, status, code)
+    for rec in logs.by_request(resp.headers["x-request-id"]):
+        assert rec.get("status", 0) < 500 and "exception" not in rec, rec
+
+
+def _health_latencies(url: str, stop: threading.Event) -> list[float]:
+    out = []
+    with httpx.Client(base_url=url, timeout=30) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            assert c.get("/health").status_code == 200
+            out.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+    return out
+
+
+def _during(url: str, work) -> tuple[object, list[float]]:
+    """Runs ``work()`` while a second thread times /health; (work's result, latencies)."""
+    stop = threading.Event()
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_health_latencies(url, stop)))
+    thread.start()
+    try:
+        time.sleep(0.1)
+        out = work()
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join(30)
+    return out, result[0]
+
+
+def test_health_answers_while_a_40_kb_hostile_body_is_handled(hardened):
+    url, _ = hardened
+    payload = _raw(**_mc(">", "9" * 40_000 + "x"))  # 40 KB: 15.9 s of /health stall before
+    assert len(payload) > 40_000
+    (resp, latencies) = _during(url, lambda: _post(url, payload))
+    error_of(resp, 400, 3002)
+    print(f"40 KB body: /health max {max(latencies) * 1000:.1f} ms over {len(latencies)} calls")
+    assert latencies and max(latencies) < 1.0
+
+
+def test_parsing_runs_off_the_event_loop(hardened, monkeypatch):
+    # a parse that takes 1.5 s (slept, so only an event loop it runs on would be blocked)
+    import kbcore.dify.server as srv
+
+    real = srv.parse_request
+
+    def slow(body, max_top_k):
+        time.sleep(1.5)
+        return real(body, max_top_k)
+
+    monkeypatch.setattr(srv, "parse_request", slow)
+    url, _ = hardened
+    (resp, latencies) = _during(url, lambda: _post(url, _raw()))
+    assert resp.status_code == 200
+    print(f"1.5 s parse: /health max {max(latencies) * 1000:.1f} ms")
+    assert max(latencies) < 0.75
+
+
+def _wait_for(logs, event: str, deadline: float) -> dict | None:
+    while time.monotonic() < deadline:
+        with logs._mutex:
+            found = [r for r in logs.records if r.get("event") == event]
+        if found:
+            return found[-1]
+        time.sleep(0.02)
+    return None
+
+
+def test_a_client_that_disconnects_mid_body_is_logged_as_a_disconnect_not_a_500(hardened):
+    url, logs = hardened
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            b"POST /retrieval HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"knowledge_id":'
+        )
+        time.sleep(0.2)
+    rec = _wait_for(logs, "client_disconnect", time.monotonic() + 5)
+    assert rec is not None and rec["client"] == "127.0.0.1"
+    with logs._mutex:
+        assert not [r for r in logs.records if r.get("status", 0) >= 500]
+
+
+def _stalled_clients(host: str, port: int, n: int) -> list[tuple[socket.socket, str]]:
+    socks = []
+    for i in range(n):
+        s = socket.create_connection((host, port), timeout=10)
+        kind = ("silent", "half head", "half body")[i % 3]
+        if kind == "half head":
+            s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n")
+        elif kind == "half body":
+            s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
+                      + f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: 500\r\n\r\n".encode()
+                      + b'{"knowledge_id": "ops", ')
+        socks.append((s, kind))
+    return socks
+
+
+def _closed_after(s: socket.socket, started: float) -> tuple[float, bytes]:
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            return time.monotonic() - started, data
+        data += chunk
+
+
+def test_forty_stalled_clients_are_closed_by_the_timeouts_and_health_still_answers(hardened):
+    url, _ = hardened
+    host, port = url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    socks = _stalled_clients(host, int(port), 40)
+    try:
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        closed = [(kind, *_closed_after(s, started)) for s, kind in socks]
+    finally:
+        for s, _ in socks:
+            s.close()
+    worst = max(t for _, t, _ in closed)
+    print(f"40 stalled clients: all closed after {worst:.2f} s (timeouts {TIMEOUT} s)")
+    assert worst < TIMEOUT + 4
+    for kind, _, data in closed:
+        if kind == "half body":
+            assert data.startswith(b"HTTP/1.1 408"), data[:80]
+            assert b'"error_code":3004' in data
+        else:
+            assert data == b"" or data.startswith(b"HTTP/1.1 4"), data[:80]
+
+
+def test_connections_beyond_the_cap_get_503_until_the_stalled_ones_time_out(tmp_path):
+    with Engine(tmp_path) as engine:
+        engine.create_knowledge_base("kb")
+        app = create_app(engine, KEYS)
+        with running(app, max_connections=8, header_timeout=TIMEOUT) as (url, _):
+            host, port = url.removeprefix("http://").split(":")
+            idle = [socket.create_connection((host, int(port))) for _ in range(10)]
+            try:
+                time.sleep(0.2)
+                assert httpx.get(f"{url}/health", timeout=5).status_code == 503
+                time.sleep(TIMEOUT + 1.0)  # the header timeout closes the idle ones
+                assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+            finally:
+                for s in idle:
+                    s.close()
