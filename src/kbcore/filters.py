@@ -521,12 +521,12 @@ def _compiled(where: Any) -> tuple[Node, Any]:
         node = _compile_node(where)  # raises before anything is cached
     except _Unhashable:  # numpy scalars, Mapping subclasses ...: compile without caching
         node = _compile_where_uncached(where)
-        return node, _core.Filter(node)
+        return node, _native(node, where)
     except _FilterError as err:
         raise _invalid(err) from None
     except RecursionError:
         raise InvalidArgumentError("where: the filter is nested too deeply") from None
-    hit = (node, _core.Filter(node))
+    hit = (node, _native(node, where))
     if len(_cache) >= _CACHE_SIZE:
         try:  # evict the oldest entry (dicts keep insertion order)
             del _cache[next(iter(_cache))]
@@ -534,6 +534,43 @@ def _compiled(where: Any) -> tuple[Node, Any]:
             pass
     _cache[key] = hit
     return hit
+
+
+def _native(node: Node, where: Any) -> Any:
+    """``_core.Filter(node)``; a string that is not valid Unicode (a lone surrogate, which
+    the binding cannot convert to UTF-8) is an InvalidArgumentError naming its place."""
+    try:
+        return _core.Filter(node)
+    except RuntimeError:
+        segments = _surrogate_at(where)
+        if segments is None:
+            raise
+        err = _FilterError("a string contains a lone surrogate, which is not valid Unicode")
+        err.segments = segments
+        text = str(_invalid(err)).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise InvalidArgumentError(text) from None
+
+
+def _surrogate_at(v: Any) -> list[object] | None:
+    """Path segments (innermost first) of the first str in ``v`` that is not UTF-8."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return []
+        return None
+    if isinstance(v, Mapping):
+        items: Any = v.items()
+    elif isinstance(v, (list, tuple)):
+        items = enumerate(v)
+    else:
+        return None
+    for k, x in items:
+        for part in (k, x):
+            found = _surrogate_at(part)
+            if found is not None:
+                return found + [k]
+    return None
 
 
 def _invalid(err: _FilterError) -> InvalidArgumentError:
