@@ -374,3 +374,27 @@ def test_every_regex_on_the_request_path_is_linear_on_adversarial_input():
         assert _seconds(fn, text) < 0.5, (fn, text[:30])
     with pytest.raises(InvalidArgumentError, match="ISO-8601"):
         dify_condition_to_where(one("after", "2024-01-01T00:00:00." + "1" * 100_000 + "x"))
+
+
+# ----------------------------------------------------------------------------------------------
+# the where API itself: a lone surrogate is an InvalidArgumentError naming its place, not the
+# binding's RuntimeError
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ({"a": "\ud800"}, 'where["a"]'),
+        ({"a\udc00": 1}, 'where["a\\udc00"]'),
+        ({"$or": [{"x": 1}, {"y": {"$in": ["a", "b\ud800"]}}]}, 'where["$or"][1]["y"]["$in"][1]'),
+        ({"t": {"$contains": "\udfff"}}, 'where["t"]["$contains"]'),
+    ],
+)
+def test_compile_where_and_native_filter_reject_lone_surrogates_naming_the_path(where, path):
+    from kbcore.filters import native_filter
+
+    for fn in (compile_where, native_filter):
+        with pytest.raises(InvalidArgumentError) as info:
+            fn(where)
+        assert str(info.value).startswith(path + ": a string contains a lone surrogate")
+        str(info.value).encode("utf-8")
