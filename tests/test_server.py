@@ -35,8 +35,8 @@ uvicorn = pytest.importorskip(
     "uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')"
 )
 
-from kbcore import Engine  # noqa: E402
-from kbcore.server import create_app, parse_api_keys, uvicorn_config  # noqa: E402
+from kbcore import Engine
+from kbcore.server import create_app, parse_api_keys, uvicorn_config
 
 KEYS = ["key-one-0123456789", "key-two-abcdefghij"]
 MAX_TOP_K = 50
@@ -897,8 +897,8 @@ HOSTILE = [
      b'{"top_k":' + b"1" * 5000 + b"}}", 400, 3001),
     ("score_threshold 10**400", _raw(retrieval_setting={"top_k": 3,
                                                         "score_threshold": 10**400}), 400, 3001),
-    ("score_threshold 1e999", b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
-     b'{"score_threshold":1e999}}', 400, 3001),
+    ("score_threshold 1e999", (b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
+     b'{"score_threshold":1e999}}'), 400, 3001),
     ("top_k 10**400 is clamped", _raw(retrieval_setting={"top_k": 10**400}), 200, None),
     ("top_k -10**400", _raw(retrieval_setting={"top_k": -(10**400)}), 400, 3001),
     ("JSON nested 100000 deep", b'{"knowledge_id":"ops","query":"q","x":'

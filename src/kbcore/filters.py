@@ -22,7 +22,6 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from . import _core
@@ -616,4 +615,4 @@ def native_filter(where: Mapping[str, Any] | None) -> Any:
 
 
 # Dify's metadata_condition translator lives in kbcore.dify.condition; re-exported here.
-from .dify.condition import dify_condition_to_where  # noqa: E402
+from .dify.condition import dify_condition_to_where

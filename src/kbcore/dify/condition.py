@@ -139,7 +139,7 @@ def _parse_number(text: str) -> int | float | None:
     return f if math.isfinite(f) else None
 
 
-def _finite(value: int | float, op: str) -> int | float:
+def _finite(value: float, op: str) -> int | float:
     """A number the filter language accepts: ints beyond int64 become floats; inf, NaN and
     ints beyond the float range are InvalidArgumentError."""
     if isinstance(value, int):
@@ -174,7 +174,7 @@ def _number(value: Any, op: str) -> int | float:
     raise InvalidArgumentError(f'"{op}" compares numbers, got {_type_name(value)}')
 
 
-def _number_text(n: int | float) -> list[str]:
+def _number_text(n: float) -> list[str]:
     """How Dify's text comparison spells a stored number (JSON text): 3 -> "3", 2.5 -> "2.5",
     2.0 -> "2.0" (and "2", the same number written as an integer)."""
     if isinstance(n, int):
