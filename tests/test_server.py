@@ -1075,3 +1075,27 @@ def test_connections_beyond_the_cap_get_503_until_the_stalled_ones_time_out(tmp_
             finally:
                 for s in idle:
                     s.close()
+
+
+def test_a_keep_alive_connection_dribbling_its_next_head_is_closed(tmp_path):
+    # the first request outlives the first header deadline; a byte of the next head cancels
+    # uvicorn's keep-alive timeout, so only a re-armed header timeout can close the connection
+    with Engine(tmp_path) as engine:
+        engine.create_knowledge_base("kb").ingest(text="Keys rotate.", document_id="k")
+        app = create_app(engine, KEYS, body_timeout=5)
+        with running(app, header_timeout=TIMEOUT, keep_alive_timeout=5) as (url, _):
+            host, port = url.removeprefix("http://").split(":")
+            payload = json.dumps(body(knowledge_id="kb")).encode()
+            with socket.create_connection((host, int(port)), timeout=15) as s:
+                s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
+                          + f"Authorization: Bearer {KEYS[0]}\r\n".encode()
+                          + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload[:5])
+                time.sleep(TIMEOUT + 0.3)  # past the first header deadline, mid-request
+                s.sendall(payload[5:])
+                first = s.recv(65536)
+                assert first.startswith(b"HTTP/1.1 200"), first[:80]
+                s.sendall(b"GET /health HTTP/1.1\r\nHo")
+                started = time.monotonic()
+                elapsed, rest = _closed_after(s, started)
+    assert elapsed < TIMEOUT + 3, elapsed
+    assert not rest.startswith(b"HTTP/1.1 200")

@@ -233,14 +233,13 @@ def _instant(value: Any, op: str) -> tuple[str, int | float]:
     )
 
 
-def _same_instant(field: str, seconds: float) -> dict | None:
-    """A stored ISO date-time within a microsecond of ``seconds``; None out of range."""
+def _instant_window(seconds: float) -> tuple[str, str] | None:
+    """ISO-8601 bounds a microsecond either side of ``seconds``; None out of range."""
     try:
-        lo = _iso_of(seconds - _INSTANT_TOLERANCE, "is")
-        hi = _iso_of(seconds + _INSTANT_TOLERANCE, "is")
+        return (_iso_of(seconds - _INSTANT_TOLERANCE, "is"),
+                _iso_of(seconds + _INSTANT_TOLERANCE, "is"))
     except InvalidArgumentError:
         return None
-    return {"$and": [{field: {"$after": lo}}, {field: {"$before": hi}}]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,9 +273,10 @@ def _is(field: str, value: Any) -> dict:
     if _is_number(value):
         n = _finite(value, "is")
         parts = [{field: {"$eq": n}}, {field: {"$in": _number_text(n)}}]
-        window = _same_instant(field, float(n))
-        if window is not None:
-            parts.append(window)
+        window = _instant_window(float(n))
+        if window is not None:  # a stored ISO date-time at that instant
+            lo, hi = window
+            parts.append({"$and": [{field: {"$after": lo}}, {field: {"$before": hi}}]})
         return {"$or": parts}
     raise InvalidArgumentError(
         f'"is" needs a string, number or boolean value, got {_type_name(value)}'
@@ -298,10 +298,10 @@ def _is_not(field: str, value: Any) -> dict:
         # Dify compares the stored value as a number: numbers and dates other than it match
         n = _finite(value, "is not")
         parts = [{field: {"$lt": n}}, {field: {"$gt": n}}]
-        window = _same_instant(field, float(n))
-        if window is not None:
-            lo, hi = (c[field] for c in window["$and"])
-            parts += [{field: {"$before": lo["$after"]}}, {field: {"$after": hi["$before"]}}]
+        window = _instant_window(float(n))
+        if window is not None:  # a stored ISO date-time at another instant
+            lo, hi = window
+            parts += [{field: {"$before": lo}}, {field: {"$after": hi}}]
         return {"$or": parts}
     raise InvalidArgumentError(
         f'"is not" needs a string, number or boolean value, got {_type_name(value)}'

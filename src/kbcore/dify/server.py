@@ -379,12 +379,14 @@ async def _read_body(request: Any, service: _Service) -> bytes:
     import anyio
 
     limit = service.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        declared = declared.strip()
-        if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > limit):
-            raise ApiError(413, E_TOO_LARGE, f"the request body is {declared[:20]} bytes; "
-                           f"the limit is {limit}")
+    declared = (request.headers.get("content-length") or "").strip()
+    too_large = declared.isascii() and declared.isdigit() and (
+        len(declared) > 15 or int(declared) > limit
+    )
+    if too_large:
+        raise ApiError(
+            413, E_TOO_LARGE, f"the request body is {declared[:20]} bytes; the limit is {limit}"
+        )
     parts: list[bytes] = []
     size = 0
     try:
@@ -393,7 +395,7 @@ async def _read_body(request: Any, service: _Service) -> bytes:
                 size += len(chunk)
                 if size > limit:
                     raise ApiError(
-                        413, E_TOO_LARGE, f"the request body is larger than the limit of {limit} bytes"
+                        413, E_TOO_LARGE, f"the request body is over the limit of {limit} bytes"
                     )
                 parts.append(chunk)
     except TimeoutError:
@@ -520,25 +522,40 @@ def create_app(
 
 
 def _header_timeout_protocol(seconds: float) -> type:
-    """uvicorn's HTTP protocol class, closing a connection that has not sent a complete
-    request head within ``seconds`` of connecting (uvicorn itself waits forever)."""
+    """uvicorn's HTTP protocol class, closing a connection whose next request head is not
+    complete ``seconds`` after it connected or after its last response (uvicorn itself waits
+    forever for a head, and a byte of one cancels its keep-alive timeout)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
     except ImportError:
         from uvicorn.protocols.http.h11_impl import H11Protocol as base
 
     class _Protocol(base):  # type: ignore[misc, valid-type]
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._kbcore_head_timer = self.loop.call_later(seconds, self._kbcore_head_timeout)
+        _kbcore_timer: Any = None
+
+        def _kbcore_arm(self) -> None:
+            if self._kbcore_timer is not None:
+                self._kbcore_timer.cancel()
+            self._kbcore_timer = self.loop.call_later(seconds, self._kbcore_head_timeout)
 
         def _kbcore_head_timeout(self) -> None:
-            if self.cycle is None and not self.transport.is_closing():
+            waiting = self.cycle is None or self.cycle.response_complete
+            if waiting and not self.transport.is_closing():
                 _log(logging.INFO, "header_timeout", client=(self.client or ("?",))[0])
                 self.transport.close()
 
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._kbcore_arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._kbcore_arm()
+
         def connection_lost(self, exc: Exception | None) -> None:
-            self._kbcore_head_timer.cancel()
+            if self._kbcore_timer is not None:
+                self._kbcore_timer.cancel()
             super().connection_lost(exc)
 
     return _Protocol
