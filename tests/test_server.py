@@ -1099,3 +1099,24 @@ def test_a_keep_alive_connection_dribbling_its_next_head_is_closed(tmp_path):
                 elapsed, rest = _closed_after(s, started)
     assert elapsed < TIMEOUT + 3, elapsed
     assert not rest.startswith(b"HTTP/1.1 200")
+
+
+def test_error_replies_stay_valid_json_for_strings_that_are_not_unicode():
+    from kbcore.dify.server import _dumps
+
+    out = _dumps({"error_msg": "knowledge base 'a\udc80' does not exist", "n": float("nan")})
+    assert json.loads(out) == {"error_msg": "knowledge base 'a\udc80' does not exist", "n": None}
+    assert out.isascii()
+
+
+def test_the_old_import_paths_still_work():
+    import kbcore.dify
+    import kbcore.filters
+    import kbcore.server
+    from kbcore.dify import condition, server
+
+    assert kbcore.filters.dify_condition_to_where is condition.dify_condition_to_where
+    assert kbcore.dify.dify_condition_to_where is condition.dify_condition_to_where
+    for name in ("create_app", "serve", "parse_api_keys"):
+        assert getattr(kbcore.server, name) is getattr(server, name)
+        assert getattr(kbcore.dify, name) is getattr(server, name)
