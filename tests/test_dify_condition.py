@@ -265,6 +265,9 @@ def test_translated_conditions_select_the_expected_rows(mc, expected):
         (one("is", "\ud800"), "the value contains a lone surrogate (U+D800 at position 0)"),
         (one("is", "x", name="a\udc80"), '["name"] contains a lone surrogate (U+DC80'),
         (one("in", ["ok", "b\ud800"]), "item 1 contains a lone surrogate"),
+        ({"conditions": [{"name": "f", "comparison_operator": "empty"}] * 257},
+         'metadata_condition["conditions"]: at most 256 conditions, got 257'),
+        (one("empty", name=["f"] * 65), 'at most 64 field names, got 65'),
         (one("before", ["2024-01-01"]), "got list"),
     ],
 )

@@ -29,6 +29,10 @@ _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 #: Longest string read as a number (a longer one is text; no real number is this long).
 _MAX_NUMBER_CHARS = 400
+#: Most conditions in one metadata_condition, and field names in one condition (Dify's UI
+#: sends a handful; the cap bounds the filter the native core evaluates per row).
+MAX_CONDITIONS = 256
+MAX_NAMES = 64
 #: Half-width of the window in which a stored ISO date-time "is" a Unix-seconds operand.
 _INSTANT_TOLERANCE = 1e-6
 
@@ -395,6 +399,10 @@ def _names(cond: Mapping[str, Any], path: str) -> list[str]:
             f'{path}["name"]: expected a field name or a non-empty list of field names, '
             f"got {got}"
         )
+    if len(names) > MAX_NAMES:
+        raise InvalidArgumentError(
+            f'{path}["name"]: at most {MAX_NAMES} field names, got {len(names)}'
+        )
     for j, name in enumerate(names):
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(
@@ -487,8 +495,9 @@ def dify_condition_to_where(metadata_condition: Mapping[str, Any] | None) -> dic
     accepted too.
 
     Raises :class:`~kbcore.errors.InvalidArgumentError` naming the condition when an operator
-    is unknown, a value cannot apply, a number is out of range, or a string is not valid
-    Unicode (a lone surrogate); an HTTP layer answers 400.
+    is unknown, a value cannot apply, a number is out of range, a string is not valid
+    Unicode (a lone surrogate), or there are more than ``MAX_CONDITIONS`` (256) conditions
+    or ``MAX_NAMES`` (64) names in one condition; an HTTP layer answers 400.
     """
     if metadata_condition is None:
         return None
@@ -506,6 +515,10 @@ def dify_condition_to_where(metadata_condition: Mapping[str, Any] | None) -> dic
         )
     if not conditions:
         return None
+    if len(conditions) > MAX_CONDITIONS:
+        raise InvalidArgumentError(
+            f'{root}["conditions"]: at most {MAX_CONDITIONS} conditions, got {len(conditions)}'
+        )
     key = "$" + _logical(metadata_condition, root)
     parts = []
     for i, cond in enumerate(conditions):
