@@ -313,9 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--data", default=None, help=data_help)
     info.set_defaults(func=cmd_info)
 
-    from .server import add_serve_parser  # `serve`: Dify External Knowledge API (kbcore[server])
-
-    add_serve_parser(sub)
+    _add_serve_parser(sub, data_help)
 
     args = parser.parse_args(argv)
     try:
@@ -323,6 +321,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KbcoreError, FileNotFoundError, ImportError) as exc:
         print(f"kbcore {args.command}: error: {exc}", file=sys.stderr)
         return 1
+
+
+# -- serve: Dify's External Knowledge API (kbcore[server]; kbcore.dify.server) ---------------
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
+    from .dify import server as srv  # imports no web framework
+
+    p = sub.add_parser(
+        "serve",
+        help="serve knowledge bases over Dify's External Knowledge API (POST /retrieval)",
+        description="Serves the knowledge bases of a data directory over Dify's External "
+        f"Knowledge API. Keys come from --api-key and from ${srv.API_KEYS_ENV} (comma "
+        "separated); prefer the variable, command lines are visible to other users.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help=f"an accepted bearer key (repeatable; also ${srv.API_KEYS_ENV})")
+    p.add_argument("--data", default=None, metavar="DIR", help=data_help)
+    limits = [
+        ("--max-top-k", int, srv.DEFAULT_MAX_TOP_K, "largest top_k served; larger is clamped"),
+        ("--max-body-bytes", int, srv.DEFAULT_MAX_BODY_BYTES, "request body limit in bytes"),
+        ("--refresh-interval", float, srv.DEFAULT_REFRESH_INTERVAL,
+         "seconds between checks for changes by other processes (0: never)"),
+        ("--body-timeout", float, srv.DEFAULT_BODY_TIMEOUT,
+         "seconds a client has to send its request body (then 408)"),
+        ("--header-timeout", float, srv.DEFAULT_HEADER_TIMEOUT,
+         "seconds a new connection has to send its request headers (then closed)"),
+        ("--keep-alive-timeout", int, srv.DEFAULT_KEEP_ALIVE_TIMEOUT,
+         "seconds an idle keep-alive connection stays open"),
+        ("--max-connections", int, srv.DEFAULT_MAX_CONNECTIONS,
+         "connections served at once (503 beyond)"),
+    ]
+    for flag, kind, default, text in limits:
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .dify import server as srv
+    from .engine import default_data_dir
+    from .errors import InvalidArgumentError
+
+    try:
+        keys = srv.parse_api_keys(args.api_key)
+        srv.serve(
+            args.data or default_data_dir(), keys, host=args.host, port=args.port,
+            max_body_bytes=args.max_body_bytes, max_top_k=args.max_top_k,
+            refresh_interval=args.refresh_interval, body_timeout=args.body_timeout,
+            header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
+            max_connections=args.max_connections, log_level=args.log_level,
+        )
+    except (ImportError, InvalidArgumentError) as exc:
+        print(f"kbcore serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
