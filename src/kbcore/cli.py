@@ -229,7 +229,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no knowledge bases in {engine.path}")
     for name in names:
         kb = engine.get_knowledge_base(name)
-        print(f"{name:<24} {len(kb._docs):>7} documents {len(kb):>9} chunks  {kb.metric} {kb.dim}-d")
+        print(f"{name:<24} {kb.stats().documents:>7} documents {len(kb):>9} chunks  {kb.metric} {kb.dim}-d")
     return 0
 
 

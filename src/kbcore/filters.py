@@ -567,13 +567,16 @@ def native_filter(where: Mapping[str, Any] | None) -> Any:
 
     Validates exactly as :func:`compile_where` (same errors) and shares its cache; a cache hit
     of a one-condition where is one native call (``_core.cached_filter`` builds the
-    ``_quick_key`` key and looks it up).
+    ``_quick_key`` key and looks it up). A native ``Filter`` is returned as it is, so that
+    :class:`~kbcore.Index` searches accept a filter compiled once for several calls.
     """
     if where is None:
         return None
     hit = _cached_filter(_cache, where)
     if hit is not None:
         return hit
+    if type(where) is _core.Filter:  # compiled already (after the lookup: free for a dict)
+        return where
     return _compiled(where)[1]
 
 
