@@ -14,7 +14,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +173,31 @@ def prepare(doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int,
     if not chunks:
         raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
     return PreparedDocument(document_id, pipeline, filename, text, fmt, metadata, tuple(chunks))
+
+
+def prepare_all(items: Iterable[Any], pipeline: str, pcfg: Mapping[str, int],
+                extra_meta: Mapping[str, Any] | None) -> list[PreparedDocument]:
+    """Every document prepared (so that bad input raises before anything is stored); a
+    document id given twice raises."""
+    prepared: list[PreparedDocument] = []
+    seen: set[str] = set()
+    for item in items:
+        prep = prepare(as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta)
+        if prep.document_id in seen:
+            raise InvalidArgumentError(f"document id {prep.document_id!r} appears twice in one ingest call")
+        seen.add(prep.document_id)
+        prepared.append(prep)
+    return prepared
+
+
+def commit_groups(docs: list[PreparedDocument]) -> Iterator[list[PreparedDocument]]:
+    """The documents in consecutive groups of about COMMIT_ROWS chunks (one commit each)."""
+    start, rows = 0, 0
+    for i, doc in enumerate(docs):
+        rows += len(doc.chunks)
+        if rows >= COMMIT_ROWS or i == len(docs) - 1:
+            yield docs[start:i + 1]
+            start, rows = i + 1, 0
 
 
 def as_document(item: Any) -> Document:

@@ -19,13 +19,14 @@ import numpy as np
 
 from .. import storage
 from ..chunking import check_chunk_params
-from ..embedders import Embedder, check_embeddings, embedder_from_spec, embedder_spec
+from ..embedders import Embedder
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import Index
 from . import commit, ingest, retrieval
+from .embedding import KbEmbedder
 from .graph_builder import GraphBuilder
-from .manifest import checkpoint_rows, tail_rows
+from .manifest import tail_rows
 from .segments import document_infos, document_text
 from .state import KbState, StateCell
 from .types import (
@@ -49,19 +50,21 @@ from .types import (
 class KnowledgeBase:
     """A persistent knowledge base. Get one from :class:`Engine`; do not construct directly."""
 
+    # About 390 lines: the whole public API of a knowledge base (40 methods of 2-30 lines, most
+    # of it signatures and docstrings); the work is in the modules named in the module docstring.
+
     def __init__(self, name: str, path: str, embedder: Embedder | None, *,
                  default_embedder: Embedder | None = None,
                  on_close: Callable[[KnowledgeBase], None] | None = None) -> None:
         self.name = name
         self.path = path
-        self._explicit_embedder = embedder
-        self._default_embedder = default_embedder
         self._on_close = on_close
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
         self._cell = StateCell(KbState.load(name, path))
-        self._embedder = self._resolve_embedder()
+        self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder,
+                                    default_embedder)
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
         self._builder.start()
 
@@ -77,7 +80,7 @@ class KnowledgeBase:
     @property
     def embedder(self) -> Embedder | None:
         """The embedder of text queries and text ingest (None: vectors only)."""
-        return self._embedder
+        return self._embedder.current
 
     @property
     def index(self) -> Index | None:
@@ -117,13 +120,7 @@ class KnowledgeBase:
     def stats(self) -> KbStats:
         """Storage counters: segments, rows not covered by the index checkpoint, checkpoint
         rows, rows waiting for the graph builder (see :class:`~kbcore.engine.KbStats`)."""
-        state = self._cell.state
-        m = state.manifest
-        return KbStats(chunks=len(self), documents=len(state.docs), segments=len(m["segments"]),
-                       tail_rows=tail_rows(m), checkpoint_rows=checkpoint_rows(m),
-                       vector_files=sum(1 for s in m["segments"] if s["files"].get("vectors")),
-                       pending_graph_rows=self.pending_graph_rows, text_leg_unsaved=state.stale_text,
-                       generation=state.generation)
+        return self._cell.state.stats()
 
     def __len__(self) -> int:
         """Number of stored chunks."""
@@ -223,27 +220,14 @@ class KnowledgeBase:
         """
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
-        embedder = self._require_embedder("ingest text")
-        prepared: list[PreparedDocument] = []
-        seen: set[str] = set()
-        for item in documents:
-            prep = ingest.prepare(ingest.as_document(item), pipeline, pcfg["chunk_size"],
-                                  pcfg["chunk_overlap"], metadata)
-            if prep.document_id in seen:
-                raise InvalidArgumentError(f"document id {prep.document_id!r} appears twice in one ingest call")
-            seen.add(prep.document_id)
-            prepared.append(prep)
+        embedder = self._embedder.require("ingest text")
+        prepared = ingest.prepare_all(documents, pipeline, pcfg, metadata)
         results: list[IngestResult] = []
         bar = ingest.progress(sum(len(p.chunks) for p in prepared), f"ingest {self.name}", progress)
         try:
-            start, rows = 0, 0
-            for i, prep in enumerate(prepared):
-                rows += len(prep.chunks)
-                if rows >= ingest.COMMIT_ROWS or i == len(prepared) - 1:
-                    part = prepared[start:i + 1]
-                    vectors = ingest.embed([t for p in part for t in p.texts], embedder, bar)
-                    results.extend(self._commit_prepared(part, pipeline, vectors))
-                    start, rows = i + 1, 0
+            for part in ingest.commit_groups(prepared):
+                vectors = ingest.embed([t for p in part for t in p.texts], embedder, bar)
+                results.extend(self._commit_prepared(part, pipeline, vectors))
         finally:
             bar.close()
         return results
@@ -325,7 +309,7 @@ class KnowledgeBase:
             state = self._cell.state
             if pipeline is not None:
                 state.pipeline(pipeline)
-            keys = [k for k in state.docs if k[1] == document_id and (pipeline is None or k[0] == pipeline)]
+            keys = state.keys_of(document_id, pipeline)
             if not keys:
                 if missing_ok:
                     return 0
@@ -350,30 +334,17 @@ class KnowledgeBase:
         """The ``top_k`` chunks that best match ``query`` (a str, embedded with the knowledge
         base's embedder, or a vector), best first.
 
-        The search is configured by ``options`` and/or keyword arguments naming
-        :class:`~kbcore.engine.SearchOptions` fields (keywords override ``options``):
-        ``filters`` (a native ``where`` filter over chunk metadata), ``pipelines``,
-        ``deduplicate`` (at most one chunk, the best, per document and pipeline: ``top_k``
-        distinct documents when there are that many), ``score_threshold``, ``ef``,
-        ``search_type`` (default: the knowledge base's, see
-        :meth:`Engine.create_knowledge_base`):
-
-        - ``"vector"``: nearest neighbours of the query's embedding;
-        - ``"full_text"``: BM25 over the chunks' text (needs a str query, no embedder);
-        - ``"hybrid"``: both legs, each over ``window`` candidates (default
-          ``max(4 * top_k, 50)``) under the same filters, fused by ``fusion``: ``"rrf"``
-          (reciprocal rank fusion, 1-based ranks, constant ``rrf_k``) or ``"linear"``
-          (``vector_weight * minmax(vector score) + (1 - vector_weight) * minmax(BM25)``).
-
-        Deduplication applies after fusion. ``query_vector`` gives the vector leg's query for
-        a str ``query`` (a knowledge base without embedder, or a precomputed embedding).
-        Scores are in [0, 1] (see :mod:`kbcore.engine.retrieval`). Bad options raise
-        InvalidArgumentError / InvalidTypeError naming them; an unknown keyword raises
-        InvalidTypeError.
+        The search is set by ``options`` and keyword arguments naming its fields (keywords
+        override ``options``); see :class:`~kbcore.engine.SearchOptions` for each one and
+        :mod:`kbcore.engine.retrieval` for the search types and scores. Bad options raise
+        InvalidArgumentError / InvalidTypeError naming them (an unknown name too).
         """
         opts = retrieval.options(options, kwargs)
         self._check_open()
         return retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+
+    def _embed_query(self, text: str, what: str) -> np.ndarray:
+        return self._embedder.embed_query(text, what, self.dim)
 
     def retrieve_key(self, query: str | Any, topk: int = 5, options: SearchOptions | None = None,
                      **kwargs: Any) -> list[KeyResult]:
@@ -418,19 +389,11 @@ class KnowledgeBase:
     def info(self) -> dict[str, Any]:
         """A summary: configuration, counts, pipelines, embedder and bytes on disk."""
         state = self._cell.state
-        disk = 0
-        for name in os.listdir(self.path):
-            try:
-                disk += os.path.getsize(os.path.join(self.path, name))
-            except OSError:
-                pass
-        return {
-            "name": self.name, "path": self.path, **self.search_defaults, **state.config,
-            "chunks": len(self), "documents": len(state.docs),
-            "pipelines": self.pipelines, "embedder": state.manifest.get("embedder"),
-            "segments": len(state.segments), "generation": state.generation,
-            "disk_bytes": disk, "created_at": state.manifest.get("created_at"),
-        }
+        return {"name": self.name, "path": self.path, **self.search_defaults, **state.config,
+                "chunks": len(self), "documents": len(state.docs), "pipelines": self.pipelines,
+                "embedder": state.manifest.get("embedder"), "segments": len(state.segments),
+                "generation": state.generation, "disk_bytes": _disk_bytes(self.path),
+                "created_at": state.manifest.get("created_at")}
 
     # -- graph building ------------------------------------------------------------------------
     @property
@@ -476,53 +439,15 @@ class KnowledgeBase:
             self._on_close(self)
 
     def _attach_embedder(self, embedder: Embedder) -> None:
-        """Makes ``embedder`` a candidate to rebuild the knowledge base's embedder from."""
-        self._explicit_embedder = embedder
-        self._embedder = self._resolve_embedder()
-
-    # -- embedders -------------------------------------------------------------------------------
-    def _resolve_embedder(self) -> Embedder | None:
-        return resolve_embedder(self._cell.state.manifest.get("embedder"),
-                                (self._explicit_embedder, self._default_embedder))
-
-    def _require_embedder(self, what: str) -> Embedder:
-        if self._embedder is None:
-            spec = self._cell.state.manifest.get("embedder")
-            if spec is None or spec.get("kind") == "none":
-                raise InvalidArgumentError(
-                    f"knowledge base {self.name!r} has no embedder, so it cannot {what}: give "
-                    "query vectors, or create it with an embedder"
-                )
-            raise InvalidArgumentError(
-                f"knowledge base {self.name!r} was built with embedder {spec}, which cannot be "
-                f"rebuilt here, so it cannot {what}: pass embedder= to Engine or "
-                "get_knowledge_base()"
-            )
-        return self._embedder
-
-    def _embed_query(self, text: str, what: str) -> np.ndarray:
-        embedder = self._require_embedder(what)
-        return check_embeddings(embedder.embed([text]), 1, self.dim, repr(embedder))[0]
+        """Makes ``embedder`` the first candidate to rebuild the knowledge base's embedder from."""
+        self._embedder.attach(embedder)
 
 
-def resolve_embedder(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]) -> Embedder | None:
-    """The embedder of a manifest's spec: a candidate with the same spec, else one rebuilt from
-    the spec (hashing), else a candidate of the same dimension, else a sentence-transformers
-    model if it loads (None when it does not: text queries then say so)."""
-    if spec is None or spec.get("kind") == "none":
-        return None
-    for candidate in candidates:
-        if candidate is not None and embedder_spec(candidate) == spec:
-            return candidate
-    built = embedder_from_spec(spec) if spec.get("kind") == "hashing" else None
-    if built is not None:
-        return built
-    for candidate in candidates:
-        if candidate is not None and int(candidate.dim) == int(spec.get("dim", -1)):
-            return candidate
-    if spec.get("kind") == "sentence-transformers":
+def _disk_bytes(path: str) -> int:
+    total = 0
+    for name in os.listdir(path):
         try:
-            return embedder_from_spec(spec)
-        except Exception:  # noqa: BLE001 - no model offline: text queries will say so
-            return None
-    return None
+            total += os.path.getsize(os.path.join(path, name))
+        except OSError:
+            pass
+    return total

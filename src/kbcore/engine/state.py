@@ -26,7 +26,8 @@ from ..errors import FormatError, NotFoundError
 from ..index import Index
 from .locks import RWLock
 from .segments import Segment
-from .types import SEARCH_DEFAULTS
+from .manifest import checkpoint_rows, tail_rows
+from .types import SEARCH_DEFAULTS, KbStats
 
 DocRef = tuple[Segment, int]  # (segment, document row in it)
 
@@ -72,6 +73,10 @@ class KbState:
             raise NotFoundError(f"knowledge base {self.name!r} has no pipeline {name!r} (pipelines: {known})")
         return p
 
+    def keys_of(self, document_id: str, pipeline: str | None) -> list[tuple[str, str]]:
+        """The (pipeline, document id) keys of a stored document (in one pipeline, or all)."""
+        return [k for k in self.docs if k[1] == document_id and (pipeline is None or k[0] == pipeline)]
+
     def locate(self, chunk_id: int) -> tuple[Segment, int]:
         """(segment, row) of a stored chunk id."""
         seg = self.segments[bisect.bisect_right(self.seg_mins, chunk_id) - 1]
@@ -87,6 +92,15 @@ class KbState:
             seg = self.segments[s]
             out[sel] = seg.groups[seg.rows_of(ids[sel])]
         return out
+
+    def stats(self) -> KbStats:
+        m = self.manifest
+        index = self.index
+        return KbStats(chunks=0 if index is None else len(index), documents=len(self.docs),
+                       segments=len(m["segments"]), tail_rows=tail_rows(m), checkpoint_rows=checkpoint_rows(m),
+                       vector_files=sum(1 for s in m["segments"] if s["files"].get("vectors")),
+                       pending_graph_rows=0 if index is None else index.pending,
+                       text_leg_unsaved=self.stale_text, generation=self.generation)
 
     # -- the next generation ------------------------------------------------------------------
     def applied(self, m: dict[str, Any], *, index: Index | None = None, new_segment: Segment | None = None,

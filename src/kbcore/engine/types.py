@@ -199,13 +199,21 @@ class PreparedDocument:
 class SearchOptions:
     """The knobs of :meth:`KnowledgeBase.retrieve` (and ``retrieve_key`` / ``retrieve_text``).
 
-    ``filters``: a native ``where`` filter over chunk metadata; ``pipelines``: the pipelines
-    searched (None: all); ``deduplicate``: at most one chunk (the best) per document and
-    pipeline; ``score_threshold``: drop hits scoring below it; ``ef``: HNSW search breadth;
-    ``search_type`` / ``fusion`` / ``vector_weight``: None takes the knowledge base's defaults;
-    ``rrf_k``: the RRF constant; ``window``: candidates per leg of a hybrid or full-text
-    search (default ``max(4 * top_k, 50)``); ``query_vector``: the vector leg's query for a
-    str query. Checked when a search uses them (errors name the option).
+    - ``filters``: a native ``where`` filter over chunk metadata (``docs/filter-ir.md``);
+      ``pipelines``: the pipelines searched (None: all);
+    - ``deduplicate``: at most one chunk (the best) per document and pipeline, ``top_k``
+      distinct documents when there are that many (after fusion for hybrid search);
+    - ``score_threshold``: drop hits scoring below it; ``ef``: HNSW search breadth;
+    - ``search_type`` (None: the knowledge base's default): ``"vector"`` (nearest neighbours
+      of the query's embedding), ``"full_text"`` (BM25 over the chunks' text; needs a str
+      query, no embedder) or ``"hybrid"`` (both legs, each over ``window`` candidates, default
+      ``max(4 * top_k, 50)``, under the same filters, fused by ``fusion``: ``"rrf"``,
+      reciprocal rank fusion with 1-based ranks and constant ``rrf_k``, or ``"linear"``,
+      ``vector_weight * minmax(vector score) + (1 - vector_weight) * minmax(BM25)``);
+    - ``query_vector``: the vector leg's query for a str query (a knowledge base without
+      embedder, or a precomputed embedding).
+
+    Values are checked when a search uses them; errors name the option.
     """
 
     score_threshold: float = 0.0
