@@ -10,13 +10,12 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..metadata import _INT64_MAX, _INT64_MIN
 from .iso import _parse_iso
 
 #: A compiled filter node (see the module docstring).
 Node = tuple
 
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
 
 
 
