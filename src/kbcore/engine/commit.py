@@ -169,7 +169,7 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     m["next_group"] += ndocs
     chunks, meta, doc_table = build_tables(batch, ids, groups)
     keys = [(batch.pipeline, d) for d in batch.doc_ids]
-    replaced = [state.docs[k] for k in keys if k in state.docs]
+    replaced = [ref for ref in map(state.doc, keys) if ref is not None]
     old_ids = (np.concatenate([s.doc_chunk_ids(r) for s, r in replaced])
                if replaced else np.empty(0, np.int64))
     ckpt = policy.needs_checkpoint(state.manifest, n)
@@ -210,7 +210,7 @@ def delete(cell: StateCell, keys: list[tuple[str, str]], on_checkpoint: OnCheckp
     """Deletes the documents of the (pipeline, document id) keys (and a pipeline); returns the
     number of chunks removed. Compacts afterwards when due."""
     state = cell.state
-    refs = [state.docs[k] for k in keys]
+    refs = [state.doc(k) for k in keys]
     ids = np.concatenate([s.doc_chunk_ids(r) for s, r in refs]) if refs else np.empty(0, np.int64)
     m = policy.next_generation(state.manifest)
     policy.mark_deleted(m, refs)

@@ -369,7 +369,7 @@ class KnowledgeBase:
     def document_text(self, document_id: str, *, pipeline: str = DEFAULT_PIPELINE) -> str:
         """The source text of a document: as parsed at ingest, or (for pre-embedded chunks)
         rebuilt from its chunks and their spans."""
-        ref = self._cell.state.docs.get((pipeline, document_id))
+        ref = self._cell.state.doc((pipeline, document_id))
         if ref is None:
             raise NotFoundError(f"knowledge base {self.name!r} has no document {document_id!r} in pipeline {pipeline!r}")
         return document_text(*ref)

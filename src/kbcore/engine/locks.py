@@ -33,18 +33,6 @@ class RWLock:
     def write(self) -> _WriteHold:
         return self._write
 
-    def _acquire_read(self) -> None:
-        with self._cond:
-            while self._writer or self._waiting:
-                self._cond.wait()
-            self._readers += 1
-
-    def _release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-
     def _acquire_write(self) -> None:
         with self._cond:
             self._waiting += 1
@@ -65,12 +53,20 @@ class _ReadHold:
     def __init__(self, lock: RWLock) -> None:
         self._lock = lock
 
-    def __enter__(self) -> None:
-        self._lock._acquire_read()
+    def __enter__(self) -> None:  # _acquire_read, inline: a search takes it once per call
+        lock = self._lock
+        with lock._cond:
+            while lock._writer or lock._waiting:
+                lock._cond.wait()
+            lock._readers += 1
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._lock._release_read()
+        lock = self._lock
+        with lock._cond:
+            lock._readers -= 1
+            if not lock._readers:
+                lock._cond.notify_all()
 
 
 class _WriteHold:

@@ -10,7 +10,7 @@ files) and ``index`` (the checkpoint's file entry and rows, or None).
 
 from __future__ import annotations
 
-import copy
+import json
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -43,7 +43,7 @@ def initial(name: str, config: dict[str, Any], embedder: dict[str, Any], descrip
 
 def next_generation(m: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of ``m`` with the generation incremented (what a mutation edits)."""
-    out = copy.deepcopy(m)
+    out = json.loads(json.dumps(m))  # the manifest is plain JSON data; faster than deepcopy
     out["generation"] = m["generation"] + 1
     return out
 

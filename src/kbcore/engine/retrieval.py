@@ -19,7 +19,6 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -38,20 +37,33 @@ Candidate = tuple[int, float, Sequence[int]]
 EmbedQuery = Callable[[str, str], np.ndarray]
 
 _DEFAULT_OPTIONS = SearchOptions()
-_OPTION_NAMES = tuple(f.name for f in fields(SearchOptions))
+_OPTION_NAMES = SearchOptions._fields
 
 
 def options(base: SearchOptions | None, overrides: Mapping[str, Any]) -> SearchOptions:
     """The options of one call: ``base`` (or the defaults) with keyword ``overrides``."""
     if not overrides:
-        return _DEFAULT_OPTIONS if base is None else base
-    if base is not None and not isinstance(base, SearchOptions):
-        raise InvalidTypeError(f"options must be a SearchOptions, got {type(base).__name__}")
-    unknown = [k for k in overrides if k not in _OPTION_NAMES]
-    if unknown:
+        if base is None:
+            return _DEFAULT_OPTIONS
+        if type(base) is not SearchOptions:
+            raise InvalidTypeError(f"options must be a SearchOptions, got {type(base).__name__}")
+        return base
+    try:
+        if base is None:
+            return SearchOptions(**overrides)
+        if type(base) is SearchOptions:
+            return base._replace(**overrides)
+    except TypeError:
+        unknown = next((k for k in overrides if k not in _OPTION_NAMES), None)
+        if unknown is None:
+            raise
         raise InvalidTypeError(
-            f"unknown search option {unknown[0]!r}; the options are {', '.join(_OPTION_NAMES)}")
-    return SearchOptions(**overrides) if base is None else replace(base, **overrides)
+            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}") from None
+    except ValueError:  # _replace names the unexpected field with a ValueError
+        unknown = next(k for k in overrides if k not in _OPTION_NAMES)
+        raise InvalidTypeError(
+            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}") from None
+    raise InvalidTypeError(f"options must be a SearchOptions, got {type(base).__name__}")
 
 
 def check_k(value: Any, name: str) -> int:

@@ -29,7 +29,8 @@ from .segments import Segment
 from .manifest import checkpoint_rows, tail_rows
 from .types import SEARCH_DEFAULTS, KbStats
 
-DocRef = tuple[Segment, int]  # (segment, document row in it)
+#: (segment name, document row in it): stays valid when the segment gets a newer entry
+DocRef = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -47,6 +48,7 @@ class KbState:
     seg_mins: list[int] = field(default_factory=list)
     #: (search_type, fusion, vector_weight) of the configuration, resolved once
     defaults: tuple[str, str, float] = ("vector", "rrf", 0.7)
+    by_name: dict[str, Segment] = field(default_factory=dict)
 
     @classmethod
     def build(cls, name: str, path: str, manifest: dict[str, Any], segments: tuple[Segment, ...],
@@ -54,7 +56,8 @@ class KbState:
         cfg = manifest["config"]
         defaults = tuple(cfg.get(k, v) for k, v in SEARCH_DEFAULTS.items())
         return cls(name, path, manifest, segments, docs, index, stale_text,
-                   [s.min_id for s in segments], defaults)  # type: ignore[arg-type]
+                   [s.min_id for s in segments], defaults,  # type: ignore[arg-type]
+                   {s.name: s for s in segments})
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -72,6 +75,11 @@ class KbState:
             known = ", ".join(sorted(self.manifest["pipelines"]))
             raise NotFoundError(f"knowledge base {self.name!r} has no pipeline {name!r} (pipelines: {known})")
         return p
+
+    def doc(self, key: tuple[str, str]) -> tuple[Segment, int] | None:
+        """(segment, document row) of a stored (pipeline, document id), else None."""
+        ref = self.docs.get(key)
+        return None if ref is None else (self.by_name[ref[0]], ref[1])
 
     def keys_of(self, document_id: str, pipeline: str | None) -> list[tuple[str, str]]:
         """The (pipeline, document id) keys of a stored document (in one pipeline, or all)."""
@@ -110,7 +118,7 @@ class KbState:
         ``new_segment`` is the segment the mutation wrote; ``removed`` the (pipeline, document)
         keys it deleted, so that the document map is updated instead of rebuilt (None:
         rebuild it from the segments)."""
-        old = {s.name: s for s in self.segments}
+        old = dict(self.by_name)
         if new_segment is not None:
             old[new_segment.name] = new_segment
         segments = tuple(old[e["name"]].with_entry(e) for e in m["segments"])
@@ -120,12 +128,9 @@ class KbState:
             docs = dict(self.docs)
             for key in removed:
                 docs.pop(key, None)
-            # documents of a segment that got a new object (more deletions) or is new point at
-            # it; the documents of the others keep their references
-            for seg in segments:
-                if old[seg.name] is not seg or seg is new_segment:
-                    for d in np.flatnonzero(seg.doc_live).tolist():
-                        docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg, d)
+            if new_segment is not None:
+                for d, key in enumerate(zip(new_segment.doc_pipelines, new_segment.doc_ids)):
+                    docs[key] = (new_segment.name, d)
         return KbState.build(self.name, self.path, m, segments, docs,
                              self.index if index is None else index,
                              self.stale_text if stale_text is None else stale_text)
@@ -179,7 +184,7 @@ def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:
     docs: dict[tuple[str, str], DocRef] = {}
     for seg in segments:
         for d in np.flatnonzero(seg.doc_live):
-            docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg, int(d))
+            docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg.name, int(d))
     return docs
 
 

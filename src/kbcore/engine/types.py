@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..chunking import Chunk
 from ..errors import InvalidArgumentError
@@ -195,8 +195,7 @@ class PreparedDocument:
         return [c.text for c in self.chunks]
 
 
-@dataclass(frozen=True, slots=True)
-class SearchOptions:
+class SearchOptions(NamedTuple):
     """The knobs of :meth:`KnowledgeBase.retrieve` (and ``retrieve_key`` / ``retrieve_text``).
 
     - ``filters``: a native ``where`` filter over chunk metadata (``docs/filter-ir.md``);
@@ -213,7 +212,8 @@ class SearchOptions:
     - ``query_vector``: the vector leg's query for a str query (a knowledge base without
       embedder, or a precomputed embedding).
 
-    Values are checked when a search uses them; errors name the option.
+    Values are checked when a search uses them; errors name the option. Immutable (a
+    NamedTuple: cheap to build per call); ``opts._replace(deduplicate=True)`` derives one.
     """
 
     score_threshold: float = 0.0
