@@ -29,11 +29,14 @@ class GraphBuilder:
         self._current_index = current_index
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._retired = False
         #: the builder linked rows since the index was last saved (checkpoint it at close)
         self.unsaved = False
 
     def start(self) -> None:
         """Starts the thread if there are rows to link and it is not running."""
+        if self._retired:
+            return
         index = self._current_index()
         if index is None or index.kind != "hnsw" or index.pending == 0:
             return
@@ -51,6 +54,11 @@ class GraphBuilder:
         if thread is not None:
             thread.join()
             self._thread = None
+
+    def retire(self) -> None:
+        """Stops the thread for good (the knowledge base is closed or deleted)."""
+        self._retired = True
+        self.stop()
 
     def mark_saved(self) -> None:
         """The index is about to be saved with every link made so far."""

@@ -157,7 +157,6 @@ class KnowledgeBase:
         with self._wmutex, self._flock.hold():
             self._sync()
             yield
-        self._start_builder()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -263,6 +262,7 @@ class KnowledgeBase:
         batch = ingest.ChunkBatch.from_prepared(docs, pipeline)
         with self._writing():
             replaced = commit.ingest(self._cell, batch, vectors, self._builder.mark_saved)
+        self._start_builder()
         return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format)
                 for p in docs]
 
@@ -296,6 +296,7 @@ class KnowledgeBase:
         batch, vecs = made
         with self._writing():
             commit.ingest(self._cell, batch, vecs, self._builder.mark_saved)
+        self._start_builder()
         return len(batch.doc_ids)
 
     # -- delete, compaction, checkpoint ------------------------------------------------------
@@ -433,7 +434,7 @@ class KnowledgeBase:
     def _detach(self) -> None:
         """Stops the graph builder and marks the knowledge base closed, without touching its
         files (Engine calls it when it deletes the knowledge base)."""
-        self._builder.stop()
+        self._builder.retire()
         self._closed = True
         if self._on_close is not None:
             self._on_close(self)
