@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from kbcore import Engine, Index
-from kbcore.engine import KbStats, PreparedDocument, SearchOptions, score_from_distance
+from kbcore.engine import KbStats, PreparedDocument, SearchOptions, is_valid_name, score_from_distance
 from kbcore.errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from kbcore.filters import native_filter
 from kbcore.index import KINDS, METRICS, check_params
@@ -154,3 +154,26 @@ def test_ingest_table_and_fused_dedup_keep_documents_together(tmp_path):
     assert len({h.document_id for h in hits}) == len(hits) == 5
     assert hits[0].document_id == "d3" and sorted(hits[0].part_ids) == [0, 1, 2]
     engine.close()
+
+
+def test_a_closed_knowledge_base_does_not_restart_its_graph_builder(tmp_path):
+    import threading
+
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("g", embedder=False, dim=8)
+    rng = np.random.default_rng(5)
+    n = 20_000
+    kb.ingest_table(pa.table({"document_id": [f"d{i // 4}" for i in range(n)], "text": ["t"] * n}),
+                    vectors=rng.standard_normal((n, 8)).astype(np.float32))
+    kb.close()
+    kb.wait_until_indexed(timeout=0.2)  # returns at once or after the timeout, starting nothing
+    assert not [t for t in threading.enumerate() if t.name == "kbcore-graph-g" and t.is_alive()]
+    reopened = Engine(tmp_path)["g"]  # the rows left unlinked were saved as pending
+    assert len(reopened) == n and reopened.wait_until_indexed(timeout=120)
+    reopened.close()
+
+
+def test_name_validation_is_one_public_rule():
+    assert is_valid_name("docs") and is_valid_name("a.b_c-1") and is_valid_name("x" * 128)
+    for bad in ("", "docs\n", "\ndocs", "x" * 129, ".hidden", "a/b", "é", None, 5):
+        assert not is_valid_name(bad), bad

@@ -64,6 +64,7 @@ from .types import (
     PreparedDocument,
     SearchOptions,
     TextResult,
+    is_valid_name,
 )
 
 __all__ = [
@@ -83,4 +84,5 @@ __all__ = [
     "SearchOptions",
     "PreparedDocument",
     "KbStats",
+    "is_valid_name",
 ]
