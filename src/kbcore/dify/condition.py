@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..filters import _coerce_numpy, _parse_iso, _type_name
+from .._filter.iso import _parse_iso
+from .._filter.where import _coerce_numpy, _type_name
 
 __all__ = ["dify_condition_to_where"]
 
