@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -260,6 +261,13 @@ class ShardState:
     def search(self, queries: np.ndarray, k: int, where: Any, ef: int | None, threads: int) -> tuple[np.ndarray, np.ndarray]:
         ids, dist = self.index.search(queries, k, where=where, ef=ef, threads=threads)
         return ids, dist
+
+    def search_timed(self, queries: np.ndarray, k: int, where: Any, ef: int | None,
+                     threads: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """:meth:`search` plus the seconds it took inside this process (for benchmarks)."""
+        t0 = time.perf_counter()
+        ids, dist = self.index.search(queries, k, where=where, ef=ef, threads=threads)
+        return ids, dist, time.perf_counter() - t0
 
     def search_groups(self, queries: np.ndarray, k: int, group_by: str, group_size: int, where: Any,
                       ef: int | None, threads: int) -> Any:
