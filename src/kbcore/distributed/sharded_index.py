@@ -615,10 +615,10 @@ class ShardedIndex:
         of :meth:`kbcore.Index.search_text` on one index of all rows. Two round trips:
         statistics, then the scored search."""
         k = _positive("k", k)
-        stats, missing = self.text_stats(query, allow_partial=True)
-        if missing and not allow_partial:
-            self._scatter("ping", (), missing)  # waits for them or raises, naming them
-            stats, missing = self.text_stats(query, allow_partial=False), ()
+        if allow_partial:
+            stats, missing = self.text_stats(query, allow_partial=True)
+        else:
+            stats, missing = self.text_stats(query), ()
         got = self._scatter("search_text", (query, k, where, stats), allow_partial=allow_partial)
         ids = np.concatenate([got[s][0] for s in sorted(got)]) if got else np.empty(0, np.int64)
         scores = np.concatenate([got[s][1] for s in sorted(got)]) if got else np.empty(0, np.float32)
