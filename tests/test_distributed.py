@@ -158,12 +158,18 @@ def test_shard_recovers_every_acknowledged_write(tmp_path, rng, durability):
     s.apply(vectors[:60], ids[:60], meta[:60], texts[:60], np.empty(0, np.int64))
     s.apply(vectors[60:], ids[60:], meta[60:], texts[60:], np.array([ids[0]], np.int64))
     s.discard(ids[1:3])
+    import pyarrow as pa
+
+    extra = rng.standard_normal((3, DIM)).astype(np.float32)
+    table = pa.table({"document_id": ["arrow-doc"] * 3, "n": [1, 2, 3]})
+    s.apply(extra, np.array([7, 8, 9], np.int64), table, None, np.empty(0, np.int64))
     want = sorted(s.ids().tolist())
     q = rng.standard_normal(DIM).astype(np.float32)
     want_hits = s.search(q, 7, None, None, 1)
     del s  # no clean shutdown: what is on disk must be enough
     r = ShardState(str(tmp_path), **opts)
-    assert sorted(r.ids().tolist()) == want and len(want) == 117
+    assert sorted(r.ids().tolist()) == want and len(want) == 120
+    assert r.get_metadata(np.array([8]))[8] == {"document_id": "arrow-doc", "n": 2}
     np.testing.assert_array_equal(r.search(q, 7, None, None, 1)[0], want_hits[0])
     assert r.get_metadata(np.array([ids[5]]))[int(ids[5])]["document_id"] == meta[5]["document_id"]
     if durability == "wal":
@@ -385,10 +391,15 @@ def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path
         before = si.shard_info()
         for actor in si.shard_actors():  # crash both shards, no checkpoint since the save
             ray.kill(actor, no_restart=False)
-        got = si.search(q, 10)  # waits for the restarts
+        got = si.search(q, 10)  # waits for the restarts (or meets a shard not yet killed)
+        deadline = time.monotonic() + 60
+        old_pids = {b["pid"] for b in before}
+        while {n["pid"] for n in si.shard_nodes()} & old_pids and time.monotonic() < deadline:
+            time.sleep(0.2)  # ray.kill is asynchronous
         np.testing.assert_array_equal(got[0], want[0])
         after = si.shard_info()
-        assert [a["pid"] for a in after] != [b["pid"] for b in before]
+        assert not {a["pid"] for a in after} & old_pids
+        np.testing.assert_array_equal(si.search(q, 10)[0], want[0])
         assert [a["rows"] for a in after] == [b["rows"] for b in before]
         assert all(a["replayed"] >= 1 for a in after)
         assert len(si) == 595 and ids[0] not in si and ids[599] in si
@@ -437,7 +448,8 @@ _CLUSTER_DRIVER = textwrap.dedent("""
     v = rng.standard_normal((400, 16)).astype(np.float32)
     ids = np.arange(400)
     meta = [{"document_id": i // 4} for i in range(400)]
-    si = ShardedIndex(16, "l2", "flat", shards=4, path=path)
+    # Node-local storage: each shard is pinned to the node whose disk holds it.
+    si = ShardedIndex(16, "l2", "flat", shards=4, path=path, storage="local")
     si.add(v, ids, metadata=meta)
     one = kbcore.Index(16, "l2", "flat")
     one.add(v, ids, metadata=meta)
@@ -446,6 +458,10 @@ _CLUSTER_DRIVER = textwrap.dedent("""
     nodes = [n["node_id"] for n in si.shard_nodes()]
     ips = sorted({n["ip"] for n in si.shard_nodes()})
     si.close()
+    back = ShardedIndex.load(path)
+    same = same and [n["node_id"] for n in back.shard_nodes()] == nodes
+    same = same and bool((back.search(q, 10)[0] == one.search(q, 10)[0]).all()) and len(back) == 400
+    back.close()
     print(json.dumps({"same": same, "nodes": len(set(nodes)), "ips": ips, "rows": len(one)}))
 """)
 

@@ -200,10 +200,10 @@ class ShardState:
             if self._broken is not None:
                 raise StorageError(errno.EIO, self._broken)
             rec.seq = self.seq + 1
-            if rec.op == "add" and not len(rec.ids):
-                present = [int(i) for i in rec.discard if int(i) in self.index]
-                if not present:
-                    return 0  # nothing to change, nothing to log
+            if len(rec.discard):  # log only the ids this shard really drops
+                rec.discard = np.array([i for i in rec.discard.tolist() if i in self.index], np.int64)
+            if rec.op == "add" and not len(rec.ids) and not len(rec.discard):
+                return 0  # nothing to change, nothing to log
             removed = self._apply_record(rec, defer_graph)
             if rec.op == "remove" and not removed:
                 return 0

@@ -156,6 +156,7 @@ class ShardedIndex:
         storage: str = "shared",
         max_restarts: int = -1,
         timeout: float = 30.0,
+        start_timeout: float = 300.0,
         num_cpus: float = 0,
         max_concurrency: int = 4,
         **index_options: Any,
@@ -165,7 +166,9 @@ class ShardedIndex:
         ``index_options`` (``M``, ``ef_construction``, ``ef``, ``seed``) go to every shard's
         :class:`~kbcore.Index`. ``max_restarts`` (-1 = unlimited) and ``num_cpus`` (CPUs
         reserved per shard actor) are Ray actor options; ``max_concurrency`` is the number of
-        calls one shard serves at once. Raises :class:`~kbcore.errors.InvalidArgumentError`
+        calls one shard serves at once. ``timeout`` bounds how long a call waits for a shard;
+        ``start_timeout`` how long the constructor (and :meth:`load`) waits for every shard
+        to start and recover its directory. Raises :class:`~kbcore.errors.InvalidArgumentError`
         for bad options or a ``path`` that already holds an index (use :meth:`load`).
         """
         shards = _positive("shards", shards)
@@ -181,6 +184,9 @@ class ShardedIndex:
             raise InvalidArgumentError(
                 f"{root!r} already holds a sharded index; open it with ShardedIndex.load"
             )
+        if os.path.isdir(root) and any(n.startswith("shard-") for n in os.listdir(root)):
+            raise InvalidArgumentError(
+                f"{root!r} holds shard directories but no {MANIFEST}: not an empty directory")
         manifest = {
             "format": _FORMAT_NAME, "version": _FORMAT_VERSION, "dim": int(dim), "metric": metric,
             "kind": kind, "shards": shards, "shard_key": shard_key, "durability": durability,
@@ -188,14 +194,17 @@ class ShardedIndex:
             "index_options": dict(index_options), "nodes": None,
         }
         self._open(root, manifest, max_restarts=max_restarts, timeout=timeout,
-                   num_cpus=num_cpus, max_concurrency=max_concurrency, create=True)
+                   start_timeout=start_timeout, num_cpus=num_cpus,
+                   max_concurrency=max_concurrency, create=True)
 
     # -- construction ---------------------------------------------------------------------
     def _open(self, root: str, manifest: dict[str, Any], *, max_restarts: int, timeout: float,
-              num_cpus: float, max_concurrency: int, create: bool) -> None:
+              start_timeout: float, num_cpus: float, max_concurrency: int, create: bool) -> None:
         ray = _ray()
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or not start_timeout > 0:
+            raise InvalidArgumentError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
             raise InvalidArgumentError(f"max_restarts must be an integer >= -1, got {max_restarts!r}")
         self._path = root
@@ -211,35 +220,46 @@ class ShardedIndex:
         self._ef = int(manifest["index_options"].get("ef", 64))
         if not ray.is_initialized():
             ray.init()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         nodes = manifest.get("nodes")
-        if manifest["storage"] == "local" and nodes is None:
-            alive = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
-            nodes = [{"node_id": alive[i % len(alive)]["NodeID"],
-                      "ip": alive[i % len(alive)]["NodeManagerAddress"]} for i in range(self._n)]
+        local = manifest["storage"] == "local"
+        if local and nodes is not None:
+            placement = nodes  # each shard's data is on that node's disk
+        else:
+            # Round-robin over the live nodes that have CPUs (a head kept free with
+            # --num-cpus 0 gets no shard). "local" records this placement for good; "shared"
+            # uses it as a preference (soft), so a restart may land on another node.
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            alive = sorted([n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0] or alive,
+                           key=lambda n: n["NodeID"])
+            placement = [{"node_id": alive[i % len(alive)]["NodeID"],
+                          "ip": alive[i % len(alive)]["NodeManagerAddress"]} for i in range(self._n)]
+            if local:
+                nodes = placement
+        if create:
+            manifest["nodes"] = nodes
+            os.makedirs(root, exist_ok=True)
+            atomic_write_bytes(os.path.join(root, MANIFEST), json.dumps(manifest, indent=1).encode())
         cls = _actor_class()
         self._actors: list[Any] = []
         for i in range(self._n):
             options: dict[str, Any] = {"max_restarts": max_restarts, "max_task_retries": 0,
                                        "num_cpus": num_cpus, "max_concurrency": max_concurrency}
-            if manifest["storage"] == "local":
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+            if local:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    self._node_for(i, nodes), soft=False)
+                    self._node_for(i, placement), soft=False)
             else:
-                options["scheduling_strategy"] = "SPREAD"
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    placement[i]["node_id"], soft=True)
             shard_options = {
                 "shard": i, "dim": self._dim, "metric": self._metric, "kind": self._kind,
                 "index_options": manifest["index_options"], "durability": manifest["durability"],
                 "checkpoint_bytes": manifest["checkpoint_bytes"],
             }
             self._actors.append(cls.options(**options).remote(self._shard_dir(i), shard_options))
-        placed = self._scatter_method(lambda i: self._actors[i].node.remote())
-        self._nodes = [placed[i] for i in range(self._n)]
-        if create:
-            manifest["nodes"] = [{"node_id": p["node_id"], "ip": p["ip"]} for p in self._nodes]
-            os.makedirs(root, exist_ok=True)
-            atomic_write_bytes(os.path.join(root, MANIFEST), json.dumps(manifest, indent=1).encode())
+        # Every shard has opened (recovered) its directory before the constructor returns.
+        self._scatter_method(lambda i: self._actors[i].ping.remote(), timeout=start_timeout)
 
     def _node_for(self, shard: int, nodes: list[dict[str, Any]]) -> str:
         ray = _ray()
@@ -265,6 +285,7 @@ class ShardedIndex:
         *,
         max_restarts: int = -1,
         timeout: float = 30.0,
+        start_timeout: float = 300.0,
         num_cpus: float = 0,
         max_concurrency: int = 4,
     ) -> ShardedIndex:
@@ -288,7 +309,8 @@ class ShardedIndex:
             raise FormatError(errno.EINVAL, f"{mpath!r} has format version {manifest['version']}, "
                               f"this kbcore reads {_FORMAT_VERSION}")
         obj = cls.__new__(cls)
-        obj._open(root, manifest, max_restarts=max_restarts, timeout=timeout, num_cpus=num_cpus,
+        obj._open(root, manifest, max_restarts=max_restarts, timeout=timeout,
+                  start_timeout=start_timeout, num_cpus=num_cpus,
                   max_concurrency=max_concurrency, create=False)
         return obj
 
@@ -299,6 +321,7 @@ class ShardedIndex:
         shards: Sequence[int] | None = None,
         *,
         allow_partial: bool = False,
+        timeout: float | None = None,
     ) -> dict[int, Any]:
         """Runs ``submit(shard)`` (which returns a Ray object ref) on each shard in parallel and returns {shard: result}.
 
@@ -310,15 +333,16 @@ class ShardedIndex:
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
         todo = list(range(self._n)) if shards is None else list(shards)
+        timeout = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         refs = {i: submit(i) for i in todo}
         try:  # the common case: every shard answers
-            values = ray.get([refs[i] for i in todo], timeout=self._timeout)
+            values = ray.get([refs[i] for i in todo], timeout=timeout)
             return dict(zip(todo, values))
         except (RayActorError, ActorUnavailableError, GetTimeoutError):
             pass
         except Exception as exc:  # noqa: BLE001 - a shard's own error (RayTaskError)
             raise _unwrap(exc) from None
-        deadline = time.monotonic() + self._timeout
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         pending = {refs[i]: i for i in todo}
@@ -334,7 +358,7 @@ class ShardedIndex:
                 try:
                     results[i] = ray.get(ref)
                 except (RayActorError, ActorUnavailableError) as exc:
-                    errors[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    errors[i] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
                     if self._max_restarts != 0 and time.monotonic() + _RETRY_PAUSE < deadline:
                         time.sleep(_RETRY_PAUSE)
                         pending[submit(i)] = i
@@ -345,7 +369,7 @@ class ShardedIndex:
             detail = "; ".join(f"shard {i}: {errors.get(i, 'no answer')}" for i in missing)
             raise ShardUnavailableError(
                 missing, f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                f"of {self._path!r} did not answer within {self._timeout:g} s ({detail})")
+                f"of {self._path!r} did not answer within {timeout:g} s ({detail})")
         return results
 
     def _scatter(self, method: str, args: Callable[[int], tuple[Any, ...]] | tuple[Any, ...],
