@@ -65,7 +65,8 @@ def load_scifact_chunks(data: str | None, limit: int | None, nq: int | None) -> 
             row = json.loads(line)
             docs.append(str(row["doc_id"]))
             texts.append(row["text"])
-    qtexts = [json.loads(line)["text"] for line in open(folder / "queries.jsonl", encoding="utf-8")]
+    with open(folder / "queries.jsonl", encoding="utf-8") as f:
+        qtexts = [json.loads(line)["text"] for line in f]
     if limit:
         base, docs, texts = base[:limit], docs[:limit], texts[:limit]
     if nq:

@@ -319,6 +319,9 @@ class ShardState:
     def size(self) -> int:
         return len(self.index)
 
+    def text_documents(self) -> int:
+        return int(self.index._native.text_documents())
+
     def ids(self) -> np.ndarray:
         return self.index.ids()
 

@@ -75,9 +75,17 @@ def _actor_class() -> Any:
         def __init__(self, directory: str, options: dict[str, Any]) -> None:
             from .shard import ShardState
 
-            self._state = ShardState(directory, **options)
+            # A shard that cannot open its directory (corrupted, unreadable) stays up and
+            # answers every call with that error: restarting it would fail the same way.
+            self._error: BaseException | None = None
+            try:
+                self._state = ShardState(directory, **options)
+            except (KbcoreError, OSError) as exc:
+                self._error = exc
 
         def call(self, method: str, *args: Any) -> Any:
+            if self._error is not None:
+                raise self._error
             try:
                 return getattr(self._state, method)(*args)
             except Exception:
@@ -93,6 +101,8 @@ def _actor_class() -> Any:
                     "pid": os.getpid()}
 
         def ping(self) -> bool:
+            if self._error is not None:
+                raise self._error
             return True
 
     _ACTOR_CLASS = ray.remote(ShardActor)
@@ -259,7 +269,11 @@ class ShardedIndex:
             }
             self._actors.append(cls.options(**options).remote(self._shard_dir(i), shard_options))
         # Every shard has opened (recovered) its directory before the constructor returns.
-        self._scatter_method(lambda i: self._actors[i].ping.remote(), timeout=start_timeout)
+        try:
+            self._scatter_method(lambda i: self._actors[i].ping.remote(), timeout=start_timeout)
+        except BaseException:
+            self.close()
+            raise
 
     def _node_for(self, shard: int, nodes: list[dict[str, Any]]) -> str:
         ray = _ray()
@@ -731,6 +745,10 @@ class ShardedIndex:
     def memory_usage(self) -> int:
         """Bytes held natively by every shard's index."""
         return int(sum(i["memory_bytes"] for i in self.shard_info()))
+
+    def text_documents(self) -> int:
+        """Rows with text in the BM25 indexes of every shard."""
+        return int(sum(self._scatter("text_documents", ()).values()))
 
     def __len__(self) -> int:
         return int(sum(self._scatter("size", ()).values()))
