@@ -305,7 +305,10 @@ def test_sharded_hnsw_recall_matches_one_index(ray_local, tmp_path):
     one.add(vectors, ids, metadata=meta)
     with kbcore.distributed.ShardedIndex(DIM, "cosine", "hnsw", shards=2, path=tmp_path / "kb",
                                          M=8, ef_construction=40, ef=16) as si:
-        si.add(vectors, ids, metadata=meta)
+        si.add(vectors[:2500], ids[:2500], metadata=meta[:2500])
+        si.add(vectors[2500:], ids[2500:], metadata=meta[2500:], defer_graph=True, threads=1)
+        assert si.pending == 500  # stored, searchable (scanned exactly), not yet linked
+        assert si.build_graph() == 0 and si.pending == 0
         got, _ = si.search(qs, 10)
 
     def recall(found):

@@ -182,20 +182,20 @@ class ShardState:
                 except OSError:
                     pass
 
-    def _apply_record(self, rec: WalRecord, defer_graph: bool = False) -> int:
+    def _apply_record(self, rec: WalRecord, defer_graph: bool = False, threads: int = 0) -> int:
         removed = 0
         if rec.op == "remove" or len(rec.discard):
             drop = rec.ids if rec.op == "remove" else rec.discard
             present = [int(i) for i in drop if int(i) in self.index]
             if present:
-                self.index.remove(present)
+                self.index.remove(present, threads=threads)
             removed = len(present)
         if rec.op == "add" and len(rec.ids):
             self.index.add(rec.vectors, rec.ids, metadata=rec.metadata, texts=rec.texts,
-                           defer_graph=defer_graph and self.index.kind == "hnsw")
+                           defer_graph=defer_graph and self.index.kind == "hnsw", threads=threads)
         return removed
 
-    def _write(self, rec: WalRecord, defer_graph: bool = False) -> int:
+    def _write(self, rec: WalRecord, defer_graph: bool = False, threads: int = 0) -> int:
         with self._lock:
             if self._broken is not None:
                 raise StorageError(errno.EIO, self._broken)
@@ -204,7 +204,7 @@ class ShardState:
                 rec.discard = np.array([i for i in rec.discard.tolist() if i in self.index], np.int64)
             if rec.op == "add" and not len(rec.ids) and not len(rec.discard):
                 return 0  # nothing to change, nothing to log
-            removed = self._apply_record(rec, defer_graph)
+            removed = self._apply_record(rec, defer_graph, threads)
             if rec.op == "remove" and not removed:
                 return 0
             self.seq = rec.seq
@@ -235,16 +235,20 @@ class ShardState:
         texts: list[str | None] | None,
         discard: np.ndarray,
         defer_graph: bool = False,
+        threads: int = 0,
     ) -> int:
         """Drops the ``discard`` ids this shard holds (rows now routed to another shard), then
         adds (upserts) the rows; durable on return. Returns how many ids were dropped.
-        ``defer_graph`` as for :meth:`kbcore.Index.add` (a replay links rows at once)."""
-        return self._write(WalRecord(0, "add", vectors, ids, discard, metadata, texts), defer_graph)
+        ``defer_graph`` and ``threads`` as for :meth:`kbcore.Index.add` (a replay links rows
+        at once)."""
+        return self._write(WalRecord(0, "add", vectors, ids, discard, metadata, texts), defer_graph,
+                           threads)
 
-    def discard(self, ids: np.ndarray) -> int:
+    def discard(self, ids: np.ndarray, threads: int = 0) -> int:
         """Removes those of ``ids`` that this shard holds; durable on return. Returns the count."""
         return self._write(WalRecord(0, "remove", np.empty((0, 0), np.float32),
-                                     np.asarray(ids, np.int64), np.empty(0, np.int64), None, None))
+                                     np.asarray(ids, np.int64), np.empty(0, np.int64), None, None),
+                           threads=threads)
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
         """A bool mask: which ids this shard holds."""

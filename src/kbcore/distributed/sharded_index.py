@@ -457,17 +457,20 @@ class ShardedIndex:
         metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
         texts: Sequence[str | None] | None = None,
         defer_graph: bool = False,
+        threads: int = 0,
     ) -> None:
         """Adds (upserts) rows as :meth:`kbcore.Index.add` does, each on the shard of its
         ``shard_key`` value; returns once every shard has made its part durable.
 
         An id already stored on another shard (its key value changed) is removed there in the
-        same call. Raises as ``Index.add`` for bad input (nothing is written), and
+        same call. ``defer_graph`` and ``threads`` apply on each shard as in ``Index.add``.
+        Raises as ``Index.add`` for bad input (nothing is written), and
         :class:`ShardUnavailableError` if a shard stays unreachable for ``timeout``; the
         call may then have reached the other shards, and repeating it is safe (an upsert).
         """
         arr, _ = _as_vectors(vectors, self._dim, "vectors")
         id_arr = _as_ids(ids)
+        nthreads = _threads(threads)
         n = arr.shape[0]
         if len(id_arr) != n:
             raise InvalidArgumentError(f"got {n} vectors but {len(id_arr)} ids")
@@ -504,17 +507,20 @@ class ShardedIndex:
                 arr[idx], id_arr[idx], _subset(metadata, idx) if len(idx) else None,
                 [texts[i] for i in idx.tolist()] if texts is not None and len(idx) else None,
                 id_arr[where != s] if self._n > 1 else np.empty(0, np.int64), bool(defer_graph),
+                nthreads,
             )
         with self._write_lock:
             self._scatter("apply", parts.__getitem__)
 
-    def remove(self, ids: npt.ArrayLike) -> None:
-        """Removes ids, wherever they are; durable on return.
+    def remove(self, ids: npt.ArrayLike, *, threads: int = 0) -> None:
+        """Removes ids, wherever they are; durable on return (``threads`` per shard, as for
+        :meth:`kbcore.Index.remove`).
 
         Raises :class:`~kbcore.errors.NotFoundError` (a ``KeyError``) if any id is absent, in
         which case nothing is removed.
         """
         id_arr = np.unique(_as_ids(ids))
+        nthreads = _threads(threads)
         if not len(id_arr):
             return
         with self._write_lock:
@@ -525,7 +531,7 @@ class ShardedIndex:
             if not found.all():
                 raise NotFoundError(f"ids not in the index: {id_arr[~found][:10].tolist()}")
             owners = [s for s in range(self._n) if held[s].any()]
-            self._scatter("discard", lambda s: (id_arr[held[s]],), owners)
+            self._scatter("discard", lambda s: (id_arr[held[s]], nthreads), owners)
 
     def remove_document(self, value: int | str) -> int:
         """Removes every row whose ``shard_key`` equals ``value`` (one shard's work); durable
