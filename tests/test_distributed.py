@@ -183,6 +183,35 @@ def test_shard_recovers_every_acknowledged_write(tmp_path, rng, durability):
         ShardState(str(tmp_path), **dict(opts, kind="hnsw"))
 
 
+def test_text_stats_hook_scores_parts_as_one_index(rng):
+    vectors, ids, meta, texts = make_rows(rng, 300)
+    one = kbcore.Index(DIM, "cosine", "flat")
+    one.add(vectors, ids, texts=texts)
+    parts = [kbcore.Index(DIM, "cosine", "flat") for _ in range(3)]
+    for p in range(3):
+        rows = np.arange(p, 300, 3)
+        parts[p].add(vectors[rows], ids[rows], texts=[texts[i] for i in rows])
+    for query in ("w7", "w7 w30 w30 w2"):
+        stats = [p.text_stats(query) for p in parts]
+        total = (sum(s[0] for s in stats), sum(s[1] for s in stats),
+                 {t: sum(s[2][t] for s in stats) for t in stats[0][2]})
+        assert total == one.text_stats(query)
+        want = dict(zip(*(a.tolist() for a in one.search_text(query, 300))))
+        for p in parts:
+            got_ids, got = p.search_text(query, 300, stats=total)
+            assert len(got_ids) and all(np.isclose(want[i], s, rtol=1e-6) for i, s in zip(got_ids.tolist(), got))
+            local_ids, local = p.search_text(query, 300)  # per-part statistics score otherwise
+            assert not np.allclose(sorted(local), sorted(want[i] for i in local_ids.tolist()))
+    with pytest.raises(InvalidArgumentError, match="lack"):
+        parts[0].search_text("w7", 5, stats=(1000, 10_000, {}))
+    with pytest.raises(InvalidArgumentError, match="fewer rows"):
+        parts[0].search_text("w7", 5, stats=(1, 10_000, {"w7": 1}))
+    with pytest.raises(InvalidArgumentError, match="non-negative"):
+        parts[0].search_text("w7", 5, stats=(1000, -1, {"w7": 1}))
+    with pytest.raises(InvalidTypeError, match="stats must be"):
+        parts[0].search_text("w7", 5, stats="everything")
+
+
 # ------------------------------------------------------------------------------------------
 # the sharded index on a local Ray instance
 
