@@ -29,7 +29,13 @@ from kbcore import fusion
 from kbcore.distributed.routing import route, shard_of_id, shard_of_key
 from kbcore.distributed.shard import ShardState
 from kbcore.distributed.wal import WalRecord, WalWriter, read_log
-from kbcore.errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
+from kbcore.errors import (
+    FormatError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NotFoundError,
+    StorageError,
+)
 
 # Keep every Ray address on loopback (Ray otherwise picks the machine's interface address)
 # and leave the cluster unauthenticated (it is reachable from this machine only). Both are
@@ -181,6 +187,26 @@ def test_shard_recovers_every_acknowledged_write(tmp_path, rng, durability):
     assert "state.json" in files and sum(f.startswith("index-") for f in files) == 1
     with pytest.raises(FormatError, match="expected hnsw"):
         ShardState(str(tmp_path), **dict(opts, kind="hnsw"))
+
+
+def test_shard_that_cannot_log_refuses_writes_and_recovers_without_the_lost_one(tmp_path, rng, monkeypatch):
+    vectors, ids, meta, texts = make_rows(rng, 40)
+    opts = dict(shard=3, dim=DIM, metric="cosine", kind="flat", index_options={})
+    s = ShardState(str(tmp_path), **opts)
+    s.apply(vectors[:20], ids[:20], meta[:20], texts[:20], np.empty(0, np.int64))
+
+    def full_disk(self, rec):
+        raise StorageError(28, "No space left on device")
+
+    monkeypatch.setattr(WalWriter, "append", full_disk)
+    with pytest.raises(StorageError, match="shard 3 could not make a write durable"):
+        s.apply(vectors[20:], ids[20:], meta[20:], texts[20:], np.empty(0, np.int64))
+    assert s.broken
+    monkeypatch.undo()
+    with pytest.raises(StorageError, match="must be restarted"):
+        s.discard(ids[:1])
+    r = ShardState(str(tmp_path), **opts)  # what a restart sees: the acknowledged rows only
+    assert sorted(r.ids().tolist()) == ids[:20].tolist()
 
 
 def test_text_stats_hook_scores_parts_as_one_index(rng):

@@ -17,7 +17,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import fusion as _fusion
-from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, KbcoreError, NotFoundError
+from ..errors import (
+    FormatError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    KbcoreError,
+    NotFoundError,
+    StorageError,
+)
 from ..index import Group, Index, _as_ids, _as_vectors, _positive, _threads
 from ..storage import atomic_write_bytes
 from .routing import route, shard_of_key
@@ -86,6 +93,8 @@ def _actor_class() -> Any:
         def call(self, method: str, *args: Any) -> Any:
             if self._error is not None:
                 raise self._error
+            if self._state.broken:  # exiting: answer nothing from memory the disk lacks
+                raise StorageError(errno.EIO, f"shard {self._state.shard} is restarting from disk")
             try:
                 return getattr(self._state, method)(*args)
             except Exception:
