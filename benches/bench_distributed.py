@@ -4,6 +4,7 @@ Run from the repository root on a quiet machine (needs ``pip install '.[ray]'``)
 
     python -m benches.bench_distributed [--data DIR] [--n 1000000] [--shards 1,2,4] [--json OUT]
     python -m benches.bench_distributed --quick          # seconds: a smoke test of the script
+    python -m benches.bench_distributed --address auto   # on a running Ray cluster
 
 Data: SciFact chunks (19,369 x 384 from ``$KBCORE_DATA``, grouped by ``doc_id``, with their
 text for BM25) and a synthetic clustered set of ``--n`` vectors (384-d, 20 parts per
@@ -29,10 +30,6 @@ import sys
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-# Loopback only, no auth token for a machine-local instance (read when Ray is imported).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
@@ -247,12 +244,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-synthetic", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that the script runs")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--address", default=None,
+                    help="an existing Ray cluster (e.g. auto); default: a local instance on loopback")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.nq, args.batch, args.breakdown_reps = 3000, 30, 1000, 20
         args.shards = "1,2"
         args.ef_construction = 40
     shard_counts = [int(s) for s in args.shards.split(",") if s]
+    if args.address is None:
+        # A machine-local instance: loopback only, no auth token (read when Ray is imported).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
     import ray
 
@@ -261,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: load average {load_before[0]:.2f} > 0.5 at the start: timings are disturbed",
               flush=True)
     started = time.time()
-    ray.init(include_dashboard=False, log_to_driver=False)
+    if args.address is None:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=args.address, log_to_driver=False)
     results: dict[str, Any] = {
         "benchmark": "bench_distributed", "python": platform.python_version(),
         "machine": platform.machine(), "cpus": os.cpu_count(), "ray": ray.__version__,
