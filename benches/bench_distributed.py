@@ -193,7 +193,7 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
     gc.collect()
 
     for shards in shard_counts:
-        root = tempfile.mkdtemp(prefix="kbshard")
+        root = tempfile.mkdtemp(prefix="kbshard", dir=args.path)
         try:
             si = ShardedIndex(dim, "cosine", args.kind, shards=shards, path=os.path.join(root, "kb"), **opts)
             t0 = time.perf_counter()
@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-synthetic", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that the script runs")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--path", default=None,
+                    help="where shard directories go (on a cluster: storage every node mounts); default /tmp")
     ap.add_argument("--address", default=None,
                     help="an existing Ray cluster (e.g. auto); default: a local instance on loopback")
     args = ap.parse_args(argv)
