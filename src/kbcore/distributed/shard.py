@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, StorageError
+from ..errors import FormatError, InvalidArgumentError, StorageError
 from ..index import Index
 from ..storage import atomic_write_bytes, fsync_dir
 from .wal import WalRecord, WalWriter, read_log
@@ -76,7 +76,7 @@ class ShardState:
         :class:`~kbcore.errors.StorageError` if the OS refuses a read or write.
         """
         if durability not in ("wal", "save"):
-            raise ValueError(f"durability must be 'wal' or 'save', got {durability!r}")
+            raise InvalidArgumentError(f"durability must be 'wal' or 'save', got {durability!r}")
         self.shard = shard
         self.directory = directory
         self.durability = durability
