@@ -227,3 +227,9 @@ def test_describe_openai_names_endpoint_and_key_variable_not_key(monkeypatch):
     text = describe_embedder(OpenAIEmbedder("text-embedding-3-small", dimensions=512))
     assert text == ("text-embedding-3-small at https://api.openai.com/v1/embeddings (OpenAI-compatible, "
                     "512 dimensions; key from $OPENAI_API_KEY)")
+
+
+def test_the_manifest_record_of_an_openai_embedder_sends_no_request():
+    e = OpenAIEmbedder("m", base_url="http://127.0.0.1:9/v1", api_key_env=None, max_retries=0)
+    assert "dim" not in embedder_spec(e) and e.requests_sent == 0
+    assert embedder_spec(OpenAIEmbedder("m", dim=16))["dim"] == 16

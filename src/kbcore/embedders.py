@@ -431,10 +431,14 @@ def embedder_to_spec(embedder: Any) -> dict[str, Any] | None:
 
 def embedder_spec(embedder: Any) -> dict[str, Any]:
     """The manifest record of an embedder: :func:`embedder_to_spec` with ``dim``, or
-    ``{"kind": "custom", "name": ..., "dim": ...}`` when it cannot be rebuilt."""
+    ``{"kind": "custom", "name": ..., "dim": ...}`` when it cannot be rebuilt.
+
+    Sends no request: an :class:`OpenAIEmbedder` whose dimension is not known yet is recorded
+    without ``dim`` (read ``embedder.dim`` first to learn it)."""
     spec = embedder_to_spec(embedder)
     if spec is not None:
-        spec.setdefault("dim", int(embedder.dim))
+        if "dim" not in spec and not isinstance(embedder, OpenAIEmbedder):  # no probe request
+            spec["dim"] = int(embedder.dim)
         return spec
     get = getattr(embedder, "spec", None)
     if callable(get):
