@@ -35,6 +35,8 @@ code  status  meaning
 3002  400     ``metadata_condition`` cannot be applied (unknown operator, bad value)
 3003  413     the request body is larger than the limit
 5000  500     unexpected server error (logged with its traceback)
+5002  502     the query embedder failed (its service refused the request or answered garbage)
+5003  503     the query embedder's service is unreachable or overloaded: try again later
 ====  ======  =====================================================================
 
 Every error is logged as one JSON line on the ``kbcore.server`` logger (Dify may hide a
@@ -65,7 +67,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidArgumentError, InvalidTypeError, NotFoundError
+from .errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from .filters import compile_where, dify_condition_to_where
 
 __all__ = [
@@ -98,6 +100,8 @@ E_BAD_REQUEST = 3001
 E_BAD_CONDITION = 3002
 E_TOO_LARGE = 3003
 E_INTERNAL = 5000
+E_EMBEDDER = 5002
+E_EMBEDDER_UNAVAILABLE = 5003
 
 
 class _ApiError(Exception):
@@ -381,6 +385,10 @@ class _Service:
             ) from None
         except (InvalidArgumentError, InvalidTypeError) as exc:
             raise _ApiError(400, E_BAD_REQUEST, str(exc)) from None
+        except EmbedderUnavailableError as exc:  # the embedding service is down or overloaded
+            raise _ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
+        except EmbedderError as exc:
+            raise _ApiError(502, E_EMBEDDER, f"the query embedder failed: {exc}") from None
         records = []
         for h in hits:
             score = min(max(float(h.score), 0.0), 1.0)
@@ -598,8 +606,13 @@ def serve(
     max_top_k: int = DEFAULT_MAX_TOP_K,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
     log_level: str = "info",
+    embedder: Any = None,
 ) -> None:
-    """Serves the knowledge bases in ``data`` with uvicorn until interrupted."""
+    """Serves the knowledge bases in ``data`` with uvicorn until interrupted.
+
+    ``embedder`` is the engine's default (see :class:`~kbcore.engine.Engine`): knowledge bases
+    rebuild the embedder their manifest records, this one serves those built with a custom one.
+    """
     try:
         import uvicorn
     except ImportError:
@@ -608,7 +621,7 @@ def serve(
         ) from None
     from .engine import Engine
 
-    engine = Engine(data)
+    engine = Engine(data, embedder=embedder or None)
     app = create_app(
         engine,
         api_keys,
@@ -685,17 +698,22 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="seconds between checks for changes by other processes (0: never)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from .embedders import add_embedder_arguments
+
+    add_embedder_arguments(p)
     p.set_defaults(func=_cmd_serve)
     return p
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from .embedders import embedder_from_cli_args
     from .engine import default_data_dir
 
     try:
         keys = parse_api_keys(args.api_key)
         _KeyRing(keys)
-    except InvalidArgumentError as exc:
+        embedder = embedder_from_cli_args(args)
+    except (ImportError, InvalidArgumentError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)
         return 2
     try:
@@ -708,6 +726,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             max_top_k=args.max_top_k,
             refresh_interval=args.refresh_interval,
             log_level=args.log_level,
+            embedder=embedder,
         )
     except (ImportError, InvalidArgumentError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)

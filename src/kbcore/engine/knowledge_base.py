@@ -48,6 +48,12 @@ if TYPE_CHECKING:
     from .directory import Engine
 
 
+def _known_dim(embedder: Any) -> int | None:
+    """An embedder's dimension without a probe request (None if an endpoint has not said yet)."""
+    known = getattr(embedder, "known_dim", False)
+    return known if known is not False else int(embedder.dim)
+
+
 class KnowledgeBase:
     """A persistent knowledge base. Get one from :class:`Engine`; do not construct directly."""
 
@@ -161,21 +167,29 @@ class KnowledgeBase:
         self._embedder = self._resolve_embedder(m.get("embedder"))
 
     def _resolve_embedder(self, spec: dict[str, Any] | None) -> Any | None:
+        """The embedder for the manifest's spec: one given that matches it, else one rebuilt
+        from it (hashing, openai, minilm: no key is read and nothing is loaded from the network),
+        else one given of the same dimension; None when none fits (text queries then say why)."""
+        self._embedder_problem = None
         if spec is None or spec.get("kind") == "none":
             return None
-        for candidate in (self._explicit_embedder, self._engine._embedder):
+        current = getattr(self, "_embedder", None)  # a refresh keeps a loaded model
+        for candidate in (self._explicit_embedder, current, self._engine._embedder):
             if candidate is not None and embedder_spec(candidate) == spec:
                 return candidate
-        built = embedder_from_spec(spec) if spec.get("kind") == "hashing" else None
-        if built is not None:
-            return built
+        if spec.get("kind") in ("hashing", "openai", "minilm"):
+            try:
+                return embedder_from_spec(spec)
+            except (ImportError, OSError, ValueError) as exc:  # e.g. kbcore[minilm] missing here
+                self._embedder_problem = str(exc)
         for candidate in (self._explicit_embedder, self._engine._embedder):
-            if candidate is not None and int(candidate.dim) == int(spec.get("dim", -1)):
+            if candidate is not None and _known_dim(candidate) == int(spec.get("dim", -1)):
                 return candidate
         if spec.get("kind") == "sentence-transformers":
             try:
                 return embedder_from_spec(spec)
-            except Exception:  # noqa: BLE001 - no model offline: text queries will say so
+            except Exception as exc:  # noqa: BLE001 - no model offline: text queries will say so
+                self._embedder_problem = f"{type(exc).__name__}: {exc}"
                 return None
         return None
 
@@ -390,10 +404,11 @@ class KnowledgeBase:
                     f"knowledge base {self.name!r} has no embedder, so it cannot {what}: give "
                     "query vectors, or create it with an embedder"
                 )
+            problem = getattr(self, "_embedder_problem", None)
             raise InvalidArgumentError(
                 f"knowledge base {self.name!r} was built with embedder {spec}, which cannot be "
-                f"rebuilt here, so it cannot {what}: pass embedder= to Engine or "
-                "get_knowledge_base()"
+                f"rebuilt here{f' ({problem})' if problem else ''}, so it cannot {what}: pass "
+                "embedder= to Engine or get_knowledge_base()"
             )
         return self._embedder
 
