@@ -233,3 +233,13 @@ def test_the_manifest_record_of_an_openai_embedder_sends_no_request():
     e = OpenAIEmbedder("m", base_url="http://127.0.0.1:9/v1", api_key_env=None, max_retries=0)
     assert "dim" not in embedder_spec(e) and e.requests_sent == 0
     assert embedder_spec(OpenAIEmbedder("m", dim=16))["dim"] == 16
+
+
+def test_handing_an_openai_embedder_to_the_engine_sends_no_request(tmp_path):
+    from kbcore.embedders import as_embedder
+    from kbcore.engine import Engine
+
+    e = OpenAIEmbedder("m", base_url="http://127.0.0.1:9/v1", api_key_env=None, max_retries=0)
+    assert as_embedder(e) is e
+    Engine(tmp_path, embedder=e).close()
+    assert e.requests_sent == 0 and e.known_dim is None

@@ -145,7 +145,7 @@ def test_demo_uses_minilm_when_installed_and_says_so(capsys):
 # -- the Dify server -----------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 @pytest.mark.parametrize("reply,status,code", [
     (Reply(503, {"error": {"message": "overloaded"}}), 503, 5003),
     (Reply(401, {"error": {"message": "bad key"}}), 502, 5002),

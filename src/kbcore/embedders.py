@@ -385,6 +385,8 @@ def as_embedder(obj: Any) -> Any:
         if obj == "minilm":
             return MiniLMEmbedder()
         return SentenceTransformerEmbedder(obj)
+    if isinstance(obj, (OpenAIEmbedder, MiniLMEmbedder, HashingEmbedder)):  # no probe request via .dim
+        return obj
     if hasattr(obj, "embed") and hasattr(obj, "dim"):
         return obj
     if callable(obj):
