@@ -147,8 +147,8 @@ def test_demo_uses_minilm_when_installed_and_says_so(capsys):
 
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 @pytest.mark.parametrize("reply,status,code", [
-    (Reply(503, {"error": {"message": "overloaded"}}), 503, 5003),
-    (Reply(401, {"error": {"message": "bad key"}}), 502, 5002),
+    (Reply(503, {"error": {"message": "overloaded"}}), 503, 5031),
+    (Reply(401, {"error": {"message": "bad key"}}), 502, 5020),
 ])
 def test_server_answers_502_or_503_when_the_query_embedder_fails(tmp_path, fake, reply, status, code):
     pytest.importorskip("starlette", reason="the server needs Starlette (pip install 'kbcore[server]')")
