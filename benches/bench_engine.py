@@ -50,11 +50,14 @@ BASELINE_DOCS = 0.6451
 def load(folder: Path) -> dict:
     import pyarrow as pa
 
-    docs = [json.loads(l) for l in gzip.open(folder / "documents.jsonl.gz", "rt", encoding="utf-8")]
-    chunks = [json.loads(l) for l in gzip.open(folder / "chunks.jsonl.gz", "rt", encoding="utf-8")]
-    queries = [json.loads(l) for l in open(folder / "queries.jsonl", encoding="utf-8")]
+    with gzip.open(folder / "documents.jsonl.gz", "rt", encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f]
+    with gzip.open(folder / "chunks.jsonl.gz", "rt", encoding="utf-8") as f:
+        chunks = [json.loads(line) for line in f]
+    with open(folder / "queries.jsonl", encoding="utf-8") as f:
+        queries = [json.loads(line) for line in f]
     qrels: dict[str, dict[str, int]] = {}
-    for line in open(folder / "qrels.tsv", encoding="utf-8").read().splitlines()[1:]:
+    for line in (folder / "qrels.tsv").read_text(encoding="utf-8").splitlines()[1:]:
         q, d, s = line.split("\t")
         qrels.setdefault(q, {})[d] = int(s)
     chunk_table = pa.table({
@@ -153,7 +156,7 @@ class _AddTimer:
         self.orig = Index.add
         self.seconds = 0.0
 
-    def __enter__(self) -> "_AddTimer":
+    def __enter__(self) -> _AddTimer:
         orig = self.orig
 
         def timed(index, *a, **kw):
@@ -277,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{gate(abs(v - BASELINE_DOCS) <= 0.005)}")
         for key in ("overhead_dedup", "overhead_plain"):
             o = r[key]
-            print(f"{key:<22} {o['median_overhead_us']:7.1f} us paired difference (native {o['median_native_us']:.1f} us, "
+            print(f"{key:<22} {o['median_overhead_us']:7.1f} us paired difference "
+                  f"(native {o['median_native_us']:.1f} us, "
                   f"retrieve {o['median_retrieve_us']:.1f} us); engine alone {o['engine_only_us']:.1f} us  "
                   f"{gate(o['engine_only_us'] <= 300)}")
         p = r["preembedded_ingest"]

@@ -10,7 +10,8 @@ field (``cluster`` for synthetic data, ``far_rank`` for SciFact) that makes an a
 filter: the passing rows lie far from every query. For each filter the exact top-10 among passing
 rows is computed with numpy, and each library is measured on one thread over a loop of single 1-D
 queries (median of 3). Every library sweeps ef until recall@10 >= 0.95 (kbcore with its automatic
-strategy) and is compared at the lowest ef that reaches it; kbcore's default-ef figure is kept too. See benches/README.md ("Filtered search") for what is measured and how.
+strategy) and is compared at the lowest ef that reaches it; kbcore's default-ef figure is kept too.
+See benches/README.md ("Filtered search") for what is measured and how.
 """
 
 from __future__ import annotations
@@ -204,9 +205,13 @@ def make_cases(attrs: Attributes, anti: dict[float, dict]) -> list[Case]:
     for frac, spec in anti.items():
         if attrs.local_name == "cluster":
             values = np.asarray(spec["values"], dtype=np.int64)
-            cond = lambda a, v=values: np.isin(a.local, v)
+
+            def cond(a: Any, v: np.ndarray = values) -> np.ndarray:
+                return np.isin(a.local, v)
         else:
-            cond = lambda a, m=spec["values"]: a.local < m
+
+            def cond(a: Any, m: Any = spec["values"]) -> np.ndarray:
+                return a.local < m
         cases.append(Case(f"anti {frac:.0%}", "anti-correlated", spec["where"], cond))
     for c in cases:
         c.mask = np.ascontiguousarray(c.condition(attrs), dtype=bool)
@@ -432,7 +437,9 @@ class HnswlibLib:
     def make_fn(self, mask: np.ndarray) -> Callable[[int], Callable[[Any], Any]]:
         allowed = mask.tolist()  # a list lookup is the cheapest Python predicate on a label
         knn = self.index.knn_query
-        flt = lambda label: allowed[label]
+
+        def flt(label: int) -> bool:
+            return allowed[label]
         index = self.index
 
         def at_ef(ef: int) -> Callable[[Any], Any]:
@@ -507,10 +514,7 @@ def numpy_fn(
     def one(q: np.ndarray) -> np.ndarray:
         rows = np.flatnonzero(condition(attrs))
         s = base[rows] @ q
-        if s.size > K:
-            part = np.argpartition(-s, K - 1)[:K]
-        else:
-            part = np.arange(s.size)
+        part = np.argpartition(-s, K - 1)[:K] if s.size > K else np.arange(s.size)
         best = part[np.argsort(-s[part], kind="stable")]
         out = np.full(K, -1, dtype=np.int64)
         out[: best.size] = rows[best]
@@ -610,7 +614,8 @@ def bench_dataset(
             p.update(ef=default_ef, strategy=strategy, count=count)
             out["kbcore default ef"] = p
             log(
-                f"      {'kbcore auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  [{strategy}]"
+                f"      {'kbcore auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  "
+                f"QPS {p['qps']:9.1f}  [{strategy}]"
                 + cpu_warning(p)
             )
             # Equal-recall figure, by the anchors' rule: the automatic strategy swept over ef,
@@ -645,7 +650,8 @@ def bench_dataset(
                 fp["ef"] = default_ef
                 out[f"kbcore[{forced}]"] = fp
                 log(
-                    f"      {'kbcore ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  QPS {fp['qps']:9.1f}"
+                    f"      {'kbcore ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  "
+                    f"QPS {fp['qps']:9.1f}"
                     + cpu_warning(fp)
                 )
             # The graph traversal alone across ef (one pass per point): where would it reach the target?
@@ -706,7 +712,8 @@ def bench_dataset(
             p["ef"] = "exact"
             res["cases"][c.name]["libs"]["numpy"] = p
             log(
-                f"      {'numpy ' + c.name:<24s} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  ({p['queries']} q x {p['repeats']})"
+                f"      {'numpy ' + c.name:<24s} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  "
+                f"({p['queries']} q x {p['repeats']})"
                 + cpu_warning(p)
             )
 
@@ -910,7 +917,8 @@ def report(results: dict) -> list[str]:
                 f"Filter compile + evaluate at {cc['case']} ({cc['fraction']:.2%}): `count(where)` "
                 f"{cc['count (compile + evaluate) us']:.1f} us (compile {cc['compile only us']:.1f} us, "
                 f"native evaluate {cc['native count (evaluate only) us']:.1f} us) vs filtered search "
-                f"{cc['filtered search (auto) us']:.1f} us: **{cc['fraction_of_search']:.1%}** of the search (target <= 10%)."
+                f"{cc['filtered search (auto) us']:.1f} us: **{cc['fraction_of_search']:.1%}** of the search "
+                "(target <= 10%)."
             )
             if cc["fraction_of_search"] > 0.10:
                 flags.append(

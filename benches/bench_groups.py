@@ -418,7 +418,7 @@ def run_scifact(data: str | None, repeats: int) -> dict:
     log(f"  full pages ({K} documents): kbcore {100 * res['kbcore_full_pages']:.1f} %  "
         f"[{verdict(p['full_pages'])} = 100 %]; over-fetch {100 * res['overfetch_full_pages']:.1f} % "
         f"(mean {res['overfetch_mean_page']:.2f} documents; fills fewer pages: {'yes' if fewer else 'no'})")
-    del kb, hn
+    kb = hn = None  # free both indexes (the timing lambdas above close over these names)
     gc.collect()
     return res
 

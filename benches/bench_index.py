@@ -463,10 +463,10 @@ def run_sweep(
             for a in order:
                 a.set_ef(ef)  # faiss: also re-pins OpenMP to one thread
                 fn, vin = fns[a.name], inputs[a.name]
-                t, raws[a.name] = timed(lambda: [fn(v) for v in vin], 1)
+                t, raws[a.name] = timed(lambda fn=fn, vin=vin: [fn(v) for v in vin], 1)
                 loop_t[a.name].append(t[0])
                 loop_t[a.name].cpu.append(t.cpu[0])
-                t, batch_ids[a.name] = timed(lambda: a.batch(q), 1)
+                t, batch_ids[a.name] = timed(lambda a=a: a.batch(q), 1)
                 batch_t[a.name].append(t[0])
                 batch_t[a.name].cpu.append(t.cpu[0])
                 if mt_threads > 1:
@@ -756,7 +756,9 @@ def compute_ratios(res: dict) -> dict:
     for other in libs:
         if other == "kbcore":
             continue
-        r[f"mem_per_vector_kbcore_over_{other}"] = ratio(kb["rss_bytes_per_vector"], libs[other]["rss_bytes_per_vector"])
+        r[f"mem_per_vector_kbcore_over_{other}"] = ratio(
+            kb["rss_bytes_per_vector"], libs[other]["rss_bytes_per_vector"]
+        )
         for t in RECALL_TARGETS:
             for mode in kb["at_recall"][str(t)]:
                 r[f"qps@{t}_{mode}_kbcore_over_{other}"] = ratio(
@@ -808,7 +810,8 @@ def summary_table(name: str, res: dict) -> str:
             if lib in flat:
                 f = flat[lib]
                 lines.append(
-                    f"| {lib} | {f['median_s'] * 1e3:.1f} | {f['qps']:.0f} | {f['recall']:.4f} | {f['recall_ties']:.4f} |"
+                    f"| {lib} | {f['median_s'] * 1e3:.1f} | {f['qps']:.0f} | {f['recall']:.4f} "
+                    f"| {f['recall_ties']:.4f} |"
                 )
     if any("save_load" in r for r in libs.values()):
         lines.append("")
@@ -929,7 +932,9 @@ def plot_curves(results: dict, path: str) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="data root holding scifact/ (or the scifact folder); default $KBCORE_DATA or ../shared/data")
+    p.add_argument(
+        "--data", help="data root holding scifact/ (or the scifact folder); default $KBCORE_DATA or ../shared/data"
+    )
     p.add_argument("--n", type=int, default=None, help="synthetic base size (default 100000; 20000 with --quick)")
     p.add_argument("--nq", type=int, default=1000, help="synthetic query count (default 1000)")
     p.add_argument("--quick", action="store_true", help="synthetic n=20000 (smoke run)")
@@ -969,7 +974,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = [s.strip() for s in args.datasets.split(",") if s.strip()]
 
     info = machine_info(libs)
-    log(f"machine: {info.get('cpu_model')} ({info['affinity_cpus']} cpus), python {info['python']}, numpy {info['numpy']}")
+    log(f"machine: {info.get('cpu_model')} ({info['affinity_cpus']} cpus), python {info['python']}, "
+        f"numpy {info['numpy']}")
     log(
         "versions: "
         + ", ".join(f"{p} {info.get(p)}" for p in ("hnswlib", "faiss-cpu", "usearch", "kbcore"))
@@ -1001,7 +1007,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("\n# Summary (QPS = queries/s on 1 thread; loop = one 1-D query per call; batch = one call)")
     for name, res in results.items():
         log(summary_table(name, res))
-    log(f"\ntotal runtime {info['total_runtime_s']:.0f} s; load average start {info.get('loadavg_start')} end {info['loadavg_end']}")
+    log(f"\ntotal runtime {info['total_runtime_s']:.0f} s; load average start {info.get('loadavg_start')} "
+        f"end {info['loadavg_end']}")
 
     if args.json:
         config = {

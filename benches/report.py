@@ -275,7 +275,7 @@ def run_module(mod: Module, cmd: list[str], timeout: float | None) -> dict[str, 
     return entry
 
 
-class _Interrupted(Exception):
+class _Interrupted(Exception):  # noqa: N818 -- a control-flow signal carrying the entry, not an error
     def __init__(self, entry: dict[str, Any]) -> None:
         super().__init__("interrupted")
         self.entry = entry
@@ -486,7 +486,7 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
         if mt > 1 and kb is not None and "batch_mt" in kb.get("at_recall", {}).get("0.95", {}):
             modes.append(("batch_mt", f"all cores ({mt} thr), batch"))
         head = ["library"]
-        for mode, label in modes:
+        for _mode, label in modes:
             for t in RECALL_TARGETS:
                 head.append(f"QPS@{t} {label}")
         head += ["recall@10 ef=64", "µs/query ef=64 (loop)"]

@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 
-class Undefined(Exception):
+class Undefined(Exception):  # noqa: N818 -- a control-flow signal inside the reference evaluator, not an error
     """Dify's SQL would raise on this row (a text value cast to a number)."""
 
 

@@ -52,7 +52,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @needs_model
 @needs_data
 def test_minilm_reproduces_every_scifact_query_embedding(model):
-    queries = [json.loads(line) for line in open(SCIFACT / "queries.jsonl", encoding="utf-8")]
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        queries = [json.loads(line) for line in f]
     ids = (SCIFACT / "query_ids.txt").read_text(encoding="utf-8").split()
     assert [q["id"] for q in queries] == ids
     ref = np.load(SCIFACT / "query_embeddings.npy")

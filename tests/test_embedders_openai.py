@@ -397,8 +397,10 @@ BAD = {
     "no embedding": (lambda p: {"data": [{"index": 0}, {"index": 1}]}, "item 0 has no 'embedding'"),
     "empty vectors": (lambda p: {"data": [{"index": 0, "embedding": []}, {"index": 1, "embedding": []}]},
                       "empty embeddings"),
-    "too large for float32": (lambda p: {"data": [{"index": 0, "embedding": [1e300]}, {"index": 1, "embedding": [1.0]}]},
-                              "float32 range"),
+    "too large for float32": (
+        lambda p: {"data": [{"index": 0, "embedding": [1e300]}, {"index": 1, "embedding": [1.0]}]},
+        "float32 range",
+    ),
 }
 
 

@@ -10,12 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_parsing import _minimal_pdf
 
 from kbcore import Engine, storage
 from kbcore.errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from kbcore.parsing import parse
-
-from test_parsing import _minimal_pdf
 
 HAS_PYPDF = importlib.util.find_spec("pypdf") is not None
 

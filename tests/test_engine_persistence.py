@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from kbcore import Engine, engine as engine_mod, storage
+from kbcore import Engine, storage
+from kbcore import engine as engine_mod
 from kbcore.chunking import chunk_text
 from kbcore.engine import Document
 from kbcore.errors import FormatError
@@ -122,7 +123,7 @@ def test_kill_9_during_ingest_leaves_the_last_good_state(tmp_path):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         acked = []
-        reader = threading.Thread(target=lambda: acked.extend(int(x) for x in proc.stdout))
+        reader = threading.Thread(target=lambda acked=acked, proc=proc: acked.extend(int(x) for x in proc.stdout))
         reader.start()
         deadline = time.monotonic() + 30
         while not acked and proc.poll() is None and time.monotonic() < deadline:
@@ -223,9 +224,11 @@ def test_corruption_is_detected_on_open(tmp_path):
     with pytest.raises(FormatError, match="corrupted"):
         Engine(tmp_path).get_knowledge_base("kb")
     manifest = os.path.join(kb.path, storage.MANIFEST)
-    m = json.load(open(manifest))
+    with open(manifest) as f:
+        m = json.load(f)
     m["next_id"] += 1  # edited by hand: the checksum no longer matches
-    json.dump(m, open(manifest, "w"))
+    with open(manifest, "w") as f:
+        json.dump(m, f)
     with pytest.raises(FormatError, match="checksum"):
         Engine(tmp_path).get_knowledge_base("kb")
 

@@ -28,13 +28,15 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def scifact():
-    chunks = [json.loads(line) for line in gzip.open(SCIFACT / "chunks.jsonl.gz", "rt", encoding="utf-8")]
-    queries = [json.loads(line) for line in open(SCIFACT / "queries.jsonl", encoding="utf-8")]
+    with gzip.open(SCIFACT / "chunks.jsonl.gz", "rt", encoding="utf-8") as f:
+        chunks = [json.loads(line) for line in f]
+    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        queries = [json.loads(line) for line in f]
     qrels: dict = {}
-    for line in open(SCIFACT / "qrels.tsv", encoding="utf-8").read().splitlines()[1:]:
+    for line in (SCIFACT / "qrels.tsv").read_text(encoding="utf-8").splitlines()[1:]:
         q, d, s = line.split("\t")
         qrels.setdefault(q, {})[d] = int(s)
-    doc_ids = open(SCIFACT / "doc_ids.txt", encoding="utf-8").read().split()
+    doc_ids = (SCIFACT / "doc_ids.txt").read_text(encoding="utf-8").split()
     return {
         "chunks": pa.table({
             "document_id": [c["doc_id"] for c in chunks],

@@ -107,10 +107,7 @@ def _leaf_about(draw, rows: list) -> dict:
     it), so that it splits the rows: independent random operands (valid_wheres) almost never
     match anything on random metadata."""
     present = sorted({key for r in rows if r for key, v in r.items() if v is not None})
-    if present and draw(st.integers(0, 7)):
-        field = draw(st.sampled_from(present))
-    else:
-        field = draw(st.sampled_from(FIELDS))
+    field = draw(st.sampled_from(present)) if present and draw(st.integers(0, 7)) else draw(st.sampled_from(FIELDS))
     values = [r[field] for r in rows if r and r.get(field) is not None]
     if not values or draw(st.integers(0, 9)) == 0:
         return {field: {draw(st.sampled_from(["$exists", "$empty"])): draw(st.booleans())}}

@@ -630,10 +630,10 @@ def test_a_filter_object_never_initialised_raises_instead_of_crashing():
     q = np.ones((1, 2), dtype=np.float32)
     for empty in (_core.Filter.__new__(_core.Filter), Sub.__new__(Sub)):
         for call in (
-            lambda: native.count(empty),
-            lambda: native.search(q, 2, 0, 1, empty, "auto"),
-            lambda: native.search_groups(q, 2, "a", 1, 0, 1, empty, "auto", kbcore.Group),
-            lambda: _core.Filter(("and", (empty,))),
+            lambda empty=empty: native.count(empty),
+            lambda empty=empty: native.search(q, 2, 0, 1, empty, "auto"),
+            lambda empty=empty: native.search_groups(q, 2, "a", 1, 0, 1, empty, "auto", kbcore.Group),
+            lambda empty=empty: _core.Filter(("and", (empty,))),
         ):
             with pytest.raises(InvalidArgumentError, match="never initialised"):
                 call()

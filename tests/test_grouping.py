@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from conftest import DIST_ATOL, oracle_distances
 
 import kbcore
 from kbcore.errors import InvalidArgumentError
 from kbcore.filters import compile_where
-
-from conftest import DIST_ATOL, oracle_distances
 
 K = 10
 
@@ -56,11 +55,11 @@ class Corpus:
                 cond = {"$eq": cond}
             for op, v in cond.items():
                 mask &= {
-                    "$eq": lambda: col == v,
-                    "$gte": lambda: col >= v,
-                    "$lt": lambda: col < v,
-                    "$in": lambda: np.isin(col, v),
-                }[op]()
+                    "$eq": lambda col, v: col == v,
+                    "$gte": lambda col, v: col >= v,
+                    "$lt": lambda col, v: col < v,
+                    "$in": np.isin,
+                }[op](col, v)
         return mask
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import KINDS, build, make_clustered
 
 import kbcore
 from kbcore import errors
-from conftest import KINDS, build, make_clustered
 
 DIM = 8
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import kbcore
-from kbcore import errors
 from conftest import (
     KINDS,
     METRICS,
@@ -17,6 +14,9 @@ from conftest import (
     make_clustered,
     recall_at_k,
 )
+
+import kbcore
+from kbcore import errors
 
 
 def expected_stored(vectors: np.ndarray, metric: str) -> np.ndarray:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import KINDS, METRICS, assert_search_matches_oracle, build, make_clustered
 
 import kbcore
 from kbcore import errors
-from conftest import KINDS, METRICS, assert_search_matches_oracle, build, make_clustered
 
 # File header (cpp/binary_io.h): magic[8] | u32 format_version | u32 flags | u64 payload_bytes |
 # u64 checksum, all little-endian.

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import kbcore
 from conftest import (
     KINDS,
     METRICS,
@@ -16,6 +14,8 @@ from conftest import (
     make_clustered,
     recall_at_k,
 )
+
+import kbcore
 
 # --------------------------------------------------------------------------------------------
 # flat: exact

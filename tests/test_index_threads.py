@@ -9,7 +9,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import (
     KINDS,
     METRICS,

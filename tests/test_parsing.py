@@ -12,7 +12,7 @@ from kbcore.parsing import detect_format, parse
 
 
 def test_plain_text_is_decoded_and_normalised():
-    doc = parse("Line one\r\nLine two   \r\n\r\n\r\n\r\nPara two\n".encode(), filename="a.txt")
+    doc = parse(b"Line one\r\nLine two   \r\n\r\n\r\n\r\nPara two\n", filename="a.txt")
     assert doc.format == "text"
     assert doc.text == "Line one\nLine two\n\nPara two"
 

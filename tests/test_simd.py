@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import METRICS, assert_search_matches_oracle, build, make_clustered, recall_at_k
 
 import kbcore
-from conftest import METRICS, assert_search_matches_oracle, build, make_clustered, recall_at_k
 
 KNOWN_LEVELS = ("scalar", "avx2", "avx512")
 

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from . import __version__, simd_level
 
-
 # -- knowledge bases -------------------------------------------------------------------------
 
 _DEMO_QUERIES = (

@@ -244,7 +244,7 @@ class HashingEmbedder:
         bcum = np.concatenate(([0], np.cumsum(boundary)))  # boundaries before position i
         lo, hi = self.char_ngrams
         for k in range(lo, hi + 1):
-            if L < k:
+            if k > L:
                 break
             s = np.arange(L - k + 1)
             e = s + k

@@ -352,7 +352,7 @@ class OpenAIEmbedder:
                         f"{where} failed: {last}; the service asks to retry after {wait:.0f} s, "
                         f"more than max_retry_after={self.max_retry_after:g} s",
                         endpoint=self.endpoint, status=status) from None
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 last, last_status = f"no answer within timeout={self.timeout:g} s", None
             except urllib.error.URLError as exc:
                 reason = exc.reason

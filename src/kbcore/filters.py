@@ -11,8 +11,9 @@ unordered collections, so two equal dicts compile to the same IR), nested ``and`
 duplicate ``$in`` / ``$nin`` items are dropped (first occurrence kept). Lists keep their order.
 
 :func:`dify_condition_to_where` (from :mod:`kbcore.dify.condition`) translates the
-``metadata_condition`` of Dify's External Knowledge API into a ``where`` dict; :func:`iso8601_to_epoch` is the date-time parser used by
-``$before`` / ``$after`` (the native one, which also reads stored values).
+``metadata_condition`` of Dify's External Knowledge API into a ``where`` dict;
+:func:`iso8601_to_epoch` is the date-time parser used by ``$before`` / ``$after`` (the native
+one, which also reads stored values).
 
 The implementation lives in :mod:`kbcore._filter`: ``where`` (the compiler), ``cache`` (the
 compiled-filter cache and :func:`native_filter`) and ``iso`` (ISO-8601, native).

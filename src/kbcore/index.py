@@ -285,9 +285,10 @@ class Index:
 
         ``where`` is a Chroma-style metadata filter (see ``docs/filter-ir.md``), compiled
         once per call (or a filter already compiled by :func:`kbcore.filters.native_filter`,
-        so that several searches share one compilation) and evaluated natively; results then come only from passing rows, and
-        if at least k rows pass, k results come back. Small passing sets are scanned exactly;
-        larger ones use a filter-aware graph traversal, chosen by a cost model.
+        so that several searches share one compilation) and evaluated natively; results then come
+        only from passing rows, and if at least k rows pass, k results come back. Small passing
+        sets are scanned exactly; larger ones use a filter-aware graph traversal, chosen by a
+        cost model.
         """
         if (
             type(queries) is np.ndarray

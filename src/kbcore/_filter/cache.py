@@ -19,7 +19,7 @@ from .where import Node, _compile_node, _FilterError, _format_path
 #    a repeated where costs one dict lookup before the native evaluation.
 
 
-class _Unhashable(Exception):
+class _Unhashable(Exception):  # noqa: N818 -- a control-flow signal (fall back to no caching), not an error
     pass
 
 

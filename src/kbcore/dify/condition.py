@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import InvalidArgumentError
 from .._filter.iso import _parse_iso
 from .._filter.where import _coerce_numpy, _type_name
+from ..errors import InvalidArgumentError
 
 __all__ = ["dify_condition_to_where"]
 

@@ -534,11 +534,11 @@ def _header_timeout_protocol(seconds: float) -> type:
     complete ``seconds`` after it connected or after its last response (uvicorn itself waits
     forever for a head, and a byte of one cancels its keep-alive timeout)."""
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
     except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
 
-    class _Protocol(base):  # type: ignore[misc, valid-type]
+    class _Protocol(Base):  # type: ignore[misc, valid-type]
         _kbcore_timer: Any = None
 
         def _kbcore_arm(self) -> None:

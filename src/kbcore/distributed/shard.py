@@ -262,7 +262,9 @@ class ShardState:
             self._checkpoint_locked()
             return self.seq
 
-    def search(self, queries: np.ndarray, k: int, where: Any, ef: int | None, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, where: Any, ef: int | None, threads: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         ids, dist = self.index.search(queries, k, where=where, ef=ef, threads=threads)
         return ids, dist
 

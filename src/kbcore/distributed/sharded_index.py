@@ -346,7 +346,8 @@ class ShardedIndex:
         allow_partial: bool = False,
         timeout: float | None = None,
     ) -> dict[int, Any]:
-        """Runs ``submit(shard)`` (which returns a Ray object ref) on each shard in parallel and returns {shard: result}.
+        """Runs ``submit(shard)`` (which returns a Ray object ref) on each shard in parallel and returns
+        {shard: result}.
 
         A shard whose actor is dead or restarting is called again (after a short pause)
         until the timeout; then :class:`ShardUnavailableError`, or, with ``allow_partial``,
@@ -702,10 +703,7 @@ class ShardedIndex:
         q, _ = _as_vectors(query_vector, self._dim, "the query vector")
         ids, dist = self.search(q[0], window, where=where, ef=ef)
         keep = ids >= 0
-        if self._metric == "l2":
-            sims = (-dist[keep]).tolist()
-        else:
-            sims = (1.0 - dist[keep]).tolist()
+        sims = (-dist[keep]).tolist() if self._metric == "l2" else (1.0 - dist[keep]).tolist()
         vec_leg = list(zip(ids[keep].tolist(), sims))
         tids, tscores = self.search_text(query_text, window, where=where)
         text_leg = list(zip(tids.tolist(), tscores.tolist()))

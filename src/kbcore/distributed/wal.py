@@ -204,7 +204,9 @@ class WalWriter:
                 view = view[n:]
             os.fsync(self._fd)
         except OSError as exc:
-            raise StorageError(exc.errno or errno.EIO, f"appending to write-ahead log {self.path!r} failed: {exc}") from exc
+            raise StorageError(
+                exc.errno or errno.EIO, f"appending to write-ahead log {self.path!r} failed: {exc}"
+            ) from exc
         self.bytes += len(data)
 
     def close(self) -> None:

@@ -40,7 +40,9 @@ class Engine:
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
-            raise storage.StorageError(exc.errno, f"cannot create data directory {self.path!r}: {exc.strerror}") from exc
+            raise storage.StorageError(
+                exc.errno, f"cannot create data directory {self.path!r}: {exc.strerror}"
+            ) from exc
         self._embedder = as_embedder(embedder) if embedder is not None else None
         self._kbs: dict[str, KnowledgeBase] = {}
         self._mutex = threading.RLock()

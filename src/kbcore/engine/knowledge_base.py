@@ -251,7 +251,9 @@ class KnowledgeBase:
         pipeline. Raises InvalidArgumentError for a wrong shape or dimension, NaN / inf, or a
         pipeline that no longer exists."""
         if not isinstance(prepared, PreparedDocument):
-            raise InvalidTypeError(f"prepared must be a PreparedDocument (from prepare()), got {type(prepared).__name__}")
+            raise InvalidTypeError(
+                f"prepared must be a PreparedDocument (from prepare()), got {type(prepared).__name__}"
+            )
         self._check_open()
         self._cell.state.pipeline(prepared.pipeline)
         vecs = ingest.check_vectors(vectors, len(prepared.chunks), self.dim, self.name)
@@ -374,7 +376,9 @@ class KnowledgeBase:
         rebuilt from its chunks and their spans."""
         ref = self._cell.state.doc((pipeline, document_id))
         if ref is None:
-            raise NotFoundError(f"knowledge base {self.name!r} has no document {document_id!r} in pipeline {pipeline!r}")
+            raise NotFoundError(
+                f"knowledge base {self.name!r} has no document {document_id!r} in pipeline {pipeline!r}"
+            )
         return document_text(*ref)
 
     def documents(self, *, pipeline: str | None = None) -> list[DocumentInfo]:

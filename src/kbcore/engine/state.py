@@ -25,8 +25,8 @@ from .. import storage
 from ..errors import FormatError, NotFoundError
 from ..index import Index
 from .locks import RWLock
-from .segments import Segment
 from .manifest import checkpoint_rows, tail_rows
+from .segments import Segment
 from .types import SEARCH_DEFAULTS, KbStats
 
 #: (segment name, document row in it): stays valid when the segment gets a newer entry
