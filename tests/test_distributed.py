@@ -346,6 +346,27 @@ def test_sharded_hybrid_fuses_after_the_merge(flat3, corpus):
 
 
 @needs_ray
+def test_sharded_linear_hybrid_equals_linear_fusion_of_one_index(flat3, corpus):
+    one = _oracle("flat", corpus)
+    rng = np.random.default_rng(9)
+    for word, w in (("w4", 0.7), ("w22", 0.25)):
+        q = rng.standard_normal(DIM).astype(np.float32)
+        got = flat3.search_hybrid(q, word, 10, window=30, fusion="linear", vector_weight=w)
+        ids, dist = one.search(q, 600)
+        order = np.lexsort((ids, dist))[:30]
+        vec_leg = list(zip(ids[order].tolist(), (1.0 - dist[order]).tolist()))
+        tids, tscores = one.search_text(word, 600)
+        torder = np.lexsort((tids, -tscores))[:30]
+        text_leg = list(zip(tids[torder].tolist(), tscores[torder].tolist()))
+        want = fusion.linear(vec_leg, text_leg, vector_weight=w)[:10]
+        assert len(got) == 10
+        assert [i for i, _ in got] == [i for i, _ in want]
+        assert np.allclose([s for _, s in got], [s for _, s in want])
+    with pytest.raises(InvalidArgumentError, match="vector_weight"):
+        flat3.search_hybrid(q, "w4", 10, fusion="linear", vector_weight=1.5)
+
+
+@needs_ray
 def test_sharded_hnsw_recall_matches_one_index(ray_local, tmp_path):
     rng = np.random.default_rng(11)
     n = 3000

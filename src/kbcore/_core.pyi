@@ -1,6 +1,7 @@
 """Type stub of the native extension (pybind11). Use the kbcore package, not this module."""
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +21,7 @@ class Filter:
     def __init__(self, ir: tuple[Any, ...]) -> None: ...
 
 _FilterArg = tuple[Any, ...] | Filter
+_G = TypeVar("_G")
 
 class Index:
     def __init__(
@@ -31,7 +33,7 @@ class Index:
         ids: npt.NDArray[np.int64],
         threads: int,
         columns: list[tuple[Any, ...]] = ...,
-        texts: list[str | None] | None = ...,
+        texts: Sequence[str | None] | None = ...,
         defer_graph: bool = ...,
     ) -> None: ...
     def build_graph(self, max_rows: int, threads: int) -> int: ...
@@ -56,8 +58,8 @@ class Index:
         threads: int,
         filter: _FilterArg | None = ...,
         strategy: str = ...,
-        group_type: type[tuple[Any, ...]] | None = ...,
-    ) -> list[list[tuple[int | str, tuple[int, ...], tuple[float, ...], tuple[int, ...]]]]:
+        group_type: type[_G] | None = ...,
+    ) -> list[list[_G]]:
         """Per query, a list of (key, ids, distances, part_ids) built as ``group_type``
         instances (a NamedTuple class) when given, else plain tuples."""
     def search_text(

@@ -121,8 +121,8 @@ class _Powers:
     """Cached P**i and P**-(i+1) modulo 2**64 for i in [0, n)."""
 
     def __init__(self) -> None:
-        self.pow = np.ones(1, dtype=np.uint64)
-        self.inv = np.full(1, _P_INV, dtype=np.uint64)
+        self.pow: np.ndarray = np.ones(1, dtype=np.uint64)
+        self.inv: np.ndarray = np.full(1, _P_INV, dtype=np.uint64)
 
     def ensure(self, n: int) -> None:
         if len(self.pow) >= n:
@@ -483,7 +483,7 @@ def embedder_from_spec(spec: dict[str, Any] | None) -> Any | None:
     try:
         if kind == "hashing":
             emb: Any = HashingEmbedder(
-                int(spec.get("dim", 384)), char_ngrams=tuple(spec.get("char_ngrams", (3, 5))),  # type: ignore[arg-type]
+                int(spec.get("dim", 384)), char_ngrams=tuple(spec.get("char_ngrams", (3, 5))),
                 word_weight=float(spec.get("word_weight", 1.0)),
                 char_weight=float(spec.get("char_weight", 1.0)), seed=int(spec.get("seed", 0)),
             )

@@ -190,7 +190,7 @@ class OpenAIEmbedder:
         if expected is not None and self.dimensions is not None and expected != self.dimensions:
             raise InvalidArgumentError(f"dim={expected} contradicts dimensions={self.dimensions}")
         self._dim: int | None = self.dimensions if self.dimensions is not None else expected
-        self.batch_size = _positive_int("batch_size", batch_size)
+        self.batch_size: int = _positive_int("batch_size", batch_size)  # type: ignore[assignment]  # not None: allow_none is off
         self.timeout = _non_negative("timeout", timeout, positive=True)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidArgumentError(f"max_retries must be a non-negative integer, got {max_retries!r}")

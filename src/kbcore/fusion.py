@@ -56,7 +56,7 @@ def _check_weights(weights: Sequence[float] | None, n_legs: int) -> list[float]:
         raise InvalidTypeError(f"weights must be a sequence of numbers, got {type(weights).__name__}")
     if len(weights) != n_legs:
         raise InvalidArgumentError(f"got {n_legs} legs but {len(weights)} weights")
-    out = []
+    out: list[float] = []
     for w in weights:
         if isinstance(w, bool) or not isinstance(w, numbers.Real):
             raise InvalidTypeError(f"weights must be numbers, got {type(w).__name__}")

@@ -106,6 +106,16 @@ class _Field:
         "str_rows",
         "str_vals",
     )
+    bool_rows: list[int]
+    bool_vals: list[bool]
+    float_rows: list[int]
+    float_vals: list[float]
+    int_rows: list[int]
+    int_vals: list[int]
+    list_rows: list[int]
+    list_vals: list[list[bytes]]
+    str_rows: list[int]
+    str_vals: list[bytes]
 
     def __init__(self) -> None:
         for slot in self.__slots__:
@@ -196,6 +206,7 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
 
     columns: list[Column] = []
     for name, acc in fields.items():
+        vals: np.ndarray
         if acc.int_rows:
             vals = np.zeros(n, dtype=np.int64)
             vals[np.asarray(acc.int_rows)] = np.asarray(acc.int_vals, dtype=np.int64)

@@ -141,7 +141,7 @@ def compile_where(where: Mapping[str, Any] | None) -> Node | None:
     return _compiled(where)[0]
 
 
-def native_filter(where: Mapping[str, Any] | None) -> Any:
+def native_filter(where: Mapping[str, Any] | _core.Filter | None) -> Any:
     """The compiled ``where`` as the native ``Filter`` the index evaluates (``None`` for None).
 
     Validates exactly as :func:`compile_where` (same errors) and shares its cache; a cache hit

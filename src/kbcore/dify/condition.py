@@ -270,7 +270,7 @@ def _is(field: str, value: Any) -> dict:
     if isinstance(value, bool):
         return {field: {"$eq": value}}
     if isinstance(value, str):
-        parts = [{field: {"$eq": value}}]
+        parts: list[dict[str, Any]] = [{field: {"$eq": value}}]
         n = _parse_number(value)
         if n is not None and value in _number_text(n):
             parts.append({field: {"$eq": n}})
@@ -346,6 +346,7 @@ def _in(field: str, value: Any, op: str) -> dict:
     if not texts:  # Dify: `field in []` is false, `field not in []` is true
         return _never(field) if op == "in" else _always(field)
     numbers = list(dict.fromkeys(n for t in texts if (n := _parse_number(t)) is not None))
+    parts: list[dict[str, Any]]
     if op == "in":
         parts = [{field: {"$in": texts}}]
         if numbers:

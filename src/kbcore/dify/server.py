@@ -440,11 +440,11 @@ def _retrieval_endpoint(service: _Service) -> Any:
             return _reply(400, {"error_code": E_BAD_REQUEST, "error_msg": "client disconnected"},
                           request_id, close=True)
         except Exception as exc:  # noqa: BLE001 - any failure must still answer and be logged
-            err = ApiError(500, E_INTERNAL, f"internal error ({type(exc).__name__}); see the "
-                           f"server log, request id {request_id}")
-            _log_error(request_id, err, client=client, knowledge_id=knowledge_id,
+            internal = ApiError(500, E_INTERNAL, f"internal error ({type(exc).__name__}); see the "
+                                f"server log, request id {request_id}")
+            _log_error(request_id, internal, client=client, knowledge_id=knowledge_id,
                        started=started, exc_text="".join(traceback.format_exception(exc)))
-            return _reply(500, {"error_code": E_INTERNAL, "error_msg": err.message}, request_id)
+            return _reply(500, {"error_code": E_INTERNAL, "error_msg": internal.message}, request_id)
         _log_success(request_id, client, req, len(records), started)
         return _reply(200, {"records": records}, request_id)
 
@@ -533,12 +533,17 @@ def _header_timeout_protocol(seconds: float) -> type:
     """uvicorn's HTTP protocol class, closing a connection whose next request head is not
     complete ``seconds`` after it connected or after its last response (uvicorn itself waits
     forever for a head, and a byte of one cancels its keep-alive timeout)."""
+    base: type
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class _Protocol(Base):  # type: ignore[misc, valid-type]
+        base = HttpToolsProtocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+
+    class _Protocol(base):
         _kbcore_timer: Any = None
 
         def _kbcore_arm(self) -> None:

@@ -46,7 +46,7 @@ def _key_values(metadata: Any, key: str, n: int) -> list[Any]:
         if key not in metadata.column_names:
             return [None] * n
         return metadata.column(key).to_pylist()
-    out = []
+    out: list[Any] = []
     for row in metadata:
         if row is None:
             out.append(None)

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -191,7 +191,7 @@ class ShardedIndex:
         for bad options or a ``path`` that already holds an index (use :meth:`load`).
         """
         shards = _positive("shards", shards)
-        Index(dim, metric, kind, **index_options)  # type: ignore[arg-type] - validates the knobs
+        Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
         if not isinstance(shard_key, str) or not shard_key:
             raise InvalidTypeError(f"shard_key must be a non-empty field name, got {shard_key!r}")
         if durability not in ("wal", "save"):
@@ -498,8 +498,8 @@ class ShardedIndex:
                     f"RecordBatch, got {type(metadata).__name__}")
             if len(metadata) != n:
                 raise InvalidArgumentError(f"got {n} vectors but {len(metadata)} metadata rows")
-        elif metadata is not None and metadata.num_rows != n:
-            raise InvalidArgumentError(f"got {n} vectors but {metadata.num_rows} metadata rows")
+        elif metadata is not None and cast(Any, metadata).num_rows != n:  # a pyarrow Table here
+            raise InvalidArgumentError(f"got {n} vectors but {cast(Any, metadata).num_rows} metadata rows")
         if texts is not None:
             if isinstance(texts, str) or not isinstance(texts, Sequence):
                 raise InvalidTypeError("texts must be a list of str (or None per row)")
@@ -710,8 +710,7 @@ class ShardedIndex:
         if fusion == "rrf":
             fused = _fusion.rrf([vec_leg, text_leg], k=rrf_k)
         elif fusion == "linear":
-            w = _fusion.check_vector_weight(vector_weight)
-            fused = _fusion.linear([vec_leg, text_leg], weights=[w, 1.0 - w])
+            fused = _fusion.linear(vec_leg, text_leg, vector_weight=vector_weight)
         else:
             raise InvalidArgumentError(f"fusion must be 'rrf' or 'linear', got {fusion!r}")
         return fused[:k]

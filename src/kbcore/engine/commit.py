@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -210,7 +210,8 @@ def delete(cell: StateCell, keys: list[tuple[str, str]], on_checkpoint: OnCheckp
     """Deletes the documents of the (pipeline, document id) keys (and a pipeline); returns the
     number of chunks removed. Compacts afterwards when due."""
     state = cell.state
-    refs = [state.doc(k) for k in keys]
+    # The callers pass stored keys (KnowledgeBase resolves them with keys_of first).
+    refs = [cast("tuple[Segment, int]", state.doc(k)) for k in keys]
     ids = np.concatenate([s.doc_chunk_ids(r) for s, r in refs]) if refs else np.empty(0, np.int64)
     m = policy.next_generation(state.manifest)
     policy.mark_deleted(m, refs)

@@ -19,14 +19,14 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
 from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf
-from ..index import Index
+from ..index import Group, Index
 from .scores import score_from_distance
 from .state import KbState, StateCell
 from .types import FUSIONS, GROUP_FIELD, SEARCH_TYPES, Hit, SearchOptions, check_choice
@@ -109,8 +109,8 @@ def vector_candidates(index: Index, q: np.ndarray, top_k: int, where: Any, dedup
     """The nearest chunks (or, deduplicating, the best chunk of each nearest document group,
     natively) as candidates. One native call; the benchmark replaces it to time the rest."""
     if deduplicate:
-        groups = index.search_groups(q, top_k, group_by=GROUP_FIELD, group_size=1, where=where,
-                                     ef=ef, threads=1)
+        groups = cast("list[Group]", index.search_groups(q, top_k, group_by=GROUP_FIELD, group_size=1,
+                                                         where=where, ef=ef, threads=1))  # q is 1-D
         return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
     ids, dist = index.search(q, top_k, where=where, ef=ef, threads=1)
     return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]

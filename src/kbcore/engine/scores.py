@@ -10,9 +10,15 @@ Full-text and hybrid scores are not distances; see :mod:`kbcore.engine.retrieval
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 
 
+@overload
+def score_from_distance(distance: float, metric: str) -> float: ...
+@overload
+def score_from_distance(distance: np.ndarray, metric: str) -> np.ndarray: ...
 def score_from_distance(distance: np.ndarray | float, metric: str) -> np.ndarray | float:
     """The score of a distance: a float for a Python float (no numpy on the per-hit path), an
     array of float64 for an array. The two branches are the same formula (tested)."""

@@ -56,7 +56,7 @@ class KbState:
         cfg = manifest["config"]
         defaults = tuple(cfg.get(k, v) for k, v in SEARCH_DEFAULTS.items())
         return cls(name, path, manifest, segments, docs, index, stale_text,
-                   [s.min_id for s in segments], defaults,  # type: ignore[arg-type]
+                   [s.min_id for s in segments], defaults,
                    {s.name: s for s in segments})
 
     # -- reading --------------------------------------------------------------------------
