@@ -8,6 +8,7 @@ computes no value, so it cannot make the two disagree (at worst a message is les
 
 from __future__ import annotations
 
+import math
 import re
 
 from .. import _core
@@ -24,7 +25,7 @@ _SHAPE = re.compile(
 _DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-def _parse_iso(text: str) -> float:
+def parse_iso(text: str) -> float:
     """The instant of an ISO-8601 string as epoch seconds (native); ValueError with a reason."""
     try:
         t = _core.parse_iso8601(text)
@@ -73,15 +74,18 @@ def iso8601_to_epoch(text: str) -> float:
     """
     if not isinstance(text, str):
         raise InvalidArgumentError(
-            f"expected an ISO-8601 date or date-time string, got {_type_name(text)}"
+            f"expected an ISO-8601 date or date-time string, got {type_name(text)}"
         )
     try:
-        return _parse_iso(text)
+        return parse_iso(text)
     except ValueError as exc:
         raise InvalidArgumentError(f"invalid ISO-8601 date-time {text!r}: {exc}") from None
 
 
-def _type_name(v: object) -> str:
-    from .where import _type_name as name
-
-    return name(v)
+def type_name(v: object) -> str:
+    """The type of a rejected operand as messages name it ("None", "NaN", else the class name)."""
+    if v is None:
+        return "None"
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    return type(v).__name__

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..metadata import _INT64_MAX, _INT64_MIN
-from .iso import _parse_iso
+from .iso import parse_iso, type_name
 
 #: A compiled filter node (see the module docstring).
 Node = tuple
@@ -46,19 +46,11 @@ def _format_path(root: str, segments_innermost_first: list[object]) -> str:
     return "".join(parts)
 
 
-def _type_name(v: object) -> str:
-    if v is None:
-        return "None"
-    if isinstance(v, float) and math.isnan(v):
-        return "NaN"
-    return type(v).__name__
-
-
 # ----------------------------------------------------------------------------------------------
 # operand normalisation
 
 
-def _coerce_numpy(v: Any) -> Any:
+def coerce_numpy(v: Any) -> Any:
     """numpy scalars become the matching Python scalar; anything else is returned unchanged."""
     mod = type(v).__module__
     if mod == "numpy":
@@ -90,14 +82,14 @@ def _number(v: Any, op: str) -> int | float:
             raise _FilterError(f"{op} expects a number, got NaN")
         return v
     if t is not bool:
-        c = _coerce_numpy(v)
+        c = coerce_numpy(v)
         if c is not v and type(c) is not bool:
             return _number(c, op)
         if isinstance(v, int) and not isinstance(v, bool):  # an int subclass (IntEnum ...)
             return _check_int(int(v), op)
         if isinstance(v, float):
             return _number(float(v), op)
-    raise _FilterError(f"{op} expects a number, got {_type_name(v)}")
+    raise _FilterError(f"{op} expects a number, got {type_name(v)}")
 
 
 def _scalar(v: Any, op: str) -> str | int | float | bool:
@@ -110,14 +102,14 @@ def _scalar(v: Any, op: str) -> str | int | float | bool:
         if math.isnan(v):
             raise _FilterError(f"{op} expects a str, int, float or bool, got NaN")
         return v
-    c = _coerce_numpy(v)
+    c = coerce_numpy(v)
     if c is not v:
         return _scalar(c, op)
     if isinstance(v, str):
         return str(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return _number(v, op)
-    raise _FilterError(f"{op} expects a str, int, float or bool, got {_type_name(v)}")
+    raise _FilterError(f"{op} expects a str, int, float or bool, got {type_name(v)}")
 
 
 def _string(v: Any, op: str) -> str:
@@ -125,21 +117,21 @@ def _string(v: Any, op: str) -> str:
         return v
     if isinstance(v, str):
         return str(v)
-    raise _FilterError(f"{op} expects a str, got {_type_name(v)}")
+    raise _FilterError(f"{op} expects a str, got {type_name(v)}")
 
 
 def _boolean(v: Any, op: str) -> bool:
     if type(v) is bool:
         return v
-    c = _coerce_numpy(v)
+    c = coerce_numpy(v)
     if type(c) is bool:
         return c
-    raise _FilterError(f"{op} expects a bool (true or false), got {_type_name(v)}")
+    raise _FilterError(f"{op} expects a bool (true or false), got {type_name(v)}")
 
 
 def _item_kind(item: Any) -> str | None:
     """"str", "bool" or "number" for a valid $in item (numpy scalars included), else None."""
-    item = _coerce_numpy(item)
+    item = coerce_numpy(item)
     if isinstance(item, str):
         return "str"
     if isinstance(item, bool):
@@ -151,13 +143,13 @@ def _item_kind(item: Any) -> str | None:
 
 def _items(v: Any, op: str) -> tuple:
     if not isinstance(v, (list, tuple)):
-        raise _FilterError(f"{op} expects a non-empty list, got {_type_name(v)}")
+        raise _FilterError(f"{op} expects a non-empty list, got {type_name(v)}")
     if not v:
         raise _FilterError(f"{op} expects a non-empty list, got an empty list")
     kind = _item_kind(v[0])
     if kind is None:
         raise _FilterError(f"{op} expects items that are str, int, float or bool; "
-                           f"item 0 is {_type_name(v[0])}")
+                           f"item 0 is {type_name(v[0])}")
     out: list = []
     seen: set = set()
     for i, item in enumerate(v):
@@ -165,9 +157,9 @@ def _items(v: Any, op: str) -> tuple:
             first = {"str": "a str", "bool": "a bool", "number": "a number"}[kind]
             raise _FilterError(
                 f"{op} expects items that are all str, all bool or all numbers; item 0 is "
-                f"{first} but item {i} is {_type_name(item)}"
+                f"{first} but item {i} is {type_name(item)}"
             )
-        item = _coerce_numpy(item)
+        item = coerce_numpy(item)
         if kind == "str":
             item = str(item)
         elif kind == "bool":
@@ -189,10 +181,10 @@ def _items(v: Any, op: str) -> tuple:
 def _instant(v: Any, op: str) -> float:
     if not isinstance(v, str):
         raise _FilterError(
-            f"{op} expects an ISO-8601 date or date-time string, got {_type_name(v)}"
+            f"{op} expects an ISO-8601 date or date-time string, got {type_name(v)}"
         )
     try:
-        return _parse_iso(str(v))
+        return parse_iso(str(v))
     except ValueError as exc:
         raise _FilterError(f"{op}: invalid ISO-8601 date-time {v!r}: {exc}") from None
 
@@ -229,7 +221,7 @@ def _compile_op(field: str, op: Any, operand: Any) -> Node:
             f"unknown operator {json.dumps(op, ensure_ascii=False)}{hint}; expected one of "
             f"{_OPS_TEXT}"
         )
-    raise _FilterError(f"operator names must be str, got {_type_name(op)}")
+    raise _FilterError(f"operator names must be str, got {type_name(op)}")
 
 
 def _sorted_keys(d: Mapping, what: str) -> list:
@@ -237,7 +229,7 @@ def _sorted_keys(d: Mapping, what: str) -> list:
     if len(keys) > 1:
         for k in keys:
             if type(k) is not str:
-                err = _FilterError(f"{what} names must be str, got {_type_name(k)}")
+                err = _FilterError(f"{what} names must be str, got {type_name(k)}")
                 err.segments.append(k)
                 raise err
         keys.sort()
@@ -263,14 +255,14 @@ def _compile_field(field: str, spec: Any, out: list) -> None:
     except _FilterError:
         raise _FilterError(
             f"expected a str, int, float or bool (shorthand for $eq) or a dict of operators, "
-            f"got {_type_name(spec)}"
+            f"got {type_name(spec)}"
         ) from None
 
 
 def _compile_logical(key: str, children: Any, out: list) -> None:
     if not isinstance(children, (list, tuple)):
         raise _FilterError(f"{key} expects a non-empty list of filter dicts, got "
-                           f"{_type_name(children)}")
+                           f"{type_name(children)}")
     if not children:
         raise _FilterError(f"{key} expects a non-empty list of filter dicts, got an empty list")
     if key == "$and":
@@ -305,13 +297,13 @@ def _compile_logical(key: str, children: Any, out: list) -> None:
 def _compile_dict(where: Any, out: list) -> None:
     """Appends the conjuncts of one where dict to ``out``."""
     if not isinstance(where, Mapping):
-        raise _FilterError(f"expected a filter dict, got {_type_name(where)}")
+        raise _FilterError(f"expected a filter dict, got {type_name(where)}")
     if not where:
         raise _FilterError("an empty filter {} is not allowed (use where=None for no filter)")
     for key in _sorted_keys(where, "field"):
         try:
             if type(key) is not str:
-                raise _FilterError(f"field names must be str, got {_type_name(key)}")
+                raise _FilterError(f"field names must be str, got {type_name(key)}")
             if key[:1] == "$":
                 if key == "$and" or key == "$or":
                     _compile_logical(key, where[key], out)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .._filter.iso import _parse_iso
-from .._filter.where import _coerce_numpy, _type_name
+from .._filter.iso import parse_iso, type_name
+from .._filter.where import coerce_numpy
 from ..errors import InvalidArgumentError
 
 __all__ = ["dify_condition_to_where"]
@@ -176,7 +176,7 @@ def _number(value: Any, op: str) -> int | float:
             return n
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise InvalidArgumentError(f'"{op}" compares numbers, but {shown!r} is not a number')
-    raise InvalidArgumentError(f'"{op}" compares numbers, got {_type_name(value)}')
+    raise InvalidArgumentError(f'"{op}" compares numbers, got {type_name(value)}')
 
 
 def _number_text(n: float) -> list[str]:
@@ -195,7 +195,7 @@ def _text(value: Any, op: str) -> str:
         return str(value)
     if _is_number(value):
         return _number_text(_finite(value, op))[0]
-    raise InvalidArgumentError(f'"{op}" needs a string value, got {_type_name(value)}')
+    raise InvalidArgumentError(f'"{op}" needs a string value, got {type_name(value)}')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def _instant(value: Any, op: str) -> tuple[str, int | float]:
         if n is None:
             text = value.strip()
             try:
-                return text, _parse_iso(text)
+                return text, parse_iso(text)
             except ValueError as exc:
                 shown = text if len(text) <= 40 else text[:40] + "..."
                 raise InvalidArgumentError(
@@ -234,7 +234,7 @@ def _instant(value: Any, op: str) -> tuple[str, int | float]:
         value = _finite(value, op)
         return _iso_of(float(value), op), value
     raise InvalidArgumentError(
-        f'"{op}" needs an ISO-8601 date/date-time string or Unix seconds, got {_type_name(value)}'
+        f'"{op}" needs an ISO-8601 date/date-time string or Unix seconds, got {type_name(value)}'
     )
 
 
@@ -284,7 +284,7 @@ def _is(field: str, value: Any) -> dict:
             parts.append({"$and": [{field: {"$after": lo}}, {field: {"$before": hi}}]})
         return {"$or": parts}
     raise InvalidArgumentError(
-        f'"is" needs a string, number or boolean value, got {_type_name(value)}'
+        f'"is" needs a string, number or boolean value, got {type_name(value)}'
     )
 
 
@@ -309,7 +309,7 @@ def _is_not(field: str, value: Any) -> dict:
             parts += [{field: {"$before": lo}}, {field: {"$after": hi}}]
         return {"$or": parts}
     raise InvalidArgumentError(
-        f'"is not" needs a string, number or boolean value, got {_type_name(value)}'
+        f'"is not" needs a string, number or boolean value, got {type_name(value)}'
     )
 
 
@@ -322,7 +322,7 @@ def _items(value: Any, op: str) -> list[str]:
     if isinstance(value, (list, tuple)):
         out: list[str] = []
         for i, v in enumerate(value):
-            v = _coerce_numpy(v)
+            v = coerce_numpy(v)
             if v is None:
                 continue
             if isinstance(v, bool):
@@ -331,13 +331,13 @@ def _items(value: Any, op: str) -> list[str]:
                 out.append(_check_text(_text(v, op), f"item {i}"))
             else:
                 raise InvalidArgumentError(
-                    f'"{op}" needs strings or numbers, got an item of type {_type_name(v)}'
+                    f'"{op}" needs strings or numbers, got an item of type {type_name(v)}'
                 )
         return out
     if _is_number(value):
         return [_text(value, op)]
     raise InvalidArgumentError(
-        f'"{op}" needs a list or a comma-separated string, got {_type_name(value)}'
+        f'"{op}" needs a list or a comma-separated string, got {type_name(value)}'
     )
 
 
@@ -396,7 +396,7 @@ def _names(cond: Mapping[str, Any], path: str) -> list[str]:
     if isinstance(names, str):
         names = [names]
     if not isinstance(names, (list, tuple)) or not names:
-        got = "an empty list" if isinstance(names, (list, tuple)) else _type_name(names)
+        got = "an empty list" if isinstance(names, (list, tuple)) else type_name(names)
         raise InvalidArgumentError(
             f'{path}["name"]: expected a field name or a non-empty list of field names, '
             f"got {got}"
@@ -409,7 +409,7 @@ def _names(cond: Mapping[str, Any], path: str) -> list[str]:
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(
                 f'{path}["name"]: field names must be non-empty strings, got '
-                f"{_type_name(name) if not isinstance(name, str) else 'an empty string'}"
+                f"{type_name(name) if not isinstance(name, str) else 'an empty string'}"
                 + (f" at position {j}" if len(names) > 1 else "")
             )
         _check_text(name, f'{path}["name"]')
@@ -424,7 +424,7 @@ def _operator(cond: Mapping[str, Any], path: str) -> str:
     raw = cond.get("comparison_operator")
     if not isinstance(raw, str):
         raise InvalidArgumentError(
-            f'{path}["comparison_operator"]: expected a string, got {_type_name(raw)}'
+            f'{path}["comparison_operator"]: expected a string, got {type_name(raw)}'
         )
     op = _DIFY_OPS.get(" ".join(raw.split()).lower())
     if op is None:
@@ -440,10 +440,10 @@ def _operator(cond: Mapping[str, Any], path: str) -> str:
 def _condition(cond: Any, path: str) -> dict | None:
     """The where of one condition, or None when Dify would skip it (a null value)."""
     if not isinstance(cond, Mapping):
-        raise InvalidArgumentError(f"{path}: expected an object, got {_type_name(cond)}")
+        raise InvalidArgumentError(f"{path}: expected an object, got {type_name(cond)}")
     names = _names(cond, path)
     op = _operator(cond, path)
-    value = _coerce_numpy(cond.get("value"))
+    value = coerce_numpy(cond.get("value"))
     if value is None and op not in _NO_VALUE:
         return None  # Dify skips a condition whose value the user left empty
     try:
@@ -506,14 +506,14 @@ def dify_condition_to_where(metadata_condition: Mapping[str, Any] | None) -> dic
     root = "metadata_condition"
     if not isinstance(metadata_condition, Mapping):
         raise InvalidArgumentError(
-            f"{root}: expected an object, got {_type_name(metadata_condition)}"
+            f"{root}: expected an object, got {type_name(metadata_condition)}"
         )
     conditions = metadata_condition.get("conditions")
     if conditions is None:
         return None
     if not isinstance(conditions, (list, tuple)):
         raise InvalidArgumentError(
-            f'{root}["conditions"]: expected a list of conditions, got {_type_name(conditions)}'
+            f'{root}["conditions"]: expected a list of conditions, got {type_name(conditions)}'
         )
     if not conditions:
         return None

@@ -1,0 +1,261 @@
+"""The import rules of docs/architecture.md, checked on the source's AST.
+
+ruff (pyproject.toml) already bans the native module outside its owners (TID251) and the
+optional extras' packages at module level (TID253). What a global ban list cannot say is
+checked here: which module of ``kbcore`` may import which (the tables in
+docs/architecture.md), that ``engine.types`` / ``engine.scores`` import nothing else of
+``engine``, that ``engine.retrieval`` uses the public ``Index`` API only, and that the
+integrations (``kbcore.dify``, ``kbcore.cli``, ``kbcore.server``, ``integrations/``) import no
+``_``-prefixed name.
+
+Imports under ``if TYPE_CHECKING:`` are annotations only (never executed) and are not counted;
+imports inside a function are counted for the layering (they run), but not as module-level
+imports of the optional extras.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The optional extras' packages: the core never imports them at module level.
+HEAVY = frozenset({"starlette", "uvicorn", "ray", "langbot_plugin", "httpx", "torch"})
+
+# Every module may raise the package's errors.
+ALWAYS = frozenset({"kbcore.errors"})
+
+_CORE_LEAVES = {
+    "kbcore.errors": set(),
+    "kbcore.metadata": set(),
+    "kbcore._filter": set(),
+    "kbcore._filter.iso": {"kbcore._core"},
+    "kbcore._filter.where": {"kbcore.metadata", "kbcore._filter.iso"},
+    "kbcore._filter.cache": {"kbcore._core", "kbcore._filter.where"},
+    # filters.py re-exports the Dify translator "for now" (docs/architecture.md).
+    "kbcore.filters": {"kbcore._filter", "kbcore.dify.condition"},
+    "kbcore.index": {"kbcore._core", "kbcore.filters", "kbcore.metadata"},
+    "kbcore.storage": set(),
+    "kbcore.chunking": set(),
+    "kbcore.parsing": set(),
+    "kbcore.fusion": set(),
+    # The embedders module is the one front door to its two optional backends.
+    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai"},
+    "kbcore.embedders_minilm": set(),
+    "kbcore.embedders_openai": set(),
+}
+# Everything outside engine/ that engine/ may build on ("engine/: all of the above").
+_CORE_ALL = set(_CORE_LEAVES) - {"kbcore._core"}
+
+_E = "kbcore.engine."
+_ENGINE = {
+    _E + "types": {"kbcore.chunking"},
+    _E + "scores": set(),
+    _E + "locks": set(),
+    _E + "segments": {"kbcore.storage", _E + "types"},
+    _E + "manifest": {_E + "types"},
+    _E + "state": {"kbcore.storage", "kbcore.index", _E + "segments", _E + "manifest", _E + "locks", _E + "types"},
+    _E + "ingest": {"kbcore.parsing", "kbcore.chunking", "kbcore.embedders", _E + "segments", _E + "types"},
+    _E + "commit": {"kbcore.storage", "kbcore.index", _E + "manifest", _E + "segments", _E + "state", _E + "ingest"},
+    _E + "retrieval": {"kbcore.index", "kbcore.filters", "kbcore.fusion", _E + "scores", _E + "state", _E + "types"},
+    _E + "graph_builder": {"kbcore.index"},
+    _E + "embedding": {"kbcore.embedders"},
+}
+_ENGINE[_E + "knowledge_base"] = _CORE_ALL | set(_ENGINE)
+_ENGINE[_E + "directory"] = _CORE_ALL | {_E + "knowledge_base", _E + "commit", _E + "manifest", _E + "types"}
+_ENGINE["kbcore.engine"] = _CORE_ALL | set(_ENGINE)
+
+ALLOWED: dict[str, set[str]] = {**_CORE_LEAVES, **_ENGINE}
+
+# What directory.py may take from the modules it reaches past knowledge_base's public API.
+NAMES_ONLY = {
+    (_E + "directory", _E + "commit"): {"write_new"},
+    (_E + "directory", _E + "manifest"): {"initial"},
+}
+
+# The core: no optional extra at module level.
+CORE = set(ALLOWED) | {"kbcore"}
+
+# Modules that use public names only (no `_`-prefixed module or name of kbcore). kbcore.dify
+# is in-package: it shares the filter compiler's helpers, which kbcore._filter exports
+# without an underscore for it (the package itself is private to kbcore).
+INTEGRATION_PREFIXES = ("kbcore.dify", "kbcore.cli", "kbcore.server", "kbcore.__main__", "integrations.")
+IN_PACKAGE_PRIVATE_OK = {"kbcore.dify.condition": {"kbcore._filter.iso", "kbcore._filter.where"}}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the imported module (resolved; a name that is a submodule counts as the submodule)
+    names: tuple[str, ...]  # the names taken by `from target import ...` (empty for `import target`)
+    module_level: bool
+    line: int
+
+
+def _module_name(path: Path, base: Path, prefix: str) -> tuple[str, list[str]]:
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    is_pkg = parts[-1] == "__init__"
+    if is_pkg:
+        parts = parts[:-1]
+    name = ".".join([prefix, *parts] if prefix else parts)
+    package = name.split(".") if is_pkg else name.split(".")[:-1]
+    return name, package
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(node: ast.AST, module_level: bool) -> Iterator[tuple[ast.AST, bool]]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for stmt in child.orelse:  # the else branch runs
+                yield stmt, module_level
+                yield from _walk(stmt, module_level)
+            continue
+        inner = module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield child, inner
+        yield from _walk(child, inner)
+
+
+def _imports(path: Path, name: str, package: list[str], src: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node, module_level in _walk(tree, True):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(name, alias.name, (), module_level, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            plain: list[str] = []
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                sub_path = src.joinpath(*sub.split("."))
+                if sub == "kbcore._core" or sub_path.with_suffix(".py").exists() or (sub_path / "__init__.py").exists():
+                    yield Import(name, sub, (), module_level, node.lineno)
+                else:
+                    plain.append(alias.name)
+            if plain:
+                yield Import(name, target, tuple(plain), module_level, node.lineno)
+
+
+def collect(root: Path) -> list[Import]:
+    """Every import of the package (``root/src/kbcore``) and of ``root/integrations``."""
+    src = root / "src"
+    out: list[Import] = []
+    for path in sorted((src / "kbcore").rglob("*.py")):
+        name, package = _module_name(path, src, "")
+        out.extend(_imports(path, name, package, src))
+    integrations = root / "integrations"
+    for path in sorted(integrations.rglob("*.py")) if integrations.exists() else ():
+        name, package = _module_name(path, integrations, "integrations")
+        out.extend(_imports(path, name, package, src))
+    return out
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _covered(target: str, allowed: set[str]) -> bool:
+    return any(target == a or target.startswith(a + ".") for a in allowed)
+
+
+def violations(root: Path) -> list[str]:
+    """The broken rules, one line each (``path-ish module:line: what``)."""
+    found: list[str] = []
+    for imp in collect(root):
+        where = f"{imp.module}:{imp.line}"
+        top = imp.target.split(".")[0]
+        if imp.module in CORE and imp.module_level and top in HEAVY:
+            found.append(f"{where}: the core imports {imp.target} at module level (import it where it is used)")
+        if not imp.target.startswith("kbcore"):
+            continue
+        target = imp.target if imp.target != "kbcore" or not imp.names else "kbcore"
+        if imp.module in ALLOWED and target != imp.module and not target.startswith(imp.module + "."):
+            allowed = ALLOWED[imp.module] | ALWAYS
+            if not _covered(target, allowed):
+                found.append(f"{where}: {imp.module} may not import {target} (docs/architecture.md)")
+            only = NAMES_ONLY.get((imp.module, target))
+            if only is not None and not set(imp.names) <= only:
+                found.append(f"{where}: {imp.module} takes only {sorted(only)} from {target}, not {list(imp.names)}")
+        if imp.module == _E + "retrieval" and any(n.startswith("_") for n in imp.names):
+            found.append(f"{where}: engine.retrieval uses the public API only, not {list(imp.names)} of {target}")
+        if imp.module.startswith(INTEGRATION_PREFIXES):
+            private_parts = [p for p in target.split(".") if p.startswith("_") and not p.startswith("__")]
+            if private_parts and not _covered(target, IN_PACKAGE_PRIVATE_OK.get(imp.module, set())):
+                found.append(f"{where}: {imp.module} imports the private module {target}")
+            private_names = [n for n in imp.names if n.startswith("_") and not _is_dunder(n)]
+            if private_names:
+                found.append(f"{where}: {imp.module} imports private names {private_names} from {target}")
+    return found
+
+
+def _copy_tree(dest: Path) -> None:
+    """The sources that ``violations`` reads (src/, integrations/), without caches or binaries."""
+    skip = shutil.ignore_patterns("__pycache__", ".mypy_cache", "*.so")
+    for part in ("src", "integrations"):
+        shutil.copytree(ROOT / part, dest / part, ignore=skip)
+
+
+def test_every_module_of_the_rules_exists():
+    src = ROOT / "src"
+    for name in ALLOWED:
+        if name == "kbcore._core":
+            continue
+        path = src.joinpath(*name.split("."))
+        assert path.with_suffix(".py").exists() or (path / "__init__.py").exists(), name
+
+
+def test_the_source_follows_the_import_rules():
+    assert violations(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "expected"),
+    [
+        ("src/kbcore/engine/retrieval.py", "from .. import _core", "may not import kbcore._core"),
+        ("src/kbcore/engine/retrieval.py", "from ..index import _as_vectors", "public API only"),
+        ("src/kbcore/engine/types.py", "from .state import KbState", "may not import kbcore.engine.state"),
+        ("src/kbcore/engine/scores.py", "from . import types", "may not import kbcore.engine.types"),
+        ("src/kbcore/index.py", "import starlette", "imports starlette at module level"),
+        ("src/kbcore/engine/state.py", "from ray import get", "imports ray at module level"),
+        ("src/kbcore/cli.py", "from .index import _positive", "private names ['_positive']"),
+        ("src/kbcore/dify/server.py", "from .. import _core", "private module kbcore._core"),
+        (
+            "integrations/langbot/components/knowledge_engine/kbcore_engine.py",
+            "from kbcore.engine.segments import _arrow_column",
+            "private names",
+        ),
+        ("src/kbcore/engine/directory.py", "from .commit import ingest", "takes only ['write_new']"),
+    ],
+)
+def test_a_planted_violation_is_caught(tmp_path, file, line, expected):
+    _copy_tree(tmp_path)
+    target = tmp_path / file
+    target.write_text(target.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
+    found = violations(tmp_path)
+    assert any(expected in v for v in found), found
+
+
+def test_imports_for_annotations_and_inside_functions_are_not_module_level(tmp_path):
+    _copy_tree(tmp_path)
+    target = tmp_path / "src/kbcore/index.py"
+    target.write_text(
+        target.read_text(encoding="utf-8")
+        + "\nif TYPE_CHECKING:\n    import ray\n\ndef _late():\n    import starlette\n",
+        encoding="utf-8",
+    )
+    assert violations(tmp_path) == []
