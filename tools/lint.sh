@@ -19,6 +19,8 @@ echo "== mypy (src/kbcore; the native module through src/kbcore/_core.pyi)"
 echo "== stubtest (src/kbcore/_core.pyi against the built extension)"
 # Run outside src/ so that the installed package (with the compiled _core) is the one imported.
 (cd tools && python -m mypy.stubtest kbcore._core --allowlist stubtest-allowlist.txt)
+# stubtest cannot see pybind11 parameter lists; this compares them with the docstring signatures.
+python tools/check_core_stub.py
 
 if [ -f .clang-format ]; then
   echo "== clang-format --dry-run -Werror"
