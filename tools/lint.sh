@@ -23,10 +23,11 @@ echo "== stubtest (src/kbcore/_core.pyi against the built extension)"
 python tools/check_core_stub.py
 
 if [ -f .clang-format ]; then
-  echo "== clang-format --dry-run -Werror"
-  command -v clang-format >/dev/null || { echo "clang-format not found (apt-get install clang-format)" >&2; exit 1; }
+  echo "== clang-format --dry-run -Werror (cpp/, python/)"
+  CLANG_FORMAT="${CLANG_FORMAT:-$(command -v clang-format-14 || command -v clang-format || true)}"
+  [ -n "$CLANG_FORMAT" ] || { echo "clang-format not found (apt-get install clang-format)" >&2; exit 1; }
   find cpp python \( -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cc' \) -print0 \
-    | xargs -0 -r clang-format --dry-run -Werror
+    | xargs -0 -r "$CLANG_FORMAT" --dry-run -Werror
 else
   echo "== clang-format: no .clang-format in the tree, skipped"
 fi
