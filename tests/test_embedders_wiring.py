@@ -40,8 +40,12 @@ def fake(monkeypatch: pytest.MonkeyPatch):
 
 
 def manifest_text(path: str) -> str:
-    return "".join(open(os.path.join(path, f), encoding="utf-8", errors="replace").read()
-                   for f in os.listdir(path) if f.endswith(".json"))
+    texts = []
+    for f in os.listdir(path):
+        if f.endswith(".json"):
+            with open(os.path.join(path, f), encoding="utf-8", errors="replace") as fh:
+                texts.append(fh.read())
+    return "".join(texts)
 
 
 def test_an_openai_knowledge_base_is_reopened_without_passing_the_embedder(tmp_path, fake):

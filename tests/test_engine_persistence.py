@@ -133,6 +133,8 @@ def test_kill_9_during_ingest_leaves_the_last_good_state(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         reader.join()
+        proc.stdout.close()
+        proc.stderr.close()
         last = acked[-1]
         kb = Engine(path).get_knowledge_base("kb")  # opens: no lock left behind, files consistent
         state = _check_consistent(kb)

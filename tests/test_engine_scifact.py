@@ -48,7 +48,7 @@ def scifact():
         "docs": pa.table({"document_id": doc_ids, "text": doc_ids}),
         "C": np.load(SCIFACT / "chunk_embeddings.npy"), "D": np.load(SCIFACT / "doc_embeddings.npy"),
         "Q": np.load(SCIFACT / "query_embeddings.npy"), "queries": queries, "qrels": qrels,
-        "baseline": json.load(open(SCIFACT / "baseline.json"))["metrics"],
+        "baseline": json.loads((SCIFACT / "baseline.json").read_text(encoding="utf-8"))["metrics"],
     }
 
 
