@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -492,13 +493,15 @@ class KnowledgeBase:
 
     # -- loading -----------------------------------------------------------------------------
     def _load(self) -> None:
+        # The reader lock keeps a writer in another process from deleting the files of the
+        # manifest read here until the load is done (storage.reading).
+        with storage.reading(self.path):
+            self._load_locked()
+
+    def _load_locked(self) -> None:
         m = storage.load_manifest(self.path)
         cfg = m["config"]
-        segments = []
-        for entry in m["segments"]:
-            chunks = storage.read_arrow(self.path, entry["files"]["chunks"])
-            docs = storage.read_arrow(self.path, entry["files"]["docs"])
-            segments.append(_Segment(entry, chunks, docs))
+        segments = [_Segment(e, c, d) for e, c, d in storage.read_segments(self.path, m)]
         index = None
         if m.get("index"):
             storage.check_entry(self.path, m["index"])
@@ -569,7 +572,7 @@ class KnowledgeBase:
                     5, f"knowledge base {self.path!r} is inconsistent: segment {seg.name} has "
                     "chunks missing from the index and no vector file",
                 )
-            vectors = storage.read_npy(self.path, ventry)
+            vectors = storage.read_npy(self.path, ventry, rows=seg.rows, dim=index.dim)
             rows = np.flatnonzero(sel)
             meta = seg.chunks.take(rows).drop_columns(list(_INTERNAL_COLUMNS))
             index.add(vectors[rows], seg.ids[rows], metadata=meta,
@@ -594,8 +597,9 @@ class KnowledgeBase:
         return fresh
 
     def refresh(self) -> None:
-        """Reloads the knowledge base if another process changed it since."""
-        with self._wmutex, self._flock.hold():
+        """Reloads the knowledge base if another process changed it since. Never waits for a
+        commit in progress: it sees the last committed state."""
+        with self._wmutex:
             self._sync()
         self._start_graph_builder()
 
@@ -1151,7 +1155,11 @@ class KnowledgeBase:
         stored = sum(s.rows for s in self._segments)
         live = len(self)
         if len(self._segments) > _MAX_SEGMENTS or (stored > 256 and stored - live > stored // 2):
-            self.compact()
+            try:
+                self.compact()
+            except OSError as exc:  # the mutation before it is committed: do not report it failed
+                warnings.warn(f"knowledge base {self.name!r}: compaction failed ({exc}); "
+                              "it is retried after the next change", RuntimeWarning, stacklevel=3)
 
     def compact(self) -> None:
         """Rewrites the live chunks into one segment and checkpoints the index, so deleted
