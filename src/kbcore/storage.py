@@ -249,7 +249,8 @@ def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> A
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
         table.validate(full=True)
-    except (pa.ArrowException, ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
+    except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, OverflowError,
+            MemoryError) as exc:  # pyarrow reports a bad footer or message as a plain OSError
         raise FormatError(errno.EIO, f"knowledge base file {path!r} is not valid Arrow: {exc}") from None
     return table
 
@@ -268,7 +269,8 @@ def write_npy(dirpath: str, name: str, arr: np.ndarray) -> dict[str, Any]:
 def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None,
              dim: int | None = None) -> np.ndarray:
     """Reads a .npy file written by :func:`write_npy` after checking size and CRC-32; with
-    ``rows`` / ``dim``, also that it is a float32 matrix of that shape (else FormatError)."""
+    ``rows`` / ``dim``, also that it is a finite float32 matrix of that shape. Raises
+    FormatError."""
     import io
 
     path = os.path.join(dirpath, entry["path"])
@@ -276,16 +278,19 @@ def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None,
     check_entry(dirpath, entry, data)
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, TypeError, OverflowError, MemoryError, EOFError) as exc:
-        raise FormatError(errno.EIO, f"knowledge base file {path!r} is not a valid .npy: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - numpy's header parser raises SyntaxError, TokenError, ...
+        raise FormatError(errno.EIO, f"knowledge base file {path!r} is not a valid .npy: "
+                          f"{type(exc).__name__}: {exc}") from None
     if rows is not None or dim is not None:
         want = (rows if rows is not None else arr.shape[0] if arr.ndim == 2 else -1,
                 dim if dim is not None else arr.shape[1] if arr.ndim == 2 else -1)
-        if arr.dtype != np.float32 or arr.shape != want:
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.shape != want:
             raise FormatError(
-                errno.EIO, f"knowledge base file {path!r} holds {arr.dtype} {arr.shape}, "
-                f"expected float32 {want}",
+                errno.EIO, f"knowledge base file {path!r} holds {getattr(arr, 'dtype', '?')} "
+                f"{getattr(arr, 'shape', '?')}, expected float32 {want}",
             )
+        if not np.isfinite(arr).all():
+            raise FormatError(errno.EIO, f"knowledge base file {path!r} holds NaN or infinite values")
     return arr
 
 
@@ -614,7 +619,7 @@ _CHUNK_COLUMNS = {
 _DOC_COLUMNS = {
     "document_id": (_is_text, False), "pipeline_name": (_is_text, False),
     "n_chunks": (_is_int64, False), "text": (_is_text, True), "filename": (_is_text, True),
-    "format": (_is_text, True), "metadata": (_is_text, True), "ingested_at": (_is_float, True),
+    "format": (_is_text, True), "metadata": (_is_text, False), "ingested_at": (_is_float, False),
 }
 
 
@@ -666,6 +671,14 @@ def read_segments(dirpath: str, manifest: dict[str, Any]) -> list[tuple[dict[str
         if (counts < 0).any() or int(counts.sum()) != chunks.num_rows:
             raise FormatError(errno.EIO, f"knowledge base file {dpath!r}: the documents' chunk counts "
                               f"do not add up to the segment's {chunks.num_rows} chunks")
+        for j, text in enumerate(docs.column("metadata").to_pylist()):
+            try:
+                ok = isinstance(json.loads(text), dict)
+            except (ValueError, RecursionError):
+                ok = False
+            if not ok:
+                raise FormatError(errno.EIO, f"knowledge base file {dpath!r}: document {j}'s "
+                                  "metadata is not a JSON object")
         ids = _int_column(chunks, "__id")
         if len(ids):
             if ids[0] < 0 or ids[-1] >= next_id or (len(ids) > 1 and not (ids[1:] > ids[:-1]).all()):
