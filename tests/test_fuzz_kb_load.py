@@ -69,16 +69,19 @@ def base_kb(tmp_path_factory) -> str:
     return build_base_kb(str(tmp_path_factory.mktemp("fuzzbase") / "data"))
 
 
-def write_crafted(base_kb: str, work: str, manifest: dict, files: dict[str, bytes] | None = None) -> str:
+def write_crafted(base_kb: str, work: str, manifest: dict, files: dict[str, bytes] | None = None,
+                  *, fix_sizes: bool = True) -> str:
     """Copies the base knowledge base to ``work``, replaces files (name -> bytes) and the
-    manifest, recomputing every CRC-32, size and the manifest checksum."""
+    manifest, recomputing every CRC-32 and size (unless ``fix_sizes`` is False) and the
+    manifest checksum. Returns the crafted knowledge base directory."""
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(os.path.dirname(base_kb), work)
     d = os.path.join(work, "kb")
     for name, data in (files or {}).items():
         with open(os.path.join(d, name), "wb") as f:
             f.write(data)
-    fix_entries(manifest, d)
+    if fix_sizes:
+        fix_entries(manifest, d)
     manifest.pop("checksum", None)
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
