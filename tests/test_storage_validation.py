@@ -207,7 +207,7 @@ def test_text_offsets_past_the_data_raise_format_error_not_a_crash(base_kb, base
         try:
             kb = Engine({os.path.dirname(d)!r}).get_knowledge_base("kb")
             kb.retrieve("sentence words", top_k=50)
-            print("opened", [h.text[:5] for h in kb.retrieve("sentence words", top_k=50)])
+            print("opened", [h.content[:5] for h in kb.retrieve("sentence words", top_k=50)])
         except FormatError as e:
             print("FormatError", e)
     """)
