@@ -298,7 +298,7 @@ def _text_rows(kb) -> int:
 
 
 def test_delete_reingest_and_compaction_keep_both_legs_consistent(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "_CKPT_MIN_ROWS", 8)  # checkpoints on the way, too
+    monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 8)  # checkpoints on the way, too
     engine = Engine(tmp_path)
     kb = engine.create_knowledge_base("kb", index="hnsw", chunk_size=60, chunk_overlap=0)
     for i in range(6):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -246,7 +247,7 @@ def test_knowledge_base_names_and_lookup_errors(engine):
         engine["nope"]
     with pytest.raises(NotFoundError):
         engine.delete_knowledge_base("nope")
-    for bad in ("", "../x", "a/b", ".hidden", "x" * 200):
+    for bad in ("", "../x", "a/b", ".hidden", "x" * 200, "docs2\n", "a\nb"):
         with pytest.raises(InvalidArgumentError, match="not valid"):
             engine.create_knowledge_base(bad)
     with pytest.raises(InvalidArgumentError, match="chunk_overlap"):
@@ -265,6 +266,31 @@ def test_delete_knowledge_base_removes_it(tmp_path, engine):
     with pytest.raises(InvalidArgumentError, match="closed"):
         kb.retrieve("some text")
     assert "gone" not in Engine(engine.path).knowledge_bases()
+
+
+def test_names_with_a_trailing_newline_are_rejected_everywhere(engine):
+    kb = engine.create_knowledge_base("docs")
+    with pytest.raises(InvalidArgumentError, match="not valid"):
+        engine.create_knowledge_base("fresh\n")
+    with pytest.raises(InvalidArgumentError, match="not valid"):
+        kb.create_pipeline("p\n")
+    with pytest.raises(NotFoundError):
+        engine.get_knowledge_base("docs\n")
+    with pytest.raises(NotFoundError):
+        engine.delete_knowledge_base("docs\n")
+    assert engine.knowledge_bases() == ["docs"] and list(kb.pipelines) == ["default"]
+
+
+def test_delete_knowledge_base_stops_its_graph_builder(engine):
+    kb = engine.create_knowledge_base("busy", embedder=False, dim=8)
+    rng = np.random.default_rng(7)
+    n = 20_000  # enough rows that linking them outlasts the ingest call
+    table = pa.table({"document_id": [f"d{i // 4}" for i in range(n)], "text": ["t"] * n})
+    kb.ingest_table(table, vectors=rng.standard_normal((n, 8)).astype(np.float32))
+    builders = [t for t in threading.enumerate() if t.name == "kbcore-graph-busy"]
+    assert builders and kb.pending_graph_rows > 0, "the builder should still be linking"
+    engine.delete_knowledge_base("busy")
+    assert not any(t.is_alive() for t in builders)
 
 
 def test_progress_bar_is_shown_on_request_and_silent_otherwise(kb, capsys):

@@ -58,8 +58,8 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import kbcore.engine as eng
     from test_engine_persistence import _op, _doc_text
-    eng._CKPT_MIN_ROWS = 40        # checkpoint and compact often: more crash windows
-    eng._MAX_SEGMENTS = 6
+    eng.manifest.CKPT_MIN_ROWS = 40        # checkpoint and compact often: more crash windows
+    eng.manifest.MAX_SEGMENTS = 6
     kb = eng.Engine({path!r}).get_knowledge_base("kb")
     j = {start}
     while True:
@@ -156,7 +156,7 @@ def test_reopen_restores_everything(tmp_path):
 
 
 def test_checkpoints_bound_replay_and_drop_vector_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "_CKPT_MIN_ROWS", 20)
+    monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 20)
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
     for i in range(12):
         kb.ingest(text=_doc_text(f"d{i}", 1), document_id=f"d{i}", metadata={"v": 1})
@@ -176,7 +176,7 @@ def _simulate_docs(n):
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_a_failed_commit_changes_nothing(tmp_path, monkeypatch, checkpoint):
     if checkpoint:
-        monkeypatch.setattr(engine_mod, "_CKPT_MIN_ROWS", 1)
+        monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 1)
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
     kb.ingest(text=_doc_text("a", 1), document_id="a", metadata={"v": 1})
     files = sorted(os.listdir(kb.path))
@@ -257,7 +257,7 @@ def test_writes_of_another_engine_are_seen_after_refresh(tmp_path):
 
 
 def test_compaction_reclaims_disk(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "_MAX_SEGMENTS", 1000)
+    monkeypatch.setattr(engine_mod.manifest, "MAX_SEGMENTS", 1000)
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
     kb.ingest_many([Document(text=_doc_text(f"d{i}", 1) * 4, document_id=f"d{i}", metadata={"v": 1})
                     for i in range(60)])

@@ -6,20 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kbcore import Engine, engine as engine_mod
+from kbcore import Engine
 from kbcore.errors import InvalidArgumentError, InvalidTypeError
 
 N_DOCS, DIM = 40, 16
-
-
-@pytest.fixture(params=["native", "fallback"])
-def grouping(request, monkeypatch):
-    """Runs dedup tests through the native search_groups and through the Python fallback."""
-    impl = engine_mod._groups_native if request.param == "native" else engine_mod._groups_fallback
-    if request.param == "native" and not hasattr(engine_mod.Index, "search_groups"):
-        pytest.skip("the native index has no search_groups")
-    monkeypatch.setattr(engine_mod, "_search_groups", impl)
-    return request.param
 
 
 def _corpus(seed: int):
@@ -110,7 +100,7 @@ def test_filters_use_the_native_language(tmp_path):
 
 
 @pytest.mark.parametrize("top_k", [1, 5, 40, 60])
-def test_dedup_returns_documents_ranked_by_their_best_chunk(tmp_path, grouping, top_k):
+def test_dedup_returns_documents_ranked_by_their_best_chunk(tmp_path, top_k):
     kb, t = _kb(tmp_path, "cosine", seed=3)
     rng = np.random.default_rng(11)
     for _ in range(5):
@@ -131,7 +121,7 @@ def test_dedup_returns_documents_ranked_by_their_best_chunk(tmp_path, grouping, 
         assert all(h.part_ids == () for h in plain)
 
 
-def test_dedup_with_filters_and_thresholds(tmp_path, grouping):
+def test_dedup_with_filters_and_thresholds(tmp_path):
     kb, t = _kb(tmp_path, "cosine", seed=4)
     q = np.random.default_rng(2).standard_normal(DIM).astype(np.float32)
     dist = _oracle_dist(t["vecs"], q, "cosine")
@@ -144,7 +134,7 @@ def test_dedup_with_filters_and_thresholds(tmp_path, grouping):
     assert [(h.document_id, _row_of(h)) for h in hits] == expect
 
 
-def test_retrieve_key_and_text(tmp_path, grouping):
+def test_retrieve_key_and_text(tmp_path):
     engine = Engine(tmp_path)
     kb = engine.create_knowledge_base("kb", chunk_size=60, chunk_overlap=0, index="flat")
     text = ("Signing keys rotate every ninety days. " * 4) + "\n\nLunch is at noon in the cafeteria."

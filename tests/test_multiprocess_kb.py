@@ -44,8 +44,8 @@ COMMON = textwrap.dedent(
 WRITER = COMMON + textwrap.dedent(
     """
     import random
-    eng._CKPT_MIN_ROWS = 30   # checkpoint often: superseded index and vector files
-    eng._MAX_SEGMENTS = 4     # compact often: superseded segment files
+    eng.manifest.CKPT_MIN_ROWS = 30   # checkpoint often: superseded index and vector files
+    eng.manifest.MAX_SEGMENTS = 4     # compact often: superseded segment files
     path, seconds, seed = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     rng = random.Random(seed)
     kb = eng.Engine(path).get_knowledge_base("kb")

@@ -37,6 +37,7 @@ class FaultInjector:
         self.fail_at: int | None = None
         self.errno = errno.ENOSPC
         self.failed: str | None = None
+        self.seen: set[str] = set()
         for name in PRIMITIVES:
             real = getattr(os, name)
             monkeypatch.setattr(os, name, self._wrap(name, real))
@@ -52,6 +53,7 @@ class FaultInjector:
         if self.fail_at is None:
             return
         self.calls += 1
+        self.seen.add(name)
         if self.calls == self.fail_at:
             self.failed = name
             if name == "Index.save":
@@ -70,6 +72,7 @@ class FaultInjector:
 
     def arm(self, fail_at: int | None, err: int = errno.ENOSPC) -> None:
         self.calls = 0
+        self.seen = set()
         self.failed = None
         self.fail_at = fail_at
         self.errno = err
@@ -139,7 +142,7 @@ def base_dir(tmp_path_factory) -> str:
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_fault_at_every_primitive_call_of_a_commit_loses_nothing(base_dir, tmp_path, monkeypatch, op):
     if op == "ingest_with_checkpoint":
-        monkeypatch.setattr(engine_mod, "_CKPT_MIN_ROWS", 1)
+        monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 1)
     warnings.simplefilter("ignore", RuntimeWarning)  # a fault after the commit point only warns
     inj = FaultInjector(monkeypatch)
 
@@ -155,7 +158,9 @@ def test_fault_at_every_primitive_call_of_a_commit_loses_nothing(base_dir, tmp_p
     inj.count_only()
     OPS[op](kb)
     total = inj.calls
+    saves_index = "Index.save" in inj.seen
     inj.disarm()
+    assert saves_index == (op in ("ingest_with_checkpoint", "compact", "checkpoint")), (op, inj.seen)
     after = _snapshot(kb)
     _drop(eng, kb)
     assert _on_disk(data) == after

@@ -265,16 +265,6 @@ class Index:
         where: Mapping[str, Any] | None = None,
         ef: int | None = None,
         threads: int = 0,
-    ) -> tuple[np.ndarray, np.ndarray]: ...
-
-    def search(
-        self,
-        queries: npt.ArrayLike,
-        k: int = 10,
-        *,
-        where: Mapping[str, Any] | None = None,
-        ef: int | None = None,
-        threads: int = 0,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest neighbours of each query.
 

@@ -1,0 +1,199 @@
+"""Engine: a directory of knowledge bases."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import uuid
+from typing import Any
+
+from .. import storage
+from ..chunking import check_chunk_params
+from ..embedders import HashingEmbedder, as_embedder, embedder_spec
+from ..errors import InvalidArgumentError, NotFoundError
+from ..fusion import check_vector_weight
+from ..index import Index
+from .knowledge_base import KnowledgeBase
+from .types import _DEFAULT_PIPELINE, _NAME_RE, FUSIONS, SEARCH_TYPES, _check_choice, _check_name
+
+
+def default_data_dir() -> str:
+    """``$KBCORE_HOME`` if set, else ``./kb-data``."""
+    return os.environ.get("KBCORE_HOME") or os.path.join(os.getcwd(), "kb-data")
+
+
+class Engine:
+    """A directory of knowledge bases.
+
+    ``path`` defaults to ``$KBCORE_HOME`` or ``./kb-data``. ``embedder`` is the default for new
+    knowledge bases (else the built-in :class:`~kbcore.embedders.HashingEmbedder`) and is used
+    to reopen knowledge bases built with a custom embedder.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, embedder: Any = None) -> None:
+        self.path = os.path.abspath(os.fspath(path) if path is not None else default_data_dir())
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise storage.StorageError(exc.errno, f"cannot create data directory {self.path!r}: {exc.strerror}") from exc
+        self._embedder = as_embedder(embedder) if embedder is not None else None
+        self._kbs: dict[str, KnowledgeBase] = {}
+        self._mutex = threading.RLock()
+        self._flock = storage.FileLock(os.path.join(self.path, ".engine.lock"))
+        with self._flock.hold():
+            for name in os.listdir(self.path):
+                if name.startswith((".tmp-", ".trash-")):
+                    shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"Engine({self.path!r}, knowledge_bases={self.knowledge_bases()})"
+
+    def knowledge_bases(self) -> list[str]:
+        """Names of the knowledge bases in the directory, sorted."""
+        out = []
+        for name in sorted(os.listdir(self.path)):
+            if not name.startswith(".") and os.path.isfile(os.path.join(self.path, name, storage.MANIFEST)):
+                out.append(name)
+        return out
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.knowledge_bases()
+
+    def __getitem__(self, name: str) -> KnowledgeBase:
+        return self.get_knowledge_base(name)
+
+    def create_knowledge_base(
+        self,
+        name: str,
+        *,
+        chunk_size: int = 500,
+        chunk_overlap: int = 50,
+        metric: str = "cosine",
+        index: str = "hnsw",
+        M: int = 16,
+        ef_construction: int = 200,
+        ef: int = 64,
+        embedder: Any = None,
+        dim: int | None = None,
+        description: str = "",
+        exist_ok: bool = False,
+        search_type: str = "vector",
+        fusion: str = "rrf",
+        vector_weight: float = 0.7,
+    ) -> KnowledgeBase:
+        """Creates a knowledge base (a directory) and returns it.
+
+        ``embedder``: an embedder, callable or model name; None uses the engine's (else the
+        built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
+        base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
+        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` configure the native
+        index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
+        :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
+        base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+        """
+        _check_name(name, "knowledge base")
+        search_type = _check_choice("search_type", search_type, SEARCH_TYPES)
+        fusion = _check_choice("fusion", fusion, FUSIONS)
+        vector_weight = check_vector_weight(vector_weight)
+        chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
+        if metric not in ("cosine", "ip", "l2"):
+            raise InvalidArgumentError(f"unknown metric {metric!r}; expected 'cosine', 'ip' or 'l2'")
+        if index not in ("hnsw", "flat"):
+            raise InvalidArgumentError(f"unknown index {index!r}; expected 'hnsw' or 'flat'")
+        Index(4, metric, index, M=M, ef_construction=ef_construction, ef=ef)  # validates the knobs
+        if embedder is False or embedder == "none":
+            emb = None
+        elif embedder is None:
+            emb = self._embedder if self._embedder is not None else HashingEmbedder()
+        else:
+            emb = as_embedder(embedder)
+        if emb is not None:
+            if dim is not None and dim != emb.dim:
+                raise InvalidArgumentError(f"dim={dim} but the embedder makes {emb.dim}-dimensional vectors")
+            dim = int(emb.dim)
+        elif dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise InvalidArgumentError(f"dim must be a positive integer, got {dim!r}")
+        with self._mutex, self._flock.hold():
+            final = os.path.join(self.path, name)
+            if os.path.exists(final):
+                if exist_ok and os.path.isfile(os.path.join(final, storage.MANIFEST)):
+                    return self.get_knowledge_base(name)
+                raise InvalidArgumentError(f"knowledge base {name!r} already exists in {self.path!r}")
+            tmp = os.path.join(self.path, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+            os.makedirs(tmp)
+            manifest = {
+                "name": name, "generation": 1, "created_at": time.time(), "description": description,
+                "config": {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
+                           "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+                           "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight},
+                "embedder": embedder_spec(emb) if emb is not None else {"kind": "none"},
+                "pipelines": {_DEFAULT_PIPELINE: {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap}},
+                "next_id": 0, "next_group": 0, "segments": [], "index": None,
+            }
+            try:
+                storage.save_manifest(tmp, manifest)
+                os.rename(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            storage.fsync_dir(self.path)
+            kb = KnowledgeBase(self, name, final, emb)
+            self._kbs[name] = kb
+            return kb
+
+    def get_knowledge_base(self, name: str, *, embedder: Any = None) -> KnowledgeBase:
+        """Opens a knowledge base (cached: the same object for the same name).
+
+        ``embedder`` is needed only for a knowledge base built with a custom embedder.
+        """
+        with self._mutex:
+            kb = self._kbs.get(name)
+            if kb is not None and not kb._closed:
+                if embedder is not None:
+                    kb._explicit_embedder = as_embedder(embedder)
+                    kb._embedder = kb._resolve_embedder(kb._manifest.get("embedder"))
+                return kb
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+                raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
+            path = os.path.join(self.path, name)
+            if not os.path.isfile(os.path.join(path, storage.MANIFEST)):
+                known = ", ".join(self.knowledge_bases()) or "none"
+                raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r} (existing: {known})")
+            kb = KnowledgeBase(self, name, path, as_embedder(embedder) if embedder is not None else None)
+            self._kbs[name] = kb
+            return kb
+
+    def delete_knowledge_base(self, name: str) -> None:
+        """Deletes a knowledge base and its directory (atomically: it is gone or intact)."""
+        with self._mutex, self._flock.hold():
+            path = os.path.join(self.path, name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+            if path is None or not os.path.isfile(os.path.join(path, storage.MANIFEST)):
+                raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
+            kb = self._kbs.pop(name, None)
+            if kb is not None:
+                kb._stop_graph_builder()  # no thread may keep linking a deleted index
+                kb._closed = True
+            trash = os.path.join(self.path, f".trash-{name}-{uuid.uuid4().hex[:8]}")
+            lock = storage.FileLock(os.path.join(path, storage.LOCK))
+            with lock.hold():  # wait for a writer in another process to finish
+                os.rename(path, trash)
+            storage.fsync_dir(self.path)
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def _forget(self, kb: KnowledgeBase) -> None:
+        with self._mutex:
+            if self._kbs.get(kb.name) is kb:
+                del self._kbs[kb.name]
+
+    def close(self) -> None:
+        """Closes every open knowledge base (checkpointing their indexes)."""
+        for kb in list(self._kbs.values()):
+            kb.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
