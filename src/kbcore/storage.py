@@ -82,6 +82,14 @@ def _storage_error(what: str, path: str, exc: OSError) -> StorageError:
 # (and the native Index.save), so a test can inject ENOSPC or EIO at any one of those calls.
 
 
+def _close_quietly(fd: int) -> None:
+    """Closes a descriptor whose close cannot lose data (read-only, a lock, or after an error)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def fsync_dir(path: str, *, strict: bool = True) -> None:
     """Makes a directory's entries (creations, renames) durable.
 
@@ -107,7 +115,7 @@ def fsync_dir(path: str, *, strict: bool = True) -> None:
                 raise _storage_error("syncing the directory", path, exc) from exc
             warnings.warn(f"cannot fsync directory {path!r}: {exc}", RuntimeWarning, stacklevel=2)
     finally:
-        os.close(fd)
+        _close_quietly(fd)
 
 
 def _write_file(path: str, data: Any, *, exclusive: bool = False) -> None:
@@ -128,7 +136,7 @@ def _write_file(path: str, data: Any, *, exclusive: bool = False) -> None:
             done += n
         os.fsync(fd)
     except OSError as exc:
-        os.close(fd)
+        _close_quietly(fd)
         raise _storage_error("writing", path, exc) from exc
     try:
         os.close(fd)
@@ -737,7 +745,7 @@ def reading(dirpath: str) -> Iterator[None]:
         yield
     finally:
         if fd is not None:
-            os.close(fd)  # drops the lock
+            _close_quietly(fd)  # drops the lock
 
 
 def referenced_files(manifest: dict[str, Any]) -> set[str]:
@@ -770,7 +778,7 @@ def remove_unreferenced(dirpath: str, manifest: dict[str, Any]) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            os.close(fd)
+            _close_quietly(fd)
             return 0  # a reader is loading
     try:
         keep = referenced_files(manifest)
@@ -790,7 +798,7 @@ def remove_unreferenced(dirpath: str, manifest: dict[str, Any]) -> int:
         return removed
     finally:
         if fd is not None:
-            os.close(fd)
+            _close_quietly(fd)
 
 
 class FileLock:
@@ -826,7 +834,7 @@ class FileLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError as exc:
-                os.close(fd)
+                _close_quietly(fd)
                 raise _storage_error("locking", self.path, exc) from exc
         self._fd = fd
         self._depth = 1
@@ -836,5 +844,5 @@ class FileLock:
             return
         self._depth -= 1
         if self._depth == 0 and self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
+            _close_quietly(self._fd)  # closing the descriptor drops the flock
             self._fd = None
