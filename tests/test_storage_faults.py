@@ -264,3 +264,15 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path):
         assert _on_disk(data) == want
     finally:
         subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=30)
+
+
+def test_a_manifest_temp_file_left_by_a_crash_is_collected_by_the_next_commit(tmp_path):
+    eng = Engine(str(tmp_path / "data"))
+    kb = eng.create_knowledge_base("kb", chunk_size=60, chunk_overlap=5)
+    leftover = os.path.join(kb.path, storage.MANIFEST + ".tmp-3f2a9c1b7d4e")  # killed mid-write
+    with open(leftover, "w") as f:
+        f.write('{"half": ')
+    kb.ingest(text=_text("a"), document_id="a", metadata={"v": 1})
+    assert not os.path.exists(leftover)
+    assert os.path.exists(os.path.join(kb.path, storage.MANIFEST))
+    _drop(eng, kb)

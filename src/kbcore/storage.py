@@ -5,6 +5,8 @@ A knowledge base is a directory::
     <name>/
       manifest.json                 the only mutable file: replaced atomically (write, fsync, rename)
       .lock                         fcntl lock serialising writers across processes
+      .read.lock                    fcntl lock: shared while a reader loads, exclusive while a
+                                    writer deletes superseded files
       seg-<n>.chunks.arrow          Arrow IPC: one row per chunk (id, text, span, metadata columns)
       seg-<n>.docs.arrow            Arrow IPC: one row per document of the segment
       seg-<n>.vectors.npy           float32 [rows, dim]; dropped once an index checkpoint covers it
@@ -15,10 +17,17 @@ manifest generation that introduced them, so a new state never overwrites a file
 manifest references. A mutation writes its new files, fsyncs them, then replaces the manifest
 (temp file, fsync, ``rename``, fsync of the directory): a crash at any point leaves either the
 old or the new manifest, both of which reference only complete files. Files that no manifest
-references (left by a crash, or superseded) are deleted by the next writer.
+references (left by a crash, or superseded) are deleted by the next writer, but only while no
+reader is loading (:func:`reading`, :func:`remove_unreferenced`): a reader that read a manifest
+finds every file it names, whatever a writer in another process commits meanwhile.
 
 The manifest records each file's size and CRC-32, and its own CRC-32 over its JSON body; a
-mismatch raises :class:`~kbcore.errors.FormatError`.
+mismatch raises :class:`~kbcore.errors.FormatError`. Behind the checksums, every load checks
+structure: the manifest's fields (:func:`validate_manifest`) and each segment's Arrow data,
+columns, row counts and id ranges (:func:`read_segments`), so a crafted or damaged directory
+raises FormatError rather than crashing the reader. Write and rename failures (ENOSPC, EIO)
+raise :class:`~kbcore.errors.StorageError` before the commit point, leaving the previous
+manifest committed.
 """
 
 from __future__ import annotations
@@ -70,7 +79,8 @@ FORMAT_VERSION = 1
 _CHUNK = 1 << 22
 
 #: File names a knowledge base directory may hold besides the manifest and the locks.
-_OWNED = re.compile(r"^(seg-\d+\.(chunks|docs)\.arrow|seg-\d+\.vectors\.npy|index-\d+\.kbi)(\.tmp.*)?$")
+_OWNED = re.compile(r"^((seg-\d+\.(chunks|docs)\.arrow|seg-\d+\.vectors\.npy|index-\d+\.kbi)(\.tmp.*)?"
+                    r"|manifest\.json\.tmp.+)$")
 
 
 def _storage_error(what: str, path: str, exc: OSError) -> StorageError:
