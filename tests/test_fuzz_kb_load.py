@@ -55,7 +55,7 @@ def build_base_kb(path: str) -> str:
               metadata={"v": 9})
     kb.ingest(text="a document that is deleted later. " * 3, document_id="gone")
     kb.delete_document("d1")
-    kb._stop_graph_builder()
+    kb._builder.retire()
     kb._closed = True  # dropped without close(): keep the vector file and the tail
     eng._forget(kb)
     m = storage.load_manifest(kb.path)
@@ -129,7 +129,7 @@ def open_and_use(kb_dir: str) -> None:
         except KbcoreError:
             pass
     finally:
-        kb._stop_graph_builder()
+        kb._builder.retire()
         kb._closed = True
         eng._forget(kb)
 

@@ -51,11 +51,11 @@ WRITER = COMMON + textwrap.dedent(
     kb = eng.Engine(path).get_knowledge_base("kb")
     state = {}
     log = open(sys.argv[4], "w")
-    log.write(json.dumps({"before": 0, "after": kb._manifest["generation"], "state": state}) + "\\n")
+    log.write(json.dumps({"before": 0, "after": kb._cell.state.manifest["generation"], "state": state}) + "\\n")
     deadline = time.monotonic() + seconds
     ops = 0
     while time.monotonic() < deadline:
-        before = kb._manifest["generation"]
+        before = kb._cell.state.manifest["generation"]
         r = rng.random()
         if r < 0.45:
             d = f"d{rng.randrange(24)}"
@@ -76,9 +76,9 @@ WRITER = COMMON + textwrap.dedent(
         else:
             kb.compact()
         ops += 1
-        log.write(json.dumps({"before": before, "after": kb._manifest["generation"], "state": state}) + "\\n")
+        log.write(json.dumps({"before": before, "after": kb._cell.state.manifest["generation"], "state": state}) + "\\n")
         log.flush()
-    kb._stop_graph_builder()
+    kb._builder.retire()
     print(ops, flush=True)
     """
 )
@@ -91,7 +91,7 @@ READER = COMMON + textwrap.dedent(
     held = None
 
     def observe(kb):
-        gen = kb._manifest["generation"]
+        gen = kb._cell.state.manifest["generation"]
         state = {i.document_id: i.metadata["v"] for i in kb.documents()}
         for i in kb.documents():
             assert i.chunks == n_chunks(i.document_id, i.metadata["v"]), (gen, i)
@@ -109,7 +109,7 @@ READER = COMMON + textwrap.dedent(
             kb = eng.Engine(path).get_knowledge_base("kb")   # a fresh open, no lock of a writer
             opens += 1
             observe(kb)
-            kb._stop_graph_builder()   # dropped without close(): a reader never writes
+            kb._builder.retire()   # dropped without close(): a reader never writes
             if held is None:
                 held = kb
             elif opens % 3 == 0:
@@ -200,7 +200,7 @@ def test_one_writer_and_reader_processes_readers_see_only_committed_states(tmp_p
     assert elapsed < WRITE_SECONDS + 25
     # the state after the last commit is what a new open sees
     kb = Engine(path).get_knowledge_base("kb")
-    assert kb._manifest["generation"] == last_gen
+    assert kb._cell.state.manifest["generation"] == last_gen
     assert {i.document_id: i.metadata["v"] for i in kb.documents()} == states[last_gen]
     kb.close()
 
@@ -268,7 +268,7 @@ def test_kbcore_serve_answers_every_request_while_another_process_writes(tmp_pat
     path = os.path.join(fast_dir, "data")
     kb = Engine(path).create_knowledge_base("kb", chunk_size=CHUNK, chunk_overlap=8)
     kb.ingest(text="first lanterns sentence. " * 5, document_id="d0", metadata={"v": 1})
-    kb._stop_graph_builder()
+    kb._builder.retire()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

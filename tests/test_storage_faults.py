@@ -102,7 +102,7 @@ def _build(path: str) -> str:
 
 def _drop(eng, kb) -> None:
     """Forgets a knowledge base without close() (which would checkpoint: a write)."""
-    kb._stop_graph_builder()
+    kb._builder.retire()
     kb._closed = True
     eng._forget(kb)
 
@@ -111,7 +111,7 @@ def _snapshot(kb) -> tuple:
     docs = sorted((i.document_id, i.pipeline_name, i.chunks, i.metadata["v"]) for i in kb.documents())
     q = kb.embedder.embed(["quiet rivers sentence"])[0]
     hits = sorted((h.id, h.document_id, h.content) for h in kb.retrieve(q, top_k=200))
-    return docs, len(kb), hits, sorted(kb.pipelines.items()), kb._manifest["generation"]
+    return docs, len(kb), hits, sorted(kb.pipelines.items()), kb._cell.state.manifest["generation"]
 
 
 def _on_disk(data_dir: str) -> tuple:

@@ -153,7 +153,7 @@ def test_manifest_that_is_not_json_or_too_deep_or_nan_raises_format_error(base_k
 
 def test_valid_manifest_still_opens_and_validator_accepts_what_the_engine_writes(base_kb, tmp_path):
     kb = _open(write_crafted(base_kb, str(tmp_path / "w"), json.load(open(os.path.join(base_kb, storage.MANIFEST)))))
-    assert storage.validate_manifest(kb._manifest) is kb._manifest
+    assert storage.validate_manifest(kb._cell.state.manifest) is kb._cell.state.manifest
     kb.ingest(text="one more document to check the writer's manifest. " * 3, document_id="z")
     kb.compact()
     storage.validate_manifest(storage.load_manifest(kb.path))
