@@ -397,13 +397,16 @@ def test_data_dir_is_the_installation_folder_the_runtime_keeps_across_upgrades(t
 def test_an_unwritable_data_dir_fails_the_plugin_start_with_a_clear_message(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    monkeypatch.setenv("KBCORE_LANGBOT_DATA", str(blocker / "kbcore"))
+    monkeypatch.delenv("KBCORE_LANGBOT_DATA", raising=False)
     monkeypatch.chdir(PLUGIN_DIR)
     discovery = ComponentDiscoveryEngine()
     manifest = discovery.load_component_manifest("manifest.yaml", owner="builtin", no_save=True)
     plugin = manifest.get_python_component_class()()
-    plugin.config = {}
     try:
+        plugin.config = {"data_dir": str(tmp_path / "fine")}  # the plugin setting is honoured
+        run(plugin.initialize())
+        assert plugin.data_dir == str(tmp_path / "fine")
+        plugin.config = {"data_dir": str(blocker / "kbcore")}
         with pytest.raises(PermissionError, match="not writable.*Data directory.*KBCORE_LANGBOT_DATA"):
             run(plugin.initialize())
     finally:

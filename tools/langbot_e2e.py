@@ -568,6 +568,31 @@ def run_phase(args: argparse.Namespace) -> int:
         c.check("upgrade: no package folder holds data",
                 all(not (p / "data").exists() for p in artifact_codes(home)), artifact_codes(home))
 
+        # -- an unwritable data directory fails the plugin's start ---------------------------
+        blocker = home / "a-regular-file"
+        blocker.write_text("not a directory")
+        bad = str(blocker / "kbcore")
+        api.call("PUT", f"/api/v1/plugins/{PLUGIN_ID}/config", {"data_dir": bad})
+        seen, t1 = "", time.time()
+        while time.time() - t1 < 90 and "is not writable" not in seen:
+            time.sleep(2)
+            info = json.dumps(api.call("GET", f"/api/v1/plugins/{PLUGIN_ID}"))
+            logs = "".join(f.read_text(errors="replace") for f in (home / "logs").glob(f"*-{host.starts}.log"))
+            seen = info if "is not writable" in info else logs
+        where = "the plugin's status in the host API" if "is not writable" in info else "the host's logs"
+        c.check(f"unwritable data directory: the start fails naming it ({where})",
+                "is not writable" in seen and bad in seen, seen[-600:])
+        log("the host reports: " + next((ln for ln in seen.splitlines() if "is not writable" in ln), "")[:400])
+        log("plugin info while failing: " + info[:1500])
+        api.call("PUT", f"/api/v1/plugins/{PLUGIN_ID}/config", {"data_dir": ""})
+        t1, back = time.time(), []
+        while time.time() - t1 < 120 and not back:
+            time.sleep(2)
+            with contextlib.suppress(RuntimeError):
+                back = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
+        c.check("unwritable data directory: with the setting cleared the data is back",
+                back == before_restart, back)
+
         # -- delete knowledge bases, uninstall ----------------------------------------------
         for kb in (kb_host, kb_local, kb_old):
             api.call("DELETE", f"/api/v1/knowledge/bases/{kb}")

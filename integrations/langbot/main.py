@@ -23,11 +23,24 @@ class KbcoreKnowledgePlugin(BasePlugin):
 
     data_dir: str | None = None
 
-    async def initialize(self) -> None:
+    def _start_config(self) -> dict:
+        """The plugin settings while ``initialize`` runs.
+
+        The SDK runtime (langbot-plugin 0.7.16, as LangBot 4.11.2 pins it) runs ``initialize``
+        inside an invocation scope whose config is the one the worker was mounted with (empty),
+        so ``get_config()`` misses the settings there; the runtime has already stored them with
+        the ``config`` setter just before (``_legacy_config``), so that is read first.
+        """
+        stored = getattr(self, "_legacy_config", None)
+        if stored:
+            return dict(stored)
         try:
-            config = self.get_config() or {}
+            return dict(self.get_config() or {})
         except Exception:  # noqa: BLE001 - no config outside an invocation: the defaults
-            config = {}
+            return {}
+
+    async def initialize(self) -> None:
+        config = self._start_config()
         path = kbcore_home.resolve_data_dir(config)
         await asyncio.to_thread(kbcore_home.check_writable, path)
         moved = await asyncio.to_thread(kbcore_home.migrate_legacy_data, path)
