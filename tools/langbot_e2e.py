@@ -576,7 +576,7 @@ def run_phase(args: argparse.Namespace) -> int:
         seen, t1 = "", time.time()
         while time.time() - t1 < 90 and "is not writable" not in seen:
             time.sleep(2)
-            info = json.dumps(api.call("GET", f"/api/v1/plugins/{PLUGIN_ID}"))
+            info = json.dumps(api.call("GET", f"/api/v1/plugins/{PLUGIN_ID}", ok=False))
             logs = "".join(f.read_text(errors="replace") for f in (home / "logs").glob(f"*-{host.starts}.log"))
             seen = info if "is not writable" in info else logs
         where = "the plugin's status in the host API" if "is not writable" in info else "the host's logs"
@@ -584,6 +584,20 @@ def run_phase(args: argparse.Namespace) -> int:
                 "is not writable" in seen and bad in seen, seen[-600:])
         log("the host reports: " + next((ln for ln in seen.splitlines() if "is not writable" in ln), "")[:400])
         log("plugin info while failing: " + info[:1500])
+        # LangBot 4.11.2 lists a plugin that failed to start as "not found", and refuses to
+        # change its settings then: the way back is to fix the folder and restart the host.
+        blocker.unlink()
+        t1, recovered = time.time(), "after the runtime retried the worker"
+        try:
+            api.wait_engine(v2, timeout=45)
+        except TimeoutError:
+            recovered = "after a host restart"
+            host.stop()
+            host.start()
+            api.wait_up()
+            api.wait_engine(v2)
+        c.check(f"unwritable data directory: once the folder is fixed the plugin starts ({recovered})",
+                retrieve(kb_host, q, top_k=5) == [], "the configured, empty folder is used")
         api.call("PUT", f"/api/v1/plugins/{PLUGIN_ID}/config", {"data_dir": ""})
         t1, back = time.time(), []
         while time.time() - t1 < 120 and not back:
@@ -592,6 +606,8 @@ def run_phase(args: argparse.Namespace) -> int:
                 back = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
         c.check("unwritable data directory: with the setting cleared the data is back",
                 back == before_restart, back)
+        c.check("unwritable data directory: the configured folder was left empty and removed",
+                not (blocker / "kbcore").exists(), list(blocker.rglob("*")) if blocker.exists() else [])
 
         # -- delete knowledge bases, uninstall ----------------------------------------------
         for kb in (kb_host, kb_local, kb_old):
