@@ -70,8 +70,12 @@ def bundled_wheels(root: Path = PLUGIN_ROOT) -> list[Path]:
 
 
 def _wheel_fits(path: Path) -> bool:
-    from packaging.tags import sys_tags
-    from packaging.utils import parse_wheel_filename
+    try:  # the runtime's own environment has packaging (the SDK depends on it)
+        from packaging.tags import sys_tags
+        from packaging.utils import parse_wheel_filename
+    except ImportError:  # pragma: no cover - fall back to the interpreter tag alone
+        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        return f"-{tag}-" in path.name and sys.platform.startswith("linux")
 
     _, _, _, tags = parse_wheel_filename(path.name)
     supported = set(sys_tags())
