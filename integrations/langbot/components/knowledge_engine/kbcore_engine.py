@@ -45,8 +45,8 @@ from components import kbcore_home
 kbcore_home.ensure_kbcore()  # the kbcore wheel the .lbpkg carries (see kbcore_home)
 
 from kbcore import Engine  # noqa: E402
-from kbcore.chunking import chunk_text  # noqa: E402
-from kbcore.engine import RESERVED_METADATA  # noqa: E402
+from kbcore.engine import RESERVED_METADATA, is_valid_name  # noqa: E402
+from kbcore.index import KINDS, METRICS  # noqa: E402
 from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError  # noqa: E402
 from kbcore.parsing import parse  # noqa: E402
 
@@ -58,13 +58,7 @@ EMBEDDING_BATCH = 32
 DATA_DIR_ENV = kbcore_home.DATA_DIR_ENV
 resolve_data_dir = kbcore_home.resolve_data_dir
 
-# TODO(kbcore public names): these three copy engine internals (kbcore.engine._NAME_RE and the
-# metric / index-kind tuples inside Engine.create_knowledge_base). Import kbcore's public names
-# for them once the engine exports them, and delete the copies.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_METRICS = ("cosine", "ip", "l2")
-_INDEX_KINDS = ("hnsw", "flat")
-_META_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+_META_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
 
 
 def kb_name(kb_id: str) -> str:
@@ -72,7 +66,7 @@ def kb_name(kb_id: str) -> str:
     anything else is hashed into a valid name)."""
     if not isinstance(kb_id, str) or not kb_id:
         raise InvalidArgumentError(f"a knowledge base id must be a non-empty string, got {kb_id!r}")
-    if _NAME_RE.match(kb_id):
+    if is_valid_name(kb_id):
         return kb_id
     return "kb-" + hashlib.sha256(kb_id.encode("utf-8")).hexdigest()[:32]
 
@@ -150,8 +144,8 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "embedding_model_uuid": model.strip(),
         "chunk_size": _int(s, "chunk_size", 500, 1),
         "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
-        "metric": _choice(s, "metric", "cosine", _METRICS),
-        "index_kind": _choice(s, "index_kind", "hnsw", _INDEX_KINDS),
+        "metric": _choice(s, "metric", "cosine", tuple(METRICS)),
+        "index_kind": _choice(s, "index_kind", "hnsw", tuple(KINDS)),
     }
     if out["chunk_overlap"] >= out["chunk_size"]:
         raise InvalidArgumentError(
@@ -184,7 +178,7 @@ def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
         out["title"] = title
     reserved = set(RESERVED_METADATA)
     for key, value in (fm.extra or {}).items():
-        if not isinstance(key, str) or key in reserved or key in out or not _META_KEY_RE.match(key):
+        if not isinstance(key, str) or key in reserved or key in out or not _META_KEY_RE.fullmatch(key):
             continue
         if isinstance(value, (str, bool, int)) or (
             isinstance(value, float) and math.isfinite(value)
@@ -377,42 +371,21 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
     async def _ingest_text(
         self, kb: Any, ctx: IngestionContext, doc_id: str, text: str, meta: dict[str, Any]
     ) -> tuple[int, int]:
-        """Chunks ``text``, embeds the chunks (the host model or the knowledge base's embedder)
-        and commits them as document ``doc_id`` in one atomic ingest; (chunks, dimension).
-
-        TODO(kbcore prepare API): switch to ``kb.prepare(...)`` + ``kb.ingest_prepared(prepared,
-        vectors)`` once the engine has them, so chunking and the table layout are the engine's.
-        """
-        import pyarrow as pa
-
+        """Chunks ``text`` with the knowledge base's own pipeline (``kb.prepare``), embeds the
+        chunks (the host model or the knowledge base's embedder) and commits them as document
+        ``doc_id`` in one atomic ``kb.ingest_prepared``; (chunks, dimension)."""
         fm = ctx.file_object.metadata
-        pipeline = kb.pipelines["default"]
-        chunks = chunk_text(
-            text,
-            chunk_size=pipeline["chunk_size"],
-            chunk_overlap=pipeline["chunk_overlap"],
-            document_id=doc_id,
-        )
-        if not chunks:
+        try:
+            prepared = kb.prepare(text=text, document_id=doc_id, filename=fm.filename or None, metadata=meta)
+        except InvalidArgumentError as exc:
+            if "nothing to ingest" not in str(exc):
+                raise
             raise InvalidArgumentError(
                 f"{fm.filename or doc_id!r} contains no text: there is nothing to ingest"
-            )
-        vectors = await self._embed(kb, ctx.creation_settings, [c.text for c in chunks])
-        n = len(chunks)
-        columns: dict[str, Any] = {
-            "text": pa.array([c.text for c in chunks], pa.large_string()),
-            "document_id": pa.array([doc_id] * n, pa.string()),
-            "chunk_index": pa.array([c.index for c in chunks], pa.int64()),
-            "char_start": pa.array([c.start for c in chunks], pa.int64()),
-            "char_end": pa.array([c.end for c in chunks], pa.int64()),
-            "filename": pa.array([fm.filename or None] * n, pa.string()),
-        }
-        for key, value in meta.items():
-            columns[key] = pa.array([value] * n)
-        await asyncio.to_thread(
-            kb.ingest_table, pa.table(columns), vectors=vectors, metadata_columns=list(meta)
-        )
-        return n, int(vectors.shape[1])
+            ) from None
+        vectors = await self._embed(kb, ctx.creation_settings, prepared.texts)
+        await asyncio.to_thread(kb.ingest_prepared, prepared, vectors)
+        return len(prepared.chunks), int(vectors.shape[1])
 
     # -- delete ----------------------------------------------------------------------------
     async def delete_document(self, kb_id: str, document_id: str) -> bool:
