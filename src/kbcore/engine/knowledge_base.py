@@ -133,8 +133,9 @@ class KnowledgeBase:
 
     # -- the writer ------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Reloads the knowledge base if another process changed it since."""
-        with self._wmutex, self._flock.hold():
+        """Reloads the knowledge base if another process changed it since. Never waits for a
+        commit in progress: it sees the last committed state."""
+        with self._wmutex:
             self._sync()
         self._start_builder()
 
