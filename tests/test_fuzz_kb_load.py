@@ -28,7 +28,8 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz targets need hyp
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from kbcore import Engine, engine as engine_mod, storage  # noqa: E402
+from kbcore import Engine, storage  # noqa: E402
+from kbcore import engine as engine_mod  # noqa: E402
 from kbcore.errors import FormatError, KbcoreError  # noqa: E402
 
 EXAMPLES = int(os.environ.get("KBCORE_FUZZ_EXAMPLES", "150"))
@@ -39,6 +40,16 @@ FUZZ = settings(
     database=None,
     suppress_health_check=list(HealthCheck),
 )
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def build_base_kb(path: str) -> str:
@@ -106,7 +117,7 @@ def fix_entries(manifest: dict, d: str) -> None:
         if isinstance(p, str) and "\x00" not in p and os.path.basename(p) == p and p not in ("", ".", ".."):
             full = os.path.join(d, p)
             if os.path.isfile(full):
-                data = open(full, "rb").read()
+                data = _read_bytes(full)
                 e["bytes"], e["crc32"] = len(data), zlib.crc32(data)
 
 
@@ -189,7 +200,7 @@ def manifest_mutation(draw, base):
 @FUZZ
 @given(data=st.data())
 def test_fuzz_crafted_manifest_loads_or_raises_format_error(base_kb, tmp_path_factory, data):
-    base = json.load(open(os.path.join(base_kb, storage.MANIFEST)))
+    base = _read_json(os.path.join(base_kb, storage.MANIFEST))
     m = data.draw(manifest_mutation(base))
     work = str(tmp_path_factory.getbasetemp() / "fuzz-manifest")
     open_and_use(write_crafted(base_kb, work, m))
@@ -225,9 +236,9 @@ def _segment_files(base_kb: str) -> list[str]:
 @FUZZ
 @given(data=st.data())
 def test_fuzz_damaged_segment_file_with_matching_crc_raises_format_error(base_kb, tmp_path_factory, data):
-    base = json.load(open(os.path.join(base_kb, storage.MANIFEST)))
+    base = _read_json(os.path.join(base_kb, storage.MANIFEST))
     name = data.draw(st.sampled_from(_segment_files(base_kb)))
-    crafted = data.draw(byte_mutation(open(os.path.join(base_kb, name), "rb").read()))
+    crafted = data.draw(byte_mutation(_read_bytes(os.path.join(base_kb, name))))
     work = str(tmp_path_factory.getbasetemp() / "fuzz-segment")
     open_and_use(write_crafted(base_kb, work, copy.deepcopy(base), {name: crafted}))
 
@@ -275,9 +286,9 @@ def table_mutation(draw, table):
 def test_fuzz_crafted_segment_table_loads_or_raises_format_error(base_kb, tmp_path_factory, data):
     import pyarrow as pa
 
-    base = json.load(open(os.path.join(base_kb, storage.MANIFEST)))
+    base = _read_json(os.path.join(base_kb, storage.MANIFEST))
     name = data.draw(st.sampled_from([n for n in _segment_files(base_kb) if n.endswith(".arrow")]))
-    table = pa.ipc.open_file(pa.py_buffer(open(os.path.join(base_kb, name), "rb").read())).read_all()
+    table = pa.ipc.open_file(pa.py_buffer(_read_bytes(os.path.join(base_kb, name)))).read_all()
     crafted = _table_bytes(data.draw(table_mutation(table)))
     work = str(tmp_path_factory.getbasetemp() / "fuzz-table")
     open_and_use(write_crafted(base_kb, work, copy.deepcopy(base), {name: crafted}))
@@ -285,7 +296,7 @@ def test_fuzz_crafted_segment_table_loads_or_raises_format_error(base_kb, tmp_pa
 
 def test_the_base_knowledge_base_itself_opens_and_answers(base_kb, tmp_path):
     """The fuzz targets start from a valid directory (else they would test nothing)."""
-    base = json.load(open(os.path.join(base_kb, storage.MANIFEST)))
+    base = _read_json(os.path.join(base_kb, storage.MANIFEST))
     work = write_crafted(base_kb, str(tmp_path / "w"), base)
     kb = Engine(os.path.dirname(work)).get_knowledge_base("kb")
     assert {i.document_id for i in kb.documents()} == {"d0", "d2", "e", "gone"}

@@ -188,7 +188,8 @@ def test_one_writer_and_reader_processes_readers_see_only_committed_states(tmp_p
     assert ops > 20, "the writer made too little progress to test anything"
     total_obs = 0
     for out in outs:
-        res = json.load(open(out))
+        with open(out) as f:
+            res = json.load(f)
         assert res["errors"] == [], f"{len(res['errors'])} reader errors, first:\n{res['errors'][0]}"
         assert res["opens"] >= 5 and res["refreshes"] >= 1, (res["opens"], res["refreshes"])
         for gen, state in res["obs"]:

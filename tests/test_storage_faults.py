@@ -22,7 +22,8 @@ import warnings
 import numpy as np
 import pytest
 
-from kbcore import Engine, engine as engine_mod, storage
+from kbcore import Engine, storage
+from kbcore import engine as engine_mod
 from kbcore.errors import StorageError
 from kbcore.index import Index
 

@@ -6,7 +6,6 @@ defect a prober or the fuzz targets (test_fuzz_kb_load.py) found."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -14,10 +13,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from test_fuzz_kb_load import _read_bytes, _read_json, build_base_kb, write_crafted
 
 from kbcore import Engine, storage
 from kbcore.errors import FormatError
-from test_fuzz_kb_load import build_base_kb, write_crafted
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +26,7 @@ def base_kb(tmp_path_factory) -> str:
 
 @pytest.fixture
 def base_manifest(base_kb) -> dict:
-    return json.load(open(os.path.join(base_kb, storage.MANIFEST)))
+    return _read_json(os.path.join(base_kb, storage.MANIFEST))
 
 
 def _open(kb_dir: str):
@@ -131,7 +130,7 @@ def test_segment_id_ranges_must_be_disjoint(base_kb, base_manifest, tmp_path):
         if seg["files"].get(kind):
             ext = "npy" if kind == "vectors" else "arrow"
             new = f"seg-{gen:08d}.{kind}.{ext}"
-            files[new] = open(os.path.join(base_kb, seg["files"][kind]["path"]), "rb").read()
+            files[new] = _read_bytes(os.path.join(base_kb, seg["files"][kind]["path"]))
             seg["files"][kind] = {"path": new, "bytes": 0, "crc32": 0}
     seg["name"] = f"seg-{gen:08d}"
     m["segments"].append(seg)
@@ -144,7 +143,7 @@ def test_segment_id_ranges_must_be_disjoint(base_kb, base_manifest, tmp_path):
 def test_manifest_that_is_not_json_or_too_deep_or_nan_raises_format_error(base_kb, tmp_path):
     for name, body in [("deep", b"[" * 100000 + b"]" * 100000), ("nan", b'{"format": NaN}'),
                        ("bytes", b"\xff\xfe garbage"), ("list", b"[1, 2]")]:
-        d = write_crafted(base_kb, str(tmp_path / name), json.load(open(os.path.join(base_kb, storage.MANIFEST))))
+        d = write_crafted(base_kb, str(tmp_path / name), _read_json(os.path.join(base_kb, storage.MANIFEST)))
         with open(os.path.join(d, storage.MANIFEST), "wb") as f:
             f.write(body)
         with pytest.raises(FormatError):
@@ -152,7 +151,7 @@ def test_manifest_that_is_not_json_or_too_deep_or_nan_raises_format_error(base_k
 
 
 def test_valid_manifest_still_opens_and_validator_accepts_what_the_engine_writes(base_kb, tmp_path):
-    kb = _open(write_crafted(base_kb, str(tmp_path / "w"), json.load(open(os.path.join(base_kb, storage.MANIFEST)))))
+    kb = _open(write_crafted(base_kb, str(tmp_path / "w"), _read_json(os.path.join(base_kb, storage.MANIFEST))))
     assert storage.validate_manifest(kb._cell.state.manifest) is kb._cell.state.manifest
     kb.ingest(text="one more document to check the writer's manifest. " * 3, document_id="z")
     kb.compact()
@@ -174,7 +173,7 @@ def _arrow(table) -> bytes:
 def _table(base_kb: str, name: str):
     import pyarrow as pa
 
-    return pa.ipc.open_file(pa.py_buffer(open(os.path.join(base_kb, name), "rb").read())).read_all()
+    return pa.ipc.open_file(pa.py_buffer(_read_bytes(os.path.join(base_kb, name)))).read_all()
 
 
 def _chunks_name(m: dict) -> str:
@@ -192,7 +191,7 @@ def test_text_offsets_past_the_data_raise_format_error_not_a_crash(base_kb, base
     import pyarrow as pa
 
     name = _chunks_name(base_manifest)
-    raw = bytearray(open(os.path.join(base_kb, name), "rb").read())
+    raw = bytearray(_read_bytes(os.path.join(base_kb, name)))
     buf = pa.py_buffer(bytes(raw))
     batch = pa.ipc.open_file(buf).get_batch(0)
     offsets = batch.column(batch.schema.get_field_index("__text")).buffers()[1]

@@ -256,13 +256,14 @@ class Host:
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
         env = self._env()
-        rt_log = open(logs / f"runtime-{self.starts}.log", "wb")
-        self.procs.append(subprocess.Popen(
-            [str(self.py), "-m", "langbot_plugin.cli.__init__", "rt",
-             "--ws-control-port", str(self.rt_port), "--ws-debug-port", str(self.debug_port),
-             "--pypi-index-url", self.index.resolve().as_uri()],
-            cwd=self.home, env=env, stdout=rt_log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        # The child keeps its own copy of the log's descriptor; the parent's is closed at once.
+        with open(logs / f"runtime-{self.starts}.log", "wb") as rt_log:
+            self.procs.append(subprocess.Popen(
+                [str(self.py), "-m", "langbot_plugin.cli.__init__", "rt",
+                 "--ws-control-port", str(self.rt_port), "--ws-debug-port", str(self.debug_port),
+                 "--pypi-index-url", self.index.resolve().as_uri()],
+                cwd=self.home, env=env, stdout=rt_log, stderr=subprocess.STDOUT, start_new_session=True,
+            ))
         env.update({
             "API__HOST": "127.0.0.1",
             "API__PORT": str(self.api_port),
@@ -274,11 +275,11 @@ class Host:
             "SPACE__DISABLE_TELEMETRY": "true",
             "SPACE__DISABLE_MODELS_SERVICE": "true",
         })
-        host_log = open(logs / f"langbot-{self.starts}.log", "wb")
-        self.procs.append(subprocess.Popen(
-            [str(self.py), "-m", "langbot"],
-            cwd=self.home, env=env, stdout=host_log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        with open(logs / f"langbot-{self.starts}.log", "wb") as host_log:
+            self.procs.append(subprocess.Popen(
+                [str(self.py), "-m", "langbot"],
+                cwd=self.home, env=env, stdout=host_log, stderr=subprocess.STDOUT, start_new_session=True,
+            ))
 
     def stop(self) -> None:
         for p in reversed(self.procs):

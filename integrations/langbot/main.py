@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from langbot_plugin.api.definition.plugin import BasePlugin
-
 from components import kbcore_home
+from langbot_plugin.api.definition.plugin import BasePlugin
 
 logger = logging.getLogger(__name__)
 

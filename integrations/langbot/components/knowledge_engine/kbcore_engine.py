@@ -46,8 +46,8 @@ kbcore_home.ensure_kbcore()  # the kbcore wheel the .lbpkg carries (see kbcore_h
 
 from kbcore import Engine  # noqa: E402
 from kbcore.engine import RESERVED_METADATA, is_valid_name  # noqa: E402
-from kbcore.index import KINDS, METRICS  # noqa: E402
 from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError  # noqa: E402
+from kbcore.index import KINDS, METRICS  # noqa: E402
 from kbcore.parsing import parse  # noqa: E402
 
 logger = logging.getLogger(__name__)
