@@ -76,7 +76,8 @@ WRITER = COMMON + textwrap.dedent(
         else:
             kb.compact()
         ops += 1
-        log.write(json.dumps({"before": before, "after": kb._cell.state.manifest["generation"], "state": state}) + "\\n")
+        after = kb._cell.state.manifest["generation"]
+        log.write(json.dumps({"before": before, "after": after, "state": state}) + "\\n")
         log.flush()
     kb._builder.retire()
     print(ops, flush=True)
