@@ -367,7 +367,9 @@ void Bm25Index::save(BinaryWriter& w) const {
 void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
   params_.k1 = r.f32();
   params_.b = r.f32();
-  if (!(params_.k1 >= 0) || !(params_.b >= 0 && params_.b <= 1)) r.fail("invalid BM25 parameters");
+  if (!(params_.k1 >= 0) || !std::isfinite(params_.k1) || !(params_.b >= 0 && params_.b <= 1)) {
+    r.fail("invalid BM25 parameters");
+  }
   const std::uint64_t nterms = r.u64();
   r.require(nterms, 8);
   for (std::uint64_t i = 0; i < nterms; ++i) {
@@ -381,11 +383,15 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
   grow(store.slot_count());
   const std::uint64_t docs = r.u64();
   r.require(docs, 16);
+  std::int64_t last = -1;  // save() writes rows by ascending slot, each once
   for (std::uint64_t d = 0; d < docs; ++d) {
     const Slot s = r.u32();
     const std::uint32_t len = r.u32();
     const std::uint64_t nt = r.u64();
-    if (s >= store.slot_count() || !store.is_live(s) || has_[s]) r.fail("BM25 row for a missing or repeated slot");
+    if (s >= store.slot_count() || !store.is_live(s) || static_cast<std::int64_t>(s) <= last) {
+      r.fail("BM25 row for a missing, repeated or out-of-order slot");
+    }
+    last = s;
     r.require(nt, 8);
     auto& terms = doc_terms_[s];
     std::uint64_t sum = 0;
@@ -408,6 +414,10 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
     total_len_ += len;
     has_[s] = 1;
     ++n_docs_;
+  }
+  // save() writes only the terms some row uses.
+  for (std::size_t t = 0; t < df_.size(); ++t) {
+    if (df_[t] == 0) r.fail("BM25 term used by no row");
   }
 }
 

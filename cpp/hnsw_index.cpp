@@ -455,7 +455,9 @@ void HnswIndex::load(BinaryReader& r) {
   const std::uint64_t seed = r.u64();
   if (m != params_.M || efc != params_.ef_construction) r.fail("graph parameters disagree with the header");
   const Slot entry = r.u32();
-  const int max_level = static_cast<int>(r.u32()) - 1;
+  const std::uint32_t levels_stored = r.u32();  // max_level + 1
+  if (levels_stored > kMaxLevel + 1) r.fail("graph level count out of range");
+  const int max_level = static_cast<int>(levels_stored) - 1;
   const std::uint64_t slots = r.u64();
   if (slots != n) r.fail("graph covers " + std::to_string(slots) + " slots, store has " + std::to_string(n));
   std::vector<std::uint8_t> levels;
@@ -494,18 +496,29 @@ void HnswIndex::load(BinaryReader& r) {
     ++graph_nodes;
     seen_max = std::max(seen_max, static_cast<int>(levels[s]));
   }
-  // Every link must name a linked live slot and every count must fit its list: a crafted
-  // file must not make a search read out of bounds.
-  const auto check = [&](const std::uint32_t* l, std::size_t cap) {
+  // Every link must name a linked live slot that has a list at that level, other than the
+  // node itself and at most once per list, and every count must fit its list: a crafted file
+  // must not make a search read out of bounds (an upper-level link to a node without that
+  // level would be a null list) nor leave a graph that a later insert or removal trips on.
+  std::vector<std::uint64_t> stamp(n, 0);  // list number + 1 of the list that last named a slot
+  std::uint64_t list_no = 0;
+  const auto check = [&](Slot s, const std::uint32_t* l, std::size_t cap, int level) {
     if (l[0] > cap) r.fail("link count exceeds capacity");
+    ++list_no;
     for (std::size_t j = 0; j < l[0]; ++j) {
-      if (l[1 + j] >= n || !store_.is_live(l[1 + j]) || pending[l[1 + j]]) r.fail("link to a missing node");
+      const std::uint32_t t = l[1 + j];
+      if (t >= n || !store_.is_live(t) || pending[t]) r.fail("link to a missing node");
+      if (levels[t] < level) r.fail("link to a node without that level");
+      if (t == s) r.fail("node links to itself");
+      if (stamp[t] == list_no) r.fail("repeated link in one list");
+      stamp[t] = list_no;
     }
   };
   for (std::size_t s = 0; s < n; ++s) {
     if (!store_.is_live(static_cast<Slot>(s)) || pending[s]) continue;
-    check(&links0[s * (1 + m0_)], m0_);
-    for (int l = 1; l <= levels[s]; ++l) check(&upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m);
+    const auto slot = static_cast<Slot>(s);
+    check(slot, &links0[s * (1 + m0_)], m0_, 0);
+    for (int l = 1; l <= levels[s]; ++l) check(slot, &upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m, l);
   }
   if (graph_nodes == 0) {
     if (entry != kNoSlot || max_level != -1) r.fail("empty graph with an entry point");

@@ -626,6 +626,17 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
   r.array(live, slots);
   AlignedVector<float> data(slots * c.dim);
   r.array_into(data.data(), data.size());
+  // What add() refuses, load refuses too: the reserved id, NaN or infinity, and (cosine) a
+  // zero vector.
+  for (std::size_t s = 0; s < slots; ++s) {
+    if (live[s] != 1) continue;
+    if (ids[s] == -1) r.fail("slot " + std::to_string(s) + " holds the reserved id -1");
+    const float* row = data.data() + s * c.dim;
+    if (!all_finite(row, c.dim)) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
+    if (c.metric == Metric::kCosine && !inverse_norm(row, c.dim)) {
+      r.fail("vector of id " + std::to_string(ids[s]) + " is all zeros under the cosine metric");
+    }
+  }
   auto index = std::make_unique<Index>(c);
   try {
     index->store_.restore(std::move(ids), std::move(live), std::move(data));

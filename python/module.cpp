@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "binary_io.h"
 #include "bindings.h"
 #include "distance.h"
 #include "errors.h"
@@ -56,6 +57,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("text"), py::arg("for_query") = false,
         "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
         "also index single CJK characters).");
+  m.def("checksum64", [](py::bytes data) {
+    const std::string_view v = data;
+    return checksum64(v.data(), v.size());
+  }, py::arg("data"),
+        "The payload checksum of a saved file (its header's last field), for tools and tests that "
+        "craft files.");
   kbcore::python::bind_filter(m);
   kbcore::python::bind_index(m);
 }
