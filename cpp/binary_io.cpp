@@ -262,6 +262,7 @@ void BinaryReader::require(std::size_t n, std::size_t elem) const {
 
 void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
   require(n, elem);
+  if (n == 0) return;  // out may be null (an empty vector's data()): memcpy must not see it
   std::memcpy(out, data_.data() + pos_, n * elem);
   pos_ += n * elem;
   if (!host_is_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
