@@ -50,12 +50,6 @@ void Bm25Index::clear(Slot s) {
   if (++gen_[s] == 0xFFFFFFFFu || (stale_postings_ > 1024 && stale_postings_ > live_postings_)) compact();
 }
 
-void Bm25Index::set(Slot s, std::string_view text) {
-  std::vector<std::optional<std::string>> texts;
-  texts.emplace_back(std::string(text));
-  set_batch(Bm25Batch(texts, 1), {s}, 1);
-}
-
 namespace {
 
 // One worker's share of Bm25Batch construction: its rows' (local term, tf) pairs against a

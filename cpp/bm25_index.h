@@ -62,9 +62,7 @@ class Bm25Index {
   const Bm25Params& params() const { return params_; }
   /// Grows per-slot arrays to n slots.
   void grow(std::size_t n);
-  /// Gives slot s the text `text` (replacing any previous text). O(|text|).
-  void set(Slot s, std::string_view text);
-  /// Gives row i of `batch` (if it has text) to slots[i], as set() row by row would; the
+  /// Gives row i of `batch` (if it has text) to slots[i], as giving the rows one at a time would; the
   /// slots must be distinct. O(distinct batch terms + postings of the batch), on up to two
   /// of `threads` threads (0 = all cores).
   void set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads);

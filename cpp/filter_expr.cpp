@@ -462,7 +462,7 @@ FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, co
       // Few matches: the list comes straight out of the index, O(matches) with no pass over
       // all slots. It is left in index order (ascending within each key): its readers, the
       // exact scans, keep the k best by (distance, slot) whatever the order, and sorting it
-      // cost as much as the evaluation itself (SciFact, 1 % passing).
+      // cost as much as the evaluation itself for selective filters.
       // Every entry is written and the cursor advances only past live ones (no branch);
       // with every slot live, as in an index without deletes, there is nothing to test.
       m.rows.resize(runs.total);

@@ -17,7 +17,9 @@ HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
       m0_(2 * params.M),
       level_mult_(1.0 / std::log(static_cast<double>(std::max<std::size_t>(params.M, 2)))),
       rng_(params.seed) {
-  if (params.M < 2 || params.M > 256) throw InvalidArgument("M must be in [2, 256], got " + std::to_string(params.M));
+  if (params.M < 2 || params.M > kMaxM) {
+    throw InvalidArgument("M must be in [2, " + std::to_string(kMaxM) + "], got " + std::to_string(params.M));
+  }
   if (params.ef_construction < 1) throw InvalidArgument("ef_construction must be positive");
   grow();
 }
@@ -32,13 +34,17 @@ void HnswIndex::grow() {
   pending_.resize(n, 0);
 }
 
+void HnswIndex::reset_slot(Slot s, int level) {
+  levels_[s] = static_cast<std::uint8_t>(level);
+  upper_[s] = level > 0 ? std::make_unique<std::uint32_t[]>(upper_words(s)) : nullptr;  // zeroed
+  links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+  core0_[s] = 0;
+}
+
 void HnswIndex::add_pending(const std::vector<Slot>& slots) {
   grow();
   for (Slot s : slots) {
-    levels_[s] = 0;
-    upper_[s].reset();
-    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
-    core0_[s] = 0;
+    reset_slot(s);
     if (!pending_[s]) {
       pending_[s] = 1;
       pending_list_.push_back(s);
@@ -68,7 +74,7 @@ std::size_t HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t 
   if (cands.size() <= m) return cands.size();
   std::vector<Scored> kept;
   kept.reserve(m);
-  std::uint32_t kept_slots[2 * 256];
+  std::uint32_t kept_slots[kMaxLinks];  // m <= capacity(level) <= kMaxLinks
   for (const Scored& c : cands) {
     if (kept.size() >= m) break;
     // Rejected if a kept neighbour is closer to c than the base is.
@@ -137,7 +143,7 @@ void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& 
   std::vector<Scored> cands;
   cands.reserve(count + 1);
   cands.push_back({d, s});
-  float dn[2 * 256];
+  float dn[4 + kMaxLinks];  // count <= cap <= kMaxLinks
   prefetch_rows(nl + 1, count);
   score(k, nv, nl + 1, count, dn);
   for (std::size_t j = 0; j < count; ++j) cands.push_back({dn[j], nl[1 + j]});
@@ -225,13 +231,7 @@ void HnswIndex::insert(Slot s, const Kernels& k) {
 
 void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads) {
   grow();
-  for (Slot s : slots) {
-    const int level = draw_level();
-    levels_[s] = static_cast<std::uint8_t>(level);
-    upper_[s] = level > 0 ? std::make_unique<std::uint32_t[]>(upper_words(s)) : nullptr;  // zeroed
-    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
-    core0_[s] = 0;
-  }
+  for (Slot s : slots) reset_slot(s, draw_level());
   const Kernels& k = active_kernels();
   std::size_t start = 0;
   // The first node must become the entry point before workers start from it.
@@ -374,12 +374,7 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     }
   }, 64);
 
-  for (Slot s : slots) {
-    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
-    core0_[s] = 0;
-    levels_[s] = 0;
-    upper_[s].reset();
-  }
+  for (Slot s : slots) reset_slot(s);
   // A node whose every neighbour (and their neighbours) was removed is re-linked by search.
   for (std::size_t s = 0; s < n; ++s) {
     if (!orphan[s] || static_cast<Slot>(s) == entry_ || entry_ == kNoSlot) continue;

@@ -25,6 +25,12 @@ namespace kbcore {
 class BinaryReader;
 class BinaryWriter;
 
+/// Upper bound of HnswParams::M, checked by the constructor and by load.
+inline constexpr std::size_t kMaxM = 256;
+/// The longest link list (level 0 holds 2M links): the size of the search stack buffers.
+inline constexpr std::size_t kMaxLinks = 2 * kMaxM;
+static_assert(kMaxLinks <= 0xFFFF, "core0_ counts level-0 links in 16 bits");
+
 /// Construction parameters. M: links per node on upper levels (2M on level 0);
 /// ef_construction: candidate list size while inserting; seed: level assignment.
 struct HnswParams {
@@ -142,6 +148,24 @@ class HnswIndex {
   std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef,
                                    int level, const Kernels& k, const Accept& accept,
                                    std::size_t* evals = nullptr) const;
+  /// The links of s at level: in place when unlocked (no concurrent writer), else copied
+  /// into `local` under s's lock (inserts run concurrently). Sets count; returns the ids.
+  template <bool kLocked>
+  const std::uint32_t* read_links(Slot s, int level, std::vector<std::uint32_t>& local, std::size_t& count) const {
+    if constexpr (kLocked) {
+      std::lock_guard<Lock> guard(lock_for(s));
+      const std::uint32_t* src = links(s, level);
+      local.assign(src + 1, src + 1 + src[0]);
+      count = local.size();
+      return local.data();
+    } else {
+      const std::uint32_t* src = links(s, level);
+      count = src[0];
+      return src + 1;
+    }
+  }
+  /// Empties s's lists and level (before an insert, or when s is freed or made pending).
+  void reset_slot(Slot s, int level = 0);
   template <bool kLocked>
   Scored greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const;
   /// Selection heuristic (Malkov & Yashunin, Algorithm 4): keep a candidate only if it is
@@ -149,9 +173,7 @@ class HnswIndex {
   /// the heuristic leaves free then take the pruned candidates, nearest first (the "keep
   /// pruned connections" option of the paper). Returns the number of heuristic ("core")
   /// links; cands becomes [core ascending, fill ascending]. Full lists raise recall per
-  /// distance evaluation: measured with M = 16, ef_construction = 200 (benches/bench_index.py),
-  /// SciFact recall@10 at ef 16 0.925 -> 0.946, about 1.2x QPS at recall 0.95; synthetic 100k
-  /// about 1.05x. core0_ keeps the core count of level-0 lists so that connect_back can
+  /// distance evaluation (figures in benches/README.md). core0_ keeps the core count of level-0 lists so that connect_back can
   /// settle most new links without re-running the heuristic.
   std::size_t select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
@@ -261,8 +283,10 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     if (accept(e.slot)) push_result(e);
   }
-  std::uint32_t fresh[4 + 2 * 256];
-  float dists[4 + 2 * 256];
+  // A list holds at most kMaxLinks links; score() writes whole blocks of four.
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(fresh) / sizeof(fresh[0]) >= kMaxLinks + 3, "fresh must hold a full list");
   while (!candidates.empty()) {
     const Scored c = candidates.front();
     if (results.size() >= ef && c.dist > results.front().dist) break;
@@ -270,19 +294,8 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     candidates.pop_back();
     // The next candidate's links will be read next: start loading them now.
     if (!kLocked && !candidates.empty()) prefetch_l1(links(candidates.front().slot, level));
-    const std::uint32_t* nl;
     std::size_t count;
-    if constexpr (kLocked) {
-      std::lock_guard<Lock> guard(lock_for(c.slot));
-      const std::uint32_t* src = links(c.slot, level);
-      local.assign(src + 1, src + 1 + src[0]);
-      nl = local.data();
-      count = local.size();
-    } else {
-      const std::uint32_t* src = links(c.slot, level);
-      count = src[0];
-      nl = src + 1;
-    }
+    const std::uint32_t* nl = read_links<kLocked>(c.slot, level, local, count);
     // Gather the unvisited neighbours first, prefetching their rows, then score them four
     // at a time: independent dot products keep the FMA units busy.
     std::size_t m = 0;
@@ -317,21 +330,10 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
     bool changed = true;
     while (changed) {
       changed = false;
-      const std::uint32_t* nl;
       std::size_t count;
-      if constexpr (kLocked) {
-        std::lock_guard<Lock> guard(lock_for(cur.slot));
-        const std::uint32_t* src = links(cur.slot, level);
-        local.assign(src + 1, src + 1 + src[0]);
-        nl = local.data();
-        count = local.size();
-      } else {
-        const std::uint32_t* src = links(cur.slot, level);
-        count = src[0];
-        nl = src + 1;
-      }
+      const std::uint32_t* nl = read_links<kLocked>(cur.slot, level, local, count);
       prefetch_rows(nl, count);
-      float d[4 + 2 * 256];
+      float d[4 + kMaxLinks];
       score(k, q, nl, count, d);
       for (std::size_t j = 0; j < count; ++j) {
         if (d[j] < cur.dist) {
@@ -377,9 +379,10 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   visited->test_and_set(cur.slot);
   candidates.push_back(cur);
   if (passes(cur.slot)) results.push_back(cur);
-  const std::size_t cap = m0_;  // at most 2 * 256 (M is at most 256)
-  std::uint32_t fresh[2 * 256];
-  float dists[2 * 256];
+  const std::size_t cap = m0_;  // at most kMaxLinks
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(dists) / sizeof(dists[0]) >= kMaxLinks + 3, "dists must hold a full list");
   std::size_t n_evals = 0;
   // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
   // that resuming with a larger ef loses nothing a fresh search with that ef would find.

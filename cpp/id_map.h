@@ -9,10 +9,10 @@
 #include <optional>
 #include <vector>
 
+#include "slot.h"
+
 namespace kbcore {
 
-using Slot = std::uint32_t;
-inline constexpr Slot kNoSlot = 0xFFFFFFFFu;
 
 class IdMap {
  public:

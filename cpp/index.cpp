@@ -258,7 +258,7 @@ Index::Strategy Index::choose_strategy(std::size_t passing, std::size_t live, st
   constexpr double kRandomAccess = 8.0;
   constexpr double kHopCost = 0.02;
   constexpr double kMinGraphSelectivity = 0.15;
-  // From this selectivity up, the plain walk (kWalk) replaces the two-hop traversal: measured
+  // From this selectivity up, the plain walk (kFilteredWalk) replaces the two-hop traversal: measured
   // on SciFact at 30% and 50%, it reaches recall@10 >= 0.95 at ef 16 where the two-hop
   // traversal needs ef 24, at the same cost per ef. A walk's node costs about half a two-hop
   // node (no second-hop link reads), hence the smaller per-evaluation factor.
@@ -273,10 +273,10 @@ Index::Strategy Index::choose_strategy(std::size_t passing, std::size_t live, st
     // it scores failing nodes too, but needs no two-hop link reads and reaches a given
     // recall at a lower ef than the two-hop traversal when most neighbours pass.
     const double walk = evals / sel * kWalkRandomAccess;
-    return static_cast<double>(passing) <= walk ? Strategy::kExact : Strategy::kWalk;
+    return static_cast<double>(passing) <= walk ? Strategy::kExact : Strategy::kFilteredWalk;
   }
   const double graph = evals * kRandomAccess * (1.0 + kHopCost / sel);
-  return static_cast<double>(passing) <= graph ? Strategy::kExact : Strategy::kGraph;
+  return static_cast<double>(passing) <= graph ? Strategy::kExact : Strategy::kTwoHop;
 }
 
 void Index::search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
@@ -336,7 +336,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
     };
     parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
       const float* q = prepared.data() + qi * dim;
-      if (strategy == Strategy::kGraph) {
+      if (strategy == Strategy::kTwoHop) {
         // Per query: where the passing rows are scarce around the query itself (the filter
         // is anti-correlated with it), a filtered walk must cross long failing stretches and
         // loses recall; the exact scan is used instead. The cost model chose the graph, so
@@ -349,7 +349,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
         finish_graph(qi, q, std::move(res));
         return;
       }
-      if (strategy == Strategy::kWalk) {
+      if (strategy == Strategy::kFilteredWalk) {
         finish_graph(qi, q, graph_->search_with(q, k, ef, [&allowed](Slot s) { return allowed.test(s); }));
         return;
       }
@@ -420,9 +420,9 @@ std::vector<Index::GroupPage> Index::search_groups(
   if (graph_) {
     strategy = force != Strategy::kAuto ? force
                : filter != nullptr      ? choose_strategy(passing, store_.size(), ef)
-                                        : Strategy::kGraph;
+                                        : Strategy::kTwoHop;
     // Grouped search has one traversal (search_expanding), which scores passing rows only.
-    if (strategy == Strategy::kWalk) strategy = Strategy::kGraph;
+    if (strategy == Strategy::kFilteredWalk) strategy = Strategy::kTwoHop;
   }
   std::vector<Slot> rows;
   if (strategy == Strategy::kExact) {
@@ -479,7 +479,7 @@ std::vector<Index::GroupPage> Index::search_groups(
     const float* q = prepared.data() + qi * dim;
     thread_local GroupedSlots tls_groups;  // per-thread scratch, reused across queries
     GroupedSlots& groups = tls_groups;
-    if (strategy == Strategy::kGraph) {
+    if (strategy == Strategy::kTwoHop) {
       // The candidate list in any order: counting distinct groups needs no sort.
       const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
       std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
@@ -499,7 +499,7 @@ std::vector<Index::GroupPage> Index::search_groups(
       // The traversal ran out of reachable candidates before k groups: never return a short
       // page when more groups may exist; answer this query exactly instead.
     }
-    const std::vector<Slot>& scan = strategy == Strategy::kGraph ? all_rows() : rows;
+    const std::vector<Slot>& scan = strategy == Strategy::kTwoHop ? all_rows() : rows;
     std::vector<float> d(scan.size());
     score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
     collapse_exact(scan, d, *field, k, group_size, groups);
@@ -611,7 +611,7 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
   if (c.dim == 0 || c.dim > 65536) r.fail("invalid dimension " + std::to_string(c.dim));
   if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
   if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
-  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > 256 || c.hnsw.ef_construction == 0 ||
+  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 ||
       c.ef_search > (1u << 30) || c.hnsw.ef_construction > (1u << 30)) {
     r.fail("invalid index parameters");
   }

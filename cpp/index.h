@@ -80,10 +80,10 @@ class Index {
   /// filtered graph traversal, whichever the cost model predicts is cheaper. If at least k
   /// rows pass, k results come back.
   /// `force` overrides the cost model (for benchmarks and tests); kAuto lets it choose.
-  /// kGraph is the two-hop traversal that scores passing rows only (for selective filters);
-  /// kWalk is the plain traversal that scores every node it meets and admits passing ones to
+  /// kTwoHop is the two-hop traversal that scores passing rows only (for selective filters);
+  /// kFilteredWalk is the plain traversal that scores every node it meets and admits passing ones to
   /// the results (for wide filters, where most neighbours pass anyway).
-  enum class Strategy : std::uint8_t { kExact = 0, kGraph = 1, kAuto = 2, kWalk = 3 };
+  enum class Strategy : std::uint8_t { kAuto = 0, kExact = 1, kTwoHop = 2, kFilteredWalk = 3 };
   void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
               std::size_t threads, std::int64_t* out_ids, float* out_dist,
               const FilterNode* filter = nullptr, Strategy force = Strategy::kAuto) const;

@@ -9,10 +9,10 @@
 #include "aligned.h"
 #include "bitmap.h"
 #include "id_map.h"
+#include "slot.h"
 
 namespace kbcore {
 
-// Slot (the number of a stored row) and kNoSlot ("none") come from id_map.h.
 
 class VectorStore {
  public:

@@ -22,8 +22,8 @@ std::size_t rows_of(const FloatArray& a, std::size_t dim, const char* what) {
 Index::Strategy parse_strategy(const std::string& name) {
   if (name == "auto") return Index::Strategy::kAuto;
   if (name == "exact") return Index::Strategy::kExact;
-  if (name == "graph") return Index::Strategy::kGraph;
-  if (name == "walk") return Index::Strategy::kWalk;
+  if (name == "graph") return Index::Strategy::kTwoHop;
+  if (name == "walk") return Index::Strategy::kFilteredWalk;
   throw InvalidArgument("strategy must be 'auto', 'exact', 'graph' or 'walk', got '" + name + "'");
 }
 
@@ -31,9 +31,9 @@ const char* strategy_name(Index::Strategy s) {
   switch (s) {
     case Index::Strategy::kExact:
       return "exact";
-    case Index::Strategy::kGraph:
+    case Index::Strategy::kTwoHop:
       return "graph";
-    case Index::Strategy::kWalk:
+    case Index::Strategy::kFilteredWalk:
       return "walk";
     default:
       return "auto";

@@ -6,6 +6,7 @@
 #include "bindings.h"
 #include "distance.h"
 #include "errors.h"
+#include "hnsw_index.h"
 #include "tokenizer.h"
 
 namespace kbcore::python {
@@ -57,6 +58,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("text"), py::arg("for_query") = false,
         "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
         "also index single CJK characters).");
+  m.attr("MAX_M") = kMaxM;  // the largest M an index accepts (links per node on upper levels)
   m.def("checksum64", [](py::bytes data) {
     const std::string_view v = data;
     return checksum64(v.data(), v.size());

@@ -144,8 +144,8 @@ class Index:
         if kind not in _KINDS:
             raise InvalidArgumentError(f"unknown kind {kind!r}; expected one of {_KINDS}")
         M = _positive("M", M)
-        if not 2 <= M <= 256:
-            raise InvalidArgumentError(f"M must be in [2, 256], got {M}")
+        if not 2 <= M <= _core.MAX_M:
+            raise InvalidArgumentError(f"M must be in [2, {_core.MAX_M}], got {M}")
         ef_construction = _positive("ef_construction", ef_construction)
         ef = _positive("ef", ef)
         if not isinstance(seed, (int, np.integer)) or seed < 0:
