@@ -7,6 +7,7 @@
 #include "binary_io.h"
 #include "errors.h"
 #include "parallel.h"
+#include "search_scratch.h"
 #include "tokenizer.h"
 
 namespace kbcore {
@@ -286,8 +287,9 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
       norm_version_ = version_;
     }
   }
-  thread_local std::vector<float> acc;
-  thread_local std::vector<Slot> touched;
+  SearchScratch& scratch = search_scratch();
+  std::vector<float>& acc = scratch.bm25_acc;
+  std::vector<Slot>& touched = scratch.bm25_touched;
   if (acc.size() < doc_len_.size()) acc.resize(doc_len_.size(), 0.0f);
   touched.clear();
   for (std::uint32_t term : ids) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "metadata_store.h"
+#include "prefetch.h"
 #include "topk.h"
 
 namespace kbcore {
@@ -29,6 +30,48 @@ struct GroupedSlots {
   std::size_t parts_begin(std::size_t g) const { return g == 0 ? 0 : parts_end[g - 1]; }
   void clear();
 };
+
+namespace detail {
+
+// One value per group ordinal, valid only when stamped with the current epoch: starting a
+// new pass is O(1) (bump the epoch) instead of clearing an array of every group, and nothing
+// needs undoing if a pass is abandoned by an exception. One instance per thread and purpose.
+class DenseMarks {
+ public:
+  /// Starts a pass over ordinals in [0, n); every ordinal reads as unmarked.
+  void begin(std::size_t n) {
+    if (slots_.size() < n) slots_.resize(n, Entry{0, 0});
+    if (++epoch_ == 0) {  // wrapped: old stamps could alias the new epoch
+      for (Entry& s : slots_) s.stamp = 0;
+      epoch_ = 1;
+    }
+  }
+  bool marked(std::uint32_t g) const { return slots_[g].stamp == epoch_; }
+  std::uint32_t value(std::uint32_t g) const { return slots_[g].value; }
+  void mark(std::uint32_t g, std::uint32_t v) { slots_[g] = Entry{epoch_, v}; }
+  /// Starts loading the entry of g (the caller will look it up soon).
+  void prefetch(std::uint32_t g) const { prefetch_l1(&slots_[g]); }
+
+ private:
+  struct Entry {
+    std::uint32_t stamp;
+    std::uint32_t value;
+  };
+  std::vector<Entry> slots_;  // stamp and value side by side: one cache line per lookup
+  std::uint32_t epoch_ = 0;
+};
+
+/// Per-thread scratch of the grouping functions (a part of SearchScratch, search_scratch.h).
+struct GroupingScratch {
+  DenseMarks marks;
+  std::vector<std::uint32_t> per_hit;
+  std::vector<std::uint32_t> per_group;
+  std::vector<Scored> best_of;
+  std::vector<std::pair<Scored, std::uint32_t>> ranked;
+  std::vector<std::pair<std::uint32_t, Scored>> members;
+};
+
+}  // namespace detail
 
 /// Groups `sorted` (ascending) by field.group_of into `out` (cleared first); keeps the first
 /// k groups to appear (the k with the best distances) and, for them, the best group_size hits

@@ -383,13 +383,6 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
   ensure_reachable(k, &dead);
 }
 
-namespace detail {
-ExpandScratch& expand_scratch() {
-  thread_local ExpandScratch scratch;
-  return scratch;
-}
-}  // namespace detail
-
 std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef,
                                                const Bitmap& allowed, std::size_t* evals) const {
   std::vector<Scored> res = search_expanding(q, std::max(ef, k), &allowed,

@@ -16,6 +16,7 @@
 #include "bitmap.h"
 #include "distance.h"
 #include "prefetch.h"
+#include "search_scratch.h"
 #include "topk.h"
 #include "vector_store.h"
 #include "visited_pool.h"
@@ -208,16 +209,6 @@ namespace detail {
 struct ScoredGreater {
   bool operator()(const Scored& a, const Scored& b) const { return b < a; }
 };
-/// Per-thread scratch of search_expanding (which is not reentrant on one thread).
-struct ExpandScratch {
-  std::vector<Scored> candidates;
-  std::vector<Scored> deferred;
-  std::vector<Scored> again;
-};
-/// This thread's ExpandScratch. Out of line on purpose: the search then holds a plain
-/// pointer, where a thread_local named in its hot loop is re-resolved (a __tls_get_addr call
-/// in a shared library) at nearly every use, once per scored node.
-ExpandScratch& expand_scratch();
 }  // namespace detail
 
 inline void HnswIndex::prefetch_row(Slot s) const {
@@ -264,8 +255,9 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
   auto visited = visited_.acquire(levels_.size());
   // candidates: min-heap of the frontier; results: max-heap of the best ef admitted nodes.
   // Scratch buffers are per thread so that a search allocates nothing in steady state.
-  thread_local std::vector<Scored> candidates;
-  thread_local std::vector<std::uint32_t> local;
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& candidates = scratch.layer_candidates;
+  std::vector<std::uint32_t>& local = scratch.layer_links;
   candidates.clear();
   std::vector<Scored> results;
   results.reserve(ef + 1);
@@ -371,8 +363,8 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
   auto visited = visited_.acquire(levels_.size());
-  detail::ExpandScratch& scratch = detail::expand_scratch();
-  std::vector<Scored>& candidates = scratch.candidates;
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& candidates = scratch.expand_candidates;
   candidates.clear();
   std::vector<Scored> results;
   results.reserve(ef + 1);
@@ -388,8 +380,8 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   // that resuming with a larger ef loses nothing a fresh search with that ef would find.
   // Kept per thread so that steady-state searches do not regrow it: most searches never
   // resume and only ever append here.
-  std::vector<Scored>& deferred = scratch.deferred;
-  std::vector<Scored>& again = scratch.again;
+  std::vector<Scored>& deferred = scratch.expand_deferred;
+  std::vector<Scored>& again = scratch.expand_again;
   deferred.clear();
   const auto offer = [&](const Scored& e) {
     if (results.size() < ef || e.dist < results.front().dist) {

@@ -6,7 +6,6 @@
 // and may run concurrently from any number of threads; add and remove take the exclusive lock,
 // so they wait for running searches and block new ones until they finish.
 #include <cstdint>
-#include <atomic>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -19,6 +18,7 @@
 #include "grouping.h"
 #include "metadata_store.h"
 #include "hnsw_index.h"
+#include "search_plan.h"
 #include "vector_store.h"
 
 namespace kbcore {
@@ -73,20 +73,18 @@ class Index {
   std::size_t pending_rows() const;
   /// Removes ids; throws NotFound (and removes nothing) if any id is absent or repeated.
   void remove(const std::int64_t* ids, std::size_t n, std::size_t threads);
-  /// k nearest per query into caller buffers [nq x k], ascending; padded with -1 / +inf.
-  /// ef = 0 uses ef_search(). Shared lock; batches use `threads` threads (0 = all cores).
-  /// `filter` (optional) restricts results to rows whose metadata passes it; it is evaluated
-  /// once per call to a bitmap, then each query runs an exact scan of the passing rows or a
-  /// filtered graph traversal, whichever the cost model predicts is cheaper. If at least k
-  /// rows pass, k results come back.
-  /// `force` overrides the cost model (for benchmarks and tests); kAuto lets it choose.
-  /// kTwoHop is the two-hop traversal that scores passing rows only (for selective filters);
-  /// kFilteredWalk is the plain traversal that scores every node it meets and admits passing ones to
-  /// the results (for wide filters, where most neighbours pass anyway).
-  enum class Strategy : std::uint8_t { kAuto = 0, kExact = 1, kTwoHop = 2, kFilteredWalk = 3 };
-  void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
-              std::size_t threads, std::int64_t* out_ids, float* out_dist,
-              const FilterNode* filter = nullptr, Strategy force = Strategy::kAuto) const;
+  /// The strategies of a filtered search (search_plan.h).
+  using Strategy = kbcore::Strategy;
+  /// params.k nearest per query into caller buffers [nq x k], ascending; padded with -1 /
+  /// +inf. Shared lock; batches use params.threads threads (0 = all cores). With
+  /// params.filter, results are restricted to rows whose metadata passes it: it is evaluated
+  /// once per call, then each query runs an exact scan of the passing rows or a filtered
+  /// graph traversal, whichever the cost model (search_plan.h) predicts is cheaper, unless
+  /// params.force names one. If at least k rows pass, k results come back. Throws
+  /// InvalidArgument for k = 0, an invalid filter, or a NaN / infinite (or, for cosine, zero)
+  /// query.
+  void search(const float* queries, std::size_t nq, const SearchParams& params, std::int64_t* out_ids,
+              float* out_dist) const;
   /// The groups of one query of a grouped search, best first, flattened (a few arrays per
   /// query instead of a few per group). Group g has key key_kinds[g] (kInt: key_ints[g];
   /// kStr: key_chars[key_str_begin(g), key_str_end[g])), its best hits ids/distances
@@ -108,16 +106,12 @@ class Index {
     std::size_t best_begin(std::size_t g) const { return g == 0 ? 0 : best_end[g - 1]; }
     std::size_t parts_begin(std::size_t g) const { return g == 0 ? 0 : parts_end[g - 1]; }
   };
-  /// Up to k groups per query, grouped by the int or str metadata field `group_by` and ordered
+  /// Up to params.k groups per query, grouped by the int or str metadata field params.group_by and ordered
   /// by best distance. The graph search keeps doubling its candidate list until k distinct
   /// groups are found or the (filtered) index is exhausted; the exact path (flat kind or few
   /// passing rows) groups every passing row. Rows without a group value are never returned.
   /// Throws InvalidArgument if no stored row has the field. Shared lock.
-  std::vector<GroupPage> search_groups(const float* queries, std::size_t nq, std::size_t k,
-                                       const std::string& group_by, std::size_t group_size,
-                                       std::size_t ef, std::size_t threads,
-                                       const FilterNode* filter = nullptr,
-                                       Strategy force = Strategy::kAuto) const;
+  std::vector<GroupPage> search_groups(const float* queries, std::size_t nq, const GroupParams& params) const;
   /// BM25 full-text search over the rows' texts: up to k (id, score) pairs per query, score
   /// descending; rows matching no query term are not returned. Shared lock.
   std::vector<std::pair<std::int64_t, float>> search_text(const std::string& query, std::size_t k,
@@ -148,11 +142,19 @@ class Index {
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
   /// Measured distance evaluations per unit of ef of recent unfiltered graph searches.
-  double evals_per_ef() const { return static_cast<double>(evals_per_ef_x1024_.load()) / 1024.0; }
+  double evals_per_ef() const { return evals_.per_ef(); }
 
  private:
-  /// Copies and (for cosine) normalises one query; throws on NaN/inf.
-  void prepare_query(const float* q, float* out) const;
+  /// Checks k and the filter, then copies and (for cosine) normalises the queries; throws
+  /// InvalidArgument on k = 0, an invalid filter, NaN / infinity or a zero cosine query.
+  std::vector<float> prepare_queries(const float* queries, std::size_t nq, std::size_t k,
+                                     const FilterNode* filter) const;
+  /// res (ascending) completed with the exact scan of the rows whose graph insertion is
+  /// deferred (those passing `allowed`, if given), keeping the `keep` best. Shared lock held.
+  std::vector<Scored> merge_pending(std::vector<Scored> res, const float* q, const Bitmap* allowed,
+                                    std::size_t keep) const;
+  /// The rows an exact scan reads, ascending: those of `allowed`, or every live row.
+  std::vector<Slot> candidate_rows(const Bitmap* allowed, std::size_t passing) const;
   void remove_locked(const std::vector<Slot>& slots, std::size_t threads);
 
   IndexConfig config_;
@@ -160,9 +162,8 @@ class Index {
   std::unique_ptr<HnswIndex> graph_;  // null for flat
   MetadataStore meta_;
   Bm25Index text_;
-  // Measured graph work: distance evaluations per unit of ef over recent unfiltered searches
-  // (an exponential average, in 1/1024 units), feeding the filtered-search cost model.
-  mutable std::atomic<std::uint64_t> evals_per_ef_x1024_{12 * 1024};
+  // Measured graph work of recent unfiltered searches, feeding the filtered-search cost model.
+  mutable EvalStats evals_;
   mutable std::shared_mutex mutex_;
 };
 

@@ -189,14 +189,19 @@ void bind_index(py::module_& m) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              if (k == 0) throw InvalidArgument("k must be positive, got 0");
              const FilterRef node(filter);
-             const Index::Strategy force = parse_strategy(strategy);
+             SearchParams params;
+             params.k = k;
+             params.ef = ef;
+             params.threads = threads;
+             params.filter = node.get();
+             params.force = parse_strategy(strategy);
              IdArray ids({nq, k});
              FloatArray dist({nq, k});
              {
                std::int64_t* pi = ids.mutable_data();
                float* pd = dist.mutable_data();
                py::gil_scoped_release nogil;
-               self.search(queries.data(), nq, k, ef, threads, pi, pd, node.get(), force);
+               self.search(queries.data(), nq, params, pi, pd);
              }
              return py::make_tuple(ids, dist);
            },
@@ -208,13 +213,19 @@ void bind_index(py::module_& m) {
               const std::string& strategy, const py::object& group_type) {
              const std::size_t nq = rows_of(queries, self.dim(), "queries");
              const FilterRef node(filter);
-             const Index::Strategy force = parse_strategy(strategy);
+             GroupParams params;
+             params.k = k;
+             params.ef = ef;
+             params.threads = threads;
+             params.filter = node.get();
+             params.force = parse_strategy(strategy);
+             params.group_by = group_by;
+             params.group_size = group_size;
              PyTypeObject* type = group_tuple_type(group_type);
              std::vector<Index::GroupPage> pages;
              {
                py::gil_scoped_release nogil;
-               pages = self.search_groups(queries.data(), nq, k, group_by, group_size, ef, threads,
-                                          node.get(), force);
+               pages = self.search_groups(queries.data(), nq, params);
              }
              py::list out(nq);
              for (std::size_t qi = 0; qi < nq; ++qi) {

@@ -40,7 +40,7 @@ KBCORE_TEST(flat_is_exact_and_filters) {
     auto q = clustered(20, dim, 4);
     std::vector<std::int64_t> out(20 * k);
     std::vector<float> d(20 * k);
-    index.search(q.data(), 20, k, 0, 1, out.data(), d.data(), &f);
+    index.search(q.data(), 20, params(k, 0, 1, &f), out.data(), d.data());
     for (std::size_t i = 0; i < 20; ++i) {
       std::vector<std::int64_t> got(out.begin() + i * k, out.begin() + (i + 1) * k);
       const auto want = exact_topk(x, ids, q.data() + i * dim, dim, k, [&](std::size_t r) { return tag[r] < 2; });

@@ -51,7 +51,7 @@ KBCORE_TEST(grouped_search_agrees_with_brute_force) {
   for (auto kind : {kbcore::IndexKind::kFlat, kbcore::IndexKind::kHnsw}) {
     kbcore::Index index(config(dim, kind));
     index.add(x.data(), ids.data(), n, 2, {int_column("doc", doc, valid)});
-    const auto pages = index.search_groups(q.data(), nq, k, "doc", size, 256, 2);
+    const auto pages = index.search_groups(q.data(), nq, group_params(k, "doc", size, 256, 2));
     CHECK(pages.size() == nq);
     std::size_t same = 0;
     for (std::size_t qi = 0; qi < nq; ++qi) {
@@ -85,5 +85,5 @@ KBCORE_TEST(grouped_search_agrees_with_brute_force) {
   }
   kbcore::Index empty_field(config(dim, kbcore::IndexKind::kFlat));
   empty_field.add(x.data(), ids.data(), 10, 1);
-  CHECK(throws<kbcore::InvalidArgument>([&] { empty_field.search_groups(q.data(), 1, k, "doc", 1, 0, 1); }));
+  CHECK(throws<kbcore::InvalidArgument>([&] { empty_field.search_groups(q.data(), 1, group_params(k, "doc", 1, 0, 1)); }));
 }

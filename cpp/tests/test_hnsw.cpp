@@ -25,7 +25,7 @@ KBCORE_TEST(hnsw_recall_delete_and_reload) {
   auto q = clustered(50, dim, 8);
   std::vector<std::int64_t> out_ids(50 * k);
   std::vector<float> out_d(50 * k);
-  index.search(q.data(), 50, k, 0, 2, out_ids.data(), out_d.data());
+  index.search(q.data(), 50, params(k, 0, 2), out_ids.data(), out_d.data());
   double r = 0;
   for (std::size_t i = 0; i < 50; ++i) {
     std::vector<std::int64_t> got(out_ids.begin() + i * k, out_ids.begin() + (i + 1) * k);
@@ -37,7 +37,7 @@ KBCORE_TEST(hnsw_recall_delete_and_reload) {
   for (std::size_t i = 0; i < n; i += 3) gone.push_back(ids[i]);
   index.remove(gone.data(), gone.size(), 2);
   CHECK(index.size() == n - gone.size());
-  index.search(q.data(), 50, k, 0, 1, out_ids.data(), out_d.data());
+  index.search(q.data(), 50, params(k, 0, 1), out_ids.data(), out_d.data());
   std::set<std::int64_t> gone_set(gone.begin(), gone.end());
   for (auto id : out_ids) CHECK(!gone_set.count(id));
   CHECK(throws<kbcore::NotFound>([&] { index.remove(gone.data(), 1, 1); }));
@@ -47,7 +47,7 @@ KBCORE_TEST(hnsw_recall_delete_and_reload) {
   auto loaded = kbcore::Index::load(path);
   std::vector<std::int64_t> ids2(50 * k);
   std::vector<float> d2(50 * k);
-  loaded->search(q.data(), 50, k, 0, 1, ids2.data(), d2.data());
+  loaded->search(q.data(), 50, params(k, 0, 1), ids2.data(), d2.data());
   CHECK(ids2 == out_ids);
   // Truncations and a flipped byte are FormatErrors, never crashes.
   std::ifstream in(path, std::ios::binary);
@@ -76,6 +76,6 @@ KBCORE_TEST(bad_input_changes_nothing) {
   CHECK(index.size() == 0);
   std::vector<std::int64_t> out(3);
   std::vector<float> d(3);
-  index.search(v.data(), 1, 3, 0, 1, out.data(), d.data());
+  index.search(v.data(), 1, params(3, 0, 1), out.data(), d.data());
   CHECK(out[0] == -1 && std::isinf(d[0]));
 }

@@ -101,6 +101,29 @@ inline kbcore::IndexConfig config(std::size_t dim, kbcore::IndexKind kind) {
   return c;
 }
 
+/// Search parameters: k results at ef (0 = the index default) on `threads` threads.
+inline kbcore::SearchParams params(std::size_t k, std::size_t ef, std::size_t threads,
+                                   const kbcore::FilterNode* filter = nullptr) {
+  kbcore::SearchParams p;
+  p.k = k;
+  p.ef = ef;
+  p.threads = threads;
+  p.filter = filter;
+  return p;
+}
+
+/// Grouped search parameters.
+inline kbcore::GroupParams group_params(std::size_t k, const std::string& group_by, std::size_t group_size,
+                                        std::size_t ef, std::size_t threads) {
+  kbcore::GroupParams p;
+  p.k = k;
+  p.ef = ef;
+  p.threads = threads;
+  p.group_by = group_by;
+  p.group_size = group_size;
+  return p;
+}
+
 /// An int column over n rows (all valid unless `valid` is given).
 inline kbcore::ColumnInput int_column(const std::string& name, const std::vector<std::int64_t>& v,
                                       const std::vector<std::uint8_t>& valid) {
