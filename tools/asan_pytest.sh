@@ -43,4 +43,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 if [ "$#" -eq 0 ]; then
   set -- tests
 fi
-python -m pytest -q -p no:cacheprovider "$@"
+# Deselected: a test whose child process gets a clean environment (no LD_PRELOAD), which then
+# cannot load the instrumented extension; it checks Python hashing, not native code.
+python -m pytest -q -p no:cacheprovider \
+  --deselect tests/test_embedders.py::test_hashing_is_stable_across_processes "$@"
