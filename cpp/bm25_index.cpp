@@ -58,9 +58,9 @@ namespace {
 struct BatchWorker {
   StringTable vocab;
   TokenBuffer tokens;
-  std::vector<std::uint32_t> local;                          // local term id per token
-  std::vector<std::uint32_t> seen;                           // per local term: last row + 1
-  std::vector<std::uint32_t> count;                          // per local term: tf in that row
+  std::vector<std::uint32_t> local;                            // local term id per token
+  std::vector<std::uint32_t> seen;                             // per local term: last row + 1
+  std::vector<std::uint32_t> count;                            // per local term: tf in that row
   std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs;  // (local term, tf), row after row
 };
 
@@ -82,35 +82,38 @@ Bm25Batch::Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::
   std::vector<BatchWorker> work(workers);
   std::vector<std::uint32_t> row_worker(n, 0);
   std::vector<std::uint64_t> row_first(n, 0);  // index of the row's first pair in its worker's list
-  parallel_for(n, workers, [&](std::size_t i, std::size_t w) {
-    if (!texts[i]) return;
-    BatchWorker& bw = work[w];
-    tokenize_into(*texts[i], /*for_query=*/false, bw.tokens);
-    const std::size_t len = bw.tokens.size();
-    bw.local.resize(len);
-    for (std::size_t j = 0; j < len; ++j) bw.local[j] = bw.vocab.intern(bw.tokens[j]).first;
-    if (bw.seen.size() < bw.vocab.size()) {
-      bw.seen.resize(bw.vocab.size() * 2, 0);
-      bw.count.resize(bw.vocab.size() * 2, 0);
-    }
-    const auto stamp = static_cast<std::uint32_t>(i + 1);
-    const std::size_t first = bw.pairs.size();
-    for (std::size_t j = 0; j < len; ++j) {
-      const std::uint32_t t = bw.local[j];
-      if (bw.seen[t] != stamp) {
-        bw.seen[t] = stamp;
-        bw.count[t] = 0;
-        bw.pairs.emplace_back(t, 0);
-      }
-      ++bw.count[t];
-    }
-    for (std::size_t p = first; p < bw.pairs.size(); ++p) bw.pairs[p].second = bw.count[bw.pairs[p].first];
-    has_text_[i] = 1;
-    row_len_[i] = len;
-    row_terms_[i] = static_cast<std::uint32_t>(bw.pairs.size() - first);
-    row_worker[i] = static_cast<std::uint32_t>(w);
-    row_first[i] = first;
-  }, 64);
+  parallel_for(
+      n, workers,
+      [&](std::size_t i, std::size_t w) {
+        if (!texts[i]) return;
+        BatchWorker& bw = work[w];
+        tokenize_into(*texts[i], /*for_query=*/false, bw.tokens);
+        const std::size_t len = bw.tokens.size();
+        bw.local.resize(len);
+        for (std::size_t j = 0; j < len; ++j) bw.local[j] = bw.vocab.intern(bw.tokens[j]).first;
+        if (bw.seen.size() < bw.vocab.size()) {
+          bw.seen.resize(bw.vocab.size() * 2, 0);
+          bw.count.resize(bw.vocab.size() * 2, 0);
+        }
+        const auto stamp = static_cast<std::uint32_t>(i + 1);
+        const std::size_t first = bw.pairs.size();
+        for (std::size_t j = 0; j < len; ++j) {
+          const std::uint32_t t = bw.local[j];
+          if (bw.seen[t] != stamp) {
+            bw.seen[t] = stamp;
+            bw.count[t] = 0;
+            bw.pairs.emplace_back(t, 0);
+          }
+          ++bw.count[t];
+        }
+        for (std::size_t p = first; p < bw.pairs.size(); ++p) bw.pairs[p].second = bw.count[bw.pairs[p].first];
+        has_text_[i] = 1;
+        row_len_[i] = len;
+        row_terms_[i] = static_cast<std::uint32_t>(bw.pairs.size() - first);
+        row_worker[i] = static_cast<std::uint32_t>(w);
+        row_first[i] = first;
+      },
+      64);
 
   // 2. Row by row: map the workers' local terms to batch terms, numbering new terms in order
   //    of first appearance (within a row, by term bytes), and count each term's rows.
@@ -170,8 +173,8 @@ Bm25Batch::Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::
 void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads) {
   const std::size_t n = batch.rows();
   if (slots.size() != n) {
-    throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " +
-                          std::to_string(n) + " rows");
+    throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " + std::to_string(n) +
+                          " rows");
   }
   if (n == 0) return;
   grow(static_cast<std::size_t>(*std::max_element(slots.begin(), slots.end())) + 1);
@@ -318,12 +321,11 @@ std::size_t Bm25Index::memory_bytes() const {
   std::size_t b = terms_.memory_bytes();
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
-  return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 +
-         [&] {
-           std::size_t w = 0;
-           for (const auto& v : weights_) w += v.capacity() * 4;
-           return w;
-         }();
+  return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 + [&] {
+    std::size_t w = 0;
+    for (const auto& v : weights_) w += v.capacity() * 4;
+    return w;
+  }();
 }
 
 // Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.

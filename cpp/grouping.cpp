@@ -21,11 +21,11 @@ void GroupedSlots::clear() {
   parts.clear();
 }
 
-void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
-                     std::size_t group_size, GroupedSlots& out) {
+void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k, std::size_t group_size,
+                     GroupedSlots& out) {
   out.clear();
   detail::GroupingScratch& sc = search_scratch().grouping;
-  detail::DenseMarks& rank_of = sc.marks;                         // group ordinal -> rank among kept groups
+  detail::DenseMarks& rank_of = sc.marks;                // group ordinal -> rank among kept groups
   std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
   std::vector<std::uint32_t>& count = sc.per_group;      // per kept group: parts met
   rank_of.begin(field.group_keys.size());
@@ -93,8 +93,8 @@ std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, st
   return n;
 }
 
-void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field,
-                    std::size_t k, std::size_t group_size, GroupedSlots& out) {
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field, std::size_t k,
+                    std::size_t group_size, GroupedSlots& out) {
   out.clear();
   // Best distance per group in one pass over dense ordinals, then the k best groups.
   const std::size_t ng = field.group_keys.size();
@@ -132,9 +132,8 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
     if (g == Field::kNoGroup || !rank_of.marked(g)) continue;
     members.push_back({rank_of.value(g), Scored{dist[i], rows[i]}});
   }
-  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first < b.first : a.second < b.second;
-  });
+  std::sort(members.begin(), members.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : a.second < b.second; });
   out.best_end.resize(ranked.size());
   out.parts_end.resize(ranked.size());
   out.parts.reserve(members.size());

@@ -19,8 +19,8 @@ namespace kbcore {
 /// hits are best[best_begin(g), best_end[g]) and the parts met parts[parts_begin(g),
 /// parts_end[g]), both ascending by distance (the best hits are a prefix of the parts).
 struct GroupedSlots {
-  std::vector<std::uint32_t> ordinals;   // dense group ordinal in the field, one per group
-  std::vector<std::uint32_t> best_end;   // one per group: end offset of its hits in `best`
+  std::vector<std::uint32_t> ordinals;  // dense group ordinal in the field, one per group
+  std::vector<std::uint32_t> best_end;  // one per group: end offset of its hits in `best`
   std::vector<Scored> best;
   std::vector<std::uint32_t> parts_end;  // one per group: end offset of its parts in `parts`
   std::vector<Slot> parts;
@@ -77,8 +77,8 @@ struct GroupingScratch {
 /// k groups to appear (the k with the best distances) and, for them, the best group_size hits
 /// and every part met. Slots without a group value are skipped. The field's index must be
 /// built. O(|sorted|), no allocation in steady state beyond `out`'s growth.
-void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
-                     std::size_t group_size, GroupedSlots& out);
+void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k, std::size_t group_size,
+                     GroupedSlots& out);
 
 /// Number of distinct groups among `hits` (any order), counting stops at `k`. O(|hits|).
 std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k);
@@ -87,7 +87,7 @@ std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, st
 /// (cleared first): the k groups with the smallest best distance, each with its best
 /// group_size hits and every part among rows. O(|rows| + groups + m log m) for the m parts of
 /// the k groups.
-void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field,
-                    std::size_t k, std::size_t group_size, GroupedSlots& out);
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field, std::size_t k,
+                    std::size_t group_size, GroupedSlots& out);
 
 }  // namespace kbcore

@@ -164,9 +164,8 @@ void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool
   }
   std::vector<Scored> eps{cur};
   for (int l = std::min(level, top); l >= 0; --l) {
-    std::vector<Scored> w = locked
-        ? search_layer<true>(q, eps, params_.ef_construction, l, k, AcceptAll{})
-        : search_layer<false>(q, eps, params_.ef_construction, l, k, AcceptAll{});
+    std::vector<Scored> w = locked ? search_layer<true>(q, eps, params_.ef_construction, l, k, AcceptAll{})
+                                   : search_layer<false>(q, eps, params_.ef_construction, l, k, AcceptAll{});
     // The node itself can be met when it is being re-linked during repair.
     w.erase(std::remove_if(w.begin(), w.end(), [s](const Scored& x) { return x.slot == s; }), w.end());
     eps = w;
@@ -240,7 +239,8 @@ void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads
     start = 1;
   }
   const std::size_t workers = resolve_threads(threads, slots.size() - start);
-  parallel_for(slots.size() - start, workers, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
+  parallel_for(
+      slots.size() - start, workers, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
   if (workers > 1) ensure_reachable(k);
 }
 
@@ -324,8 +324,9 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     }
   }
   if (pending_removed) {
-    pending_list_.erase(std::remove_if(pending_list_.begin(), pending_list_.end(), [&](Slot s) { return dead[s] != 0; }),
-                        pending_list_.end());
+    pending_list_.erase(
+        std::remove_if(pending_list_.begin(), pending_list_.end(), [&](Slot s) { return dead[s] != 0; }),
+        pending_list_.end());
   }
   const Kernels& k = active_kernels();
   if (entry_ != kNoSlot && dead[entry_]) pick_new_entry(dead);
@@ -339,40 +340,43 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     if (store_.is_live(static_cast<Slot>(s)) && !dead[s]) live.push_back(static_cast<Slot>(s));
   }
   std::vector<std::uint8_t> orphan(n, 0);
-  parallel_for(live.size(), threads, [&](std::size_t i, std::size_t) {
-    const Slot p = live[i];
-    const float* pv = store_.vector(p);
-    for (int l = 0; l <= levels_[p]; ++l) {
-      std::uint32_t* pl = links(p, l);
-      bool touched = false;
-      for (std::size_t j = 0; j < pl[0]; ++j) touched |= dead[pl[1 + j]] != 0;
-      if (!touched) continue;
-      std::vector<Slot> pool;
-      for (std::size_t j = 0; j < pl[0]; ++j) {
-        const Slot x = pl[1 + j];
-        if (!dead[x]) {
-          pool.push_back(x);
-          continue;
+  parallel_for(
+      live.size(), threads,
+      [&](std::size_t i, std::size_t) {
+        const Slot p = live[i];
+        const float* pv = store_.vector(p);
+        for (int l = 0; l <= levels_[p]; ++l) {
+          std::uint32_t* pl = links(p, l);
+          bool touched = false;
+          for (std::size_t j = 0; j < pl[0]; ++j) touched |= dead[pl[1 + j]] != 0;
+          if (!touched) continue;
+          std::vector<Slot> pool;
+          for (std::size_t j = 0; j < pl[0]; ++j) {
+            const Slot x = pl[1 + j];
+            if (!dead[x]) {
+              pool.push_back(x);
+              continue;
+            }
+            const std::uint32_t* xl = links(x, l);
+            for (std::size_t t = 0; t < xl[0]; ++t) {
+              const Slot y = xl[1 + t];
+              if (y != p && !dead[y]) pool.push_back(y);
+            }
+          }
+          std::sort(pool.begin(), pool.end());
+          pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+          std::vector<Scored> cands;
+          cands.reserve(pool.size());
+          for (Slot y : pool) cands.push_back({distance(k, metric_, pv, store_.vector(y), store_.dim()), y});
+          std::sort(cands.begin(), cands.end());
+          const std::size_t core = select_neighbors(cands, capacity(l), k);
+          pl[0] = static_cast<std::uint32_t>(cands.size());
+          for (std::size_t j = 0; j < cands.size(); ++j) pl[1 + j] = cands[j].slot;
+          if (l == 0) core0_[p] = static_cast<std::uint16_t>(core);
+          if (l == 0 && cands.empty()) orphan[p] = 1;
         }
-        const std::uint32_t* xl = links(x, l);
-        for (std::size_t t = 0; t < xl[0]; ++t) {
-          const Slot y = xl[1 + t];
-          if (y != p && !dead[y]) pool.push_back(y);
-        }
-      }
-      std::sort(pool.begin(), pool.end());
-      pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
-      std::vector<Scored> cands;
-      cands.reserve(pool.size());
-      for (Slot y : pool) cands.push_back({distance(k, metric_, pv, store_.vector(y), store_.dim()), y});
-      std::sort(cands.begin(), cands.end());
-      const std::size_t core = select_neighbors(cands, capacity(l), k);
-      pl[0] = static_cast<std::uint32_t>(cands.size());
-      for (std::size_t j = 0; j < cands.size(); ++j) pl[1 + j] = cands[j].slot;
-      if (l == 0) core0_[p] = static_cast<std::uint16_t>(core);
-      if (l == 0 && cands.empty()) orphan[p] = 1;
-    }
-  }, 64);
+      },
+      64);
 
   for (Slot s : slots) reset_slot(s);
   // A node whose every neighbour (and their neighbours) was removed is re-linked by search.
@@ -383,10 +387,10 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
   ensure_reachable(k, &dead);
 }
 
-std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef,
-                                               const Bitmap& allowed, std::size_t* evals) const {
-  std::vector<Scored> res = search_expanding(q, std::max(ef, k), &allowed,
-                                             [](const std::vector<Scored>&) { return true; }, evals);
+std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef, const Bitmap& allowed,
+                                               std::size_t* evals) const {
+  std::vector<Scored> res = search_expanding(
+      q, std::max(ef, k), &allowed, [](const std::vector<Scored>&) { return true; }, evals);
   if (res.size() > k) res.resize(k);
   return res;
 }
@@ -415,8 +419,7 @@ double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const
 
 std::size_t HnswIndex::memory_bytes() const {
   std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + core0_.capacity() * sizeof(std::uint16_t) +
-                      levels_.capacity() +
-                      upper_.capacity() * sizeof(upper_[0]);
+                      levels_.capacity() + upper_.capacity() * sizeof(upper_[0]);
   for (std::size_t s = 0; s < levels_.size(); ++s) bytes += upper_words(static_cast<Slot>(s)) * sizeof(std::uint32_t);
   return bytes;
 }
@@ -511,8 +514,7 @@ void HnswIndex::load(BinaryReader& r) {
   if (graph_nodes == 0) {
     if (entry != kNoSlot || max_level != -1) r.fail("empty graph with an entry point");
   } else {
-    if (entry >= n || !store_.is_live(entry) || pending[entry] || levels[entry] != max_level ||
-        max_level != seen_max) {
+    if (entry >= n || !store_.is_live(entry) || pending[entry] || levels[entry] != max_level || max_level != seen_max) {
       r.fail("invalid entry point");
     }
   }

@@ -75,14 +75,14 @@ class HnswIndex {
   /// Same, admitting only slots for which accept(slot) is true into the results; the
   /// traversal still walks through rejected nodes (so the graph stays navigable).
   template <typename Accept>
-  std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef,
-                                  const Accept& accept, std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                                  std::size_t* evals = nullptr) const;
   /// Filtered search that computes distances only for slots in `allowed`: a neighbour that
   /// fails the filter is not scored but its own neighbours are (two-hop expansion, ACORN-1 of
   /// Patel et al., SIGMOD 2024), and each expansion keeps at most 2M passing candidates, so
   /// the graph stays navigable when most neighbours fail. Thread-safe against other searches.
-  std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef,
-                                      const Bitmap& allowed, std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef, const Bitmap& allowed,
+                                      std::size_t* evals = nullptr) const;
 
   /// Fraction of the slots within two hops of the query's level-0 entry point (found by the
   /// greedy descent of every search) that pass `allowed`: the selectivity of the filter in
@@ -96,8 +96,8 @@ class HnswIndex {
   /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
   /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
   template <typename Enough>
-  std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
-                                       Enough enough, std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
+                                       std::size_t* evals = nullptr) const;
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
@@ -146,9 +146,8 @@ class HnswIndex {
   void connect_back(Slot n, Slot s, float d, int level, const Kernels& k, bool locked);
   /// Candidate search on one level from entry points; results ascending, at most ef.
   template <bool kLocked, typename Accept>
-  std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef,
-                                   int level, const Kernels& k, const Accept& accept,
-                                   std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef, int level,
+                                   const Kernels& k, const Accept& accept, std::size_t* evals = nullptr) const;
   /// The links of s at level: in place when unlocked (no concurrent writer), else copied
   /// into `local` under s's lock (inserts run concurrently). Sets count; returns the ids.
   template <bool kLocked>
@@ -174,8 +173,8 @@ class HnswIndex {
   /// the heuristic leaves free then take the pruned candidates, nearest first (the "keep
   /// pruned connections" option of the paper). Returns the number of heuristic ("core")
   /// links; cands becomes [core ascending, fill ascending]. Full lists raise recall per
-  /// distance evaluation (figures in benches/README.md). core0_ keeps the core count of level-0 lists so that connect_back can
-  /// settle most new links without re-running the heuristic.
+  /// distance evaluation (figures in benches/README.md). core0_ keeps the core count of level-0 lists so that
+  /// connect_back can settle most new links without re-running the heuristic.
   std::size_t select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
@@ -187,14 +186,14 @@ class HnswIndex {
   HnswParams params_;
   std::size_t m0_;
   double level_mult_;
-  std::vector<std::uint32_t> links0_;              // slot_count * (1 + m0_): [count, ids...]
-  std::vector<std::uint16_t> core0_;               // per slot: leading level-0 links that are not fill
-  std::vector<std::uint8_t> levels_;               // top level per slot
+  std::vector<std::uint32_t> links0_;  // slot_count * (1 + m0_): [count, ids...]
+  std::vector<std::uint16_t> core0_;   // per slot: leading level-0 links that are not fill
+  std::vector<std::uint8_t> levels_;   // top level per slot
   // Per slot: levels_[s] lists of [count, ids...] (1 + M each), null at level 0 (most slots):
   // 8 B per slot where a std::vector would take 24.
   std::vector<std::unique_ptr<std::uint32_t[]>> upper_;
-  std::vector<std::uint8_t> pending_;              // per slot: 1 if stored but not linked yet
-  std::vector<Slot> pending_list_;                 // the same slots, ascending
+  std::vector<std::uint8_t> pending_;  // per slot: 1 if stored but not linked yet
+  std::vector<Slot> pending_list_;     // the same slots, ascending
   Slot entry_ = kNoSlot;
   int max_level_ = -1;
   std::mutex entry_mutex_;
@@ -211,9 +210,7 @@ struct ScoredGreater {
 };
 }  // namespace detail
 
-inline void HnswIndex::prefetch_row(Slot s) const {
-  prefetch_row_l2(store_.vector(s), store_.dim() * sizeof(float));
-}
+inline void HnswIndex::prefetch_row(Slot s) const { prefetch_row_l2(store_.vector(s), store_.dim() * sizeof(float)); }
 
 inline bool HnswIndex::any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n,
                                   float d) const {
@@ -236,8 +233,7 @@ inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32
   for (std::size_t j = 0; j < m; j += 4) {
     const std::size_t last = m - 1;
     const float* rows[4] = {store_.vector(slots[j]), store_.vector(slots[std::min(j + 1, last)]),
-                            store_.vector(slots[std::min(j + 2, last)]),
-                            store_.vector(slots[std::min(j + 3, last)])};
+                            store_.vector(slots[std::min(j + 2, last)]), store_.vector(slots[std::min(j + 3, last)])};
     if (j + 4 <= m) {
       distance4(k, metric_, q, rows, dim, out + j);
     } else {
@@ -249,9 +245,8 @@ inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32
 }
 
 template <bool kLocked, typename Accept>
-std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps,
-                                            std::size_t ef, int level, const Kernels& k,
-                                            const Accept& accept, std::size_t* evals) const {
+std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef, int level,
+                                            const Kernels& k, const Accept& accept, std::size_t* evals) const {
   auto visited = visited_.acquire(levels_.size());
   // candidates: min-heap of the frontier; results: max-heap of the best ef admitted nodes.
   // Scratch buffers are per thread so that a search allocates nothing in steady state.
@@ -315,8 +310,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
 }
 
 template <bool kLocked>
-Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_level,
-                         const Kernels& k) const {
+Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const {
   std::vector<std::uint32_t> local;
   for (int level = from_level; level > to_level; --level) {
     bool changed = true;
@@ -339,21 +333,20 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
 }
 
 template <typename Accept>
-std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef,
-                                           const Accept& accept, std::size_t* evals) const {
+std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                                           std::size_t* evals) const {
   if (entry_ == kNoSlot || k == 0) return {};
   const Kernels& kern = active_kernels();
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
-  std::vector<Scored> res =
-      search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
+  std::vector<Scored> res = search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
   if (res.size() > k) res.resize(k);
   return res;
 }
 
 template <typename Enough>
-std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
-                                                Enough enough, std::size_t* evals) const {
+std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
+                                                std::size_t* evals) const {
   if (entry_ == kNoSlot) return {};
   const Kernels& kern = active_kernels();
   const std::size_t limit = std::max<std::size_t>(store_.size(), 1);

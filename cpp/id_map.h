@@ -13,7 +13,6 @@
 
 namespace kbcore {
 
-
 class IdMap {
  public:
   std::size_t size() const { return size_; }

@@ -64,16 +64,21 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   const bool cosine = config_.metric == Metric::kCosine;
   std::vector<float> inv_norm(cosine ? n : 0);
   std::vector<std::uint8_t> bad(n, 0);  // 1: NaN or infinity, 2: zero vector under cosine
-  parallel_for(n, threads, [&](std::size_t i, std::size_t) {
-    const float* row = vectors + i * dim;
-    if (!all_finite(row, dim)) {
-      bad[i] = 1;
-    } else if (cosine) {
-      const std::optional<float> inv = inverse_norm(row, dim);
-      if (inv) inv_norm[i] = *inv;
-      else bad[i] = 2;
-    }
-  }, 256);
+  parallel_for(
+      n, threads,
+      [&](std::size_t i, std::size_t) {
+        const float* row = vectors + i * dim;
+        if (!all_finite(row, dim)) {
+          bad[i] = 1;
+        } else if (cosine) {
+          const std::optional<float> inv = inverse_norm(row, dim);
+          if (inv)
+            inv_norm[i] = *inv;
+          else
+            bad[i] = 2;
+        }
+      },
+      256);
   for (std::size_t i = 0; i < n; ++i) {
     if (bad[i] == 1) {
       throw InvalidArgument("vector at row " + std::to_string(i) + " (id " + std::to_string(ids[i]) +
@@ -172,7 +177,6 @@ std::size_t Index::text_documents() const {
   return text_.documents();
 }
 
-
 std::vector<std::vector<std::pair<std::string, Value>>> Index::get_metadata(const std::int64_t* ids,
                                                                             std::size_t n) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
@@ -212,8 +216,7 @@ std::vector<std::int64_t> Index::ids() const {
 
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() +
-         text_.memory_bytes();
+  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() + text_.memory_bytes();
 }
 
 }  // namespace kbcore

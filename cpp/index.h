@@ -16,8 +16,8 @@
 #include "distance.h"
 #include "filter_expr.h"
 #include "grouping.h"
-#include "metadata_store.h"
 #include "hnsw_index.h"
+#include "metadata_store.h"
 #include "search_plan.h"
 #include "vector_store.h"
 
@@ -64,8 +64,8 @@ class Index {
   /// exactly) but linked into the graph only by build_graph(); the exclusive lock is then
   /// held only while the rows are copied, not for the graph work.
   void add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
-           const std::vector<ColumnInput>& columns = {},
-           const std::vector<std::optional<std::string>>* texts = nullptr, bool defer_graph = false);
+           const std::vector<ColumnInput>& columns = {}, const std::vector<std::optional<std::string>>* texts = nullptr,
+           bool defer_graph = false);
   /// Links up to max_rows rows added with defer_graph into the graph (exclusive lock for that
   /// batch only); returns how many rows are still waiting. O(max_rows * log n) graph work.
   std::size_t build_graph(std::size_t max_rows, std::size_t threads);
@@ -91,14 +91,14 @@ class Index {
   /// [best_begin(g), best_end[g]) ascending, and every part met part_ids [parts_begin(g),
   /// parts_end[g]) ascending by distance; the best hits are a prefix of the parts.
   struct GroupPage {
-    std::vector<ValueKind> key_kinds;         // one per group: kInt or kStr
-    std::vector<std::int64_t> key_ints;       // one per group (0 for str keys)
-    std::vector<std::size_t> key_str_end;     // one per group: end of its str key in key_chars
-    std::string key_chars;                    // the str keys, concatenated (UTF-8)
-    std::vector<std::uint32_t> best_end;      // one per group: end of its hits in ids/distances
+    std::vector<ValueKind> key_kinds;      // one per group: kInt or kStr
+    std::vector<std::int64_t> key_ints;    // one per group (0 for str keys)
+    std::vector<std::size_t> key_str_end;  // one per group: end of its str key in key_chars
+    std::string key_chars;                 // the str keys, concatenated (UTF-8)
+    std::vector<std::uint32_t> best_end;   // one per group: end of its hits in ids/distances
     std::vector<std::int64_t> ids;
     std::vector<float> distances;
-    std::vector<std::uint32_t> parts_end;     // one per group: end of its parts in part_ids
+    std::vector<std::uint32_t> parts_end;  // one per group: end of its parts in part_ids
     std::vector<std::int64_t> part_ids;
 
     std::size_t size() const { return key_kinds.size(); }
@@ -121,8 +121,7 @@ class Index {
   /// Number of live rows that pass `filter`.
   std::size_t count(const FilterNode& filter) const;
   /// Metadata of each id (fields without a value omitted); throws NotFound on an unknown id.
-  std::vector<std::vector<std::pair<std::string, Value>>> get_metadata(const std::int64_t* ids,
-                                                                       std::size_t n) const;
+  std::vector<std::vector<std::pair<std::string, Value>>> get_metadata(const std::int64_t* ids, std::size_t n) const;
 
   std::size_t size() const;
   bool contains(std::int64_t id) const;

@@ -49,8 +49,8 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
   if (c.dim == 0 || c.dim > 65536) r.fail("invalid dimension " + std::to_string(c.dim));
   if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
   if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
-  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 ||
-      c.ef_search > (1u << 30) || c.hnsw.ef_construction > (1u << 30)) {
+  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 || c.ef_search > (1u << 30) ||
+      c.hnsw.ef_construction > (1u << 30)) {
     r.fail("invalid index parameters");
   }
   c.metric = static_cast<Metric>(metric);

@@ -113,7 +113,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   if (p.filter != nullptr) {
     FilterMatches matches = match_for_search(*p.filter, meta_, store_);
     const std::size_t passing = matches.count;
-    const Strategy strategy = !graph_                        ? Strategy::kExact
+    const Strategy strategy = !graph_                      ? Strategy::kExact
                               : p.force != Strategy::kAuto ? p.force
                                                            : choose_strategy(passing, store_.size(), std::max(ef, k));
     // The graph traversals test the bitmap; the exact scan reads the list of passing rows.
@@ -181,8 +181,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   });
 }
 
-std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::size_t nq,
-                                                   const GroupParams& p) const {
+std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::size_t nq, const GroupParams& p) const {
   const std::size_t k = p.k;
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
   if (p.group_size == 0) throw InvalidArgument("group_size must be positive, got 0");

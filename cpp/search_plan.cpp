@@ -8,12 +8,10 @@ void EvalStats::record(std::uint64_t evals, std::size_t nq, std::size_t ef) {
   if (nq == 0 || ef == 0) return;
   const double per_ef = static_cast<double>(evals) / static_cast<double>(nq * ef);
   const double w = std::min(1.0, 0.05 * static_cast<double>(nq));
-  x1024_.store(static_cast<std::uint64_t>((this->per_ef() * (1 - w) + per_ef * w) * 1024.0),
-               std::memory_order_relaxed);
+  x1024_.store(static_cast<std::uint64_t>((this->per_ef() * (1 - w) + per_ef * w) * 1024.0), std::memory_order_relaxed);
 }
 
-Strategy choose_strategy(bool has_graph, std::size_t passing, std::size_t live, std::size_t ef,
-                         double evals_per_ef) {
+Strategy choose_strategy(bool has_graph, std::size_t passing, std::size_t live, std::size_t ef, double evals_per_ef) {
   if (!has_graph || passing == 0) return Strategy::kExact;
   // Exact: one sequential distance per passing row. Two-hop: the measured distance evaluations
   // of an unfiltered search at this ef, each about kRandomAccess times dearer than a sequential

@@ -59,7 +59,6 @@ class EvalStats {
 
 /// The strategy for `passing` rows out of `live` at this ef, given the measured graph work.
 /// kExact without a graph. O(1).
-Strategy choose_strategy(bool has_graph, std::size_t passing, std::size_t live, std::size_t ef,
-                         double evals_per_ef);
+Strategy choose_strategy(bool has_graph, std::size_t passing, std::size_t live, std::size_t ef, double evals_per_ef);
 
 }  // namespace kbcore

@@ -49,8 +49,8 @@ class StringTable {
  private:
   void rehash(std::size_t capacity);
 
-  std::string bytes_;                 // every string, back to back
-  std::vector<std::uint64_t> ends_;   // end offset in bytes_ of each id (its start is the previous end)
+  std::string bytes_;                // every string, back to back
+  std::vector<std::uint64_t> ends_;  // end offset in bytes_ of each id (its start is the previous end)
   // Per table slot: the hash's high 32 bits << 32 | (id + 1); 0 = empty. The home slot of an
   // entry is (its high hash bits & mask), so a rehash needs no string.
   std::vector<std::uint64_t> slots_;

@@ -58,8 +58,8 @@ KBCORE_TEST(match_filter_agrees_with_oracle) {
   std::mt19937 rng(7);
   // 20000 rows with 2000 values: few rows pass the small ranges and $in (the list read
   // straight from the index, several keys' runs one after the other).
-  for (const std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{1000},
-                              std::size_t{20000}}) {
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{1000}, std::size_t{20000}}) {
     for (const bool with_dead : {true, false}) {
       std::vector<std::int64_t> val(n);
       std::vector<std::uint8_t> valid(n);

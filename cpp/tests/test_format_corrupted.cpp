@@ -49,12 +49,14 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::uint64_t get(const std::string& b, std::size_t at, std::size_t size) {
   std::uint64_t v = 0;
-  for (std::size_t i = 0; i < size; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[at + i])) << (8 * i);
+  for (std::size_t i = 0; i < size; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[at + i])) << (8 * i);
   return v;
 }
 void put(std::string& b, std::size_t at, std::size_t size, std::uint64_t v) {
@@ -231,8 +233,10 @@ void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric
   second[4].list_offsets = l2.data();
   second[4].offsets = ls2.data();
   second[4].n_strings = ls2.size() - 1;
-  second[4].data = reinterpret_cast<const std::uint8_t*>(list_chars.data()) + list_str_off[static_cast<std::size_t>(list_off[30])];
-  second[4].data_len = list_chars.size() - static_cast<std::size_t>(list_str_off[static_cast<std::size_t>(list_off[30])]);
+  second[4].data =
+      reinterpret_cast<const std::uint8_t*>(list_chars.data()) + list_str_off[static_cast<std::size_t>(list_off[30])];
+  second[4].data_len =
+      list_chars.size() - static_cast<std::size_t>(list_str_off[static_cast<std::size_t>(list_off[30])]);
   std::vector<std::optional<std::string>> t2(texts.begin() + 30, texts.end());
   index.add(x.data() + 30 * dim, ids.data() + 30, n - 30, 1, second, &t2, kind == kbcore::IndexKind::kHnsw);
   const std::int64_t gone[] = {3, 11};  // slots 3 and 11 become free
@@ -259,7 +263,8 @@ Outcome load_and_use(const std::string& path, const std::string& bytes) {
   index->get_metadata(ids.data(), ids.size());
   index->search_text("word1 common", 5);
   // A crafted field name may leave no field "n": that is an InvalidArgument, not a defect.
-  if (!ids.empty() && !throws<kbcore::InvalidArgument>([&] { index->search_groups(q.data(), 1, group_params(3, "n", 2, 0, 1)); })) {
+  if (!ids.empty() &&
+      !throws<kbcore::InvalidArgument>([&] { index->search_groups(q.data(), 1, group_params(3, "n", 2, 0, 1)); })) {
     index->search_groups(q.data(), 1, group_params(3, "n", 2, 0, 1));
   }
   const std::string again = path + ".again";
@@ -350,13 +355,15 @@ KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
   CHECK(get(good, upper_count.offset, 4) >= 1);
   const FieldAt& upper_target = first("graph.upper.target");
   for (std::uint64_t s = 0; s < n; ++s) {
-    if (levels[s] == 0 && get(good, first("live", s).offset, 1) == 1 && get(good, first("graph.pending", s).offset, 1) == 0) up = s;
+    if (levels[s] == 0 && get(good, first("live", s).offset, 1) == 1 &&
+        get(good, first("graph.pending", s).offset, 1) == 0)
+      up = s;
   }
   CHECK(rejected(upper_target, up));
-  CHECK(rejected(upper_count, 3));                             // more than M links
-  CHECK(rejected(first("graph.links0.target"), n));            // a link past the slots
-  CHECK(rejected(first("graph.links0.target"), 3));            // a link to a removed slot
-  CHECK(rejected(first("graph.links0.target"), 0));            // self-link (slot 0's own list)
+  CHECK(rejected(upper_count, 3));                   // more than M links
+  CHECK(rejected(first("graph.links0.target"), n));  // a link past the slots
+  CHECK(rejected(first("graph.links0.target"), 3));  // a link to a removed slot
+  CHECK(rejected(first("graph.links0.target"), 0));  // self-link (slot 0's own list)
   CHECK(rejected(first("graph.links0.target", 1), get(good, first("graph.links0.target").offset, 4)));  // repeated
   CHECK(rejected(first("graph.levels_plus_1"), 0x80000000u));  // a level count out of range
   CHECK(rejected(first("graph.entry"), 3));                    // entry point on a removed slot
@@ -364,14 +371,14 @@ KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
   CHECK(rejected(first("graph.pending", 0), 1));               // a linked node flagged pending
   CHECK(rejected(first("graph.pending", 0), 2));
   CHECK(rejected(first("live", 0), 2));
-  CHECK(rejected(first("id", 1), get(good, first("id", 0).offset, 8)));  // a repeated id
-  CHECK(rejected(first("id", 2), ~std::uint64_t{0}));                     // the reserved id -1
-  CHECK(rejected(first("vector", 5), 0x7FC00000u));                       // NaN
+  CHECK(rejected(first("id", 1), get(good, first("id", 0).offset, 8)));             // a repeated id
+  CHECK(rejected(first("id", 2), ~std::uint64_t{0}));                               // the reserved id -1
+  CHECK(rejected(first("vector", 5), 0x7FC00000u));                                 // NaN
   CHECK(rejected(first("meta.slot", 1), get(good, first("meta.slot").offset, 4)));  // repeated row
-  CHECK(rejected(first("meta.slot"), 3));                      // metadata of a removed slot
+  CHECK(rejected(first("meta.slot"), 3));                                           // metadata of a removed slot
   CHECK(rejected(first("meta.kind"), 0));
   CHECK(rejected(first("meta.kind"), 9));
-  CHECK(rejected(first("meta.str.byte0"), 0xFF));              // invalid UTF-8
+  CHECK(rejected(first("meta.str.byte0"), 0xFF));  // invalid UTF-8
   CHECK(rejected(first("meta.name.byte0"), 0xC3));
   CHECK(rejected(first("meta.present"), get(good, first("meta.present").offset, 8) + 1));
   CHECK(rejected(first("meta.float"), 0x7FF0000000000000ull));  // infinity

@@ -85,5 +85,6 @@ KBCORE_TEST(grouped_search_agrees_with_brute_force) {
   }
   kbcore::Index empty_field(config(dim, kbcore::IndexKind::kFlat));
   empty_field.add(x.data(), ids.data(), 10, 1);
-  CHECK(throws<kbcore::InvalidArgument>([&] { empty_field.search_groups(q.data(), 1, group_params(k, "doc", 1, 0, 1)); }));
+  CHECK(throws<kbcore::InvalidArgument>(
+      [&] { empty_field.search_groups(q.data(), 1, group_params(k, "doc", 1, 0, 1)); }));
 }

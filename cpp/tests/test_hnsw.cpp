@@ -59,7 +59,8 @@ KBCORE_TEST(hnsw_recall_delete_and_reload) {
   }
   std::string flipped = bytes;
   flipped[bytes.size() / 2] ^= 0x40;
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
   CHECK(throws<kbcore::FormatError>([&] { kbcore::Index::load(path); }));
   std::remove(path.c_str());
 }

@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "string_dict.h"
 #include "errors.h"
 #include "metadata_store.h"
+#include "string_dict.h"
 #include "test_util.h"
 
 using namespace kbcore_test;
@@ -24,18 +24,18 @@ KBCORE_TEST(utf8_validation_matches_the_strict_decoder) {
   using kbcore::is_valid_utf8;
   CHECK(is_valid_utf8(""));
   CHECK(is_valid_utf8("plain ascii"));
-  CHECK(is_valid_utf8("\xC3\xA9"));              // é
-  CHECK(is_valid_utf8("\xE2\x82\xAC"));          // €
-  CHECK(is_valid_utf8("\xF0\x9F\x98\x80"));      // U+1F600
-  CHECK(is_valid_utf8("\xF4\x8F\xBF\xBF"));      // U+10FFFF
+  CHECK(is_valid_utf8("\xC3\xA9"));          // é
+  CHECK(is_valid_utf8("\xE2\x82\xAC"));      // €
+  CHECK(is_valid_utf8("\xF0\x9F\x98\x80"));  // U+1F600
+  CHECK(is_valid_utf8("\xF4\x8F\xBF\xBF"));  // U+10FFFF
   CHECK(!is_valid_utf8("\xFF"));
-  CHECK(!is_valid_utf8("\xC3"));                 // truncated
-  CHECK(!is_valid_utf8("\xC0\xAF"));             // overlong
-  CHECK(!is_valid_utf8("\xE0\x80\xAF"));         // overlong
-  CHECK(!is_valid_utf8("\xED\xA0\x80"));         // surrogate
-  CHECK(!is_valid_utf8("\xF4\x90\x80\x80"));     // above U+10FFFF
-  CHECK(!is_valid_utf8("\xC3\x28"));             // bad continuation
-  CHECK(!is_valid_utf8("\xE2\x82"));             // truncated
+  CHECK(!is_valid_utf8("\xC3"));              // truncated
+  CHECK(!is_valid_utf8("\xC0\xAF"));          // overlong
+  CHECK(!is_valid_utf8("\xE0\x80\xAF"));      // overlong
+  CHECK(!is_valid_utf8("\xED\xA0\x80"));      // surrogate
+  CHECK(!is_valid_utf8("\xF4\x90\x80\x80"));  // above U+10FFFF
+  CHECK(!is_valid_utf8("\xC3\x28"));          // bad continuation
+  CHECK(!is_valid_utf8("\xE2\x82"));          // truncated
 }
 
 KBCORE_TEST(metadata_values_of_every_kind_round_trip_and_clear) {

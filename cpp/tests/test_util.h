@@ -29,8 +29,8 @@ std::vector<std::pair<const char*, void (*)()>>& registry();
 struct Register {
   Register(const char* name, void (*fn)()) { registry().emplace_back(name, fn); }
 };
-#define KBCORE_TEST(name)                                       \
-  void test_##name();                                           \
+#define KBCORE_TEST(name)                                                   \
+  void test_##name();                                                       \
   static const ::kbcore_test::Register register_##name(#name, test_##name); \
   void test_##name()
 
