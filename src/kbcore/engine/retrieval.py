@@ -210,6 +210,8 @@ def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions
         index = state.index
         if index is None or len(index) == 0:
             return []
+        if not isinstance(index, Index):
+            nf = where  # a ShardedIndex sends the filter to its shards: the where, not a native object
         metric = state.config["metric"]
         n = len(index)
         if mode == "full_text" and not opts.deduplicate:

@@ -1,0 +1,125 @@
+"""Sharded knowledge bases: the index of a knowledge base created with ``shards=N`` is a
+:class:`kbcore.distributed.ShardedIndex` (N Ray actors) stored in ``<kb>/shards/``.
+
+The rule that keeps a sharded knowledge base crash-safe
+--------------------------------------------------------
+
+**The manifest is the truth; the shards are re-synced from it.** A knowledge base's chunks
+and documents are its segment files plus ``manifest.json`` (committed atomically, last). The
+shards keep their own durable state (a write-ahead log and checkpoints per shard, written
+before each of their calls returns), which can therefore be *ahead* of the manifest after a
+crash, never trusted over it:
+
+1. Every open (:meth:`KbState.load <kbcore.engine.state.KbState.load>`, with the knowledge
+   base's writer lock held) reconciles the shards with the manifest: rows in the shards that
+   the manifest does not list as live are removed; live rows the shards lack are re-added
+   from the segments' vector files (a :class:`~kbcore.errors.FormatError` if a segment no
+   longer has one). Both steps are durable on the shards before the open returns.
+2. So that step 1 never needs a vector that is gone, a commit never removes a row the
+   manifest still lists as live from the shards before that manifest is replaced: ingest
+   adds the new rows (durable on the shards), then commits the manifest, then removes the
+   replaced rows; delete commits the manifest first, then removes. A crash at any point
+   leaves the shards holding a superset of the manifest's live rows, which step 1 trims.
+3. A checkpoint of a sharded knowledge base is ``ShardedIndex.save()`` (every shard saves
+   its index) followed by the manifest's ``shard_checkpoint`` entry (rows covered); it drops
+   the segments' vector files as an index checkpoint does, the shards then being the durable
+   copy of those vectors. There is no ``index-<gen>.kbi`` file.
+4. A knowledge base without a dimension yet (vectors-only, before its first ingest) has no
+   committed row: a ``shards/`` directory found then is left over from an ingest that did
+   not commit, and is removed before the index is created again.
+
+Ray: if Ray is already initialised in this process it is used as is; otherwise
+``ray.init(address="auto")`` joins the cluster named by ``RAY_ADDRESS`` or started on this
+machine with ``ray start``; if none is reachable, ``ray.init()`` starts a local instance
+(whose shard actors stop with the process; the data stays in ``shards/``). Without Ray
+installed, opening or creating a sharded knowledge base raises ``ImportError`` naming
+``pip install "kbcore[ray]"``.
+
+One process at a time serves a sharded knowledge base (each open knowledge base owns its
+shard actors; a second process opening it would start a second set writing the same
+directories).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from ..errors import FormatError, InvalidArgumentError, InvalidTypeError
+
+#: the sub-directory of a knowledge base that holds its shards
+SHARDS_DIR = "shards"
+
+_INSTALL = 'pip install "kbcore[ray]"'
+
+
+def check_shards(value: Any) -> int | None:
+    """``shards=`` of :meth:`Engine.create_knowledge_base`: None or an integer >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"shards must be None or an integer, got {type(value).__name__}")
+    if value < 1:
+        raise InvalidArgumentError(f"shards must be at least 1, got {value}")
+    return value
+
+
+def require_ray(name: str, shards: int) -> Any:
+    """The ``ray`` module; ImportError naming the extra to install when it is missing."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"knowledge base {name!r} is sharded (shards={shards}) and needs Ray: {_INSTALL}"
+        ) from exc
+    return ray
+
+
+def connect(name: str, shards: int) -> None:
+    """Makes sure this process is connected to Ray (the rule in the module docstring)."""
+    ray = require_ray(name, shards)
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address="auto", log_to_driver=False)
+    except ConnectionError:
+        ray.init(include_dashboard=False, log_to_driver=False)
+
+
+def is_sharded(cfg: dict[str, Any]) -> bool:
+    return bool(cfg.get("shards"))
+
+
+def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = False) -> Any:
+    """The ShardedIndex of a knowledge base of configuration ``cfg``: loaded from
+    ``<kb>/shards`` when it holds one, else created there. ``fresh``: the knowledge base has
+    no committed row, so a leftover directory is removed first (rule 4). FormatError if the
+    stored shards do not match the configuration."""
+    from ..distributed import MANIFEST, ShardedIndex
+
+    n = int(cfg["shards"])
+    connect(os.path.basename(kb_path), n)
+    root = os.path.join(kb_path, SHARDS_DIR)
+    if fresh or not os.path.exists(os.path.join(root, MANIFEST)):
+        shutil.rmtree(root, ignore_errors=True)  # nothing committed lives there
+        return ShardedIndex(dim, cfg["metric"], cfg["index"], shards=n, path=root, M=cfg["M"],
+                            ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+    index = ShardedIndex.load(root)
+    got = (index.dim, index.metric, index.kind, index.shards)
+    want = (dim, cfg["metric"], cfg["index"], n)
+    if got != want:
+        index.close()
+        raise FormatError(5, f"the shards in {root!r} hold (dim, metric, kind, shards) = {got}, "
+                             f"the knowledge base's manifest says {want}")
+    return index
+
+
+def discard(index: Any, ids: Any) -> None:
+    """Removes those of ``ids`` the index holds (a rollback after a partial sharded add)."""
+    import numpy as np
+
+    ids = np.asarray(ids, np.int64)
+    present = ids[np.isin(ids, index.ids())]
+    if len(present):
+        index.remove(present)
