@@ -121,7 +121,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         kb = engine.get_knowledge_base(args.kb)
     else:
         kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size,
-                                          chunk_overlap=args.chunk_overlap, index=args.index)
+                                          chunk_overlap=args.chunk_overlap, index=args.index,
+                                          shards=args.shards)
         print(f"created knowledge base {args.kb!r} in {engine.path}")
     if args.pipeline not in kb.pipelines:
         kb.create_pipeline(args.pipeline)
@@ -212,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
     ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
+    ing.add_argument("--shards", type=int, default=None, metavar="N",
+                     help="for a new knowledge base: shard its index over N Ray actors (needs kbcore[ray])")
     ing.set_defaults(func=cmd_ingest)
 
     q = sub.add_parser("query", help="retrieve the chunks that best match a text")
