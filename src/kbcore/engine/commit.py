@@ -50,7 +50,7 @@ from ..index import Index
 from . import manifest as policy
 from .ingest import ChunkBatch
 from .segments import Segment, build_tables, live_tables, text_list
-from .shards import discard, is_sharded
+from .shards import close_index, discard, is_sharded
 from .state import KbState, StateCell, new_index
 
 #: Called right before the index is saved (the graph builder marks its work as saved).
@@ -209,7 +209,7 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
         with txn.exclusive():
             if sharded:  # a shard may apply its part of a failed add: undo what is there
                 if created:
-                    txn.on_undo(index.close)
+                    txn.on_undo(lambda: close_index(index))
                 txn.on_undo(lambda: discard(index, ids))
                 index.add(vectors, ids, metadata=meta, texts=texts, defer_graph=True)
             else:

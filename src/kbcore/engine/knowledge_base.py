@@ -454,7 +454,7 @@ class KnowledgeBase:
         """Stops the shard actors of a sharded index (its files stay)."""
         index = self._cell.state.index
         if index is not None and not isinstance(index, Index):
-            index.close()
+            shards.close_index(index)
 
     def _attach_embedder(self, embedder: Embedder) -> None:
         """Makes ``embedder`` the first candidate to rebuild the knowledge base's embedder from."""

@@ -35,9 +35,11 @@ machine with ``ray start``; if none is reachable, ``ray.init()`` starts a local 
 installed, opening or creating a sharded knowledge base raises ``ImportError`` naming
 ``pip install "kbcore[ray]"``.
 
-One process at a time serves a sharded knowledge base (each open knowledge base owns its
-shard actors; a second process opening it would start a second set writing the same
-directories).
+One owner at a time: the open knowledge base owns its shard actors and holds an exclusive
+lock on ``shards/.owner.lock`` while they run, so a second open (another process, or another
+:class:`Engine` in this one) raises :class:`~kbcore.errors.InvalidArgumentError` instead of
+starting a second set of actors on the same directories. Close the knowledge base (or stop
+``kbcore serve``) first; the operating system releases the lock of a process that dies.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ import os
 import shutil
 from typing import Any
 
-from ..errors import FormatError, InvalidArgumentError, InvalidTypeError
+from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, StorageError
 
 #: the sub-directory of a knowledge base that holds its shards
 SHARDS_DIR = "shards"
+OWNER_LOCK = ".owner.lock"
 
 _INSTALL = 'pip install "kbcore[ray]"'
 
@@ -101,18 +104,59 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
     n = int(cfg["shards"])
     connect(os.path.basename(kb_path), n)
     root = os.path.join(kb_path, SHARDS_DIR)
-    if fresh or not os.path.exists(os.path.join(root, MANIFEST)):
-        shutil.rmtree(root, ignore_errors=True)  # nothing committed lives there
-        return ShardedIndex(dim, cfg["metric"], cfg["index"], shards=n, path=root, M=cfg["M"],
-                            ef_construction=cfg["ef_construction"], ef=cfg["ef"])
-    index = ShardedIndex.load(root)
-    got = (index.dim, index.metric, index.kind, index.shards)
-    want = (dim, cfg["metric"], cfg["index"], n)
-    if got != want:
-        index.close()
-        raise FormatError(5, f"the shards in {root!r} hold (dim, metric, kind, shards) = {got}, "
-                             f"the knowledge base's manifest says {want}")
+    fd = _own(kb_path)
+    try:
+        if fresh or not os.path.exists(os.path.join(root, MANIFEST)):
+            for name in os.listdir(root):  # nothing committed lives there
+                if name != OWNER_LOCK:
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            index = ShardedIndex(dim, cfg["metric"], cfg["index"], shards=n, path=root, M=cfg["M"],
+                                 ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+        else:
+            index = ShardedIndex.load(root)
+            got = (index.dim, index.metric, index.kind, index.shards)
+            want = (dim, cfg["metric"], cfg["index"], n)
+            if got != want:
+                index.close()
+                raise FormatError(5, f"the shards in {root!r} hold (dim, metric, kind, shards) = {got}, "
+                                     f"the knowledge base's manifest says {want}")
+    except BaseException:
+        os.close(fd)
+        raise
+    index._kb_owner_fd = fd  # released by close_index
     return index
+
+
+def close_index(index: Any) -> None:
+    """Stops a knowledge base's shard actors (their files stay) and releases its ownership."""
+    try:
+        index.close()
+    finally:
+        fd = getattr(index, "_kb_owner_fd", None)
+        if fd is not None:
+            index._kb_owner_fd = None
+            os.close(fd)
+
+
+def _own(kb_path: str) -> int:
+    """Takes ``shards/.owner.lock`` without waiting; InvalidArgumentError if it is held."""
+    import fcntl
+
+    root = os.path.join(kb_path, SHARDS_DIR)
+    path = os.path.join(root, OWNER_LOCK)
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StorageError(exc.errno, f"cannot open {path!r}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise InvalidArgumentError(
+            f"knowledge base {os.path.basename(kb_path)!r} is sharded and already open (its shard "
+            "actors run for another process or Engine); close it there first") from None
+    return fd
 
 
 def discard(index: Any, ids: Any) -> None:
