@@ -267,7 +267,7 @@ CHILD = f"EXTRA = {EXTRA!r}\n" + textwrap.dedent("""
         ids = np.sort(np.asarray(kb.index.ids()))[-res.chunks:]
         kb.index.remove(ids)  # damage the shards behind the engine's back, then die
         os._exit(17)
-    point = "index-written" if scenario.startswith("ingest") else "manifest-committed"
+    point = "manifest-committed" if scenario == "delete" else "index-written"
     def crash(at):
         if at == point:
             os._exit(17)
@@ -278,6 +278,9 @@ CHILD = f"EXTRA = {EXTRA!r}\n" + textwrap.dedent("""
         kb.ingest(text=docs[0]["text"], document_id="doc-1", metadata=docs[0]["metadata"])
     elif scenario == "delete":
         kb.delete_document("doc-2")
+    elif scenario == "first-ingest":  # a vectors-only KB: the shards are created by this ingest
+        p = kb.prepare(text="the very first document", document_id="first")
+        kb.ingest_prepared(p, np.ones((len(p.texts), 8)))
     os._exit(0)  # the crash point was not reached
 """)
 
@@ -395,3 +398,22 @@ def test_cli_ingest_creates_a_sharded_kb_and_query_reopens_it(ray_address, tmp_p
     with Engine(data) as engine:
         info = engine["team"].info()
     assert info["shards"] == 2 and info["documents"] == 2
+
+
+def test_shards_left_by_an_uncommitted_first_ingest_are_replaced(ray_address, tmp_path):
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("sharded", embedder=False, index="flat", shards=2)
+    assert kb.index is None  # no dimension yet: no shards
+    kb.close()
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "first-ingest", "[]"],
+                          env=dict(os.environ, RAY_ADDRESS=ray_address), capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 17, proc.stderr[-3000:]
+    assert os.path.exists(tmp_path / "sharded" / "shards" / "sharded-index.json")  # 8-d, not committed
+    kb = Engine(tmp_path)["sharded"]
+    assert kb.index is None and kb.dim is None and len(kb) == 0
+    p = kb.prepare(text="a first document of another dimension", document_id="other")
+    kb.ingest_prepared(p, np.eye(len(p.texts), 5) + 0.1)
+    assert kb.dim == 5 and kb.index.dim == 5 and len(kb) == len(p.texts)
+    assert [h.document_id for h in kb.retrieve(np.eye(5)[0] + 0.1, 1)] == ["other"]
+    kb.close()

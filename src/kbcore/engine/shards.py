@@ -107,9 +107,14 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
     fd = _own(kb_path)
     try:
         if fresh or not os.path.exists(os.path.join(root, MANIFEST)):
-            for name in os.listdir(root):  # nothing committed lives there
-                if name != OWNER_LOCK:
-                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            for name in os.listdir(root):  # nothing committed lives there (rule 4)
+                entry = os.path.join(root, name)
+                if name == OWNER_LOCK:
+                    continue
+                if os.path.isdir(entry) and not os.path.islink(entry):
+                    shutil.rmtree(entry)
+                else:
+                    os.unlink(entry)
             index = ShardedIndex(dim, cfg["metric"], cfg["index"], shards=n, path=root, M=cfg["M"],
                                  ef_construction=cfg["ef_construction"], ef=cfg["ef"])
         else:
