@@ -20,9 +20,13 @@ struct AlignedAllocator {
   }
   void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(kAlign)); }
   template <typename U>
-  bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
+  bool operator==(const AlignedAllocator<U>&) const noexcept {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const AlignedAllocator<U>&) const noexcept { return false; }
+  bool operator!=(const AlignedAllocator<U>&) const noexcept {
+    return false;
+  }
 };
 
 template <typename T>

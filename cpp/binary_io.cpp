@@ -57,8 +57,7 @@ std::uint64_t hash_words(std::uint64_t h, const unsigned char* p, std::size_t n)
   for (std::size_t i = 0; i + 8 <= n; i += 8) h = mix(h, load_le(p + i, 8));
   return h;
 }
-std::uint64_t hash_finish(std::uint64_t h, const unsigned char* tail, std::size_t n,
-                          std::uint64_t total) {
+std::uint64_t hash_finish(std::uint64_t h, const unsigned char* tail, std::size_t n, std::uint64_t total) {
   std::uint64_t w = 0;
   for (std::size_t i = 0; i < n; ++i) w |= static_cast<std::uint64_t>(tail[i]) << (8 * i);
   h = mix(h, w ^ (static_cast<std::uint64_t>(n) << 56));
@@ -96,8 +95,7 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   return hash_finish(h, p + body, n - body, n);
 }
 
-BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version)
-    : path_(path) {
+BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version) : path_(path) {
   std::random_device rd;
   tmp_path_ = path + ".tmp-" + std::to_string(rd()) + std::to_string(rd());
   file_ = std::fopen(tmp_path_.c_str(), "wb");
@@ -170,16 +168,14 @@ void BinaryWriter::f32(float v) {
 void BinaryWriter::commit() {
   const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
   hash_state_ = hash_words(hash_state_, buffer_.data(), body);
-  const std::uint64_t sum =
-      hash_finish(hash_state_, buffer_.data() + body, buffer_.size() - body, payload_bytes_);
+  const std::uint64_t sum = hash_finish(hash_state_, buffer_.data() + body, buffer_.size() - body, payload_bytes_);
   if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
     throw IoError("cannot write '" + path_ + "': " + errno_text());
   }
   unsigned char tail[16];
   store_le64(tail, payload_bytes_);
   store_le64(tail + 8, sum);
-  if (seek64(file_, 16, SEEK_SET) != 0 || std::fwrite(tail, 1, 16, file_) != 16 ||
-      std::fflush(file_) != 0) {
+  if (seek64(file_, 16, SEEK_SET) != 0 || std::fwrite(tail, 1, 16, file_) != 16 || std::fflush(file_) != 0) {
     throw IoError("cannot write '" + path_ + "': " + errno_text());
   }
 #if !defined(_WIN32)
@@ -207,8 +203,7 @@ void BinaryWriter::commit() {
 #endif
 }
 
-BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version)
-    : path_(path) {
+BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version) : path_(path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     if (errno == ENOENT) throw NotFound("no such file: '" + path + "'");
@@ -227,8 +222,7 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
   version_ = static_cast<std::uint32_t>(load_le(header + 8, 4));
   if (version_ == 0 || version_ > max_version) {
     throw FormatError("'" + path + "' has format version " + std::to_string(version_) +
-                      ", this kbcore reads versions 1.." + std::to_string(max_version) +
-                      "; upgrade kbcore to load it");
+                      ", this kbcore reads versions 1.." + std::to_string(max_version) + "; upgrade kbcore to load it");
   }
   if (load_le(header + 12, 4) != 0) fail("unknown header flags (corrupted file)");
   const std::uint64_t payload = load_le(header + 16, 8);
@@ -249,19 +243,18 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
   if (checksum64(data_.data(), data_.size(), 0) != sum) fail("checksum mismatch (corrupted file)");
 }
 
-void BinaryReader::fail(const std::string& what) const {
-  throw FormatError("cannot load '" + path_ + "': " + what);
-}
+void BinaryReader::fail(const std::string& what) const { throw FormatError("cannot load '" + path_ + "': " + what); }
 
 void BinaryReader::require(std::size_t n, std::size_t elem) const {
   if (elem != 0 && n > remaining() / elem) {
-    fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) +
-         " bytes, " + std::to_string(remaining()) + " remain");
+    fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) + " bytes, " +
+         std::to_string(remaining()) + " remain");
   }
 }
 
 void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
   require(n, elem);
+  if (n == 0) return;  // out may be null (an empty vector's data()): memcpy must not see it
   std::memcpy(out, data_.data() + pos_, n * elem);
   pos_ += n * elem;
   if (!host_is_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);

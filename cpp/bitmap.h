@@ -38,8 +38,7 @@ class Bitmap {
  public:
   Bitmap() = default;
   /// n bits, all clear (or all set).
-  explicit Bitmap(std::size_t n, bool value = false)
-      : n_(n), words_((n + 63) / 64, value ? ~std::uint64_t{0} : 0) {
+  explicit Bitmap(std::size_t n, bool value = false) : n_(n), words_((n + 63) / 64, value ? ~std::uint64_t{0} : 0) {
     trim();
   }
   std::size_t size() const { return n_; }

@@ -7,6 +7,7 @@
 #include "binary_io.h"
 #include "errors.h"
 #include "parallel.h"
+#include "search_scratch.h"
 #include "tokenizer.h"
 
 namespace kbcore {
@@ -50,12 +51,6 @@ void Bm25Index::clear(Slot s) {
   if (++gen_[s] == 0xFFFFFFFFu || (stale_postings_ > 1024 && stale_postings_ > live_postings_)) compact();
 }
 
-void Bm25Index::set(Slot s, std::string_view text) {
-  std::vector<std::optional<std::string>> texts;
-  texts.emplace_back(std::string(text));
-  set_batch(Bm25Batch(texts, 1), {s}, 1);
-}
-
 namespace {
 
 // One worker's share of Bm25Batch construction: its rows' (local term, tf) pairs against a
@@ -63,9 +58,9 @@ namespace {
 struct BatchWorker {
   StringTable vocab;
   TokenBuffer tokens;
-  std::vector<std::uint32_t> local;                          // local term id per token
-  std::vector<std::uint32_t> seen;                           // per local term: last row + 1
-  std::vector<std::uint32_t> count;                          // per local term: tf in that row
+  std::vector<std::uint32_t> local;                            // local term id per token
+  std::vector<std::uint32_t> seen;                             // per local term: last row + 1
+  std::vector<std::uint32_t> count;                            // per local term: tf in that row
   std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs;  // (local term, tf), row after row
 };
 
@@ -87,35 +82,38 @@ Bm25Batch::Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::
   std::vector<BatchWorker> work(workers);
   std::vector<std::uint32_t> row_worker(n, 0);
   std::vector<std::uint64_t> row_first(n, 0);  // index of the row's first pair in its worker's list
-  parallel_for(n, workers, [&](std::size_t i, std::size_t w) {
-    if (!texts[i]) return;
-    BatchWorker& bw = work[w];
-    tokenize_into(*texts[i], /*for_query=*/false, bw.tokens);
-    const std::size_t len = bw.tokens.size();
-    bw.local.resize(len);
-    for (std::size_t j = 0; j < len; ++j) bw.local[j] = bw.vocab.intern(bw.tokens[j]).first;
-    if (bw.seen.size() < bw.vocab.size()) {
-      bw.seen.resize(bw.vocab.size() * 2, 0);
-      bw.count.resize(bw.vocab.size() * 2, 0);
-    }
-    const auto stamp = static_cast<std::uint32_t>(i + 1);
-    const std::size_t first = bw.pairs.size();
-    for (std::size_t j = 0; j < len; ++j) {
-      const std::uint32_t t = bw.local[j];
-      if (bw.seen[t] != stamp) {
-        bw.seen[t] = stamp;
-        bw.count[t] = 0;
-        bw.pairs.emplace_back(t, 0);
-      }
-      ++bw.count[t];
-    }
-    for (std::size_t p = first; p < bw.pairs.size(); ++p) bw.pairs[p].second = bw.count[bw.pairs[p].first];
-    has_text_[i] = 1;
-    row_len_[i] = len;
-    row_terms_[i] = static_cast<std::uint32_t>(bw.pairs.size() - first);
-    row_worker[i] = static_cast<std::uint32_t>(w);
-    row_first[i] = first;
-  }, 64);
+  parallel_for(
+      n, workers,
+      [&](std::size_t i, std::size_t w) {
+        if (!texts[i]) return;
+        BatchWorker& bw = work[w];
+        tokenize_into(*texts[i], /*for_query=*/false, bw.tokens);
+        const std::size_t len = bw.tokens.size();
+        bw.local.resize(len);
+        for (std::size_t j = 0; j < len; ++j) bw.local[j] = bw.vocab.intern(bw.tokens[j]).first;
+        if (bw.seen.size() < bw.vocab.size()) {
+          bw.seen.resize(bw.vocab.size() * 2, 0);
+          bw.count.resize(bw.vocab.size() * 2, 0);
+        }
+        const auto stamp = static_cast<std::uint32_t>(i + 1);
+        const std::size_t first = bw.pairs.size();
+        for (std::size_t j = 0; j < len; ++j) {
+          const std::uint32_t t = bw.local[j];
+          if (bw.seen[t] != stamp) {
+            bw.seen[t] = stamp;
+            bw.count[t] = 0;
+            bw.pairs.emplace_back(t, 0);
+          }
+          ++bw.count[t];
+        }
+        for (std::size_t p = first; p < bw.pairs.size(); ++p) bw.pairs[p].second = bw.count[bw.pairs[p].first];
+        has_text_[i] = 1;
+        row_len_[i] = len;
+        row_terms_[i] = static_cast<std::uint32_t>(bw.pairs.size() - first);
+        row_worker[i] = static_cast<std::uint32_t>(w);
+        row_first[i] = first;
+      },
+      64);
 
   // 2. Row by row: map the workers' local terms to batch terms, numbering new terms in order
   //    of first appearance (within a row, by term bytes), and count each term's rows.
@@ -175,8 +173,8 @@ Bm25Batch::Bm25Batch(const std::vector<std::optional<std::string>>& texts, std::
 void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads) {
   const std::size_t n = batch.rows();
   if (slots.size() != n) {
-    throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " +
-                          std::to_string(n) + " rows");
+    throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " + std::to_string(n) +
+                          " rows");
   }
   if (n == 0) return;
   grow(static_cast<std::size_t>(*std::max_element(slots.begin(), slots.end())) + 1);
@@ -290,8 +288,8 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
                                       const Bm25Stats* global) const {
   if (global != nullptr) {
     if (global->df.size() != global->terms.size()) {
-      throw InvalidArgument("BM25 statistics have " + std::to_string(global->terms.size()) +
-                            " terms but " + std::to_string(global->df.size()) + " document frequencies");
+      throw InvalidArgument("BM25 statistics have " + std::to_string(global->terms.size()) + " terms but " +
+                            std::to_string(global->df.size()) + " document frequencies");
     }
     if (global->documents < n_docs_ || global->total_length < total_len_) {
       throw InvalidArgument("BM25 statistics count fewer rows or tokens than this index holds");
@@ -341,8 +339,9 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
       norm_version_ = version_;
     }
   }
-  thread_local std::vector<float> acc;
-  thread_local std::vector<Slot> touched;
+  SearchScratch& scratch = search_scratch();
+  std::vector<float>& acc = scratch.bm25_acc;
+  std::vector<Slot>& touched = scratch.bm25_touched;
   if (acc.size() < doc_len_.size()) acc.resize(doc_len_.size(), 0.0f);
   touched.clear();
   for (const auto& [term, df] : ids) {
@@ -381,12 +380,11 @@ std::size_t Bm25Index::memory_bytes() const {
   std::size_t b = terms_.memory_bytes();
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
-  return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 +
-         [&] {
-           std::size_t w = 0;
-           for (const auto& v : weights_) w += v.capacity() * 4;
-           return w;
-         }();
+  return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 + [&] {
+    std::size_t w = 0;
+    for (const auto& v : weights_) w += v.capacity() * 4;
+    return w;
+  }();
 }
 
 // Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.
@@ -426,7 +424,9 @@ void Bm25Index::save(BinaryWriter& w) const {
 void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
   params_.k1 = r.f32();
   params_.b = r.f32();
-  if (!(params_.k1 >= 0) || !(params_.b >= 0 && params_.b <= 1)) r.fail("invalid BM25 parameters");
+  if (!(params_.k1 >= 0) || !std::isfinite(params_.k1) || !(params_.b >= 0 && params_.b <= 1)) {
+    r.fail("invalid BM25 parameters");
+  }
   const std::uint64_t nterms = r.u64();
   r.require(nterms, 8);
   for (std::uint64_t i = 0; i < nterms; ++i) {
@@ -440,11 +440,15 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
   grow(store.slot_count());
   const std::uint64_t docs = r.u64();
   r.require(docs, 16);
+  std::int64_t last = -1;  // save() writes rows by ascending slot, each once
   for (std::uint64_t d = 0; d < docs; ++d) {
     const Slot s = r.u32();
     const std::uint32_t len = r.u32();
     const std::uint64_t nt = r.u64();
-    if (s >= store.slot_count() || !store.is_live(s) || has_[s]) r.fail("BM25 row for a missing or repeated slot");
+    if (s >= store.slot_count() || !store.is_live(s) || static_cast<std::int64_t>(s) <= last) {
+      r.fail("BM25 row for a missing, repeated or out-of-order slot");
+    }
+    last = s;
     r.require(nt, 8);
     auto& terms = doc_terms_[s];
     std::uint64_t sum = 0;
@@ -467,6 +471,10 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
     total_len_ += len;
     has_[s] = 1;
     ++n_docs_;
+  }
+  // save() writes only the terms some row uses.
+  for (std::size_t t = 0; t < df_.size(); ++t) {
+    if (df_[t] == 0) r.fail("BM25 term used by no row");
   }
 }
 

@@ -48,12 +48,12 @@ class Bm25Batch {
   // the order in which a row-by-row insertion of sorted terms meets them, so new index term
   // ids come out exactly as if the rows were set one at a time.
   StringTable terms_;
-  std::vector<std::uint64_t> term_begin_;   // postings of term t: [term_begin_[t], term_begin_[t + 1])
-  std::vector<std::uint32_t> post_row_;     // batch row of each posting, ascending per term
-  std::vector<std::uint32_t> post_tf_;      // term frequency of each posting
-  std::vector<std::uint32_t> row_terms_;    // distinct terms per row
-  std::vector<std::uint64_t> row_len_;      // tokens per row
-  std::vector<std::uint8_t> has_text_;      // 1 if the row has text (possibly empty)
+  std::vector<std::uint64_t> term_begin_;  // postings of term t: [term_begin_[t], term_begin_[t + 1])
+  std::vector<std::uint32_t> post_row_;    // batch row of each posting, ascending per term
+  std::vector<std::uint32_t> post_tf_;     // term frequency of each posting
+  std::vector<std::uint32_t> row_terms_;   // distinct terms per row
+  std::vector<std::uint64_t> row_len_;     // tokens per row
+  std::vector<std::uint8_t> has_text_;     // 1 if the row has text (possibly empty)
 };
 
 /// The corpus statistics a BM25 score depends on, for the terms of one query. Summed over
@@ -72,9 +72,7 @@ class Bm25Index {
   const Bm25Params& params() const { return params_; }
   /// Grows per-slot arrays to n slots.
   void grow(std::size_t n);
-  /// Gives slot s the text `text` (replacing any previous text). O(|text|).
-  void set(Slot s, std::string_view text);
-  /// Gives row i of `batch` (if it has text) to slots[i], as set() row by row would; the
+  /// Gives row i of `batch` (if it has text) to slots[i], as giving the rows one at a time would; the
   /// slots must be distinct. O(distinct batch terms + postings of the batch), on up to two
   /// of `threads` threads (0 = all cores).
   void set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads);
@@ -108,19 +106,19 @@ class Bm25Index {
   void compact();
 
   Bm25Params params_;
-  StringTable terms_;                             // the vocabulary: term string <-> term id
-  std::vector<std::uint32_t> df_;                 // live rows containing each term
-  std::vector<std::vector<Posting>> postings_;    // per term
+  StringTable terms_;                           // the vocabulary: term string <-> term id
+  std::vector<std::uint32_t> df_;               // live rows containing each term
+  std::vector<std::vector<Posting>> postings_;  // per term
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms_;  // per slot: (term, tf)
-  std::vector<std::uint32_t> doc_len_;            // tokens per slot
-  std::vector<std::uint32_t> gen_;                // per slot; a compaction runs before it can wrap
+  std::vector<std::uint32_t> doc_len_;                                           // tokens per slot
+  std::vector<std::uint32_t> gen_;  // per slot; a compaction runs before it can wrap
   // Per posting, tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)): depends on avgdl, so it
   // is cached for the corpus state `norm_version_` and rebuilt lazily after writes.
   mutable std::vector<std::vector<float>> weights_;
   mutable std::uint64_t norm_version_ = ~std::uint64_t{0};
   mutable std::mutex norm_mutex_;
-  std::uint64_t version_ = 0;                     // bumped by every set / clear
-  std::vector<std::uint8_t> has_;                 // per slot: 1 if it has text
+  std::uint64_t version_ = 0;      // bumped by every set / clear
+  std::vector<std::uint8_t> has_;  // per slot: 1 if it has text
   std::size_t n_docs_ = 0;
   std::uint64_t total_len_ = 0;
   std::size_t live_postings_ = 0;

@@ -18,8 +18,7 @@ bool cpu_supports(SimdLevel level) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case SimdLevel::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
 #endif
     default:
       return false;
@@ -56,9 +55,7 @@ const Kernels& active_kernels() {
   return kernels_for(static_cast<SimdLevel>(level_slot().load(std::memory_order_relaxed)));
 }
 
-SimdLevel active_simd_level() {
-  return static_cast<SimdLevel>(level_slot().load(std::memory_order_relaxed));
-}
+SimdLevel active_simd_level() { return static_cast<SimdLevel>(level_slot().load(std::memory_order_relaxed)); }
 
 void set_simd_level(SimdLevel level) {
   if (!cpu_supports(level)) {

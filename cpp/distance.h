@@ -26,14 +26,12 @@ using Multi4Fn = void (*)(const float* query, const float* const* rows, std::siz
 /// Scores a 4 x 4 tile: out[4 * i + j] = dot or l2sq of queries[i] and rows[j]. Sixteen
 /// accumulators reuse every load four times, which is what an exact batch scan needs to be
 /// compute-bound rather than load-bound.
-using Tile4x4Fn = void (*)(const float* const* queries, const float* const* rows, std::size_t dim,
-                           float* out);
+using Tile4x4Fn = void (*)(const float* const* queries, const float* const* rows, std::size_t dim, float* out);
 
 /// Inner products of up to kPanelQueries queries with a panel of 32 rows stored transposed
 /// (panel[d * 32 + r] = row r, dimension d): out[32 * i + r] = dot(queries[i], row r).
 /// Broadcast-multiply over a transposed panel needs no horizontal sums (the GEMM layout).
-using PanelFn = void (*)(const float* const* queries, std::size_t nq, const float* panel, std::size_t dim,
-                         float* out);
+using PanelFn = void (*)(const float* const* queries, std::size_t nq, const float* panel, std::size_t dim, float* out);
 inline constexpr std::size_t kPanelRows = 32;
 inline constexpr std::size_t kPanelQueries = 8;
 
@@ -75,8 +73,8 @@ const Kernels& avx512_kernels();
 }  // namespace detail
 
 /// Distances of four rows to q under `metric`.
-inline void distance4(const Kernels& k, Metric metric, const float* q, const float* const* rows,
-                      std::size_t dim, float* out) {
+inline void distance4(const Kernels& k, Metric metric, const float* q, const float* const* rows, std::size_t dim,
+                      float* out) {
   if (metric == Metric::kL2) {
     k.l2sq4(q, rows, dim, out);
     return;
@@ -86,8 +84,7 @@ inline void distance4(const Kernels& k, Metric metric, const float* q, const flo
 }
 
 /// Distance between a and b under `metric` with the given kernels.
-inline float distance(const Kernels& k, Metric metric, const float* a, const float* b,
-                      std::size_t dim) {
+inline float distance(const Kernels& k, Metric metric, const float* a, const float* b, std::size_t dim) {
   if (metric == Metric::kL2) return k.l2sq(a, b, dim);
   return 1.0f - k.dot(a, b, dim);
 }

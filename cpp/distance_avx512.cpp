@@ -7,9 +7,7 @@
 namespace kbcore {
 namespace {
 
-inline __mmask16 tail_mask(std::size_t rest) {
-  return static_cast<__mmask16>((1u << rest) - 1u);
-}
+inline __mmask16 tail_mask(std::size_t rest) { return static_cast<__mmask16>((1u << rest) - 1u); }
 
 float dot_avx512(const float* a, const float* b, std::size_t dim) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -162,7 +160,8 @@ void dot_panel_avx512(const float* const* q, std::size_t nq, const float* panel,
 
 namespace detail {
 const Kernels& avx512_kernels() {
-  static const Kernels k{dot_avx512, l2sq_avx512, dot4_avx512, l2sq4_avx512, dot4x4_avx512, l2sq4x4_avx512, dot_panel_avx512};
+  static const Kernels k{dot_avx512,    l2sq_avx512,    dot4_avx512,     l2sq4_avx512,
+                         dot4x4_avx512, l2sq4x4_avx512, dot_panel_avx512};
   return k;
 }
 }  // namespace detail

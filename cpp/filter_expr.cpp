@@ -73,8 +73,8 @@ struct Runs {
 template <typename K>
 void add_range(Runs& out, const SortedIndex<K>& idx, K lo, K hi) {
   const auto first = std::lower_bound(idx.begin(), idx.end(), std::make_pair(lo, Slot{0}));
-  const auto last = std::upper_bound(first, idx.end(), hi,
-                                     [](K v, const std::pair<K, Slot>& e) { return v < e.first; });
+  const auto last =
+      std::upper_bound(first, idx.end(), hi, [](K v, const std::pair<K, Slot>& e) { return v < e.first; });
   if (first == last) return;
   out.add(idx, static_cast<std::size_t>(first - idx.begin()), static_cast<std::size_t>(last - idx.begin()));
 }
@@ -104,9 +104,12 @@ struct IntBounds {
 
 void int_lower(IntBounds& b, const Operand& o, bool incl) {
   if (o.kind == ValueKind::kInt) {
-    if (incl) b.lo = std::max(b.lo, o.i);
-    else if (o.i == kMaxI) b.empty = true;
-    else b.lo = std::max(b.lo, o.i + 1);
+    if (incl)
+      b.lo = std::max(b.lo, o.i);
+    else if (o.i == kMaxI)
+      b.empty = true;
+    else
+      b.lo = std::max(b.lo, o.i + 1);
     return;
   }
   const double x = o.f;
@@ -129,9 +132,12 @@ void int_lower(IntBounds& b, const Operand& o, bool incl) {
 
 void int_upper(IntBounds& b, const Operand& o, bool incl) {
   if (o.kind == ValueKind::kInt) {
-    if (incl) b.hi = std::min(b.hi, o.i);
-    else if (o.i == kMinI) b.empty = true;
-    else b.hi = std::min(b.hi, o.i - 1);
+    if (incl)
+      b.hi = std::min(b.hi, o.i);
+    else if (o.i == kMinI)
+      b.empty = true;
+    else
+      b.hi = std::min(b.hi, o.i - 1);
     return;
   }
   const double x = o.f;
@@ -172,8 +178,7 @@ double double_upper(const Operand& o, bool incl) {
 
 // Rows whose numeric value (int or float row) lies between the bounds; a null bound is
 // open. Int and float rows are compared with the operand exactly, never through a rounding.
-void numeric_range(Runs& out, const Field& f, const Operand* lo, bool lo_incl, const Operand* hi,
-                   bool hi_incl) {
+void numeric_range(Runs& out, const Field& f, const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
   if (!f.float_index.empty()) {
     const double flo = lo ? double_lower(*lo, lo_incl) : -kInfD;
     const double fhi = hi ? double_upper(*hi, hi_incl) : kInfD;
@@ -369,13 +374,22 @@ Bitmap eval(const FilterNode& n, const MetadataStore& meta, const Bitmap& live) 
 }  // namespace
 
 FilterOp parse_filter_op(const std::string& name) {
-  static const std::pair<const char*, FilterOp> kOps[] = {
-      {"eq", FilterOp::kEq}, {"ne", FilterOp::kNe}, {"gt", FilterOp::kGt}, {"gte", FilterOp::kGte},
-      {"lt", FilterOp::kLt}, {"lte", FilterOp::kLte}, {"in", FilterOp::kIn}, {"nin", FilterOp::kNin},
-      {"contains", FilterOp::kContains}, {"not_contains", FilterOp::kNotContains},
-      {"starts_with", FilterOp::kStartsWith}, {"ends_with", FilterOp::kEndsWith},
-      {"exists", FilterOp::kExists}, {"empty", FilterOp::kEmpty}, {"before", FilterOp::kBefore},
-      {"after", FilterOp::kAfter}};
+  static const std::pair<const char*, FilterOp> kOps[] = {{"eq", FilterOp::kEq},
+                                                          {"ne", FilterOp::kNe},
+                                                          {"gt", FilterOp::kGt},
+                                                          {"gte", FilterOp::kGte},
+                                                          {"lt", FilterOp::kLt},
+                                                          {"lte", FilterOp::kLte},
+                                                          {"in", FilterOp::kIn},
+                                                          {"nin", FilterOp::kNin},
+                                                          {"contains", FilterOp::kContains},
+                                                          {"not_contains", FilterOp::kNotContains},
+                                                          {"starts_with", FilterOp::kStartsWith},
+                                                          {"ends_with", FilterOp::kEndsWith},
+                                                          {"exists", FilterOp::kExists},
+                                                          {"empty", FilterOp::kEmpty},
+                                                          {"before", FilterOp::kBefore},
+                                                          {"after", FilterOp::kAfter}};
   for (const auto& [n, op] : kOps) {
     if (name == n) return op;
   }
@@ -462,7 +476,7 @@ FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, co
       // Few matches: the list comes straight out of the index, O(matches) with no pass over
       // all slots. It is left in index order (ascending within each key): its readers, the
       // exact scans, keep the k best by (distance, slot) whatever the order, and sorting it
-      // cost as much as the evaluation itself (SciFact, 1 % passing).
+      // cost as much as the evaluation itself for selective filters.
       // Every entry is written and the cursor advances only past live ones (no branch);
       // with every slot live, as in an index without deletes, there is nothing to test.
       m.rows.resize(runs.total);

@@ -12,8 +12,22 @@
 namespace kbcore {
 
 enum class FilterOp : std::uint8_t {
-  kEq, kNe, kGt, kGte, kLt, kLte, kIn, kNin, kContains, kNotContains, kStartsWith, kEndsWith,
-  kExists, kEmpty, kBefore, kAfter
+  kEq,
+  kNe,
+  kGt,
+  kGte,
+  kLt,
+  kLte,
+  kIn,
+  kNin,
+  kContains,
+  kNotContains,
+  kStartsWith,
+  kEndsWith,
+  kExists,
+  kEmpty,
+  kBefore,
+  kAfter
 };
 
 /// Parses an IR operator name ("eq", "not_contains", ...); throws InvalidArgument.
@@ -50,12 +64,12 @@ Bitmap evaluate_filter(const FilterNode& node, const MetadataStore& meta, const 
 /// derived on demand. A filtered search wants the list for an exact scan of the passing rows
 /// and the bitmap for a filtered graph walk.
 struct FilterMatches {
-  std::size_t count = 0;         // passing live rows
-  std::size_t slots = 0;         // bitmap size (every slot, live or not)
+  std::size_t count = 0;  // passing live rows
+  std::size_t slots = 0;  // bitmap size (every slot, live or not)
   bool has_bitmap = false;
-  Bitmap bitmap;                 // valid when has_bitmap: bit s set iff slot s passes
+  Bitmap bitmap;  // valid when has_bitmap: bit s set iff slot s passes
   bool has_rows = false;
-  std::vector<Slot> rows;        // valid when has_rows: the passing slots, each once, in no set order
+  std::vector<Slot> rows;  // valid when has_rows: the passing slots, each once, in no set order
   /// Makes `rows` valid (from the bitmap). O(slots / 64 + count). Not safe to call concurrently.
   const std::vector<Slot>& ensure_rows();
   /// Makes `bitmap` valid (from the rows). O(slots / 64 + count). Not safe to call concurrently.

@@ -16,9 +16,8 @@ namespace kbcore {
 /// query, ascending, ties by slot. `accept(slot)` filters rows (AcceptAll for none).
 /// Single-threaded; callers split queries across threads. O(nq * n * dim).
 template <typename Accept>
-std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric metric,
-                                             const float* queries, std::size_t nq, std::size_t k,
-                                             const Accept& accept) {
+std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric metric, const float* queries,
+                                             std::size_t nq, std::size_t k, const Accept& accept) {
   const Kernels& kern = active_kernels();
   const std::size_t dim = store.dim();
   const std::size_t n = store.slot_count();
@@ -106,8 +105,7 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
       const float* q = queries + qi * dim;
       std::size_t r = 0;
       for (; r + 4 <= bn; r += 4) {
-        const float* four[4] = {rows + r * dim, rows + (r + 1) * dim, rows + (r + 2) * dim,
-                                rows + (r + 3) * dim};
+        const float* four[4] = {rows + r * dim, rows + (r + 1) * dim, rows + (r + 2) * dim, rows + (r + 3) * dim};
         distance4(kern, metric, q, four, dim, scores.data() + r);
       }
       for (; r < bn; ++r) scores[r] = distance(kern, metric, q, rows + r * dim, dim);
@@ -121,8 +119,8 @@ std::vector<std::vector<Scored>> flat_search(const VectorStore& store, Metric me
 }
 
 /// Distances from one prepared query to slots[0, n) into out[0, n). O(n * dim).
-inline void score_slots(const VectorStore& store, Metric metric, const float* q, const Slot* slots,
-                        std::size_t n, float* out) {
+inline void score_slots(const VectorStore& store, Metric metric, const float* q, const Slot* slots, std::size_t n,
+                        float* out) {
   const Kernels& kern = active_kernels();
   const std::size_t dim = store.dim();
   // Whole rows, kAhead rows ahead, into L2 (prefetch.h): the slots are scattered, so the

@@ -4,59 +4,12 @@
 #include <limits>
 
 #include "prefetch.h"
+#include "search_scratch.h"
 
 namespace kbcore {
 namespace {
 
-// One value per group ordinal, valid only when stamped with the current epoch: starting a
-// new pass is O(1) (bump the epoch) instead of clearing an array of every group, and nothing
-// needs undoing if a pass is abandoned by an exception. One instance per thread and purpose.
-class DenseMarks {
- public:
-  /// Starts a pass over ordinals in [0, n); every ordinal reads as unmarked.
-  void begin(std::size_t n) {
-    if (slots_.size() < n) slots_.resize(n, Slot{0, 0});
-    if (++epoch_ == 0) {  // wrapped: old stamps could alias the new epoch
-      for (Slot& s : slots_) s.stamp = 0;
-      epoch_ = 1;
-    }
-  }
-  bool marked(std::uint32_t g) const { return slots_[g].stamp == epoch_; }
-  std::uint32_t value(std::uint32_t g) const { return slots_[g].value; }
-  void mark(std::uint32_t g, std::uint32_t v) { slots_[g] = Slot{epoch_, v}; }
-  /// Starts loading the entry of g (the caller will look it up soon).
-  void prefetch(std::uint32_t g) const { prefetch_l1(&slots_[g]); }
-
- private:
-  struct Slot {
-    std::uint32_t stamp;
-    std::uint32_t value;
-  };
-  std::vector<Slot> slots_;  // stamp and value side by side: one cache line per lookup
-  std::uint32_t epoch_ = 0;
-};
-
 constexpr std::uint32_t kSkip = std::numeric_limits<std::uint32_t>::max();
-
-// Per-thread scratch of the functions below. Reached through an out-of-line call so that a
-// loop holds a plain pointer: a thread_local named inside a loop may be re-resolved (a
-// __tls_get_addr call in a shared library) at every use.
-struct Scratch {
-  DenseMarks marks;
-  std::vector<std::uint32_t> per_hit;
-  std::vector<std::uint32_t> per_group;
-  std::vector<Scored> best_of;
-  std::vector<std::pair<Scored, std::uint32_t>> ranked;
-  std::vector<std::pair<std::uint32_t, Scored>> members;
-};
-
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((noinline))
-#endif
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
 
 }  // namespace
 
@@ -68,11 +21,11 @@ void GroupedSlots::clear() {
   parts.clear();
 }
 
-void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
-                     std::size_t group_size, GroupedSlots& out) {
+void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k, std::size_t group_size,
+                     GroupedSlots& out) {
   out.clear();
-  Scratch& sc = scratch();
-  DenseMarks& rank_of = sc.marks;                         // group ordinal -> rank among kept groups
+  detail::GroupingScratch& sc = search_scratch().grouping;
+  detail::DenseMarks& rank_of = sc.marks;                // group ordinal -> rank among kept groups
   std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
   std::vector<std::uint32_t>& count = sc.per_group;      // per kept group: parts met
   rank_of.begin(field.group_keys.size());
@@ -128,7 +81,7 @@ void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std:
 }
 
 std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k) {
-  DenseMarks& seen = scratch().marks;
+  detail::DenseMarks& seen = search_scratch().grouping.marks;
   seen.begin(field.group_keys.size());
   std::size_t n = 0;
   for (const Scored& s : hits) {
@@ -140,15 +93,15 @@ std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, st
   return n;
 }
 
-void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field,
-                    std::size_t k, std::size_t group_size, GroupedSlots& out) {
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field, std::size_t k,
+                    std::size_t group_size, GroupedSlots& out) {
   out.clear();
   // Best distance per group in one pass over dense ordinals, then the k best groups.
   const std::size_t ng = field.group_keys.size();
-  Scratch& sc = scratch();
+  detail::GroupingScratch& sc = search_scratch().grouping;
   std::vector<Scored>& best_of = sc.best_of;
   std::vector<std::pair<Scored, std::uint32_t>>& ranked = sc.ranked;
-  DenseMarks& rank_of = sc.marks;
+  detail::DenseMarks& rank_of = sc.marks;
   std::vector<std::pair<std::uint32_t, Scored>>& members = sc.members;
   best_of.assign(ng, Scored{std::numeric_limits<float>::infinity(), kNoSlot});
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -179,9 +132,8 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
     if (g == Field::kNoGroup || !rank_of.marked(g)) continue;
     members.push_back({rank_of.value(g), Scored{dist[i], rows[i]}});
   }
-  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first < b.first : a.second < b.second;
-  });
+  std::sort(members.begin(), members.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : a.second < b.second; });
   out.best_end.resize(ranked.size());
   out.parts_end.resize(ranked.size());
   out.parts.reserve(members.size());

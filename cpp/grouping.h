@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "metadata_store.h"
+#include "prefetch.h"
 #include "topk.h"
 
 namespace kbcore {
@@ -18,8 +19,8 @@ namespace kbcore {
 /// hits are best[best_begin(g), best_end[g]) and the parts met parts[parts_begin(g),
 /// parts_end[g]), both ascending by distance (the best hits are a prefix of the parts).
 struct GroupedSlots {
-  std::vector<std::uint32_t> ordinals;   // dense group ordinal in the field, one per group
-  std::vector<std::uint32_t> best_end;   // one per group: end offset of its hits in `best`
+  std::vector<std::uint32_t> ordinals;  // dense group ordinal in the field, one per group
+  std::vector<std::uint32_t> best_end;  // one per group: end offset of its hits in `best`
   std::vector<Scored> best;
   std::vector<std::uint32_t> parts_end;  // one per group: end offset of its parts in `parts`
   std::vector<Slot> parts;
@@ -30,12 +31,54 @@ struct GroupedSlots {
   void clear();
 };
 
+namespace detail {
+
+// One value per group ordinal, valid only when stamped with the current epoch: starting a
+// new pass is O(1) (bump the epoch) instead of clearing an array of every group, and nothing
+// needs undoing if a pass is abandoned by an exception. One instance per thread and purpose.
+class DenseMarks {
+ public:
+  /// Starts a pass over ordinals in [0, n); every ordinal reads as unmarked.
+  void begin(std::size_t n) {
+    if (slots_.size() < n) slots_.resize(n, Entry{0, 0});
+    if (++epoch_ == 0) {  // wrapped: old stamps could alias the new epoch
+      for (Entry& s : slots_) s.stamp = 0;
+      epoch_ = 1;
+    }
+  }
+  bool marked(std::uint32_t g) const { return slots_[g].stamp == epoch_; }
+  std::uint32_t value(std::uint32_t g) const { return slots_[g].value; }
+  void mark(std::uint32_t g, std::uint32_t v) { slots_[g] = Entry{epoch_, v}; }
+  /// Starts loading the entry of g (the caller will look it up soon).
+  void prefetch(std::uint32_t g) const { prefetch_l1(&slots_[g]); }
+
+ private:
+  struct Entry {
+    std::uint32_t stamp;
+    std::uint32_t value;
+  };
+  std::vector<Entry> slots_;  // stamp and value side by side: one cache line per lookup
+  std::uint32_t epoch_ = 0;
+};
+
+/// Per-thread scratch of the grouping functions (a part of SearchScratch, search_scratch.h).
+struct GroupingScratch {
+  DenseMarks marks;
+  std::vector<std::uint32_t> per_hit;
+  std::vector<std::uint32_t> per_group;
+  std::vector<Scored> best_of;
+  std::vector<std::pair<Scored, std::uint32_t>> ranked;
+  std::vector<std::pair<std::uint32_t, Scored>> members;
+};
+
+}  // namespace detail
+
 /// Groups `sorted` (ascending) by field.group_of into `out` (cleared first); keeps the first
 /// k groups to appear (the k with the best distances) and, for them, the best group_size hits
 /// and every part met. Slots without a group value are skipped. The field's index must be
 /// built. O(|sorted|), no allocation in steady state beyond `out`'s growth.
-void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k,
-                     std::size_t group_size, GroupedSlots& out);
+void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k, std::size_t group_size,
+                     GroupedSlots& out);
 
 /// Number of distinct groups among `hits` (any order), counting stops at `k`. O(|hits|).
 std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k);
@@ -44,7 +87,7 @@ std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, st
 /// (cleared first): the k groups with the smallest best distance, each with its best
 /// group_size hits and every part among rows. O(|rows| + groups + m log m) for the m parts of
 /// the k groups.
-void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field,
-                    std::size_t k, std::size_t group_size, GroupedSlots& out);
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field, std::size_t k,
+                    std::size_t group_size, GroupedSlots& out);
 
 }  // namespace kbcore

@@ -17,7 +17,9 @@ HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
       m0_(2 * params.M),
       level_mult_(1.0 / std::log(static_cast<double>(std::max<std::size_t>(params.M, 2)))),
       rng_(params.seed) {
-  if (params.M < 2 || params.M > 256) throw InvalidArgument("M must be in [2, 256], got " + std::to_string(params.M));
+  if (params.M < 2 || params.M > kMaxM) {
+    throw InvalidArgument("M must be in [2, " + std::to_string(kMaxM) + "], got " + std::to_string(params.M));
+  }
   if (params.ef_construction < 1) throw InvalidArgument("ef_construction must be positive");
   grow();
 }
@@ -32,13 +34,17 @@ void HnswIndex::grow() {
   pending_.resize(n, 0);
 }
 
+void HnswIndex::reset_slot(Slot s, int level) {
+  levels_[s] = static_cast<std::uint8_t>(level);
+  upper_[s] = level > 0 ? std::make_unique<std::uint32_t[]>(upper_words(s)) : nullptr;  // zeroed
+  links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+  core0_[s] = 0;
+}
+
 void HnswIndex::add_pending(const std::vector<Slot>& slots) {
   grow();
   for (Slot s : slots) {
-    levels_[s] = 0;
-    upper_[s].reset();
-    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
-    core0_[s] = 0;
+    reset_slot(s);
     if (!pending_[s]) {
       pending_[s] = 1;
       pending_list_.push_back(s);
@@ -68,7 +74,7 @@ std::size_t HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t 
   if (cands.size() <= m) return cands.size();
   std::vector<Scored> kept;
   kept.reserve(m);
-  std::uint32_t kept_slots[2 * 256];
+  std::uint32_t kept_slots[kMaxLinks];  // m <= capacity(level) <= kMaxLinks
   for (const Scored& c : cands) {
     if (kept.size() >= m) break;
     // Rejected if a kept neighbour is closer to c than the base is.
@@ -137,7 +143,7 @@ void HnswIndex::connect_back(Slot n, Slot s, float d, int level, const Kernels& 
   std::vector<Scored> cands;
   cands.reserve(count + 1);
   cands.push_back({d, s});
-  float dn[2 * 256];
+  float dn[4 + kMaxLinks];  // count <= cap <= kMaxLinks
   prefetch_rows(nl + 1, count);
   score(k, nv, nl + 1, count, dn);
   for (std::size_t j = 0; j < count; ++j) cands.push_back({dn[j], nl[1 + j]});
@@ -158,9 +164,8 @@ void HnswIndex::link(Slot s, int level, Slot ep, int top, const Kernels& k, bool
   }
   std::vector<Scored> eps{cur};
   for (int l = std::min(level, top); l >= 0; --l) {
-    std::vector<Scored> w = locked
-        ? search_layer<true>(q, eps, params_.ef_construction, l, k, AcceptAll{})
-        : search_layer<false>(q, eps, params_.ef_construction, l, k, AcceptAll{});
+    std::vector<Scored> w = locked ? search_layer<true>(q, eps, params_.ef_construction, l, k, AcceptAll{})
+                                   : search_layer<false>(q, eps, params_.ef_construction, l, k, AcceptAll{});
     // The node itself can be met when it is being re-linked during repair.
     w.erase(std::remove_if(w.begin(), w.end(), [s](const Scored& x) { return x.slot == s; }), w.end());
     eps = w;
@@ -225,13 +230,7 @@ void HnswIndex::insert(Slot s, const Kernels& k) {
 
 void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads) {
   grow();
-  for (Slot s : slots) {
-    const int level = draw_level();
-    levels_[s] = static_cast<std::uint8_t>(level);
-    upper_[s] = level > 0 ? std::make_unique<std::uint32_t[]>(upper_words(s)) : nullptr;  // zeroed
-    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
-    core0_[s] = 0;
-  }
+  for (Slot s : slots) reset_slot(s, draw_level());
   const Kernels& k = active_kernels();
   std::size_t start = 0;
   // The first node must become the entry point before workers start from it.
@@ -240,7 +239,8 @@ void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads
     start = 1;
   }
   const std::size_t workers = resolve_threads(threads, slots.size() - start);
-  parallel_for(slots.size() - start, workers, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
+  parallel_for(
+      slots.size() - start, workers, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
   if (workers > 1) ensure_reachable(k);
 }
 
@@ -324,8 +324,9 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     }
   }
   if (pending_removed) {
-    pending_list_.erase(std::remove_if(pending_list_.begin(), pending_list_.end(), [&](Slot s) { return dead[s] != 0; }),
-                        pending_list_.end());
+    pending_list_.erase(
+        std::remove_if(pending_list_.begin(), pending_list_.end(), [&](Slot s) { return dead[s] != 0; }),
+        pending_list_.end());
   }
   const Kernels& k = active_kernels();
   if (entry_ != kNoSlot && dead[entry_]) pick_new_entry(dead);
@@ -339,47 +340,45 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
     if (store_.is_live(static_cast<Slot>(s)) && !dead[s]) live.push_back(static_cast<Slot>(s));
   }
   std::vector<std::uint8_t> orphan(n, 0);
-  parallel_for(live.size(), threads, [&](std::size_t i, std::size_t) {
-    const Slot p = live[i];
-    const float* pv = store_.vector(p);
-    for (int l = 0; l <= levels_[p]; ++l) {
-      std::uint32_t* pl = links(p, l);
-      bool touched = false;
-      for (std::size_t j = 0; j < pl[0]; ++j) touched |= dead[pl[1 + j]] != 0;
-      if (!touched) continue;
-      std::vector<Slot> pool;
-      for (std::size_t j = 0; j < pl[0]; ++j) {
-        const Slot x = pl[1 + j];
-        if (!dead[x]) {
-          pool.push_back(x);
-          continue;
+  parallel_for(
+      live.size(), threads,
+      [&](std::size_t i, std::size_t) {
+        const Slot p = live[i];
+        const float* pv = store_.vector(p);
+        for (int l = 0; l <= levels_[p]; ++l) {
+          std::uint32_t* pl = links(p, l);
+          bool touched = false;
+          for (std::size_t j = 0; j < pl[0]; ++j) touched |= dead[pl[1 + j]] != 0;
+          if (!touched) continue;
+          std::vector<Slot> pool;
+          for (std::size_t j = 0; j < pl[0]; ++j) {
+            const Slot x = pl[1 + j];
+            if (!dead[x]) {
+              pool.push_back(x);
+              continue;
+            }
+            const std::uint32_t* xl = links(x, l);
+            for (std::size_t t = 0; t < xl[0]; ++t) {
+              const Slot y = xl[1 + t];
+              if (y != p && !dead[y]) pool.push_back(y);
+            }
+          }
+          std::sort(pool.begin(), pool.end());
+          pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+          std::vector<Scored> cands;
+          cands.reserve(pool.size());
+          for (Slot y : pool) cands.push_back({distance(k, metric_, pv, store_.vector(y), store_.dim()), y});
+          std::sort(cands.begin(), cands.end());
+          const std::size_t core = select_neighbors(cands, capacity(l), k);
+          pl[0] = static_cast<std::uint32_t>(cands.size());
+          for (std::size_t j = 0; j < cands.size(); ++j) pl[1 + j] = cands[j].slot;
+          if (l == 0) core0_[p] = static_cast<std::uint16_t>(core);
+          if (l == 0 && cands.empty()) orphan[p] = 1;
         }
-        const std::uint32_t* xl = links(x, l);
-        for (std::size_t t = 0; t < xl[0]; ++t) {
-          const Slot y = xl[1 + t];
-          if (y != p && !dead[y]) pool.push_back(y);
-        }
-      }
-      std::sort(pool.begin(), pool.end());
-      pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
-      std::vector<Scored> cands;
-      cands.reserve(pool.size());
-      for (Slot y : pool) cands.push_back({distance(k, metric_, pv, store_.vector(y), store_.dim()), y});
-      std::sort(cands.begin(), cands.end());
-      const std::size_t core = select_neighbors(cands, capacity(l), k);
-      pl[0] = static_cast<std::uint32_t>(cands.size());
-      for (std::size_t j = 0; j < cands.size(); ++j) pl[1 + j] = cands[j].slot;
-      if (l == 0) core0_[p] = static_cast<std::uint16_t>(core);
-      if (l == 0 && cands.empty()) orphan[p] = 1;
-    }
-  }, 64);
+      },
+      64);
 
-  for (Slot s : slots) {
-    links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
-    core0_[s] = 0;
-    levels_[s] = 0;
-    upper_[s].reset();
-  }
+  for (Slot s : slots) reset_slot(s);
   // A node whose every neighbour (and their neighbours) was removed is re-linked by search.
   for (std::size_t s = 0; s < n; ++s) {
     if (!orphan[s] || static_cast<Slot>(s) == entry_ || entry_ == kNoSlot) continue;
@@ -388,17 +387,10 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
   ensure_reachable(k, &dead);
 }
 
-namespace detail {
-ExpandScratch& expand_scratch() {
-  thread_local ExpandScratch scratch;
-  return scratch;
-}
-}  // namespace detail
-
-std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef,
-                                               const Bitmap& allowed, std::size_t* evals) const {
-  std::vector<Scored> res = search_expanding(q, std::max(ef, k), &allowed,
-                                             [](const std::vector<Scored>&) { return true; }, evals);
+std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef, const Bitmap& allowed,
+                                               std::size_t* evals) const {
+  std::vector<Scored> res = search_expanding(
+      q, std::max(ef, k), &allowed, [](const std::vector<Scored>&) { return true; }, evals);
   if (res.size() > k) res.resize(k);
   return res;
 }
@@ -427,8 +419,7 @@ double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const
 
 std::size_t HnswIndex::memory_bytes() const {
   std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + core0_.capacity() * sizeof(std::uint16_t) +
-                      levels_.capacity() +
-                      upper_.capacity() * sizeof(upper_[0]);
+                      levels_.capacity() + upper_.capacity() * sizeof(upper_[0]);
   for (std::size_t s = 0; s < levels_.size(); ++s) bytes += upper_words(static_cast<Slot>(s)) * sizeof(std::uint32_t);
   return bytes;
 }
@@ -455,7 +446,9 @@ void HnswIndex::load(BinaryReader& r) {
   const std::uint64_t seed = r.u64();
   if (m != params_.M || efc != params_.ef_construction) r.fail("graph parameters disagree with the header");
   const Slot entry = r.u32();
-  const int max_level = static_cast<int>(r.u32()) - 1;
+  const std::uint32_t levels_stored = r.u32();  // max_level + 1
+  if (levels_stored > kMaxLevel + 1) r.fail("graph level count out of range");
+  const int max_level = static_cast<int>(levels_stored) - 1;
   const std::uint64_t slots = r.u64();
   if (slots != n) r.fail("graph covers " + std::to_string(slots) + " slots, store has " + std::to_string(n));
   std::vector<std::uint8_t> levels;
@@ -494,24 +487,34 @@ void HnswIndex::load(BinaryReader& r) {
     ++graph_nodes;
     seen_max = std::max(seen_max, static_cast<int>(levels[s]));
   }
-  // Every link must name a linked live slot and every count must fit its list: a crafted
-  // file must not make a search read out of bounds.
-  const auto check = [&](const std::uint32_t* l, std::size_t cap) {
+  // Every link must name a linked live slot that has a list at that level, other than the
+  // node itself and at most once per list, and every count must fit its list: a crafted file
+  // must not make a search read out of bounds (an upper-level link to a node without that
+  // level would be a null list) nor leave a graph that a later insert or removal trips on.
+  std::vector<std::uint64_t> stamp(n, 0);  // list number + 1 of the list that last named a slot
+  std::uint64_t list_no = 0;
+  const auto check = [&](Slot s, const std::uint32_t* l, std::size_t cap, int level) {
     if (l[0] > cap) r.fail("link count exceeds capacity");
+    ++list_no;
     for (std::size_t j = 0; j < l[0]; ++j) {
-      if (l[1 + j] >= n || !store_.is_live(l[1 + j]) || pending[l[1 + j]]) r.fail("link to a missing node");
+      const std::uint32_t t = l[1 + j];
+      if (t >= n || !store_.is_live(t) || pending[t]) r.fail("link to a missing node");
+      if (levels[t] < level) r.fail("link to a node without that level");
+      if (t == s) r.fail("node links to itself");
+      if (stamp[t] == list_no) r.fail("repeated link in one list");
+      stamp[t] = list_no;
     }
   };
   for (std::size_t s = 0; s < n; ++s) {
     if (!store_.is_live(static_cast<Slot>(s)) || pending[s]) continue;
-    check(&links0[s * (1 + m0_)], m0_);
-    for (int l = 1; l <= levels[s]; ++l) check(&upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m);
+    const auto slot = static_cast<Slot>(s);
+    check(slot, &links0[s * (1 + m0_)], m0_, 0);
+    for (int l = 1; l <= levels[s]; ++l) check(slot, &upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m, l);
   }
   if (graph_nodes == 0) {
     if (entry != kNoSlot || max_level != -1) r.fail("empty graph with an entry point");
   } else {
-    if (entry >= n || !store_.is_live(entry) || pending[entry] || levels[entry] != max_level ||
-        max_level != seen_max) {
+    if (entry >= n || !store_.is_live(entry) || pending[entry] || levels[entry] != max_level || max_level != seen_max) {
       r.fail("invalid entry point");
     }
   }

@@ -16,6 +16,7 @@
 #include "bitmap.h"
 #include "distance.h"
 #include "prefetch.h"
+#include "search_scratch.h"
 #include "topk.h"
 #include "vector_store.h"
 #include "visited_pool.h"
@@ -24,6 +25,12 @@ namespace kbcore {
 
 class BinaryReader;
 class BinaryWriter;
+
+/// Upper bound of HnswParams::M, checked by the constructor and by load.
+inline constexpr std::size_t kMaxM = 256;
+/// The longest link list (level 0 holds 2M links): the size of the search stack buffers.
+inline constexpr std::size_t kMaxLinks = 2 * kMaxM;
+static_assert(kMaxLinks <= 0xFFFF, "core0_ counts level-0 links in 16 bits");
 
 /// Construction parameters. M: links per node on upper levels (2M on level 0);
 /// ef_construction: candidate list size while inserting; seed: level assignment.
@@ -68,14 +75,14 @@ class HnswIndex {
   /// Same, admitting only slots for which accept(slot) is true into the results; the
   /// traversal still walks through rejected nodes (so the graph stays navigable).
   template <typename Accept>
-  std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef,
-                                  const Accept& accept, std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                                  std::size_t* evals = nullptr) const;
   /// Filtered search that computes distances only for slots in `allowed`: a neighbour that
   /// fails the filter is not scored but its own neighbours are (two-hop expansion, ACORN-1 of
   /// Patel et al., SIGMOD 2024), and each expansion keeps at most 2M passing candidates, so
   /// the graph stays navigable when most neighbours fail. Thread-safe against other searches.
-  std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef,
-                                      const Bitmap& allowed, std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef, const Bitmap& allowed,
+                                      std::size_t* evals = nullptr) const;
 
   /// Fraction of the slots within two hops of the query's level-0 entry point (found by the
   /// greedy descent of every search) that pass `allowed`: the selectivity of the filter in
@@ -89,8 +96,8 @@ class HnswIndex {
   /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
   /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
   template <typename Enough>
-  std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
-                                       Enough enough, std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
+                                       std::size_t* evals = nullptr) const;
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
@@ -139,9 +146,26 @@ class HnswIndex {
   void connect_back(Slot n, Slot s, float d, int level, const Kernels& k, bool locked);
   /// Candidate search on one level from entry points; results ascending, at most ef.
   template <bool kLocked, typename Accept>
-  std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef,
-                                   int level, const Kernels& k, const Accept& accept,
-                                   std::size_t* evals = nullptr) const;
+  std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef, int level,
+                                   const Kernels& k, const Accept& accept, std::size_t* evals = nullptr) const;
+  /// The links of s at level: in place when unlocked (no concurrent writer), else copied
+  /// into `local` under s's lock (inserts run concurrently). Sets count; returns the ids.
+  template <bool kLocked>
+  const std::uint32_t* read_links(Slot s, int level, std::vector<std::uint32_t>& local, std::size_t& count) const {
+    if constexpr (kLocked) {
+      std::lock_guard<Lock> guard(lock_for(s));
+      const std::uint32_t* src = links(s, level);
+      local.assign(src + 1, src + 1 + src[0]);
+      count = local.size();
+      return local.data();
+    } else {
+      const std::uint32_t* src = links(s, level);
+      count = src[0];
+      return src + 1;
+    }
+  }
+  /// Empties s's lists and level (before an insert, or when s is freed or made pending).
+  void reset_slot(Slot s, int level = 0);
   template <bool kLocked>
   Scored greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const;
   /// Selection heuristic (Malkov & Yashunin, Algorithm 4): keep a candidate only if it is
@@ -149,10 +173,8 @@ class HnswIndex {
   /// the heuristic leaves free then take the pruned candidates, nearest first (the "keep
   /// pruned connections" option of the paper). Returns the number of heuristic ("core")
   /// links; cands becomes [core ascending, fill ascending]. Full lists raise recall per
-  /// distance evaluation: measured with M = 16, ef_construction = 200 (benches/bench_index.py),
-  /// SciFact recall@10 at ef 16 0.925 -> 0.946, about 1.2x QPS at recall 0.95; synthetic 100k
-  /// about 1.05x. core0_ keeps the core count of level-0 lists so that connect_back can
-  /// settle most new links without re-running the heuristic.
+  /// distance evaluation (figures in benches/README.md). core0_ keeps the core count of level-0 lists so that
+  /// connect_back can settle most new links without re-running the heuristic.
   std::size_t select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
@@ -164,14 +186,14 @@ class HnswIndex {
   HnswParams params_;
   std::size_t m0_;
   double level_mult_;
-  std::vector<std::uint32_t> links0_;              // slot_count * (1 + m0_): [count, ids...]
-  std::vector<std::uint16_t> core0_;               // per slot: leading level-0 links that are not fill
-  std::vector<std::uint8_t> levels_;               // top level per slot
+  std::vector<std::uint32_t> links0_;  // slot_count * (1 + m0_): [count, ids...]
+  std::vector<std::uint16_t> core0_;   // per slot: leading level-0 links that are not fill
+  std::vector<std::uint8_t> levels_;   // top level per slot
   // Per slot: levels_[s] lists of [count, ids...] (1 + M each), null at level 0 (most slots):
   // 8 B per slot where a std::vector would take 24.
   std::vector<std::unique_ptr<std::uint32_t[]>> upper_;
-  std::vector<std::uint8_t> pending_;              // per slot: 1 if stored but not linked yet
-  std::vector<Slot> pending_list_;                 // the same slots, ascending
+  std::vector<std::uint8_t> pending_;  // per slot: 1 if stored but not linked yet
+  std::vector<Slot> pending_list_;     // the same slots, ascending
   Slot entry_ = kNoSlot;
   int max_level_ = -1;
   std::mutex entry_mutex_;
@@ -186,21 +208,9 @@ namespace detail {
 struct ScoredGreater {
   bool operator()(const Scored& a, const Scored& b) const { return b < a; }
 };
-/// Per-thread scratch of search_expanding (which is not reentrant on one thread).
-struct ExpandScratch {
-  std::vector<Scored> candidates;
-  std::vector<Scored> deferred;
-  std::vector<Scored> again;
-};
-/// This thread's ExpandScratch. Out of line on purpose: the search then holds a plain
-/// pointer, where a thread_local named in its hot loop is re-resolved (a __tls_get_addr call
-/// in a shared library) at nearly every use, once per scored node.
-ExpandScratch& expand_scratch();
 }  // namespace detail
 
-inline void HnswIndex::prefetch_row(Slot s) const {
-  prefetch_row_l2(store_.vector(s), store_.dim() * sizeof(float));
-}
+inline void HnswIndex::prefetch_row(Slot s) const { prefetch_row_l2(store_.vector(s), store_.dim() * sizeof(float)); }
 
 inline bool HnswIndex::any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n,
                                   float d) const {
@@ -223,8 +233,7 @@ inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32
   for (std::size_t j = 0; j < m; j += 4) {
     const std::size_t last = m - 1;
     const float* rows[4] = {store_.vector(slots[j]), store_.vector(slots[std::min(j + 1, last)]),
-                            store_.vector(slots[std::min(j + 2, last)]),
-                            store_.vector(slots[std::min(j + 3, last)])};
+                            store_.vector(slots[std::min(j + 2, last)]), store_.vector(slots[std::min(j + 3, last)])};
     if (j + 4 <= m) {
       distance4(k, metric_, q, rows, dim, out + j);
     } else {
@@ -236,14 +245,14 @@ inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32
 }
 
 template <bool kLocked, typename Accept>
-std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps,
-                                            std::size_t ef, int level, const Kernels& k,
-                                            const Accept& accept, std::size_t* evals) const {
+std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef, int level,
+                                            const Kernels& k, const Accept& accept, std::size_t* evals) const {
   auto visited = visited_.acquire(levels_.size());
   // candidates: min-heap of the frontier; results: max-heap of the best ef admitted nodes.
   // Scratch buffers are per thread so that a search allocates nothing in steady state.
-  thread_local std::vector<Scored> candidates;
-  thread_local std::vector<std::uint32_t> local;
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& candidates = scratch.layer_candidates;
+  std::vector<std::uint32_t>& local = scratch.layer_links;
   candidates.clear();
   std::vector<Scored> results;
   results.reserve(ef + 1);
@@ -261,8 +270,10 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     if (accept(e.slot)) push_result(e);
   }
-  std::uint32_t fresh[4 + 2 * 256];
-  float dists[4 + 2 * 256];
+  // A list holds at most kMaxLinks links; score() writes whole blocks of four.
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(fresh) / sizeof(fresh[0]) >= kMaxLinks + 3, "fresh must hold a full list");
   while (!candidates.empty()) {
     const Scored c = candidates.front();
     if (results.size() >= ef && c.dist > results.front().dist) break;
@@ -270,19 +281,8 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     candidates.pop_back();
     // The next candidate's links will be read next: start loading them now.
     if (!kLocked && !candidates.empty()) prefetch_l1(links(candidates.front().slot, level));
-    const std::uint32_t* nl;
     std::size_t count;
-    if constexpr (kLocked) {
-      std::lock_guard<Lock> guard(lock_for(c.slot));
-      const std::uint32_t* src = links(c.slot, level);
-      local.assign(src + 1, src + 1 + src[0]);
-      nl = local.data();
-      count = local.size();
-    } else {
-      const std::uint32_t* src = links(c.slot, level);
-      count = src[0];
-      nl = src + 1;
-    }
+    const std::uint32_t* nl = read_links<kLocked>(c.slot, level, local, count);
     // Gather the unvisited neighbours first, prefetching their rows, then score them four
     // at a time: independent dot products keep the FMA units busy.
     std::size_t m = 0;
@@ -310,28 +310,16 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
 }
 
 template <bool kLocked>
-Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_level,
-                         const Kernels& k) const {
+Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_level, const Kernels& k) const {
   std::vector<std::uint32_t> local;
   for (int level = from_level; level > to_level; --level) {
     bool changed = true;
     while (changed) {
       changed = false;
-      const std::uint32_t* nl;
       std::size_t count;
-      if constexpr (kLocked) {
-        std::lock_guard<Lock> guard(lock_for(cur.slot));
-        const std::uint32_t* src = links(cur.slot, level);
-        local.assign(src + 1, src + 1 + src[0]);
-        nl = local.data();
-        count = local.size();
-      } else {
-        const std::uint32_t* src = links(cur.slot, level);
-        count = src[0];
-        nl = src + 1;
-      }
+      const std::uint32_t* nl = read_links<kLocked>(cur.slot, level, local, count);
       prefetch_rows(nl, count);
-      float d[4 + 2 * 256];
+      float d[4 + kMaxLinks];
       score(k, q, nl, count, d);
       for (std::size_t j = 0; j < count; ++j) {
         if (d[j] < cur.dist) {
@@ -345,21 +333,20 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
 }
 
 template <typename Accept>
-std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef,
-                                           const Accept& accept, std::size_t* evals) const {
+std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                                           std::size_t* evals) const {
   if (entry_ == kNoSlot || k == 0) return {};
   const Kernels& kern = active_kernels();
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
-  std::vector<Scored> res =
-      search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
+  std::vector<Scored> res = search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
   if (res.size() > k) res.resize(k);
   return res;
 }
 
 template <typename Enough>
-std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed,
-                                                Enough enough, std::size_t* evals) const {
+std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
+                                                std::size_t* evals) const {
   if (entry_ == kNoSlot) return {};
   const Kernels& kern = active_kernels();
   const std::size_t limit = std::max<std::size_t>(store_.size(), 1);
@@ -369,24 +356,25 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
   auto visited = visited_.acquire(levels_.size());
-  detail::ExpandScratch& scratch = detail::expand_scratch();
-  std::vector<Scored>& candidates = scratch.candidates;
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& candidates = scratch.expand_candidates;
   candidates.clear();
   std::vector<Scored> results;
   results.reserve(ef + 1);
   visited->test_and_set(cur.slot);
   candidates.push_back(cur);
   if (passes(cur.slot)) results.push_back(cur);
-  const std::size_t cap = m0_;  // at most 2 * 256 (M is at most 256)
-  std::uint32_t fresh[2 * 256];
-  float dists[2 * 256];
+  const std::size_t cap = m0_;  // at most kMaxLinks
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(dists) / sizeof(dists[0]) >= kMaxLinks + 3, "dists must hold a full list");
   std::size_t n_evals = 0;
   // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
   // that resuming with a larger ef loses nothing a fresh search with that ef would find.
   // Kept per thread so that steady-state searches do not regrow it: most searches never
   // resume and only ever append here.
-  std::vector<Scored>& deferred = scratch.deferred;
-  std::vector<Scored>& again = scratch.again;
+  std::vector<Scored>& deferred = scratch.expand_deferred;
+  std::vector<Scored>& again = scratch.expand_again;
   deferred.clear();
   const auto offer = [&](const Scored& e) {
     if (results.size() < ef || e.dist < results.front().dist) {

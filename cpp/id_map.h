@@ -9,10 +9,9 @@
 #include <optional>
 #include <vector>
 
-namespace kbcore {
+#include "slot.h"
 
-using Slot = std::uint32_t;
-inline constexpr Slot kNoSlot = 0xFFFFFFFFu;
+namespace kbcore {
 
 class IdMap {
  public:

@@ -1,71 +1,14 @@
 #include "index.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <iterator>
-#include <limits>
-#include <mutex>
 #include <unordered_set>
 
-#include "binary_io.h"
 #include "errors.h"
-#include "flat_index.h"
 #include "parallel.h"
+#include "vector_checks.h"
 
 namespace kbcore {
-namespace {
-
-// A query whose two-hop neighbourhood passes less than this fraction of the global
-// selectivity is answered by the exact scan (see Index::search).
-constexpr double kLocalSelectivityRatio = 0.8;
-
-constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
-
-bool all_finite(const float* v, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return false;
-  }
-  return true;
-}
-
-// Divides by the L2 norm in place; returns false for a zero vector.
-bool normalise(float* v, std::size_t dim) {
-  double s = 0;
-  for (std::size_t i = 0; i < dim; ++i) s += static_cast<double>(v[i]) * v[i];
-  if (s <= 0 || !std::isfinite(s)) return false;
-  const float inv = static_cast<float>(1.0 / std::sqrt(s));
-  for (std::size_t i = 0; i < dim; ++i) v[i] *= inv;
-  return true;
-}
-
-// The factor normalise() scales by; nullopt for a zero vector.
-std::optional<float> inverse_norm(const float* v, std::size_t dim) {
-  double s = 0;
-  for (std::size_t i = 0; i < dim; ++i) s += static_cast<double>(v[i]) * v[i];
-  if (s <= 0 || !std::isfinite(s)) return std::nullopt;
-  return static_cast<float>(1.0 / std::sqrt(s));
-}
-
-// Below this passing fraction a filtered search always scans the passing rows exactly (the
-// floor of choose_strategy), so the evaluation hands over their ascending list at once.
-constexpr double kRowsListFraction = 0.15;
-
-// The rows passing `filter` as a filtered search first needs them: the list of passing rows
-// when few pass, else the bitmap (the other form is derived once the strategy is known).
-FilterMatches match_for_search(const FilterNode& filter, const MetadataStore& meta, const VectorStore& store) {
-  const auto rows_up_to = static_cast<std::size_t>(kRowsListFraction * static_cast<double>(store.size()));
-  return match_filter(filter, meta, store.live_bitmap(), rows_up_to, store.size() == store.slot_count());
-}
-
-void pad(std::int64_t* ids, float* dist, std::size_t from, std::size_t k) {
-  for (std::size_t j = from; j < k; ++j) {
-    ids[j] = -1;
-    dist[j] = std::numeric_limits<float>::infinity();
-  }
-}
-
-}  // namespace
 
 Metric parse_metric(const std::string& name) {
   if (name == "cosine") return Metric::kCosine;
@@ -121,16 +64,21 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   const bool cosine = config_.metric == Metric::kCosine;
   std::vector<float> inv_norm(cosine ? n : 0);
   std::vector<std::uint8_t> bad(n, 0);  // 1: NaN or infinity, 2: zero vector under cosine
-  parallel_for(n, threads, [&](std::size_t i, std::size_t) {
-    const float* row = vectors + i * dim;
-    if (!all_finite(row, dim)) {
-      bad[i] = 1;
-    } else if (cosine) {
-      const std::optional<float> inv = inverse_norm(row, dim);
-      if (inv) inv_norm[i] = *inv;
-      else bad[i] = 2;
-    }
-  }, 256);
+  parallel_for(
+      n, threads,
+      [&](std::size_t i, std::size_t) {
+        const float* row = vectors + i * dim;
+        if (!all_finite(row, dim)) {
+          bad[i] = 1;
+        } else if (cosine) {
+          const std::optional<float> inv = inverse_norm(row, dim);
+          if (inv)
+            inv_norm[i] = *inv;
+          else
+            bad[i] = 2;
+        }
+      },
+      256);
   for (std::size_t i = 0; i < n; ++i) {
     if (bad[i] == 1) {
       throw InvalidArgument("vector at row " + std::to_string(i) + " (id " + std::to_string(ids[i]) +
@@ -198,19 +146,6 @@ std::size_t Index::pending_rows() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return graph_ ? graph_->pending().size() : 0;
 }
-
-namespace {
-// Merges two ascending result lists into the k best.
-std::vector<Scored> merge_topk(std::vector<Scored> a, const std::vector<Scored>& b, std::size_t k) {
-  if (b.empty()) return a;
-  std::vector<Scored> out;
-  out.reserve(std::min(k, a.size() + b.size()));
-  std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  if (out.size() > k) out.resize(k);
-  return out;
-}
-}  // namespace
-
 void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
   if (graph_) graph_->remove_batch(slots, threads);
   for (Slot s : slots) {
@@ -237,292 +172,6 @@ void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) 
   remove_locked(slots, threads);
 }
 
-void Index::prepare_query(const float* q, float* out) const {
-  std::memcpy(out, q, config_.dim * sizeof(float));
-  if (!all_finite(out, config_.dim)) throw InvalidArgument("query contains NaN or infinity");
-  if (config_.metric == Metric::kCosine && !normalise(out, config_.dim)) {
-    throw InvalidArgument("query is all zeros and has no direction under the cosine metric");
-  }
-}
-
-Index::Strategy Index::choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const {
-  if (!graph_ || passing == 0) return Strategy::kExact;
-  // Exact: one sequential distance per passing row. Graph: the measured distance evaluations
-  // of an unfiltered search at this ef, each about kRandomAccess times dearer than a sequential
-  // one (a cache miss per node), plus the reading of link lists of failing neighbours, which
-  // grows as 1/selectivity. Below kMinGraphSelectivity two-hop expansion no longer keeps
-  // recall@10 >= 0.95 at M = 16 when the passing rows sit in clusters away from the query
-  // (measured: 0.84 at 10% on 100k), so the exact scan is used; at 10% on 100k x 384 both
-  // strategies ran at the same speed, so the floor costs nothing there. Constants were
-  // fitted on 19k and 100k x 384 vectors (benches/bench_filter.py).
-  constexpr double kRandomAccess = 8.0;
-  constexpr double kHopCost = 0.02;
-  constexpr double kMinGraphSelectivity = 0.15;
-  // From this selectivity up, the plain walk (kWalk) replaces the two-hop traversal: measured
-  // on SciFact at 30% and 50%, it reaches recall@10 >= 0.95 at ef 16 where the two-hop
-  // traversal needs ef 24, at the same cost per ef. A walk's node costs about half a two-hop
-  // node (no second-hop link reads), hence the smaller per-evaluation factor.
-  constexpr double kWalkSelectivity = 0.3;
-  constexpr double kWalkRandomAccess = 4.0;
-  const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(live, 1));
-  if (sel < kMinGraphSelectivity) return Strategy::kExact;
-  const double evals = static_cast<double>(evals_per_ef_x1024_.load(std::memory_order_relaxed)) / 1024.0 *
-                       static_cast<double>(ef);
-  if (sel >= kWalkSelectivity) {
-    // The plain walk meets about ef / sel nodes to admit ef passing ones, each scored once;
-    // it scores failing nodes too, but needs no two-hop link reads and reaches a given
-    // recall at a lower ef than the two-hop traversal when most neighbours pass.
-    const double walk = evals / sel * kWalkRandomAccess;
-    return static_cast<double>(passing) <= walk ? Strategy::kExact : Strategy::kWalk;
-  }
-  const double graph = evals * kRandomAccess * (1.0 + kHopCost / sel);
-  return static_cast<double>(passing) <= graph ? Strategy::kExact : Strategy::kGraph;
-}
-
-void Index::search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
-                   std::size_t threads, std::int64_t* out_ids, float* out_dist,
-                   const FilterNode* filter, Strategy force) const {
-  if (k == 0) throw InvalidArgument("k must be positive, got 0");
-  if (filter != nullptr) validate_filter(*filter);
-  const std::size_t dim = config_.dim;
-  std::vector<float> prepared(nq * dim);
-  for (std::size_t i = 0; i < nq; ++i) prepare_query(queries + i * dim, prepared.data() + i * dim);
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  if (ef == 0) ef = config_.ef_search;
-  const auto write = [&](std::size_t qi, const std::vector<Scored>& res) {
-    std::int64_t* ids = out_ids + qi * k;
-    float* dist = out_dist + qi * k;
-    const std::size_t m = std::min(k, res.size());
-    for (std::size_t j = 0; j < m; ++j) {
-      ids[j] = store_.id_of(res[j].slot);
-      dist[j] = res[j].dist;
-    }
-    pad(ids, dist, m, k);
-  };
-  if (store_.size() == 0) {
-    for (std::size_t qi = 0; qi < nq; ++qi) pad(out_ids + qi * k, out_dist + qi * k, 0, k);
-    return;
-  }
-  if (filter != nullptr) {
-    FilterMatches matches = match_for_search(*filter, meta_, store_);
-    const std::size_t passing = matches.count;
-    const Strategy strategy = !graph_ ? Strategy::kExact
-                              : force != Strategy::kAuto ? force
-                                                         : choose_strategy(passing, store_.size(), std::max(ef, k));
-    // The graph traversals test the bitmap; the exact scan reads the ascending list of passing rows.
-    if (strategy != Strategy::kExact) matches.ensure_bitmap();
-    const Bitmap& allowed = matches.bitmap;
-    std::once_flag rows_once;
-    const auto passing_rows = [&]() -> const std::vector<Slot>& {
-      std::call_once(rows_once, [&] { matches.ensure_rows(); });
-      return matches.rows;
-    };
-    const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
-    // A graph answer is completed with the exact scan of rows not linked yet; a traversal
-    // that could not reach k passing rows is replaced by the exact answer.
-    const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
-      if (!graph_->pending().empty()) {
-        std::vector<Slot> fresh;
-        for (Slot s : graph_->pending()) {
-          if (allowed.test(s)) fresh.push_back(s);
-        }
-        res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, fresh, k), k);
-      }
-      if (res.size() >= std::min(k, passing)) {
-        write(qi, res);
-      } else {
-        write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
-      }
-    };
-    parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
-      const float* q = prepared.data() + qi * dim;
-      if (strategy == Strategy::kGraph) {
-        // Per query: where the passing rows are scarce around the query itself (the filter
-        // is anti-correlated with it), a filtered walk must cross long failing stretches and
-        // loses recall; the exact scan is used instead. The cost model chose the graph, so
-        // this is the exception, measured per query in O(M^2).
-        if (force == Strategy::kAuto && graph_->local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
-          write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
-          return;
-        }
-        std::vector<Scored> res = graph_->search_filtered(q, k, ef, allowed);
-        finish_graph(qi, q, std::move(res));
-        return;
-      }
-      if (strategy == Strategy::kWalk) {
-        finish_graph(qi, q, graph_->search_with(q, k, ef, [&allowed](Slot s) { return allowed.test(s); }));
-        return;
-      }
-      write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
-    });
-    return;
-  }
-  if (graph_) {
-    std::atomic<std::uint64_t> evals{0};
-    parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
-      std::size_t e = 0;
-      const float* q = prepared.data() + qi * dim;
-      std::vector<Scored> res = graph_->search_with(q, k, ef, AcceptAll{}, &e);
-      // Rows whose graph insertion is deferred are scanned exactly.
-      if (!graph_->pending().empty()) {
-        res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, graph_->pending(), k), k);
-      }
-      write(qi, res);
-      evals.fetch_add(e, std::memory_order_relaxed);
-    });
-    // Exponential average of evaluations per unit of ef, for the filtered cost model.
-    const double per_ef = static_cast<double>(evals.load()) / static_cast<double>(nq * std::max(ef, k));
-    const double old = static_cast<double>(evals_per_ef_x1024_.load(std::memory_order_relaxed)) / 1024.0;
-    const double w = std::min(1.0, 0.05 * static_cast<double>(nq));
-    evals_per_ef_x1024_.store(static_cast<std::uint64_t>((old * (1 - w) + per_ef * w) * 1024.0),
-                              std::memory_order_relaxed);
-    return;
-  }
-  // Exact: each worker scans for a contiguous group of queries so that row blocks are shared.
-  const std::size_t workers = resolve_threads(threads, nq);
-  const std::size_t per = (nq + workers - 1) / workers;
-  parallel_for(workers, workers, [&](std::size_t w, std::size_t) {
-    const std::size_t begin = w * per;
-    const std::size_t end = std::min(nq, begin + per);
-    if (begin >= end) return;
-    auto res = flat_search(store_, config_.metric, prepared.data() + begin * dim, end - begin, k, AcceptAll{});
-    for (std::size_t i = 0; i < res.size(); ++i) write(begin + i, res[i]);
-  });
-}
-
-std::vector<Index::GroupPage> Index::search_groups(
-    const float* queries, std::size_t nq, std::size_t k, const std::string& group_by, std::size_t group_size,
-    std::size_t ef, std::size_t threads, const FilterNode* filter, Strategy force) const {
-  if (k == 0) throw InvalidArgument("k must be positive, got 0");
-  if (group_size == 0) throw InvalidArgument("group_size must be positive, got 0");
-  if (filter != nullptr) validate_filter(*filter);
-  const std::size_t dim = config_.dim;
-  std::vector<float> prepared(nq * dim);
-  for (std::size_t i = 0; i < nq; ++i) prepare_query(queries + i * dim, prepared.data() + i * dim);
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  std::vector<GroupPage> out(nq);
-  if (store_.size() == 0) return out;
-  const Field* field = meta_.field(group_by);
-  if (field == nullptr || field->present == 0) {
-    throw InvalidArgument("group_by field '" + group_by + "' is not present in any stored row");
-  }
-  field->ensure_index();
-  if (ef == 0) ef = config_.ef_search;
-  ef = std::max(ef, k * group_size);
-
-  Bitmap allowed;
-  std::size_t passing = store_.size();
-  if (filter != nullptr) {
-    allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
-    passing = allowed.count();
-  }
-  Strategy strategy = Strategy::kExact;
-  if (graph_) {
-    strategy = force != Strategy::kAuto ? force
-               : filter != nullptr      ? choose_strategy(passing, store_.size(), ef)
-                                        : Strategy::kGraph;
-    // Grouped search has one traversal (search_expanding), which scores passing rows only.
-    if (strategy == Strategy::kWalk) strategy = Strategy::kGraph;
-  }
-  std::vector<Slot> rows;
-  if (strategy == Strategy::kExact) {
-    rows.reserve(passing);
-    if (filter != nullptr) {
-      allowed.for_each([&](Slot s) { rows.push_back(s); });
-    } else {
-      store_.live_bitmap().for_each([&](Slot s) { rows.push_back(s); });
-    }
-  }
-  // Slots to ids and group ordinals to keys, copied out under the lock (the caller builds
-  // its objects after the lock is released).
-  const auto convert = [&](const GroupedSlots& groups, GroupPage& page) {
-    const std::size_t ng = groups.size();
-    page.key_kinds.resize(ng);
-    page.key_ints.resize(ng);
-    page.key_str_end.resize(ng);
-    page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
-    page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
-    for (std::size_t g = 0; g < ng; ++g) {
-      const auto& key = field->group_keys[groups.ordinals[g]];
-      page.key_kinds[g] = static_cast<ValueKind>(key.first);
-      if (page.key_kinds[g] == ValueKind::kInt) {
-        page.key_ints[g] = key.second;
-      } else {
-        page.key_ints[g] = 0;
-        page.key_chars += meta_.dict().str(static_cast<std::uint32_t>(key.second));
-      }
-      page.key_str_end[g] = page.key_chars.size();
-    }
-    page.ids.resize(groups.best.size());
-    page.distances.resize(groups.best.size());
-    for (std::size_t i = 0; i < groups.best.size(); ++i) {
-      page.ids[i] = store_.id_of(groups.best[i].slot);
-      page.distances[i] = groups.best[i].dist;
-    }
-    page.part_ids.resize(groups.parts.size());
-    for (std::size_t i = 0; i < groups.parts.size(); ++i) page.part_ids[i] = store_.id_of(groups.parts[i]);
-  };
-  std::once_flag rows_once;
-  const auto all_rows = [&]() -> const std::vector<Slot>& {
-    std::call_once(rows_once, [&] {
-      if (!rows.empty()) return;
-      rows.reserve(passing);
-      if (filter != nullptr) {
-        allowed.for_each([&](Slot s) { rows.push_back(s); });
-      } else {
-        store_.live_bitmap().for_each([&](Slot s) { rows.push_back(s); });
-      }
-    });
-    return rows;
-  };
-  parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
-    const float* q = prepared.data() + qi * dim;
-    thread_local GroupedSlots tls_groups;  // per-thread scratch, reused across queries
-    GroupedSlots& groups = tls_groups;
-    if (strategy == Strategy::kGraph) {
-      // The candidate list in any order: counting distinct groups needs no sort.
-      const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
-      std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
-      if (!graph_->pending().empty()) {
-        std::vector<Slot> fresh;
-        for (Slot s : graph_->pending()) {
-          if (filter == nullptr || allowed.test(s)) fresh.push_back(s);
-        }
-        res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, fresh, fresh.size()),
-                         res.size() + fresh.size());
-      }
-      collapse_sorted(res, *field, k, group_size, groups);
-      if (groups.size() >= k) {
-        convert(groups, out[qi]);
-        return;
-      }
-      // The traversal ran out of reachable candidates before k groups: never return a short
-      // page when more groups may exist; answer this query exactly instead.
-    }
-    const std::vector<Slot>& scan = strategy == Strategy::kGraph ? all_rows() : rows;
-    std::vector<float> d(scan.size());
-    score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
-    collapse_exact(scan, d, *field, k, group_size, groups);
-    convert(groups, out[qi]);
-  });
-  return out;
-}
-
-std::vector<std::pair<std::int64_t, float>> Index::search_text(const std::string& query, std::size_t k,
-                                                               const FilterNode* filter,
-                                                               const Bm25Stats* stats) const {
-  if (k == 0) throw InvalidArgument("k must be positive, got 0");
-  if (filter != nullptr) validate_filter(*filter);
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  Bitmap allowed;
-  if (filter != nullptr) allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
-  const std::vector<Scored> res = text_.search(query, k, filter != nullptr ? &allowed : nullptr, stats);
-  std::vector<std::pair<std::int64_t, float>> out;
-  out.reserve(res.size());
-  for (const Scored& s : res) out.emplace_back(store_.id_of(s.slot), -s.dist);
-  return out;
-}
-
 Bm25Stats Index::text_stats(const std::string& query) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return text_.stats(query);
@@ -531,13 +180,6 @@ Bm25Stats Index::text_stats(const std::string& query) const {
 std::size_t Index::text_documents() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return text_.documents();
-}
-
-std::size_t Index::count(const FilterNode& filter) const {
-  validate_filter(filter);
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  // The very evaluation a filtered search runs, so that timing count() times a search's filter.
-  return match_for_search(filter, meta_, store_).count;
 }
 
 std::vector<std::vector<std::pair<std::string, Value>>> Index::get_metadata(const std::int64_t* ids,
@@ -579,73 +221,7 @@ std::vector<std::int64_t> Index::ids() const {
 
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() +
-         text_.memory_bytes();
-}
-
-void Index::save(const std::string& path) const {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  BinaryWriter w(path, kMagic, kFormatVersion);
-  w.u64(config_.dim);
-  w.u8(static_cast<std::uint8_t>(config_.metric));
-  w.u8(static_cast<std::uint8_t>(config_.kind));
-  w.u64(config_.ef_search);
-  w.u64(config_.hnsw.M);
-  w.u64(config_.hnsw.ef_construction);
-  w.u64(config_.hnsw.seed);
-  const std::size_t slots = store_.slot_count();
-  w.u64(slots);
-  w.array(store_.slot_ids().data(), slots);
-  w.array(store_.live_flags().data(), slots);
-  w.array(store_.data(), slots * config_.dim);
-  if (graph_) graph_->save(w);
-  meta_.save(w, store_);
-  text_.save(w);
-  w.commit();
-}
-
-std::unique_ptr<Index> Index::load(const std::string& path) {
-  BinaryReader r(path, kMagic, kFormatVersion);
-  IndexConfig c;
-  c.dim = r.u64();
-  const std::uint8_t metric = r.u8();
-  const std::uint8_t kind = r.u8();
-  c.ef_search = r.u64();
-  c.hnsw.M = r.u64();
-  c.hnsw.ef_construction = r.u64();
-  c.hnsw.seed = r.u64();
-  if (c.dim == 0 || c.dim > 65536) r.fail("invalid dimension " + std::to_string(c.dim));
-  if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
-  if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
-  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > 256 || c.hnsw.ef_construction == 0 ||
-      c.ef_search > (1u << 30) || c.hnsw.ef_construction > (1u << 30)) {
-    r.fail("invalid index parameters");
-  }
-  c.metric = static_cast<Metric>(metric);
-  c.kind = static_cast<IndexKind>(kind);
-  const std::uint64_t slots = r.u64();
-  // Bound the counts by the bytes present before allocating for them.
-  r.require(slots, sizeof(std::int64_t) + 1 + c.dim * sizeof(float));
-  std::vector<std::int64_t> ids;
-  r.array(ids, slots);
-  std::vector<std::uint8_t> live;
-  r.array(live, slots);
-  AlignedVector<float> data(slots * c.dim);
-  r.array_into(data.data(), data.size());
-  auto index = std::make_unique<Index>(c);
-  try {
-    index->store_.restore(std::move(ids), std::move(live), std::move(data));
-  } catch (const FormatError& e) {
-    r.fail(e.what());
-  }
-  if (index->graph_) {
-    index->graph_->grow();
-    index->graph_->load(r);
-  }
-  index->meta_.load(r, index->store_);
-  index->text_.load(r, index->store_);
-  r.expect_end();
-  return index;
+  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() + text_.memory_bytes();
 }
 
 }  // namespace kbcore

@@ -6,7 +6,6 @@
 // and may run concurrently from any number of threads; add and remove take the exclusive lock,
 // so they wait for running searches and block new ones until they finish.
 #include <cstdint>
-#include <atomic>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -17,8 +16,9 @@
 #include "distance.h"
 #include "filter_expr.h"
 #include "grouping.h"
-#include "metadata_store.h"
 #include "hnsw_index.h"
+#include "metadata_store.h"
+#include "search_plan.h"
 #include "vector_store.h"
 
 namespace kbcore {
@@ -64,8 +64,8 @@ class Index {
   /// exactly) but linked into the graph only by build_graph(); the exclusive lock is then
   /// held only while the rows are copied, not for the graph work.
   void add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
-           const std::vector<ColumnInput>& columns = {},
-           const std::vector<std::optional<std::string>>* texts = nullptr, bool defer_graph = false);
+           const std::vector<ColumnInput>& columns = {}, const std::vector<std::optional<std::string>>* texts = nullptr,
+           bool defer_graph = false);
   /// Links up to max_rows rows added with defer_graph into the graph (exclusive lock for that
   /// batch only); returns how many rows are still waiting. O(max_rows * log n) graph work.
   std::size_t build_graph(std::size_t max_rows, std::size_t threads);
@@ -73,34 +73,32 @@ class Index {
   std::size_t pending_rows() const;
   /// Removes ids; throws NotFound (and removes nothing) if any id is absent or repeated.
   void remove(const std::int64_t* ids, std::size_t n, std::size_t threads);
-  /// k nearest per query into caller buffers [nq x k], ascending; padded with -1 / +inf.
-  /// ef = 0 uses ef_search(). Shared lock; batches use `threads` threads (0 = all cores).
-  /// `filter` (optional) restricts results to rows whose metadata passes it; it is evaluated
-  /// once per call to a bitmap, then each query runs an exact scan of the passing rows or a
-  /// filtered graph traversal, whichever the cost model predicts is cheaper. If at least k
-  /// rows pass, k results come back.
-  /// `force` overrides the cost model (for benchmarks and tests); kAuto lets it choose.
-  /// kGraph is the two-hop traversal that scores passing rows only (for selective filters);
-  /// kWalk is the plain traversal that scores every node it meets and admits passing ones to
-  /// the results (for wide filters, where most neighbours pass anyway).
-  enum class Strategy : std::uint8_t { kExact = 0, kGraph = 1, kAuto = 2, kWalk = 3 };
-  void search(const float* queries, std::size_t nq, std::size_t k, std::size_t ef,
-              std::size_t threads, std::int64_t* out_ids, float* out_dist,
-              const FilterNode* filter = nullptr, Strategy force = Strategy::kAuto) const;
+  /// The strategies of a filtered search (search_plan.h).
+  using Strategy = kbcore::Strategy;
+  /// params.k nearest per query into caller buffers [nq x k], ascending; padded with -1 /
+  /// +inf. Shared lock; batches use params.threads threads (0 = all cores). With
+  /// params.filter, results are restricted to rows whose metadata passes it: it is evaluated
+  /// once per call, then each query runs an exact scan of the passing rows or a filtered
+  /// graph traversal, whichever the cost model (search_plan.h) predicts is cheaper, unless
+  /// params.force names one. If at least k rows pass, k results come back. Throws
+  /// InvalidArgument for k = 0, an invalid filter, or a NaN / infinite (or, for cosine, zero)
+  /// query.
+  void search(const float* queries, std::size_t nq, const SearchParams& params, std::int64_t* out_ids,
+              float* out_dist) const;
   /// The groups of one query of a grouped search, best first, flattened (a few arrays per
   /// query instead of a few per group). Group g has key key_kinds[g] (kInt: key_ints[g];
   /// kStr: key_chars[key_str_begin(g), key_str_end[g])), its best hits ids/distances
   /// [best_begin(g), best_end[g]) ascending, and every part met part_ids [parts_begin(g),
   /// parts_end[g]) ascending by distance; the best hits are a prefix of the parts.
   struct GroupPage {
-    std::vector<ValueKind> key_kinds;         // one per group: kInt or kStr
-    std::vector<std::int64_t> key_ints;       // one per group (0 for str keys)
-    std::vector<std::size_t> key_str_end;     // one per group: end of its str key in key_chars
-    std::string key_chars;                    // the str keys, concatenated (UTF-8)
-    std::vector<std::uint32_t> best_end;      // one per group: end of its hits in ids/distances
+    std::vector<ValueKind> key_kinds;      // one per group: kInt or kStr
+    std::vector<std::int64_t> key_ints;    // one per group (0 for str keys)
+    std::vector<std::size_t> key_str_end;  // one per group: end of its str key in key_chars
+    std::string key_chars;                 // the str keys, concatenated (UTF-8)
+    std::vector<std::uint32_t> best_end;   // one per group: end of its hits in ids/distances
     std::vector<std::int64_t> ids;
     std::vector<float> distances;
-    std::vector<std::uint32_t> parts_end;     // one per group: end of its parts in part_ids
+    std::vector<std::uint32_t> parts_end;  // one per group: end of its parts in part_ids
     std::vector<std::int64_t> part_ids;
 
     std::size_t size() const { return key_kinds.size(); }
@@ -108,16 +106,12 @@ class Index {
     std::size_t best_begin(std::size_t g) const { return g == 0 ? 0 : best_end[g - 1]; }
     std::size_t parts_begin(std::size_t g) const { return g == 0 ? 0 : parts_end[g - 1]; }
   };
-  /// Up to k groups per query, grouped by the int or str metadata field `group_by` and ordered
+  /// Up to params.k groups per query, grouped by the int or str metadata field params.group_by and ordered
   /// by best distance. The graph search keeps doubling its candidate list until k distinct
   /// groups are found or the (filtered) index is exhausted; the exact path (flat kind or few
   /// passing rows) groups every passing row. Rows without a group value are never returned.
   /// Throws InvalidArgument if no stored row has the field. Shared lock.
-  std::vector<GroupPage> search_groups(const float* queries, std::size_t nq, std::size_t k,
-                                       const std::string& group_by, std::size_t group_size,
-                                       std::size_t ef, std::size_t threads,
-                                       const FilterNode* filter = nullptr,
-                                       Strategy force = Strategy::kAuto) const;
+  std::vector<GroupPage> search_groups(const float* queries, std::size_t nq, const GroupParams& params) const;
   /// BM25 full-text search over the rows' texts: up to k (id, score) pairs per query, score
   /// descending; rows matching no query term are not returned. `stats` (summed text_stats()
   /// of every shard of a corpus) makes the scores those of one index over all shards' rows.
@@ -132,8 +126,7 @@ class Index {
   /// Number of live rows that pass `filter`.
   std::size_t count(const FilterNode& filter) const;
   /// Metadata of each id (fields without a value omitted); throws NotFound on an unknown id.
-  std::vector<std::vector<std::pair<std::string, Value>>> get_metadata(const std::int64_t* ids,
-                                                                       std::size_t n) const;
+  std::vector<std::vector<std::pair<std::string, Value>>> get_metadata(const std::int64_t* ids, std::size_t n) const;
 
   std::size_t size() const;
   bool contains(std::int64_t id) const;
@@ -153,11 +146,19 @@ class Index {
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
   /// Measured distance evaluations per unit of ef of recent unfiltered graph searches.
-  double evals_per_ef() const { return static_cast<double>(evals_per_ef_x1024_.load()) / 1024.0; }
+  double evals_per_ef() const { return evals_.per_ef(); }
 
  private:
-  /// Copies and (for cosine) normalises one query; throws on NaN/inf.
-  void prepare_query(const float* q, float* out) const;
+  /// Checks k and the filter, then copies and (for cosine) normalises the queries; throws
+  /// InvalidArgument on k = 0, an invalid filter, NaN / infinity or a zero cosine query.
+  std::vector<float> prepare_queries(const float* queries, std::size_t nq, std::size_t k,
+                                     const FilterNode* filter) const;
+  /// res (ascending) completed with the exact scan of the rows whose graph insertion is
+  /// deferred (those passing `allowed`, if given), keeping the `keep` best. Shared lock held.
+  std::vector<Scored> merge_pending(std::vector<Scored> res, const float* q, const Bitmap* allowed,
+                                    std::size_t keep) const;
+  /// The rows an exact scan reads, ascending: those of `allowed`, or every live row.
+  std::vector<Slot> candidate_rows(const Bitmap* allowed, std::size_t passing) const;
   void remove_locked(const std::vector<Slot>& slots, std::size_t threads);
 
   IndexConfig config_;
@@ -165,9 +166,8 @@ class Index {
   std::unique_ptr<HnswIndex> graph_;  // null for flat
   MetadataStore meta_;
   Bm25Index text_;
-  // Measured graph work: distance evaluations per unit of ef over recent unfiltered searches
-  // (an exponential average, in 1/1024 units), feeding the filtered-search cost model.
-  mutable std::atomic<std::uint64_t> evals_per_ef_x1024_{12 * 1024};
+  // Measured graph work of recent unfiltered searches, feeding the filtered-search cost model.
+  mutable EvalStats evals_;
   mutable std::shared_mutex mutex_;
 };
 

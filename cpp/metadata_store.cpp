@@ -327,11 +327,14 @@ void MetadataStore::save(BinaryWriter& w, const VectorStore& store) const {
 void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
   const std::size_t n = store.slot_count();
   grow(n);
+  // Strings come back to Python as str: invalid UTF-8 is refused here, not at get_metadata.
   const auto get_str = [&r]() {
     const std::uint64_t len = r.u64();
     std::vector<std::uint8_t> bytes;
     r.array(bytes, len);
-    return std::string(bytes.begin(), bytes.end());
+    std::string s(bytes.begin(), bytes.end());
+    if (!is_valid_utf8(s)) r.fail("metadata string is not valid UTF-8");
+    return s;
   };
   const std::uint64_t nfields = r.u64();
   r.require(nfields, 16);
@@ -341,15 +344,19 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
     Field& f = field_for(name);
     const std::uint64_t present = r.u64();
     r.require(present, 13);
+    std::int64_t last = -1;  // save() writes rows by ascending slot, each once
     for (std::uint64_t k = 0; k < present; ++k) {
       const std::uint32_t s = r.u32();
       const auto kind = static_cast<ValueKind>(r.u8());
-      if (s >= n || !store.is_live(s) || f.kinds[s] != 0) r.fail("metadata row for a missing or repeated slot");
+      if (s >= n || !store.is_live(s) || static_cast<std::int64_t>(s) <= last) {
+        r.fail("metadata row for a missing, repeated or out-of-order slot");
+      }
+      last = s;
       switch (kind) {
         case ValueKind::kInt:
         case ValueKind::kBool:
           set(f, s, kind, r.i64());
-          if (kind == ValueKind::kBool && f.payload[s] > 1) r.fail("invalid bool value");
+          if (kind == ValueKind::kBool && (f.payload[s] < 0 || f.payload[s] > 1)) r.fail("invalid bool value");
           break;
         case ValueKind::kFloat: {
           const std::int64_t bits = r.i64();

@@ -29,12 +29,12 @@ enum class ValueKind : std::uint8_t { kMissing = 0, kInt = 1, kFloat = 2, kBool 
 struct ColumnInput {
   std::string name;
   ValueKind kind = ValueKind::kMissing;
-  const std::uint8_t* valid = nullptr;         // n: 1 if the row has a value of this kind
-  const std::int64_t* ints = nullptr;          // kInt: n
-  const double* floats = nullptr;              // kFloat: n
-  const std::uint8_t* bools = nullptr;         // kBool: n
-  const std::int64_t* offsets = nullptr;       // kStr: n + 1; kStrList: n_strings + 1
-  const std::uint8_t* data = nullptr;          // kStr, kStrList: UTF-8 bytes
+  const std::uint8_t* valid = nullptr;    // n: 1 if the row has a value of this kind
+  const std::int64_t* ints = nullptr;     // kInt: n
+  const double* floats = nullptr;         // kFloat: n
+  const std::uint8_t* bools = nullptr;    // kBool: n
+  const std::int64_t* offsets = nullptr;  // kStr: n + 1; kStrList: n_strings + 1
+  const std::uint8_t* data = nullptr;     // kStr, kStrList: UTF-8 bytes
   std::size_t data_len = 0;
   const std::int64_t* list_offsets = nullptr;  // kStrList: n + 1 (into the strings)
   std::size_t n_strings = 0;                   // kStrList
@@ -57,11 +57,11 @@ using SortedIndex = std::vector<std::pair<K, Slot>>;
 /// One metadata field over all slots.
 struct Field {
   std::string name;
-  std::vector<std::uint8_t> kinds;    // per slot, a ValueKind
-  std::vector<std::int64_t> payload;  // per slot
+  std::vector<std::uint8_t> kinds;                // per slot, a ValueKind
+  std::vector<std::int64_t> payload;              // per slot
   std::vector<std::vector<std::uint32_t>> lists;  // string lists (dictionary ids)
   std::vector<std::uint32_t> free_lists;
-  std::size_t present = 0;            // rows with a value
+  std::size_t present = 0;  // rows with a value
 
   /// Builds the sorted indexes if a write made them stale. Thread-safe.
   void ensure_index() const;

@@ -25,11 +25,9 @@ inline void prefetch_l2(const void* p) { prefetch_hint<2>(p); }
 /// Starts loading a whole vector row of `bytes` into L2. Searches know the rows they will
 /// score a group of up to 2M rows (graph) or a few rows (scans of scattered slots) ahead and
 /// request them all at once: with the L2 hint the requests queue in L2's miss buffers instead
-/// of stalling on L1's few, and memory streams the rows at close to its bandwidth. Measured
-/// on the AMD EPYC of benches/results (384-d rows, M = 16): against a T0 prefetch of each
-/// row's first lines plus whole rows one group of four ahead, single-query HNSW search took
-/// 0.6x the time on SciFact and 0.57x on synthetic 100k at the same ef, building took 0.6x,
-/// and an exact scan of 10 % of synthetic 100k took 0.6x.
+/// of stalling on L1's few, and memory streams the rows at close to its bandwidth (faster than
+/// a T0 prefetch of each row's first lines for search, build and scattered scans alike; the
+/// figures are in the commit that introduced it and in benches/README.md).
 inline void prefetch_row_l2(const void* row, std::size_t bytes) {
   const char* p = static_cast<const char*>(row);
   for (std::size_t off = 0; off < bytes; off += 64) prefetch_l2(p + off);

@@ -17,6 +17,10 @@ namespace kbcore {
 /// 'Z' or +HH:MM / -HH:MM / +HHMM. No offset means UTC; a date alone means midnight UTC.
 std::optional<double> parse_iso8601(std::string_view s);
 
+/// True if s is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
+/// U+10FFFF), the strings Python's strict decoder accepts. O(|s|).
+bool is_valid_utf8(std::string_view s);
+
 /// 64-bit hash of a byte string (not keyed, not persisted). O(|s|).
 std::uint64_t hash_bytes(std::string_view s);
 
@@ -45,8 +49,8 @@ class StringTable {
  private:
   void rehash(std::size_t capacity);
 
-  std::string bytes_;                 // every string, back to back
-  std::vector<std::uint64_t> ends_;   // end offset in bytes_ of each id (its start is the previous end)
+  std::string bytes_;                // every string, back to back
+  std::vector<std::uint64_t> ends_;  // end offset in bytes_ of each id (its start is the previous end)
   // Per table slot: the hash's high 32 bits << 32 | (id + 1); 0 = empty. The home slot of an
   // entry is (its high hash bits & mask), so a rehash needs no string.
   std::vector<std::uint64_t> slots_;

@@ -70,10 +70,10 @@ void append_utf8(std::string& out, std::uint32_t cp) {
 
 bool is_cjk(std::uint32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0xF900 && c <= 0xFAFF) ||
-         (c >= 0x20000 && c <= 0x2FFFF) ||                                   // Han
-         (c >= 0x3040 && c <= 0x309F) || (c >= 0x30A0 && c <= 0x30FF) ||     // kana
-         (c >= 0x31F0 && c <= 0x31FF) || (c >= 0xFF66 && c <= 0xFF9F) ||     // kana ext., halfwidth
-         (c >= 0xAC00 && c <= 0xD7AF) || (c >= 0x1100 && c <= 0x11FF) ||     // Hangul
+         (c >= 0x20000 && c <= 0x2FFFF) ||                                // Han
+         (c >= 0x3040 && c <= 0x309F) || (c >= 0x30A0 && c <= 0x30FF) ||  // kana
+         (c >= 0x31F0 && c <= 0x31FF) || (c >= 0xFF66 && c <= 0xFF9F) ||  // kana ext., halfwidth
+         (c >= 0xAC00 && c <= 0xD7AF) || (c >= 0x1100 && c <= 0x11FF) ||  // Hangul
          (c >= 0x3130 && c <= 0x318F);
 }
 
@@ -107,8 +107,8 @@ std::uint32_t word_char(std::uint32_t c) {
   if ((c >= 0x2000 && c <= 0x2BFF) || (c >= 0x3000 && c <= 0x303F) || (c >= 0xFE30 && c <= 0xFE4F) ||
       (c >= 0xFF00 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20) || (c >= 0xFF3B && c <= 0xFF40) ||
       (c >= 0xFF5B && c <= 0xFF65) || (c >= 0xE000 && c <= 0xF8FF) || (c >= 0xFFF0 && c <= 0xFFFF) ||
-      (c >= 0x1F000 && c <= 0x1FAFF) || c == 0x37E || c == 0x387 || (c >= 0x55A && c <= 0x55F) ||
-      c == 0x589 || (c >= 0x5BE && c <= 0x5C6 && c != 0x5BF && c != 0x5C1 && c != 0x5C2 && c != 0x5C4 && c != 0x5C5) ||
+      (c >= 0x1F000 && c <= 0x1FAFF) || c == 0x37E || c == 0x387 || (c >= 0x55A && c <= 0x55F) || c == 0x589 ||
+      (c >= 0x5BE && c <= 0x5C6 && c != 0x5BF && c != 0x5C1 && c != 0x5C2 && c != 0x5C4 && c != 0x5C5) ||
       (c >= 0x60C && c <= 0x61F) || c == 0x6D4 || (c >= 0x964 && c <= 0x965) || c == 0xE3F ||
       (c >= 0xE4F && c <= 0xE5B)) {
     return 0;

@@ -22,9 +22,7 @@ class TopK {
   std::size_t size() const { return heap_.size(); }
   bool full() const { return heap_.size() >= k_; }
   /// Distance an item must beat to enter (+inf until k items are held).
-  float worst() const {
-    return full() ? heap_.front().dist : std::numeric_limits<float>::infinity();
-  }
+  float worst() const { return full() ? heap_.front().dist : std::numeric_limits<float>::infinity(); }
   void push(float dist, std::uint32_t slot) {
     if (k_ == 0) return;
     const Scored s{dist, slot};

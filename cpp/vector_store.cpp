@@ -11,9 +11,7 @@ VectorStore::VectorStore(std::size_t dim) : dim_(dim) {
   if (dim == 0) throw InvalidArgument("dimension must be positive");
 }
 
-std::optional<Slot> VectorStore::slot_of(std::int64_t id) const {
-  return id_to_slot_.find(id, slot_ids_.data());
-}
+std::optional<Slot> VectorStore::slot_of(std::int64_t id) const { return id_to_slot_.find(id, slot_ids_.data()); }
 
 void VectorStore::reserve_more(std::size_t n) {
   const std::size_t need = slot_count() + (n > free_.size() ? n - free_.size() : 0);
@@ -67,8 +65,8 @@ std::vector<std::int64_t> VectorStore::ids() const {
 
 std::size_t VectorStore::memory_bytes() const {
   const std::size_t map_bytes = id_to_slot_.memory_bytes();
-  return data_.capacity() * sizeof(float) + slot_ids_.capacity() * sizeof(std::int64_t) +
-         live_.capacity() + free_.capacity() * sizeof(Slot) + map_bytes;
+  return data_.capacity() * sizeof(float) + slot_ids_.capacity() * sizeof(std::int64_t) + live_.capacity() +
+         free_.capacity() * sizeof(Slot) + map_bytes;
 }
 
 void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,

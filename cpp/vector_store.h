@@ -9,10 +9,9 @@
 #include "aligned.h"
 #include "bitmap.h"
 #include "id_map.h"
+#include "slot.h"
 
 namespace kbcore {
-
-// Slot (the number of a stored row) and kNoSlot ("none") come from id_map.h.
 
 class VectorStore {
  public:
@@ -49,17 +48,16 @@ class VectorStore {
   const std::vector<std::int64_t>& slot_ids() const { return slot_ids_; }
   const std::vector<std::uint8_t>& live_flags() const { return live_; }
   /// Rebuilds from persisted state; validates ids (unique among live slots).
-  void restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
-               AlignedVector<float> data);
+  void restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live, AlignedVector<float> data);
 
  private:
   std::size_t dim_;
-  AlignedVector<float> data_;               // slot_count() * dim_
-  std::vector<std::int64_t> slot_ids_;      // id per slot (stale for free slots)
-  std::vector<std::uint8_t> live_;          // 1 if the slot holds a live row
-  Bitmap live_bits_;                        // the same, as bits
-  std::vector<Slot> free_;                  // freed slots, reused LIFO
-  IdMap id_to_slot_;                        // live ids -> slots (keys read from slot_ids_)
+  AlignedVector<float> data_;           // slot_count() * dim_
+  std::vector<std::int64_t> slot_ids_;  // id per slot (stale for free slots)
+  std::vector<std::uint8_t> live_;      // 1 if the slot holds a live row
+  Bitmap live_bits_;                    // the same, as bits
+  std::vector<Slot> free_;              // freed slots, reused LIFO
+  IdMap id_to_slot_;                    // live ids -> slots (keys read from slot_ids_)
 };
 
 }  // namespace kbcore

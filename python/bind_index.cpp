@@ -25,8 +25,8 @@ std::size_t rows_of(const FloatArray& a, std::size_t dim, const char* what) {
 Index::Strategy parse_strategy(const std::string& name) {
   if (name == "auto") return Index::Strategy::kAuto;
   if (name == "exact") return Index::Strategy::kExact;
-  if (name == "graph") return Index::Strategy::kGraph;
-  if (name == "walk") return Index::Strategy::kWalk;
+  if (name == "graph") return Index::Strategy::kTwoHop;
+  if (name == "walk") return Index::Strategy::kFilteredWalk;
   throw InvalidArgument("strategy must be 'auto', 'exact', 'graph' or 'walk', got '" + name + "'");
 }
 
@@ -34,9 +34,9 @@ const char* strategy_name(Index::Strategy s) {
   switch (s) {
     case Index::Strategy::kExact:
       return "exact";
-    case Index::Strategy::kGraph:
+    case Index::Strategy::kTwoHop:
       return "graph";
-    case Index::Strategy::kWalk:
+    case Index::Strategy::kFilteredWalk:
       return "walk";
     default:
       return "auto";
@@ -86,8 +86,8 @@ py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
       key = steal(PyLong_FromLongLong(page.key_ints[g]));
     } else {
       const std::size_t b = page.key_str_begin(g);
-      key = steal(PyUnicode_DecodeUTF8(page.key_chars.data() + b,
-                                       static_cast<Py_ssize_t>(page.key_str_end[g] - b), "strict"));
+      key = steal(
+          PyUnicode_DecodeUTF8(page.key_chars.data() + b, static_cast<Py_ssize_t>(page.key_str_end[g] - b), "strict"));
     }
     const std::size_t b = page.best_begin(g), n = page.best_end[g] - b;
     py::object ids = int_tuple(page.ids.data() + b, n);
@@ -125,177 +125,201 @@ void bind_index(py::module_& m) {
              c.ef_search = ef;
              return std::make_unique<Index>(c);
            }),
-           py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"),
-           py::arg("ef"), py::arg("seed"))
-      .def("add",
-           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads,
-              const py::list& columns, const py::object& texts, bool defer_graph) {
-             const std::size_t n = rows_of(vectors, self.dim(), "vectors");
-             if (ids_len(ids) != n) {
-               throw InvalidArgument("got " + std::to_string(n) + " vectors but " +
-                                     std::to_string(ids_len(ids)) + " ids");
-             }
-             const std::vector<ColumnInput> cols = columns_from_py(columns, n);
-             std::optional<std::vector<std::optional<std::string>>> text_rows;
-             if (!texts.is_none()) {
-               text_rows.emplace();
-               text_rows->reserve(n);
-               for (py::handle t : texts) {
-                 if (t.is_none()) text_rows->emplace_back(std::nullopt);
-                 else if (py::isinstance<py::str>(t)) text_rows->emplace_back(t.cast<std::string>());
-                 else throw InvalidArgument("texts must be str or None");
-               }
-             }
-             py::gil_scoped_release nogil;
-             self.add(vectors.data(), ids.data(), n, threads, cols, text_rows ? &*text_rows : nullptr,
-                      defer_graph);
-           },
-           py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"),
-           py::arg("columns") = py::list(), py::arg("texts") = py::none(), py::arg("defer_graph") = false)
-      .def("build_graph",
-           [](Index& self, std::size_t max_rows, std::size_t threads) {
-             py::gil_scoped_release nogil;
-             return self.build_graph(max_rows, threads);
-           },
-           py::arg("max_rows"), py::arg("threads"))
+           py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"), py::arg("ef"),
+           py::arg("seed"))
+      .def(
+          "add",
+          [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads, const py::list& columns,
+             const py::object& texts, bool defer_graph) {
+            const std::size_t n = rows_of(vectors, self.dim(), "vectors");
+            if (ids_len(ids) != n) {
+              throw InvalidArgument("got " + std::to_string(n) + " vectors but " + std::to_string(ids_len(ids)) +
+                                    " ids");
+            }
+            const std::vector<ColumnInput> cols = columns_from_py(columns, n);
+            std::optional<std::vector<std::optional<std::string>>> text_rows;
+            if (!texts.is_none()) {
+              text_rows.emplace();
+              text_rows->reserve(n);
+              for (py::handle t : texts) {
+                if (t.is_none())
+                  text_rows->emplace_back(std::nullopt);
+                else if (py::isinstance<py::str>(t))
+                  text_rows->emplace_back(t.cast<std::string>());
+                else
+                  throw InvalidArgument("texts must be str or None");
+              }
+            }
+            py::gil_scoped_release nogil;
+            self.add(vectors.data(), ids.data(), n, threads, cols, text_rows ? &*text_rows : nullptr, defer_graph);
+          },
+          py::arg("vectors").noconvert(), py::arg("ids").noconvert(), py::arg("threads"),
+          py::arg("columns") = py::list(), py::arg("texts") = py::none(), py::arg("defer_graph") = false)
+      .def(
+          "build_graph",
+          [](Index& self, std::size_t max_rows, std::size_t threads) {
+            py::gil_scoped_release nogil;
+            return self.build_graph(max_rows, threads);
+          },
+          py::arg("max_rows"), py::arg("threads"))
       .def("pending_rows", &Index::pending_rows)
-      .def("search_text",
-           [](const Index& self, const std::string& query, std::size_t k, const py::object& filter,
-              const py::object& stats) {
-             const FilterRef node(filter);
-             std::optional<Bm25Stats> global;
-             if (!stats.is_none()) {
-               // (documents, total_length, {term: df}): the sum of every shard's text_stats.
-               const auto t = stats.cast<py::tuple>();
-               if (t.size() != 3) throw InvalidArgument("stats must be (documents, total_length, {term: df})");
-               global.emplace();
-               global->documents = t[0].cast<std::uint64_t>();
-               global->total_length = t[1].cast<std::uint64_t>();
-               std::vector<std::pair<std::string, std::uint64_t>> df;
-               for (const auto& [term, count] : t[2].cast<py::dict>()) {
-                 df.emplace_back(term.cast<std::string>(), count.cast<std::uint64_t>());
-               }
-               std::sort(df.begin(), df.end());
-               for (auto& [term, count] : df) {
-                 global->terms.push_back(std::move(term));
-                 global->df.push_back(count);
-               }
-             }
-             std::vector<std::pair<std::int64_t, float>> res;
-             {
-               py::gil_scoped_release nogil;
-               res = self.search_text(query, k, node.get(), global ? &*global : nullptr);
-             }
-             IdArray ids(res.size());
-             FloatArray scores(res.size());
-             auto* pi = ids.mutable_data();
-             auto* ps = scores.mutable_data();
-             for (std::size_t i = 0; i < res.size(); ++i) {
-               pi[i] = res[i].first;
-               ps[i] = res[i].second;
-             }
-             return py::make_tuple(ids, scores);
-           },
-           py::arg("query"), py::arg("k"), py::arg("filter") = py::none(), py::arg("stats") = py::none())
-      .def("text_stats",
-           [](const Index& self, const std::string& query) {
-             Bm25Stats st;
-             {
-               py::gil_scoped_release nogil;
-               st = self.text_stats(query);
-             }
-             py::dict df;
-             for (std::size_t i = 0; i < st.terms.size(); ++i) df[py::str(st.terms[i])] = st.df[i];
-             return py::make_tuple(st.documents, st.total_length, df);
-           },
-           py::arg("query"))
+      .def(
+          "search_text",
+          [](const Index& self, const std::string& query, std::size_t k, const py::object& filter,
+             const py::object& stats) {
+            const FilterRef node(filter);
+            std::optional<Bm25Stats> global;
+            if (!stats.is_none()) {
+              // (documents, total_length, {term: df}): the sum of every shard's text_stats.
+              const auto t = stats.cast<py::tuple>();
+              if (t.size() != 3) throw InvalidArgument("stats must be (documents, total_length, {term: df})");
+              global.emplace();
+              global->documents = t[0].cast<std::uint64_t>();
+              global->total_length = t[1].cast<std::uint64_t>();
+              std::vector<std::pair<std::string, std::uint64_t>> df;
+              for (const auto& [term, count] : t[2].cast<py::dict>()) {
+                df.emplace_back(term.cast<std::string>(), count.cast<std::uint64_t>());
+              }
+              std::sort(df.begin(), df.end());
+              for (auto& [term, count] : df) {
+                global->terms.push_back(std::move(term));
+                global->df.push_back(count);
+              }
+            }
+            std::vector<std::pair<std::int64_t, float>> res;
+            {
+              py::gil_scoped_release nogil;
+              res = self.search_text(query, k, node.get(), global ? &*global : nullptr);
+            }
+            IdArray ids(res.size());
+            FloatArray scores(res.size());
+            auto* pi = ids.mutable_data();
+            auto* ps = scores.mutable_data();
+            for (std::size_t i = 0; i < res.size(); ++i) {
+              pi[i] = res[i].first;
+              ps[i] = res[i].second;
+            }
+            return py::make_tuple(ids, scores);
+          },
+          py::arg("query"), py::arg("k"), py::arg("filter") = py::none(), py::arg("stats") = py::none())
+      .def(
+          "text_stats",
+          [](const Index& self, const std::string& query) {
+            Bm25Stats st;
+            {
+              py::gil_scoped_release nogil;
+              st = self.text_stats(query);
+            }
+            py::dict df;
+            for (std::size_t i = 0; i < st.terms.size(); ++i) df[py::str(st.terms[i])] = st.df[i];
+            return py::make_tuple(st.documents, st.total_length, df);
+          },
+          py::arg("query"))
       .def("text_documents", &Index::text_documents)
-      .def("remove",
-           [](Index& self, const IdArray& ids, std::size_t threads) {
-             const std::size_t n = ids_len(ids);
-             py::gil_scoped_release nogil;
-             self.remove(ids.data(), n, threads);
-           },
-           py::arg("ids").noconvert(), py::arg("threads"))
-      .def("search",
-           [](const Index& self, const FloatArray& queries, std::size_t k, std::size_t ef,
-              std::size_t threads, const py::object& filter, const std::string& strategy) {
-             const std::size_t nq = rows_of(queries, self.dim(), "queries");
-             if (k == 0) throw InvalidArgument("k must be positive, got 0");
-             const FilterRef node(filter);
-             const Index::Strategy force = parse_strategy(strategy);
-             IdArray ids({nq, k});
-             FloatArray dist({nq, k});
-             {
-               std::int64_t* pi = ids.mutable_data();
-               float* pd = dist.mutable_data();
-               py::gil_scoped_release nogil;
-               self.search(queries.data(), nq, k, ef, threads, pi, pd, node.get(), force);
-             }
-             return py::make_tuple(ids, dist);
-           },
-           py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"),
-           py::arg("filter") = py::none(), py::arg("strategy") = "auto")
-      .def("search_groups",
-           [](const Index& self, const FloatArray& queries, std::size_t k, const std::string& group_by,
-              std::size_t group_size, std::size_t ef, std::size_t threads, const py::object& filter,
-              const std::string& strategy, const py::object& group_type) {
-             const std::size_t nq = rows_of(queries, self.dim(), "queries");
-             const FilterRef node(filter);
-             const Index::Strategy force = parse_strategy(strategy);
-             PyTypeObject* type = group_tuple_type(group_type);
-             std::vector<Index::GroupPage> pages;
-             {
-               py::gil_scoped_release nogil;
-               pages = self.search_groups(queries.data(), nq, k, group_by, group_size, ef, threads,
-                                          node.get(), force);
-             }
-             py::list out(nq);
-             for (std::size_t qi = 0; qi < nq; ++qi) {
-               py::list groups = groups_to_py(pages[qi], type);
-               PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(qi), groups.release().ptr());
-             }
-             return out;
-           },
-           py::arg("queries").noconvert(), py::arg("k"), py::arg("group_by"), py::arg("group_size"),
-           py::arg("ef"), py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto",
-           py::arg("group_type") = py::none())
-      .def("count",
-           [](const Index& self, const py::object& filter) {
-             const FilterRef node(filter);
-             if (node.get() == nullptr) throw InvalidArgument("count needs a filter");
-             py::gil_scoped_release nogil;
-             return self.count(*node.get());
-           },
-           py::arg("filter"))
-      .def("strategy",
-           [](const Index& self, std::size_t passing, std::size_t ef) {
-             return strategy_name(self.choose_strategy(passing, self.size(), ef));
-           },
-           py::arg("passing"), py::arg("ef"))
-      .def("get_metadata",
-           [](const Index& self, const IdArray& ids) {
-             const std::size_t n = ids_len(ids);
-             std::vector<std::vector<std::pair<std::string, Value>>> rows;
-             {
-               py::gil_scoped_release nogil;
-               rows = self.get_metadata(ids.data(), n);
-             }
-             py::list out;
-             for (const auto& r : rows) out.append(row_to_py(r));
-             return out;
-           },
-           py::arg("ids").noconvert())
-      .def("get_vectors",
-           [](const Index& self, const IdArray& ids) {
-             const std::size_t n = ids_len(ids);
-             FloatArray out({n, self.dim()});
-             float* p = out.mutable_data();
-             py::gil_scoped_release nogil;
-             self.get_vectors(ids.data(), n, p);
-             return out;
-           },
-           py::arg("ids").noconvert())
+      .def(
+          "remove",
+          [](Index& self, const IdArray& ids, std::size_t threads) {
+            const std::size_t n = ids_len(ids);
+            py::gil_scoped_release nogil;
+            self.remove(ids.data(), n, threads);
+          },
+          py::arg("ids").noconvert(), py::arg("threads"))
+      .def(
+          "search",
+          [](const Index& self, const FloatArray& queries, std::size_t k, std::size_t ef, std::size_t threads,
+             const py::object& filter, const std::string& strategy) {
+            const std::size_t nq = rows_of(queries, self.dim(), "queries");
+            if (k == 0) throw InvalidArgument("k must be positive, got 0");
+            const FilterRef node(filter);
+            SearchParams params;
+            params.k = k;
+            params.ef = ef;
+            params.threads = threads;
+            params.filter = node.get();
+            params.force = parse_strategy(strategy);
+            IdArray ids({nq, k});
+            FloatArray dist({nq, k});
+            {
+              std::int64_t* pi = ids.mutable_data();
+              float* pd = dist.mutable_data();
+              py::gil_scoped_release nogil;
+              self.search(queries.data(), nq, params, pi, pd);
+            }
+            return py::make_tuple(ids, dist);
+          },
+          py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"),
+          py::arg("filter") = py::none(), py::arg("strategy") = "auto")
+      .def(
+          "search_groups",
+          [](const Index& self, const FloatArray& queries, std::size_t k, const std::string& group_by,
+             std::size_t group_size, std::size_t ef, std::size_t threads, const py::object& filter,
+             const std::string& strategy, const py::object& group_type) {
+            const std::size_t nq = rows_of(queries, self.dim(), "queries");
+            const FilterRef node(filter);
+            GroupParams params;
+            params.k = k;
+            params.ef = ef;
+            params.threads = threads;
+            params.filter = node.get();
+            params.force = parse_strategy(strategy);
+            params.group_by = group_by;
+            params.group_size = group_size;
+            PyTypeObject* type = group_tuple_type(group_type);
+            std::vector<Index::GroupPage> pages;
+            {
+              py::gil_scoped_release nogil;
+              pages = self.search_groups(queries.data(), nq, params);
+            }
+            py::list out(nq);
+            for (std::size_t qi = 0; qi < nq; ++qi) {
+              py::list groups = groups_to_py(pages[qi], type);
+              PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(qi), groups.release().ptr());
+            }
+            return out;
+          },
+          py::arg("queries").noconvert(), py::arg("k"), py::arg("group_by"), py::arg("group_size"), py::arg("ef"),
+          py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto",
+          py::arg("group_type") = py::none())
+      .def(
+          "count",
+          [](const Index& self, const py::object& filter) {
+            const FilterRef node(filter);
+            if (node.get() == nullptr) throw InvalidArgument("count needs a filter");
+            py::gil_scoped_release nogil;
+            return self.count(*node.get());
+          },
+          py::arg("filter"))
+      .def(
+          "strategy",
+          [](const Index& self, std::size_t passing, std::size_t ef) {
+            return strategy_name(self.choose_strategy(passing, self.size(), ef));
+          },
+          py::arg("passing"), py::arg("ef"))
+      .def(
+          "get_metadata",
+          [](const Index& self, const IdArray& ids) {
+            const std::size_t n = ids_len(ids);
+            std::vector<std::vector<std::pair<std::string, Value>>> rows;
+            {
+              py::gil_scoped_release nogil;
+              rows = self.get_metadata(ids.data(), n);
+            }
+            py::list out;
+            for (const auto& r : rows) out.append(row_to_py(r));
+            return out;
+          },
+          py::arg("ids").noconvert())
+      .def(
+          "get_vectors",
+          [](const Index& self, const IdArray& ids) {
+            const std::size_t n = ids_len(ids);
+            FloatArray out({n, self.dim()});
+            float* p = out.mutable_data();
+            py::gil_scoped_release nogil;
+            self.get_vectors(ids.data(), n, p);
+            return out;
+          },
+          py::arg("ids").noconvert())
       .def("ids",
            [](const Index& self) {
              std::vector<std::int64_t> v = self.ids();
@@ -306,18 +330,20 @@ void bind_index(py::module_& m) {
       .def("contains", &Index::contains, py::arg("id"))
       .def("size", &Index::size)
       .def("memory_bytes", &Index::memory_bytes)
-      .def("save",
-           [](const Index& self, const std::string& path) {
-             py::gil_scoped_release nogil;
-             self.save(path);
-           },
-           py::arg("path"))
-      .def_static("load",
-                  [](const std::string& path) {
-                    py::gil_scoped_release nogil;
-                    return Index::load(path);
-                  },
-                  py::arg("path"))
+      .def(
+          "save",
+          [](const Index& self, const std::string& path) {
+            py::gil_scoped_release nogil;
+            self.save(path);
+          },
+          py::arg("path"))
+      .def_static(
+          "load",
+          [](const std::string& path) {
+            py::gil_scoped_release nogil;
+            return Index::load(path);
+          },
+          py::arg("path"))
       .def_property_readonly("evals_per_ef", &Index::evals_per_ef)
       .def_property_readonly("dim", &Index::dim)
       .def_property_readonly("metric", [](const Index& self) { return metric_name(self.config().metric); })

@@ -2,9 +2,11 @@
 #include <string>
 #include <vector>
 
+#include "binary_io.h"
 #include "bindings.h"
 #include "distance.h"
 #include "errors.h"
+#include "hnsw_index.h"
 #include "tokenizer.h"
 
 namespace kbcore::python {
@@ -43,19 +45,35 @@ PYBIND11_MODULE(_core, m) {
   using namespace kbcore;
   m.doc() = "kbcore native core (C++). Use the kbcore package, not this module.";
   kbcore::python::register_errors(m);
-  m.def("simd_level", [] { return simd_level_name(active_simd_level()); },
-        "The SIMD level of the distance kernels in use: 'scalar', 'avx2' or 'avx512'.");
-  m.def("available_simd_levels", [] {
-    std::vector<std::string> out;
-    for (SimdLevel l : supported_simd_levels()) out.push_back(simd_level_name(l));
-    return out;
-  }, "SIMD levels this CPU and build can run, lowest first.");
-  m.def("set_simd_level", [](const std::string& name) { set_simd_level(parse_simd_level(name)); },
-        py::arg("level"), "Forces a SIMD level ('scalar', 'avx2', 'avx512').");
-  m.def("tokenize", [](const std::string& text, bool for_query) { return tokenize(text, for_query); },
-        py::arg("text"), py::arg("for_query") = false,
-        "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
-        "also index single CJK characters).");
+  m.def(
+      "simd_level", [] { return simd_level_name(active_simd_level()); },
+      "The SIMD level of the distance kernels in use: 'scalar', 'avx2' or 'avx512'.");
+  m.def(
+      "available_simd_levels",
+      [] {
+        std::vector<std::string> out;
+        for (SimdLevel l : supported_simd_levels()) out.push_back(simd_level_name(l));
+        return out;
+      },
+      "SIMD levels this CPU and build can run, lowest first.");
+  m.def(
+      "set_simd_level", [](const std::string& name) { set_simd_level(parse_simd_level(name)); }, py::arg("level"),
+      "Forces a SIMD level ('scalar', 'avx2', 'avx512').");
+  m.def(
+      "tokenize", [](const std::string& text, bool for_query) { return tokenize(text, for_query); }, py::arg("text"),
+      py::arg("for_query") = false,
+      "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
+      "also index single CJK characters).");
+  m.attr("MAX_M") = kMaxM;  // the largest M an index accepts (links per node on upper levels)
+  m.def(
+      "checksum64",
+      [](py::bytes data) {
+        const std::string_view v = data;
+        return checksum64(v.data(), v.size());
+      },
+      py::arg("data"),
+      "The payload checksum of a saved file (its header's last field), for tools and tests that "
+      "craft files.");
   kbcore::python::bind_filter(m);
   kbcore::python::bind_index(m);
 }

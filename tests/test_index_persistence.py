@@ -345,3 +345,38 @@ def test_load_rejects_a_bit_flip_in_any_header_byte_with_format_error(sweep):
     report = json.loads(sweep.stdout.strip().splitlines()[-1])
     bad = [b for b in report["bad"] if b[0] == "flip" and b[1] < HEADER_BYTES]
     assert not bad, f"header bytes whose corruption goes unnoticed: {_summary(bad)}"
+
+
+# --------------------------------------------------------------------------------------------
+# load refuses what add refuses (crafted files with a recomputed checksum)
+
+
+def _reseal(blob: bytearray) -> bytes:
+    struct.pack_into("<QQ", blob, 16, len(blob) - HEADER_BYTES, kbcore._core.checksum64(bytes(blob[HEADER_BYTES:])))
+    return bytes(blob)
+
+
+@pytest.mark.parametrize("defect", ["nan", "inf", "id_minus_one", "str_not_utf8"])
+def test_load_rejects_what_add_rejects_even_with_a_valid_checksum(tmp_path, defect):
+    dim, n = 4, 6
+    index = kbcore.Index(dim=dim, metric="l2", kind="flat")
+    vecs = np.arange(n * dim, dtype=np.float32).reshape(n, dim) + 1
+    index.add(vecs, np.arange(10, 10 + n), metadata=[{"s": "zzzz"} for _ in range(n)], threads=1)
+    index.save(tmp_path / "ok.kbi")
+    blob = bytearray((tmp_path / "ok.kbi").read_bytes())
+    # Payload: u64 dim, u8 metric, u8 kind, 4 x u64 parameters, u64 slots, ids, live flags, vectors.
+    ids_at = HEADER_BYTES + 8 + 1 + 1 + 4 * 8 + 8
+    vec_at = ids_at + 8 * n + n
+    if defect == "nan":
+        struct.pack_into("<f", blob, vec_at + 4 * dim * 2, float("nan"))
+    elif defect == "inf":
+        struct.pack_into("<f", blob, vec_at + 4 * dim * 3 + 4, float("-inf"))
+    elif defect == "id_minus_one":
+        struct.pack_into("<q", blob, ids_at + 8, -1)
+    else:
+        at = bytes(blob).index(b"zzzz")
+        blob[at + 1] = 0xFF
+    (tmp_path / "bad.kbi").write_bytes(_reseal(blob))
+    assert kbcore.Index.load(tmp_path / "ok.kbi").get_metadata([10]) == [{"s": "zzzz"}]
+    with pytest.raises(errors.FormatError):
+        kbcore.Index.load(tmp_path / "bad.kbi")

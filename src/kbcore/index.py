@@ -21,8 +21,8 @@ Kind = Literal["hnsw", "flat"]
 #: The metric and index kind names (the one list; the engine and its integrations use it).
 METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
 KINDS: tuple[str, ...] = ("hnsw", "flat")
-#: The range of the HNSW parameter M.
-M_RANGE = (2, 256)
+#: The range of the HNSW parameter M (the top is the native kMaxM, read from the core).
+M_RANGE = (2, _core.MAX_M)
 
 
 class Group(NamedTuple):

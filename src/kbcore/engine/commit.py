@@ -25,6 +25,14 @@ Invariants:
    the in-memory apply fails there, the published state keeps the old generation and the
    next mutation reloads from disk (:meth:`KnowledgeBase._sync`).
 5. Unreferenced files are removed only after the manifest that dropped them is durable.
+6. A sharded index (:mod:`kbcore.engine.shards`) is durable on its own: no row the manifest
+   lists as live is removed from it before the manifest that drops the row is committed, so
+   that reopening can always re-sync the shards from the manifest.
+
+:data:`fault_hook` (tests only) is called with the name of a point of a commit:
+``"index-written"`` (the index holds the commit's rows, the manifest is not replaced yet) and
+``"manifest-committed"`` (the manifest is replaced, rows it dropped may still be in the
+index); a test kills the process there to check the recovery.
 """
 
 from __future__ import annotations
@@ -43,10 +51,19 @@ from ..index import Index
 from . import manifest as policy
 from .ingest import ChunkBatch
 from .segments import Segment, build_tables, live_tables, text_list
+from .shards import close_index, discard, is_sharded
 from .state import KbState, StateCell, new_index
 
 #: Called right before the index is saved (the graph builder marks its work as saved).
 OnCheckpoint = Callable[[], None]
+
+#: Fault injection for tests: called with the name of a commit point (see the module docstring).
+fault_hook: Callable[[str], None] | None = None
+
+
+def _fault(point: str) -> None:
+    if fault_hook is not None:
+        fault_hook(point)
 
 
 class _Transaction:
@@ -75,9 +92,16 @@ class _Transaction:
 
     def checkpoint(self, m: dict[str, Any], index: Index, on_checkpoint: OnCheckpoint) -> None:
         """Saves ``index`` as ``m``'s checkpoint (fsyncs the file, renames it, fsyncs the
-        directory); drops every vector file entry of ``m``."""
-        name = f"index-{m['generation']:08d}.kbi"
+        directory); drops every vector file entry of ``m``. A sharded index checkpoints every
+        shard (``save()``, the shards keep their own files) and ``m`` records the rows covered
+        in ``shard_checkpoint`` instead of an index file."""
         on_checkpoint()  # before the save: a batch linked after it marks the graph unsaved again
+        if not isinstance(index, Index):
+            index.save()
+            m["shard_checkpoint"] = {"rows": len(index), "generation": m["generation"]}
+            policy.drop_vector_files(m)
+            return
+        name = f"index-{m['generation']:08d}.kbi"
         self._files.append(name)
         index.save(os.path.join(self.path, name))
         entry = storage.file_entry(self.path, name)
@@ -163,7 +187,9 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     elif cfg["dim"] != vectors.shape[1]:
         raise InvalidArgumentError(
             f"vectors have dimension {vectors.shape[1]}, knowledge base {state.name!r} has {cfg['dim']}")
-    index = state.index if state.index is not None else new_index(cfg, cfg["dim"])
+    created = state.index is None
+    index = state.index if not created else new_index(cfg, cfg["dim"], state.path, fresh=True)
+    sharded = is_sharded(cfg)
     ids = np.arange(m["next_id"], m["next_id"] + n, dtype=np.int64)
     groups = np.arange(m["next_group"], m["next_group"] + ndocs, dtype=np.int64)
     m["next_id"] += n
@@ -182,13 +208,22 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
         m["segments"].append(entry)
         policy.mark_deleted(m, replaced)
         with txn.exclusive():
-            index.add(vectors, ids, metadata=meta, texts=texts, defer_graph=True)
-            txn.on_undo(lambda: index.remove(ids))
-            if ckpt:  # the checkpoint must not hold the replaced rows
-                _remove_rows(txn, index, old_ids, replaced)
+            if sharded:  # a shard may apply its part of a failed add: undo what is there
+                if created:
+                    txn.on_undo(lambda: close_index(index))
+                txn.on_undo(lambda: discard(index, ids))
+                index.add(vectors, ids, metadata=meta, texts=texts, defer_graph=True)
+            else:
+                index.add(vectors, ids, metadata=meta, texts=texts, defer_graph=True)
+                txn.on_undo(lambda: index.remove(ids))
+            if ckpt:
+                if not sharded:  # the checkpoint must not hold the replaced rows (invariant 6: a sharded one may)
+                    _remove_rows(txn, index, old_ids, replaced)
                 txn.checkpoint(m, index, on_checkpoint)
+            _fault("index-written")
             txn.commit_manifest(m)
-            if not ckpt and len(old_ids):
+            _fault("manifest-committed")
+            if (sharded or not ckpt) and len(old_ids):
                 index.remove(old_ids)  # after the commit point: the ids are present, nothing to undo
             txn.publish(state.applied(m, index=index, new_segment=Segment(entry, chunks, doc_table),
                                       removed=keys, stale_text=False if ckpt else None))
@@ -220,6 +255,7 @@ def delete(cell: StateCell, keys: list[tuple[str, str]], on_checkpoint: OnCheckp
         del m["pipelines"][drop_pipeline]
     with _transaction(cell) as txn:
         txn.commit_manifest(m)  # no new file: the manifest first, then the index
+        _fault("manifest-committed")
         with txn.exclusive():
             if len(ids) and state.index is not None:
                 state.index.remove(ids)

@@ -19,6 +19,7 @@ from ..fusion import check_vector_weight
 from ..index import KINDS, METRICS, check_params
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase
+from .shards import check_shards, require_ray
 from .types import FUSIONS, SEARCH_TYPES, check_choice, check_name, is_valid_name
 
 
@@ -87,6 +88,7 @@ class Engine:
         search_type: str = "vector",
         fusion: str = "rrf",
         vector_weight: float = 0.7,
+        shards: int | None = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
@@ -97,6 +99,12 @@ class Engine:
         index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+
+        ``shards=N`` makes a sharded knowledge base: its index is a
+        :class:`~kbcore.distributed.ShardedIndex` of N Ray actors stored in ``<kb>/shards``
+        (results equal those of one index, exactly for ``index="flat"``); reopening it starts
+        the actors again. Ray is joined or started as :mod:`kbcore.engine.shards` describes;
+        ``ImportError`` (naming ``pip install "kbcore[ray]"``) if Ray is not installed.
         """
         check_name(name, "knowledge base")
         search_type = check_choice("search_type", search_type, SEARCH_TYPES)
@@ -108,6 +116,9 @@ class Engine:
         if index not in KINDS:
             raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS}")
         M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
+        shards = check_shards(shards)
+        if shards is not None:
+            require_ray(name, shards)
         if embedder is False or embedder == "none":
             emb = None
         elif embedder is None:
@@ -131,6 +142,8 @@ class Engine:
             config = {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
                       "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
                       "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight}
+            if shards is not None:
+                config["shards"] = shards
             spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
             m = manifest.initial(name, config, spec, description)
             try:
@@ -140,7 +153,12 @@ class Engine:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             storage.fsync_dir(self.path)
-            kb = self._open(name, final, emb)
+            try:
+                kb = self._open(name, final, emb)
+            except BaseException:
+                if shards is not None:  # e.g. Ray did not start: no half-made knowledge base
+                    shutil.rmtree(final, ignore_errors=True)
+                raise
             self._kbs[name] = kb
             return kb
 

@@ -23,7 +23,7 @@ from ..embedders import Embedder
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import Index
-from . import commit, ingest, retrieval
+from . import commit, ingest, retrieval, shards
 from .embedding import KbEmbedder
 from .graph_builder import GraphBuilder
 from .manifest import tail_rows
@@ -62,7 +62,7 @@ class KnowledgeBase:
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
-        self._cell = StateCell(KbState.load(name, path))
+        self._cell = StateCell(self._load())
         self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder,
                                     default_embedder)
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
@@ -84,8 +84,9 @@ class KnowledgeBase:
 
     @property
     def index(self) -> Index | None:
-        """The current native index, for reading (search, count, ids, metadata) alongside the
-        engine; None before the first ingest of a knowledge base without dimension. Mutating
+        """The current native index (a :class:`~kbcore.distributed.ShardedIndex` for a sharded
+        knowledge base), for reading (search, count, ids, metadata) alongside the engine; None
+        before the first ingest of a knowledge base without dimension. Mutating
         it bypasses the engine's files: the next reopen would not match."""
         return self._cell.state.index
 
@@ -139,6 +140,14 @@ class KnowledgeBase:
             self._sync()
         self._start_builder()
 
+    def _load(self) -> KbState:
+        """KbState.load; for a sharded knowledge base under the writer lock (opening re-syncs
+        the shards with the manifest, which writes them: :mod:`kbcore.engine.shards`)."""
+        if not shards.is_sharded(storage.load_manifest(self.path)["config"]):
+            return KbState.load(self.name, self.path)
+        with self._wmutex, self._flock.hold():
+            return KbState.load(self.name, self.path)
+
     def _sync(self) -> None:
         try:
             current = storage.load_manifest(self.path)["generation"]
@@ -147,6 +156,7 @@ class KnowledgeBase:
                 raise NotFoundError(f"knowledge base {self.name!r} was deleted") from None
             raise
         if current != self._cell.state.generation:
+            self._close_shards()  # the reload opens the shards again (one owner at a time)
             state = KbState.load(self.name, self.path)
             with self._cell.rw.write():
                 self._cell.state = state
@@ -443,8 +453,15 @@ class KnowledgeBase:
         files (Engine calls it when it deletes the knowledge base)."""
         self._builder.retire()
         self._closed = True
+        self._close_shards()
         if self._on_close is not None:
             self._on_close(self)
+
+    def _close_shards(self) -> None:
+        """Stops the shard actors of a sharded index (its files stay)."""
+        index = self._cell.state.index
+        if index is not None and not isinstance(index, Index):
+            shards.close_index(index)
 
     def _attach_embedder(self, embedder: Embedder) -> None:
         """Makes ``embedder`` the first candidate to rebuild the knowledge base's embedder from."""

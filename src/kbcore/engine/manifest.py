@@ -5,7 +5,9 @@ compaction policy. Pure functions on manifest dicts; nothing here touches the di
 A manifest (``manifest.json``, see :mod:`kbcore.storage`) holds ``generation``, ``config``
 (metric, index kind and parameters, dim, chunking, search defaults), ``embedder`` (its spec),
 ``pipelines``, ``next_id``, ``next_group``, ``segments`` (name, rows, docs, deleted_docs,
-files) and ``index`` (the checkpoint's file entry and rows, or None).
+files) and ``index`` (the checkpoint's file entry and rows, or None). A sharded knowledge
+base (``config["shards"]``) has no index file; ``shard_checkpoint`` holds the rows covered by
+the shards' last checkpoint (see :mod:`kbcore.engine.shards`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def tail_rows(m: dict[str, Any]) -> int:
 
 
 def checkpoint_rows(m: dict[str, Any]) -> int:
-    idx = m.get("index")
+    idx = m.get("index") or m.get("shard_checkpoint")
     return int(idx.get("rows", 0)) if idx else 0
 
 

@@ -210,6 +210,8 @@ def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions
         index = state.index
         if index is None or len(index) == 0:
             return []
+        if not isinstance(index, Index):
+            nf = where  # a ShardedIndex sends the filter to its shards: the where, not a native object
         metric = state.config["metric"]
         n = len(index)
         if mode == "full_text" and not opts.deduplicate:
@@ -222,9 +224,11 @@ def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions
                 if ids[-1] < 0:
                     keep = ids >= 0
                     ids, dist = ids[keep], dist[keep]
+                ids, dist = _by_id_on_ties(ids, dist)
                 vec_leg = list(zip(ids.tolist(), score_from_distance(dist, metric).tolist()))
             tids, tscores = index.search_text(query, w, where=nf)
-            text_leg = list(zip(tids.tolist(), tscores.tolist()))
+            tids, tscores = _by_id_on_ties(tids, -tscores)
+            text_leg = list(zip(tids.tolist(), (-tscores).tolist()))
             fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k)
             if not opts.deduplicate:
                 cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
@@ -237,6 +241,15 @@ def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions
         if opts.score_threshold > 0.0:
             cands = [c for c in cands if c[1] >= opts.score_threshold]
         return make_hits(state, cands, metric, fused=True)
+
+
+def _by_id_on_ties(ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A leg ordered by ``keys`` (ascending), equal keys by id: rank fusion and dedup then do
+    not depend on how an index orders ties (one index and a sharded one differ there)."""
+    if len(keys) > 1 and (np.diff(keys) == 0).any():
+        order = np.lexsort((ids, keys))
+        return ids[order], keys[order]
+    return ids, keys
 
 
 def _fuse(mode: str, fusion: str, vec_leg: list[tuple[int, float]], text_leg: list[tuple[int, float]],

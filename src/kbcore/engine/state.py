@@ -8,7 +8,10 @@ throughout, so it sees the index and the segments of the same generation.
 
 :meth:`KbState.load` builds the index of a snapshot from the files (checkpoint plus replay);
 that index is private until the snapshot is published, so building it here does not break
-the rule that only :mod:`kbcore.engine.commit` mutates a published index.
+the rule that only :mod:`kbcore.engine.commit` mutates a published index. The index of a
+sharded knowledge base is a :class:`~kbcore.distributed.ShardedIndex` whose shards are
+durable on their own; :func:`_reconcile` then re-syncs them with the manifest (the rule is
+in :mod:`kbcore.engine.shards`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from .. import storage
 from ..errors import FormatError, NotFoundError
 from ..index import Index
+from . import shards as _shards
 from .locks import RWLock
 from .manifest import checkpoint_rows, tail_rows
 from .segments import Segment
@@ -162,11 +166,11 @@ class KbState:
             storage.check_entry(path, m["index"])
             index = Index.load(os.path.join(path, m["index"]["path"]))
         elif cfg.get("dim"):
-            index = new_index(cfg, int(cfg["dim"]))
+            index = new_index(cfg, int(cfg["dim"]), path)
         stale_text = False
         if index is not None:
             _reconcile(path, index, segments, m["segments"])
-            if index.text_documents() != len(index):  # written before the text leg existed
+            if not _shards.is_sharded(cfg) and index.text_documents() != len(index):  # written before the text leg existed
                 index = _rebuild_text_leg(index, segments, cfg)
                 stale_text = True
         return cls.build(name, path, m, segments, _doc_map(segments), index, stale_text)
@@ -183,8 +187,12 @@ class StateCell:
         self.state = state
 
 
-def new_index(cfg: dict[str, Any], dim: int) -> Index:
-    """An empty index of a knowledge base's configuration."""
+def new_index(cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: bool = False) -> Index:
+    """An empty index of a knowledge base's configuration; for a sharded knowledge base (at
+    ``path``) its ShardedIndex, loaded or created (see :func:`kbcore.engine.shards.open_index`)."""
+    if _shards.is_sharded(cfg):
+        assert path is not None
+        return _shards.open_index(path, cfg, dim, fresh=fresh)
     return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
                  ef_construction=cfg["ef_construction"], ef=cfg["ef"])
 

@@ -1,0 +1,94 @@
+// Index::save and Index::load: the single-file format (binary_io.h) of an index, and the
+// validation that a loaded file is one save() could have written.
+#include "index.h"
+
+#include <string>
+
+#include "binary_io.h"
+#include "errors.h"
+#include "vector_checks.h"
+
+namespace kbcore {
+namespace {
+
+constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
+
+}  // namespace
+
+void Index::save(const std::string& path) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  BinaryWriter w(path, kMagic, kFormatVersion);
+  w.u64(config_.dim);
+  w.u8(static_cast<std::uint8_t>(config_.metric));
+  w.u8(static_cast<std::uint8_t>(config_.kind));
+  w.u64(config_.ef_search);
+  w.u64(config_.hnsw.M);
+  w.u64(config_.hnsw.ef_construction);
+  w.u64(config_.hnsw.seed);
+  const std::size_t slots = store_.slot_count();
+  w.u64(slots);
+  w.array(store_.slot_ids().data(), slots);
+  w.array(store_.live_flags().data(), slots);
+  w.array(store_.data(), slots * config_.dim);
+  if (graph_) graph_->save(w);
+  meta_.save(w, store_);
+  text_.save(w);
+  w.commit();
+}
+
+std::unique_ptr<Index> Index::load(const std::string& path) {
+  BinaryReader r(path, kMagic, kFormatVersion);
+  IndexConfig c;
+  c.dim = r.u64();
+  const std::uint8_t metric = r.u8();
+  const std::uint8_t kind = r.u8();
+  c.ef_search = r.u64();
+  c.hnsw.M = r.u64();
+  c.hnsw.ef_construction = r.u64();
+  c.hnsw.seed = r.u64();
+  if (c.dim == 0 || c.dim > 65536) r.fail("invalid dimension " + std::to_string(c.dim));
+  if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
+  if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
+  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 || c.ef_search > (1u << 30) ||
+      c.hnsw.ef_construction > (1u << 30)) {
+    r.fail("invalid index parameters");
+  }
+  c.metric = static_cast<Metric>(metric);
+  c.kind = static_cast<IndexKind>(kind);
+  const std::uint64_t slots = r.u64();
+  // Bound the counts by the bytes present before allocating for them.
+  r.require(slots, sizeof(std::int64_t) + 1 + c.dim * sizeof(float));
+  std::vector<std::int64_t> ids;
+  r.array(ids, slots);
+  std::vector<std::uint8_t> live;
+  r.array(live, slots);
+  AlignedVector<float> data(slots * c.dim);
+  r.array_into(data.data(), data.size());
+  // What add() refuses, load refuses too: the reserved id, NaN or infinity, and (cosine) a
+  // zero vector.
+  for (std::size_t s = 0; s < slots; ++s) {
+    if (live[s] != 1) continue;
+    if (ids[s] == -1) r.fail("slot " + std::to_string(s) + " holds the reserved id -1");
+    const float* row = data.data() + s * c.dim;
+    if (!all_finite(row, c.dim)) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
+    if (c.metric == Metric::kCosine && !inverse_norm(row, c.dim)) {
+      r.fail("vector of id " + std::to_string(ids[s]) + " is all zeros under the cosine metric");
+    }
+  }
+  auto index = std::make_unique<Index>(c);
+  try {
+    index->store_.restore(std::move(ids), std::move(live), std::move(data));
+  } catch (const FormatError& e) {
+    r.fail(e.what());
+  }
+  if (index->graph_) {
+    index->graph_->grow();
+    index->graph_->load(r);
+  }
+  index->meta_.load(r, index->store_);
+  index->text_.load(r, index->store_);
+  r.expect_end();
+  return index;
+}
+
+}  // namespace kbcore

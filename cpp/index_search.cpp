@@ -1,0 +1,299 @@
+// The search executors of Index: k-NN search (exact, unfiltered graph, and the filtered
+// strategies of search_plan.h), grouped search and BM25 text search. They share the query
+// prologue (prepare_queries), the exact completion with rows not linked yet (merge_pending)
+// and the gathering of the rows an exact scan reads (candidate_rows).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <mutex>
+
+#include "errors.h"
+#include "flat_index.h"
+#include "index.h"
+#include "parallel.h"
+#include "search_scratch.h"
+#include "vector_checks.h"
+
+namespace kbcore {
+namespace {
+
+// The rows passing `filter` as a filtered search first needs them: the list of passing rows
+// when few pass, else the bitmap (the other form is derived once the strategy is known).
+FilterMatches match_for_search(const FilterNode& filter, const MetadataStore& meta, const VectorStore& store) {
+  const auto rows_up_to = static_cast<std::size_t>(kRowsListFraction * static_cast<double>(store.size()));
+  return match_filter(filter, meta, store.live_bitmap(), rows_up_to, store.size() == store.slot_count());
+}
+
+void pad(std::int64_t* ids, float* dist, std::size_t from, std::size_t k) {
+  for (std::size_t j = from; j < k; ++j) {
+    ids[j] = -1;
+    dist[j] = std::numeric_limits<float>::infinity();
+  }
+}
+
+// Merges two ascending result lists into the k best.
+std::vector<Scored> merge_topk(std::vector<Scored> a, const std::vector<Scored>& b, std::size_t k) {
+  if (b.empty()) return a;
+  std::vector<Scored> out;
+  out.reserve(std::min(k, a.size() + b.size()));
+  std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  if (out.size() > k) out.resize(k);
+  return out;
+}
+
+}  // namespace
+
+Strategy Index::choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const {
+  return kbcore::choose_strategy(graph_ != nullptr, passing, live, ef, evals_.per_ef());
+}
+
+std::vector<float> Index::prepare_queries(const float* queries, std::size_t nq, std::size_t k,
+                                          const FilterNode* filter) const {
+  if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  if (filter != nullptr) validate_filter(*filter);
+  const std::size_t dim = config_.dim;
+  std::vector<float> prepared(nq * dim);
+  for (std::size_t i = 0; i < nq; ++i) {
+    float* out = prepared.data() + i * dim;
+    std::memcpy(out, queries + i * dim, dim * sizeof(float));
+    if (!all_finite(out, dim)) throw InvalidArgument("query contains NaN or infinity");
+    if (config_.metric == Metric::kCosine && !normalise(out, dim)) {
+      throw InvalidArgument("query is all zeros and has no direction under the cosine metric");
+    }
+  }
+  return prepared;
+}
+
+std::vector<Scored> Index::merge_pending(std::vector<Scored> res, const float* q, const Bitmap* allowed,
+                                         std::size_t keep) const {
+  const std::vector<Slot>& pending = graph_->pending();
+  if (pending.empty()) return res;
+  const std::vector<Slot>* rows = &pending;
+  std::vector<Slot> passing;
+  if (allowed != nullptr) {
+    for (Slot s : pending) {
+      if (allowed->test(s)) passing.push_back(s);
+    }
+    rows = &passing;
+  }
+  const std::size_t take = std::min(keep, rows->size());
+  return merge_topk(std::move(res), scan_slots(store_, config_.metric, q, *rows, take), keep);
+}
+
+std::vector<Slot> Index::candidate_rows(const Bitmap* allowed, std::size_t passing) const {
+  std::vector<Slot> rows;
+  rows.reserve(passing);
+  (allowed != nullptr ? *allowed : store_.live_bitmap()).for_each([&](Slot s) { rows.push_back(s); });
+  return rows;
+}
+
+void Index::search(const float* queries, std::size_t nq, const SearchParams& p, std::int64_t* out_ids,
+                   float* out_dist) const {
+  const std::size_t k = p.k;
+  const std::vector<float> prepared = prepare_queries(queries, nq, k, p.filter);
+  const std::size_t dim = config_.dim;
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  const std::size_t ef = p.ef == 0 ? config_.ef_search : p.ef;
+  const auto write = [&](std::size_t qi, const std::vector<Scored>& res) {
+    std::int64_t* ids = out_ids + qi * k;
+    float* dist = out_dist + qi * k;
+    const std::size_t m = std::min(k, res.size());
+    for (std::size_t j = 0; j < m; ++j) {
+      ids[j] = store_.id_of(res[j].slot);
+      dist[j] = res[j].dist;
+    }
+    pad(ids, dist, m, k);
+  };
+  if (store_.size() == 0) {
+    for (std::size_t qi = 0; qi < nq; ++qi) pad(out_ids + qi * k, out_dist + qi * k, 0, k);
+    return;
+  }
+  if (p.filter != nullptr) {
+    FilterMatches matches = match_for_search(*p.filter, meta_, store_);
+    const std::size_t passing = matches.count;
+    const Strategy strategy = !graph_                      ? Strategy::kExact
+                              : p.force != Strategy::kAuto ? p.force
+                                                           : choose_strategy(passing, store_.size(), std::max(ef, k));
+    // The graph traversals test the bitmap; the exact scan reads the list of passing rows.
+    if (strategy != Strategy::kExact) matches.ensure_bitmap();
+    const Bitmap& allowed = matches.bitmap;
+    std::once_flag rows_once;
+    const auto passing_rows = [&]() -> const std::vector<Slot>& {
+      std::call_once(rows_once, [&] { matches.ensure_rows(); });
+      return matches.rows;
+    };
+    const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
+    // A graph answer is completed with the exact scan of rows not linked yet; a traversal
+    // that could not reach k passing rows is replaced by the exact answer.
+    const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
+      res = merge_pending(std::move(res), q, &allowed, k);
+      if (res.size() >= std::min(k, passing)) {
+        write(qi, res);
+      } else {
+        write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+      }
+    };
+    parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
+      const float* q = prepared.data() + qi * dim;
+      if (strategy == Strategy::kTwoHop) {
+        // Per query: where the passing rows are scarce around the query itself (the filter
+        // is anti-correlated with it), a filtered walk must cross long failing stretches and
+        // loses recall; the exact scan is used instead. The cost model chose the graph, so
+        // this is the exception, measured per query in O(M^2).
+        if (p.force == Strategy::kAuto && graph_->local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
+          write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+          return;
+        }
+        finish_graph(qi, q, graph_->search_filtered(q, k, ef, allowed));
+        return;
+      }
+      if (strategy == Strategy::kFilteredWalk) {
+        finish_graph(qi, q, graph_->search_with(q, k, ef, [&allowed](Slot s) { return allowed.test(s); }));
+        return;
+      }
+      write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+    });
+    return;
+  }
+  if (graph_) {
+    std::atomic<std::uint64_t> evals{0};
+    parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
+      std::size_t e = 0;
+      const float* q = prepared.data() + qi * dim;
+      // Rows whose graph insertion is deferred are scanned exactly.
+      write(qi, merge_pending(graph_->search_with(q, k, ef, AcceptAll{}, &e), q, nullptr, k));
+      evals.fetch_add(e, std::memory_order_relaxed);
+    });
+    evals_.record(evals.load(), nq, std::max(ef, k));
+    return;
+  }
+  // Exact: each worker scans for a contiguous group of queries so that row blocks are shared.
+  const std::size_t workers = resolve_threads(p.threads, nq);
+  const std::size_t per = (nq + workers - 1) / workers;
+  parallel_for(workers, workers, [&](std::size_t w, std::size_t) {
+    const std::size_t begin = w * per;
+    const std::size_t end = std::min(nq, begin + per);
+    if (begin >= end) return;
+    auto res = flat_search(store_, config_.metric, prepared.data() + begin * dim, end - begin, k, AcceptAll{});
+    for (std::size_t i = 0; i < res.size(); ++i) write(begin + i, res[i]);
+  });
+}
+
+std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::size_t nq, const GroupParams& p) const {
+  const std::size_t k = p.k;
+  if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  if (p.group_size == 0) throw InvalidArgument("group_size must be positive, got 0");
+  const std::vector<float> prepared = prepare_queries(queries, nq, k, p.filter);
+  const std::size_t dim = config_.dim;
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::vector<GroupPage> out(nq);
+  if (store_.size() == 0) return out;
+  const Field* field = meta_.field(p.group_by);
+  if (field == nullptr || field->present == 0) {
+    throw InvalidArgument("group_by field '" + p.group_by + "' is not present in any stored row");
+  }
+  field->ensure_index();
+  const std::size_t ef = std::max(p.ef == 0 ? config_.ef_search : p.ef, k * p.group_size);
+
+  Bitmap allowed;
+  std::size_t passing = store_.size();
+  if (p.filter != nullptr) {
+    allowed = evaluate_filter(*p.filter, meta_, store_.live_bitmap());
+    passing = allowed.count();
+  }
+  const Bitmap* allowed_or_all = p.filter != nullptr ? &allowed : nullptr;
+  Strategy strategy = Strategy::kExact;
+  if (graph_) {
+    strategy = p.force != Strategy::kAuto ? p.force
+               : p.filter != nullptr      ? choose_strategy(passing, store_.size(), ef)
+                                          : Strategy::kTwoHop;
+    // Grouped search has one traversal (search_expanding), which scores passing rows only.
+    if (strategy == Strategy::kFilteredWalk) strategy = Strategy::kTwoHop;
+  }
+  // Slots to ids and group ordinals to keys, copied out under the lock (the caller builds
+  // its objects after the lock is released).
+  const auto convert = [&](const GroupedSlots& groups, GroupPage& page) {
+    const std::size_t ng = groups.size();
+    page.key_kinds.resize(ng);
+    page.key_ints.resize(ng);
+    page.key_str_end.resize(ng);
+    page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
+    page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
+    for (std::size_t g = 0; g < ng; ++g) {
+      const auto& key = field->group_keys[groups.ordinals[g]];
+      page.key_kinds[g] = static_cast<ValueKind>(key.first);
+      if (page.key_kinds[g] == ValueKind::kInt) {
+        page.key_ints[g] = key.second;
+      } else {
+        page.key_ints[g] = 0;
+        page.key_chars += meta_.dict().str(static_cast<std::uint32_t>(key.second));
+      }
+      page.key_str_end[g] = page.key_chars.size();
+    }
+    page.ids.resize(groups.best.size());
+    page.distances.resize(groups.best.size());
+    for (std::size_t i = 0; i < groups.best.size(); ++i) {
+      page.ids[i] = store_.id_of(groups.best[i].slot);
+      page.distances[i] = groups.best[i].dist;
+    }
+    page.part_ids.resize(groups.parts.size());
+    for (std::size_t i = 0; i < groups.parts.size(); ++i) page.part_ids[i] = store_.id_of(groups.parts[i]);
+  };
+  // The rows of the exact path, gathered once: up front for the exact strategy, on the first
+  // query that needs them for the graph (its fallback).
+  std::vector<Slot> rows;
+  std::once_flag rows_once;
+  const auto all_rows = [&]() -> const std::vector<Slot>& {
+    std::call_once(rows_once, [&] { rows = candidate_rows(allowed_or_all, passing); });
+    return rows;
+  };
+  if (strategy == Strategy::kExact) all_rows();
+  parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
+    const float* q = prepared.data() + qi * dim;
+    GroupedSlots& groups = search_scratch().groups;  // per thread, reused across queries
+    if (strategy == Strategy::kTwoHop) {
+      // The candidate list in any order: counting distinct groups needs no sort.
+      const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
+      std::vector<Scored> res = graph_->search_expanding(q, ef, allowed_or_all, enough);
+      res = merge_pending(std::move(res), q, allowed_or_all, std::numeric_limits<std::size_t>::max());
+      collapse_sorted(res, *field, k, p.group_size, groups);
+      if (groups.size() >= k) {
+        convert(groups, out[qi]);
+        return;
+      }
+      // The traversal ran out of reachable candidates before k groups: never return a short
+      // page when more groups may exist; answer this query exactly instead.
+    }
+    const std::vector<Slot>& scan = all_rows();
+    std::vector<float> d(scan.size());
+    score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
+    collapse_exact(scan, d, *field, k, p.group_size, groups);
+    convert(groups, out[qi]);
+  });
+  return out;
+}
+
+std::vector<std::pair<std::int64_t, float>> Index::search_text(const std::string& query, std::size_t k,
+                                                               const FilterNode* filter, const Bm25Stats* stats) const {
+  if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  if (filter != nullptr) validate_filter(*filter);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  Bitmap allowed;
+  if (filter != nullptr) allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
+  const std::vector<Scored> res = text_.search(query, k, filter != nullptr ? &allowed : nullptr, stats);
+  std::vector<std::pair<std::int64_t, float>> out;
+  out.reserve(res.size());
+  for (const Scored& s : res) out.emplace_back(store_.id_of(s.slot), -s.dist);
+  return out;
+}
+
+std::size_t Index::count(const FilterNode& filter) const {
+  validate_filter(filter);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  // The very evaluation a filtered search runs, so that timing count() times a search's filter.
+  return match_for_search(filter, meta_, store_).count;
+}
+
+}  // namespace kbcore

@@ -1,0 +1,31 @@
+#pragma once
+// The per-thread scratch of every search: the buffers a search reuses so that it allocates
+// nothing in steady state. One instance per thread, reached through search_scratch(), an
+// out-of-line call: a search then holds a plain reference, where a thread_local named in its
+// hot loop is re-resolved (a __tls_get_addr call in a shared library) at nearly every use.
+// Each member belongs to one function, none of which is reentrant on one thread.
+#include <cstdint>
+#include <vector>
+
+#include "grouping.h"
+#include "slot.h"
+#include "topk.h"
+
+namespace kbcore {
+
+struct SearchScratch {
+  std::vector<Scored> layer_candidates;    // HnswIndex::search_layer: the frontier (a min-heap)
+  std::vector<std::uint32_t> layer_links;  // HnswIndex::search_layer: a list copied under its lock
+  std::vector<Scored> expand_candidates;   // HnswIndex::search_expanding: the frontier
+  std::vector<Scored> expand_deferred;     // ... nodes scored but not admitted yet
+  std::vector<Scored> expand_again;        // ... the deferred nodes being re-offered
+  detail::GroupingScratch grouping;        // collapse_sorted, count_groups, collapse_exact
+  GroupedSlots groups;                     // Index::search_groups: one query's groups
+  std::vector<float> bm25_acc;             // Bm25Index::search: score per slot, 0 = untouched
+  std::vector<Slot> bm25_touched;          // Bm25Index::search: the slots with a score
+};
+
+/// This thread's SearchScratch.
+SearchScratch& search_scratch();
+
+}  // namespace kbcore

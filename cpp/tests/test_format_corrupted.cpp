@@ -1,0 +1,393 @@
+// Crafted index files whose checksum is RECOMPUTED, so that they get past the checksum and
+// reach the structural validation of Index::load, HnswIndex::load, MetadataStore::load and
+// Bm25Index::load. Every structural field of a real saved file (counts, slots, levels, link
+// targets, flags, metadata and BM25 records) is set to hostile values in turn: each file must
+// be rejected with FormatError or load into an index that works and saves back to the same
+// bytes. Never a crash (these run under ASan + UBSan), never another exception.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "binary_io.h"
+#include "errors.h"
+#include "index.h"
+#include "test_util.h"
+
+using namespace kbcore_test;
+
+namespace {
+
+constexpr std::size_t kHeader = 32;
+
+/// A file name in memory-backed storage if the system has it (every accepted crafted file is
+/// saved again, and save() fsyncs), else in the working directory.
+std::string scratch(const std::string& name) {
+  const std::string shm = "/dev/shm/" + name;
+  if (std::FILE* f = std::fopen(shm.c_str(), "wb")) {
+    std::fclose(f);
+    return shm;
+  }
+  return name;
+}
+
+struct FieldAt {
+  std::string name;
+  std::size_t offset;
+  std::size_t size;  // 1, 4 or 8
+  bool is_float;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::uint64_t get(const std::string& b, std::size_t at, std::size_t size) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < size; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[at + i])) << (8 * i);
+  return v;
+}
+void put(std::string& b, std::size_t at, std::size_t size, std::uint64_t v) {
+  for (std::size_t i = 0; i < size; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+}
+
+/// The payload checksum recomputed, as BinaryWriter::commit writes it.
+void reseal(std::string& b) {
+  put(b, 16, 8, b.size() - kHeader);
+  put(b, 24, 8, kbcore::checksum64(b.data() + kHeader, b.size() - kHeader));
+}
+
+/// Every structural field of a file written by Index::save (the layout of the save()s).
+std::vector<FieldAt> parse(const std::string& b) {
+  std::vector<FieldAt> out;
+  std::size_t pos = kHeader;
+  const auto take = [&](const std::string& name, std::size_t size, bool is_float = false) {
+    out.push_back({name, pos, size, is_float});
+    const std::uint64_t v = get(b, pos, size);
+    pos += size;
+    return v;
+  };
+  const auto dim = take("dim", 8);
+  take("metric", 1);
+  const auto kind = take("kind", 1);
+  take("ef_search", 8);
+  const auto m = take("M", 8);
+  take("ef_construction", 8);
+  take("seed", 8);
+  const auto n = take("slots", 8);
+  for (std::uint64_t s = 0; s < n; ++s) take("id", 8);
+  for (std::uint64_t s = 0; s < n; ++s) take("live", 1);
+  for (std::uint64_t s = 0; s < n; ++s) {
+    take("vector", 4, true);
+    pos += 4 * (dim - 1);
+  }
+  if (kind == 0) {
+    take("graph.M", 8);
+    take("graph.ef_construction", 8);
+    take("graph.seed", 8);
+    take("graph.entry", 4);
+    take("graph.levels_plus_1", 4);
+    take("graph.slots", 8);
+    std::vector<std::uint64_t> levels;
+    for (std::uint64_t s = 0; s < n; ++s) levels.push_back(take("graph.level", 1));
+    for (std::uint64_t s = 0; s < n; ++s) {
+      take("graph.links0.count", 4);
+      for (std::uint64_t j = 0; j < 2 * m; ++j) take("graph.links0.target", 4);
+    }
+    for (std::uint64_t s = 0; s < n; ++s) {
+      for (std::uint64_t l = 0; l < levels[s]; ++l) {
+        take("graph.upper.count", 4);
+        for (std::uint64_t j = 0; j < m; ++j) take("graph.upper.target", 4);
+      }
+    }
+    for (std::uint64_t s = 0; s < n; ++s) take("graph.pending", 1);
+  }
+  const auto str = [&](const std::string& name) {
+    const auto len = take(name + ".len", 8);
+    if (len > 0) take(name + ".byte0", 1);
+    if (len > 1) pos += len - 1;
+  };
+  const auto fields = take("meta.fields", 8);
+  for (std::uint64_t f = 0; f < fields; ++f) {
+    str("meta.name");
+    const auto present = take("meta.present", 8);
+    for (std::uint64_t e = 0; e < present; ++e) {
+      take("meta.slot", 4);
+      const auto vk = take("meta.kind", 1);
+      if (vk == 4) {
+        str("meta.str");
+      } else if (vk == 5) {
+        const auto len = take("meta.list.len", 8);
+        for (std::uint64_t j = 0; j < len; ++j) str("meta.list.str");
+      } else {
+        take(vk == 2 ? "meta.float" : "meta.value", 8, false);
+      }
+    }
+  }
+  take("bm25.k1", 4, true);
+  take("bm25.b", 4, true);
+  const auto terms = take("bm25.terms", 8);
+  for (std::uint64_t t = 0; t < terms; ++t) pos += take("bm25.term.len", 8);
+  const auto docs = take("bm25.docs", 8);
+  for (std::uint64_t d = 0; d < docs; ++d) {
+    take("bm25.doc.slot", 4);
+    take("bm25.doc.len", 4);
+    const auto nt = take("bm25.doc.terms", 8);
+    for (std::uint64_t j = 0; j < nt; ++j) {
+      take("bm25.doc.term", 4);
+      take("bm25.doc.tf", 4);
+    }
+  }
+  CHECK(pos == b.size());  // the parser saw every byte
+  return out;
+}
+
+/// A small hnsw index (M = 2, so upper levels exist) with removals, pending rows, metadata of
+/// every kind and texts, saved to path.
+void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric metric) {
+  const std::size_t n = 40, dim = 4;
+  kbcore::IndexConfig c = config(dim, kind);
+  c.metric = metric;
+  c.hnsw.M = 2;
+  c.hnsw.ef_construction = 8;
+  kbcore::Index index(c);
+  const auto x = clustered(n, dim, 41);
+  std::vector<std::int64_t> ids(n), ints(n);
+  std::vector<double> floats(n);
+  std::vector<std::uint8_t> valid(n, 1), bools(n);
+  std::string chars;
+  std::vector<std::int64_t> str_off = {0}, list_off = {0}, list_str_off = {0};
+  std::string list_chars;
+  std::vector<std::optional<std::string>> texts(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<std::int64_t>(i);
+    ints[i] = static_cast<std::int64_t>(i % 3);
+    floats[i] = static_cast<double>(i) / 7;
+    bools[i] = i % 2;
+    chars += "d" + std::to_string(i % 5);
+    str_off.push_back(static_cast<std::int64_t>(chars.size()));
+    for (std::size_t j = 0; j < i % 3; ++j) {
+      list_chars += j ? "\xC3\xA9" : "a";
+      list_str_off.push_back(static_cast<std::int64_t>(list_chars.size()));
+    }
+    list_off.push_back(static_cast<std::int64_t>(list_str_off.size() - 1));
+    if (i % 3) texts[i] = "word" + std::to_string(i % 4) + " common text" + std::to_string(i % 7);
+  }
+  kbcore::ColumnInput ci = int_column("n", ints, valid), cf, cb, cs, cl;
+  cf.name = "x";
+  cf.kind = kbcore::ValueKind::kFloat;
+  cf.valid = valid.data();
+  cf.floats = floats.data();
+  cb.name = "ok";
+  cb.kind = kbcore::ValueKind::kBool;
+  cb.valid = valid.data();
+  cb.bools = bools.data();
+  cs.name = "doc";
+  cs.kind = kbcore::ValueKind::kStr;
+  cs.valid = valid.data();
+  cs.offsets = str_off.data();
+  cs.data = reinterpret_cast<const std::uint8_t*>(chars.data());
+  cs.data_len = chars.size();
+  cl.name = "tags";
+  cl.kind = kbcore::ValueKind::kStrList;
+  cl.valid = valid.data();
+  cl.list_offsets = list_off.data();
+  cl.offsets = list_str_off.data();
+  cl.n_strings = list_str_off.size() - 1;
+  cl.data = reinterpret_cast<const std::uint8_t*>(list_chars.data());
+  cl.data_len = list_chars.size();
+  const std::vector<kbcore::ColumnInput> cols = {cs, ci, cf, cb, cl};
+  // Rows 30.. go in a second batch (deferred for hnsw: pending rows); then two removals.
+  std::vector<kbcore::ColumnInput> first = cols, second = cols;
+  std::vector<std::optional<std::string>> t1(texts.begin(), texts.begin() + 30);
+  index.add(x.data(), ids.data(), 30, 1, first, &t1);
+  for (auto* col : {&second[0], &second[1], &second[2], &second[3], &second[4]}) {
+    col->valid += 30;
+    if (col->ints) col->ints += 30;
+    if (col->floats) col->floats += 30;
+    if (col->bools) col->bools += 30;
+    if (col->kind == kbcore::ValueKind::kStr) col->offsets += 30;
+    if (col->kind == kbcore::ValueKind::kStrList) col->list_offsets += 30;
+  }
+  // Offsets of a later batch must start at 0: rebase the str and list columns.
+  std::vector<std::int64_t> s2(str_off.begin() + 30, str_off.end()), l2(list_off.begin() + 30, list_off.end());
+  for (auto& v : s2) v -= str_off[30];
+  second[0].offsets = s2.data();
+  second[0].data = reinterpret_cast<const std::uint8_t*>(chars.data()) + str_off[30];
+  second[0].data_len = chars.size() - static_cast<std::size_t>(str_off[30]);
+  std::vector<std::int64_t> ls2(list_str_off.begin() + list_off[30], list_str_off.end());
+  for (auto& v : ls2) v -= list_str_off[static_cast<std::size_t>(list_off[30])];
+  for (auto& v : l2) v -= list_off[30];
+  second[4].list_offsets = l2.data();
+  second[4].offsets = ls2.data();
+  second[4].n_strings = ls2.size() - 1;
+  second[4].data =
+      reinterpret_cast<const std::uint8_t*>(list_chars.data()) + list_str_off[static_cast<std::size_t>(list_off[30])];
+  second[4].data_len =
+      list_chars.size() - static_cast<std::size_t>(list_str_off[static_cast<std::size_t>(list_off[30])]);
+  std::vector<std::optional<std::string>> t2(texts.begin() + 30, texts.end());
+  index.add(x.data() + 30 * dim, ids.data() + 30, n - 30, 1, second, &t2, kind == kbcore::IndexKind::kHnsw);
+  const std::int64_t gone[] = {3, 11};  // slots 3 and 11 become free
+  index.remove(gone, 2, 1);
+  index.save(path);
+}
+
+enum class Outcome { kRejected, kAccepted };
+
+/// Loads a crafted file; an accepted one must search, return its metadata and save back to
+/// the same bytes. Anything else fails the test.
+Outcome load_and_use(const std::string& path, const std::string& bytes) {
+  std::unique_ptr<kbcore::Index> index;
+  try {
+    index = kbcore::Index::load(path);
+  } catch (const kbcore::FormatError&) {
+    return Outcome::kRejected;
+  }
+  const std::vector<float> q(index->dim(), 0.5f);
+  std::vector<std::int64_t> out(5);
+  std::vector<float> d(5);
+  index->search(q.data(), 1, params(5, 0, 1), out.data(), d.data());
+  const auto ids = index->ids();
+  index->get_metadata(ids.data(), ids.size());
+  index->search_text("word1 common", 5);
+  // A crafted field name may leave no field "n": that is an InvalidArgument, not a defect.
+  if (!ids.empty() &&
+      !throws<kbcore::InvalidArgument>([&] { index->search_groups(q.data(), 1, group_params(3, "n", 2, 0, 1)); })) {
+    index->search_groups(q.data(), 1, group_params(3, "n", 2, 0, 1));
+  }
+  const std::string again = path + ".again";
+  index->save(again);
+  CHECK(read_file(again) == bytes);
+  std::remove(again.c_str());
+  if (!ids.empty()) {
+    index->remove(ids.data(), 1, 1);
+    index->search(q.data(), 1, params(5, 0, 1), out.data(), d.data());
+  }
+  return Outcome::kAccepted;
+}
+
+}  // namespace
+
+KBCORE_TEST(every_structural_field_set_to_hostile_values_is_rejected_or_harmless) {
+  const std::string victim = scratch("kbcore_test_victim.kbi"), crafted = scratch("kbcore_test_crafted.kbi");
+  std::size_t tried = 0, rejected = 0;
+  for (auto kind : {kbcore::IndexKind::kHnsw, kbcore::IndexKind::kFlat}) {
+    save_victim(victim, kind, kbcore::Metric::kL2);
+    const std::string good = read_file(victim);
+    std::string sealed = good;
+    reseal(sealed);
+    CHECK(sealed == good);  // the recomputed checksum is the one save() wrote
+    CHECK(load_and_use(victim, good) == Outcome::kAccepted);
+    const std::vector<FieldAt> fields = parse(good);
+    const std::uint64_t n = get(good, fields[7].offset, 8);
+    for (const FieldAt& f : fields) {
+      const std::uint64_t v = get(good, f.offset, f.size);
+      const std::uint64_t max = f.size == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * f.size)) - 1;
+      std::vector<std::uint64_t> values = {0, 1, v - 1, v + 1, n, max, max / 2 + 1};
+      if (f.is_float) {
+        std::uint32_t nan, inf;
+        const float fnan = std::numeric_limits<float>::quiet_NaN(), finf = std::numeric_limits<float>::infinity();
+        std::memcpy(&nan, &fnan, 4);
+        std::memcpy(&inf, &finf, 4);
+        values = {nan, inf, inf | 0x80000000u, 0};
+      }
+      for (std::uint64_t nv : values) {
+        nv &= max;
+        if (nv == v) continue;
+        std::string bytes = good;
+        put(bytes, f.offset, f.size, nv);
+        reseal(bytes);
+        write_file(crafted, bytes);
+        ++tried;
+        try {
+          rejected += load_and_use(crafted, bytes) == Outcome::kRejected ? 1 : 0;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "  field %s at %zu: %llu -> %llu: %s\n", f.name.c_str(), f.offset,
+                       static_cast<unsigned long long>(v), static_cast<unsigned long long>(nv), e.what());
+          throw;
+        }
+      }
+    }
+  }
+  std::printf("  %zu crafted files, %zu rejected with FormatError\n", tried, rejected);
+  CHECK(tried > 3000);
+  CHECK(rejected > tried / 2);
+  std::remove(victim.c_str());
+  std::remove(crafted.c_str());
+}
+
+KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
+  const std::string victim = scratch("kbcore_test_victim2.kbi"), crafted = scratch("kbcore_test_crafted2.kbi");
+  save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kCosine);
+  const std::string good = read_file(victim);
+  const std::vector<FieldAt> fields = parse(good);
+  const auto first = [&](const std::string& name, std::size_t skip = 0) -> const FieldAt& {
+    for (const FieldAt& f : fields) {
+      if (f.name == name && skip-- == 0) return f;
+    }
+    throw std::runtime_error("no field " + name);
+  };
+  const auto rejected = [&](const FieldAt& f, std::uint64_t value) {
+    std::string bytes = good;
+    put(bytes, f.offset, f.size, value);
+    reseal(bytes);
+    write_file(crafted, bytes);
+    return throws<kbcore::FormatError>([&] { kbcore::Index::load(crafted); });
+  };
+  const std::uint64_t n = get(good, first("slots").offset, 8);
+  // An upper-level link to a node without that level (it crashed search: a null list).
+  std::size_t up = 0;
+  std::vector<std::uint64_t> levels;
+  for (std::uint64_t s = 0; s < n; ++s) levels.push_back(get(good, first("graph.level", s).offset, 1));
+  const FieldAt& upper_count = first("graph.upper.count");
+  CHECK(get(good, upper_count.offset, 4) >= 1);
+  const FieldAt& upper_target = first("graph.upper.target");
+  for (std::uint64_t s = 0; s < n; ++s) {
+    if (levels[s] == 0 && get(good, first("live", s).offset, 1) == 1 &&
+        get(good, first("graph.pending", s).offset, 1) == 0)
+      up = s;
+  }
+  CHECK(rejected(upper_target, up));
+  CHECK(rejected(upper_count, 3));                   // more than M links
+  CHECK(rejected(first("graph.links0.target"), n));  // a link past the slots
+  CHECK(rejected(first("graph.links0.target"), 3));  // a link to a removed slot
+  CHECK(rejected(first("graph.links0.target"), 0));  // self-link (slot 0's own list)
+  CHECK(rejected(first("graph.links0.target", 1), get(good, first("graph.links0.target").offset, 4)));  // repeated
+  CHECK(rejected(first("graph.levels_plus_1"), 0x80000000u));  // a level count out of range
+  CHECK(rejected(first("graph.entry"), 3));                    // entry point on a removed slot
+  CHECK(rejected(first("graph.level", 3), 1));                 // a removed slot with a level
+  CHECK(rejected(first("graph.pending", 0), 1));               // a linked node flagged pending
+  CHECK(rejected(first("graph.pending", 0), 2));
+  CHECK(rejected(first("live", 0), 2));
+  CHECK(rejected(first("id", 1), get(good, first("id", 0).offset, 8)));             // a repeated id
+  CHECK(rejected(first("id", 2), ~std::uint64_t{0}));                               // the reserved id -1
+  CHECK(rejected(first("vector", 5), 0x7FC00000u));                                 // NaN
+  CHECK(rejected(first("meta.slot", 1), get(good, first("meta.slot").offset, 4)));  // repeated row
+  CHECK(rejected(first("meta.slot"), 3));                                           // metadata of a removed slot
+  CHECK(rejected(first("meta.kind"), 0));
+  CHECK(rejected(first("meta.kind"), 9));
+  CHECK(rejected(first("meta.str.byte0"), 0xFF));  // invalid UTF-8
+  CHECK(rejected(first("meta.name.byte0"), 0xC3));
+  CHECK(rejected(first("meta.present"), get(good, first("meta.present").offset, 8) + 1));
+  CHECK(rejected(first("meta.float"), 0x7FF0000000000000ull));  // infinity
+  CHECK(rejected(first("bm25.k1"), 0x7F800000u));
+  CHECK(rejected(first("bm25.doc.slot"), get(good, first("bm25.doc.slot", 1).offset, 4) + 1));  // out of order
+  CHECK(rejected(first("bm25.doc.len"), 0));
+  CHECK(rejected(first("bm25.doc.tf"), 0));
+  CHECK(rejected(first("bm25.doc.term"), 1u << 30));
+  CHECK(rejected(first("bm25.terms"), get(good, first("bm25.terms").offset, 8) + 1));
+  std::remove(victim.c_str());
+  std::remove(crafted.c_str());
+}

@@ -1,0 +1,82 @@
+// HNSW through Index: recall against brute force, removal, save/load, and bad input.
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "errors.h"
+#include "index.h"
+#include "test_util.h"
+
+using namespace kbcore_test;
+
+KBCORE_TEST(hnsw_recall_delete_and_reload) {
+  const std::size_t n = 1500, dim = 24, k = 10;
+  auto x = clustered(n, dim, 7);
+  std::vector<std::int64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i * 3 + 1);
+  kbcore::Index index(config(dim, kbcore::IndexKind::kHnsw));
+  index.add(x.data(), ids.data(), n, 2);
+  CHECK(index.size() == n);
+  auto q = clustered(50, dim, 8);
+  std::vector<std::int64_t> out_ids(50 * k);
+  std::vector<float> out_d(50 * k);
+  index.search(q.data(), 50, params(k, 0, 2), out_ids.data(), out_d.data());
+  double r = 0;
+  for (std::size_t i = 0; i < 50; ++i) {
+    std::vector<std::int64_t> got(out_ids.begin() + i * k, out_ids.begin() + (i + 1) * k);
+    r += recall(got, exact_topk(x, ids, q.data() + i * dim, dim, k));
+  }
+  CHECK(r / 50 > 0.9);
+  // Remove a third; removed ids never come back; the rest stays findable.
+  std::vector<std::int64_t> gone;
+  for (std::size_t i = 0; i < n; i += 3) gone.push_back(ids[i]);
+  index.remove(gone.data(), gone.size(), 2);
+  CHECK(index.size() == n - gone.size());
+  index.search(q.data(), 50, params(k, 0, 1), out_ids.data(), out_d.data());
+  std::set<std::int64_t> gone_set(gone.begin(), gone.end());
+  for (auto id : out_ids) CHECK(!gone_set.count(id));
+  CHECK(throws<kbcore::NotFound>([&] { index.remove(gone.data(), 1, 1); }));
+  // Save, reload, same answers.
+  const std::string path = "kbcore_test_index.bin";
+  index.save(path);
+  auto loaded = kbcore::Index::load(path);
+  std::vector<std::int64_t> ids2(50 * k);
+  std::vector<float> d2(50 * k);
+  loaded->search(q.data(), 50, params(k, 0, 1), ids2.data(), d2.data());
+  CHECK(ids2 == out_ids);
+  // Truncations and a flipped byte are FormatErrors, never crashes.
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  for (std::size_t cut : {std::size_t{0}, std::size_t{5}, std::size_t{20}, bytes.size() / 2, bytes.size() - 1}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(cut));
+    CHECK(throws<kbcore::FormatError>([&] { kbcore::Index::load(path); }));
+  }
+  std::string flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x40;
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
+  CHECK(throws<kbcore::FormatError>([&] { kbcore::Index::load(path); }));
+  std::remove(path.c_str());
+}
+
+KBCORE_TEST(bad_input_changes_nothing) {
+  kbcore::Index index(config(4, kbcore::IndexKind::kHnsw));
+  std::vector<float> v = {1, 2, 3, 4, 5, 6, 7, NAN};
+  std::vector<std::int64_t> ids = {1, 2};
+  CHECK(throws<kbcore::InvalidArgument>([&] { index.add(v.data(), ids.data(), 2, 1); }));
+  CHECK(index.size() == 0);
+  v[7] = 8;
+  ids[1] = 1;
+  CHECK(throws<kbcore::InvalidArgument>([&] { index.add(v.data(), ids.data(), 2, 1); }));
+  CHECK(index.size() == 0);
+  std::vector<std::int64_t> out(3);
+  std::vector<float> d(3);
+  index.search(v.data(), 1, params(3, 0, 1), out.data(), d.data());
+  CHECK(out[0] == -1 && std::isinf(d[0]));
+}
