@@ -161,6 +161,10 @@ class ShardedIndex:
     ``ShardedIndex`` are serialised. Only one ``ShardedIndex`` may write a ``path`` at a time.
     """
 
+    #: The descriptor of the owner lock a knowledge base holds on its shards' directory
+    #: (set and released by kbcore.engine.shards; None for a ShardedIndex used on its own).
+    _kb_owner_fd: int | None = None
+
     def __init__(
         self,
         dim: int,

@@ -187,8 +187,10 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     elif cfg["dim"] != vectors.shape[1]:
         raise InvalidArgumentError(
             f"vectors have dimension {vectors.shape[1]}, knowledge base {state.name!r} has {cfg['dim']}")
-    created = state.index is None
-    index = state.index if not created else new_index(cfg, cfg["dim"], state.path, fresh=True)
+    index = state.index
+    created = index is None
+    if index is None:
+        index = new_index(cfg, cfg["dim"], state.path, fresh=True)
     sharded = is_sharded(cfg)
     ids = np.arange(m["next_id"], m["next_id"] + n, dtype=np.int64)
     groups = np.arange(m["next_group"], m["next_group"] + ndocs, dtype=np.int64)
