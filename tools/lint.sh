@@ -24,7 +24,8 @@ python tools/check_core_stub.py
 
 if [ -f .clang-format ]; then
   echo "== clang-format --dry-run -Werror (cpp/, python/)"
-  CLANG_FORMAT="${CLANG_FORMAT:-$(command -v clang-format-14 || command -v clang-format || true)}"
+  # The lint extra's pinned clang-format (on PATH in the venv), else the system's.
+  CLANG_FORMAT="${CLANG_FORMAT:-$(command -v clang-format || command -v clang-format-14 || true)}"
   [ -n "$CLANG_FORMAT" ] || { echo "clang-format not found (apt-get install clang-format)" >&2; exit 1; }
   find cpp python \( -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cc' \) -print0 \
     | xargs -0 -r "$CLANG_FORMAT" --dry-run -Werror
