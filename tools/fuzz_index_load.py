@@ -331,7 +331,10 @@ def child_main() -> None:
         print(json.dumps(check_file(line.strip())), flush=True)
 
 
-_CHILD = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import fuzz_index_load; fuzz_index_load.child_main()"
+_CHILD = (
+    f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+    "import fuzz_index_load; fuzz_index_load.child_main()"
+)
 
 
 def regression_files(seed: bytes) -> dict[str, bytes]:
