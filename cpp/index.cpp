@@ -11,6 +11,7 @@
 #include "binary_io.h"
 #include "errors.h"
 #include "flat_index.h"
+#include "hnsw_sq8.h"
 #include "parallel.h"
 
 namespace kbcore {
@@ -89,6 +90,12 @@ IndexKind parse_kind(const std::string& name) {
   throw InvalidArgument("unknown index kind '" + name + "'; expected 'hnsw' or 'flat'");
 }
 std::string kind_name(IndexKind k) { return k == IndexKind::kHnsw ? "hnsw" : "flat"; }
+Quantization parse_quantization(const std::string& name) {
+  if (name == "none") return Quantization::kNone;
+  if (name == "sq8") return Quantization::kSq8;
+  throw InvalidArgument("unknown quantization '" + name + "'; expected None or 'sq8'");
+}
+std::string quantization_name(Quantization q) { return q == Quantization::kSq8 ? "sq8" : "none"; }
 
 Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
   if (config.dim == 0 || config.dim > 65536) {
@@ -96,6 +103,13 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
   }
   if (config.ef_search == 0) throw InvalidArgument("ef must be positive");
   if (config.kind == IndexKind::kHnsw) graph_ = std::make_unique<HnswIndex>(store_, config.metric, config.hnsw);
+  if (config.quantization != Quantization::kNone) {
+    if (config.kind != IndexKind::kHnsw) {
+      throw InvalidArgument("quantization applies to kind 'hnsw' only (a flat index scans float32 rows exactly)");
+    }
+    codes_ = std::make_unique<Sq8Codes>(config.dim, config.metric);
+  }
+  if (config.rerank > (1u << 30)) throw InvalidArgument("rerank must be at most 2^30");
 }
 
 Index::~Index() = default;
@@ -179,6 +193,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   meta_.assign(slots, columns);
   text_.grow(store_.slot_count());
   if (text_batch) text_.set_batch(*text_batch, slots, threads);
+  if (codes_) update_codes_locked(slots, threads);
   if (graph_) {
     if (defer_graph) {
       graph_->add_pending(slots);
@@ -186,6 +201,49 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       graph_->insert_batch(slots, threads);
     }
   }
+}
+
+void Index::train_codes_locked(std::size_t threads) {
+  // A sample of at most kSample live rows, evenly spread over the slots, trains the ranges.
+  constexpr std::size_t kSample = 16384;
+  const std::size_t dim = config_.dim;
+  std::vector<Slot> live;
+  live.reserve(store_.size());
+  store_.live_bitmap().for_each([&](Slot s) { live.push_back(s); });
+  if (live.empty()) throw InvalidArgument("cannot train the quantizer of an empty index");
+  const std::size_t n = std::min(kSample, live.size());
+  std::vector<float> sample(n * dim);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Slot s = live[i * live.size() / n];
+    std::memcpy(sample.data() + i * dim, store_.vector(s), dim * sizeof(float));
+  }
+  codes_->train(sample.data(), n, n);
+  codes_->resize(store_.slot_count());
+  parallel_for(live.size(), threads, [&](std::size_t i, std::size_t) {
+    codes_->encode(live[i], store_.vector(live[i]));
+  }, 256);
+}
+
+void Index::update_codes_locked(const std::vector<Slot>& slots, std::size_t threads) {
+  if (!codes_->trained()) {
+    if (store_.size() >= kSq8TrainRows) train_codes_locked(threads);
+    return;
+  }
+  codes_->resize(store_.slot_count());
+  parallel_for(slots.size(), threads, [&](std::size_t i, std::size_t) {
+    codes_->encode(slots[i], store_.vector(slots[i]));
+  }, 256);
+}
+
+bool Index::quantizer_trained() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return search_codes() != nullptr;
+}
+
+void Index::retrain_quantizer(std::size_t threads) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  if (!codes_) throw InvalidArgument("this index has no quantization to retrain");
+  train_codes_locked(threads);
 }
 
 std::size_t Index::build_graph(std::size_t max_rows, std::size_t threads) {
@@ -318,6 +376,12 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
       return matches.rows;
     };
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
+    // The exact answer over the passing rows: on codes with an exact re-rank when quantized.
+    const Sq8Codes* codes = search_codes();
+    const auto exact = [&](const float* q, const std::vector<Slot>& rows) {
+      return codes ? scan_slots_sq8(store_, *codes, config_.metric, q, rows, k, rerank_depth(ef, k))
+                   : scan_slots(store_, config_.metric, q, rows, k);
+    };
     // A graph answer is completed with the exact scan of rows not linked yet; a traversal
     // that could not reach k passing rows is replaced by the exact answer.
     const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
@@ -331,7 +395,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
       if (res.size() >= std::min(k, passing)) {
         write(qi, res);
       } else {
-        write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+        write(qi, exact(q, passing_rows()));
       }
     };
     parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
@@ -342,7 +406,7 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
         // loses recall; the exact scan is used instead. The cost model chose the graph, so
         // this is the exception, measured per query in O(M^2).
         if (force == Strategy::kAuto && graph_->local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
-          write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+          write(qi, exact(q, passing_rows()));
           return;
         }
         std::vector<Scored> res = graph_->search_filtered(q, k, ef, allowed);
@@ -350,19 +414,24 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
         return;
       }
       if (strategy == Strategy::kWalk) {
-        finish_graph(qi, q, graph_->search_with(q, k, ef, [&allowed](Slot s) { return allowed.test(s); }));
+        const auto accept = [&allowed](Slot s) { return allowed.test(s); };
+        finish_graph(qi, q, codes ? HnswSq8Search::search(*graph_, *codes, q, k, ef, rerank_depth(ef, k), accept)
+                                  : graph_->search_with(q, k, ef, accept));
         return;
       }
-      write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+      write(qi, exact(q, passing_rows()));
     });
     return;
   }
   if (graph_) {
     std::atomic<std::uint64_t> evals{0};
+    const Sq8Codes* codes = search_codes();
     parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
       std::size_t e = 0;
       const float* q = prepared.data() + qi * dim;
-      std::vector<Scored> res = graph_->search_with(q, k, ef, AcceptAll{}, &e);
+      std::vector<Scored> res =
+          codes ? HnswSq8Search::search(*graph_, *codes, q, k, ef, rerank_depth(ef, k), AcceptAll{}, &e)
+                : graph_->search_with(q, k, ef, AcceptAll{}, &e);
       // Rows whose graph insertion is deferred are scanned exactly.
       if (!graph_->pending().empty()) {
         res = merge_topk(std::move(res), scan_slots(store_, config_.metric, q, graph_->pending(), k), k);
@@ -574,12 +643,12 @@ std::vector<std::int64_t> Index::ids() const {
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() +
-         text_.memory_bytes();
+         text_.memory_bytes() + (codes_ ? codes_->memory_bytes() : 0);
 }
 
 void Index::save(const std::string& path) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  BinaryWriter w(path, kMagic, kFormatVersion);
+  BinaryWriter w(path, kMagic, codes_ ? kFormatVersionQuantized : kFormatVersion);
   w.u64(config_.dim);
   w.u8(static_cast<std::uint8_t>(config_.metric));
   w.u8(static_cast<std::uint8_t>(config_.kind));
@@ -595,11 +664,17 @@ void Index::save(const std::string& path) const {
   if (graph_) graph_->save(w);
   meta_.save(w, store_);
   text_.save(w);
+  if (codes_) {
+    // Version 2 only: the quantization section (kind, re-rank depth, quantizer and codes).
+    w.u8(static_cast<std::uint8_t>(config_.quantization));
+    w.u64(config_.rerank);
+    codes_->save(w);
+  }
   w.commit();
 }
 
 std::unique_ptr<Index> Index::load(const std::string& path) {
-  BinaryReader r(path, kMagic, kFormatVersion);
+  BinaryReader r(path, kMagic, kFormatVersionQuantized);
   IndexConfig c;
   c.dim = r.u64();
   const std::uint8_t metric = r.u8();
@@ -638,6 +713,20 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
   }
   index->meta_.load(r, index->store_);
   index->text_.load(r, index->store_);
+  if (r.version() >= kFormatVersionQuantized) {
+    const std::uint8_t q = r.u8();
+    const std::uint64_t rerank = r.u64();
+    if (q != static_cast<std::uint8_t>(Quantization::kSq8)) r.fail("invalid quantization code " + std::to_string(q));
+    if (!index->graph_) r.fail("quantization section in a flat index");
+    if (rerank > (1u << 30)) r.fail("invalid re-rank depth " + std::to_string(rerank));
+    index->config_.quantization = Quantization::kSq8;
+    index->config_.rerank = rerank;
+    index->codes_ = std::make_unique<Sq8Codes>(c.dim, c.metric);
+    index->codes_->load(r);
+    if (index->codes_->trained() ? index->codes_->slot_count() != slots : index->store_.size() >= kSq8TrainRows) {
+      r.fail("sq8 section: code count does not match the rows");
+    }
+  }
   r.expect_end();
   return index;
 }

@@ -21,8 +21,18 @@ _FilterArg = tuple[Any, ...] | Filter
 
 class Index:
     def __init__(
-        self, dim: int, metric: str, kind: str, M: int, ef_construction: int, ef: int, seed: int
+        self,
+        dim: int,
+        metric: str,
+        kind: str,
+        M: int,
+        ef_construction: int,
+        ef: int,
+        seed: int,
+        quantization: str = ...,
+        rerank: int = ...,
     ) -> None: ...
+    def retrain_quantizer(self, threads: int) -> None: ...
     def add(
         self,
         vectors: npt.NDArray[np.float32],
@@ -75,6 +85,12 @@ class Index:
     def load(path: str) -> Index: ...
     @property
     def evals_per_ef(self) -> float: ...
+    @property
+    def quantization(self) -> str: ...
+    @property
+    def rerank(self) -> int: ...
+    @property
+    def quantizer_trained(self) -> bool: ...
     @property
     def dim(self) -> int: ...
     @property

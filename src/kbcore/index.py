@@ -17,9 +17,11 @@ __all__ = ["Index", "Group", "Metric", "Kind"]
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
+Quantization = Literal["sq8"]
 
 _METRICS = ("cosine", "ip", "l2")
 _KINDS = ("hnsw", "flat")
+_QUANTIZATIONS = ("sq8",)
 
 
 class Group(NamedTuple):
@@ -120,6 +122,14 @@ class Index:
     - ``ip``: ``1 - dot(a, b)`` (as hnswlib); vectors are stored as given.
     - ``l2``: squared Euclidean distance.
 
+    ``quantization="sq8"`` (hnsw only) stores an 8-bit code per dimension beside each float32
+    row and walks the graph on the codes, a quarter of the bytes per visited node; the best
+    ``rerank`` candidates (default: the whole candidate list of ``max(ef, k)``) are then
+    re-scored exactly from the float32 rows, so returned distances are exact. The codes are
+    trained (per-dimension min/max) when the index first holds 1,000 rows; before that a
+    quantized index searches the float32 rows. Values outside the trained range clip;
+    :meth:`retrain_quantizer` trains again from the rows stored now (see docs/quantization.md).
+
     Thread safety: searches (and other reads) may run from any number of threads at once;
     ``add`` and ``remove`` are exclusive: they wait for running searches and block new ones.
     Native work releases the GIL.
@@ -137,7 +147,11 @@ class Index:
         ef_construction: int = 200,
         ef: int = 64,
         seed: int = 42,
+        quantization: Quantization | None = None,
+        rerank: int | None = None,
     ) -> None:
+        """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
+        quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
         dim = _positive("dim", dim)
         if metric not in _METRICS:
             raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {_METRICS}")
@@ -150,7 +164,19 @@ class Index:
         ef = _positive("ef", ef)
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-        self._native = _core.Index(dim, metric, kind, M, ef_construction, ef, int(seed))
+        if quantization is not None and quantization not in _QUANTIZATIONS:
+            raise InvalidArgumentError(
+                f"unknown quantization {quantization!r}; expected None or one of {_QUANTIZATIONS}"
+            )
+        if quantization is not None and kind != "hnsw":
+            raise InvalidArgumentError("quantization applies to kind='hnsw' only")
+        if rerank is not None:
+            if quantization is None:
+                raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8')")
+            rerank = _positive("rerank", rerank)
+        self._native = _core.Index(
+            dim, metric, kind, M, ef_construction, ef, int(seed), quantization or "none", rerank or 0
+        )
         self._dim = int(self._native.dim)
 
     @classmethod
@@ -180,6 +206,31 @@ class Index:
     @property
     def ef_construction(self) -> int:
         return int(self._native.ef_construction)
+
+    @property
+    def quantization(self) -> Quantization | None:
+        """``"sq8"`` for a quantized index, else None."""
+        q = self._native.quantization
+        return None if q == "none" else q  # type: ignore[return-value]
+
+    @property
+    def rerank(self) -> int | None:
+        """Exact re-rank depth of a quantized search (None: the whole candidate list)."""
+        r = int(self._native.rerank)
+        return r if r > 0 else None
+
+    @property
+    def quantizer_trained(self) -> bool:
+        """True once a quantized index has trained its codes (at 1,000 rows)."""
+        return bool(self._native.quantizer_trained)
+
+    def retrain_quantizer(self, *, threads: int = 0) -> None:
+        """Trains the SQ8 ranges again from the rows stored now and re-encodes every row.
+
+        Use after the data drifted outside the trained range (such values clip). Raises
+        InvalidArgumentError for an index without quantization or without rows.
+        """
+        self._native.retrain_quantizer(_threads(threads))
 
     @property
     def ef(self) -> int:
@@ -386,7 +437,9 @@ class Index:
     def __repr__(self) -> str:
         return (
             f"kbcore.Index(dim={self.dim}, metric={self.metric!r}, kind={self.kind!r}, "
-            f"M={self.M}, ef_construction={self.ef_construction}, ef={self.ef}, size={len(self)})"
+            f"M={self.M}, ef_construction={self.ef_construction}, ef={self.ef}, "
+            + (f"quantization={self.quantization!r}, " if self.quantization else "")
+            + f"size={len(self)})"
         )
 
     # -- persistence --------------------------------------------------------------------
