@@ -172,7 +172,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         kb = engine.get_knowledge_base(args.kb)
     else:
         kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size,
-                                          chunk_overlap=args.chunk_overlap, index=args.index)
+                                          chunk_overlap=args.chunk_overlap, index=args.index,
+                                          quantization=args.quantization)
         print(f"created knowledge base {args.kb!r} in {engine.path}")
     if args.pipeline not in kb.pipelines:
         kb.create_pipeline(args.pipeline)
@@ -277,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
     ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
+    ing.add_argument("--quantization", default=None, choices=("sq8",),
+                     help="for a new hnsw knowledge base: walk the graph on 8-bit codes")
     ing.set_defaults(func=cmd_ingest)
 
     q = sub.add_parser("query", help="retrieve the chunks that best match a text")

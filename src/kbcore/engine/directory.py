@@ -82,14 +82,15 @@ class Engine:
         search_type: str = "vector",
         fusion: str = "rrf",
         vector_weight: float = 0.7,
+        quantization: str | None = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
         ``embedder``: an embedder, callable or model name; None uses the engine's (else the
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
-        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` configure the native
-        index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
+        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
+        (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
         """
@@ -102,7 +103,8 @@ class Engine:
             raise InvalidArgumentError(f"unknown metric {metric!r}; expected 'cosine', 'ip' or 'l2'")
         if index not in ("hnsw", "flat"):
             raise InvalidArgumentError(f"unknown index {index!r}; expected 'hnsw' or 'flat'")
-        Index(4, metric, index, M=M, ef_construction=ef_construction, ef=ef)  # validates the knobs
+        Index(4, metric, index, M=M, ef_construction=ef_construction, ef=ef,  # validates the knobs
+              quantization=quantization)  # type: ignore[arg-type]
         if embedder is False or embedder == "none":
             emb = None
         elif embedder is None:
@@ -127,7 +129,8 @@ class Engine:
                 "name": name, "generation": 1, "created_at": time.time(), "description": description,
                 "config": {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
                            "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                           "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight},
+                           "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight,
+                           **({"quantization": quantization} if quantization is not None else {})},
                 "embedder": embedder_spec(emb) if emb is not None else {"kind": "none"},
                 "pipelines": {_DEFAULT_PIPELINE: {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap}},
                 "next_id": 0, "next_group": 0, "segments": [], "index": None,

@@ -182,7 +182,8 @@ class KnowledgeBase:
     @staticmethod
     def _new_index(cfg: dict[str, Any], dim: int) -> Index:
         return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
-                     ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+                     ef_construction=cfg["ef_construction"], ef=cfg["ef"],
+                     quantization=cfg.get("quantization"))
 
     def _reconcile(self, index: Index, segments: list[_Segment]) -> None:
         """Brings an index checkpoint up to the manifest: adds the live chunks it lacks (from
