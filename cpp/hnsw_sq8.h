@@ -38,7 +38,16 @@ class HnswSq8Search {
                                     std::size_t ef, std::size_t rerank, const Accept& accept,
                                     std::size_t* evals = nullptr);
 
+  /// HnswIndex::search_expanding on codes (grouped search, and with `allowed` the two-hop
+  /// filtered traversal); every result kept is re-ranked exactly, ascending.
+  template <typename Enough>
+  static std::vector<Scored> search_expanding(const HnswIndex& g, const Sq8Codes& codes, const float* q,
+                                              std::size_t ef, const Bitmap* allowed, Enough enough,
+                                              std::size_t* evals = nullptr);
+
  private:
+  /// Greedy descent through the upper levels on codes; the level-0 entry point.
+  static Scored descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq);
   template <typename Accept>
   static std::vector<Scored> layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
                                     const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
@@ -111,14 +120,8 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
   return results;  // heap order; the caller re-ranks
 }
 
-template <typename Accept>
-std::vector<Scored> HnswSq8Search::search(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t k,
-                                          std::size_t ef, std::size_t rerank, const Accept& accept,
-                                          std::size_t* evals) {
-  if (g.entry_ == kNoSlot || k == 0) return {};
-  const Sq8Kernels& kern = sq8_active_kernels();
-  thread_local Sq8Query pq;
-  codes.prepare(q, pq);
+inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
+                                     const Sq8Query& pq) {
   Scored cur{codes.distance(kern, pq, g.entry_), g.entry_};
   float d[4 + 2 * 256];
   for (int level = g.max_level_; level > 0; --level) {
@@ -137,9 +140,124 @@ std::vector<Scored> HnswSq8Search::search(const HnswIndex& g, const Sq8Codes& co
       }
     }
   }
+  return cur;
+}
+
+template <typename Accept>
+std::vector<Scored> HnswSq8Search::search(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t k,
+                                          std::size_t ef, std::size_t rerank, const Accept& accept,
+                                          std::size_t* evals) {
+  if (g.entry_ == kNoSlot || k == 0) return {};
+  const Sq8Kernels& kern = sq8_active_kernels();
+  thread_local Sq8Query pq;
+  codes.prepare(q, pq);
+  const Scored cur = descend(g, codes, kern, pq);
   const std::size_t depth = std::max(rerank, k);
   std::vector<Scored> res = layer0(g, codes, kern, pq, cur, std::max({ef, k, depth}), accept, evals);
   return rerank_exact(g.store_, g.metric_, q, std::move(res), depth, k);
 }
+
+template <typename Enough>
+std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq8Codes& codes, const float* q,
+                                                    std::size_t ef, const Bitmap* allowed, Enough enough,
+                                                    std::size_t* evals) {
+  // HnswIndex::search_expanding with every distance taken from the codes (same traversal,
+  // same two-hop expansion through failing neighbours), then an exact re-rank of the results.
+  if (g.entry_ == kNoSlot) return {};
+  const Sq8Kernels& kern = sq8_active_kernels();
+  thread_local Sq8Query pq;
+  codes.prepare(q, pq);
+  const std::size_t stride = codes.stride();
+  const std::size_t limit = std::max<std::size_t>(g.store_.size(), 1);
+  ef = std::min(std::max<std::size_t>(ef, 1), limit);
+  const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
+  const Scored cur = descend(g, codes, kern, pq);
+  auto visited = g.visited_.acquire(g.levels_.size());
+  detail::ExpandScratch& scratch = detail::expand_scratch();
+  std::vector<Scored>& candidates = scratch.candidates;
+  candidates.clear();
+  std::vector<Scored> results;
+  results.reserve(ef + 1);
+  visited->test_and_set(cur.slot);
+  candidates.push_back(cur);
+  if (passes(cur.slot)) results.push_back(cur);
+  const std::size_t cap = g.m0_;  // at most 2 * 256 (M is at most 256)
+  std::uint32_t fresh[2 * 256];
+  float dists[2 * 256];
+  std::size_t n_evals = 0;
+  // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
+  // that resuming with a larger ef loses nothing a fresh search with that ef would find.
+  // Kept per thread so that steady-state searches do not regrow it: most searches never
+  // resume and only ever append here.
+  std::vector<Scored>& deferred = scratch.deferred;
+  std::vector<Scored>& again = scratch.again;
+  deferred.clear();
+  const auto offer = [&](const Scored& e) {
+    if (results.size() < ef || e.dist < results.front().dist) {
+      candidates.push_back(e);
+      std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+      results.push_back(e);
+      std::push_heap(results.begin(), results.end());
+      if (results.size() > ef) {
+        std::pop_heap(results.begin(), results.end());
+        deferred.push_back(results.back());
+        results.pop_back();
+      }
+    } else {
+      deferred.push_back(e);
+    }
+  };
+  for (;;) {
+    const bool converged =
+        candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
+    if (converged) {
+      if (ef >= limit || (candidates.empty() && deferred.empty())) break;
+      if (enough(results)) break;
+      ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
+      again.clear();
+      again.swap(deferred);
+      for (const Scored& e : again) offer(e);
+      continue;
+    }
+    const Scored c = candidates.front();
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    const std::uint32_t* nl = g.links(c.slot, 0);
+    std::size_t m = 0;
+    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+      const Slot n = nl[1 + j];
+      if (!passes(n) || visited->test_and_set(n)) continue;
+      prefetch_row_l2(codes.code(n), stride);
+      fresh[m++] = n;
+    }
+    // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.
+    if (allowed != nullptr) {
+      for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+        const Slot n = nl[1 + j];
+        if (allowed->test(n) || visited->test_and_set(n)) continue;
+        const std::uint32_t* nl2 = g.links(n, 0);
+        for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
+          const Slot n2 = nl2[1 + t];
+          if (!allowed->test(n2) || visited->test_and_set(n2)) continue;
+          prefetch_row_l2(codes.code(n2), stride);
+          fresh[m++] = n2;
+        }
+      }
+    }
+    score(codes, kern, pq, fresh, m, dists);
+    n_evals += m;
+    for (std::size_t j = 0; j < m; ++j) offer({dists[j], fresh[j]});
+  }
+  if (evals != nullptr) *evals += n_evals;
+  // Do not keep the memory of an exhaustive expansion for the life of the thread.
+  constexpr std::size_t kKeepScratch = std::size_t{1} << 16;
+  if (deferred.capacity() > kKeepScratch) std::vector<Scored>().swap(deferred);
+  if (again.capacity() > kKeepScratch) std::vector<Scored>().swap(again);
+  // Exact distances for every result kept, ascending (the caller cuts or groups them).
+  const std::size_t n = results.size();
+  return rerank_exact(g.store_, g.metric_, q, std::move(results), n, n);
+}
+
 
 }  // namespace kbcore

@@ -409,7 +409,14 @@ void Index::search(const float* queries, std::size_t nq, std::size_t k, std::siz
           write(qi, exact(q, passing_rows()));
           return;
         }
-        std::vector<Scored> res = graph_->search_filtered(q, k, ef, allowed);
+        std::vector<Scored> res;
+        if (codes) {
+          res = HnswSq8Search::search_expanding(*graph_, *codes, q, std::max(ef, k), &allowed,
+                                                [](const std::vector<Scored>&) { return true; });
+          if (res.size() > k) res.resize(k);
+        } else {
+          res = graph_->search_filtered(q, k, ef, allowed);
+        }
         finish_graph(qi, q, std::move(res));
         return;
       }
@@ -544,6 +551,7 @@ std::vector<Index::GroupPage> Index::search_groups(
     });
     return rows;
   };
+  const Sq8Codes* codes = search_codes();
   parallel_for(nq, threads, [&](std::size_t qi, std::size_t) {
     const float* q = prepared.data() + qi * dim;
     thread_local GroupedSlots tls_groups;  // per-thread scratch, reused across queries
@@ -551,7 +559,9 @@ std::vector<Index::GroupPage> Index::search_groups(
     if (strategy == Strategy::kGraph) {
       // The candidate list in any order: counting distinct groups needs no sort.
       const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
-      std::vector<Scored> res = graph_->search_expanding(q, ef, filter != nullptr ? &allowed : nullptr, enough);
+      const Bitmap* pass = filter != nullptr ? &allowed : nullptr;
+      std::vector<Scored> res = codes ? HnswSq8Search::search_expanding(*graph_, *codes, q, ef, pass, enough)
+                                      : graph_->search_expanding(q, ef, pass, enough);
       if (!graph_->pending().empty()) {
         std::vector<Slot> fresh;
         for (Slot s : graph_->pending()) {
