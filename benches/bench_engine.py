@@ -91,7 +91,7 @@ def ndcg_at_10(ranked: list[list[str]], queries: list[dict], qrels: dict) -> flo
 
 def overhead(kb, Q: np.ndarray, *, deduplicate: bool, rounds: int) -> dict:
     """Median per-query (retrieve - native search) time, microseconds."""
-    index = kb._index
+    index = kb.index
     diffs, eng, nat = [], [], []
     gc.disable()
     try:
@@ -122,10 +122,12 @@ def overhead(kb, Q: np.ndarray, *, deduplicate: bool, rounds: int) -> dict:
 def engine_only(kb, Q: np.ndarray, *, deduplicate: bool, rounds: int) -> float:
     """Median time of retrieve with the native search replaced by its cached answer (us): the
     engine's own work per retrieve (query checks, locking, hit building, text and metadata)."""
-    cached = [kb._candidates(q, 10, None, deduplicate, None) for q in Q]
-    real = kb._candidates
+    from kbcore.engine import retrieval
+
+    cached = [retrieval.vector_candidates(kb.index, q, 10, None, deduplicate, None) for q in Q]
+    real = retrieval.vector_candidates
     current = [0]
-    kb._candidates = lambda *a: cached[current[0]]
+    retrieval.vector_candidates = lambda *a: cached[current[0]]
     times = []
     gc.disable()
     try:
@@ -137,7 +139,7 @@ def engine_only(kb, Q: np.ndarray, *, deduplicate: bool, rounds: int) -> float:
                 times.append(time.perf_counter() - t0)
     finally:
         gc.enable()
-        kb._candidates = real
+        retrieval.vector_candidates = real
     return statistics.median(times) * 1e6
 
 

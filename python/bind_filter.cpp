@@ -6,6 +6,7 @@
 
 #include "bindings.h"
 #include "errors.h"
+#include "string_dict.h"
 
 namespace kbcore::python {
 namespace {
@@ -178,6 +179,16 @@ void bind_filter(py::module_& m) {
              return f;
            }),
            py::arg("ir"));
+  // The one ISO-8601 parser (cpp/string_dict.cpp): the engine compares stored strings with it,
+  // so the operands of $before / $after go through it too and equal spellings compare equal.
+  m.def(
+      "parse_iso8601",
+      [](const std::string& text) -> py::object {
+        const std::optional<double> t = parse_iso8601(text);
+        if (!t) return py::none();
+        return py::float_(*t);
+      },
+      py::arg("text"), "parse_iso8601(text): epoch seconds (UTC) of an ISO-8601 string, else None.");
 }
 
 FilterRef::FilterRef(py::handle filter) {

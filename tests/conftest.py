@@ -1,4 +1,4 @@
-"""Shared fixtures for the Index contract tests (API.md).
+"""Shared fixtures for the Index contract tests (docs/index.md).
 
 Everything here is independent of kbcore: seeded synthetic data and an exact float64 numpy
 oracle for each metric, so a test compares the index to ground truth, never to itself.

@@ -54,7 +54,7 @@ def _kb(tmp_path, name="kb", seed=0, **kw):
 
 def _legs(kb, query, qvec, window, where=None):
     """The two native legs over ``window`` candidates, as (id, score) lists, best first."""
-    index = kb._index
+    index = kb.index
     ids, dist = index.search(qvec, min(window, len(index)), where=where)
     keep = ids >= 0
     vec = [(i, 1.0 - d / 2.0) for i, d in zip(ids[keep].tolist(), dist[keep].tolist())]
@@ -92,7 +92,7 @@ def _expected(kb, search_type, fusion, query, qvec, top_k, *, window=None, where
                 best[i] = min(best.get(i, rank), rank)
         fused = sorted(acc.items(), key=lambda t: (-t[1], best[t[0]], t[0]))
     if dedup:
-        meta = kb._index.get_metadata([i for i, _ in fused]) if fused else []
+        meta = kb.index.get_metadata([i for i, _ in fused]) if fused else []
         seen, out = set(), []
         for (i, s), m in zip(fused, meta):
             if m["document_id"] not in seen:
@@ -235,7 +235,7 @@ def test_filters_apply_to_both_legs(tmp_path, search_type, fusion):
             _check(hits, _expected(kb, search_type, fusion, query, qvec, 10, where=filters))
             assert hits
             for h in hits:
-                assert kb._index.count({"$and": [filters, {"document_id": h.document_id},
+                assert kb.index.count({"$and": [filters, {"document_id": h.document_id},
                                                  {"chunk_index": h.chunk_index}]}) == 1
 
 
@@ -294,7 +294,7 @@ def test_pipelines_and_retrieve_key_text_take_search_options(tmp_path):
 
 
 def _text_rows(kb) -> int:
-    return kb._index._native.text_documents()
+    return kb.index.text_documents()
 
 
 def test_delete_reingest_and_compaction_keep_both_legs_consistent(tmp_path, monkeypatch):
@@ -357,20 +357,20 @@ def test_a_knowledge_base_written_without_text_leg_is_rebuilt_on_open(tmp_path, 
     assert engine_mod.Index.add is original_add
     manifest = storage.load_manifest(str(tmp_path / "kb"))
     old_index = engine_mod.Index.load(tmp_path / "kb" / manifest["index"]["path"])
-    assert len(old_index) > 0 and old_index._native.text_documents() == 0
+    assert len(old_index) > 0 and old_index.text_documents() == 0
     table, _ = _corpus(0)
     texts = table.column("text").to_pylist()
     kb = Engine(tmp_path).get_knowledge_base("kb")
-    assert _text_rows(kb) == len(kb) == len(texts) and kb._stale_text
+    assert _text_rows(kb) == len(kb) == len(texts) and kb.stats().text_leg_unsaved
     query = "alpha omega"
     ref = _reference_bm25(texts, query)
     hits = kb.retrieve(query, 5, search_type="full_text")
     assert [h.id for h in hits] == sorted(range(len(ref)), key=lambda j: -ref[j])[:5]
     kb.close()  # checkpoints the rebuilt index
-    monkeypatch.setattr(engine_mod.KnowledgeBase, "_rebuild_text_leg",
+    monkeypatch.setattr(engine_mod.state, "_rebuild_text_leg",
                         lambda *a: pytest.fail("the text leg was rebuilt twice"))
     kb = Engine(tmp_path).get_knowledge_base("kb")
-    assert _text_rows(kb) == len(kb) and not kb._stale_text
+    assert _text_rows(kb) == len(kb) and not kb.stats().text_leg_unsaved
     assert [h.id for h in kb.retrieve(query, 5, search_type="full_text")] == [h.id for h in hits]
 
 

@@ -77,6 +77,19 @@ WRITER = textwrap.dedent(
 )
 
 
+def _live_ids_on_disk(path) -> np.ndarray:
+    """The chunk ids of the live documents, read from the manifest and the segment files."""
+    m = storage.load_manifest(str(path))
+    parts = []
+    for entry in m["segments"]:
+        ids = storage.read_arrow(str(path), entry["files"]["chunks"]).column("__id").to_numpy()
+        counts = storage.read_arrow(str(path), entry["files"]["docs"]).column("n_chunks").to_numpy()
+        live = np.ones(len(counts), bool)
+        live[entry["deleted_docs"]] = False
+        parts.append(ids[np.repeat(live, counts)])
+    return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+
+
 def _check_consistent(kb) -> dict[str, int]:
     """The knowledge base agrees with itself; returns document -> version."""
     state = {}
@@ -89,8 +102,8 @@ def _check_consistent(kb) -> dict[str, int]:
         state[info.document_id] = v
         total += info.chunks
     assert len(kb) == total
-    live = np.sort(np.concatenate([s.ids[s.live_mask()] for s in kb._segments])) if kb._segments else []
-    np.testing.assert_array_equal(np.sort(kb._index.ids()) if kb._index is not None else [], live)
+    live = _live_ids_on_disk(kb.path)
+    np.testing.assert_array_equal(np.sort(kb.index.ids()) if kb.index is not None else [], live)
     if state:
         hits = kb.retrieve("sentence about keys", top_k=20)
         assert hits and all(state.get(h.document_id) == h.metadata["v"] for h in hits)
@@ -140,7 +153,7 @@ def test_reopen_restores_everything(tmp_path):
     kb.ingest(text=_doc_text("b", 1), document_id="b", metadata={"v": 1}, pipeline="p2")
     before = [(h.id, h.document_id, h.content, h.metadata) for h in kb.retrieve("sentence 3", top_k=10)]
     # a second engine (as after a crash: no close, so the index is replayed from vector files)
-    assert kb._tail_rows() > 0
+    assert kb.stats().tail_rows > 0
     again = Engine(tmp_path).get_knowledge_base("kb")
     assert again is not kb
     assert [(h.id, h.document_id, h.content, h.metadata) for h in again.retrieve("sentence 3", top_k=10)] == before
@@ -160,12 +173,11 @@ def test_checkpoints_bound_replay_and_drop_vector_files(tmp_path, monkeypatch):
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
     for i in range(12):
         kb.ingest(text=_doc_text(f"d{i}", 1), document_id=f"d{i}", metadata={"v": 1})
-        assert kb._tail_rows() < 20 + 12
-    assert kb._manifest["index"] is not None
+        assert kb.stats().tail_rows < 20 + 12
+    assert kb.stats().checkpoint_rows > 0
     names = os.listdir(kb.path)
     assert sum(n.endswith(".kbi") for n in names) == 1
-    assert sum(n.endswith(".vectors.npy") for n in names) == sum(
-        1 for s in kb._segments if s.entry["files"]["vectors"])
+    assert sum(n.endswith(".vectors.npy") for n in names) == kb.stats().vector_files
     assert _check_consistent(Engine(tmp_path)["kb"]) == _simulate_docs(12)
 
 
@@ -180,7 +192,7 @@ def test_a_failed_commit_changes_nothing(tmp_path, monkeypatch, checkpoint):
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
     kb.ingest(text=_doc_text("a", 1), document_id="a", metadata={"v": 1})
     files = sorted(os.listdir(kb.path))
-    ids = np.sort(kb._index.ids())
+    ids = np.sort(kb.index.ids())
     state = _check_consistent(kb)
 
     def boom(*args, **kwargs):
@@ -193,7 +205,7 @@ def test_a_failed_commit_changes_nothing(tmp_path, monkeypatch, checkpoint):
         kb.delete_document("a")
     monkeypatch.undo()
     assert sorted(os.listdir(kb.path)) == files
-    np.testing.assert_array_equal(np.sort(kb._index.ids()), ids)
+    np.testing.assert_array_equal(np.sort(kb.index.ids()), ids)
     assert _check_consistent(kb) == state
     assert _check_consistent(Engine(tmp_path)["kb"]) == state
 
@@ -268,7 +280,7 @@ def test_compaction_reclaims_disk(tmp_path, monkeypatch):
     size_before = kb.info()["disk_bytes"]
     results = [(h.id, h.content) for h in kb.retrieve("sentence 2 about keys", top_k=10)]
     kb.compact()
-    assert len(kb._segments) == 1
+    assert kb.stats().segments == 1
     assert kb.info()["disk_bytes"] < size_before
     assert [(h.id, h.content) for h in kb.retrieve("sentence 2 about keys", top_k=10)] == results
     reopened = Engine(tmp_path)["kb"]

@@ -472,6 +472,20 @@ def test_iso8601_parser_agrees_with_the_reference(text):
     assert iso8601_to_epoch(text) == iso_to_epoch(text)
 
 
+@given(st.text(alphabet="0123456789-:T +Z.,z", min_size=8, max_size=32)
+       | st.sampled_from(["2024-02-29", "2023-02-29", "2024-01-01T24:00", "2024-01-01T24:00:01",
+                          "2024-01-01T10:00+23:59", "2024-01-01T10:00+2400", "2024-12-31T23:59:60"]))
+def test_the_native_iso8601_parser_accepts_exactly_what_the_reference_accepts(text):
+    # iso8601_to_epoch is the native parser (the one the core applies to stored strings);
+    # tests/filter_reference.py keeps an independent Python reading of the grammar
+    want = iso_to_epoch(text)
+    if want is None:
+        with pytest.raises(InvalidArgumentError, match="invalid ISO-8601"):
+            iso8601_to_epoch(text)
+    else:
+        assert iso8601_to_epoch(text) == want
+
+
 def test_iso8601_to_epoch_rejects_non_strings():
     with pytest.raises(InvalidArgumentError, match="got int"):
         iso8601_to_epoch(5)  # type: ignore[arg-type]
@@ -576,9 +590,9 @@ def test_native_filter_follows_a_where_mutated_between_calls():
 )
 def test_native_cache_lookup_uses_the_quick_key(where):
     # The lookup (kbcore._core.cached_filter) hits exactly the entries stored under the key
-    # the cache uses (kbcore.filters._quick_key), and returns None for every other shape.
+    # the cache uses (kbcore._filter.cache._quick_key), and returns None for every other shape.
     from kbcore import _core
-    from kbcore.filters import _quick_key
+    from kbcore._filter.cache import _quick_key
 
     key = _quick_key(where)
     sentinel = object()

@@ -1,4 +1,4 @@
-"""Every bad input listed in API.md raises its kbcore.errors class, which is also the builtin,
+"""Every bad input listed in docs/index.md raises its kbcore.errors class, which is also the builtin,
 with a message that names the problem."""
 
 from __future__ import annotations

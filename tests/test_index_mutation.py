@@ -1,4 +1,4 @@
-"""Upsert, remove and slot reuse (API.md: add replaces an existing id; remove is all-or-nothing)."""
+"""Upsert, remove and slot reuse (docs/index.md: add replaces an existing id; remove is all-or-nothing)."""
 
 from __future__ import annotations
 

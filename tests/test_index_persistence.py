@@ -1,4 +1,4 @@
-"""Index.save / Index.load: round trip, atomic write, and rejection of damaged files (API.md)."""
+"""Index.save / Index.load: round trip, atomic write, and rejection of damaged files (docs/index.md)."""
 
 from __future__ import annotations
 

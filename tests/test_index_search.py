@@ -1,4 +1,4 @@
-"""Index.search against the exact numpy oracle (API.md: search, padding, dtypes, ef)."""
+"""Index.search against the exact numpy oracle (docs/index.md: search, padding, dtypes, ef)."""
 
 from __future__ import annotations
 

@@ -319,13 +319,13 @@ def test_knowledge_base_created_with_sq8_keeps_it_across_reopening(tmp_path):
                       "text": [f"row {i}" for i in range(len(data))]})
     kb = Engine(tmp_path).create_knowledge_base("kb", embedder=False, quantization="sq8")
     kb.ingest_table(table, vectors=data)
-    assert kb._index.quantization == "sq8" and kb._index.quantizer_trained
+    assert kb._cell.state.index.quantization == "sq8" and kb._cell.state.index.quantizer_trained
     hits = kb.retrieve(queries[0], top_k=5)
-    want = kb._index.search(queries[0], 5)[0].tolist()
+    want = kb._cell.state.index.search(queries[0], 5)[0].tolist()
     assert [h.id for h in hits] == want
     kb.close()
     again = Engine(tmp_path).get_knowledge_base("kb")
-    assert again._index.quantization == "sq8"
+    assert again._cell.state.index.quantization == "sq8"
     assert [h.id for h in again.retrieve(queries[0], top_k=5)] == want
     with pytest.raises(ValueError, match="quantization"):
         Engine(tmp_path).create_knowledge_base("bad", embedder=False, quantization="pq")

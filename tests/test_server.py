@@ -12,6 +12,8 @@ is used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import json
 import logging
 import os
@@ -33,8 +35,8 @@ uvicorn = pytest.importorskip(
     "uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')"
 )
 
-from kbcore import Engine  # noqa: E402
-from kbcore.server import create_app, parse_api_keys  # noqa: E402
+from kbcore import Engine
+from kbcore.server import create_app, parse_api_keys, uvicorn_config
 
 KEYS = ["key-one-0123456789", "key-two-abcdefghij"]
 MAX_TOP_K = 50
@@ -60,6 +62,7 @@ DOCS = {
             "created": "2021-03-01T00:00:00Z",
             "ts": _epoch("2021-03-01T00:00:00Z"),
             "note": "",
+            "published": "2024-01-15",
         },
     },
     "b": {
@@ -72,6 +75,7 @@ DOCS = {
             "created": "2022-06-15",
             "ts": _epoch("2022-06-15T00:00:00Z"),
             "note": "urgent",
+            "version": "2.0",
         },
     },
     "c": {
@@ -82,6 +86,7 @@ DOCS = {
             "year": 2023,
             "created": "2023-01-10T12:00:00+02:00",
             "ts": _epoch("2023-01-10T10:00:00Z"),
+            "level": 3,
         },
     },
     "d": {
@@ -130,8 +135,8 @@ LOAD_WORDS = [
 
 
 class _ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+    def __init__(self, level: int = logging.WARNING) -> None:
+        super().__init__(level)
         self.records: list[dict] = []
         self._mutex = threading.Lock()
 
@@ -142,6 +147,37 @@ class _ListHandler(logging.Handler):
     def by_request(self, request_id: str) -> list[dict]:
         with self._mutex:
             return [r for r in self.records if r.get("request_id") == request_id]
+
+
+@contextlib.contextmanager
+def running(app, level=logging.WARNING, **limits):
+    """Serves ``app`` with uvicorn (kbcore's uvicorn_config) on 127.0.0.1 in a thread; yields
+    (url, log handler); stops the server on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn_config(app, log_level="error", **limits))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    handler = _ListHandler(level)
+    logger = logging.getLogger("kbcore.server")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(level)
+    thread.start()
+    deadline = time.monotonic() + 10
+    try:
+        while not srv.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            assert thread.is_alive(), "the server thread died"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}", handler
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        sock.close()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 @pytest.fixture(scope="module")
@@ -169,33 +205,10 @@ def server(tmp_path_factory):
         )
 
     app = create_app(engine, KEYS, max_body_bytes=MAX_BODY, max_top_k=MAX_TOP_K)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="error", access_log=False, log_config=None)
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-
-    handler = _ListHandler()
-    logger = logging.getLogger("kbcore.server")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.WARNING)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        assert thread.is_alive(), "the server thread died"
-        time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}", handler
+        with running(app) as (url, handler):
+            yield url, handler
     finally:
-        srv.should_exit = True
-        thread.join(10)
-        sock.close()
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
         engine.close()
 
 
@@ -325,12 +338,10 @@ def test_unknown_knowledge_id_is_404_2001(client):
         (json.dumps({"query": "x"}).encode(), "knowledge_id"),
         (json.dumps({"knowledge_id": 3, "query": "x"}).encode(), "knowledge_id"),
         (json.dumps({"knowledge_id": "ops"}).encode(), "query"),
-        (json.dumps({"knowledge_id": "ops", "query": "   "}).encode(), "query is empty"),
         (json.dumps(body(retrieval_setting=[])).encode(), "retrieval_setting"),
         (json.dumps(body(top_k="5")).encode(), "top_k"),
         (json.dumps(body(top_k=0)).encode(), "top_k"),
         (json.dumps(body(top_k=True)).encode(), "top_k"),
-        (json.dumps(body(top_k=MAX_TOP_K + 1)).encode(), f"at most {MAX_TOP_K}"),
         (json.dumps(body(threshold=1.5)).encode(), "score_threshold"),
         (json.dumps(body(threshold="high")).encode(), "score_threshold"),
     ],
@@ -485,10 +496,10 @@ OPERATOR_CASES = [
     ("end with", [cond("team", "end with", "west")], "and", {"b"}),
     # equality
     ("is", [cond("team", "is", "search")], "and", {"c"}),
-    ("is not", [cond("team", "is not", "search")], "and", {"a", "b", "d", "e"}),
+    ("is not", [cond("team", "is not", "search")], "and", {"a", "b", "d"}),  # e lacks team
     ("in list", [cond("team", "in", ["infra", "search"])], "and", {"a", "c"}),
     ("in comma string", [cond("team", "in", "infra, search")], "and", {"a", "c"}),
-    ("not in", [cond("team", "not in", ["infra", "search"])], "and", {"b", "d", "e"}),
+    ("not in", [cond("team", "not in", ["infra", "search"])], "and", {"b", "d"}),
     # presence
     ("empty", [cond("note", "empty")], "and", {"a", "c", "e"}),
     ("not empty", [cond("note", "not empty")], "and", {"b", "d"}),
@@ -519,6 +530,38 @@ OPERATOR_CASES = [
     ("or", [cond("team", "is", "search"), cond("year", ">", 2023)], "or", {"c", "d"}),
     ("and", [cond("tags", "contains", "ops"), cond("year", "≥", 2022)], "and", {"b"}),
     ("case and spaces", [cond("team", "  Start   With ", "infra")], "AND", {"a", "b"}),
+    # Dify 1.12: a comparison with a missing field is never true (SQL NULL), "not" ones included
+    ("is not skips missing", [cond("note", "is not", "urgent")], "and", {"a", "d", "e"}),
+    ("≠ skips missing", [cond("ts", "≠", _epoch("2021-03-01T00:00:00Z"))], "and",
+     {"b", "c", "d"}),
+    ("not in skips missing", [cond("note", "not in", "urgent")], "and", {"a", "d", "e"}),
+    ("not contains skips missing", [cond("note", "not contains", "x")], "and",
+     {"a", "b", "d", "e"}),
+    # in / not in with Dify's comma-joined string; an empty one: nothing / everything
+    ("in comma-joined", [cond("team", "in", "infra,search")], "and", {"a", "c"}),
+    ("in empty string", [cond("team", "in", "")], "and", set()),
+    ("not in empty string", [cond("team", "not in", "")], "and", ALL),
+    ("in empty string or", [cond("team", "in", ""), cond("year", "<", 2021)], "or", {"e"}),
+    ("in numbers as text", [cond("year", "in", "2020,2024")], "and", {"d", "e"}),
+    # automatic (LLM) filtering sends strings: text equality, a stored number by its spelling
+    ("= text 2.0", [cond("version", "=", "2.0")], "and", {"b"}),
+    ("is text 3 on a number", [cond("level", "is", "3")], "and", {"c"}),
+    ("is not text 3 on a number", [cond("level", "is not", "3")], "and", set()),
+    ("≠ text 2.0", [cond("version", "≠", "2.0")], "and", set()),
+    # Dify's UI sends dates as Unix seconds; a stored ISO date is the same instant
+    ("is seconds on ISO date", [cond("published", "is", 1705276800)], "and", {"a"}),
+    ("is seconds other day", [cond("published", "is", 1705276800 + 86400)], "and", set()),
+    ("is not seconds on ISO date", [cond("published", "is not", 1705276800 + 1)], "and",
+     {"a"}),
+    ("is seconds on seconds", [cond("ts", "is", _epoch("2022-06-15T00:00:00Z"))], "and",
+     {"b"}),
+    # a condition whose value the user left empty is skipped, as Dify does
+    ("null value skipped", [{"name": "team", "comparison_operator": "is", "value": None}],
+     "and", ALL),
+    ("null value skipped in and", [{"name": ["team"], "comparison_operator": "contains",
+                                    "value": None}, cond("year", ">", 2022)], "and", {"c", "d"}),
+    ("empty needs no value", [{"name": "note", "comparison_operator": "empty", "value": None}],
+     "and", {"a", "c", "e"}),
 ]
 
 
@@ -539,8 +582,6 @@ def test_every_dify_operator_filters_exactly(client, conditions, logical, expect
         ({"conditions": [cond("year", "like", 1)]}, "unknown operator"),
         ({"conditions": [cond("year", ">", "abc")]}, ">"),
         ({"conditions": [cond("created", "before", "yesterday")]}, "before"),
-        ({"conditions": [cond("team", "contains")]}, "needs a value"),
-        ({"conditions": [cond("team", "in", [])]}, "in"),
         ({"conditions": [cond("", "is", "x")]}, "name"),
         ({"logical_operator": "xor", "conditions": [cond("team", "is", "x")]}, "logical_operator"),
         ({"conditions": {"name": "team"}}, "conditions"),
@@ -723,3 +764,359 @@ def test_kbcore_serve_refuses_to_start_without_a_key(tmp_path):
     )
     assert proc.returncode == 2
     assert "no API key" in proc.stderr
+
+
+# -- what Dify 1.12 sends --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["//retrieval", "/retrieval/", "///retrieval//"])
+def test_an_endpoint_registered_with_a_trailing_slash_is_served(server, path):
+    # Dify posts to f"{endpoint}/retrieval": "http://host:8000/" gives "//retrieval";
+    # http.client sends the path exactly as given
+    url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+
+    def post(payload: bytes) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("POST", path, body=payload, headers=auth)
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    status, data = post(b"")  # Dify's registration probe: no body
+    assert (status, data["error_code"]) == (400, 3000)
+    status, data = post(json.dumps(body()).encode())
+    assert status == 200
+    assert {r["metadata"]["document_id"] for r in data["records"]} == ALL
+
+
+def test_a_blank_query_finds_no_records_with_200(client):
+    for query in ("   ", "\t\n", ""):
+        resp = client.post("/retrieval", json=body(query=query))
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {"records": []}
+    error_of(client.post("/retrieval", json=body(query=" ", knowledge_id="nope")), 404, 2001)
+
+
+def test_top_k_above_the_limit_is_clamped_and_logged(server, client):
+    _, logs = server
+    resp = client.post("/retrieval", json=body(knowledge_id="load", top_k=MAX_TOP_K + 1000))
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["records"]) == len(LOAD_WORDS)  # every chunk: 20 < MAX_TOP_K
+    (rec,) = logs.by_request(resp.headers["x-request-id"])
+    assert rec["event"] == "top_k_clamped"
+    assert rec["requested_top_k"] == MAX_TOP_K + 1000 and rec["top_k"] == MAX_TOP_K
+
+
+def test_top_k_null_means_difys_default_of_5(client):
+    b = body(knowledge_id="load")
+    b["retrieval_setting"] = {"top_k": None, "score_threshold": 0.0}
+    assert len(client.post("/retrieval", json=b).json()["records"]) == 5
+
+
+def test_the_request_dify_builds_is_served(server):
+    # ExternalDatasetService.fetch_external_knowledge_retrieval: data=json.dumps(params), a
+    # Content-Type header, metadata_condition from MetadataCondition.model_dump()
+    url, _ = server
+    params = {
+        "retrieval_setting": {"top_k": 3, "score_threshold": 0.0},
+        "query": "rotate keys",
+        "knowledge_id": "ops",
+        "metadata_condition": {
+            "logical_operator": "and",
+            "conditions": [
+                {"name": ["team"], "comparison_operator": "start with", "value": "infra"},
+                {"name": ["year"], "comparison_operator": "≥", "value": 2021},
+                {"name": ["note"], "comparison_operator": "is", "value": None},
+            ],
+        },
+    }
+    resp = httpx.post(
+        f"{url}/retrieval",
+        content=json.dumps(params),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEYS[1]}"},
+    )
+    assert docs_of(resp) == {"a", "b"}
+
+
+# -- hardening: nothing stalls the server, nothing is a 500 ----------------------------------
+
+TIMEOUT = 1.0  # body and header timeouts of the hardened server
+
+
+@pytest.fixture(scope="module")
+def hardened(tmp_path_factory):
+    """A server with the default body limit (1 MiB) and one-second body / header timeouts;
+    logs at INFO."""
+    engine = Engine(tmp_path_factory.mktemp("kb-hard"))
+    kb = engine.create_knowledge_base("ops", index="flat")
+    kb.ingest(text="Rotate the signing keys every ninety days.", document_id="a",
+              metadata={"team": "infra", "year": 2021})
+    kb.ingest(text="Search relevance is measured with nDCG.", document_id="b",
+              metadata={"team": "search", "year": 2023})
+    app = create_app(engine, KEYS, body_timeout=TIMEOUT)
+    try:
+        with running(app, logging.INFO, header_timeout=TIMEOUT, keep_alive_timeout=1) as srv:
+            yield srv
+    finally:
+        engine.close()
+
+
+def _post(url: str, payload: bytes, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/retrieval", content=payload, timeout=timeout,
+                      headers={"Authorization": f"Bearer {KEYS[0]}"})
+
+
+def _raw(**fields) -> bytes:
+    """A request body; ensure_ascii keeps lone surrogates as \\ud800 escapes, as a client
+    would send them."""
+    b = {"knowledge_id": "ops", "query": "keys", "retrieval_setting": {"top_k": 5}}
+    b.update(fields)
+    return json.dumps(b, ensure_ascii=True).encode("ascii")
+
+
+def _mc(op, value, name="year") -> dict:
+    return {"metadata_condition": {"conditions": [cond(name, op, value)]}}
+
+
+HOSTILE = [
+    ("value 10**400 >", _raw(**_mc(">", 10**400)), 400, 3002),
+    ("value 10**400 is", _raw(**_mc("is", 10**400)), 400, 3002),
+    ("value -10**400 before", _raw(**_mc("before", -(10**400))), 400, 3002),
+    ("value '1'*400 >", _raw(**_mc(">", "1" * 400)), 400, 3002),
+    ("value '1'*400 is", _raw(**_mc("is", "1" * 400)), 200, None),
+    ("value 5000 digits >", _raw(**_mc(">", "1" * 5000)), 400, 3002),
+    ("value 5000 digits =", _raw(**_mc("=", "1" * 5000)), 200, None),
+    ("value 5000 digits in", _raw(**_mc("in", "1" * 5000)), 200, None),
+    ("value 20000 digits+x before", _raw(**_mc("before", "9" * 20000 + "x")), 400, 3002),
+    ("long ISO fraction", _raw(**_mc("after", "2024-01-01T00:00:00." + "1" * 30000)), 200, None),
+    ("JSON number of 5000 digits", b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
+     b'{"top_k":' + b"1" * 5000 + b"}}", 400, 3001),
+    ("score_threshold 10**400", _raw(retrieval_setting={"top_k": 3,
+                                                        "score_threshold": 10**400}), 400, 3001),
+    ("score_threshold 1e999", (b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
+     b'{"score_threshold":1e999}}'), 400, 3001),
+    ("top_k 10**400 is clamped", _raw(retrieval_setting={"top_k": 10**400}), 200, None),
+    ("top_k -10**400", _raw(retrieval_setting={"top_k": -(10**400)}), 400, 3001),
+    ("JSON nested 100000 deep", b'{"knowledge_id":"ops","query":"q","x":'
+     + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, 3001),
+    ("condition nested 100000 deep", b'{"knowledge_id":"ops","query":"q",'
+     b'"metadata_condition":' + b'{"conditions":[' * 50_000 + b"]}" * 50_000 + b"}",
+     400, 3001),
+    ("surrogate in a value", _raw(**_mc("is", "\ud800", "team")), 400, 3002),
+    ("surrogate in an in list", _raw(**_mc("in", ["x", "a\udc00"], "team")), 400, 3002),
+    ("surrogate in a field name", _raw(**_mc("is", "x", "te\ud83dam")), 400, 3002),
+    ("surrogate in knowledge_id", _raw(knowledge_id="ops\ud800"), 400, 3001),
+    ("surrogate in query", _raw(query="keys \udfff"), 400, 3001),
+    ("surrogate in an operator", _raw(metadata_condition={"conditions": [
+        {"name": "team", "comparison_operator": "is\ud800", "value": "x"}]}), 400, 3002),
+    ("invalid UTF-8", b'{"knowledge_id":"ops\xff","query":"q"}', 400, 3001),
+]
+
+
+@pytest.mark.parametrize("payload, status, code", [h[1:] for h in HOSTILE],
+                         ids=[h[0] for h in HOSTILE])
+def test_hostile_input_is_a_4xx_json_error_with_its_code_never_a_500(hardened, payload,
+                                                                     status, code):
+    url, logs = hardened
+    resp = _post(url, payload)
+    assert resp.headers["content-type"].startswith("application/json"), resp.text
+    if code is None:
+        assert resp.status_code == status, resp.text
+        assert "records" in resp.json()
+    else:
+        error_of(resp, status, code)
+    for rec in logs.by_request(resp.headers["x-request-id"]):
+        assert rec.get("status", 0) < 500 and "exception" not in rec, rec
+
+
+def _health_latencies(url: str, stop: threading.Event) -> list[float]:
+    out = []
+    with httpx.Client(base_url=url, timeout=30) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            assert c.get("/health").status_code == 200
+            out.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+    return out
+
+
+def _during(url: str, work) -> tuple[object, list[float]]:
+    """Runs ``work()`` while a second thread times /health; (work's result, latencies)."""
+    stop = threading.Event()
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_health_latencies(url, stop)))
+    thread.start()
+    try:
+        time.sleep(0.1)
+        out = work()
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join(30)
+    return out, result[0]
+
+
+def test_health_answers_while_a_40_kb_hostile_body_is_handled(hardened):
+    url, _ = hardened
+    payload = _raw(**_mc(">", "9" * 40_000 + "x"))  # 40 KB: 15.9 s of /health stall before
+    assert len(payload) > 40_000
+    (resp, latencies) = _during(url, lambda: _post(url, payload))
+    error_of(resp, 400, 3002)
+    print(f"40 KB body: /health max {max(latencies) * 1000:.1f} ms over {len(latencies)} calls")
+    assert latencies and max(latencies) < 1.0
+
+
+def test_parsing_runs_off_the_event_loop(hardened, monkeypatch):
+    # a parse that takes 1.5 s (slept, so only an event loop it runs on would be blocked)
+    import kbcore.dify.server as srv
+
+    real = srv.parse_request
+
+    def slow(body, max_top_k):
+        time.sleep(1.5)
+        return real(body, max_top_k)
+
+    monkeypatch.setattr(srv, "parse_request", slow)
+    url, _ = hardened
+    (resp, latencies) = _during(url, lambda: _post(url, _raw()))
+    assert resp.status_code == 200
+    print(f"1.5 s parse: /health max {max(latencies) * 1000:.1f} ms")
+    assert max(latencies) < 0.75
+
+
+def _wait_for(logs, event: str, deadline: float) -> dict | None:
+    while time.monotonic() < deadline:
+        with logs._mutex:
+            found = [r for r in logs.records if r.get("event") == event]
+        if found:
+            return found[-1]
+        time.sleep(0.02)
+    return None
+
+
+def test_a_client_that_disconnects_mid_body_is_logged_as_a_disconnect_not_a_500(hardened):
+    url, logs = hardened
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            b"POST /retrieval HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"knowledge_id":'
+        )
+        time.sleep(0.2)
+    rec = _wait_for(logs, "client_disconnect", time.monotonic() + 5)
+    assert rec is not None and rec["client"] == "127.0.0.1"
+    with logs._mutex:
+        assert not [r for r in logs.records if r.get("status", 0) >= 500]
+
+
+def _stalled_clients(host: str, port: int, n: int) -> list[tuple[socket.socket, str]]:
+    socks = []
+    for i in range(n):
+        s = socket.create_connection((host, port), timeout=10)
+        kind = ("silent", "half head", "half body")[i % 3]
+        if kind == "half head":
+            s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n")
+        elif kind == "half body":
+            s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
+                      + f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: 500\r\n\r\n".encode()
+                      + b'{"knowledge_id": "ops", ')
+        socks.append((s, kind))
+    return socks
+
+
+def _closed_after(s: socket.socket, started: float) -> tuple[float, bytes]:
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            return time.monotonic() - started, data
+        data += chunk
+
+
+def test_forty_stalled_clients_are_closed_by_the_timeouts_and_health_still_answers(hardened):
+    url, _ = hardened
+    host, port = url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    socks = _stalled_clients(host, int(port), 40)
+    try:
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        closed = [(kind, *_closed_after(s, started)) for s, kind in socks]
+    finally:
+        for s, _ in socks:
+            s.close()
+    worst = max(t for _, t, _ in closed)
+    print(f"40 stalled clients: all closed after {worst:.2f} s (timeouts {TIMEOUT} s)")
+    assert worst < TIMEOUT + 4
+    for kind, _, data in closed:
+        if kind == "half body":
+            assert data.startswith(b"HTTP/1.1 408"), data[:80]
+            assert b'"error_code":3004' in data
+        else:
+            assert data == b"" or data.startswith(b"HTTP/1.1 4"), data[:80]
+
+
+def test_connections_beyond_the_cap_get_503_until_the_stalled_ones_time_out(tmp_path):
+    with Engine(tmp_path) as engine:
+        engine.create_knowledge_base("kb")
+        app = create_app(engine, KEYS)
+        with running(app, max_connections=8, header_timeout=TIMEOUT) as (url, _):
+            host, port = url.removeprefix("http://").split(":")
+            idle = [socket.create_connection((host, int(port))) for _ in range(10)]
+            try:
+                time.sleep(0.2)
+                assert httpx.get(f"{url}/health", timeout=5).status_code == 503
+                time.sleep(TIMEOUT + 1.0)  # the header timeout closes the idle ones
+                assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+            finally:
+                for s in idle:
+                    s.close()
+
+
+def test_a_keep_alive_connection_dribbling_its_next_head_is_closed(tmp_path):
+    # the first request outlives the first header deadline; a byte of the next head cancels
+    # uvicorn's keep-alive timeout, so only a re-armed header timeout can close the connection
+    with Engine(tmp_path) as engine:
+        engine.create_knowledge_base("kb").ingest(text="Keys rotate.", document_id="k")
+        app = create_app(engine, KEYS, body_timeout=5)
+        with running(app, header_timeout=TIMEOUT, keep_alive_timeout=5) as (url, _):
+            host, port = url.removeprefix("http://").split(":")
+            payload = json.dumps(body(knowledge_id="kb")).encode()
+            with socket.create_connection((host, int(port)), timeout=15) as s:
+                s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
+                          + f"Authorization: Bearer {KEYS[0]}\r\n".encode()
+                          + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload[:5])
+                time.sleep(TIMEOUT + 0.3)  # past the first header deadline, mid-request
+                s.sendall(payload[5:])
+                first = s.recv(65536)
+                assert first.startswith(b"HTTP/1.1 200"), first[:80]
+                s.sendall(b"GET /health HTTP/1.1\r\nHo")
+                started = time.monotonic()
+                elapsed, rest = _closed_after(s, started)
+    assert elapsed < TIMEOUT + 3, elapsed
+    assert not rest.startswith(b"HTTP/1.1 200")
+
+
+def test_error_replies_stay_valid_json_for_strings_that_are_not_unicode():
+    from kbcore.dify.server import _dumps
+
+    out = _dumps({"error_msg": "knowledge base 'a\udc80' does not exist", "n": float("nan")})
+    assert json.loads(out) == {"error_msg": "knowledge base 'a\udc80' does not exist", "n": None}
+    assert out.isascii()
+
+
+def test_the_old_import_paths_still_work():
+    import kbcore.dify
+    import kbcore.filters
+    import kbcore.server
+    from kbcore.dify import condition, server
+
+    assert kbcore.filters.dify_condition_to_where is condition.dify_condition_to_where
+    assert kbcore.dify.dify_condition_to_where is condition.dify_condition_to_where
+    for name in ("create_app", "serve", "parse_api_keys"):
+        assert getattr(kbcore.server, name) is getattr(server, name)
+        assert getattr(kbcore.dify, name) is getattr(server, name)

@@ -1,4 +1,4 @@
-"""SIMD dispatch: every level the CPU can run gives the scalar kernels' results (API.md)."""
+"""SIMD dispatch: every level the CPU can run gives the scalar kernels' results (docs/index.md)."""
 
 from __future__ import annotations
 

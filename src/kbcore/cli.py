@@ -8,56 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from . import __version__, simd_level
-from .index import Index
-
-
-def _clustered(rng: np.random.Generator, n: int, dim: int, centres: np.ndarray) -> np.ndarray:
-    x = centres[rng.integers(0, len(centres), n)] + 0.35 * rng.standard_normal((n, dim))
-    x = x.astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def _recall(found: np.ndarray, truth: np.ndarray) -> float:
-    hits = sum(len(set(f.tolist()) & set(t.tolist())) for f, t in zip(found, truth))
-    return hits / truth.size
-
-
-def cmd_index_demo(args: argparse.Namespace) -> int:
-    """Builds an HNSW index on seeded synthetic data and prints recall and QPS."""
-    rng = np.random.default_rng(args.seed)
-    n, dim, nq, k = args.n, args.dim, args.queries, 10
-    centres = rng.standard_normal((max(n // 100, 10), dim)).astype(np.float32)
-    base = _clustered(rng, n, dim, centres)
-    queries = _clustered(rng, nq, dim, centres)
-    tags = rng.integers(0, 100, n)
-    print(f"kbcore {__version__} | SIMD {simd_level()} | {n:,} x {dim} synthetic vectors, {nq} queries")
-
-    t0 = time.perf_counter()
-    index = Index(dim, "cosine", "hnsw", M=16, ef_construction=200)
-    index.add(base, np.arange(n), metadata=[{"tag": int(t)} for t in tags])
-    build = time.perf_counter() - t0
-    print(f"build: {build:.2f} s ({n / build:,.0f} vectors/s, all cores)")
-
-    truth = np.argsort(-(queries @ base.T), axis=1)[:, :k]
-    print(f"{'ef':>5} {'recall@10':>10} {'QPS (1 thread)':>15}")
-    for ef in (16, 32, 64, 128):
-        t0 = time.perf_counter()
-        found = np.stack([index.search(q, k, ef=ef, threads=1)[0] for q in queries])
-        qps = nq / (time.perf_counter() - t0)
-        print(f"{ef:>5} {_recall(found, truth):>10.4f} {qps:>15,.0f}")
-
-    where = {"tag": {"$lt": 5}}
-    passing = np.flatnonzero(tags < 5)
-    ftruth = passing[np.argsort(-(queries @ base[passing].T), axis=1)[:, :k]]
-    t0 = time.perf_counter()
-    found = np.stack([index.search(q, k, where=where, threads=1)[0] for q in queries])
-    qps = nq / (time.perf_counter() - t0)
-    print(f"filtered {where} ({len(passing) / n:.0%} of rows pass): "
-          f"recall@10 {_recall(found, ftruth):.4f}, {qps:,.0f} QPS")
-    return 0
 
 
 # -- knowledge bases -------------------------------------------------------------------------
@@ -97,8 +48,6 @@ def _print_hits(hits: list, *, width: int = 96) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Builds a knowledge base from the shipped handbook with the built-in embedder; queries it."""
-    if args.index:
-        return cmd_index_demo(args)
     import os
     import tempfile
 
@@ -230,7 +179,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no knowledge bases in {engine.path}")
     for name in names:
         kb = engine.get_knowledge_base(name)
-        print(f"{name:<24} {len(kb._docs):>7} documents {len(kb):>9} chunks  {kb.metric} {kb.dim}-d")
+        print(f"{name:<24} {kb.stats().documents:>7} documents {len(kb):>9} chunks  {kb.metric} {kb.dim}-d")
     return 0
 
 
@@ -239,13 +188,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     info = engine.get_knowledge_base(args.kb).info()
     print(json.dumps(info, indent=1, ensure_ascii=False, default=str))
     return 0
-
-
-def _add_synthetic_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n", type=int, default=20_000, help="number of vectors")
-    p.add_argument("--dim", type=int, default=128, help="dimension")
-    p.add_argument("--queries", type=int, default=300, help="number of queries")
-    p.add_argument("--seed", type=int, default=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,14 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="build a knowledge base from the shipped sample handbook and query it")
     demo.add_argument("--top-k", type=int, default=3)
-    demo.add_argument("--index", action="store_true",
-                      help="run the synthetic index benchmark instead (same as bench-index)")
-    _add_synthetic_args(demo)
     demo.set_defaults(func=cmd_demo)
-
-    bench = sub.add_parser("bench-index", help="build an index on synthetic data; print recall and QPS")
-    _add_synthetic_args(bench)
-    bench.set_defaults(func=cmd_index_demo)
 
     data_help = f"data directory (default $KBCORE_HOME or ./kb-data; now {default_data_dir()})"
 
@@ -316,9 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--data", default=None, help=data_help)
     info.set_defaults(func=cmd_info)
 
-    from .server import add_serve_parser  # `serve`: Dify External Knowledge API (kbcore[server])
-
-    add_serve_parser(sub)
+    _add_serve_parser(sub, data_help)
 
     args = parser.parse_args(argv)
     try:
@@ -326,6 +259,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KbcoreError, FileNotFoundError, ImportError) as exc:
         print(f"kbcore {args.command}: error: {exc}", file=sys.stderr)
         return 1
+
+
+# -- serve: Dify's External Knowledge API (kbcore[server]; kbcore.dify.server) ---------------
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
+    from .dify import server as srv  # imports no web framework
+
+    p = sub.add_parser(
+        "serve",
+        help="serve knowledge bases over Dify's External Knowledge API (POST /retrieval)",
+        description="Serves the knowledge bases of a data directory over Dify's External "
+        f"Knowledge API. Keys come from --api-key and from ${srv.API_KEYS_ENV} (comma "
+        "separated); prefer the variable, command lines are visible to other users.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help=f"an accepted bearer key (repeatable; also ${srv.API_KEYS_ENV})")
+    p.add_argument("--data", default=None, metavar="DIR", help=data_help)
+    limits = [
+        ("--max-top-k", int, srv.DEFAULT_MAX_TOP_K, "largest top_k served; larger is clamped"),
+        ("--max-body-bytes", int, srv.DEFAULT_MAX_BODY_BYTES, "request body limit in bytes"),
+        ("--refresh-interval", float, srv.DEFAULT_REFRESH_INTERVAL,
+         "seconds between checks for changes by other processes (0: never)"),
+        ("--body-timeout", float, srv.DEFAULT_BODY_TIMEOUT,
+         "seconds a client has to send its request body (then 408)"),
+        ("--header-timeout", float, srv.DEFAULT_HEADER_TIMEOUT,
+         "seconds a new connection has to send its request headers (then closed)"),
+        ("--keep-alive-timeout", int, srv.DEFAULT_KEEP_ALIVE_TIMEOUT,
+         "seconds an idle keep-alive connection stays open"),
+        ("--max-connections", int, srv.DEFAULT_MAX_CONNECTIONS,
+         "connections served at once (503 beyond)"),
+    ]
+    for flag, kind, default, text in limits:
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .dify import server as srv
+    from .engine import default_data_dir
+    from .errors import InvalidArgumentError
+
+    try:
+        keys = srv.parse_api_keys(args.api_key)
+        srv.serve(
+            args.data or default_data_dir(), keys, host=args.host, port=args.port,
+            max_body_bytes=args.max_body_bytes, max_top_k=args.max_top_k,
+            refresh_interval=args.refresh_interval, body_timeout=args.body_timeout,
+            header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
+            max_connections=args.max_connections, log_level=args.log_level,
+        )
+    except (ImportError, InvalidArgumentError) as exc:
+        print(f"kbcore serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

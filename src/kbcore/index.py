@@ -13,14 +13,17 @@ from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
 from .filters import native_filter
 
-__all__ = ["Index", "Group", "Metric", "Kind"]
+__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "check_params"]
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
 Quantization = Literal["sq8"]
 
-_METRICS = ("cosine", "ip", "l2")
-_KINDS = ("hnsw", "flat")
+#: The metric and index kind names (the one list; the engine and its integrations use it).
+METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
+KINDS: tuple[str, ...] = ("hnsw", "flat")
+#: The range of the HNSW parameter M.
+M_RANGE = (2, 256)
 _QUANTIZATIONS = ("sq8",)
 
 
@@ -112,6 +115,20 @@ def _threads(value: int) -> int:
     return int(value)
 
 
+def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) -> tuple[int, int, int]:
+    """Validates an index configuration without building an index; returns (M,
+    ef_construction, ef) as ints. Raises InvalidArgumentError / InvalidTypeError naming the
+    bad parameter."""
+    if metric not in METRICS:
+        raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {METRICS}")
+    if kind not in KINDS:
+        raise InvalidArgumentError(f"unknown kind {kind!r}; expected one of {KINDS}")
+    M = _positive("M", M)
+    if not M_RANGE[0] <= M <= M_RANGE[1]:
+        raise InvalidArgumentError(f"M must be in [{M_RANGE[0]}, {M_RANGE[1]}], got {M}")
+    return M, _positive("ef_construction", ef_construction), _positive("ef", ef)
+
+
 class Index:
     """A vector index over float32 vectors with int64 ids.
 
@@ -153,15 +170,7 @@ class Index:
         """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
         quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
         dim = _positive("dim", dim)
-        if metric not in _METRICS:
-            raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {_METRICS}")
-        if kind not in _KINDS:
-            raise InvalidArgumentError(f"unknown kind {kind!r}; expected one of {_KINDS}")
-        M = _positive("M", M)
-        if not 2 <= M <= 256:
-            raise InvalidArgumentError(f"M must be in [2, 256], got {M}")
-        ef_construction = _positive("ef_construction", ef_construction)
-        ef = _positive("ef", ef)
+        M, ef_construction, ef = check_params(metric, kind, M, ef_construction, ef)
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
         if quantization is not None and quantization not in _QUANTIZATIONS:
@@ -326,7 +335,8 @@ class Index:
         is the number of native threads for a batch (0 = all cores).
 
         ``where`` is a Chroma-style metadata filter (see ``docs/filter-ir.md``), compiled
-        once per call and evaluated natively; results then come only from passing rows, and
+        once per call (or a filter already compiled by :func:`kbcore.filters.native_filter`,
+        so that several searches share one compilation) and evaluated natively; results then come only from passing rows, and
         if at least k rows pass, k results come back. Small passing sets are scanned exactly;
         larger ones use a filter-aware graph traversal, chosen by a cost model.
         """
@@ -407,6 +417,11 @@ class Index:
             raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
         k = _positive("k", k)
         return self._native.search_text(query, k, native_filter(where))
+
+    def text_documents(self) -> int:
+        """Number of rows that have a text in the BM25 leg (see ``texts`` of :meth:`add`).
+        Index files written before the text leg existed load with 0."""
+        return int(self._native.text_documents())
 
     def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
         """Stored metadata of each id, as dicts (fields without a value are omitted)."""

@@ -37,6 +37,7 @@ Column = tuple
 KINDS = ("int", "float", "bool", "str", "strlist")
 _KIND_ORDER = {k: i for i, k in enumerate(KINDS)}
 
+#: The int64 range (metadata values and filter operands; kbcore.filters uses these too).
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 
@@ -127,6 +128,8 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
     tuple of str; numpy scalars are accepted. Anything else raises
     :class:`~kbcore.errors.InvalidArgumentError` naming the row and the field.
     """
+    # One function of ~100 lines on purpose: its loop body runs once per metadata value of an
+    # add with dict rows, and a helper call per value would cost more than the checks do.
     n = _check_n(n)
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise InvalidTypeError(

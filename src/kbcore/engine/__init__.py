@@ -30,6 +30,13 @@ candidate window each, fused by reciprocal rank fusion (score: the RRF value ove
 normalised vector score plus the rest times the min-max normalised BM25 score). For full-text
 and hybrid hits ``distance`` is ``1 - score``. See ``docs/engine.md``.
 
+Layout (one concept per module; ``docs/architecture.md`` lists what each may import):
+:mod:`.types` (values, reserved names), :mod:`.scores` (distance -> score), :mod:`.locks`,
+:mod:`.segments` and :mod:`.manifest` (the files as data), :mod:`.state` (an immutable
+snapshot), :mod:`.ingest` (documents / Arrow -> a chunk batch), :mod:`.commit` (every write),
+:mod:`.retrieval` (every search), :mod:`.graph_builder`, :mod:`.knowledge_base` (the facade),
+:mod:`.directory` (:class:`Engine`).
+
 Durability: every mutation (ingest, delete, pipeline change, compaction) is on disk when the
 call returns, and a crash at any point leaves the previous or the new state (see
 :mod:`kbcore.storage`). Concurrency: any number of threads may retrieve while one mutates;
@@ -52,8 +59,12 @@ from .types import (
     DocumentInfo,
     Hit,
     IngestResult,
+    KbStats,
     KeyResult,
+    PreparedDocument,
+    SearchOptions,
     TextResult,
+    is_valid_name,
 )
 
 __all__ = [
@@ -70,4 +81,8 @@ __all__ = [
     "FUSIONS",
     "default_data_dir",
     "score_from_distance",
+    "SearchOptions",
+    "PreparedDocument",
+    "KbStats",
+    "is_valid_name",
 ]

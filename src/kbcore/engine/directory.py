@@ -1,22 +1,25 @@
-"""Engine: a directory of knowledge bases."""
+"""Engine: a directory of knowledge bases (create, open, delete, list). Owns the directory's
+lock and the cache of open knowledge bases; talks to a KnowledgeBase through its public API
+plus the documented hooks ``_detach`` and ``_attach_embedder``.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import threading
-import time
 import uuid
 from typing import Any
 
 from .. import storage
 from ..chunking import check_chunk_params
-from ..embedders import HashingEmbedder, as_embedder, embedder_spec
+from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, NotFoundError
 from ..fusion import check_vector_weight
-from ..index import Index
+from ..index import KINDS, METRICS, Index, check_params
+from . import commit, manifest
 from .knowledge_base import KnowledgeBase
-from .types import _DEFAULT_PIPELINE, _NAME_RE, FUSIONS, SEARCH_TYPES, _check_choice, _check_name
+from .types import FUSIONS, SEARCH_TYPES, check_choice, check_name, is_valid_name
 
 
 def default_data_dir() -> str:
@@ -90,21 +93,22 @@ class Engine:
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
         ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
-        (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
-        :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
+        (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index.
+        ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
         """
-        _check_name(name, "knowledge base")
-        search_type = _check_choice("search_type", search_type, SEARCH_TYPES)
-        fusion = _check_choice("fusion", fusion, FUSIONS)
+        check_name(name, "knowledge base")
+        search_type = check_choice("search_type", search_type, SEARCH_TYPES)
+        fusion = check_choice("fusion", fusion, FUSIONS)
         vector_weight = check_vector_weight(vector_weight)
         chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
-        if metric not in ("cosine", "ip", "l2"):
-            raise InvalidArgumentError(f"unknown metric {metric!r}; expected 'cosine', 'ip' or 'l2'")
-        if index not in ("hnsw", "flat"):
-            raise InvalidArgumentError(f"unknown index {index!r}; expected 'hnsw' or 'flat'")
-        Index(4, metric, index, M=M, ef_construction=ef_construction, ef=ef,  # validates the knobs
-              quantization=quantization)  # type: ignore[arg-type]
+        if metric not in METRICS:
+            raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {METRICS}")
+        if index not in KINDS:
+            raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS}")
+        M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
+        if quantization is not None:
+            Index(4, metric, index, quantization=quantization)  # type: ignore[arg-type]  # validates it
         if embedder is False or embedder == "none":
             emb = None
         elif embedder is None:
@@ -125,24 +129,20 @@ class Engine:
                 raise InvalidArgumentError(f"knowledge base {name!r} already exists in {self.path!r}")
             tmp = os.path.join(self.path, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
             os.makedirs(tmp)
-            manifest = {
-                "name": name, "generation": 1, "created_at": time.time(), "description": description,
-                "config": {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
-                           "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                           "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight,
-                           **({"quantization": quantization} if quantization is not None else {})},
-                "embedder": embedder_spec(emb) if emb is not None else {"kind": "none"},
-                "pipelines": {_DEFAULT_PIPELINE: {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap}},
-                "next_id": 0, "next_group": 0, "segments": [], "index": None,
-            }
+            config = {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
+                      "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+                      "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight,
+                      **({"quantization": quantization} if quantization is not None else {})}
+            spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
+            m = manifest.initial(name, config, spec, description)
             try:
-                storage.save_manifest(tmp, manifest)
+                commit.write_new(tmp, m)
                 os.rename(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             storage.fsync_dir(self.path)
-            kb = KnowledgeBase(self, name, final, emb)
+            kb = self._open(name, final, emb)
             self._kbs[name] = kb
             return kb
 
@@ -153,37 +153,38 @@ class Engine:
         """
         with self._mutex:
             kb = self._kbs.get(name)
-            if kb is not None and not kb._closed:
+            if kb is not None and not kb.closed:
                 if embedder is not None:
-                    kb._explicit_embedder = as_embedder(embedder)
-                    kb._embedder = kb._resolve_embedder(kb._manifest.get("embedder"))
+                    kb._attach_embedder(as_embedder(embedder))
                 return kb
-            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            if not is_valid_name(name):
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
             path = os.path.join(self.path, name)
             if not os.path.isfile(os.path.join(path, storage.MANIFEST)):
                 known = ", ".join(self.knowledge_bases()) or "none"
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r} (existing: {known})")
-            kb = KnowledgeBase(self, name, path, as_embedder(embedder) if embedder is not None else None)
-            self._kbs[name] = kb
-            return kb
+            return self._open(name, path, as_embedder(embedder) if embedder is not None else None)
 
     def delete_knowledge_base(self, name: str) -> None:
         """Deletes a knowledge base and its directory (atomically: it is gone or intact)."""
         with self._mutex, self._flock.hold():
-            path = os.path.join(self.path, name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+            path = os.path.join(self.path, name) if is_valid_name(name) else None
             if path is None or not os.path.isfile(os.path.join(path, storage.MANIFEST)):
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
             kb = self._kbs.pop(name, None)
             if kb is not None:
-                kb._stop_graph_builder()  # no thread may keep linking a deleted index
-                kb._closed = True
+                kb._detach()  # stops its graph builder: no thread keeps linking a deleted index
             trash = os.path.join(self.path, f".trash-{name}-{uuid.uuid4().hex[:8]}")
             lock = storage.FileLock(os.path.join(path, storage.LOCK))
             with lock.hold():  # wait for a writer in another process to finish
                 os.rename(path, trash)
             storage.fsync_dir(self.path)
             shutil.rmtree(trash, ignore_errors=True)
+
+    def _open(self, name: str, path: str, embedder: Embedder | None) -> KnowledgeBase:
+        kb = KnowledgeBase(name, path, embedder, default_embedder=self._embedder, on_close=self._forget)
+        self._kbs[name] = kb
+        return kb
 
     def _forget(self, kb: KnowledgeBase) -> None:
         with self._mutex:

@@ -1,20 +1,98 @@
-"""The registry of running graph builders, stopped at interpreter exit."""
+"""The background graph builder: links rows stored with ``defer_graph=True`` into the HNSW graph
+in small batches, each holding the native write lock briefly, while searches continue (rows
+not yet linked are searched exactly, so results never miss them).
+
+Knows only the index (through a callable that returns the current one), not segments or the
+manifest. Every running builder is stopped at interpreter exit, so that no native build is in
+flight while Python shuts down (the graph state is saved as pending).
+"""
 
 from __future__ import annotations
 
 import atexit
+import threading
+import time
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-if TYPE_CHECKING:
-    from .knowledge_base import KnowledgeBase
+from ..index import Index
 
-# Knowledge bases whose graph builder may be running; stopped at interpreter exit so that no
-# native build is in flight while Python shuts down (the graph state is saved as pending).
-_LIVE_BUILDERS: weakref.WeakSet[KnowledgeBase] = weakref.WeakSet()
+#: Rows linked per native call: bounds how long a search may wait for the write lock.
+BATCH_ROWS = 1024
+
+
+class GraphBuilder:
+    """One knowledge base's builder thread (started on demand, stopped on close/delete)."""
+
+    def __init__(self, name: str, current_index: Callable[[], Index | None]) -> None:
+        self._name = name
+        self._current_index = current_index
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._retired = False
+        #: the builder linked rows since the index was last saved (checkpoint it at close)
+        self.unsaved = False
+
+    def start(self) -> None:
+        """Starts the thread if there are rows to link and it is not running."""
+        if self._retired:
+            return
+        index = self._current_index()
+        if index is None or index.kind != "hnsw" or index.pending == 0:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        _LIVE.add(self)
+        self._thread = threading.Thread(target=self._run, name=f"kbcore-graph-{self._name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the thread after its current batch and waits for it."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+
+    def retire(self) -> None:
+        """Stops the thread for good (the knowledge base is closed or deleted)."""
+        self._retired = True
+        self.stop()
+
+    def mark_saved(self) -> None:
+        """The index is about to be saved with every link made so far."""
+        self.unsaved = False
+
+    def wait(self, timeout: float | None, pending: Callable[[], int]) -> bool:
+        """Waits until ``pending()`` is 0; False if ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending():
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                self.start()
+                thread = self._thread
+                if thread is None:
+                    break
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(timeout=0.05 if remaining is None else min(0.05, remaining))
+            if deadline is not None and time.monotonic() >= deadline:
+                return pending() == 0
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            index = self._current_index()
+            if index is None or index.pending == 0:
+                return
+            index.build_graph(BATCH_ROWS)
+            self.unsaved = True  # saved at the next checkpoint or close, so reopening does not relink
+
+
+_LIVE: weakref.WeakSet[GraphBuilder] = weakref.WeakSet()
 
 
 @atexit.register
-def _stop_all_graph_builders() -> None:
-    for kb in list(_LIVE_BUILDERS):
-        kb._stop_graph_builder()
+def _stop_all() -> None:
+    for builder in list(_LIVE):
+        builder.stop()

@@ -1,70 +1,207 @@
-"""Ingest helpers: reading sources, metadata checks, Arrow conversion, progress bars."""
+"""Ingest as a pipeline of pure steps: input -> :class:`PreparedDocument` (read, parse, chunk,
+check metadata) -> vectors (embedding, or given) -> :class:`ChunkBatch`, the columnar batch
+that :mod:`kbcore.engine.commit` stores. :meth:`ChunkBatch.from_table` makes the same batch
+from pre-embedded Arrow rows without a Python loop over rows.
+
+Nothing here writes a file, touches an index or takes a lock; it reads the input files.
+Imports parsing, chunking, embedders and the engine's types.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..chunking import Chunk, chunk_text
+from ..chunking import chunk_text
+from ..embedders import check_embeddings
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..parsing import parse
-from .segments import _combine
-from .types import _RESERVED, RESERVED_METADATA, Document
+from .segments import combined, to_numpy
+from .types import RESERVED, RESERVED_METADATA, Document, PreparedDocument
 
-_COMMIT_ROWS = 16384  # ingest_many commits at most this many chunks at a time
-
-
-def _progress(total: int, desc: str, enabled: bool | None) -> Any:
-    """A tqdm bar on a terminal (stderr), else a no-op with the same update/close methods."""
-    if enabled is None:
-        enabled = bool(getattr(sys.stderr, "isatty", lambda: False)())
-    if enabled:
-        try:
-            from tqdm import tqdm
-
-            return tqdm(total=total, desc=desc, unit="chunk", leave=False, dynamic_ncols=True)
-        except ImportError:
-            pass
-    return _NoBar()
+COMMIT_ROWS = 16384  # ingest_many commits at most this many chunks at a time
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
+@dataclass(frozen=True, eq=False)
+class ChunkBatch:
+    """Documents of one pipeline and their chunks, column by column (one entry per document,
+    one row per chunk, documents' rows adjacent and in document order).
 
-    def close(self) -> None:
-        pass
+    ``texts`` is a pyarrow large_string array without nulls; ``text_list`` the same as a list
+    when the producer had it (saves a conversion for the BM25 leg); ``doc_metadata`` holds
+    each document's user metadata as JSON; ``user`` the chunk metadata columns (a pyarrow
+    Table or None); ``filename_rows`` a per-chunk filename column that replaces the
+    per-document ``filenames`` in the chunk table when given.
+    """
 
-
-@dataclass
-class _Prepared:
-    document_id: str
-    filename: str | None
-    text: str
-    format: str
-    metadata: dict[str, Any]
-    chunks: list[Chunk]
-
-
-@dataclass
-class _DocsIn:
-    ids: list[str]
+    pipeline: str
+    doc_ids: list[str]
     filenames: list[str | None]
-    texts: list[str | None]
+    doc_texts: list[str | None]
     formats: list[str | None]
-    metadata: list[str]
+    doc_metadata: list[str]
     counts: np.ndarray
+    texts: Any
+    starts: np.ndarray
+    ends: np.ndarray
+    chunk_index: np.ndarray
+    user: Any = None
     filename_rows: Any = None
+    text_list: list[str] | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.chunk_index)
+
+    @classmethod
+    def from_prepared(cls, docs: Sequence[PreparedDocument], pipeline: str) -> ChunkBatch:
+        """The batch of prepared documents (all of ``pipeline``)."""
+        import pyarrow as pa
+
+        texts = [c.text for p in docs for c in p.chunks]
+        n = len(texts)
+        counts = np.fromiter((len(p.chunks) for p in docs), dtype=np.int64, count=len(docs))
+        doc_of_row = np.repeat(np.arange(len(docs)), counts)
+        return cls(
+            pipeline=pipeline,
+            doc_ids=[p.document_id for p in docs],
+            filenames=[p.filename for p in docs],
+            doc_texts=[p.text for p in docs],
+            formats=[p.format for p in docs],
+            doc_metadata=[json.dumps(p.metadata, sort_keys=True, ensure_ascii=False) for p in docs],
+            counts=counts,
+            texts=pa.array(texts, pa.large_string()),
+            starts=np.fromiter((c.start for p in docs for c in p.chunks), np.int64, n),
+            ends=np.fromiter((c.end for p in docs for c in p.chunks), np.int64, n),
+            chunk_index=np.fromiter((c.index for p in docs for c in p.chunks), np.int64, n),
+            user=user_metadata_table([p.metadata for p in docs], doc_of_row),
+            text_list=texts,
+        )
+
+    @classmethod
+    def from_table(cls, data: Any, vectors: Any, *, pipeline: str, dim: int | None, kb_name: str,
+                   vector_column: str, text_column: str,
+                   document_id_column: str, chunk_index_column: str | None,
+                   span_columns: tuple[str, str] | None, filename_column: str | None,
+                   metadata_columns: Sequence[str] | None) -> tuple[ChunkBatch, np.ndarray] | None:
+        """(batch, vectors [rows, dim]) of pre-embedded chunk rows (see
+        :meth:`KnowledgeBase.ingest_table`); None for an empty table. Rows are grouped by
+        document (first seen first) with a stable sort, only when they are not already."""
+        import pyarrow as pa
+
+        table = as_table(data)
+        n = table.num_rows
+        if n == 0:
+            return None
+        names = set(table.column_names)
+        for c in (text_column, document_id_column):
+            if c not in names:
+                raise InvalidArgumentError(f"the table has no column {c!r} (columns: {sorted(names)})")
+        vecs = _table_vectors(table, vectors, vector_column, dim, kb_name)
+        codes, doc_ids = _document_codes(table, document_id_column)
+        order = np.argsort(codes, kind="stable")  # groups rows by document, first seen first
+        counts = np.bincount(codes, minlength=len(doc_ids)).astype(np.int64)
+        take = pa.array(order) if n > 1 and not np.all(order[1:] > order[:-1]) else None
+        if take is not None:
+            vecs = vecs[order]
+
+        def col(name: str) -> Any:
+            c = combined(table.column(name))
+            return c.take(take) if take is not None else c
+
+        doc_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        if chunk_index_column and chunk_index_column in names:
+            chunk_index = to_numpy(col(chunk_index_column), np.int64)
+        else:
+            chunk_index = np.arange(n, dtype=np.int64) - np.repeat(doc_starts, counts)
+        if span_columns and span_columns[0] in names and span_columns[1] in names:
+            starts, ends = to_numpy(col(span_columns[0]), np.int64), to_numpy(col(span_columns[1]), np.int64)
+        else:
+            starts, ends = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        filenames: list[str | None] = [None] * len(doc_ids)
+        fname_rows = None
+        if filename_column and filename_column in names:
+            fname_rows = col(filename_column).cast(pa.string())
+            filenames = fname_rows.take(pa.array(doc_starts)).to_pylist()
+        used = {text_column, document_id_column, vector_column, chunk_index_column, filename_column,
+                *(span_columns or ())}
+        meta_names = _metadata_column_names(table, used, metadata_columns)
+        nd = len(doc_ids)
+        batch = cls(
+            pipeline=pipeline, doc_ids=doc_ids, filenames=filenames, doc_texts=[None] * nd,
+            formats=[None] * nd, doc_metadata=["{}"] * nd, counts=counts,
+            texts=_text_column(col(text_column), text_column), starts=starts, ends=ends,
+            chunk_index=chunk_index, user=pa.table({c: col(c) for c in meta_names}) if meta_names else None,
+            filename_rows=fname_rows,
+        )
+        return batch, vecs
 
 
-def _as_document(item: Any) -> Document:
+# -- documents -> prepared documents ---------------------------------------------------------
+
+
+def prepare(doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int,
+            extra_meta: Mapping[str, Any] | None) -> PreparedDocument:
+    """Reads, parses and chunks one document and checks its metadata (``extra_meta`` first,
+    the document's own on top). Raises on bad input before anything is stored."""
+    data, text, filename, path = read_source(doc)
+    if text is not None:
+        fmt = "text"
+        if not text.strip():
+            raise InvalidArgumentError("the text is empty: there is nothing to ingest")
+    else:
+        assert data is not None
+        parsed = parse(data, filename=filename, format=doc.format)
+        text, fmt = parsed.text, parsed.format
+    document_id = doc.document_id
+    if document_id is None:
+        document_id = doc.filename or path or hashlib.sha256(
+            data if data is not None else text.encode("utf-8")).hexdigest()[:16]
+    if not isinstance(document_id, str) or not document_id:
+        raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
+    metadata = check_metadata(extra_meta)
+    metadata.update(check_metadata(doc.metadata))
+    chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
+    if not chunks:
+        raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
+    return PreparedDocument(document_id, pipeline, filename, text, fmt, metadata, tuple(chunks))
+
+
+def prepare_all(items: Iterable[Any], pipeline: str, pcfg: Mapping[str, int],
+                extra_meta: Mapping[str, Any] | None) -> list[PreparedDocument]:
+    """Every document prepared (so that bad input raises before anything is stored); a
+    document id given twice raises."""
+    prepared: list[PreparedDocument] = []
+    seen: set[str] = set()
+    for item in items:
+        prep = prepare(as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta)
+        if prep.document_id in seen:
+            raise InvalidArgumentError(f"document id {prep.document_id!r} appears twice in one ingest call")
+        seen.add(prep.document_id)
+        prepared.append(prep)
+    return prepared
+
+
+def commit_groups(docs: list[PreparedDocument]) -> Iterator[list[PreparedDocument]]:
+    """The documents in consecutive groups of about COMMIT_ROWS chunks (one commit each)."""
+    start, rows = 0, 0
+    for i, doc in enumerate(docs):
+        rows += len(doc.chunks)
+        if rows >= COMMIT_ROWS or i == len(docs) - 1:
+            yield docs[start:i + 1]
+            start, rows = i + 1, 0
+
+
+def as_document(item: Any) -> Document:
+    """A :class:`Document` from a Document, a path or a dict of its fields."""
     if isinstance(item, Document):
         return item
     if isinstance(item, (str, os.PathLike)):
@@ -77,42 +214,7 @@ def _as_document(item: Any) -> Document:
     raise InvalidTypeError(f"expected a path, a Document or a dict, got {type(item).__name__}")
 
 
-def _check_meta_key(key: Any) -> None:
-    if not isinstance(key, str) or not key:
-        raise InvalidArgumentError(f"metadata keys must be non-empty str, got {key!r}")
-    if key in _RESERVED:
-        raise InvalidArgumentError(
-            f"metadata key {key!r} is reserved: the engine sets {', '.join(RESERVED_METADATA)} itself"
-        )
-    if key.startswith("__") or key.startswith("$"):
-        raise InvalidArgumentError(f"metadata key {key!r} may not start with '__' or '$'")
-
-
-def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, Mapping):
-        raise InvalidTypeError(f"metadata must be a dict, got {type(metadata).__name__}")
-    out = {}
-    for k, v in metadata.items():
-        _check_meta_key(k)
-        if v is None or isinstance(v, (str, bool, int)):
-            pass
-        elif isinstance(v, float):
-            if math.isnan(v):
-                raise InvalidArgumentError(f"metadata {k!r}: NaN is not allowed (use None for missing)")
-        elif isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
-            v = list(v)
-        else:
-            raise InvalidTypeError(
-                f"metadata {k!r}: values must be str, int, float, bool, a list of str or None, got "
-                f"{type(v).__name__}"
-            )
-        out[k] = v
-    return out
-
-
-def _read_source(doc: Document) -> tuple[bytes | None, str | None, str | None, str | None]:
+def read_source(doc: Document) -> tuple[bytes | None, str | None, str | None, str | None]:
     """(data, text, filename, path) of one input."""
     src = doc.source
     if doc.text is not None:
@@ -141,32 +243,47 @@ def _read_source(doc: Document) -> tuple[bytes | None, str | None, str | None, s
     raise InvalidTypeError(f"source must be a path, bytes or str, got {type(src).__name__}")
 
 
-def _prepare(doc: Document, chunk_size: int, chunk_overlap: int,
-             extra_meta: Mapping[str, Any] | None) -> _Prepared:
-    data, text, filename, path = _read_source(doc)
-    if text is not None:
-        fmt = "text"
-        if not text.strip():
-            raise InvalidArgumentError("the text is empty: there is nothing to ingest")
-    else:
-        assert data is not None
-        parsed = parse(data, filename=filename, format=doc.format)
-        text, fmt = parsed.text, parsed.format
-    document_id = doc.document_id
-    if document_id is None:
-        document_id = doc.filename or path or hashlib.sha256(
-            data if data is not None else text.encode("utf-8")).hexdigest()[:16]
-    if not isinstance(document_id, str) or not document_id:
-        raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
-    metadata = _check_metadata(extra_meta)
-    metadata.update(_check_metadata(doc.metadata))
-    chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
-    if not chunks:
-        raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
-    return _Prepared(document_id, filename, text, fmt, metadata, chunks)
+# -- metadata --------------------------------------------------------------------------------
 
 
-def _user_metadata_table(metas: list[dict[str, Any]], doc_of_row: np.ndarray) -> Any:
+def check_meta_key(key: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"metadata keys must be non-empty str, got {key!r}")
+    if key in RESERVED:
+        raise InvalidArgumentError(
+            f"metadata key {key!r} is reserved: the engine sets {', '.join(RESERVED_METADATA)} itself"
+        )
+    if key.startswith("__") or key.startswith("$"):
+        raise InvalidArgumentError(f"metadata key {key!r} may not start with '__' or '$'")
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A checked copy of one document's user metadata."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidTypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    out = {}
+    for k, v in metadata.items():
+        check_meta_key(k)
+        if v is None or isinstance(v, (str, bool, int)):
+            pass
+        elif isinstance(v, float):
+            if math.isnan(v):
+                raise InvalidArgumentError(f"metadata {k!r}: NaN is not allowed (use None for missing)")
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+            v = list(v)
+        else:
+            raise InvalidTypeError(
+                f"metadata {k!r}: values must be str, int, float, bool, a list of str or None, got "
+                f"{type(v).__name__}"
+            )
+        out[k] = v
+    return out
+
+
+def user_metadata_table(metas: list[dict[str, Any]], doc_of_row: np.ndarray) -> Any:
+    """The per-chunk user metadata columns (each document's values repeated over its rows)."""
     import pyarrow as pa
 
     keys: list[str] = []
@@ -194,7 +311,65 @@ def _user_metadata_table(metas: list[dict[str, Any]], doc_of_row: np.ndarray) ->
     return pa.table(cols) if cols else None
 
 
-def _as_table(data: Any) -> Any:
+# -- vectors ---------------------------------------------------------------------------------
+
+
+def check_vectors(vectors: Any, n: int, dim: int | None, kb_name: str) -> np.ndarray:
+    """``vectors`` as C-contiguous float32 [n, dim]; raises naming the problem (shape, dtype,
+    the knowledge base's dimension, NaN / inf)."""
+    vecs = np.asarray(vectors)
+    if vecs.ndim != 2 or vecs.shape[0] != n:
+        raise InvalidArgumentError(f"vectors must have shape [{n}, dim], got {list(vecs.shape)}")
+    if not np.issubdtype(vecs.dtype, np.floating) and not np.issubdtype(vecs.dtype, np.integer):
+        raise InvalidTypeError(f"vectors must be a float array, got dtype {vecs.dtype}")
+    vecs = np.ascontiguousarray(vecs, dtype=np.float32)
+    check_dim(vecs, dim, kb_name)
+    return vecs
+
+
+def check_dim(vecs: np.ndarray, dim: int | None, kb_name: str) -> None:
+    if dim is not None and vecs.shape[1] != dim:
+        raise InvalidArgumentError(f"vectors have dimension {vecs.shape[1]}, knowledge base {kb_name!r} has {dim}")
+    if not np.isfinite(vecs).all():
+        raise InvalidArgumentError("vectors contain NaN or infinite values")
+
+
+def embed(texts: list[str], embedder: Any, bar: Any) -> np.ndarray:
+    """Embeddings [len(texts), dim] in the embedder's batch size, advancing ``bar``."""
+    bs = int(getattr(embedder, "batch_size", 256) or 256)
+    dim = int(embedder.dim)
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    for s in range(0, len(texts), bs):
+        part = texts[s:s + bs]
+        out[s:s + len(part)] = check_embeddings(embedder.embed(part), len(part), dim, repr(embedder))
+        bar.update(len(part))
+    return out
+
+
+def progress(total: int, desc: str, enabled: bool | None) -> Any:
+    """A tqdm bar on a terminal (stderr), else a no-op with the same update/close methods."""
+    if enabled is None:
+        enabled = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if enabled:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="chunk", leave=False, dynamic_ncols=True)
+    return _NoBar()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# -- Arrow input -----------------------------------------------------------------------------
+
+
+def as_table(data: Any) -> Any:
+    """A pyarrow Table from a Table, a RecordBatch or a Parquet / Arrow IPC file path."""
     import pyarrow as pa
 
     if isinstance(data, pa.Table):
@@ -220,18 +395,30 @@ def _as_table(data: Any) -> Any:
     )
 
 
+def _table_vectors(table: Any, vectors: Any, vector_column: str, dim: int | None,
+                   kb_name: str) -> np.ndarray:
+    if vectors is not None:
+        return check_vectors(vectors, table.num_rows, dim, kb_name)
+    if vector_column not in table.column_names:
+        raise InvalidArgumentError(
+            f"the table has no vector column {vector_column!r}; name it with "
+            "vector_column= or pass vectors="
+        )
+    vecs = _vectors_from_column(table.column(vector_column))
+    check_dim(vecs, dim, kb_name)
+    return vecs
+
+
 def _vectors_from_column(col: Any) -> np.ndarray:
     import pyarrow as pa
 
-    arr = _combine(col)
+    arr = combined(col)
     t = arr.type
     if arr.null_count:
         raise InvalidArgumentError("the vector column has null rows")
     if pa.types.is_fixed_size_list(t):
-        dim = t.list_size
-        flat = arr.flatten() if arr.offset == 0 else arr.flatten()
-        values = flat.to_numpy(zero_copy_only=False)
-        return np.ascontiguousarray(values.reshape(len(arr), dim), dtype=np.float32)
+        values = arr.flatten().to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(values.reshape(len(arr), t.list_size), dtype=np.float32)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False))
         if len(lengths) and (lengths != lengths[0]).any():
@@ -240,3 +427,49 @@ def _vectors_from_column(col: Any) -> np.ndarray:
         values = arr.flatten().to_numpy(zero_copy_only=False)
         return np.ascontiguousarray(values.reshape(len(arr), dim), dtype=np.float32)
     raise InvalidTypeError(f"the vector column must be a list of floats, got {t}")
+
+
+def _document_codes(table: Any, column: str) -> tuple[np.ndarray, list[str]]:
+    """(per-row document code, document ids by code) of the document id column."""
+    import pyarrow as pa
+
+    doc_col = combined(table.column(column))
+    if pa.types.is_dictionary(doc_col.type):
+        doc_col = doc_col.cast(doc_col.type.value_type)
+    if pa.types.is_integer(doc_col.type):
+        doc_col = doc_col.cast(pa.string())
+    if not (pa.types.is_string(doc_col.type) or pa.types.is_large_string(doc_col.type)):
+        raise InvalidTypeError(f"column {column!r} must hold strings or integers, got {doc_col.type}")
+    if doc_col.null_count:
+        raise InvalidArgumentError(f"column {column!r} has null document ids")
+    enc = doc_col.dictionary_encode()
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    doc_ids = enc.dictionary.cast(pa.string()).to_pylist()
+    if any(d == "" for d in doc_ids):
+        raise InvalidArgumentError(f"column {column!r} has empty document ids")
+    return codes, doc_ids
+
+
+def _text_column(texts: Any, column: str) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(texts.type):
+        texts = texts.cast(texts.type.value_type)
+    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+        raise InvalidTypeError(f"column {column!r} must hold strings, got {texts.type}")
+    texts = texts.cast(pa.large_string())
+    return pc.fill_null(texts, "") if texts.null_count else texts
+
+
+def _metadata_column_names(table: Any, used: set[Any], metadata_columns: Sequence[str] | None) -> list[str]:
+    if metadata_columns is None:
+        names = [c for c in table.column_names if c not in used]
+    else:
+        names = list(metadata_columns)
+        for c in names:
+            if c not in table.column_names:
+                raise InvalidArgumentError(f"metadata column {c!r} is not in the table")
+    for c in names:
+        check_meta_key(c)
+    return names

@@ -1,11 +1,87 @@
-"""The checkpoint and compaction policy."""
+"""The manifest as data: the next generation, marking documents deleted, and the checkpoint and
+compaction policy. Pure functions on manifest dicts; nothing here touches the disk
+(:mod:`kbcore.storage` reads and writes the file, :mod:`kbcore.engine.commit` decides when).
+
+A manifest (``manifest.json``, see :mod:`kbcore.storage`) holds ``generation``, ``config``
+(metric, index kind and parameters, dim, chunking, search defaults), ``embedder`` (its spec),
+``pipelines``, ``next_id``, ``next_group``, ``segments`` (name, rows, docs, deleted_docs,
+files) and ``index`` (the checkpoint's file entry and rows, or None).
+"""
 
 from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .types import DEFAULT_PIPELINE
+
+if TYPE_CHECKING:
+    from .segments import Segment
 
 #: A checkpoint of the index is written when the rows not covered by the last one exceed
 #: max(CKPT_MIN_ROWS, CKPT_FRACTION * rows in it): reopening replays at most that many.
 CKPT_MIN_ROWS = 4096
 CKPT_FRACTION = 0.5
 #: Compaction runs when more than this many segments exist, or when deleted rows are more
-#: than half of the stored rows.
+#: than half of the stored rows (and more than COMPACT_MIN_ROWS rows are stored).
 MAX_SEGMENTS = 32
+COMPACT_MIN_ROWS = 256
+
+
+def initial(name: str, config: dict[str, Any], embedder: dict[str, Any], description: str) -> dict[str, Any]:
+    """The manifest of a new, empty knowledge base (generation 1)."""
+    return {
+        "name": name, "generation": 1, "created_at": time.time(), "description": description,
+        "config": dict(config), "embedder": embedder,
+        "pipelines": {DEFAULT_PIPELINE: {"chunk_size": config["chunk_size"],
+                                         "chunk_overlap": config["chunk_overlap"]}},
+        "next_id": 0, "next_group": 0, "segments": [], "index": None,
+    }
+
+
+def next_generation(m: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``m`` with the generation incremented (what a mutation edits)."""
+    out = json.loads(json.dumps(m))  # the manifest is plain JSON data; faster than deepcopy
+    out["generation"] = m["generation"] + 1
+    return out
+
+
+def mark_deleted(m: dict[str, Any], refs: Iterable[tuple[Segment, int]]) -> None:
+    """Marks the (segment, document row) refs deleted in ``m``; drops the segments left without
+    a live document."""
+    by_name = {s["name"]: s for s in m["segments"]}
+    for seg, row in refs:
+        entry = by_name[seg.name]
+        if row not in entry["deleted_docs"]:
+            entry["deleted_docs"].append(row)
+            entry["deleted_docs"].sort()
+    m["segments"] = [s for s in m["segments"] if len(s["deleted_docs"]) < s["docs"]]
+
+
+def drop_vector_files(m: dict[str, Any]) -> None:
+    """A checkpoint covers every row: no segment needs its vector file any more."""
+    for seg in m["segments"]:
+        seg["files"]["vectors"] = None
+
+
+def tail_rows(m: dict[str, Any]) -> int:
+    """Rows not covered by the index checkpoint (their segment still has a vector file)."""
+    return sum(s["rows"] for s in m["segments"] if s["files"].get("vectors"))
+
+
+def checkpoint_rows(m: dict[str, Any]) -> int:
+    idx = m.get("index")
+    return int(idx.get("rows", 0)) if idx else 0
+
+
+def needs_checkpoint(m: dict[str, Any], new_rows: int) -> bool:
+    """Whether a commit adding ``new_rows`` to ``m`` (the current manifest) checkpoints."""
+    return tail_rows(m) + new_rows >= max(CKPT_MIN_ROWS, CKPT_FRACTION * checkpoint_rows(m))
+
+
+def needs_compaction(m: dict[str, Any], live_rows: int) -> bool:
+    stored = sum(s["rows"] for s in m["segments"])
+    return len(m["segments"]) > MAX_SEGMENTS or (
+        stored > COMPACT_MIN_ROWS and stored - live_rows > stored // 2)

@@ -1,20 +1,267 @@
-"""Retrieval helpers."""
+"""Retrieval: read-only, driven by one :class:`SearchOptions`, through the public
+:class:`~kbcore.Index` API only.
+
+Routes: ``vector`` (``Index.search``, or ``Index.search_groups`` over the ``_group`` field
+for ``deduplicate=True``: the native grouping), ``full_text`` (``Index.search_text``) and
+``hybrid`` (both legs over a window of candidates, fused by :mod:`kbcore.fusion`). A fused
+list is deduplicated in fused order by the chunks' ``_group`` values (read from the
+snapshot's segments), widening the window while too few documents come back.
+
+Scores: vector hits map the distance (:mod:`kbcore.engine.scores`); full-text hits score
+``bm25 / best bm25 of the query``; RRF hits their RRF value over its maximum
+``2 / (rrf_k + 1)``; linear fusion ``vector_weight * minmax(vector score) + (1 - vector_weight)
+* minmax(bm25)``. For full-text and hybrid hits ``distance`` is ``1 - score``.
+
+Every search takes the knowledge base's ``RWLock.read()`` once and uses one
+:class:`~kbcore.engine.state.KbState` snapshot throughout. Writes nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from .types import _GROUP
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..filters import native_filter
+from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf
+from ..index import Index
+from .scores import score_from_distance
+from .state import KbState, StateCell
+from .types import FUSIONS, GROUP_FIELD, SEARCH_TYPES, Hit, SearchOptions, check_choice
 
-if TYPE_CHECKING:
-    from .knowledge_base import KnowledgeBase
+#: (chunk id, distance or fused score, ids of the chunks of its document met) of one result.
+Candidate = tuple[int, float, Sequence[int]]
+#: Embeds one text query (raising a clear error when the knowledge base cannot).
+EmbedQuery = Callable[[str, str], np.ndarray]
+
+_DEFAULT_OPTIONS = SearchOptions()
+_OPTION_NAMES = SearchOptions._fields
 
 
-def _search_groups(kb: KnowledgeBase, q: np.ndarray, k: int, where: Any, ef: int | None) -> list[tuple[int, float, Sequence[int]]]:
-    """(best id, its distance, part ids) of the k nearest groups: native ``search_groups``."""
-    groups = kb._index.search_groups(q, k, group_by=_GROUP, group_size=1, where=where, ef=ef,
-                                     threads=1)
-    return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
+def options(base: SearchOptions | None, overrides: Mapping[str, Any]) -> SearchOptions:
+    """The options of one call: ``base`` (or the defaults) with keyword ``overrides``."""
+    if not overrides:
+        if base is None:
+            return _DEFAULT_OPTIONS
+        if type(base) is not SearchOptions:
+            raise InvalidTypeError(f"options must be a SearchOptions, got {type(base).__name__}")
+        return base
+    try:
+        if base is None:
+            return SearchOptions(**overrides)
+        if type(base) is SearchOptions:
+            return base._replace(**overrides)
+    except TypeError:
+        unknown = next((k for k in overrides if k not in _OPTION_NAMES), None)
+        if unknown is None:
+            raise
+        raise InvalidTypeError(
+            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}") from None
+    except ValueError:  # _replace names the unexpected field with a ValueError
+        unknown = next(k for k in overrides if k not in _OPTION_NAMES)
+        raise InvalidTypeError(
+            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}") from None
+    raise InvalidTypeError(f"options must be a SearchOptions, got {type(base).__name__}")
+
+
+def check_k(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < 1:
+        raise InvalidArgumentError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery) -> list[Hit]:
+    """The ``top_k`` best hits of ``query`` (see :meth:`KnowledgeBase.retrieve`)."""
+    top_k = check_k(top_k, "top_k")
+    threshold = opts.score_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise InvalidTypeError(f"score_threshold must be a number, got {type(threshold).__name__}")
+    state = cell.state
+    mode, fusion, weight = _search_mode(state, query, opts)
+    if opts is not _DEFAULT_OPTIONS:  # checked whatever the search type (the defaults are valid)
+        check_rrf_k(opts.rrf_k, "rrf_k")
+        if opts.window is not None:
+            check_k(opts.window, "window")
+    if opts.query_vector is not None and not isinstance(query, str):
+        raise InvalidArgumentError("query_vector= goes with a text query; the query is already a vector")
+    where = _where(state, opts.filters, opts.pipelines)
+    if mode != "vector":
+        return _retrieve_fused(cell, query, top_k, opts, where, mode, fusion, weight, embed_query)
+    q = _query_vector(query if opts.query_vector is None else opts.query_vector, embed_query)
+    with cell.rw.read():
+        state = cell.state
+        index = state.index
+        if index is None or len(index) == 0:
+            return []
+        cands = vector_candidates(index, q, top_k, where, opts.deduplicate, opts.ef)
+        metric = state.config["metric"]
+        if threshold > 0.0:
+            cands = [c for c in cands if score_from_distance(c[1], metric) >= threshold]
+        return make_hits(state, cands, metric, fused=False)
+
+
+def vector_candidates(index: Index, q: np.ndarray, top_k: int, where: Any, deduplicate: bool,
+                      ef: int | None) -> list[Candidate]:
+    """The nearest chunks (or, deduplicating, the best chunk of each nearest document group,
+    natively) as candidates. One native call; the benchmark replaces it to time the rest."""
+    if deduplicate:
+        groups = index.search_groups(q, top_k, group_by=GROUP_FIELD, group_size=1, where=where,
+                                     ef=ef, threads=1)
+        return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
+    ids, dist = index.search(q, top_k, where=where, ef=ef, threads=1)
+    return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]
+
+
+def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: bool) -> list[Hit]:
+    """Hits of candidates (values are distances, or fused scores when ``fused``). Caller
+    holds the read lock: ``state.index`` holds every candidate."""
+    if not cands:
+        return []
+    metas = state.index.get_metadata([c[0] for c in cands])  # type: ignore[union-attr]
+    hits = []
+    locate = state.locate
+    for (cid, value, parts), meta in zip(cands, metas):
+        seg, row = locate(cid)
+        del meta[GROUP_FIELD]
+        if len(parts):
+            parts = tuple(int(s.chunk_index[r]) for s, r in map(locate, parts))
+        if fused:
+            score, dist = value, 1.0 - value
+        else:
+            score, dist = score_from_distance(value, metric), value
+        hits.append(Hit(cid, meta["document_id"], seg.text[row].as_py(), meta, dist, score,
+                        meta["pipeline_name"], meta["chunk_index"], tuple(parts)))
+    return hits
+
+
+def _search_mode(state: KbState, query: Any, opts: SearchOptions) -> tuple[str, str, float]:
+    """(search type, fusion, vector weight): the options, else the knowledge base's defaults.
+    A vector query under a *default* text or hybrid search type searches vectors."""
+    d_mode, d_fusion, d_weight = state.defaults
+    explicit = opts.search_type is not None
+    mode = check_choice("search_type", opts.search_type, SEARCH_TYPES) if explicit else d_mode
+    fusion = d_fusion if opts.fusion is None else check_choice("fusion", opts.fusion, FUSIONS)
+    weight = d_weight if opts.vector_weight is None else check_vector_weight(opts.vector_weight)
+    if mode != "vector" and not isinstance(query, str):
+        if isinstance(query, (bytes, bytearray)):
+            raise InvalidTypeError("a query is a str or a vector, got bytes")
+        if explicit:
+            raise InvalidArgumentError(
+                f"search_type={mode!r} needs the query as a string (BM25 searches text), got a "
+                f"{type(query).__name__}; pass the text as query (for hybrid search of a "
+                "knowledge base without embedder, also the vector as query_vector=)"
+            )
+        mode = "vector"
+    return mode, fusion, weight
+
+
+def _where(state: KbState, filters: Mapping[str, Any] | None, pipelines: Sequence[str] | str | None) -> Any:
+    if pipelines is None:
+        return filters
+    if isinstance(pipelines, str):
+        pipelines = [pipelines]
+    for p in pipelines:
+        state.pipeline(p)
+    clause = {"pipeline_name": {"$in": list(pipelines)}}
+    return {"$and": [filters, clause]} if filters else clause
+
+
+def _query_vector(query: Any, embed_query: EmbedQuery) -> np.ndarray:
+    if isinstance(query, str):
+        if not query.strip():
+            raise InvalidArgumentError("the query is empty")
+        return embed_query(query, "embed a text query")
+    if isinstance(query, (bytes, bytearray)):
+        raise InvalidTypeError("a query is a str or a vector, got bytes")
+    q = np.asarray(query)
+    if q.dtype == object or not (np.issubdtype(q.dtype, np.floating) or np.issubdtype(q.dtype, np.integer)):
+        raise InvalidTypeError(f"a query is a str or a float vector, got {type(query).__name__} of dtype {q.dtype}")
+    if q.ndim == 2 and q.shape[0] == 1:
+        q = q[0]
+    if q.ndim != 1:
+        raise InvalidArgumentError(f"a query vector must be 1-D, got shape {list(q.shape)}")
+    return q
+
+
+def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions, where: Any, mode: str,
+                    fusion: str, weight: float, embed_query: EmbedQuery) -> list[Hit]:
+    """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
+    fusion in Python, dedup after fusion (widening the window while too few documents)."""
+    if not query.strip():
+        raise InvalidArgumentError("the query is empty")
+    rrf_k = float(opts.rrf_k)
+    window = max(4 * top_k, 50) if opts.window is None else int(opts.window)
+    ef = None if opts.ef is None else check_k(opts.ef, "ef")
+    q = None
+    if mode == "hybrid":
+        if opts.query_vector is None:
+            q = embed_query(query, "embed the query for hybrid search (pass query_vector=, or use "
+                                   "search_type='full_text')")
+        else:
+            q = _query_vector(opts.query_vector, embed_query)
+        q = np.ascontiguousarray(q, dtype=np.float32)  # once, not per widening step
+    nf = native_filter(where)  # one compiled native filter for both legs
+    with cell.rw.read():
+        state = cell.state
+        index = state.index
+        if index is None or len(index) == 0:
+            return []
+        metric = state.config["metric"]
+        n = len(index)
+        if mode == "full_text" and not opts.deduplicate:
+            window = min(window, top_k)  # one leg, no collapse: top_k candidates suffice
+        while True:
+            w = min(window, n)
+            vec_leg: list[tuple[int, float]] = []
+            if q is not None:
+                ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
+                if ids[-1] < 0:
+                    keep = ids >= 0
+                    ids, dist = ids[keep], dist[keep]
+                vec_leg = list(zip(ids.tolist(), score_from_distance(dist, metric).tolist()))
+            tids, tscores = index.search_text(query, w, where=nf)
+            text_leg = list(zip(tids.tolist(), tscores.tolist()))
+            fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k)
+            if not opts.deduplicate:
+                cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
+                break
+            cands = _dedup_fused(state, fused, top_k)
+            full = len(tids) == w or len(vec_leg) == w
+            if len(cands) >= top_k or not full or w >= n:
+                break
+            window = w * 4
+        if opts.score_threshold > 0.0:
+            cands = [c for c in cands if c[1] >= opts.score_threshold]
+        return make_hits(state, cands, metric, fused=True)
+
+
+def _fuse(mode: str, fusion: str, vec_leg: list[tuple[int, float]], text_leg: list[tuple[int, float]],
+          weight: float, rrf_k: float) -> list[tuple[int, float]]:
+    if mode == "full_text":
+        top = text_leg[0][1] if text_leg else 0.0
+        return [(i, min(1.0, s / top) if top > 0.0 else 0.0) for i, s in text_leg]
+    if fusion == "rrf":
+        return normalize_rrf(rrf([vec_leg, text_leg], k=rrf_k), 2, rrf_k)
+    return linear(vec_leg, text_leg, weight)
+
+
+def _dedup_fused(state: KbState, fused: list[tuple[int, float]], top_k: int) -> list[Candidate]:
+    """The best chunk of each (pipeline, document) in fused order, with the ids of every chunk
+    of that document among the fused candidates (best first)."""
+    if not fused:
+        return []
+    groups = state.groups_of(np.fromiter((f[0] for f in fused), np.int64, len(fused))).tolist()
+    slot: dict[int, int] = {}
+    out: list[tuple[int, float, list[int]]] = []
+    for (cid, score), g in zip(fused, groups):
+        i = slot.get(g)
+        if i is None:
+            slot[g] = len(out)
+            out.append((cid, score, [cid]))
+        else:
+            out[i][2].append(cid)
+    return out[:top_k]  # type: ignore[return-value]

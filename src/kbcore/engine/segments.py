@@ -1,39 +1,77 @@
-"""A segment: one immutable batch of chunks and their documents on disk, memory-mapped."""
+"""Segments: immutable batches of chunks (and their documents) on disk, memory-mapped, and the
+Arrow tables they are made of.
+
+A segment is three files named after the generation that wrote it: ``seg-G.chunks.arrow``
+(one row per chunk: ``__id``, ``__text``, ``__start``, ``__end`` and the chunk metadata),
+``seg-G.docs.arrow`` (one row per document) and, until an index checkpoint covers it,
+``seg-G.vectors.npy``. This module builds and reads the tables; it writes nothing
+(:mod:`kbcore.engine.commit` does). Imports :mod:`kbcore.storage` and the engine's types only.
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any
+import json
+import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .types import _GROUP
+from .. import storage
+from .types import GROUP_FIELD, INTERNAL_COLUMNS, DocumentInfo
+
+if TYPE_CHECKING:
+    from .ingest import ChunkBatch
 
 
-class _Segment:
-    """One immutable batch of chunks (and their documents) on disk, memory-mapped."""
+class Segment:
+    """One segment as loaded: its tables and numpy views of the columns the engine reads.
+
+    Immutable: the liveness of its documents (``doc_live``) belongs to one manifest entry's
+    ``deleted_docs``; :meth:`with_entry` returns a Segment sharing the tables for a newer one.
+    """
+
+    __slots__ = ("name", "deleted", "chunks", "docs", "ids", "min_id", "max_id", "contiguous", "text",
+                 "start", "end", "chunk_index", "groups", "doc_offsets", "doc_ids", "doc_pipelines",
+                 "doc_live")
 
     def __init__(self, entry: dict[str, Any], chunks: Any, docs: Any) -> None:
-        self.entry = entry  # the manifest entry (deleted_docs is updated in place)
         self.name: str = entry["name"]
+        self.deleted: tuple[int, ...] = tuple(entry.get("deleted_docs", ()))
         self.chunks = chunks
         self.docs = docs
-        self.ids = _np(chunks.column("__id"), np.int64)
+        self.ids = to_numpy(chunks.column("__id"), np.int64)
         self.min_id = int(self.ids[0]) if len(self.ids) else 0
         self.max_id = int(self.ids[-1]) if len(self.ids) else -1
         self.contiguous = len(self.ids) == 0 or self.max_id - self.min_id + 1 == len(self.ids)
-        self.text = _combine(chunks.column("__text"))
-        self.start = _np(chunks.column("__start"), np.int64)
-        self.end = _np(chunks.column("__end"), np.int64)
-        self.chunk_index = _np(chunks.column("chunk_index"), np.int64)
-        self.groups = _np(chunks.column(_GROUP), np.int64)
-        counts = _np(docs.column("n_chunks"), np.int64)
+        self.text = combined(chunks.column("__text"))
+        self.start = to_numpy(chunks.column("__start"), np.int64)
+        self.end = to_numpy(chunks.column("__end"), np.int64)
+        self.chunk_index = to_numpy(chunks.column("chunk_index"), np.int64)
+        self.groups = to_numpy(chunks.column(GROUP_FIELD), np.int64)
+        counts = to_numpy(docs.column("n_chunks"), np.int64)
         self.doc_offsets = np.concatenate(([0], np.cumsum(counts)))
         self.doc_ids: list[str] = docs.column("document_id").to_pylist()
         self.doc_pipelines: list[str] = docs.column("pipeline_name").to_pylist()
-        self.doc_live = np.ones(len(counts), dtype=bool)
-        for d in entry.get("deleted_docs", []):
-            self.doc_live[d] = False
+        self.doc_live = _liveness(len(counts), self.deleted)
+
+    @classmethod
+    def read(cls, dirpath: str, entry: dict[str, Any]) -> Segment:
+        """Loads the segment of a manifest entry (checksums verified by storage)."""
+        return cls(entry, storage.read_arrow(dirpath, entry["files"]["chunks"]),
+                   storage.read_arrow(dirpath, entry["files"]["docs"]))
+
+    def with_entry(self, entry: dict[str, Any]) -> Segment:
+        """This segment under a newer manifest entry: itself when no more documents were
+        deleted, else a copy sharing the tables with the new liveness."""
+        deleted = tuple(entry.get("deleted_docs", ()))
+        if deleted == self.deleted:
+            return self
+        new = object.__new__(Segment)
+        for name in Segment.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.deleted = deleted
+        new.doc_live = _liveness(len(self.doc_ids), deleted)
+        return new
 
     @property
     def rows(self) -> int:
@@ -52,25 +90,101 @@ class _Segment:
             return chunk_id - self.min_id
         return int(np.searchsorted(self.ids, chunk_id))
 
-    def doc_row(self, row: int) -> int:
-        return int(np.searchsorted(self.doc_offsets, row, side="right")) - 1
+    def rows_of(self, chunk_ids: np.ndarray) -> np.ndarray:
+        if self.contiguous:
+            return chunk_ids - self.min_id
+        return np.searchsorted(self.ids, chunk_ids)
 
     def doc_chunk_ids(self, doc_row: int) -> np.ndarray:
         return self.ids[self.doc_offsets[doc_row]:self.doc_offsets[doc_row + 1]]
 
+    def doc_texts(self, doc_row: int) -> list[str]:
+        """The chunk texts of one document (for the BM25 leg)."""
+        return text_list(self.text[self.doc_offsets[doc_row]:self.doc_offsets[doc_row + 1]])
 
-def _np(col: Any, dtype: Any) -> np.ndarray:
-    arr = _combine(col)
+    def index_rows(self, rows: np.ndarray) -> tuple[np.ndarray, Any, list[str]]:
+        """(ids, metadata table, texts) of some rows, as :meth:`Index.add` takes them."""
+        meta = self.chunks.take(rows).drop_columns(list(INTERNAL_COLUMNS))
+        return self.ids[rows], meta, text_list(self.text.take(rows))
+
+
+def _liveness(ndocs: int, deleted: tuple[int, ...]) -> np.ndarray:
+    live = np.ones(ndocs, dtype=bool)
+    live[list(deleted)] = False
+    return live
+
+
+def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tuple[Any, Any, Any]:
+    """(chunk table, its metadata columns for the index, document table) of a batch whose
+    chunks get ``ids`` and whose documents get dedup ``groups``."""
+    import pyarrow as pa
+
+    n, ndocs = len(ids), len(batch.doc_ids)
+    doc_of_row = pa.array(np.repeat(np.arange(ndocs), batch.counts))
+    doc_id_arr = pa.array(batch.doc_ids, pa.string()).take(doc_of_row)
+    fname = (batch.filename_rows if batch.filename_rows is not None
+             else pa.array(batch.filenames, pa.string()).take(doc_of_row))
+    cols: dict[str, Any] = {
+        "__id": pa.array(ids), "__text": batch.texts,
+        "__start": pa.array(batch.starts), "__end": pa.array(batch.ends),
+        "document_id": doc_id_arr, "file_id": doc_id_arr,
+        "chunk_index": pa.array(batch.chunk_index, pa.int64()),
+        "filename": fname,
+        "pipeline_name": pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(n, np.int32)), pa.array([batch.pipeline])).cast(pa.string()),
+        GROUP_FIELD: pa.array(np.repeat(groups, batch.counts)),
+    }
+    if batch.user is not None:
+        for c in batch.user.column_names:
+            cols[c] = combined(batch.user.column(c))
+    chunks = pa.table(cols)
+    doc_table = pa.table({
+        "document_id": pa.array(batch.doc_ids, pa.string()),
+        "pipeline_name": pa.array([batch.pipeline] * ndocs, pa.string()),
+        "filename": pa.array(batch.filenames, pa.string()),
+        "text": pa.array(batch.doc_texts, pa.large_string()),
+        "format": pa.array(batch.formats, pa.string()),
+        "n_chunks": pa.array(batch.counts, pa.int64()),
+        "group": pa.array(groups),
+        "metadata": pa.array(batch.doc_metadata, pa.string()),
+        "ingested_at": pa.array(np.full(ndocs, time.time())),
+    })
+    return chunks, chunks.drop_columns(list(INTERNAL_COLUMNS)), doc_table
+
+
+def live_tables(segments: tuple[Segment, ...]) -> tuple[Any, Any] | None:
+    """(chunk table, document table) of the live rows of every segment, concatenated; None
+    when nothing is live (compaction)."""
+    import pyarrow as pa
+
+    chunk_parts, doc_parts = [], []
+    for seg in segments:
+        if seg.doc_live.any():
+            chunk_parts.append(seg.chunks.filter(pa.array(seg.live_mask())))
+            doc_parts.append(seg.docs.filter(pa.array(seg.doc_live)))
+    if not chunk_parts:
+        return None
+    return (pa.concat_tables(chunk_parts, promote_options="default").combine_chunks(),
+            pa.concat_tables(doc_parts, promote_options="default").combine_chunks())
+
+
+# -- Arrow column helpers ----------------------------------------------------------------------
+
+
+def to_numpy(col: Any, dtype: Any) -> np.ndarray:
+    """An Arrow column (chunked or not) as a numpy array of ``dtype``."""
+    arr = combined(col)
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def _combine(col: Any) -> Any:
+def combined(col: Any) -> Any:
+    """A ChunkedArray as one Array (no copy when it has one chunk); an Array as is."""
     if hasattr(col, "combine_chunks"):
         return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     return col
 
 
-def _text_list(arr: Any) -> list[str]:
+def text_list(arr: Any) -> list[str]:
     """A pyarrow string array as a list of str for the native BM25 leg (null -> "")."""
     if arr.null_count:
         import pyarrow.compute as pc
@@ -79,9 +193,45 @@ def _text_list(arr: Any) -> list[str]:
     return arr.to_pylist()
 
 
-def _unlink_all(dirpath: str, names: list[str]) -> None:
-    for name in names:
-        try:
-            os.unlink(os.path.join(dirpath, name))
-        except OSError:
-            pass
+# -- documents -----------------------------------------------------------------------------------
+
+
+def document_text(seg: Segment, d: int) -> str:
+    """The source text of document row ``d``: as parsed at ingest, or (for pre-embedded
+    chunks) rebuilt from its chunks in chunk order, placed at their spans when known."""
+    text = seg.docs.column("text")[d].as_py()
+    if text is not None:
+        return text
+    lo, hi = int(seg.doc_offsets[d]), int(seg.doc_offsets[d + 1])
+    rows = sorted(range(lo, hi), key=lambda r: int(seg.chunk_index[r]))
+    out = ""
+    end = 0
+    for r in rows:
+        piece = seg.text[r].as_py()
+        s, e = int(seg.start[r]), int(seg.end[r])
+        if s < 0 or e < 0:
+            out = piece if not out else out + "\n\n" + piece
+            continue
+        if s > end:
+            out += " " * (s - end) if out else ""
+            out += piece
+        elif e > end:
+            out += piece[end - s:]
+        end = max(end, e)
+    return out
+
+
+def document_infos(seg: Segment, pipeline: str | None) -> list[DocumentInfo]:
+    """The live documents of a segment (of one pipeline, or all), in ingest order."""
+    meta = seg.docs.column("metadata").to_pylist()
+    fnames = seg.docs.column("filename").to_pylist()
+    fmts = seg.docs.column("format").to_pylist()
+    when = seg.docs.column("ingested_at").to_pylist()
+    counts = np.diff(seg.doc_offsets)
+    out = []
+    for d in np.flatnonzero(seg.doc_live):
+        if pipeline is not None and seg.doc_pipelines[d] != pipeline:
+            continue
+        out.append(DocumentInfo(seg.doc_ids[d], seg.doc_pipelines[d], fnames[d], int(counts[d]),
+                                json.loads(meta[d]), fmts[d], when[d]))
+    return out

@@ -1,28 +1,61 @@
-"""The engine's result and input types, the reserved names, and the checks of names and choices."""
+"""The engine's public value types, reserved names and the checks of names and choices.
+
+Imports nothing from the rest of :mod:`kbcore.engine`; holds nothing mutable.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..chunking import Chunk
 from ..errors import InvalidArgumentError
 
 #: Metadata fields the engine sets on every chunk; user metadata may not use these names.
 RESERVED_METADATA = ("document_id", "file_id", "chunk_index", "filename", "pipeline_name")
-_GROUP = "_group"  # internal: one int per (pipeline, document) ingest, the dedup key
-_RESERVED = frozenset(RESERVED_METADATA) | {_GROUP}
-_INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_DEFAULT_PIPELINE = "default"
+#: Internal metadata field: one int per (pipeline, document) ingest, the dedup key.
+GROUP_FIELD = "_group"
+RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD}
+#: Columns of a segment's chunk table that are not chunk metadata.
+INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
+DEFAULT_PIPELINE = "default"
 
 #: ``retrieve``'s search types and hybrid fusions.
 SEARCH_TYPES = ("vector", "full_text", "hybrid")
 FUSIONS = ("rrf", "linear")
 #: A knowledge base's search defaults when its manifest predates them.
-_SEARCH_DEFAULTS: dict[str, Any] = {"search_type": "vector", "fusion": "rrf", "vector_weight": 0.7}
+SEARCH_DEFAULTS: dict[str, Any] = {"search_type": "vector", "fusion": "rrf", "vector_weight": 0.7}
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def is_valid_name(name: object) -> bool:
+    """Whether ``name`` is a valid knowledge base or pipeline name (the whole string must
+    match: a trailing newline is not accepted)."""
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
+def check_name(name: Any, what: str) -> str:
+    """``name`` if valid, else InvalidArgumentError naming the rule."""
+    if not is_valid_name(name):
+        raise InvalidArgumentError(
+            f"{what} name {name!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else InvalidArgumentError listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+# -- results ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +129,32 @@ class DocumentInfo:
     ingested_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class KbStats:
+    """Storage counters of a knowledge base (:meth:`KnowledgeBase.stats`).
+
+    ``segments``: segment files sets on disk; ``tail_rows``: chunks stored in segments that
+    still have a vector file, i.e. not covered by the index checkpoint (reopening replays
+    them); ``checkpoint_rows``: rows in the index checkpoint (0: none); ``vector_files``:
+    segments with a vector file; ``pending_graph_rows``: chunks not yet linked into the HNSW
+    graph; ``text_leg_unsaved``: the index's BM25 leg was rebuilt on load and is not yet
+    checkpointed; ``generation``: the manifest generation (one per committed mutation).
+    """
+
+    chunks: int
+    documents: int
+    segments: int
+    tail_rows: int
+    checkpoint_rows: int
+    vector_files: int
+    pending_graph_rows: int
+    text_leg_unsaved: bool
+    generation: int
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
 @dataclass
 class Document:
     """One input of :meth:`KnowledgeBase.ingest_many`.
@@ -113,16 +172,58 @@ class Document:
     text: str | None = None
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class PreparedDocument:
+    """A document read, parsed and chunked by :meth:`KnowledgeBase.prepare`, waiting for its
+    chunks' vectors (:meth:`KnowledgeBase.ingest_prepared`).
+
+    ``texts`` are the chunk texts to embed, in order; ``pipeline`` the pipeline whose chunking
+    made them. ``metadata`` is the checked user metadata.
+    """
+
+    document_id: str
+    pipeline: str
+    filename: str | None
+    text: str
+    format: str
+    metadata: dict[str, Any]
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def texts(self) -> list[str]:
+        """The chunks' texts (what to embed), in chunk order."""
+        return [c.text for c in self.chunks]
 
 
-def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise InvalidArgumentError(
-            f"{what} name {name!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
+class SearchOptions(NamedTuple):
+    """The knobs of :meth:`KnowledgeBase.retrieve` (and ``retrieve_key`` / ``retrieve_text``).
+
+    - ``filters``: a native ``where`` filter over chunk metadata (``docs/filter-ir.md``);
+      ``pipelines``: the pipelines searched (None: all);
+    - ``deduplicate``: at most one chunk (the best) per document and pipeline, ``top_k``
+      distinct documents when there are that many (after fusion for hybrid search);
+    - ``score_threshold``: drop hits scoring below it; ``ef``: HNSW search breadth;
+    - ``search_type`` (None: the knowledge base's default): ``"vector"`` (nearest neighbours
+      of the query's embedding), ``"full_text"`` (BM25 over the chunks' text; needs a str
+      query, no embedder) or ``"hybrid"`` (both legs, each over ``window`` candidates, default
+      ``max(4 * top_k, 50)``, under the same filters, fused by ``fusion``: ``"rrf"``,
+      reciprocal rank fusion with 1-based ranks and constant ``rrf_k``, or ``"linear"``,
+      ``vector_weight * minmax(vector score) + (1 - vector_weight) * minmax(BM25)``);
+    - ``query_vector``: the vector leg's query for a str query (a knowledge base without
+      embedder, or a precomputed embedding).
+
+    Values are checked when a search uses them; errors name the option. Immutable (a
+    NamedTuple: cheap to build per call); ``opts._replace(deduplicate=True)`` derives one.
+    """
+
+    score_threshold: float = 0.0
+    filters: Mapping[str, Any] | None = None
+    deduplicate: bool = False
+    pipelines: Sequence[str] | str | None = None
+    ef: int | None = None
+    search_type: str | None = None
+    fusion: str | None = None
+    vector_weight: float | None = None
+    rrf_k: float = 60
+    window: int | None = None
+    query_vector: Any = None

@@ -1,0 +1,71 @@
+"""Which embedder a knowledge base uses: the one its manifest's spec names, found among the
+embedders the caller gave (or rebuilt from the spec), and the errors when there is none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..embedders import Embedder, check_embeddings, embedder_from_spec, embedder_spec
+from ..errors import InvalidArgumentError
+
+
+class KbEmbedder:
+    """The embedder of one knowledge base (``current``; None: vectors only, or not rebuildable).
+
+    ``explicit`` is the embedder passed when opening, ``default`` the Engine's.
+    """
+
+    def __init__(self, kb_name: str, spec: dict[str, Any] | None, explicit: Embedder | None,
+                 default: Embedder | None) -> None:
+        self._kb_name = kb_name
+        self._spec = spec
+        self._default = default
+        self.current = resolve(spec, (explicit, default))
+
+    def attach(self, embedder: Embedder) -> None:
+        """Makes ``embedder`` the first candidate and resolves again."""
+        self.current = resolve(self._spec, (embedder, self._default))
+
+    def require(self, what: str) -> Embedder:
+        """The embedder, else InvalidArgumentError saying why the knowledge base cannot ``what``."""
+        if self.current is not None:
+            return self.current
+        spec = self._spec
+        if spec is None or spec.get("kind") == "none":
+            raise InvalidArgumentError(
+                f"knowledge base {self._kb_name!r} has no embedder, so it cannot {what}: give "
+                "query vectors, or create it with an embedder"
+            )
+        raise InvalidArgumentError(
+            f"knowledge base {self._kb_name!r} was built with embedder {spec}, which cannot be "
+            f"rebuilt here, so it cannot {what}: pass embedder= to Engine or get_knowledge_base()"
+        )
+
+    def embed_query(self, text: str, what: str, dim: int | None) -> np.ndarray:
+        embedder = self.require(what)
+        return check_embeddings(embedder.embed([text]), 1, dim, repr(embedder))[0]
+
+
+def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]) -> Embedder | None:
+    """The embedder of a manifest's spec: a candidate with the same spec, else one rebuilt from
+    the spec (hashing), else a candidate of the same dimension, else a sentence-transformers
+    model if it loads (None when it does not: text queries then say so)."""
+    if spec is None or spec.get("kind") == "none":
+        return None
+    for candidate in candidates:
+        if candidate is not None and embedder_spec(candidate) == spec:
+            return candidate
+    built = embedder_from_spec(spec) if spec.get("kind") == "hashing" else None
+    if built is not None:
+        return built
+    for candidate in candidates:
+        if candidate is not None and int(candidate.dim) == int(spec.get("dim", -1)):
+            return candidate
+    if spec.get("kind") == "sentence-transformers":
+        try:
+            return embedder_from_spec(spec)
+        except Exception:  # noqa: BLE001 - no model offline: text queries will say so
+            return None
+    return None

@@ -1,0 +1,234 @@
+"""KbState: an immutable snapshot of one knowledge base (manifest, segments, document map,
+index), and StateCell, the one pointer to the current snapshot.
+
+A mutation never edits a KbState: :mod:`kbcore.engine.commit` builds the next one
+(:meth:`KbState.applied`) and swaps ``StateCell.state`` while it holds ``StateCell.rw.write()``,
+together with the index mutation. A reader takes ``rw.read()`` and uses one snapshot
+throughout, so it sees the index and the segments of the same generation.
+
+:meth:`KbState.load` builds the index of a snapshot from the files (checkpoint plus replay);
+that index is private until the snapshot is published, so building it here does not break
+the rule that only :mod:`kbcore.engine.commit` mutates a published index.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import storage
+from ..errors import FormatError, NotFoundError
+from ..index import Index
+from .locks import RWLock
+from .segments import Segment
+from .manifest import checkpoint_rows, tail_rows
+from .types import SEARCH_DEFAULTS, KbStats
+
+#: (segment name, document row in it): stays valid when the segment gets a newer entry
+DocRef = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KbState:
+    """One generation of a knowledge base, as loaded or as committed."""
+
+    name: str
+    path: str
+    manifest: dict[str, Any]
+    segments: tuple[Segment, ...]
+    docs: dict[tuple[str, str], DocRef]  # (pipeline, document id) -> where it is stored
+    index: Index | None
+    #: the index's text leg was rebuilt on load and is not checkpointed yet
+    stale_text: bool = False
+    seg_mins: list[int] = field(default_factory=list)
+    #: (search_type, fusion, vector_weight) of the configuration, resolved once
+    defaults: tuple[str, str, float] = ("vector", "rrf", 0.7)
+    by_name: dict[str, Segment] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, name: str, path: str, manifest: dict[str, Any], segments: tuple[Segment, ...],
+              docs: dict[tuple[str, str], DocRef], index: Index | None, stale_text: bool = False) -> KbState:
+        cfg = manifest["config"]
+        defaults = tuple(cfg.get(k, v) for k, v in SEARCH_DEFAULTS.items())
+        return cls(name, path, manifest, segments, docs, index, stale_text,
+                   [s.min_id for s in segments], defaults,  # type: ignore[arg-type]
+                   {s.name: s for s in segments})
+
+    # -- reading --------------------------------------------------------------------------
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.manifest["config"]
+
+    @property
+    def generation(self) -> int:
+        return int(self.manifest["generation"])
+
+    def pipeline(self, name: str) -> dict[str, int]:
+        """A pipeline's chunking; NotFoundError listing the pipelines if there is none."""
+        p = self.manifest["pipelines"].get(name)
+        if p is None:
+            known = ", ".join(sorted(self.manifest["pipelines"]))
+            raise NotFoundError(f"knowledge base {self.name!r} has no pipeline {name!r} (pipelines: {known})")
+        return p
+
+    def doc(self, key: tuple[str, str]) -> tuple[Segment, int] | None:
+        """(segment, document row) of a stored (pipeline, document id), else None."""
+        ref = self.docs.get(key)
+        return None if ref is None else (self.by_name[ref[0]], ref[1])
+
+    def keys_of(self, document_id: str, pipeline: str | None) -> list[tuple[str, str]]:
+        """The (pipeline, document id) keys of a stored document (in one pipeline, or all)."""
+        return [k for k in self.docs if k[1] == document_id and (pipeline is None or k[0] == pipeline)]
+
+    def locate(self, chunk_id: int) -> tuple[Segment, int]:
+        """(segment, row) of a stored chunk id."""
+        seg = self.segments[bisect.bisect_right(self.seg_mins, chunk_id) - 1]
+        return seg, seg.row(chunk_id)
+
+    def groups_of(self, ids: np.ndarray) -> np.ndarray:
+        """The dedup group (the ``_group`` field) of each stored chunk id, read from the
+        segments' group column: one vectorised lookup per segment met, no copy."""
+        where = np.searchsorted(np.asarray(self.seg_mins), ids, side="right") - 1
+        out = np.empty(len(ids), np.int64)
+        for s in np.unique(where).tolist():
+            sel = where == s
+            seg = self.segments[s]
+            out[sel] = seg.groups[seg.rows_of(ids[sel])]
+        return out
+
+    def stats(self) -> KbStats:
+        m = self.manifest
+        index = self.index
+        return KbStats(chunks=0 if index is None else len(index), documents=len(self.docs),
+                       segments=len(m["segments"]), tail_rows=tail_rows(m), checkpoint_rows=checkpoint_rows(m),
+                       vector_files=sum(1 for s in m["segments"] if s["files"].get("vectors")),
+                       pending_graph_rows=0 if index is None else index.pending,
+                       text_leg_unsaved=self.stale_text, generation=self.generation)
+
+    # -- the next generation ------------------------------------------------------------------
+    def applied(self, m: dict[str, Any], *, index: Index | None = None, new_segment: Segment | None = None,
+                removed: Iterable[tuple[str, str]] | None = None, stale_text: bool | None = None) -> KbState:
+        """The snapshot of manifest ``m`` (committed), built from this one.
+
+        ``new_segment`` is the segment the mutation wrote; ``removed`` the (pipeline, document)
+        keys it deleted, so that the document map is updated instead of rebuilt (None:
+        rebuild it from the segments)."""
+        old = dict(self.by_name)
+        if new_segment is not None:
+            old[new_segment.name] = new_segment
+        segments = tuple(old[e["name"]].with_entry(e) for e in m["segments"])
+        if removed is None:
+            docs = _doc_map(segments)
+        else:
+            docs = dict(self.docs)
+            for key in removed:
+                docs.pop(key, None)
+            if new_segment is not None:
+                for d, key in enumerate(zip(new_segment.doc_pipelines, new_segment.doc_ids)):
+                    docs[key] = (new_segment.name, d)
+        return KbState.build(self.name, self.path, m, segments, docs,
+                             self.index if index is None else index,
+                             self.stale_text if stale_text is None else stale_text)
+
+    def with_manifest(self, m: dict[str, Any]) -> KbState:
+        """The same data under a manifest that changed only its configuration or pipelines."""
+        return KbState.build(self.name, self.path, m, self.segments, self.docs, self.index,
+                             self.stale_text)
+
+    # -- loading --------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name: str, path: str) -> KbState:
+        """Reads the manifest, the segments and the index checkpoint, and brings the index up
+        to the manifest (replaying the tail; rebuilding a missing text leg once)."""
+        m = storage.load_manifest(path)
+        cfg = m["config"]
+        segments = tuple(Segment.read(path, entry) for entry in m["segments"])
+        index = None
+        if m.get("index"):
+            storage.check_entry(path, m["index"])
+            index = Index.load(os.path.join(path, m["index"]["path"]))
+        elif cfg.get("dim"):
+            index = new_index(cfg, int(cfg["dim"]))
+        stale_text = False
+        if index is not None:
+            _reconcile(path, index, segments, m["segments"])
+            if index.text_documents() != len(index):  # written before the text leg existed
+                index = _rebuild_text_leg(index, segments, cfg)
+                stale_text = True
+        return cls.build(name, path, m, segments, _doc_map(segments), index, stale_text)
+
+
+class StateCell:
+    """The current KbState of a knowledge base and the lock that orders its swaps against
+    searches. Only :mod:`kbcore.engine.commit` assigns ``state`` (under ``rw.write()``)."""
+
+    __slots__ = ("rw", "state")
+
+    def __init__(self, state: KbState) -> None:
+        self.rw = RWLock()
+        self.state = state
+
+
+def new_index(cfg: dict[str, Any], dim: int) -> Index:
+    """An empty index of a knowledge base's configuration."""
+    return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
+                 ef_construction=cfg["ef_construction"], ef=cfg["ef"],
+                 quantization=cfg.get("quantization"))
+
+
+def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:
+    docs: dict[tuple[str, str], DocRef] = {}
+    for seg in segments:
+        for d in np.flatnonzero(seg.doc_live):
+            docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg.name, int(d))
+    return docs
+
+
+def _reconcile(path: str, index: Index, segments: tuple[Segment, ...],
+               entries: list[dict[str, Any]]) -> None:
+    """Brings an index checkpoint up to the manifest: adds the live chunks it lacks (from the
+    segments' vector files), removes the chunks deleted since."""
+    live_parts = [seg.ids[seg.live_mask()] for seg in segments]
+    live = np.concatenate(live_parts) if live_parts else np.empty(0, np.int64)
+    have = index.ids()
+    extra = np.setdiff1d(have, live, assume_unique=True)
+    if len(extra):
+        index.remove(extra)
+    missing = np.setdiff1d(live, have, assume_unique=True)
+    if not len(missing):
+        return
+    for seg, entry in zip(segments, entries):
+        sel = np.isin(seg.ids, missing, assume_unique=True)
+        if not sel.any():
+            continue
+        ventry = entry["files"].get("vectors")
+        if not ventry:
+            raise FormatError(
+                5, f"knowledge base {path!r} is inconsistent: segment {seg.name} has "
+                "chunks missing from the index and no vector file",
+            )
+        vectors = storage.read_npy(path, ventry)
+        rows = np.flatnonzero(sel)
+        ids, meta, texts = seg.index_rows(rows)
+        index.add(vectors[rows], ids, metadata=meta, texts=texts, defer_graph=True)
+
+
+def _rebuild_text_leg(index: Index, segments: tuple[Segment, ...], cfg: dict[str, Any]) -> Index:
+    """A copy of ``index`` whose BM25 leg holds every live chunk's text (from the segments).
+
+    Index files written before the engine fed chunk text to the native BM25 index have no
+    text leg; the vectors are re-added to a fresh index together with their text and
+    metadata. Runs once: the next checkpoint (at the latest on close) persists the result.
+    """
+    fresh = new_index(cfg, index.dim)
+    for seg in segments:
+        rows = np.flatnonzero(seg.live_mask())
+        if len(rows):
+            ids, meta, texts = seg.index_rows(rows)
+            fresh.add(index.get_vectors(ids), ids, metadata=meta, texts=texts, defer_graph=True)
+    return fresh
