@@ -264,6 +264,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--libs", default=",".join(ADAPTERS))
     p.add_argument("--json", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
+    p.add_argument("--recall-only", action="store_true",
+                   help="no timed passes: recall@10 per ef and library only (safe on a busy machine)")
     return p.parse_args(argv)
 
 
@@ -277,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     passes = args.passes
     if args.smoke:
         passes, efs = 2, efs[:3]
+    if args.recall_only:
+        passes = 0
     elif passes < 5:
         log(f"WARNING: --passes {passes} < 5: ratios will not be reported with a meaningful spread")
     load0 = os.getloadavg()
@@ -298,8 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"\n== {ds.name}: {ds.n} x {ds.dim}, {ds.nq} queries")
         adapters, info = build_all(libs, ds)
         res = sweep(adapters, ds, efs, passes)
-        summary = summarise(res, ds.nq)
-        log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}))
+        summary = summarise(res, ds.nq) if passes else {}
+        if passes:
+            log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}))
         results["datasets"][ds.name] = {"n": ds.n, "dim": ds.dim, "nq": ds.nq, "build": info,
                                         "sweep": res, "summary": summary}
         for a in adapters:

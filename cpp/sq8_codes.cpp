@@ -101,32 +101,32 @@ void Sq8Codes::decode(std::uint32_t s, float* out) const {
 }
 
 void Sq8Codes::prepare(const float* q, Sq8Query& out) const {
-  out.qi.assign(stride_, 0);
-  std::vector<float> folded(dim_);
+  // Two passes over q instead of a folded copy: no allocation per query once out.qi has
+  // grown to the stride (callers keep one Sq8Query per thread).
+  out.qi.resize(stride_);
+  const bool l2 = metric_ == Metric::kL2;
+  const auto folded = [&](std::size_t d) { return (l2 ? q[d] - lo_[d] : q[d]) * scale_[d]; };
   double bias = 0, qnorm = 0;
   float amax = 0;
   for (std::size_t d = 0; d < dim_; ++d) {
-    if (metric_ == Metric::kL2) {
+    if (l2) {
       const double shifted = static_cast<double>(q[d]) - lo_[d];
       qnorm += shifted * shifted;
-      folded[d] = static_cast<float>(shifted) * scale_[d];
     } else {
       bias += static_cast<double>(q[d]) * lo_[d];
-      folded[d] = q[d] * scale_[d];
     }
-    amax = std::max(amax, std::fabs(folded[d]));
+    amax = std::max(amax, std::fabs(folded(d)));
   }
   const std::int32_t limit = sq8_query_limit(stride_);
   const float a = amax > 0 ? amax / static_cast<float>(limit) : 0.0f;
-  if (a > 0) {
-    const float inv = 1.0f / a;
-    for (std::size_t d = 0; d < dim_; ++d) {
-      float v = std::nearbyint(folded[d] * inv);
-      v = std::min(std::max(v, -static_cast<float>(limit)), static_cast<float>(limit));
-      out.qi[d] = static_cast<std::int16_t>(v);
-    }
+  const float inv = a > 0 ? 1.0f / a : 0.0f;
+  for (std::size_t d = 0; d < dim_; ++d) {
+    float v = std::nearbyint(folded(d) * inv);
+    v = std::min(std::max(v, -static_cast<float>(limit)), static_cast<float>(limit));
+    out.qi[d] = static_cast<std::int16_t>(v);
   }
-  if (metric_ == Metric::kL2) {
+  std::fill(out.qi.begin() + static_cast<std::ptrdiff_t>(dim_), out.qi.end(), std::int16_t{0});
+  if (l2) {
     out.c0 = static_cast<float>(qnorm);
     out.c1 = -2.0f * a;
     out.c2 = 1.0f;
