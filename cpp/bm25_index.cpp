@@ -257,22 +257,71 @@ void Bm25Index::compact() {
   stale_postings_ = 0;
 }
 
-std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, const Bitmap* allowed) const {
-  TopK top(std::min(k, n_docs_));
-  if (n_docs_ == 0 || k == 0) return top.take_sorted();
-  std::vector<std::uint32_t> ids;
+namespace {
+
+// The distinct query tokens of `query`, ascending by bytes.
+std::vector<std::string> query_terms(std::string_view query) {
   TokenBuffer tokens;
   tokenize_into(query, /*for_query=*/true, tokens);
-  for (std::size_t j = 0; j < tokens.size(); ++j) {
-    const auto id = terms_.find(tokens[j]);
-    if (id && df_[*id] > 0) ids.push_back(*id);
+  std::vector<std::string> out;
+  out.reserve(tokens.size());
+  for (std::size_t j = 0; j < tokens.size(); ++j) out.emplace_back(tokens[j]);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+Bm25Stats Bm25Index::stats(std::string_view query) const {
+  Bm25Stats out;
+  out.documents = n_docs_;
+  out.total_length = total_len_;
+  out.terms = query_terms(query);
+  out.df.reserve(out.terms.size());
+  for (const std::string& t : out.terms) {
+    const auto id = terms_.find(t);
+    out.df.push_back(id ? df_[*id] : 0);
   }
+  return out;
+}
+
+std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, const Bitmap* allowed,
+                                      const Bm25Stats* global) const {
+  if (global != nullptr) {
+    if (global->df.size() != global->terms.size()) {
+      throw InvalidArgument("BM25 statistics have " + std::to_string(global->terms.size()) +
+                            " terms but " + std::to_string(global->df.size()) + " document frequencies");
+    }
+    if (global->documents < n_docs_ || global->total_length < total_len_) {
+      throw InvalidArgument("BM25 statistics count fewer rows or tokens than this index holds");
+    }
+  }
+  TopK top(std::min(k, n_docs_));
+  if (n_docs_ == 0 || k == 0) return top.take_sorted();
+  // (term id, the df its idf uses), one per distinct query term this index holds.
+  std::vector<std::pair<std::uint32_t, double>> ids;
+  for (const std::string& t : query_terms(query)) {
+    const auto id = terms_.find(t);
+    if (!id || df_[*id] == 0) continue;
+    double df = df_[*id];
+    if (global != nullptr) {
+      const auto at = std::lower_bound(global->terms.begin(), global->terms.end(), t);
+      const std::size_t i = static_cast<std::size_t>(at - global->terms.begin());
+      if (at == global->terms.end() || *at != t || global->df[i] < df_[*id]) {
+        throw InvalidArgument("BM25 statistics lack (or undercount) the query term '" + t + "'");
+      }
+      df = static_cast<double>(global->df[i]);
+    }
+    ids.emplace_back(*id, df);
+  }
+  // Ascending term id: the order in which scores are summed.
   std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  const double n = static_cast<double>(n_docs_);
-  const float avgdl = static_cast<float>(static_cast<double>(total_len_) / n);
+  const double n = static_cast<double>(global != nullptr ? global->documents : n_docs_);
+  const std::uint64_t total = global != nullptr ? global->total_length : total_len_;
+  const float avgdl = static_cast<float>(static_cast<double>(total) / n);
   const float k1 = params_.k1, b = params_.b;
-  {
+  if (global == nullptr) {
     // Term weights depend on avgdl, so they are cached per corpus state.
     std::lock_guard<std::mutex> lock(norm_mutex_);
     if (norm_version_ != version_ || weights_.size() != postings_.size()) {
@@ -296,19 +345,29 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   thread_local std::vector<Slot> touched;
   if (acc.size() < doc_len_.size()) acc.resize(doc_len_.size(), 0.0f);
   touched.clear();
-  for (std::uint32_t term : ids) {
-    const double df = df_[term];
+  for (const auto& [term, df] : ids) {
     const auto idf = static_cast<float>(std::log(1.0 + (n - df + 0.5) / (df + 0.5)));
     const std::vector<Posting>& plist = postings_[term];
-    const float* w = weights_[term].data();
     const std::uint32_t* gen = gen_.data();
+    // With global statistics the cached weights (local avgdl) do not apply: the same
+    // expression is evaluated per posting with the global avgdl, so the values are identical
+    // to those of one index holding every row.
+    const float* w = global == nullptr ? weights_[term].data() : nullptr;
     for (std::size_t i = 0; i < plist.size(); ++i) {
       const Posting& p = plist[i];
       // A cleared or rewritten row has a newer generation than its old postings.
       if (p.gen != gen[p.slot]) continue;
       if (allowed != nullptr && !allowed->test(p.slot)) continue;
+      float weight;
+      if (w != nullptr) {
+        weight = w[i];
+      } else {
+        const auto tf = static_cast<float>(p.tf);
+        const float norm = k1 * (1.0f - b + b * static_cast<float>(doc_len_[p.slot]) / avgdl);
+        weight = tf * (k1 + 1.0f) / (tf + norm);
+      }
       if (acc[p.slot] == 0.0f) touched.push_back(p.slot);
-      acc[p.slot] += idf * w[i];
+      acc[p.slot] += idf * weight;
     }
   }
   for (Slot s : touched) {

@@ -56,6 +56,16 @@ class Bm25Batch {
   std::vector<std::uint8_t> has_text_;      // 1 if the row has text (possibly empty)
 };
 
+/// The corpus statistics a BM25 score depends on, for the terms of one query. Summed over
+/// several indexes (the shards of one corpus), they let each index score its rows exactly as
+/// one index over all the rows would (Bm25Index::search with `global`).
+struct Bm25Stats {
+  std::uint64_t documents = 0;     // rows with text
+  std::uint64_t total_length = 0;  // tokens over those rows
+  std::vector<std::string> terms;  // distinct query terms, ascending by bytes
+  std::vector<std::uint64_t> df;   // per term: rows containing it
+};
+
 class Bm25Index {
  public:
   explicit Bm25Index(Bm25Params params = {});
@@ -73,10 +83,17 @@ class Bm25Index {
   bool has_text(Slot s) const { return s < doc_len_.size() && has_[s]; }
   /// Rows with text.
   std::size_t documents() const { return n_docs_; }
+  /// This index's statistics for the distinct terms of `query` (df 0 for an unknown term).
+  /// O(query terms).
+  Bm25Stats stats(std::string_view query) const;
   /// The k best rows for `query` by BM25 score (descending; Scored.dist holds -score), among
   /// `allowed` when given. Rows that match no query term are not returned. O(postings of the
-  /// query terms). Thread-safe against other searches.
-  std::vector<Scored> search(std::string_view query, std::size_t k, const Bitmap* allowed) const;
+  /// query terms). Thread-safe against other searches. With `global` (statistics summed over
+  /// every index of a sharded corpus, see stats()), N, avgdl and df come from it instead of
+  /// this index; throws InvalidArgument if it lacks a query term this index holds or counts
+  /// fewer rows than this index has.
+  std::vector<Scored> search(std::string_view query, std::size_t k, const Bitmap* allowed,
+                             const Bm25Stats* global = nullptr) const;
   std::size_t memory_bytes() const;
   void save(BinaryWriter& w) const;
   void load(BinaryReader& r, const VectorStore& store);

@@ -588,17 +588,23 @@ std::vector<Index::GroupPage> Index::search_groups(
 }
 
 std::vector<std::pair<std::int64_t, float>> Index::search_text(const std::string& query, std::size_t k,
-                                                               const FilterNode* filter) const {
+                                                               const FilterNode* filter,
+                                                               const Bm25Stats* stats) const {
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
   if (filter != nullptr) validate_filter(*filter);
   std::shared_lock<std::shared_mutex> lock(mutex_);
   Bitmap allowed;
   if (filter != nullptr) allowed = evaluate_filter(*filter, meta_, store_.live_bitmap());
-  const std::vector<Scored> res = text_.search(query, k, filter != nullptr ? &allowed : nullptr);
+  const std::vector<Scored> res = text_.search(query, k, filter != nullptr ? &allowed : nullptr, stats);
   std::vector<std::pair<std::int64_t, float>> out;
   out.reserve(res.size());
   for (const Scored& s : res) out.emplace_back(store_.id_of(s.slot), -s.dist);
   return out;
+}
+
+Bm25Stats Index::text_stats(const std::string& query) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return text_.stats(query);
 }
 
 std::size_t Index::text_documents() const {

@@ -136,9 +136,14 @@ class Index {
                                        const FilterNode* filter = nullptr,
                                        Strategy force = Strategy::kAuto) const;
   /// BM25 full-text search over the rows' texts: up to k (id, score) pairs per query, score
-  /// descending; rows matching no query term are not returned. Shared lock.
+  /// descending; rows matching no query term are not returned. `stats` (summed text_stats()
+  /// of every shard of a corpus) makes the scores those of one index over all shards' rows.
+  /// Shared lock.
   std::vector<std::pair<std::int64_t, float>> search_text(const std::string& query, std::size_t k,
-                                                          const FilterNode* filter = nullptr) const;
+                                                          const FilterNode* filter = nullptr,
+                                                          const Bm25Stats* stats = nullptr) const;
+  /// This index's BM25 statistics for the terms of `query` (see Bm25Stats). Shared lock.
+  Bm25Stats text_stats(const std::string& query) const;
   /// Rows with text in the BM25 index.
   std::size_t text_documents() const;
   /// Number of live rows that pass `filter`.

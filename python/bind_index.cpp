@@ -1,7 +1,10 @@
 // Glue for kbcore::Index: shape checks, output arrays allocated while holding the GIL and
 // filled in place with the GIL released.
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "errors.h"
@@ -160,12 +163,31 @@ void bind_index(py::module_& m) {
            py::arg("max_rows"), py::arg("threads"))
       .def("pending_rows", &Index::pending_rows)
       .def("search_text",
-           [](const Index& self, const std::string& query, std::size_t k, const py::object& filter) {
+           [](const Index& self, const std::string& query, std::size_t k, const py::object& filter,
+              const py::object& stats) {
              const FilterRef node(filter);
+             std::optional<Bm25Stats> global;
+             if (!stats.is_none()) {
+               // (documents, total_length, {term: df}): the sum of every shard's text_stats.
+               const auto t = stats.cast<py::tuple>();
+               if (t.size() != 3) throw InvalidArgument("stats must be (documents, total_length, {term: df})");
+               global.emplace();
+               global->documents = t[0].cast<std::uint64_t>();
+               global->total_length = t[1].cast<std::uint64_t>();
+               std::vector<std::pair<std::string, std::uint64_t>> df;
+               for (const auto& [term, count] : t[2].cast<py::dict>()) {
+                 df.emplace_back(term.cast<std::string>(), count.cast<std::uint64_t>());
+               }
+               std::sort(df.begin(), df.end());
+               for (auto& [term, count] : df) {
+                 global->terms.push_back(std::move(term));
+                 global->df.push_back(count);
+               }
+             }
              std::vector<std::pair<std::int64_t, float>> res;
              {
                py::gil_scoped_release nogil;
-               res = self.search_text(query, k, node.get());
+               res = self.search_text(query, k, node.get(), global ? &*global : nullptr);
              }
              IdArray ids(res.size());
              FloatArray scores(res.size());
@@ -177,7 +199,19 @@ void bind_index(py::module_& m) {
              }
              return py::make_tuple(ids, scores);
            },
-           py::arg("query"), py::arg("k"), py::arg("filter") = py::none())
+           py::arg("query"), py::arg("k"), py::arg("filter") = py::none(), py::arg("stats") = py::none())
+      .def("text_stats",
+           [](const Index& self, const std::string& query) {
+             Bm25Stats st;
+             {
+               py::gil_scoped_release nogil;
+               st = self.text_stats(query);
+             }
+             py::dict df;
+             for (std::size_t i = 0; i < st.terms.size(); ++i) df[py::str(st.terms[i])] = st.df[i];
+             return py::make_tuple(st.documents, st.total_length, df);
+           },
+           py::arg("query"))
       .def("text_documents", &Index::text_documents)
       .def("remove",
            [](Index& self, const IdArray& ids, std::size_t threads) {

@@ -404,7 +404,12 @@ class Index:
         return result[0] if one else result
 
     def search_text(
-        self, query: str, k: int = 10, *, where: Mapping[str, Any] | None = None
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        where: Mapping[str, Any] | None = None,
+        stats: tuple[int, int, Mapping[str, int]] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """BM25 full-text search over the texts given to :meth:`add`.
 
@@ -412,11 +417,37 @@ class Index:
         descending (BM25 with k1=1.2, b=0.75; higher is better). Rows that match no query
         term are not returned. ``where`` filters as in :meth:`search`. See
         :func:`kbcore.tokenize` for the tokenization.
+
+        ``stats`` ``(documents, total_length, {term: df})`` replaces this index's corpus
+        statistics (the sum of :meth:`text_stats` over the shards of one corpus, as
+        :class:`kbcore.distributed.ShardedIndex` gathers them), so that the scores are those
+        of one index over every shard's rows. Raises
+        :class:`~kbcore.errors.InvalidArgumentError` if it counts fewer rows than this index
+        holds or lacks a query term this index has.
         """
         if not isinstance(query, str):
             raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
         k = _positive("k", k)
-        return self._native.search_text(query, k, native_filter(where))
+        if stats is None:
+            return self._native.search_text(query, k, native_filter(where))
+        try:
+            documents, total_length, df = stats
+            global_stats = (int(documents), int(total_length), {str(t): int(c) for t, c in df.items()})
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidTypeError(
+                "stats must be (documents, total_length, {term: df}) as text_stats returns"
+            ) from exc
+        if any(v < 0 for v in (global_stats[0], global_stats[1], *global_stats[2].values())):
+            raise InvalidArgumentError("stats counts must be non-negative")
+        return self._native.search_text(query, k, native_filter(where), global_stats)
+
+    def text_stats(self, query: str) -> tuple[int, int, dict[str, int]]:
+        """This index's BM25 statistics for ``query``: ``(rows with text, their total tokens,
+        {distinct query term: rows containing it})``. Summed over shards, the result is the
+        ``stats`` argument of :meth:`search_text`."""
+        if not isinstance(query, str):
+            raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
+        return self._native.text_stats(query)
 
     def text_documents(self) -> int:
         """Number of rows that have a text in the BM25 leg (see ``texts`` of :meth:`add`).

@@ -1,0 +1,812 @@
+"""A kbcore index sharded over Ray actors, with exact scatter-gather merges.
+
+See ``docs/scale-out.md`` for deployment, the exactness guarantees and the failure model.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import fusion as _fusion
+from ..errors import (
+    FormatError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    KbcoreError,
+    NotFoundError,
+    StorageError,
+)
+from ..index import Group, Index, _as_ids, _as_vectors, _positive, _threads
+from ..storage import atomic_write_bytes
+from .routing import route, shard_of_key
+
+__all__ = ["ShardedIndex", "ShardUnavailableError", "PartialResult", "MANIFEST"]
+
+MANIFEST = "sharded-index.json"
+_FORMAT_NAME = "kbcore-sharded-index"
+_FORMAT_VERSION = 1
+_RETRY_PAUSE = 0.05  # seconds between calls to a shard that is restarting
+
+
+class ShardUnavailableError(KbcoreError, ConnectionError):
+    """One or more shards did not answer within the timeout (dead, or restarting too slowly).
+
+    ``shards`` lists their numbers; the message names them and the last error of each.
+    """
+
+    def __init__(self, shards: Sequence[int], message: str) -> None:
+        super().__init__(message)
+        self.shards = tuple(shards)
+
+
+class PartialResult(NamedTuple):
+    """What a call with ``allow_partial=True`` returns: ``value`` is what the call returns
+    normally, computed over every shard but those in ``missing_shards`` (empty when complete)."""
+
+    value: Any
+    missing_shards: tuple[int, ...]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "kbcore.distributed needs Ray: pip install 'kbcore[ray]'"
+        ) from exc
+    return ray
+
+
+_ACTOR_CLASS: Any = None
+
+
+def _actor_class() -> Any:
+    """The Ray actor class wrapping a ShardState (built once, on first use)."""
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is not None:
+        return _ACTOR_CLASS
+    ray = _ray()
+
+    class ShardActor:
+        """Holds one ShardState; Ray re-runs __init__ after a crash, which recovers from disk."""
+
+        def __init__(self, directory: str, options: dict[str, Any]) -> None:
+            from .shard import ShardState
+
+            # A shard that cannot open its directory (corrupted, unreadable) stays up and
+            # answers every call with that error: restarting it would fail the same way.
+            self._error: BaseException | None = None
+            try:
+                self._state = ShardState(directory, **options)
+            except (KbcoreError, OSError) as exc:
+                self._error = exc
+
+        def call(self, method: str, *args: Any) -> Any:
+            if self._error is not None:
+                raise self._error
+            if self._state.broken:  # exiting: answer nothing from memory the disk lacks
+                raise StorageError(errno.EIO, f"shard {self._state.shard} is restarting from disk")
+            try:
+                return getattr(self._state, method)(*args)
+            except Exception:
+                if self._state.broken:
+                    # Memory holds a write the disk lacks: leave, so that Ray restarts this
+                    # shard from disk (without the unacknowledged write).
+                    threading.Timer(0.2, os._exit, args=(1,)).start()
+                raise
+
+        def node(self) -> dict[str, Any]:
+            ctx = ray.get_runtime_context()
+            return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                    "pid": os.getpid()}
+
+        def ping(self) -> bool:
+            if self._error is not None:
+                raise self._error
+            return True
+
+    _ACTOR_CLASS = ray.remote(ShardActor)
+    return _ACTOR_CLASS
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def _subset(metadata: Any, idx: np.ndarray) -> Any:
+    if metadata is None:
+        return None
+    if type(metadata).__module__.split(".")[0] == "pyarrow":
+        return metadata.take(idx)
+    return [metadata[i] for i in idx.tolist()]
+
+
+class ShardedIndex:
+    """An index of ``shards`` Ray actors, each a kbcore :class:`~kbcore.Index` on its own
+    directory under ``path``, with the ``Index`` API and exact merges.
+
+    Rows go to the shard given by a stable hash of their ``shard_key`` metadata value (rows
+    without it: of their id), so every chunk of one document lives on one shard: grouped
+    search by that key and :meth:`remove_document` stay shard-local and exact. An upsert that
+    moves an id to another shard drops the old copy in the same call.
+
+    Searches go to every shard in parallel; the merged top k is the top k of the union of
+    the shards' top k (flat: what one index over the same rows returns, up to ties; HNSW:
+    each shard searches its part with the full ``ef``). BM25 scores use corpus-wide
+    statistics gathered from every shard first, so they equal those of one index.
+
+    Writes return once every shard they touch has made them durable (``durability="wal"``:
+    an fsynced write-ahead log plus checkpoints; ``"save"``: a checkpoint per write). A shard
+    actor that dies is restarted by Ray (``max_restarts``) and recovers every acknowledged
+    write from its directory. A call that meets a dead shard retries until ``timeout``
+    seconds pass, then raises :class:`ShardUnavailableError` naming it; searches with
+    ``allow_partial=True`` instead return a :class:`PartialResult` naming the missing shards.
+
+    ``storage="shared"``: ``path`` is on a filesystem every node mounts (NFS, a cluster
+    volume); shards spread over the nodes and may restart on any node. ``storage="local"``:
+    ``path`` is a node-local directory; each shard is pinned to the node it was created on,
+    whose disk holds its data.
+
+    Thread safety: searches may run from many threads at once; writes from one
+    ``ShardedIndex`` are serialised. Only one ``ShardedIndex`` may write a ``path`` at a time.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        metric: str = "cosine",
+        kind: str = "hnsw",
+        *,
+        shards: int,
+        path: str | os.PathLike[str],
+        shard_key: str = "document_id",
+        durability: str = "wal",
+        checkpoint_bytes: int = 64 << 20,
+        storage: str = "shared",
+        max_restarts: int = -1,
+        timeout: float = 30.0,
+        start_timeout: float = 300.0,
+        num_cpus: float = 0,
+        max_concurrency: int = 4,
+        **index_options: Any,
+    ) -> None:
+        """Creates a new sharded index in the empty (or absent) directory ``path``.
+
+        ``index_options`` (``M``, ``ef_construction``, ``ef``, ``seed``) go to every shard's
+        :class:`~kbcore.Index`. ``max_restarts`` (-1 = unlimited) and ``num_cpus`` (CPUs
+        reserved per shard actor) are Ray actor options; ``max_concurrency`` is the number of
+        calls one shard serves at once. ``timeout`` bounds how long a call waits for a shard;
+        ``start_timeout`` how long the constructor (and :meth:`load`) waits for every shard
+        to start and recover its directory. Raises :class:`~kbcore.errors.InvalidArgumentError`
+        for bad options or a ``path`` that already holds an index (use :meth:`load`).
+        """
+        shards = _positive("shards", shards)
+        Index(dim, metric, kind, **index_options)  # type: ignore[arg-type] - validates the knobs
+        if not isinstance(shard_key, str) or not shard_key:
+            raise InvalidTypeError(f"shard_key must be a non-empty field name, got {shard_key!r}")
+        if durability not in ("wal", "save"):
+            raise InvalidArgumentError(f"durability must be 'wal' or 'save', got {durability!r}")
+        if storage not in ("shared", "local"):
+            raise InvalidArgumentError(f"storage must be 'shared' or 'local', got {storage!r}")
+        root = os.path.abspath(os.fspath(path))
+        if os.path.exists(os.path.join(root, MANIFEST)):
+            raise InvalidArgumentError(
+                f"{root!r} already holds a sharded index; open it with ShardedIndex.load"
+            )
+        if os.path.isdir(root) and any(n.startswith("shard-") for n in os.listdir(root)):
+            raise InvalidArgumentError(
+                f"{root!r} holds shard directories but no {MANIFEST}: not an empty directory")
+        manifest = {
+            "format": _FORMAT_NAME, "version": _FORMAT_VERSION, "dim": int(dim), "metric": metric,
+            "kind": kind, "shards": shards, "shard_key": shard_key, "durability": durability,
+            "checkpoint_bytes": int(checkpoint_bytes), "storage": storage,
+            "index_options": dict(index_options), "nodes": None,
+        }
+        self._open(root, manifest, max_restarts=max_restarts, timeout=timeout,
+                   start_timeout=start_timeout, num_cpus=num_cpus,
+                   max_concurrency=max_concurrency, create=True)
+
+    # -- construction ---------------------------------------------------------------------
+    def _open(self, root: str, manifest: dict[str, Any], *, max_restarts: int, timeout: float,
+              start_timeout: float, num_cpus: float, max_concurrency: int, create: bool) -> None:
+        ray = _ray()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or not start_timeout > 0:
+            raise InvalidArgumentError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
+            raise InvalidArgumentError(f"max_restarts must be an integer >= -1, got {max_restarts!r}")
+        self._path = root
+        self._manifest = manifest
+        self._dim = int(manifest["dim"])
+        self._metric = manifest["metric"]
+        self._kind = manifest["kind"]
+        self._n = int(manifest["shards"])
+        self._shard_key = manifest["shard_key"]
+        self._timeout = float(timeout)
+        self._max_restarts = max_restarts
+        self._write_lock = threading.Lock()
+        self._ef = int(manifest["index_options"].get("ef", 64))
+        if not ray.is_initialized():
+            ray.init()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = manifest.get("nodes")
+        local = manifest["storage"] == "local"
+        if local and nodes is not None:
+            placement = nodes  # each shard's data is on that node's disk
+        else:
+            # Round-robin over the live nodes that have CPUs (a head kept free with
+            # --num-cpus 0 gets no shard). "local" records this placement for good; "shared"
+            # uses it as a preference (soft), so a restart may land on another node.
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            alive = sorted([n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0] or alive,
+                           key=lambda n: n["NodeID"])
+            placement = [{"node_id": alive[i % len(alive)]["NodeID"],
+                          "ip": alive[i % len(alive)]["NodeManagerAddress"]} for i in range(self._n)]
+            if local:
+                nodes = placement
+        if create:
+            manifest["nodes"] = nodes
+            os.makedirs(root, exist_ok=True)
+            atomic_write_bytes(os.path.join(root, MANIFEST), json.dumps(manifest, indent=1).encode())
+        cls = _actor_class()
+        self._actors: list[Any] = []
+        for i in range(self._n):
+            options: dict[str, Any] = {"max_restarts": max_restarts, "max_task_retries": 0,
+                                       "num_cpus": num_cpus, "max_concurrency": max_concurrency}
+            if local:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    self._node_for(i, placement), soft=False)
+            else:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    placement[i]["node_id"], soft=True)
+            shard_options = {
+                "shard": i, "dim": self._dim, "metric": self._metric, "kind": self._kind,
+                "index_options": manifest["index_options"], "durability": manifest["durability"],
+                "checkpoint_bytes": manifest["checkpoint_bytes"],
+            }
+            self._actors.append(cls.options(**options).remote(self._shard_dir(i), shard_options))
+        # Every shard has opened (recovered) its directory before the constructor returns.
+        try:
+            self._scatter_method(lambda i: self._actors[i].ping.remote(), timeout=start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _node_for(self, shard: int, nodes: list[dict[str, Any]]) -> str:
+        ray = _ray()
+        want = nodes[shard]
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        for n in alive:
+            if n["NodeID"] == want["node_id"]:
+                return n["NodeID"]
+        same_ip = [n for n in alive if n["NodeManagerAddress"] == want["ip"]]
+        if len(same_ip) == 1:
+            return same_ip[0]["NodeID"]
+        raise ShardUnavailableError(
+            [shard], f"shard {shard} lives on the local disk of node {want['ip']} "
+            f"({want['node_id'][:12]}), which is not (uniquely) in the cluster")
+
+    def _shard_dir(self, i: int) -> str:
+        return os.path.join(self._path, f"shard-{i:04d}")
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        max_restarts: int = -1,
+        timeout: float = 30.0,
+        start_timeout: float = 300.0,
+        num_cpus: float = 0,
+        max_concurrency: int = 4,
+    ) -> ShardedIndex:
+        """Opens the sharded index in ``path``: one actor per shard, each recovering its last
+        checkpoint plus its write-ahead log. Raises ``FileNotFoundError`` if there is none and
+        :class:`~kbcore.errors.FormatError` if its manifest is corrupted or newer."""
+        root = os.path.abspath(os.fspath(path))
+        mpath = os.path.join(root, MANIFEST)
+        if not os.path.exists(mpath):
+            raise FileNotFoundError(errno.ENOENT, "No sharded index (no manifest) in", root)
+        try:
+            with open(mpath, "rb") as f:
+                manifest = json.loads(f.read())
+            ok = (manifest["format"] == _FORMAT_NAME and isinstance(manifest["shards"], int)
+                  and manifest["shards"] > 0 and isinstance(manifest["dim"], int))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(errno.EINVAL, f"sharded index manifest {mpath!r} is corrupted") from exc
+        if not ok:
+            raise FormatError(errno.EINVAL, f"{mpath!r} is not a kbcore sharded index manifest")
+        if manifest["version"] != _FORMAT_VERSION:
+            raise FormatError(errno.EINVAL, f"{mpath!r} has format version {manifest['version']}, "
+                              f"this kbcore reads {_FORMAT_VERSION}")
+        obj = cls.__new__(cls)
+        obj._open(root, manifest, max_restarts=max_restarts, timeout=timeout,
+                  start_timeout=start_timeout, num_cpus=num_cpus,
+                  max_concurrency=max_concurrency, create=False)
+        return obj
+
+    # -- scatter / gather -----------------------------------------------------------------
+    def _scatter_method(
+        self,
+        submit: Callable[[int], Any],
+        shards: Sequence[int] | None = None,
+        *,
+        allow_partial: bool = False,
+        timeout: float | None = None,
+    ) -> dict[int, Any]:
+        """Runs ``submit(shard)`` (which returns a Ray object ref) on each shard in parallel and returns {shard: result}.
+
+        A shard whose actor is dead or restarting is called again (after a short pause)
+        until the timeout; then :class:`ShardUnavailableError`, or, with ``allow_partial``,
+        the results without it. An error raised by the shard itself is re-raised as is.
+        """
+        ray = _ray()
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        todo = list(range(self._n)) if shards is None else list(shards)
+        timeout = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        refs = {i: submit(i) for i in todo}
+        try:  # the common case: every shard answers
+            values = ray.get([refs[i] for i in todo], timeout=timeout)
+            return dict(zip(todo, values))
+        except (RayActorError, ActorUnavailableError, GetTimeoutError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - a shard's own error (RayTaskError)
+            raise _unwrap(exc) from None
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        pending = {refs[i]: i for i in todo}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=remaining)
+            if not ready:
+                break
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except (RayActorError, ActorUnavailableError) as exc:
+                    errors[i] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+                    if self._max_restarts != 0 and time.monotonic() + _RETRY_PAUSE < deadline:
+                        time.sleep(_RETRY_PAUSE)
+                        pending[submit(i)] = i
+                except Exception as exc:  # noqa: BLE001
+                    raise _unwrap(exc) from None
+        missing = sorted(set(todo) - results.keys())
+        if missing and not allow_partial:
+            detail = "; ".join(f"shard {i}: {errors.get(i, 'no answer')}" for i in missing)
+            raise ShardUnavailableError(
+                missing, f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                f"of {self._path!r} did not answer within {timeout:g} s ({detail})")
+        return results
+
+    def _scatter(self, method: str, args: Callable[[int], tuple[Any, ...]] | tuple[Any, ...],
+                 shards: Sequence[int] | None = None, *, allow_partial: bool = False) -> dict[int, Any]:
+        """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``."""
+        if callable(args):
+            make = args
+            return self._scatter_method(lambda i: self._actors[i].call.remote(method, *make(i)),
+                                        shards, allow_partial=allow_partial)
+        return self._scatter_method(lambda i: self._actors[i].call.remote(method, *args),
+                                    shards, allow_partial=allow_partial)
+
+    @staticmethod
+    def _finish(value: Any, missing: Sequence[int], allow_partial: bool) -> Any:
+        return PartialResult(value, tuple(missing)) if allow_partial else value
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def metric(self) -> str:
+        return self._metric
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def shards(self) -> int:
+        return self._n
+
+    @property
+    def shard_key(self) -> str:
+        return self._shard_key
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def ef(self) -> int:
+        """Default HNSW candidate list size of each shard's search."""
+        return self._ef
+
+    def shard_actors(self) -> list[Any]:
+        """The Ray actor handles, one per shard (shard i is element i)."""
+        return list(self._actors)
+
+    def shard_nodes(self) -> list[dict[str, Any]]:
+        """Where each shard's actor runs now: ``{"node_id", "ip", "pid"}`` per shard."""
+        placed = self._scatter_method(lambda i: self._actors[i].node.remote())
+        return [placed[i] for i in range(self._n)]
+
+    def shard_info(self) -> list[dict[str, Any]]:
+        """Per shard: rows, sequence number, log bytes, rows replayed at its last recovery..."""
+        got = self._scatter("info", ())
+        return [got[i] for i in range(self._n)]
+
+    def shard_of(self, metadata: Mapping[str, Any] | None, id: int) -> int:
+        """The shard a row with this metadata and id goes to."""
+        return int(route(np.array([id], np.int64), [metadata], self._shard_key, self._n)[0])
+
+    # -- mutation -------------------------------------------------------------------------
+    def add(
+        self,
+        vectors: npt.ArrayLike,
+        ids: npt.ArrayLike,
+        *,
+        metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
+        texts: Sequence[str | None] | None = None,
+        defer_graph: bool = False,
+        threads: int = 0,
+    ) -> None:
+        """Adds (upserts) rows as :meth:`kbcore.Index.add` does, each on the shard of its
+        ``shard_key`` value; returns once every shard has made its part durable.
+
+        An id already stored on another shard (its key value changed) is removed there in the
+        same call. ``defer_graph`` and ``threads`` apply on each shard as in ``Index.add``.
+        Raises as ``Index.add`` for bad input (nothing is written), and
+        :class:`ShardUnavailableError` if a shard stays unreachable for ``timeout``; the
+        call may then have reached the other shards, and repeating it is safe (an upsert).
+        """
+        arr, _ = _as_vectors(vectors, self._dim, "vectors")
+        id_arr = _as_ids(ids)
+        nthreads = _threads(threads)
+        n = arr.shape[0]
+        if len(id_arr) != n:
+            raise InvalidArgumentError(f"got {n} vectors but {len(id_arr)} ids")
+        uniq, counts = np.unique(id_arr, return_counts=True)
+        if len(uniq) != n:
+            raise InvalidArgumentError(f"duplicate id {int(uniq[counts > 1][0])} in one batch")
+        if metadata is not None and type(metadata).__name__ == "RecordBatch":
+            import pyarrow as pa
+
+            metadata = pa.Table.from_batches([metadata])
+        if metadata is not None and type(metadata).__module__.split(".")[0] != "pyarrow":
+            if isinstance(metadata, (str, bytes, Mapping)) or not isinstance(metadata, Sequence):
+                raise InvalidTypeError(
+                    "metadata must be a list of dicts (one per row) or a pyarrow Table / "
+                    f"RecordBatch, got {type(metadata).__name__}")
+            if len(metadata) != n:
+                raise InvalidArgumentError(f"got {n} vectors but {len(metadata)} metadata rows")
+        elif metadata is not None and metadata.num_rows != n:
+            raise InvalidArgumentError(f"got {n} vectors but {metadata.num_rows} metadata rows")
+        if texts is not None:
+            if isinstance(texts, str) or not isinstance(texts, Sequence):
+                raise InvalidTypeError("texts must be a list of str (or None per row)")
+            if len(texts) != n:
+                raise InvalidArgumentError(f"got {n} vectors but {len(texts)} texts")
+            bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
+            if bad is not None:
+                raise InvalidTypeError(f"texts must be str or None, got {type(bad).__name__}")
+            texts = list(texts)
+        where = route(id_arr, metadata, self._shard_key, self._n)
+        parts = {}
+        for s in range(self._n):
+            idx = np.flatnonzero(where == s)
+            parts[s] = (
+                arr[idx], id_arr[idx], _subset(metadata, idx) if len(idx) else None,
+                [texts[i] for i in idx.tolist()] if texts is not None and len(idx) else None,
+                id_arr[where != s] if self._n > 1 else np.empty(0, np.int64), bool(defer_graph),
+                nthreads,
+            )
+        with self._write_lock:
+            self._scatter("apply", parts.__getitem__)
+
+    def remove(self, ids: npt.ArrayLike, *, threads: int = 0) -> None:
+        """Removes ids, wherever they are; durable on return (``threads`` per shard, as for
+        :meth:`kbcore.Index.remove`).
+
+        Raises :class:`~kbcore.errors.NotFoundError` (a ``KeyError``) if any id is absent, in
+        which case nothing is removed.
+        """
+        id_arr = np.unique(_as_ids(ids))
+        nthreads = _threads(threads)
+        if not len(id_arr):
+            return
+        with self._write_lock:
+            held = self._scatter("holds", (id_arr,))
+            found = np.zeros(len(id_arr), bool)
+            for mask in held.values():
+                found |= mask
+            if not found.all():
+                raise NotFoundError(f"ids not in the index: {id_arr[~found][:10].tolist()}")
+            owners = [s for s in range(self._n) if held[s].any()]
+            self._scatter("discard", lambda s: (id_arr[held[s]], nthreads), owners)
+
+    def remove_document(self, value: int | str) -> int:
+        """Removes every row whose ``shard_key`` equals ``value`` (one shard's work); durable
+        on return. Returns how many rows were removed (0 if none)."""
+        s = shard_of_key(value, self._n)
+        with self._write_lock:
+            return int(self._scatter("remove_document", (self._shard_key, value), [s])[s])
+
+    def build_graph(self, max_rows: int | None = None, *, threads: int = 0) -> int:
+        """Links rows added with ``defer_graph=True`` on every shard; returns rows still waiting."""
+        got = self._scatter("build_graph", (max_rows, _threads(threads)))
+        return int(sum(got.values()))
+
+    @property
+    def pending(self) -> int:
+        """Rows stored but not yet linked into a shard's graph."""
+        return int(sum(self._scatter("pending", ()).values()))
+
+    def save(self) -> None:
+        """Checkpoints every shard (index file written, write-ahead log restarted). Writes are
+        durable without it; a checkpoint shortens recovery."""
+        with self._write_lock:
+            self._scatter("checkpoint", ())
+
+    # -- queries --------------------------------------------------------------------------
+    def search(
+        self,
+        queries: npt.ArrayLike,
+        k: int = 10,
+        *,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        threads: int = 0,
+        allow_partial: bool = False,
+    ) -> Any:
+        """The k nearest neighbours over every shard, as :meth:`kbcore.Index.search` returns
+        them (``(ids, distances)``, [k] or [q, k], padded with -1 / +inf).
+
+        With ``allow_partial=True`` returns a :class:`PartialResult` whose ``value`` is that
+        pair over the shards that answered. Raises :class:`ShardUnavailableError` otherwise
+        when a shard does not answer within the timeout.
+        """
+        arr, one = _as_vectors(queries, self._dim, "queries")
+        k = _positive("k", k)
+        ef_value = None if ef is None else _positive("ef", ef)
+        got = self._scatter("search", (arr, k, where, ef_value, _threads(threads)),
+                            allow_partial=allow_partial)
+        ids = np.concatenate([got[s][0] for s in sorted(got)], axis=1) if got else \
+            np.full((arr.shape[0], 0), -1, np.int64)
+        dist = np.concatenate([got[s][1] for s in sorted(got)], axis=1) if got else \
+            np.full((arr.shape[0], 0), np.inf, np.float32)
+        if ids.shape[1] < k:
+            pad = k - ids.shape[1]
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
+            dist = np.pad(dist, ((0, 0), (0, pad)), constant_values=np.inf)
+        # Ties broken by id, so the page does not depend on which shard answered first.
+        order = np.lexsort((ids, dist), axis=1)[:, :k]
+        ids = np.take_along_axis(ids, order, 1)
+        dist = np.take_along_axis(dist, order, 1)
+        value = (ids[0], dist[0]) if one else (ids, dist)
+        return self._finish(value, sorted(set(range(self._n)) - got.keys()), allow_partial)
+
+    def search_groups(
+        self,
+        queries: npt.ArrayLike,
+        k: int = 10,
+        *,
+        group_by: str | None = None,
+        group_size: int = 1,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        threads: int = 0,
+        allow_partial: bool = False,
+    ) -> Any:
+        """The k best distinct sources per query, as :meth:`kbcore.Index.search_groups`.
+
+        ``group_by`` defaults to the shard key; then every group lives on one shard and the
+        merge is exact. Grouping by another field merges same-key groups across shards
+        (ranking exact; a group's parts are those its shards met).
+        """
+        arr, one = _as_vectors(queries, self._dim, "queries")
+        k = _positive("k", k)
+        group_size = _positive("group_size", group_size)
+        group_by = self._shard_key if group_by is None else group_by
+        if not isinstance(group_by, str) or not group_by:
+            raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
+        ef_value = None if ef is None else _positive("ef", ef)
+        got = self._scatter("search_groups",
+                            (arr, k, group_by, group_size, where, ef_value, _threads(threads)),
+                            allow_partial=allow_partial)
+        local = group_by == self._shard_key
+        pages: list[list[Group]] = []
+        for q in range(arr.shape[0]):
+            groups = [g for s in sorted(got) for g in got[s][q]]
+            if not local:
+                groups = _merge_same_key(groups, group_size)
+            groups.sort(key=lambda g: (g.distance, g.ids[0]))
+            pages.append(groups[:k])
+        value = pages[0] if one else pages
+        return self._finish(value, sorted(set(range(self._n)) - got.keys()), allow_partial)
+
+    def text_stats(self, query: str, *, allow_partial: bool = False) -> Any:
+        """Corpus-wide BM25 statistics of ``query``: ``(rows with text, total tokens,
+        {term: df})`` summed over every shard (see :meth:`kbcore.Index.text_stats`)."""
+        if not isinstance(query, str):
+            raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
+        got = self._scatter("text_stats", (query,), allow_partial=allow_partial)
+        docs = sum(g[0] for g in got.values())
+        total = sum(g[1] for g in got.values())
+        df: dict[str, int] = {}
+        for g in got.values():
+            for t, c in g[2].items():
+                df[t] = df.get(t, 0) + c
+        return self._finish((docs, total, df), sorted(set(range(self._n)) - got.keys()), allow_partial)
+
+    def search_text(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        where: Mapping[str, Any] | None = None,
+        allow_partial: bool = False,
+    ) -> Any:
+        """BM25 over every shard with corpus-wide statistics: the scores (and so the order)
+        of :meth:`kbcore.Index.search_text` on one index of all rows. Two round trips:
+        statistics, then the scored search."""
+        k = _positive("k", k)
+        if allow_partial:
+            stats, missing = self.text_stats(query, allow_partial=True)
+        else:
+            stats, missing = self.text_stats(query), ()
+        got = self._scatter("search_text", (query, k, where, stats), allow_partial=allow_partial)
+        ids = np.concatenate([got[s][0] for s in sorted(got)]) if got else np.empty(0, np.int64)
+        scores = np.concatenate([got[s][1] for s in sorted(got)]) if got else np.empty(0, np.float32)
+        order = np.lexsort((ids, -scores))[:k]
+        value = (ids[order], scores[order])
+        missing = sorted(set(missing) | (set(range(self._n)) - got.keys()))
+        return self._finish(value, missing, allow_partial)
+
+    def search_hybrid(
+        self,
+        query_vector: npt.ArrayLike,
+        query_text: str,
+        k: int = 10,
+        *,
+        window: int | None = None,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        fusion: str = "rrf",
+        rrf_k: float = 60,
+        vector_weight: float = 0.5,
+    ) -> list[tuple[int, float]]:
+        """Vector and BM25 legs over every shard (each merged exactly), then fused with
+        :mod:`kbcore.fusion` (``"rrf"`` or ``"linear"``): fusion happens after the merge, so
+        the result equals fusing one index's legs. ``window`` (default ``2 k``) is each leg's
+        depth. Returns ``[(id, fused score)]``, best first, at most k."""
+        k = _positive("k", k)
+        window = 2 * k if window is None else _positive("window", window)
+        q, _ = _as_vectors(query_vector, self._dim, "the query vector")
+        ids, dist = self.search(q[0], window, where=where, ef=ef)
+        keep = ids >= 0
+        if self._metric == "l2":
+            sims = (-dist[keep]).tolist()
+        else:
+            sims = (1.0 - dist[keep]).tolist()
+        vec_leg = list(zip(ids[keep].tolist(), sims))
+        tids, tscores = self.search_text(query_text, window, where=where)
+        text_leg = list(zip(tids.tolist(), tscores.tolist()))
+        if fusion == "rrf":
+            fused = _fusion.rrf([vec_leg, text_leg], k=rrf_k)
+        elif fusion == "linear":
+            w = _fusion.check_vector_weight(vector_weight)
+            fused = _fusion.linear([vec_leg, text_leg], weights=[w, 1.0 - w])
+        else:
+            raise InvalidArgumentError(f"fusion must be 'rrf' or 'linear', got {fusion!r}")
+        return fused[:k]
+
+    def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
+        """Stored metadata of each id (from whichever shard holds it). Raises
+        :class:`~kbcore.errors.NotFoundError` if an id is on no shard."""
+        id_arr = _as_ids(ids)
+        got = self._scatter("get_metadata", (id_arr,))
+        found: dict[int, dict[str, Any]] = {}
+        for part in got.values():
+            found.update(part)
+        missing = [int(i) for i in id_arr if int(i) not in found]
+        if missing:
+            raise NotFoundError(f"ids not in the index: {missing[:10]}")
+        return [found[int(i)] for i in id_arr]
+
+    def get_vectors(self, ids: npt.ArrayLike) -> np.ndarray:
+        """Stored vectors of ids as float32 [n, dim]; NotFoundError for an unknown id."""
+        id_arr = _as_ids(ids)
+        got = self._scatter("get_vectors", (id_arr,))
+        found: dict[int, np.ndarray] = {}
+        for part in got.values():
+            found.update(part)
+        missing = [int(i) for i in id_arr if int(i) not in found]
+        if missing:
+            raise NotFoundError(f"ids not in the index: {missing[:10]}")
+        out = np.empty((len(id_arr), self._dim), np.float32)
+        for j, i in enumerate(id_arr.tolist()):
+            out[j] = found[i]
+        return out
+
+    def count(self, where: Mapping[str, Any] | None = None) -> int:
+        """Rows over every shard whose metadata passes ``where`` (all if None)."""
+        if where is None:
+            return len(self)
+        return int(sum(self._scatter("count", (where,)).values()))
+
+    def ids(self) -> np.ndarray:
+        """Every live id (shard by shard)."""
+        got = self._scatter("ids", ())
+        return np.concatenate([got[s] for s in range(self._n)])
+
+    def memory_usage(self) -> int:
+        """Bytes held natively by every shard's index."""
+        return int(sum(i["memory_bytes"] for i in self.shard_info()))
+
+    def text_documents(self) -> int:
+        """Rows with text in the BM25 indexes of every shard."""
+        return int(sum(self._scatter("text_documents", ()).values()))
+
+    def __len__(self) -> int:
+        return int(sum(self._scatter("size", ()).values()))
+
+    def __contains__(self, id: object) -> bool:
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
+            return False
+        return bool(any(m[0] for m in self._scatter("holds", (np.array([id], np.int64),)).values()))
+
+    def __repr__(self) -> str:
+        return (f"kbcore.distributed.ShardedIndex(dim={self._dim}, metric={self._metric!r}, "
+                f"kind={self._kind!r}, shards={self._n}, shard_key={self._shard_key!r}, "
+                f"path={self._path!r})")
+
+    def close(self) -> None:
+        """Stops the shard actors (their data stays in ``path``; :meth:`load` reopens it)."""
+        ray = _ray()
+        for a in self._actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._actors = []
+
+    def __enter__(self) -> ShardedIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _merge_same_key(groups: list[Group], group_size: int) -> list[Group]:
+    """Merges groups of one key found on several shards (grouping by a non-shard key)."""
+    by_key: dict[Any, list[Group]] = {}
+    for g in groups:
+        by_key.setdefault((type(g.key), g.key), []).append(g)
+    out = []
+    for same in by_key.values():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        hits = sorted((d, i) for g in same for i, d in zip(g.ids, g.distances))[:group_size]
+        same.sort(key=lambda g: g.distance)
+        out.append(Group(same[0].key, tuple(i for _, i in hits), tuple(d for d, _ in hits),
+                         tuple(dict.fromkeys(i for g in same for i in g.part_ids))))
+    return out

@@ -1,0 +1,224 @@
+"""A shard's write-ahead log: every acknowledged write since the last index checkpoint.
+
+A log file is a header (magic ``KBWAL``, format version) followed by records. Each record is
+framed as::
+
+    u32 magic "KBWR" | u32 header bytes | u64 payload bytes | u32 CRC-32 of header+payload
+    header: UTF-8 JSON {"seq", "op", "n", "dim", "discard", "meta", "meta_bytes", "texts"}
+    payload: vectors float32 [n, dim] | ids int64 [n] | discard ids int64 [discard] | metadata
+
+(little-endian). ``op`` is ``"add"`` (rows plus ids to drop, see
+:meth:`kbcore.distributed.shard.ShardState.apply`) or ``"remove"``. Metadata is JSON (a list of
+row dicts) or Arrow IPC stream bytes (a Table). Nothing is unpickled.
+
+A record is acknowledged only after it is written and fsynced. A crash can leave a torn last
+record (shorter than its frame says, or failing its CRC where it ends the file): it was never
+acknowledged, so :func:`read_log` drops it and :class:`WalWriter` truncates it away. A bad
+record followed by more bytes is corruption of acknowledged data and raises
+:class:`~kbcore.errors.FormatError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, StorageError
+
+__all__ = ["WalRecord", "WalWriter", "read_log", "encode_record"]
+
+_FILE_MAGIC = b"KBWAL\x00\x00\x00"
+_FILE_VERSION = 1
+_FILE_HEADER = struct.Struct("<8sI")
+_REC_MAGIC = b"KBWR"
+_FRAME = struct.Struct("<4sIQI")
+_MAX_HEADER = 1 << 28
+
+
+@dataclass
+class WalRecord:
+    """One logged write."""
+
+    seq: int
+    op: str  # "add" or "remove"
+    vectors: np.ndarray  # float32 [n, dim] (empty for remove)
+    ids: np.ndarray  # int64 [n]
+    discard: np.ndarray  # int64: ids to drop from this shard (add only)
+    metadata: Any  # None, list of dicts, or a pyarrow Table
+    texts: list[str | None] | None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"metadata value of type {type(value).__name__} cannot be logged")
+
+
+def encode_record(rec: WalRecord) -> bytes:
+    """The framed bytes of one record."""
+    meta_kind = "none"
+    meta_bytes = b""
+    if rec.metadata is not None:
+        if type(rec.metadata).__module__.split(".")[0] == "pyarrow":
+            import pyarrow as pa
+
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, rec.metadata.schema) as w:
+                w.write_table(rec.metadata)
+            meta_bytes = sink.getvalue().to_pybytes()
+            meta_kind = "arrow"
+        else:
+            meta_bytes = json.dumps(list(rec.metadata), default=_json_default).encode()
+            meta_kind = "json"
+    vectors = np.ascontiguousarray(rec.vectors, dtype="<f4")
+    ids = np.ascontiguousarray(rec.ids, dtype="<i8")
+    discard = np.ascontiguousarray(rec.discard, dtype="<i8")
+    header = json.dumps({
+        "seq": int(rec.seq), "op": rec.op, "n": int(ids.shape[0]),
+        "dim": int(vectors.shape[1]) if vectors.ndim == 2 else 0,
+        "discard": int(discard.shape[0]), "meta": meta_kind, "meta_bytes": len(meta_bytes),
+        "texts": rec.texts,
+    }).encode()
+    payload = b"".join((vectors.tobytes(), ids.tobytes(), discard.tobytes(), meta_bytes))
+    crc = zlib.crc32(payload, zlib.crc32(header))
+    return _FRAME.pack(_REC_MAGIC, len(header), len(payload), crc) + header + payload
+
+
+def _decode(header: bytes, payload: bytes, path: str) -> WalRecord:
+    try:
+        h = json.loads(header)
+        n, dim, nd, mb = int(h["n"]), int(h["dim"]), int(h["discard"]), int(h["meta_bytes"])
+        op, seq, meta_kind, texts = h["op"], int(h["seq"]), h["meta"], h["texts"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: bad record header") from exc
+    if min(n, dim, nd, mb) < 0 or op not in ("add", "remove") or n * dim * 4 + n * 8 + nd * 8 + mb != len(payload):
+        raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record sizes disagree")
+    if texts is not None and (not isinstance(texts, list) or len(texts) != n):
+        raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record texts disagree")
+    at = 0
+    vectors = np.frombuffer(payload, "<f4", n * dim, at).reshape(n, dim).astype(np.float32)
+    at += n * dim * 4
+    ids = np.frombuffer(payload, "<i8", n, at).astype(np.int64)
+    at += n * 8
+    discard = np.frombuffer(payload, "<i8", nd, at).astype(np.int64)
+    at += nd * 8
+    metadata: Any = None
+    if meta_kind == "json":
+        metadata = json.loads(payload[at:])
+        if not isinstance(metadata, list) or len(metadata) != n:
+            raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record metadata disagrees")
+    elif meta_kind == "arrow":
+        import pyarrow as pa
+
+        metadata = pa.ipc.open_stream(pa.py_buffer(payload[at:])).read_all()
+        if metadata.num_rows != n:
+            raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record metadata disagrees")
+    elif meta_kind != "none":
+        raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: unknown metadata kind")
+    return WalRecord(seq, op, vectors, ids, discard, metadata, texts)
+
+
+def read_log(path: str) -> tuple[list[WalRecord], int]:
+    """The records of a log and the byte length of its valid prefix (header + whole records).
+
+    Raises :class:`FileNotFoundError` if it does not exist and
+    :class:`~kbcore.errors.FormatError` if it is not a log, of a newer version, or has a
+    corrupted record before its end.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < _FILE_HEADER.size:
+        raise FormatError(errno.EINVAL, f"{path!r} is not a kbcore write-ahead log (too short)")
+    magic, version = _FILE_HEADER.unpack_from(data, 0)
+    if magic != _FILE_MAGIC:
+        raise FormatError(errno.EINVAL, f"{path!r} is not a kbcore write-ahead log")
+    if version != _FILE_VERSION:
+        raise FormatError(errno.EINVAL, f"write-ahead log {path!r} has format {version}, "
+                          f"this kbcore reads {_FILE_VERSION}")
+    records: list[WalRecord] = []
+    at = _FILE_HEADER.size
+    while at < len(data):
+        if len(data) - at < _FRAME.size:
+            break  # torn frame at the end
+        magic, hlen, plen, crc = _FRAME.unpack_from(data, at)
+        end = at + _FRAME.size + hlen + plen
+        if magic != _REC_MAGIC:
+            if data[at:].strip(b"\x00") == b"":
+                break  # a zero-filled tail left by a crash
+            raise FormatError(errno.EIO, f"write-ahead log {path!r} is corrupted at byte {at}")
+        if hlen > _MAX_HEADER:
+            raise FormatError(errno.EIO, f"write-ahead log {path!r}: record at byte {at} is too large")
+        if end > len(data):
+            break  # torn record at the end: never acknowledged
+        header = data[at + _FRAME.size: at + _FRAME.size + hlen]
+        payload = data[at + _FRAME.size + hlen: end]
+        if zlib.crc32(payload, zlib.crc32(header)) != crc:
+            if end == len(data):
+                break  # the last record, partly written
+            raise FormatError(errno.EIO, f"write-ahead log {path!r}: record at byte {at} fails its checksum")
+        records.append(_decode(header, payload, path))
+        at = end
+    return records, at
+
+
+class WalWriter:
+    """Appends records to one log file, each made durable (fsync) before :meth:`append` returns."""
+
+    def __init__(self, path: str, *, valid_length: int | None = None) -> None:
+        """Opens ``path`` for appending, creating it (with a header, fsynced) when absent.
+        ``valid_length`` (from :func:`read_log`) truncates a torn tail first."""
+        self.path = path
+        try:
+            new = not os.path.exists(path)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            if new:
+                os.write(self._fd, _FILE_HEADER.pack(_FILE_MAGIC, _FILE_VERSION))
+                os.fsync(self._fd)
+                from ..storage import fsync_dir
+
+                fsync_dir(os.path.dirname(path) or ".")
+            elif valid_length is not None and os.fstat(self._fd).st_size != valid_length:
+                os.ftruncate(self._fd, valid_length)
+                os.fsync(self._fd)
+            self.bytes = os.lseek(self._fd, 0, os.SEEK_END)
+        except OSError as exc:
+            raise StorageError(exc.errno or errno.EIO, f"opening write-ahead log {path!r} failed: {exc}") from exc
+
+    def append(self, rec: WalRecord) -> None:
+        """Writes one record and fsyncs it; raises StorageError if the OS refuses."""
+        data = encode_record(rec)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise StorageError(exc.errno or errno.EIO, f"appending to write-ahead log {self.path!r} failed: {exc}") from exc
+        self.bytes += len(data)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def iter_new(records: list[WalRecord], after_seq: int) -> Iterator[WalRecord]:
+    """Records with a sequence number above ``after_seq`` (those a checkpoint lacks)."""
+    return (r for r in records if r.seq > after_seq)
