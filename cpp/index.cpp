@@ -110,6 +110,12 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
     codes_ = std::make_unique<Sq8Codes>(config.dim, config.metric);
   }
   if (config.rerank > (1u << 30)) throw InvalidArgument("rerank must be at most 2^30");
+  if (config.vectors_on_disk) {
+    if (!codes_) {
+      throw InvalidArgument("vectors='disk' needs quantization='sq8' (a float32 graph reads every row it visits)");
+    }
+    store_.use_disk_rows();
+  }
 }
 
 Index::~Index() = default;
@@ -201,6 +207,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       graph_->insert_batch(slots, threads);
     }
   }
+  store_.release_resident_rows();
 }
 
 void Index::train_codes_locked(std::size_t threads) {
@@ -244,12 +251,15 @@ void Index::retrain_quantizer(std::size_t threads) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (!codes_) throw InvalidArgument("this index has no quantization to retrain");
   train_codes_locked(threads);
+  store_.release_resident_rows();
 }
 
 std::size_t Index::build_graph(std::size_t max_rows, std::size_t threads) {
   if (!graph_) return 0;
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  return graph_->build_pending(max_rows, threads);
+  const std::size_t left = graph_->build_pending(max_rows, threads);
+  store_.release_resident_rows();
+  return left;
 }
 
 std::size_t Index::pending_rows() const {
@@ -293,6 +303,7 @@ void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) 
     slots.push_back(*s);
   }
   remove_locked(slots, threads);
+  store_.release_resident_rows();
 }
 
 void Index::prepare_query(const float* q, float* out) const {
@@ -687,9 +698,10 @@ void Index::save(const std::string& path) const {
     codes_->save(w);
   }
   w.commit();
+  store_.release_resident_rows();
 }
 
-std::unique_ptr<Index> Index::load(const std::string& path) {
+std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk) {
   BinaryReader r(path, kMagic, kFormatVersionQuantized);
   IndexConfig c;
   c.dim = r.u64();
@@ -718,6 +730,13 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
   AlignedVector<float> data(slots * c.dim);
   r.array_into(data.data(), data.size());
   auto index = std::make_unique<Index>(c);
+  if (vectors_on_disk) {
+    // Known only once the trailing section is read: rows go to the file now, and the load
+    // fails below unless the file is quantized.
+    if (c.kind != IndexKind::kHnsw) throw InvalidArgument("vectors='disk' needs quantization='sq8'");
+    index->store_.use_disk_rows();
+    index->config_.vectors_on_disk = true;
+  }
   try {
     index->store_.restore(std::move(ids), std::move(live), std::move(data));
   } catch (const FormatError& e) {
@@ -744,6 +763,9 @@ std::unique_ptr<Index> Index::load(const std::string& path) {
     }
   }
   r.expect_end();
+  if (vectors_on_disk && !index->codes_) {
+    throw InvalidArgument("vectors='disk' needs a quantized index file (quantization='sq8')");
+  }
   return index;
 }
 

@@ -46,6 +46,9 @@ struct IndexConfig {
   /// Candidates re-ranked exactly per query of a quantized search; 0 = the whole candidate
   /// list (max(ef, k)), which keeps recall at the float32 index's for the same ef.
   std::size_t rerank = 0;
+  /// Float32 rows in a memory-mapped temporary file, dropped from the resident set after
+  /// every change (quantized indexes only: the re-rank is then the only reader of rows).
+  bool vectors_on_disk = false;
 };
 
 /// Parses "cosine" | "ip" | "l2"; throws InvalidArgument otherwise.
@@ -169,7 +172,8 @@ class Index {
   /// Writes the index to one file atomically (temp file, fsync, rename).
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.
-  static std::unique_ptr<Index> load(const std::string& path);
+  /// `vectors_on_disk` keeps the loaded rows in a mapped file (quantized files only).
+  static std::unique_ptr<Index> load(const std::string& path, bool vectors_on_disk = false);
 
   /// Version of files without quantization (byte-identical to earlier releases); a quantized
   /// index writes kFormatVersionQuantized, which adds a trailing SQ8 section.

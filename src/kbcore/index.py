@@ -18,6 +18,7 @@ __all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "check_params
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
 Quantization = Literal["sq8"]
+Vectors = Literal["memory", "disk"]
 
 #: The metric and index kind names (the one list; the engine and its integrations use it).
 METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
@@ -129,6 +130,13 @@ def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) 
     return M, _positive("ef_construction", ef_construction), _positive("ef", ef)
 
 
+def _check_vectors(vectors: str, quantization: str | None) -> None:
+    if vectors not in ("memory", "disk"):
+        raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
+    if vectors == "disk" and quantization is None:
+        raise InvalidArgumentError("vectors='disk' needs quantization='sq8' (a float32 graph reads every row)")
+
+
 class Index:
     """A vector index over float32 vectors with int64 ids.
 
@@ -145,7 +153,10 @@ class Index:
     re-scored exactly from the float32 rows, so returned distances are exact. The codes are
     trained (per-dimension min/max) when the index first holds 1,000 rows; before that a
     quantized index searches the float32 rows. Values outside the trained range clip;
-    :meth:`retrain_quantizer` trains again from the rows stored now (see docs/quantization.md).
+    :meth:`retrain_quantizer` trains again from the rows stored now. With ``vectors="disk"``
+    (quantized only) the float32 rows live in a memory-mapped temporary file whose pages are
+    dropped from the resident set after every change, so resident memory is the codes, the
+    graph and the rows recently re-ranked (see docs/quantization.md).
 
     Thread safety: searches (and other reads) may run from any number of threads at once;
     ``add`` and ``remove`` are exclusive: they wait for running searches and block new ones.
@@ -166,6 +177,7 @@ class Index:
         seed: int = 42,
         quantization: Quantization | None = None,
         rerank: int | None = None,
+        vectors: Vectors = "memory",
     ) -> None:
         """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
         quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
@@ -183,8 +195,9 @@ class Index:
             if quantization is None:
                 raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8')")
             rerank = _positive("rerank", rerank)
+        _check_vectors(vectors, quantization)
         self._native = _core.Index(
-            dim, metric, kind, M, ef_construction, ef, int(seed), quantization or "none", rerank or 0
+            dim, metric, kind, M, ef_construction, ef, int(seed), quantization or "none", rerank or 0, vectors
         )
         self._dim = int(self._native.dim)
 
@@ -227,6 +240,11 @@ class Index:
         """Exact re-rank depth of a quantized search (None: the whole candidate list)."""
         r = int(self._native.rerank)
         return r if r > 0 else None
+
+    @property
+    def vectors(self) -> Vectors:
+        """Where the float32 rows live: ``"memory"`` or ``"disk"`` (a memory-mapped file)."""
+        return self._native.vectors  # type: ignore[return-value]
 
     @property
     def quantizer_trained(self) -> bool:
@@ -494,8 +512,9 @@ class Index:
         self._native.save(os.fspath(path))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Index:
-        """Reads an index written by :meth:`save`.
+    def load(cls, path: str | os.PathLike[str], *, vectors: Vectors = "memory") -> Index:
+        """Reads an index written by :meth:`save`; ``vectors="disk"`` keeps the rows of a
+        quantized index in a memory-mapped file (InvalidArgumentError for other files).
 
         Raises ``FileNotFoundError`` if the file does not exist and
         :class:`~kbcore.errors.FormatError` (an ``OSError``) if it is truncated, corrupted,
@@ -504,4 +523,6 @@ class Index:
         p = os.fspath(path)
         if not os.path.exists(p):
             raise FileNotFoundError(2, "No such file or directory", p)
-        return cls._wrap(_core.Index.load(p))
+        if vectors not in ("memory", "disk"):
+            raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
+        return cls._wrap(_core.Index.load(p, vectors))
