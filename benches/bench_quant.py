@@ -66,6 +66,17 @@ class KbcoreSq8(KbcoreHnsw):
         self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
 
 
+class KbcoreSq8Disk(KbcoreHnsw):
+    """kbcore sq8 with the float32 rows in a memory-mapped file (vectors="disk")."""
+
+    name = "kbcore-sq8-disk"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M,
+                                       ef_construction=EF_CONSTRUCTION, quantization="sq8", vectors="disk")
+        self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
+
+
 class FaissHnswSq8(FaissHnsw):
     name = "faiss-sq8"
 
@@ -151,6 +162,7 @@ class ZvecInt8(Zvec):
 ADAPTERS: dict[str, type[Adapter]] = {
     "kbcore": KbcoreHnsw,
     "kbcore-sq8": KbcoreSq8,
+    "kbcore-sq8-disk": KbcoreSq8Disk,
     "hnswlib": Hnswlib,
     "faiss": FaissHnsw,
     "faiss-sq8": FaissHnswSq8,
@@ -168,7 +180,7 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
         try:
             adapter = ADAPTERS[name]()
         except ImportError as exc:  # a library not installed is reported, not silently dropped
-            log(f"  {name:11s} SKIPPED: {exc}")
+            log(f"  {name:15s} SKIPPED: {exc}")
             info[name] = {"skipped": str(exc)}
             continue
         rss0 = settle_memory()
@@ -179,7 +191,7 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
         rss1 = settle_memory()
         info[name] = {"build_s": build_s, "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
                       "peak_rss_bytes_per_vector": (peak - rss0) / ds.n}
-        log(f"  {name:11s} build {build_s:7.2f} s ({BUILD_THREADS} threads)  "
+        log(f"  {name:15s} build {build_s:7.2f} s ({BUILD_THREADS} threads)  "
             f"RSS +{info[name]['rss_bytes_per_vector']:.0f} B/vector")
         adapters.append(adapter)
     return adapters, info
@@ -240,14 +252,14 @@ def _median(v: Sequence[float | None]) -> float | None:
 
 def table(name: str, summary: dict[str, Any], info: dict[str, dict]) -> str:
     lines = [f"\n{name}: QPS at recall@10 (median over passes); {REFERENCE} / library (median, min-max)",
-             f"{'library':11s} {'@0.95':>9s} {'@0.99':>9s} {'sq8/x @0.95':>22s} {'sq8/x @0.99':>22s}"
+             f"{'library':15s} {'@0.95':>9s} {'@0.99':>9s} {'sq8/x @0.95':>22s} {'sq8/x @0.99':>22s}"
              f" {'B/vector':>9s} {'build s':>8s}"]
     for lib, s in summary.items():
         cells = []
         for t in map(str, TARGETS):
             r = s.get("ratio_of_reference", {}).get(t)
             cells.append("n/a" if r is None else f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
-        lines.append(f"{lib:11s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
+        lines.append(f"{lib:15s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
                      f" {cells[0]:>22s} {cells[1]:>22s} {info[lib]['rss_bytes_per_vector']:9.0f}"
                      f" {info[lib]['build_s']:8.2f}")
     return "\n".join(lines)
