@@ -147,8 +147,23 @@ def test_retrieve_key_and_text(tmp_path):
     texts = kb.retrieve_text("signing keys rotate", topk=1, deduplicate=True)
     assert texts[0].key == "handbook" and texts[0].value == text
     assert "Signing keys" in texts[0].chunk and texts[0].chunk in text
-    per_chunk = kb.retrieve_key("signing keys rotate", topk=3)
+    per_chunk = kb.retrieve_key("signing keys rotate", topk=3, deduplicate=False)
     assert all(len(k.part_ids) == 1 for k in per_chunk)
+    assert [k.key for k in per_chunk].count("handbook") >= 2  # every matching part comes back
+
+
+def test_retrieve_key_and_text_deduplicate_by_default_as_aidb(tmp_path):
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", chunk_size=60, chunk_overlap=0, index="flat")
+    kb.ingest(text=("Signing keys rotate every ninety days. " * 4), document_id="handbook")
+    kb.ingest(text="Deploys roll back with shipit. " * 3, document_id="deploys")
+    oracle = kb.retrieve_key("signing keys rotate", topk=5, deduplicate=True)
+    keys = kb.retrieve_key("signing keys rotate", topk=5)
+    assert [(k.key, k.part_ids) for k in keys] == [(k.key, k.part_ids) for k in oracle]
+    assert len({k.key for k in keys}) == len(keys) == 2 and len(keys[0].part_ids) >= 2
+    texts = kb.retrieve_text("signing keys rotate", topk=5)
+    assert [t.key for t in texts] == ["handbook", "deploys"]
+    assert len(kb.retrieve_text("signing keys rotate", topk=5, deduplicate=False)) > 2
 
 
 def test_pre_embedded_document_text_is_rebuilt_from_spans(tmp_path):

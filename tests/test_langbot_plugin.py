@@ -264,37 +264,200 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
     assert (PLUGIN_DIR / plugin_manifest.metadata.icon).is_file()
 
 
-def test_the_sdk_cli_builds_an_installable_package(tmp_path):
-    src = tmp_path / "plugin"
-    shutil.copytree(
-        PLUGIN_DIR, src, ignore=shutil.ignore_patterns("__pycache__", "data", "dist", ".env")
-    )
+def _fake_wheel(folder: Path, tag: str = "cp311-cp311-manylinux_2_17_x86_64", marker: str = "") -> Path:
+    """A kbcore wheel whose package is a stub (``kbcore.BUNDLED``), with kbcore's metadata."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"kbcore-9.9.9-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("kbcore/__init__.py", f"BUNDLED = {marker!r}\n")
+        zf.writestr(
+            "kbcore-9.9.9.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: kbcore\nVersion: 9.9.9\n"
+            "Requires-Dist: numpy>=1.23\nRequires-Dist: pyarrow>=12\n"
+            'Requires-Dist: starlette>=0.37; extra == "server"\n',
+        )
+    return path
+
+
+def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_requirement(tmp_path):
+    wheel = _fake_wheel(tmp_path / "wheels")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "langbot_plugin.cli.__init__",
-            "build",
-            "-o",
-            str(tmp_path / "dist"),
-        ],
-        cwd=src,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [sys.executable, str(PLUGIN_DIR / "build_lbpkg.py"), "--wheel", str(wheel),
+         "--version", "7.8.9", "-o", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (package,) = (tmp_path / "dist").glob("*.lbpkg")
-    names = set(zipfile.ZipFile(package).namelist())
+    package = Path(proc.stdout.strip().splitlines()[-1])
+    assert package.is_file() and package.suffix == ".lbpkg"
+    zf = zipfile.ZipFile(package)
+    names = set(zf.namelist())
     assert {
         "manifest.yaml",
         "main.py",
         "requirements.txt",
         "README.md",
+        "components/kbcore_home.py",
         "components/knowledge_engine/kbcore_engine.yaml",
         "components/knowledge_engine/kbcore_engine.py",
+        f"wheels/{wheel.name}",
     } <= names
+    assert "build_lbpkg.py" not in names and not any(n.startswith("data/") for n in names)
+    reqs = [
+        line for line in zf.read("requirements.txt").decode().splitlines()
+        if line and not line.startswith("#")
+    ]
+    # the runtime refuses pip options, and kbcore is on no index: its dependencies only
+    assert reqs == ["numpy>=1.23", "pyarrow>=12", "langbot-plugin>=0.7,<0.8"]
+    assert "version: 7.8.9" in zf.read("manifest.yaml").decode()
+
+
+def test_build_lbpkg_refuses_a_wheel_that_is_not_a_repaired_kbcore_wheel(tmp_path):
+    wheel = _fake_wheel(tmp_path, tag="cp311-cp311-linux_x86_64")
+    proc = subprocess.run(
+        [sys.executable, str(PLUGIN_DIR / "build_lbpkg.py"), "--wheel", str(wheel),
+         "-o", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode != 0 and "manylinux" in proc.stderr
+
+
+# -- where code and data live in the runtime -------------------------------------------------
+
+
+def _home():
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        from components import kbcore_home
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
+    return kbcore_home
+
+
+def test_bundled_wheel_wins_over_the_installed_kbcore_and_is_unpacked_per_installation(tmp_path):
+    plugin = tmp_path / "plugin"
+    shutil.copytree(PLUGIN_DIR, plugin, ignore=shutil.ignore_patterns("__pycache__"))
+    wheel = _fake_wheel(plugin / "wheels", tag="py3-none-any", marker="from-the-package")
+    inst = tmp_path / "installations" / "inst-1"
+    (inst / "home").mkdir(parents=True)
+    code = (
+        "import sys; sys.path.insert(0, '.'); from components import kbcore_home;"
+        "p = kbcore_home.ensure_kbcore(); import kbcore; print(p); print(kbcore.BUNDLED)"
+    )
+    env = dict(os.environ, LANGBOT_PLUGIN_FILE_STORAGE_DIR=str(inst / "rpc-transfer"))
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=plugin, env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    ).stdout.split()
+    assert out[1] == "from-the-package"
+    assert Path(out[0]).parent == inst / "home" / "kbcore-lib"
+    again = subprocess.run(
+        [sys.executable, "-c", code], cwd=plugin, env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    ).stdout.split()
+    assert again == out  # unpacked once, reused
+    wheel.unlink()
+    _fake_wheel(plugin / "wheels", tag="py3-none-any", marker="upgraded")
+    upgraded = subprocess.run(
+        [sys.executable, "-c", code], cwd=plugin, env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    ).stdout.split()
+    assert upgraded[1] == "upgraded"
+    assert [p.name for p in (inst / "home" / "kbcore-lib").iterdir()] == [Path(upgraded[0]).name]
+
+
+def test_a_package_without_a_fitting_wheel_fails_naming_the_interpreter(tmp_path):
+    kh = _home()
+    _fake_wheel(tmp_path / "wheels", tag="cp27-cp27mu-manylinux1_x86_64")
+    saved = sys.modules.pop("kbcore")
+    try:
+        with pytest.raises(ImportError, match="none fits this Python"):
+            kh.ensure_kbcore(tmp_path)
+    finally:
+        sys.modules["kbcore"] = saved
+
+
+def test_data_dir_is_the_installation_folder_the_runtime_keeps_across_upgrades(tmp_path, monkeypatch):
+    kh = _home()
+    monkeypatch.delenv("KBCORE_LANGBOT_DATA", raising=False)
+    inst = tmp_path / "installations" / "3b6f"
+    monkeypatch.setenv("LANGBOT_PLUGIN_FILE_STORAGE_DIR", str(inst / "rpc-transfer"))
+    assert kh.resolve_data_dir({}) == str(inst / "data" / "kbcore")
+    assert kh.resolve_data_dir({"data_dir": str(tmp_path / "mine")}) == str(tmp_path / "mine")
+    monkeypatch.setenv("KBCORE_LANGBOT_DATA", str(tmp_path / "env"))
+    assert kh.resolve_data_dir({"data_dir": str(tmp_path / "mine")}) == str(tmp_path / "env")
+    monkeypatch.delenv("KBCORE_LANGBOT_DATA")
+    monkeypatch.delenv("LANGBOT_PLUGIN_FILE_STORAGE_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    got = kh.resolve_data_dir({})
+    assert got in ("/data/kbcore", str(tmp_path / "xdg" / "kbcore-langbot"))
+    assert not got.startswith(str(tmp_path / "data"))  # never the package folder
+
+
+def test_an_unwritable_data_dir_fails_the_plugin_start_with_a_clear_message(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.delenv("KBCORE_LANGBOT_DATA", raising=False)
+    monkeypatch.chdir(PLUGIN_DIR)
+    discovery = ComponentDiscoveryEngine()
+    manifest = discovery.load_component_manifest("manifest.yaml", owner="builtin", no_save=True)
+    plugin = manifest.get_python_component_class()()
+    try:
+        plugin.config = {"data_dir": str(tmp_path / "fine")}  # the plugin setting is honoured
+        run(plugin.initialize())
+        assert plugin.data_dir == str(tmp_path / "fine")
+        plugin.config = {"data_dir": str(blocker / "kbcore")}
+        with pytest.raises(PermissionError, match="not writable.*Data directory.*KBCORE_LANGBOT_DATA"):
+            run(plugin.initialize())
+    finally:
+        sys.modules.pop("main", None)
+        for name in [m for m in sys.modules if m == "components" or m.startswith("components.")]:
+            del sys.modules[name]
+
+
+def _old_package(root: Path, digest: str, kb_names: list[str], *, ours: bool = True) -> Path:
+    """A sealed (0555) package folder as the runtime unpacks it, with 0.1.0's ./data/kbcore."""
+    code = root / "artifacts" / "sha256" / digest / "code"
+    (code / "data" / "kbcore").mkdir(parents=True)
+    name = "KbcoreKnowledge" if ours else "SomethingElse"
+    (code / "manifest.yaml").write_text(
+        f"apiVersion: v1\nkind: Plugin\nmetadata:\n  author: kbcore\n  name: {name}\n"
+    )
+    for kb in kb_names:
+        (code / "data" / "kbcore" / kb).mkdir()
+        (code / "data" / "kbcore" / kb / "manifest.json").write_text(kb)
+    (code / "data" / "kbcore" / ".engine.lock").write_text("")
+    code.chmod(0o555)
+    return code
+
+
+def test_data_an_older_version_left_in_an_old_package_folder_is_moved(tmp_path):
+    kh = _home()
+    runtime = tmp_path / "plugin-runtime"
+    old = _old_package(runtime, "a" * 64, ["kb-1", "kb-2"])
+    other = _old_package(runtime, "b" * 64, ["not-ours"], ours=False)
+    current = _old_package(runtime, "c" * 64, ["kb-3"])
+    target = tmp_path / "installations" / "x" / "data" / "kbcore"
+    moved = kh.migrate_legacy_data(str(target), cwd=str(current))
+    assert sorted(moved) == ["kb-1", "kb-2", "kb-3"]
+    assert sorted(p.name for p in target.iterdir()) == ["kb-1", "kb-2", "kb-3"]
+    assert (target / "kb-1" / "manifest.json").read_text() == "kb-1"
+    assert not (old / "data").exists() and not (current / "data").exists()
+    assert (old.stat().st_mode & 0o777) == 0o555  # the seal is put back
+    assert (other / "data" / "kbcore" / "not-ours").is_dir()  # another plugin's: untouched
+    assert kh.migrate_legacy_data(str(target), cwd=str(current)) == []
+
+
+def test_migration_keeps_the_newer_copy_when_both_exist(tmp_path):
+    kh = _home()
+    runtime = tmp_path / "plugin-runtime"
+    current = _old_package(runtime, "c" * 64, ["kb-1"])
+    target = tmp_path / "data" / "kbcore"
+    (target / "kb-1").mkdir(parents=True)
+    (target / "kb-1" / "manifest.json").write_text("newer")
+    assert kh.migrate_legacy_data(str(target), cwd=str(current)) == []
+    assert (target / "kb-1" / "manifest.json").read_text() == "newer"
+    assert (current / "data" / "kbcore" / "kb-1").is_dir()  # left for the operator, with a warning
 
 
 # -- ingest and retrieve ---------------------------------------------------------------------
@@ -489,7 +652,7 @@ def test_delete_document_and_knowledge_base_free_what_they_hold(loaded):
     assert (data / KB).is_dir()
     run(component.on_knowledge_base_delete(KB))
     assert not (data / KB).exists()
-    assert not [p for p in os.listdir(data) if not p.startswith(".")]
+    assert not data.exists()  # the last knowledge base took the data directory with it
     assert retrieve(component, retrieval(KB, "keys")).results == []
     run(component.on_knowledge_base_delete(KB))  # idempotent
 

@@ -47,17 +47,20 @@ def _print_hits(hits: list, *, width: int = 96) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Builds a knowledge base from the shipped handbook with the built-in embedder; queries it."""
+    """Builds a knowledge base from the shipped handbook and queries it, with MiniLM when
+    ``kbcore[minilm]`` is installed, else the built-in hashing embedder (it says which)."""
     import os
     import tempfile
 
+    from .embedders import default_embedder, describe_embedder
     from .engine import Document, Engine
 
     files = _sample_files()
+    embedder = default_embedder()
     with tempfile.TemporaryDirectory(prefix="kbcore-demo-") as tmp:
         t0 = time.perf_counter()
         engine = Engine(tmp)
-        kb = engine.create_knowledge_base("handbook", chunk_size=400, chunk_overlap=60)
+        kb = engine.create_knowledge_base("handbook", chunk_size=400, chunk_overlap=60, embedder=embedder)
         docs = [Document(f, document_id=os.path.basename(f),
                          metadata={"team": _DEMO_TEAMS.get(os.path.basename(f), "general")})
                 for f in files]
@@ -67,8 +70,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"kbcore {__version__} | SIMD {simd_level()} | knowledge base in {tmp}")
         print(f"ingested {len(results)} sample documents ({', '.join(r.format or '?' for r in results)}) "
               f"into {chunks} chunks in {elapsed * 1e3:.0f} ms")
-        print("embedder: built-in HashingEmbedder (offline lexical fallback: matches words and word "
-              "pieces, not meaning)\n")
+        print(f"embedder: {describe_embedder(embedder)}\n")
         for query, filters in _DEMO_QUERIES:
             label = f" where {json.dumps(filters)}" if filters else ""
             print(f"? {query}{label}")
@@ -112,18 +114,44 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
+_EMBEDDER_IDENTITY = ("kind", "model", "base_url", "api_version", "dimensions", "model_dir", "max_seq_length",
+                      "char_ngrams", "word_weight", "char_weight", "seed", "normalize")
+
+
+def _check_same_embedder(kb, embedder) -> None:
+    """--embedder on an existing knowledge base must be the one it was built with."""
+    from .embedders import embedder_spec
+    from .errors import InvalidArgumentError
+
+    have = kb.info()["embedder"] or {"kind": "none"}
+    want = embedder_spec(embedder) if embedder is not False else {"kind": "none"}
+    same = all(have.get(k) == want.get(k) for k in _EMBEDDER_IDENTITY)
+    if same and "dim" in have and "dim" in want:
+        same = have["dim"] == want["dim"]
+    if not same:
+        raise InvalidArgumentError(
+            f"knowledge base {kb.name!r} was built with embedder {have}, but --embedder asks for "
+            f"{want}; a knowledge base keeps one embedder (its vectors must be comparable): ingest "
+            "into a new knowledge base, or leave --embedder out")
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from .embedders import describe_embedder, embedder_from_cli_args
     from .engine import Document
 
     metadata = _json_arg(args.metadata, "--metadata") if args.metadata else None
+    embedder = embedder_from_cli_args(args)
     engine = _engine(args)
     if args.kb in engine:
         kb = engine.get_knowledge_base(args.kb)
+        if embedder is not None:
+            _check_same_embedder(kb, embedder)
     else:
-        kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size,
+        kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size, embedder=embedder,
                                           chunk_overlap=args.chunk_overlap, index=args.index,
                                           quantization=args.quantization)
-        print(f"created knowledge base {args.kb!r} in {engine.path}")
+        used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
+        print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
     if args.pipeline not in kb.pipelines:
         kb.create_pipeline(args.pipeline)
     files = _expand(args.paths)
@@ -191,6 +219,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .embedders import add_embedder_arguments
     from .engine import default_data_dir
     from .errors import KbcoreError
 
@@ -215,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
     ing.add_argument("--quantization", default=None, choices=("sq8",),
                      help="for a new hnsw knowledge base: walk the graph on 8-bit codes")
+    add_embedder_arguments(ing)
     ing.set_defaults(func=cmd_ingest)
 
     q = sub.add_parser("query", help="retrieve the chunks that best match a text")
@@ -266,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     from .dify import server as srv  # imports no web framework
+    from .embedders import add_embedder_arguments
 
     p = sub.add_parser(
         "serve",
@@ -296,22 +327,25 @@ def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_embedder_arguments(p)
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .dify import server as srv
+    from .embedders import embedder_from_cli_args
     from .engine import default_data_dir
     from .errors import InvalidArgumentError
 
     try:
         keys = srv.parse_api_keys(args.api_key)
+        embedder = embedder_from_cli_args(args) or None  # for knowledge bases built with a custom one
         srv.serve(
             args.data or default_data_dir(), keys, host=args.host, port=args.port,
             max_body_bytes=args.max_body_bytes, max_top_k=args.max_top_k,
             refresh_interval=args.refresh_interval, body_timeout=args.body_timeout,
             header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
-            max_connections=args.max_connections, log_level=args.log_level,
+            max_connections=args.max_connections, log_level=args.log_level, embedder=embedder,
         )
     except (ImportError, InvalidArgumentError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)

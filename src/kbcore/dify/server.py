@@ -35,6 +35,8 @@ code  status  meaning
 3003  413     the request body is larger than the limit
 3004  408     the request body did not arrive within the body timeout
 5000  500     unexpected server error (logged with its traceback)
+5020  502     the query embedder failed (its service refused the request or answered garbage)
+5031  503     the query embedder's service is unreachable or overloaded: try again later
 ====  ======  =====================================================================
 
 Every error is logged as one JSON line on the ``kbcore.server`` logger, with the request id
@@ -66,11 +68,13 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
+from ..errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from .request import (
     E_AUTH_HEADER,
     E_AUTH_KEY,
     E_BAD_REQUEST,
+    E_EMBEDDER_FAILED,
+    E_EMBEDDER_UNAVAILABLE,
     E_INTERNAL,
     E_NO_KNOWLEDGE,
     E_TIMEOUT,
@@ -327,6 +331,10 @@ class _Service:
             raise missing from None
         except (InvalidArgumentError, InvalidTypeError) as exc:
             raise ApiError(400, E_BAD_REQUEST, str(exc)) from None
+        except EmbedderUnavailableError as exc:  # the embedding service is down or overloaded
+            raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
+        except EmbedderError as exc:
+            raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
         records = []
         for h in hits:
             score = min(max(float(h.score), 0.0), 1.0)
@@ -629,9 +637,13 @@ def serve(
     keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     log_level: str = "info",
+    embedder: Any = None,
 ) -> None:
     """Serves the knowledge bases in ``data`` with uvicorn until interrupted. Raises
-    InvalidArgumentError for no key or a bad limit, ImportError without uvicorn."""
+    InvalidArgumentError for no key or a bad limit, ImportError without uvicorn.
+
+    Knowledge bases rebuild the embedder their manifest records; ``embedder`` (the engine's
+    default) serves those built with a custom one."""
     try:
         import uvicorn
     except ImportError:
@@ -641,7 +653,7 @@ def serve(
     from ..engine import Engine
 
     _KeyRing(api_keys)
-    engine = Engine(data)
+    engine = Engine(data, embedder=embedder)
     try:
         app = create_app(engine, api_keys, max_body_bytes=max_body_bytes, max_top_k=max_top_k,
                          refresh_interval=refresh_interval, body_timeout=body_timeout)

@@ -30,6 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -255,7 +256,11 @@ def checkpoint(cell: StateCell, on_checkpoint: OnCheckpoint, graph_unsaved: bool
 def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
     state = cell.state
     if state.index is not None and policy.needs_compaction(state.manifest, len(state.index)):
-        compact(cell, on_checkpoint)
+        try:
+            compact(cell, on_checkpoint)
+        except OSError as exc:  # the mutation before it is committed: do not report it failed
+            warnings.warn(f"knowledge base {state.name!r}: compaction failed ({exc}); it is "
+                          "retried after the next change", RuntimeWarning, stacklevel=3)
 
 
 def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:

@@ -22,11 +22,11 @@ class KbEmbedder:
         self._kb_name = kb_name
         self._spec = spec
         self._default = default
-        self.current = resolve(spec, (explicit, default))
+        self.current, self._problem = resolve(spec, (explicit, default))
 
     def attach(self, embedder: Embedder) -> None:
         """Makes ``embedder`` the first candidate and resolves again."""
-        self.current = resolve(self._spec, (embedder, self._default))
+        self.current, self._problem = resolve(self._spec, (embedder, self._default))
 
     def require(self, what: str) -> Embedder:
         """The embedder, else InvalidArgumentError saying why the knowledge base cannot ``what``."""
@@ -38,9 +38,10 @@ class KbEmbedder:
                 f"knowledge base {self._kb_name!r} has no embedder, so it cannot {what}: give "
                 "query vectors, or create it with an embedder"
             )
+        why = f" ({self._problem})" if self._problem else ""
         raise InvalidArgumentError(
             f"knowledge base {self._kb_name!r} was built with embedder {spec}, which cannot be "
-            f"rebuilt here, so it cannot {what}: pass embedder= to Engine or get_knowledge_base()"
+            f"rebuilt here{why}, so it cannot {what}: pass embedder= to Engine or get_knowledge_base()"
         )
 
     def embed_query(self, text: str, what: str, dim: int | None) -> np.ndarray:
@@ -48,24 +49,35 @@ class KbEmbedder:
         return check_embeddings(embedder.embed([text]), 1, dim, repr(embedder))[0]
 
 
-def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]) -> Embedder | None:
-    """The embedder of a manifest's spec: a candidate with the same spec, else one rebuilt from
-    the spec (hashing), else a candidate of the same dimension, else a sentence-transformers
-    model if it loads (None when it does not: text queries then say so)."""
+def _known_dim(embedder: Embedder) -> int | None:
+    """An embedder's dimension without a probe request (None if an endpoint has not said yet)."""
+    known = getattr(embedder, "known_dim", False)
+    return known if known is not False else int(embedder.dim)
+
+
+def resolve(spec: dict[str, Any] | None,
+            candidates: tuple[Embedder | None, ...]) -> tuple[Embedder | None, str | None]:
+    """The embedder of a manifest's spec and, when there is none, why: a candidate with the same
+    spec, else one rebuilt from the spec (hashing, openai, minilm: no key is read, no request
+    sent), else a candidate of the same dimension, else a sentence-transformers model if it
+    loads (None when it does not: text queries then say so)."""
     if spec is None or spec.get("kind") == "none":
-        return None
+        return None, None
     for candidate in candidates:
         if candidate is not None and embedder_spec(candidate) == spec:
-            return candidate
-    built = embedder_from_spec(spec) if spec.get("kind") == "hashing" else None
-    if built is not None:
-        return built
+            return candidate, None
+    problem = None
+    if spec.get("kind") in ("hashing", "openai", "minilm"):
+        try:
+            return embedder_from_spec(spec), None
+        except (ImportError, OSError, ValueError) as exc:  # e.g. kbcore[minilm] not installed here
+            problem = str(exc)
     for candidate in candidates:
-        if candidate is not None and int(candidate.dim) == int(spec.get("dim", -1)):
-            return candidate
+        if candidate is not None and _known_dim(candidate) == int(spec.get("dim", -1)):
+            return candidate, None
     if spec.get("kind") == "sentence-transformers":
         try:
-            return embedder_from_spec(spec)
-        except Exception:  # noqa: BLE001 - no model offline: text queries will say so
-            return None
-    return None
+            return embedder_from_spec(spec), None
+        except Exception as exc:  # noqa: BLE001 - no model offline: text queries will say so
+            problem = f"{type(exc).__name__}: {exc}"
+    return None, problem

@@ -133,8 +133,9 @@ class KnowledgeBase:
 
     # -- the writer ------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Reloads the knowledge base if another process changed it since."""
-        with self._wmutex, self._flock.hold():
+        """Reloads the knowledge base if another process changed it since. Never waits for a
+        commit in progress: it sees the last committed state."""
+        with self._wmutex:
             self._sync()
         self._start_builder()
 
@@ -350,18 +351,20 @@ class KnowledgeBase:
     def retrieve_key(self, query: str | Any, topk: int = 5, options: SearchOptions | None = None,
                      **kwargs: Any) -> list[KeyResult]:
         """aidb's ``retrieve_key``: the keys (document ids) of the closest chunks, with
-        distance, ``part_ids`` (chunk indexes matched) and ``pipeline_name``. With
-        ``deduplicate=True`` one result per document and pipeline, else one per chunk.
-        The search options are :meth:`retrieve`'s."""
-        hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **kwargs)
+        distance, ``part_ids`` (chunk indexes matched) and ``pipeline_name``. As in aidb,
+        results are deduplicated by default: one per document and pipeline (its best part);
+        ``deduplicate=False`` returns every matching part. The other search options are
+        :meth:`retrieve`'s (an explicit ``options`` keeps its own ``deduplicate``)."""
+        hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **_aidb(options, kwargs))
         return [KeyResult(h.document_id, h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score)
                 for h in hits]
 
     def retrieve_text(self, query: str | Any, topk: int = 5, options: SearchOptions | None = None,
                       **kwargs: Any) -> list[TextResult]:
         """aidb's ``retrieve_text``: :meth:`retrieve_key` plus ``value``, the document's source
-        text, and ``chunk``, the text of the best matching chunk."""
-        hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **kwargs)
+        text, and ``chunk``, the text of the best matching chunk. Deduplicated by default, as
+        :meth:`retrieve_key`."""
+        hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **_aidb(options, kwargs))
         return [TextResult(h.document_id, self.document_text(h.document_id, pipeline=h.pipeline_name),
                            h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score, h.content)
                 for h in hits]
@@ -452,3 +455,11 @@ def _disk_bytes(path: str) -> int:
         except OSError:
             pass
     return total
+
+
+def _aidb(options: SearchOptions | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """aidb's default for ``retrieve_key`` / ``retrieve_text``: deduplicate unless the caller
+    said otherwise (a keyword, or an explicit ``options``)."""
+    if options is None and "deduplicate" not in kwargs:
+        kwargs["deduplicate"] = True
+    return kwargs

@@ -144,10 +144,19 @@ class KbState:
     @classmethod
     def load(cls, name: str, path: str) -> KbState:
         """Reads the manifest, the segments and the index checkpoint, and brings the index up
-        to the manifest (replaying the tail; rebuilding a missing text leg once)."""
+        to the manifest (replaying the tail; rebuilding a missing text leg once).
+
+        Holds the reader lock (:func:`kbcore.storage.reading`) throughout, so a writer in
+        another process does not delete the files of the manifest read here meanwhile; every
+        file is validated (:func:`kbcore.storage.read_segments`): FormatError."""
+        with storage.reading(path):
+            return cls._load_locked(name, path)
+
+    @classmethod
+    def _load_locked(cls, name: str, path: str) -> KbState:
         m = storage.load_manifest(path)
         cfg = m["config"]
-        segments = tuple(Segment.read(path, entry) for entry in m["segments"])
+        segments = tuple(Segment(e, c, d) for e, c, d in storage.read_segments(path, m))
         index = None
         if m.get("index"):
             storage.check_entry(path, m["index"])
@@ -212,7 +221,7 @@ def _reconcile(path: str, index: Index, segments: tuple[Segment, ...],
                 5, f"knowledge base {path!r} is inconsistent: segment {seg.name} has "
                 "chunks missing from the index and no vector file",
             )
-        vectors = storage.read_npy(path, ventry)
+        vectors = storage.read_npy(path, ventry, rows=seg.rows, dim=index.dim)
         rows = np.flatnonzero(sel)
         ids, meta, texts = seg.index_rows(rows)
         index.add(vectors[rows], ids, metadata=meta, texts=texts, defer_graph=True)

@@ -40,38 +40,25 @@ from langbot_plugin.api.entities.builtin.rag.enums import DocumentStatus
 from langbot_plugin.api.entities.builtin.rag.errors import RetrievalError
 from langbot_plugin.api.entities.builtin.rag.models import IngestionContext, IngestionResult
 
-from kbcore import Engine
-from kbcore.chunking import chunk_text
-from kbcore.engine import RESERVED_METADATA
-from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError
-from kbcore.parsing import parse
+from components import kbcore_home
+
+kbcore_home.ensure_kbcore()  # the kbcore wheel the .lbpkg carries (see kbcore_home)
+
+from kbcore import Engine  # noqa: E402
+from kbcore.engine import RESERVED_METADATA, is_valid_name  # noqa: E402
+from kbcore.index import KINDS, METRICS  # noqa: E402
+from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError  # noqa: E402
+from kbcore.parsing import parse  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable naming the data directory (wins over the plugin config).
-DATA_DIR_ENV = "KBCORE_LANGBOT_DATA"
 #: Texts per ``invoke_embedding`` call (the host's IPC times out on very large batches).
 EMBEDDING_BATCH = 32
+#: Kept for callers of the 0.1.0 module; the logic is in components/kbcore_home.py.
+DATA_DIR_ENV = kbcore_home.DATA_DIR_ENV
+resolve_data_dir = kbcore_home.resolve_data_dir
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_META_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
-_METRICS = ("cosine", "ip", "l2")
-_INDEX_KINDS = ("hnsw", "flat")
-
-
-def resolve_data_dir(config: Mapping[str, Any] | None = None) -> str:
-    """``$KBCORE_LANGBOT_DATA``, else the plugin config's ``data_dir``, else ``/data/kbcore``
-    when ``/data`` is a writable directory (LangBot's per-plugin data mount), else
-    ``./data/kbcore`` (relative to the plugin's working directory)."""
-    env = os.environ.get(DATA_DIR_ENV, "").strip()
-    if env:
-        return os.path.abspath(env)
-    configured = str((config or {}).get("data_dir") or "").strip()
-    if configured:
-        return os.path.abspath(configured)
-    if os.path.isdir("/data") and os.access("/data", os.W_OK):
-        return "/data/kbcore"
-    return os.path.abspath(os.path.join("data", "kbcore"))
+_META_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
 
 
 def kb_name(kb_id: str) -> str:
@@ -79,7 +66,7 @@ def kb_name(kb_id: str) -> str:
     anything else is hashed into a valid name)."""
     if not isinstance(kb_id, str) or not kb_id:
         raise InvalidArgumentError(f"a knowledge base id must be a non-empty string, got {kb_id!r}")
-    if _NAME_RE.match(kb_id):
+    if is_valid_name(kb_id):
         return kb_id
     return "kb-" + hashlib.sha256(kb_id.encode("utf-8")).hexdigest()[:32]
 
@@ -157,8 +144,8 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "embedding_model_uuid": model.strip(),
         "chunk_size": _int(s, "chunk_size", 500, 1),
         "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
-        "metric": _choice(s, "metric", "cosine", _METRICS),
-        "index_kind": _choice(s, "index_kind", "hnsw", _INDEX_KINDS),
+        "metric": _choice(s, "metric", "cosine", tuple(METRICS)),
+        "index_kind": _choice(s, "index_kind", "hnsw", tuple(KINDS)),
     }
     if out["chunk_overlap"] >= out["chunk_size"]:
         raise InvalidArgumentError(
@@ -191,7 +178,7 @@ def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
         out["title"] = title
     reserved = set(RESERVED_METADATA)
     for key, value in (fm.extra or {}).items():
-        if not isinstance(key, str) or key in reserved or key in out or not _META_KEY_RE.match(key):
+        if not isinstance(key, str) or key in reserved or key in out or not _META_KEY_RE.fullmatch(key):
             continue
         if isinstance(value, (str, bool, int)) or (
             isinstance(value, float) and math.isfinite(value)
@@ -216,23 +203,34 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         return [KnowledgeEngineCapability.DOC_INGESTION, KnowledgeEngineCapability.DOC_PARSING]
 
     # -- engine and knowledge bases --------------------------------------------------------
-    def engine(self) -> Engine:
-        """The kbcore engine over the data directory (opened on first use)."""
-        with self._engine_lock:
-            if self._engine is None:
+    def data_dir(self) -> str:
+        """The data directory: the one the plugin checked at start (``main.py``), else
+        :func:`kbcore_home.resolve_data_dir` of the plugin config."""
+        plugin = getattr(self, "plugin", None)
+        checked = getattr(plugin, "data_dir", None)
+        if checked:
+            return str(checked)
+        config: Mapping[str, Any] = {}
+        if plugin is not None:
+            try:
+                config = plugin.get_config() or {}
+            except Exception:  # noqa: BLE001 - no invocation scope: use the defaults
                 config = {}
-                plugin = getattr(self, "plugin", None)
-                if plugin is not None:
-                    try:
-                        config = plugin.get_config() or {}
-                    except Exception:  # noqa: BLE001 - no invocation scope: use the defaults
-                        config = {}
-                path = resolve_data_dir(config)
+        return kbcore_home.resolve_data_dir(config)
+
+    def engine(self) -> Engine:
+        """The kbcore engine over the data directory (opened on first use; reopened after the
+        last knowledge base was deleted and the directory removed)."""
+        with self._engine_lock:
+            if self._engine is None or not os.path.isdir(self._engine.path):
+                path = self.data_dir()
                 self._engine = Engine(path)
                 logger.info("kbcore knowledge engine: data directory %s", path)
             return self._engine
 
     def _open(self, kb_id: str) -> Any | None:
+        if self._engine is None and not os.path.isdir(self.data_dir()):
+            return None  # nothing stored yet (or the last knowledge base was deleted)
         try:
             return self.engine().get_knowledge_base(kb_name(kb_id))
         except NotFoundError:
@@ -303,10 +301,16 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         name = kb_name(kb_id)
 
         def drop() -> None:
-            try:
-                self.engine().delete_knowledge_base(name)
-            except NotFoundError:
-                pass
+            with self._engine_lock:
+                engine = self._engine if self._engine is not None else Engine(self.data_dir())
+                try:
+                    engine.delete_knowledge_base(name)
+                except NotFoundError:
+                    pass
+                if not engine.knowledge_bases():  # the last one: leave nothing behind
+                    engine.close()
+                    self._engine = None
+                    kbcore_home.remove_if_empty(engine.path)
 
         await asyncio.to_thread(drop)
         logger.info("kbcore: deleted knowledge base %s for %s", name, kb_id)
@@ -349,37 +353,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             parsed = await asyncio.to_thread(parse, data, filename=fm.filename or None)
             text, fmt, title = parsed.text, parsed.format, parsed.title
 
-        pipeline = kb.pipelines["default"]
-        chunks = chunk_text(
-            text,
-            chunk_size=pipeline["chunk_size"],
-            chunk_overlap=pipeline["chunk_overlap"],
-            document_id=doc_id,
-        )
-        if not chunks:
-            raise InvalidArgumentError(
-                f"{fm.filename or doc_id!r} contains no text: there is nothing to ingest"
-            )
-        vectors = await self._embed(kb, ctx.creation_settings, [c.text for c in chunks])
-
-        import pyarrow as pa
-
-        n = len(chunks)
         meta = _file_metadata(ctx, title)
-        columns: dict[str, Any] = {
-            "text": pa.array([c.text for c in chunks], pa.large_string()),
-            "document_id": pa.array([doc_id] * n, pa.string()),
-            "chunk_index": pa.array([c.index for c in chunks], pa.int64()),
-            "char_start": pa.array([c.start for c in chunks], pa.int64()),
-            "char_end": pa.array([c.end for c in chunks], pa.int64()),
-            "filename": pa.array([fm.filename or None] * n, pa.string()),
-        }
-        for key, value in meta.items():
-            columns[key] = pa.array([value] * n)
-        table = pa.table(columns)
-        await asyncio.to_thread(
-            kb.ingest_table, table, vectors=vectors, metadata_columns=list(meta)
-        )
+        n, dim = await self._ingest_text(kb, ctx, doc_id, text, meta)
         logger.info("kbcore: ingested %s (%s) into %s: %d chunks", doc_id, fm.filename, kb.name, n)
         return IngestionResult(
             document_id=doc_id,
@@ -389,9 +364,28 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 "engine": "kbcore",
                 "knowledge_base": kb.name,
                 "format": fmt,
-                "dim": int(vectors.shape[1]),
+                "dim": dim,
             },
         )
+
+    async def _ingest_text(
+        self, kb: Any, ctx: IngestionContext, doc_id: str, text: str, meta: dict[str, Any]
+    ) -> tuple[int, int]:
+        """Chunks ``text`` with the knowledge base's own pipeline (``kb.prepare``), embeds the
+        chunks (the host model or the knowledge base's embedder) and commits them as document
+        ``doc_id`` in one atomic ``kb.ingest_prepared``; (chunks, dimension)."""
+        fm = ctx.file_object.metadata
+        try:
+            prepared = kb.prepare(text=text, document_id=doc_id, filename=fm.filename or None, metadata=meta)
+        except InvalidArgumentError as exc:
+            if "nothing to ingest" not in str(exc):
+                raise
+            raise InvalidArgumentError(
+                f"{fm.filename or doc_id!r} contains no text: there is nothing to ingest"
+            ) from None
+        vectors = await self._embed(kb, ctx.creation_settings, prepared.texts)
+        await asyncio.to_thread(kb.ingest_prepared, prepared, vectors)
+        return len(prepared.chunks), int(vectors.shape[1])
 
     # -- delete ----------------------------------------------------------------------------
     async def delete_document(self, kb_id: str, document_id: str) -> bool:
@@ -441,7 +435,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                     content=[ContentElement.from_text(h.content)],
                     metadata=meta,
                     distance=float(h.distance),
-                    score=min(max(float(h.score), 0.0), 1.0),
+                    score=float(h.score),  # in [0, 1] already; the engine applied the threshold
                 )
             )
         return RetrievalResponse(
