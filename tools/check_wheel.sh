@@ -16,6 +16,10 @@ trap 'rm -rf "$WORK"' EXIT
 PATH="$WORK/build-venv/bin:$PATH" "$WORK/build-venv/bin/auditwheel" repair "$WORK"/dist/kbcore-*.whl -w "$WORK/wheelhouse"
 WHEEL="$(ls "$WORK"/wheelhouse/kbcore-*manylinux*.whl)"
 echo "repaired wheel: $(basename "$WHEEL")"
+# KBCORE_WHEELHOUSE=DIR keeps a copy of the repaired wheel (CI hands it to the LangBot e2e).
+if [ -n "${KBCORE_WHEELHOUSE:-}" ]; then
+  mkdir -p "$KBCORE_WHEELHOUSE" && cp "$WHEEL" "$KBCORE_WHEELHOUSE/"
+fi
 
 "$PY" -m venv "$WORK/test-venv"
 "$WORK/test-venv/bin/pip" install -q --upgrade pip
