@@ -16,7 +16,7 @@ from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, NotFoundError
 from ..fusion import check_vector_weight
-from ..index import KINDS, METRICS, check_params
+from ..index import KINDS, METRICS, Index, check_params
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase
 from .types import FUSIONS, SEARCH_TYPES, check_choice, check_name, is_valid_name
@@ -85,15 +85,16 @@ class Engine:
         search_type: str = "vector",
         fusion: str = "rrf",
         vector_weight: float = 0.7,
+        quantization: str | None = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
         ``embedder``: an embedder, callable or model name; None uses the engine's (else the
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
-        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` configure the native
-        index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
-        :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
+        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
+        (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index.
+        ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
         """
         check_name(name, "knowledge base")
@@ -106,6 +107,8 @@ class Engine:
         if index not in KINDS:
             raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS}")
         M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
+        if quantization is not None:
+            Index(4, metric, index, quantization=quantization)  # type: ignore[arg-type]  # validates it
         if embedder is False or embedder == "none":
             emb = None
         elif embedder is None:
@@ -128,7 +131,8 @@ class Engine:
             os.makedirs(tmp)
             config = {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
                       "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                      "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight}
+                      "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight,
+                      **({"quantization": quantization} if quantization is not None else {})}
             spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
             m = manifest.initial(name, config, spec, description)
             try:

@@ -186,7 +186,8 @@ class StateCell:
 def new_index(cfg: dict[str, Any], dim: int) -> Index:
     """An empty index of a knowledge base's configuration."""
     return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
-                 ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+                 ef_construction=cfg["ef_construction"], ef=cfg["ef"],
+                 quantization=cfg.get("quantization"))
 
 
 def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:
