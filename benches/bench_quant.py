@@ -34,12 +34,12 @@ import numpy as np
 
 from benches.bench_index import (
     EF_CONSTRUCTION,
-    K,
-    M,
     Adapter,
     FaissHnsw,
     Hnswlib,
+    K,
     KbcoreHnsw,
+    M,
     Usearch,
     fmt,
     log,
@@ -218,7 +218,7 @@ def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: 
                 for q in qs:
                     fn(q)
                 out[a.name]["times"][p].append(time.perf_counter() - t0)
-        log("  ef %4d  " % ef + "  ".join(f"{a.name} {out[a.name]['recall'][-1]:.3f}" for a in adapters))
+        log(f"  ef {ef:4d}  " + "  ".join(f"{a.name} {out[a.name]['recall'][-1]:.3f}" for a in adapters))
         del fns
     return out
 
@@ -235,7 +235,7 @@ def summarise(res: dict[str, dict], nq: int) -> dict[str, Any]:
                          "qps_median": {str(t): _median(v) for t, v in per_pass.items()}}
     ref = summary.get(REFERENCE)
     if ref is not None:
-        for name, s in summary.items():
+        for s in summary.values():
             s["ratio_of_reference"] = {}
             for t in map(str, TARGETS):
                 ratios = [a / b for a, b in zip(ref["qps_per_pass"][t], s["qps_per_pass"][t])
