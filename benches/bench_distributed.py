@@ -68,14 +68,19 @@ def load_scifact_chunks(data: str | None, limit: int | None, nq: int | None) -> 
         base, docs, texts = base[:limit], docs[:limit], texts[:limit]
     if nq:
         queries, qtexts = queries[:nq], qtexts[:nq]
-    return {"name": "scifact-chunks", "base": base, "queries": queries, "docs": docs,
-            "texts": texts, "qtexts": qtexts}
+    return {"name": "scifact-chunks", "base": base, "queries": queries, "docs": docs, "texts": texts, "qtexts": qtexts}
 
 
 def load_synthetic(n: int, nq: int) -> dict[str, Any]:
     ds = make_synthetic(n, nq)
-    return {"name": ds.name, "base": ds.base, "queries": ds.queries,
-            "docs": [f"s{i // 20}" for i in range(n)], "texts": None, "qtexts": None}
+    return {
+        "name": ds.name,
+        "base": ds.base,
+        "queries": ds.queries,
+        "docs": [f"s{i // 20}" for i in range(n)],
+        "texts": None,
+        "qtexts": None,
+    }
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
@@ -116,9 +121,13 @@ def overhead_breakdown(si: Any, queries: np.ndarray, reps: int) -> dict[str, flo
         np.take_along_axis(ids, order, 1)
         merge.append(time.perf_counter() - t0)
     med = lambda xs: float(np.median(xs)) * 1e6  # noqa: E731
-    return {"noop_round_trip_us": med(rpc), "slowest_shard_search_us": med(inside),
-            "merge_us": med(merge), "scatter_gather_total_us": med(total),
-            "overhead_us": med([t - i for t, i in zip(total, inside)])}
+    return {
+        "noop_round_trip_us": med(rpc),
+        "slowest_shard_search_us": med(inside),
+        "merge_us": med(merge),
+        "scatter_gather_total_us": med(total),
+        "overhead_us": med([t - i for t, i in zip(total, inside)]),
+    }
 
 
 def bench_durability(dim: int, preload: int, batch: int, batches: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -131,8 +140,16 @@ def bench_durability(dim: int, preload: int, batch: int, batches: int, rng: np.r
     for mode in ("wal", "save"):
         d = tempfile.mkdtemp(prefix="kbdur")
         try:
-            s = ShardState(d, shard=0, dim=dim, metric="cosine", kind="flat", index_options={},
-                           durability="wal", checkpoint_bytes=1 << 40)
+            s = ShardState(
+                d,
+                shard=0,
+                dim=dim,
+                metric="cosine",
+                kind="flat",
+                index_options={},
+                durability="wal",
+                checkpoint_bytes=1 << 40,
+            )
             if preload:
                 s.apply(base[:preload], ids[:preload], None, None, np.empty(0, np.int64))
             s.checkpoint()
@@ -141,7 +158,7 @@ def bench_durability(dim: int, preload: int, batch: int, batches: int, rng: np.r
             for b in range(batches):
                 lo = preload + b * batch
                 t0 = time.perf_counter()
-                s.apply(base[lo:lo + batch], ids[lo:lo + batch], None, None, np.empty(0, np.int64))
+                s.apply(base[lo : lo + batch], ids[lo : lo + batch], None, None, np.empty(0, np.int64))
                 times.append(time.perf_counter() - t0)
             out[f"{mode}_ms_per_batch"] = float(np.median(times)) * 1e3
         finally:
@@ -159,27 +176,45 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
     ids = np.arange(n, dtype=np.int64)
     meta = [{"document_id": d} for d in ds["docs"]]
     texts = ds["texts"]
-    truth, _ = exact_top_k(base / np.linalg.norm(base, axis=1, keepdims=True),
-                           queries / np.linalg.norm(queries, axis=1, keepdims=True), K)
+    truth, _ = exact_top_k(
+        base / np.linalg.norm(base, axis=1, keepdims=True), queries / np.linalg.norm(queries, axis=1, keepdims=True), K
+    )
     opts = {"M": args.M, "ef_construction": args.ef_construction, "ef": args.ef}
     batch = args.batch
-    res: dict[str, Any] = {"n": n, "dim": dim, "queries": len(queries), "batch_rows": batch,
-                           "kind": args.kind, **opts, "runs": []}
+    res: dict[str, Any] = {
+        "n": n,
+        "dim": dim,
+        "queries": len(queries),
+        "batch_rows": batch,
+        "kind": args.kind,
+        **opts,
+        "runs": [],
+    }
 
     # The unsharded baseline, the same batches.
     one = kbcore.Index(dim, "cosine", args.kind, **opts)
     t0 = time.perf_counter()
     for lo in range(0, n, batch):
-        one.add(base[lo:lo + batch], ids[lo:lo + batch], metadata=meta[lo:lo + batch],
-                texts=None if texts is None else texts[lo:lo + batch])
+        one.add(
+            base[lo : lo + batch],
+            ids[lo : lo + batch],
+            metadata=meta[lo : lo + batch],
+            texts=None if texts is None else texts[lo : lo + batch],
+        )
     ingest = time.perf_counter() - t0
     lat = bench_single(one, queries, sharded=False)
     t0 = time.perf_counter()
     found, _ = one.search(queries, K, threads=0)
     batch_s = time.perf_counter() - t0
-    row = {"shards": 0, "label": "kbcore.Index (unsharded, in process)",
-           "ingest_rows_per_s": n / ingest, "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3,
-           "batch_qps": len(queries) / batch_s, "recall_at_10": recall_at_k(found, truth)}
+    row = {
+        "shards": 0,
+        "label": "kbcore.Index (unsharded, in process)",
+        "ingest_rows_per_s": n / ingest,
+        "p50_ms": _pct(lat, 50) * 1e3,
+        "p99_ms": _pct(lat, 99) * 1e3,
+        "batch_qps": len(queries) / batch_s,
+        "recall_at_10": recall_at_k(found, truth),
+    }
     if ds["qtexts"]:
         tl = []
         for qt in ds["qtexts"]:
@@ -198,20 +233,29 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
             si = ShardedIndex(dim, "cosine", args.kind, shards=shards, path=os.path.join(root, "kb"), **opts)
             t0 = time.perf_counter()
             for lo in range(0, n, batch):
-                si.add(base[lo:lo + batch], ids[lo:lo + batch], metadata=meta[lo:lo + batch],
-                       texts=None if texts is None else texts[lo:lo + batch])
+                si.add(
+                    base[lo : lo + batch],
+                    ids[lo : lo + batch],
+                    metadata=meta[lo : lo + batch],
+                    texts=None if texts is None else texts[lo : lo + batch],
+                )
             ingest = time.perf_counter() - t0
             bench_single(si, queries[: min(20, len(queries))], sharded=True)  # warm up
             lat = bench_single(si, queries, sharded=True)
             t0 = time.perf_counter()
             found, _ = si.search(queries, K)
             batch_s = time.perf_counter() - t0
-            row = {"shards": shards, "label": f"ShardedIndex, {shards} shard actor(s)",
-                   "ingest_rows_per_s": n / ingest, "p50_ms": _pct(lat, 50) * 1e3,
-                   "p99_ms": _pct(lat, 99) * 1e3, "batch_qps": len(queries) / batch_s,
-                   "recall_at_10": recall_at_k(found, truth),
-                   "rows_per_shard": [i["rows"] for i in si.shard_info()],
-                   "breakdown": overhead_breakdown(si, queries, min(args.breakdown_reps, len(queries)))}
+            row = {
+                "shards": shards,
+                "label": f"ShardedIndex, {shards} shard actor(s)",
+                "ingest_rows_per_s": n / ingest,
+                "p50_ms": _pct(lat, 50) * 1e3,
+                "p99_ms": _pct(lat, 99) * 1e3,
+                "batch_qps": len(queries) / batch_s,
+                "recall_at_10": recall_at_k(found, truth),
+                "rows_per_shard": [i["rows"] for i in si.shard_info()],
+                "breakdown": overhead_breakdown(si, queries, min(args.breakdown_reps, len(queries))),
+            }
             if ds["qtexts"]:
                 tl = []
                 for qt in ds["qtexts"]:
@@ -244,10 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-synthetic", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that the script runs")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--path", default=None,
-                    help="where shard directories go (on a cluster: storage every node mounts); default /tmp")
-    ap.add_argument("--address", default=None,
-                    help="an existing Ray cluster (e.g. auto); default: a local instance on loopback")
+    ap.add_argument(
+        "--path",
+        default=None,
+        help="where shard directories go (on a cluster: storage every node mounts); default /tmp",
+    )
+    ap.add_argument(
+        "--address", default=None, help="an existing Ray cluster (e.g. auto); default: a local instance on loopback"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.nq, args.batch, args.breakdown_reps = 3000, 30, 1000, 20
@@ -264,17 +312,21 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()
     if load_before[0] > 0.5:
-        print(f"WARNING: load average {load_before[0]:.2f} > 0.5 at the start: timings are disturbed",
-              flush=True)
+        print(f"WARNING: load average {load_before[0]:.2f} > 0.5 at the start: timings are disturbed", flush=True)
     started = time.time()
     if args.address is None:
         ray.init(include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=args.address, log_to_driver=False)
     results: dict[str, Any] = {
-        "benchmark": "bench_distributed", "python": platform.python_version(),
-        "machine": platform.machine(), "cpus": os.cpu_count(), "ray": ray.__version__,
-        "quick": bool(args.quick), "loadavg_before": list(load_before), "datasets": [],
+        "benchmark": "bench_distributed",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "ray": ray.__version__,
+        "quick": bool(args.quick),
+        "loadavg_before": list(load_before),
+        "datasets": [],
     }
     try:
         rng = np.random.default_rng(17)
@@ -300,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     results["loadavg_after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     results["started_above_0_5"] = load_before[0] > 0.5
-    print(f"load average before {load_before[0]:.2f}, after {results['loadavg_after'][0]:.2f}"
-          + (" (started above 0.5: rerun on a quiet machine)" if load_before[0] > 0.5 else ""))
+    print(
+        f"load average before {load_before[0]:.2f}, after {results['loadavg_after'][0]:.2f}"
+        + (" (started above 0.5: rerun on a quiet machine)" if load_before[0] > 0.5 else "")
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

@@ -60,21 +60,28 @@ def load(folder: Path) -> dict:
     for line in (folder / "qrels.tsv").read_text(encoding="utf-8").splitlines()[1:]:
         q, d, s = line.split("\t")
         qrels.setdefault(q, {})[d] = int(s)
-    chunk_table = pa.table({
-        "document_id": [c["doc_id"] for c in chunks],
-        "chunk_index": pa.array([c["chunk_index"] for c in chunks], pa.int64()),
-        "char_start": pa.array([c["char_start"] for c in chunks], pa.int64()),
-        "char_end": pa.array([c["char_end"] for c in chunks], pa.int64()),
-        "text": [c["text"] for c in chunks],
-    })
-    doc_table = pa.table({
-        "document_id": [d["id"] for d in docs],
-        "text": [(d["title"] + " " + d["text"]).strip() for d in docs],
-        "structured": [bool(d["metadata"]["structured"]) for d in docs],
-    })
+    chunk_table = pa.table(
+        {
+            "document_id": [c["doc_id"] for c in chunks],
+            "chunk_index": pa.array([c["chunk_index"] for c in chunks], pa.int64()),
+            "char_start": pa.array([c["char_start"] for c in chunks], pa.int64()),
+            "char_end": pa.array([c["char_end"] for c in chunks], pa.int64()),
+            "text": [c["text"] for c in chunks],
+        }
+    )
+    doc_table = pa.table(
+        {
+            "document_id": [d["id"] for d in docs],
+            "text": [(d["title"] + " " + d["text"]).strip() for d in docs],
+            "structured": [bool(d["metadata"]["structured"]) for d in docs],
+        }
+    )
     return {
-        "docs": docs, "queries": queries, "qrels": qrels,
-        "chunk_table": chunk_table, "doc_table": doc_table,
+        "docs": docs,
+        "queries": queries,
+        "qrels": qrels,
+        "chunk_table": chunk_table,
+        "doc_table": doc_table,
         "C": np.load(folder / "chunk_embeddings.npy"),
         "D": np.load(folder / "doc_embeddings.npy"),
         "Q": np.load(folder / "query_embeddings.npy"),
@@ -191,7 +198,9 @@ def run(data: dict, kind: str, rounds: int) -> dict:
         t1 = time.perf_counter()
         kb.wait_until_indexed()
         out["preembedded_ingest"] = {
-            "chunks": len(C), "seconds": dt, "chunks_per_s": len(C) / dt,
+            "chunks": len(C),
+            "seconds": dt,
+            "chunks_per_s": len(C) / dt,
             "native_add_seconds": add.seconds,
             "engine_chunks_per_s": len(C) / max(dt - add.seconds, 1e-9),
             "background_graph_seconds": time.perf_counter() - t1,
@@ -222,9 +231,14 @@ def run(data: dict, kind: str, rounds: int) -> dict:
 
         # 4: text ingest with the built-in embedder
         kbt = engine.create_knowledge_base("text", index=kind, chunk_size=500, chunk_overlap=50)
-        docs = [Document(text=(d["title"] + " " + d["text"]).strip(), document_id=d["id"],
-                         metadata={"structured": bool(d["metadata"]["structured"])})
-                for d in data["docs"]]
+        docs = [
+            Document(
+                text=(d["title"] + " " + d["text"]).strip(),
+                document_id=d["id"],
+                metadata={"structured": bool(d["metadata"]["structured"])},
+            )
+            for d in data["docs"]
+        ]
         with _AddTimer() as add:
             t0 = time.perf_counter()
             results = kbt.ingest_many(docs, progress=False)
@@ -232,15 +246,21 @@ def run(data: dict, kind: str, rounds: int) -> dict:
         n = sum(r.chunks for r in results)
         t1 = time.perf_counter()
         kbt.wait_until_indexed()
-        out["text_ingest"] = {"documents": len(docs), "chunks": n, "seconds": dt, "chunks_per_s": n / dt,
-                              "native_add_seconds": add.seconds,
-                              "background_graph_seconds": time.perf_counter() - t1}
+        out["text_ingest"] = {
+            "documents": len(docs),
+            "chunks": n,
+            "seconds": dt,
+            "chunks_per_s": n / dt,
+            "native_add_seconds": add.seconds,
+            "background_graph_seconds": time.perf_counter() - t1,
+        }
         engine.close()
     return out
 
 
-def parse_scifact_args(argv: list[str] | None, description: str, index_choices: tuple[str, ...],
-                       index_default: str, rounds_help: str) -> tuple[argparse.Namespace, Path] | None:
+def parse_scifact_args(
+    argv: list[str] | None, description: str, index_choices: tuple[str, ...], index_default: str, rounds_help: str
+) -> tuple[argparse.Namespace, Path] | None:
     """The command line shared by the engine benchmarks; None (after a message) without SciFact."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA or ../shared/data)")
@@ -256,8 +276,13 @@ def parse_scifact_args(argv: list[str] | None, description: str, index_choices: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse_scifact_args(argv, __doc__.split("\n\n")[0], ("hnsw", "flat", "both"), "both",
-                                "rounds of the 300 queries for the overhead timing")
+    parsed = parse_scifact_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        ("hnsw", "flat", "both"),
+        "both",
+        "rounds of the 300 queries for the overhead timing",
+    )
     if parsed is None:
         return 2
     args, folder = parsed
@@ -265,33 +290,48 @@ def main(argv: list[str] | None = None) -> int:
 
     data = load(folder)
     kinds = ("hnsw", "flat") if args.index == "both" else (args.index,)
-    report = {"kbcore": kbcore.__version__, "simd": kbcore.simd_level(), "cpus": os.cpu_count(),
-              "loadavg_start": os.getloadavg(), "runs": []}
+    report = {
+        "kbcore": kbcore.__version__,
+        "simd": kbcore.simd_level(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "runs": [],
+    }
     for kind in kinds:
         r = run(data, kind, args.rounds)
         report["runs"].append(r)
         gate = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
         print(f"\n== index={kind} ==")
         v = r["ndcg10_chunks_dedup"]
-        print(f"nDCG@10 chunks+dedup   {v:.4f}  (exact {BASELINE_CHUNKS}, diff {v - BASELINE_CHUNKS:+.4f})  "
-              f"{gate(abs(v - BASELINE_CHUNKS) <= 0.005)}")
+        print(
+            f"nDCG@10 chunks+dedup   {v:.4f}  (exact {BASELINE_CHUNKS}, diff {v - BASELINE_CHUNKS:+.4f})  "
+            f"{gate(abs(v - BASELINE_CHUNKS) <= 0.005)}"
+        )
         v = r["ndcg10_documents"]
-        print(f"nDCG@10 documents      {v:.4f}  (exact {BASELINE_DOCS}, diff {v - BASELINE_DOCS:+.4f})  "
-              f"{gate(abs(v - BASELINE_DOCS) <= 0.005)}")
+        print(
+            f"nDCG@10 documents      {v:.4f}  (exact {BASELINE_DOCS}, diff {v - BASELINE_DOCS:+.4f})  "
+            f"{gate(abs(v - BASELINE_DOCS) <= 0.005)}"
+        )
         for key in ("overhead_dedup", "overhead_plain"):
             o = r[key]
-            print(f"{key:<22} {o['median_overhead_us']:7.1f} us paired difference "
-                  f"(native {o['median_native_us']:.1f} us, "
-                  f"retrieve {o['median_retrieve_us']:.1f} us); engine alone {o['engine_only_us']:.1f} us  "
-                  f"{gate(o['engine_only_us'] <= 300)}")
+            print(
+                f"{key:<22} {o['median_overhead_us']:7.1f} us paired difference "
+                f"(native {o['median_native_us']:.1f} us, "
+                f"retrieve {o['median_retrieve_us']:.1f} us); engine alone {o['engine_only_us']:.1f} us  "
+                f"{gate(o['engine_only_us'] <= 300)}"
+            )
         p = r["preembedded_ingest"]
-        print(f"pre-embedded ingest    {p['chunks_per_s']:>9,.0f} chunks/s ({p['chunks']} in {p['seconds']:.3f} s, "
-              f"native add {p['native_add_seconds']:.3f} s; engine alone {p['engine_chunks_per_s']:,.0f} chunks/s)  "
-              f"{gate(p['chunks_per_s'] >= 50_000)}")
+        print(
+            f"pre-embedded ingest    {p['chunks_per_s']:>9,.0f} chunks/s ({p['chunks']} in {p['seconds']:.3f} s, "
+            f"native add {p['native_add_seconds']:.3f} s; engine alone {p['engine_chunks_per_s']:,.0f} chunks/s)  "
+            f"{gate(p['chunks_per_s'] >= 50_000)}"
+        )
         t = r["text_ingest"]
-        print(f"text ingest (hashing)  {t['chunks_per_s']:>9,.0f} chunks/s ({t['chunks']} in {t['seconds']:.2f} s, "
-              f"native add {t['native_add_seconds']:.2f} s)  "
-              f"{gate(t['chunks_per_s'] >= 2_000)}")
+        print(
+            f"text ingest (hashing)  {t['chunks_per_s']:>9,.0f} chunks/s ({t['chunks']} in {t['seconds']:.2f} s, "
+            f"native add {t['native_add_seconds']:.2f} s)  "
+            f"{gate(t['chunks_per_s'] >= 2_000)}"
+        )
         print(f"reopen gives the same results: {r['reopen_same_results']}")
     report["loadavg_end"] = os.getloadavg()
     if args.json:

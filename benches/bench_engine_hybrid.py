@@ -52,8 +52,14 @@ def latency(kb, texts: list[str], vectors: np.ndarray | None, *, deduplicate: bo
     times: dict[str, list[float]] = {_label(m): [] for m in MODES}
     for i, t in enumerate(texts[:20]):  # warm-up
         for st, fu in MODES:
-            kb.retrieve(t, TOP_K, search_type=st, fusion=fu, deduplicate=deduplicate,
-                        query_vector=None if vectors is None else vectors[i])
+            kb.retrieve(
+                t,
+                TOP_K,
+                search_type=st,
+                fusion=fu,
+                deduplicate=deduplicate,
+                query_vector=None if vectors is None else vectors[i],
+            )
     gc.disable()
     try:
         for _ in range(rounds):
@@ -81,9 +87,15 @@ def embed_time(embedder, texts: list[str], rounds: int) -> float:
 def quality(kb, data: dict, *, deduplicate: bool) -> dict:
     out = {}
     for st, fu in MODES:
-        ranked = [[h.document_id for h in kb.retrieve(q["text"], TOP_K, search_type=st, fusion=fu,
-                                                      deduplicate=deduplicate, query_vector=v)]
-                  for q, v in zip(data["queries"], data["Q"])]
+        ranked = [
+            [
+                h.document_id
+                for h in kb.retrieve(
+                    q["text"], TOP_K, search_type=st, fusion=fu, deduplicate=deduplicate, query_vector=v
+                )
+            ]
+            for q, v in zip(data["queries"], data["Q"])
+        ]
         out[_label((st, fu))] = ndcg_at_10(ranked, data["queries"], data["qrels"])
     return out
 
@@ -109,23 +121,31 @@ def run(data: dict, kind: str, rounds: int) -> dict:
         # Ingest returns before HNSW linking ends (it goes on in a background thread, which
         # would compete for the cores and leave rows to the exact scan): time searches after it.
         kb.wait_until_indexed()
-        out["hashing_kb"] = {"chunks": len(vecs), "embed_seconds": t_embed,
-                             "ingest_seconds": t_ingest,
-                             "query_embed_us": embed_time(emb, texts, 1)}
+        out["hashing_kb"] = {
+            "chunks": len(vecs),
+            "embed_seconds": t_embed,
+            "ingest_seconds": t_ingest,
+            "query_embed_us": embed_time(emb, texts, 1),
+        }
         for dedup in (False, True):
             out["hashing_kb"]["latency_dedup" if dedup else "latency"] = latency(
-                kb, texts, None, deduplicate=dedup, rounds=rounds)
+                kb, texts, None, deduplicate=dedup, rounds=rounds
+            )
         # B: the provided embeddings; the query vector is given
         kbc = engine.create_knowledge_base("chunks", embedder=False, index=kind)
         t0 = time.perf_counter()
         kbc.ingest_table(data["chunk_table"], vectors=data["C"])
         dt = time.perf_counter() - t0
         kbc.wait_until_indexed()
-        out["provided_kb"] = {"chunks": len(data["C"]), "ingest_seconds": dt,
-                              "ingest_chunks_per_s": len(data["C"]) / dt}
+        out["provided_kb"] = {
+            "chunks": len(data["C"]),
+            "ingest_seconds": dt,
+            "ingest_chunks_per_s": len(data["C"]) / dt,
+        }
         for dedup in (False, True):
             out["provided_kb"]["latency_dedup" if dedup else "latency"] = latency(
-                kbc, texts, data["Q"], deduplicate=dedup, rounds=rounds)
+                kbc, texts, data["Q"], deduplicate=dedup, rounds=rounds
+            )
         out["ndcg10_chunks_dedup"] = quality(kbc, data, deduplicate=True)
         kbd = engine.create_knowledge_base("docs", embedder=False, index=kind)
         kbd.ingest_table(data["doc_table"], vectors=data["D"])
@@ -140,16 +160,21 @@ def gate(ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse_scifact_args(argv, __doc__.split("\n\n")[0], ("hnsw", "flat"), "hnsw",
-                                "rounds of the 300 queries for the latency timing")
+    parsed = parse_scifact_args(
+        argv, __doc__.split("\n\n")[0], ("hnsw", "flat"), "hnsw", "rounds of the 300 queries for the latency timing"
+    )
     if parsed is None:
         return 2
     args, folder = parsed
     import kbcore
 
     data = load(folder)
-    report = {"kbcore": kbcore.__version__, "simd": kbcore.simd_level(), "cpus": os.cpu_count(),
-              "loadavg_start": os.getloadavg()}
+    report = {
+        "kbcore": kbcore.__version__,
+        "simd": kbcore.simd_level(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+    }
     r = run(data, args.index, args.rounds)
     report["run"] = r
     report["loadavg_end"] = os.getloadavg()
@@ -163,15 +188,21 @@ def main(argv: list[str] | None = None) -> int:
             ratio = lat["hybrid-rrf"] / lat["vector"]
             ratio_lin = lat["hybrid-linear"] / lat["vector"]
             dd = "dedup " if key == "latency_dedup" else "plain "
-            print(f"{name} {dd} {cells}   hybrid/vector {ratio:.2f}x (linear {ratio_lin:.2f}x)  "
-                  f"{gate(max(ratio, ratio_lin) <= 1.5)}")
-    print(f"B: provided-embedding KB, pre-embedded ingest with the text leg: "
-          f"{r['provided_kb']['ingest_chunks_per_s']:,.0f} chunks/s")
+            print(
+                f"{name} {dd} {cells}   hybrid/vector {ratio:.2f}x (linear {ratio_lin:.2f}x)  "
+                f"{gate(max(ratio, ratio_lin) <= 1.5)}"
+            )
+    print(
+        f"B: provided-embedding KB, pre-embedded ingest with the text leg: "
+        f"{r['provided_kb']['ingest_chunks_per_s']:,.0f} chunks/s"
+    )
     for key, base in (("ndcg10_documents", 0.6451), ("ndcg10_chunks_dedup", 0.6694)):
         q = r[key]
         cells = "  ".join(f"{k} {v:.4f}" for k, v in q.items())
-        print(f"nDCG@10 {key[7:]:<13} {cells}  (dense exact {base})  "
-              f"{gate(q['hybrid-rrf'] >= max(q['vector'], q['full_text']))}")
+        print(
+            f"nDCG@10 {key[7:]:<13} {cells}  (dense exact {base})  "
+            f"{gate(q['hybrid-rrf'] >= max(q['vector'], q['full_text']))}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

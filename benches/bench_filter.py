@@ -134,9 +134,7 @@ def synthetic_centres(
     return c
 
 
-def nearest_centre(
-    x: np.ndarray, centres: np.ndarray, block: int = 16384
-) -> tuple[np.ndarray, np.ndarray]:
+def nearest_centre(x: np.ndarray, centres: np.ndarray, block: int = 16384) -> tuple[np.ndarray, np.ndarray]:
     labels = np.empty(x.shape[0], dtype=np.int64)
     best = np.empty(x.shape[0], dtype=np.float32)
     for s in range(0, x.shape[0], block):
@@ -146,9 +144,7 @@ def nearest_centre(
     return labels, best
 
 
-def locality_attribute(
-    ds: Dataset, queries: np.ndarray, info: dict
-) -> tuple[str, np.ndarray, dict[float, dict]]:
+def locality_attribute(ds: Dataset, queries: np.ndarray, info: dict) -> tuple[str, np.ndarray, dict[float, dict]]:
     """The field behind the anti-correlated filters, and for each target fraction its ``where``.
 
     Synthetic: ``cluster`` = the row's cluster; the filter is ``cluster $in`` the clusters farthest
@@ -212,6 +208,7 @@ def make_cases(attrs: Attributes, anti: dict[float, dict]) -> list[Case]:
 
             def cond(a: Any, m: Any = spec["values"]) -> np.ndarray:
                 return a.local < m
+
         cases.append(Case(f"anti {frac:.0%}", "anti-correlated", spec["where"], cond))
     for c in cases:
         c.mask = np.ascontiguousarray(c.condition(attrs), dtype=bool)
@@ -395,9 +392,7 @@ class KbcoreLib:
         self.native_filter = native_filter
         table = attrs.arrow_table()
         self.index = kbcore.Index(ds.dim, "cosine", "hnsw", M=M, ef_construction=EF_CONSTRUCTION)
-        self.index.add(
-            ds.base, np.arange(ds.n, dtype=np.int64), metadata=table, threads=BUILD_THREADS
-        )
+        self.index.add(ds.base, np.arange(ds.n, dtype=np.int64), metadata=table, threads=BUILD_THREADS)
 
     def warm_up(self, queries: np.ndarray) -> None:
         # Unfiltered searches also calibrate the cost model (evals_per_ef), as in normal use.
@@ -423,9 +418,7 @@ class HnswlibLib:
         import hnswlib
 
         self.index = hnswlib.Index(space="cosine", dim=ds.dim)
-        self.index.init_index(
-            max_elements=ds.n, M=M, ef_construction=EF_CONSTRUCTION, random_seed=42
-        )
+        self.index.init_index(max_elements=ds.n, M=M, ef_construction=EF_CONSTRUCTION, random_seed=42)
         self.index.set_num_threads(BUILD_THREADS)
         self.index.add_items(ds.base, np.arange(ds.n), num_threads=BUILD_THREADS)
 
@@ -440,6 +433,7 @@ class HnswlibLib:
 
         def flt(label: int) -> bool:
             return allowed[label]
+
         index = self.index
 
         def at_ef(ef: int) -> Callable[[Any], Any]:
@@ -556,9 +550,7 @@ def build_timed(make: Callable[[], Any]) -> tuple[Any, float]:
     return obj, time.perf_counter() - t0
 
 
-def bench_dataset(
-    ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int], repeats: int, budget: Budget
-) -> dict:
+def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int], repeats: int, budget: Budget) -> dict:
     queries = np.ascontiguousarray(ds.queries[:nq])
     q1 = list(queries)  # 1-D views for the per-query loop
     q2 = [row[None, :] for row in queries]  # [1, d] for faiss and the native binding
@@ -598,9 +590,7 @@ def bench_dataset(
             out = res["cases"][c.name]["libs"]
             count = lib.index.count(c.where)
             strategy = native.strategy(c.passing, max(default_ef, K))
-            log(
-                f"    {c.name}: count {count} (numpy {c.passing}), auto strategy at ef={default_ef}: {strategy}"
-            )
+            log(f"    {c.name}: count {count} (numpy {c.passing}), auto strategy at ef={default_ef}: {strategy}")
             p = measure_point(
                 lib.auto_fn(c.where),
                 q1,
@@ -615,8 +605,7 @@ def bench_dataset(
             out["kbcore default ef"] = p
             log(
                 f"      {'kbcore auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  "
-                f"QPS {p['qps']:9.1f}  [{strategy}]"
-                + cpu_warning(p)
+                f"QPS {p['qps']:9.1f}  [{strategy}]" + cpu_warning(p)
             )
             # Equal-recall figure, by the anchors' rule: the automatic strategy swept over ef,
             # the lowest ef reaching the target is kbcore's operating point.
@@ -651,8 +640,7 @@ def bench_dataset(
                 out[f"kbcore[{forced}]"] = fp
                 log(
                     f"      {'kbcore ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  "
-                    f"QPS {fp['qps']:9.1f}"
-                    + cpu_warning(fp)
+                    f"QPS {fp['qps']:9.1f}" + cpu_warning(fp)
                 )
             # The graph traversal alone across ef (one pass per point): where would it reach the target?
             out["kbcore[graph] sweep"] = sweep(
@@ -713,8 +701,7 @@ def bench_dataset(
             res["cases"][c.name]["libs"]["numpy"] = p
             log(
                 f"      {'numpy ' + c.name:<24s} recall {p['recall']:.4f}  QPS {p['qps']:9.1f}  "
-                f"({p['queries']} q x {p['repeats']})"
-                + cpu_warning(p)
+                f"({p['queries']} q x {p['repeats']})" + cpu_warning(p)
             )
 
     if "usearch" in libs:
@@ -730,9 +717,7 @@ def bench_dataset(
     return res
 
 
-def compile_cost(
-    lib: KbcoreLib, cases: Sequence[Case], q1: Sequence[np.ndarray], repeats: int
-) -> dict:
+def compile_cost(lib: KbcoreLib, cases: Sequence[Case], q1: Sequence[np.ndarray], repeats: int) -> dict:
     """Filter compile + evaluate (``count``) against a whole filtered search, at ~1 % selectivity.
 
     ``index.count(where)`` runs what ``index.search(q, where=where)`` runs before its scan: the
@@ -763,9 +748,7 @@ def compile_cost(
             walls[name].append(w)
     for name in steps:
         out[f"{name} us"] = 1e6 * statistics.median(walls[name]) / n
-    out["fraction_of_search"] = (
-        out["count (compile + evaluate) us"] / out["filtered search (auto) us"]
-    )
+    out["fraction_of_search"] = out["count (compile + evaluate) us"] / out["filtered search (auto) us"]
     log(
         f"  compile + evaluate at {case.name}: count {out['count (compile + evaluate) us']:.2f} us "
         f"(compile {out['compile only us']:.2f} us, evaluate {out['native count (evaluate only) us']:.2f} us) "
@@ -784,11 +767,7 @@ def summarise(res: dict) -> None:
             if r is None:
                 continue
             p = r if "points" not in r else r["qualifying"]
-            if (
-                p is not None
-                and p["recall"] >= TARGET_RECALL
-                and (best is None or p["qps"] > best[1])
-            ):
+            if p is not None and p["recall"] >= TARGET_RECALL and (best is None or p["qps"] > best[1]):
                 best = (name, p["qps"], p["ef"])
         c["best_anchor"] = None if best is None else {"lib": best[0], "qps": best[1], "ef": best[2]}
         kb = libs.get("kbcore")
@@ -810,9 +789,7 @@ def anchor_cell(r: dict | None, nq: int) -> tuple[str, str, str, str]:
     if "supported" in r:
         return "-", "-", "-", USEARCH_NOTE if not r["supported"] else r["note"]
     if "points" not in r:  # numpy: one exact point
-        note = (
-            "" if r["repeats"] > 1 and r["queries"] == nq else f"{r['queries']} q x {r['repeats']}"
-        )
+        note = "" if r["repeats"] > 1 and r["queries"] == nq else f"{r['queries']} q x {r['repeats']}"
         return f"{r['recall']:.3f}", _fmt_qps(r["qps"]), "exact", note
     p = r["qualifying"]
     if p is None:
@@ -858,9 +835,7 @@ def report(results: dict) -> list[str]:
             libs = c["libs"]
             first = True
 
-            def row(
-                lib: str, cells: tuple[str, str, str, str], name: str = name, c: dict = c
-            ) -> None:
+            def row(lib: str, cells: tuple[str, str, str, str], name: str = name, c: dict = c) -> None:
                 nonlocal first
                 head = f"| {name} | {c['fraction']:.2%} |" if first else "| | |"
                 first = False
@@ -871,9 +846,7 @@ def report(results: dict) -> list[str]:
                 ratio = c["kbcore_ratio"]
                 best = c["best_anchor"]
                 note = f"auto -> {kb['strategy']}; ratio " + (
-                    f"{ratio:.2f} vs {best['lib']}"
-                    if ratio is not None
-                    else "n/a (no anchor reached the target)"
+                    f"{ratio:.2f} vs {best['lib']}" if ratio is not None else "n/a (no anchor reached the target)"
                 )
                 if kb["recall"] < TARGET_RECALL:
                     note += f" (does not count: recall < {TARGET_RECALL})"
@@ -959,9 +932,7 @@ def machine_info() -> dict:
         "cpus": os.cpu_count(),
         "numpy": np.__version__,
         "numpy_imported_before_blas_pin": _NUMPY_PRELOADED,
-        "blas_threads_env": {
-            v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
-        },
+        "blas_threads_env": {v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
     }
     try:
         with open("/proc/cpuinfo") as fh:
@@ -988,9 +959,7 @@ def machine_info() -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m benches.bench_filter", description=__doc__.split("\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog="python -m benches.bench_filter", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--data",
         default=None,
@@ -1069,9 +1038,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             ap.error(f"unknown dataset {name!r}")
         log(f"\n{ds.name}: n = {ds.n:,}, d = {ds.dim}")
-        results["datasets"].append(
-            bench_dataset(ds, min(nq, ds.nq), libs, efs, args.repeats, budget)
-        )
+        results["datasets"].append(bench_dataset(ds, min(nq, ds.nq), libs, efs, args.repeats, budget))
         del ds
         gc.collect()
     results["loadavg_end"] = os.getloadavg()

@@ -76,8 +76,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 class GroupedData:
     """Unit-norm base rows with a source code per row, queries, and the exact grouped truth."""
 
-    def __init__(self, name: str, base: np.ndarray, codes: np.ndarray, keys: list[Any],
-                 queries: np.ndarray) -> None:
+    def __init__(self, name: str, base: np.ndarray, codes: np.ndarray, keys: list[Any], queries: np.ndarray) -> None:
         self.name = name
         self.base = base  # float32 [n, d], unit rows
         self.codes = codes  # int64 [n], dense source code of each row
@@ -92,8 +91,9 @@ class GroupedData:
         self.reference_ndcg: float | None = None  # the data set's exact grouped nDCG@10
 
 
-def exact_source_scores(base: np.ndarray, codes: np.ndarray, n_sources: int,
-                        queries: np.ndarray, block: int = 16384) -> np.ndarray:
+def exact_source_scores(
+    base: np.ndarray, codes: np.ndarray, n_sources: int, queries: np.ndarray, block: int = 16384
+) -> np.ndarray:
     """Best (max) cosine of each source per query, over blocks of base rows."""
     best = np.full((queries.shape[0], n_sources), -np.inf, dtype=np.float32)
     order = np.argsort(codes, kind="stable")
@@ -160,8 +160,7 @@ def make_synthetic(n: int, nq: int, seed: int = SYN_SEED) -> GroupedData:
     scale = np.float32(SYN_QUERY_NOISE / np.sqrt(d))
     queries = centres[qsrc] + rng.standard_normal((nq, d), dtype=np.float32) * scale
     queries = _normalise(queries)
-    return GroupedData(f"synthetic-{len(codes)}", base, codes.astype(np.int64), list(range(n_sources)),
-                       queries)
+    return GroupedData(f"synthetic-{len(codes)}", base, codes.astype(np.int64), list(range(n_sources)), queries)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,8 +177,7 @@ def grouped_recall(ds: GroupedData, pages: Sequence[Sequence[int]]) -> float:
     return hits / (K * len(pages))
 
 
-def ndcg_at_10(ranked_docs: Sequence[Sequence[str]], qrels: dict[str, set[str]],
-               query_ids: Sequence[str]) -> float:
+def ndcg_at_10(ranked_docs: Sequence[Sequence[str]], qrels: dict[str, set[str]], query_ids: Sequence[str]) -> float:
     """BEIR nDCG@10: binary gains from qrels, 1/log2(rank+1), ideal from all relevant docs."""
     total = 0.0
     for qid, docs in zip(query_ids, ranked_docs):
@@ -210,8 +208,9 @@ def time_loop(fn: Callable[[Any], Any], inputs: Sequence[Any]) -> tuple[float, f
     return wall, cpu, out
 
 
-def time_interleaved(fns: dict[str, Callable[[Any], Any]], inputs: Sequence[Any],
-                     repeats: int) -> tuple[dict[str, dict], dict[str, list]]:
+def time_interleaved(
+    fns: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], repeats: int
+) -> tuple[dict[str, dict], dict[str, list]]:
     """Each repetition times every fn once, in turn, so load changes hit them alike.
 
     Returns per fn: median QPS, latency, all walls and the cpu/wall ratio of the median pass,
@@ -251,10 +250,8 @@ def build_kbcore(ds: GroupedData) -> tuple[Any, float]:
     table = pa.table({"document_id": pa.array(ds.key_of_row)})
     gc.collect()
     t0 = time.perf_counter()
-    index = kbcore.Index(ds.base.shape[1], metric="cosine", kind="hnsw", M=M,
-                         ef_construction=EF_CONSTRUCTION, ef=EF)
-    index.add(ds.base, np.arange(ds.base.shape[0], dtype=np.int64), metadata=table,
-              threads=BUILD_THREADS)
+    index = kbcore.Index(ds.base.shape[1], metric="cosine", kind="hnsw", M=M, ef_construction=EF_CONSTRUCTION, ef=EF)
+    index.add(ds.base, np.arange(ds.base.shape[0], dtype=np.int64), metadata=table, threads=BUILD_THREADS)
     return index, time.perf_counter() - t0
 
 
@@ -300,8 +297,10 @@ def overfetch_fn(index: Any, key_of_row: Sequence[Any]) -> Callable[[np.ndarray]
 def log_timing(timing: dict[str, dict], nq: int, repeats: int) -> None:
     log(f"  single thread, loop of {nq} 1-D queries, k={K}, ef={EF}, median of {repeats}:")
     for name, r in timing.items():
-        log(f"    {name:<28} {r['qps']:8.0f} QPS  {r['latency_us']:7.1f} us/query  "
-            f"(from CPU time {r['cpu_qps']:6.0f} QPS){cpu_note(r)}")
+        log(
+            f"    {name:<28} {r['qps']:8.0f} QPS  {r['latency_us']:7.1f} us/query  "
+            f"(from CPU time {r['cpu_qps']:6.0f} QPS){cpu_note(r)}"
+        )
 
 
 def ratios(timing: dict[str, dict], a: str, b: str) -> tuple[float, float]:
@@ -323,8 +322,10 @@ def run_scifact(data: str | None, repeats: int) -> dict:
     t0 = time.perf_counter()
     ds, qrels, query_ids = load_scifact(data)
     n_docs = len(ds.keys)
-    log(f"  {ds.base.shape[0]:,} chunks of {n_docs:,} documents, {ds.queries.shape[0]} queries, "
-        f"exact grouped truth in {time.perf_counter() - t0:.1f} s")
+    log(
+        f"  {ds.base.shape[0]:,} chunks of {n_docs:,} documents, {ds.queries.shape[0]} queries, "
+        f"exact grouped truth in {time.perf_counter() - t0:.1f} s"
+    )
     exact_docs = [[ds.keys[c] for c in row] for row in ds.gt_codes]
     exact_ndcg = ndcg_at_10(exact_docs, qrels, query_ids)
     ref = ds.reference_ndcg
@@ -378,8 +379,7 @@ def run_scifact(data: str | None, repeats: int) -> dict:
             break
     if eq is not None:
         eq_fns = {
-            f"kbcore search_groups ef={eq['ef']}":
-                lambda q, e=eq["ef"]: kb.search_groups(q, K, ef=e, threads=1),
+            f"kbcore search_groups ef={eq['ef']}": lambda q, e=eq["ef"]: kb.search_groups(q, K, ef=e, threads=1),
             names[2]: fns[names[2]],
         }
         eq_timing, _ = time_interleaved(eq_fns, qs, repeats)
@@ -396,28 +396,42 @@ def run_scifact(data: str | None, repeats: int) -> dict:
 
     log_timing(timing, len(qs), repeats)
     p = res["passes"]
-    log(f"  grouped recall@10 vs exact grouped truth: kbcore {res['kbcore_recall']:.4f}  "
-        f"[{verdict(p['recall'])} >= {RECALL_BAR}]; over-fetch {res['overfetch_recall']:.4f}")
-    log(f"  nDCG@10 of documents: kbcore {res['kbcore_ndcg10']:.4f} vs README {ref:.4f} "
+    log(
+        f"  grouped recall@10 vs exact grouped truth: kbcore {res['kbcore_recall']:.4f}  "
+        f"[{verdict(p['recall'])} >= {RECALL_BAR}]; over-fetch {res['overfetch_recall']:.4f}"
+    )
+    log(
+        f"  nDCG@10 of documents: kbcore {res['kbcore_ndcg10']:.4f} vs README {ref:.4f} "
         f"(diff {res['kbcore_ndcg10'] - ref:+.4f})  [{verdict(p['ndcg'])} within {NDCG_TOLERANCE}]; "
-        f"over-fetch {res['overfetch_ndcg10']:.4f}; exact numpy {exact_ndcg:.4f}")
-    log(f"  QPS search_groups / ungrouped search: {res['qps_ratio_vs_ungrouped']:.2f} "
+        f"over-fetch {res['overfetch_ndcg10']:.4f}; exact numpy {exact_ndcg:.4f}"
+    )
+    log(
+        f"  QPS search_groups / ungrouped search: {res['qps_ratio_vs_ungrouped']:.2f} "
         f"(CPU time {res['cpu_qps_ratio_vs_ungrouped']:.2f})  "
-        f"[{verdict(p['qps_vs_ungrouped'])} >= {QPS_VS_UNGROUPED_BAR}]")
-    log(f"  QPS search_groups / hnswlib over-fetch + dedup, both at ef={EF}: "
-        f"{res['qps_ratio_vs_overfetch']:.2f} (CPU time {res['cpu_qps_ratio_vs_overfetch']:.2f})")
+        f"[{verdict(p['qps_vs_ungrouped'])} >= {QPS_VS_UNGROUPED_BAR}]"
+    )
+    log(
+        f"  QPS search_groups / hnswlib over-fetch + dedup, both at ef={EF}: "
+        f"{res['qps_ratio_vs_overfetch']:.2f} (CPU time {res['cpu_qps_ratio_vs_overfetch']:.2f})"
+    )
     if eq is None:
-        log(f"  at equal quality: search_groups never matched the over-fetch's recall and nDCG "
-            f"below ef={EQUAL_RECALL_EFS[-1]}  [{verdict(p['qps_vs_overfetch'])}]")
+        log(
+            f"  at equal quality: search_groups never matched the over-fetch's recall and nDCG "
+            f"below ef={EQUAL_RECALL_EFS[-1]}  [{verdict(p['qps_vs_overfetch'])}]"
+        )
     else:
-        log(f"  QPS at equal quality, search_groups ef={eq['ef']} (recall {eq['recall']:.4f}, "
+        log(
+            f"  QPS at equal quality, search_groups ef={eq['ef']} (recall {eq['recall']:.4f}, "
             f"nDCG {eq['ndcg10']:.4f}) / over-fetch (recall {res['overfetch_recall']:.4f}, nDCG "
             f"{res['overfetch_ndcg10']:.4f}): {eq['qps_ratio']:.2f} (CPU time {eq['cpu_qps_ratio']:.2f})  "
-            f"[{verdict(p['qps_vs_overfetch'])} >= {QPS_VS_OVERFETCH_BAR}]")
+            f"[{verdict(p['qps_vs_overfetch'])} >= {QPS_VS_OVERFETCH_BAR}]"
+        )
     fewer = res["overfetch_full_pages"] < res["kbcore_full_pages"]
-    log(f"  full pages ({K} documents): kbcore {100 * res['kbcore_full_pages']:.1f} %  "
+    log(
+        f"  full pages ({K} documents): kbcore {100 * res['kbcore_full_pages']:.1f} %  "
         f"[{verdict(p['full_pages'])} = 100 %]; over-fetch {100 * res['overfetch_full_pages']:.1f} % "
-        f"(mean {res['overfetch_mean_page']:.2f} documents; fills fewer pages: {'yes' if fewer else 'no'})")
+        f"(mean {res['overfetch_mean_page']:.2f} documents; fills fewer pages: {'yes' if fewer else 'no'})"
+    )
     kb = hn = None  # free both indexes (the timing lambdas above close over these names)
     gc.collect()
     return res
@@ -465,24 +479,33 @@ def run_synthetic(n: int, nq: int, repeats: int, with_hnswlib: bool) -> dict:
         res["overfetch_full_pages"] = float(np.mean([len(p) == K for p in of_pages]))
         res["overfetch_mean_page"] = float(np.mean([len(p) for p in of_pages]))
         res["qps_ratio_vs_overfetch"], res["cpu_qps_ratio_vs_overfetch"] = ratios(timing, names[0], names[2])
-    res["passes"] = {"recall": res["kbcore_recall"] >= RECALL_BAR,
-                     "full_pages": res["kbcore_full_pages"] == 1.0}
+    res["passes"] = {"recall": res["kbcore_recall"] >= RECALL_BAR, "full_pages": res["kbcore_full_pages"] == 1.0}
 
     log_timing(timing, nq, repeats)
     p = res["passes"]
-    log(f"  grouped recall@10 vs exact grouped truth: kbcore {res['kbcore_recall']:.4f}  "
+    log(
+        f"  grouped recall@10 vs exact grouped truth: kbcore {res['kbcore_recall']:.4f}  "
         f"[{verdict(p['recall'])} >= {RECALL_BAR}]  (search_groups ef=128 "
         f"{res['kbcore_recall_ef128']:.4f}, ef=256 {res['kbcore_recall_ef256']:.4f}; kbcore search "
-        f"k=ef={K * SYN_PARTS} deduplicated {res['deep_overfetch_recall']:.4f})")
-    log(f"  QPS search_groups / ungrouped search: {res['qps_ratio_vs_ungrouped']:.2f} "
-        f"(CPU time {res['cpu_qps_ratio_vs_ungrouped']:.2f})")
+        f"k=ef={K * SYN_PARTS} deduplicated {res['deep_overfetch_recall']:.4f})"
+    )
+    log(
+        f"  QPS search_groups / ungrouped search: {res['qps_ratio_vs_ungrouped']:.2f} "
+        f"(CPU time {res['cpu_qps_ratio_vs_ungrouped']:.2f})"
+    )
     if hn is not None:
-        log(f"  QPS search_groups / hnswlib over-fetch + dedup: {res['qps_ratio_vs_overfetch']:.2f} "
-            f"(CPU time {res['cpu_qps_ratio_vs_overfetch']:.2f})")
-        log(f"  over-fetch: grouped recall@10 {res['overfetch_recall']:.4f}, full pages "
-            f"{100 * res['overfetch_full_pages']:.1f} % (mean {res['overfetch_mean_page']:.2f} sources)")
-    log(f"  full pages ({K} sources): kbcore {100 * res['kbcore_full_pages']:.1f} %  "
-        f"[{verdict(p['full_pages'])} = 100 %]")
+        log(
+            f"  QPS search_groups / hnswlib over-fetch + dedup: {res['qps_ratio_vs_overfetch']:.2f} "
+            f"(CPU time {res['cpu_qps_ratio_vs_overfetch']:.2f})"
+        )
+        log(
+            f"  over-fetch: grouped recall@10 {res['overfetch_recall']:.4f}, full pages "
+            f"{100 * res['overfetch_full_pages']:.1f} % (mean {res['overfetch_mean_page']:.2f} sources)"
+        )
+    log(
+        f"  full pages ({K} sources): kbcore {100 * res['kbcore_full_pages']:.1f} %  "
+        f"[{verdict(p['full_pages'])} = 100 %]"
+    )
     return res
 
 
@@ -509,10 +532,14 @@ def machine_info() -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benches.bench_groups", description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None,
-                    help="data root holding scifact/ (default $KBCORE_DATA, else ../shared/data)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: synthetic 20,000 vectors and 200 queries, no hnswlib on synthetic")
+    ap.add_argument(
+        "--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA, else ../shared/data)"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: synthetic 20,000 vectors and 200 queries, no hnswlib on synthetic",
+    )
     ap.add_argument("--n", type=int, default=None, help="synthetic base size (default 100000)")
     ap.add_argument("--nq", type=int, default=None, help="synthetic queries (default 1000)")
     ap.add_argument("--repeats", type=int, default=REPEATS)
@@ -522,8 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     nq = args.nq or (200 if args.quick else 1000)
     t0 = time.perf_counter()
     info = machine_info()
-    log(f"kbcore {info['kbcore']} ({info['kbcore_simd']}), hnswlib {info['hnswlib']}, "
-        f"{info.get('cpu', '?')}, {info['cpus']} cpus, load {info['loadavg_start'][0]:.2f}")
+    log(
+        f"kbcore {info['kbcore']} ({info['kbcore_simd']}), hnswlib {info['hnswlib']}, "
+        f"{info.get('cpu', '?')}, {info['cpus']} cpus, load {info['loadavg_start'][0]:.2f}"
+    )
     results: dict[str, Any] = {"machine": info, "k": K, "ef": EF, "M": M, "ef_construction": EF_CONSTRUCTION}
     if (scifact_dir(args.data) / "chunk_embeddings.npy").exists():
         results["scifact"] = run_scifact(args.data, args.repeats)
@@ -532,12 +561,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["synthetic"] = run_synthetic(n, nq, args.repeats, with_hnswlib=not args.quick)
     info["loadavg_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - t0
-    passes = {f"{ds}.{k}": v for ds in ("scifact", "synthetic") if ds in results
-              for k, v in results[ds]["passes"].items()}
+    passes = {
+        f"{ds}.{k}": v for ds in ("scifact", "synthetic") if ds in results for k, v in results[ds]["passes"].items()
+    }
     failed = [k for k, v in passes.items() if not v]
-    log(f"== {len(passes) - len(failed)}/{len(passes)} bars met"
+    log(
+        f"== {len(passes) - len(failed)}/{len(passes)} bars met"
         + (f"; missed: {', '.join(failed)}" if failed else "")
-        + f"; {results['seconds']:.0f} s, load {info['loadavg_end'][0]:.2f} at the end ==")
+        + f"; {results['seconds']:.0f} s, load {info['loadavg_end'][0]:.2f} at the end =="
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=1, default=float)

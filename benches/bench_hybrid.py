@@ -240,10 +240,11 @@ def bench_bm25_quality(data: dict, kb_index, results: dict) -> None:
     }
     log("(a) BM25 alone over documents, nDCG@10")
     log(f"    kbcore search_text                       {nd_kb:.4f}")
-    log(f"    bm25s lucene, same kbcore tokens         {nd_bm:.4f}   |diff| {diff:.4f}  "
-        f"[{gate(diff <= 0.01)} <= 0.01]")
-    log(f"    score agreement: max rel diff {max_rel_diff:.2e}; identical top-10 sets "
-        f"{same_top10}/{len(qtexts)} queries")
+    log(f"    bm25s lucene, same kbcore tokens         {nd_bm:.4f}   |diff| {diff:.4f}  [{gate(diff <= 0.01)} <= 0.01]")
+    log(
+        f"    score agreement: max rel diff {max_rel_diff:.2e}; identical top-10 sets "
+        f"{same_top10}/{len(qtexts)} queries"
+    )
     log(f"    bm25s own tokenizer + English stop words {nd_own:.4f}   (BEIR BM25 {BEIR_BM25})")
 
 
@@ -278,8 +279,10 @@ def bench_hybrid_quality(data: dict, indexes: dict, results: dict) -> None:
             "gate_rrf_ge_max": nd_rrf >= bar,
         }
         lin = "  ".join(f"w={w}: {v:.4f}" for w, v in linear_scores.items())
-        log(f"    [{kind}] dense {nd_dense:.4f}  BM25 {nd_bm25:.4f}  RRF {nd_rrf:.4f}  "
-            f"[{gate(nd_rrf >= bar)} >= {bar:.4f}]")
+        log(
+            f"    [{kind}] dense {nd_dense:.4f}  BM25 {nd_bm25:.4f}  RRF {nd_rrf:.4f}  "
+            f"[{gate(nd_rrf >= bar)} >= {bar:.4f}]"
+        )
         log(f"    [{kind}] linear (vector_weight) {lin}")
     results["hybrid"] = out
 
@@ -307,9 +310,11 @@ def bench_hybrid_chunks(data: dict, results: dict) -> None:
         "linear_0.7_ndcg10": ndcg_at_10(ranked([linear(d, t, 0.7) for d, t in zip(dense, text)]), qids, qrels),
     }
     results["hybrid_chunks"] = res
-    log(f"    [chunks, flat, window {window}, dedup after fusion] dense {res['dense_maxp_ndcg10']:.4f}  "
+    log(
+        f"    [chunks, flat, window {window}, dedup after fusion] dense {res['dense_maxp_ndcg10']:.4f}  "
         f"BM25 {res['bm25_maxp_ndcg10']:.4f}  RRF {res['rrf_ndcg10']:.4f}  "
-        f"linear 0.7 {res['linear_0.7_ndcg10']:.4f}  (exact dense chunks baseline 0.6694)")
+        f"linear 0.7 {res['linear_0.7_ndcg10']:.4f}  (exact dense chunks baseline 0.6694)"
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -393,11 +398,15 @@ def bench_bm25_speed(data: dict, kb_index, repeats: int, results: dict) -> None:
         "bm25s_build_kbtokens_runs_s": runs_bm_kbt,
     }
     log("(c) BM25 speed (one thread)")
-    log(f"    single-query QPS: kbcore {qps_kb:,.0f}  bm25s {qps_bm:,.0f}  ratio {qps_ratio:.1f}x  "
-        f"[{gate(qps_ratio >= 1.0)} >= 1.0]")
-    log(f"    build docs/s: kbcore {n_docs / t_kb_build:,.0f} (vectors-only add {t_kb_vec * 1e3:.1f} ms)  "
+    log(
+        f"    single-query QPS: kbcore {qps_kb:,.0f}  bm25s {qps_bm:,.0f}  ratio {qps_ratio:.1f}x  "
+        f"[{gate(qps_ratio >= 1.0)} >= 1.0]"
+    )
+    log(
+        f"    build docs/s: kbcore {n_docs / t_kb_build:,.0f} (vectors-only add {t_kb_vec * 1e3:.1f} ms)  "
         f"bm25s own tokenizer {n_docs / t_bm_own:,.0f}  bm25s + kbcore.tokenize {n_docs / t_bm_kbt:,.0f}  "
-        f"ratio vs faster {build_ratio:.1f}x  [{gate(build_ratio >= 1.0)} >= 1.0]")
+        f"ratio vs faster {build_ratio:.1f}x  [{gate(build_ratio >= 1.0)} >= 1.0]"
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -413,6 +422,7 @@ def bench_latency(data: dict, indexes: dict, repeats: int, results: dict) -> Non
     out: dict = {}
     log(f"(d) latency per query at top_k = {TOP_K}, one thread (mean over {nq} queries)")
     for kind, index in indexes.items():
+
         def dense_only(index=index) -> None:
             search = index.search
             for v in rows:
@@ -448,9 +458,14 @@ def bench_latency(data: dict, indexes: dict, repeats: int, results: dict) -> Non
 
         timings = {}
         with ThreadPoolExecutor(max_workers=1) as pool:
-            for name, fn in (("dense", dense_only), ("hybrid", hybrid), ("dense_window", dense_window),
-                             ("text_window", text_only), ("fusion", fusion_only),
-                             ("hybrid_two_threads", hybrid_two_threads)):
+            for name, fn in (
+                ("dense", dense_only),
+                ("hybrid", hybrid),
+                ("dense_window", dense_window),
+                ("text_window", text_only),
+                ("fusion", fusion_only),
+                ("hybrid_two_threads", hybrid_two_threads),
+            ):
                 fn()  # warm up
                 timings[name] = timed(fn, repeats)
         us = {name: t[0] / nq * 1e6 for name, t in timings.items()}
@@ -467,11 +482,15 @@ def bench_latency(data: dict, indexes: dict, repeats: int, results: dict) -> Non
             "gate_ratio_le_1.5": ratio <= 1.5,
             "runs_s": {name: t[1] for name, t in timings.items()},
         }
-        log(f"    [{kind}] dense search(k={TOP_K}) {us['dense']:.0f} us   hybrid RRF {us['hybrid']:.0f} us  "
-            f"ratio {ratio:.2f}x  [{gate(ratio <= 1.5)} <= 1.5]")
-        log(f"    [{kind}]   parts: search(k={WINDOW}) {us['dense_window']:.0f} us + search_text(k={WINDOW}) "
+        log(
+            f"    [{kind}] dense search(k={TOP_K}) {us['dense']:.0f} us   hybrid RRF {us['hybrid']:.0f} us  "
+            f"ratio {ratio:.2f}x  [{gate(ratio <= 1.5)} <= 1.5]"
+        )
+        log(
+            f"    [{kind}]   parts: search(k={WINDOW}) {us['dense_window']:.0f} us + search_text(k={WINDOW}) "
             f"{us['text_window']:.0f} us + RRF in Python {us['fusion']:.0f} us; legs on two threads "
-            f"{us['hybrid_two_threads']:.0f} us ({us['hybrid_two_threads'] / us['dense']:.2f}x)")
+            f"{us['hybrid_two_threads']:.0f} us ({us['hybrid_two_threads'] / us['dense']:.2f}x)"
+        )
     results["latency"] = out
 
 
@@ -503,8 +522,9 @@ def machine_info() -> dict:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--data", help="data root holding scifact/ (or the scifact folder); default "
-                   "$KBCORE_DATA, else ../shared/data")
+    p.add_argument(
+        "--data", help="data root holding scifact/ (or the scifact folder); default $KBCORE_DATA, else ../shared/data"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timing repetitions (median)")
     p.add_argument("--no-chunks", action="store_true", help="skip the chunk-level fusion run")
     p.add_argument("--json", help="write every number to this file")
@@ -520,11 +540,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t_start = time.perf_counter()
     info = machine_info()
-    log(f"kbcore {info['kbcore']} ({info['simd_level']}), bm25s {info['bm25s']}, {info['cpu']}, "
-        f"{info['cores']} cores, load {info['loadavg_start'][0]:.2f}")
+    log(
+        f"kbcore {info['kbcore']} ({info['simd_level']}), bm25s {info['bm25s']}, {info['cpu']}, "
+        f"{info['cores']} cores, load {info['loadavg_start'][0]:.2f}"
+    )
     data = load(folder)
-    log(f"SciFact: {len(data['doc_ids'])} documents, {len(data['chunks'])} chunks, "
-        f"{len(data['query_ids'])} queries; top_k {TOP_K}, window {WINDOW}")
+    log(
+        f"SciFact: {len(data['doc_ids'])} documents, {len(data['chunks'])} chunks, "
+        f"{len(data['query_ids'])} queries; top_k {TOP_K}, window {WINDOW}"
+    )
     results: dict = {"machine": info, "repeats": args.repeats}
 
     indexes = {

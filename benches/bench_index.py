@@ -599,8 +599,7 @@ def bench_hnsw_all(
             out[name]["default_ef"] = bench_kbcore_default_ef(adapter, ds)
         adapters.append(adapter)
     log(
-        f"  ef sweep, 1 search thread, median of {repeats} interleaved runs; "
-        f"per library: recall@{K} loop-QPS/batch-QPS"
+        f"  ef sweep, 1 search thread, median of {repeats} interleaved runs; per library: recall@{K} loop-QPS/batch-QPS"
     )
     sweeps = run_sweep(adapters, ds, efs, repeats, mt_threads)
     for name, sweep in sweeps.items():
@@ -774,9 +773,11 @@ def compute_ratios(res: dict) -> dict:
 def summary_table(name: str, res: dict) -> str:
     libs = res["libs"]
     lines = [f"\n## {name}  (n={res['n']}, nq={res['nq']}, dim={res['dim']}, M={M}, efC={EF_CONSTRUCTION}, k={K})"]
-    head = f"| {'library':8s} | build s | build cpu s | B/vec RSS | B/vec own | " + " | ".join(
-        f"QPS@{t} loop | QPS@{t} batch" for t in RECALL_TARGETS
-    ) + " | R@10 ef=64 | lat µs ef=64 |"
+    head = (
+        f"| {'library':8s} | build s | build cpu s | B/vec RSS | B/vec own | "
+        + " | ".join(f"QPS@{t} loop | QPS@{t} batch" for t in RECALL_TARGETS)
+        + " | R@10 ef=64 | lat µs ef=64 |"
+    )
     lines.append(head)
     lines.append("|" + "|".join("---" for _ in head.split("|")[1:-1]) + "|")
     for lib, r in libs.items():
@@ -820,9 +821,7 @@ def summary_table(name: str, res: dict) -> str:
         for lib, r in libs.items():
             sl = r.get("save_load")
             if sl:
-                lines.append(
-                    f"| {lib} | {sl['save_s']:.3f} | {sl['load_s']:.3f} | {sl['file_bytes_per_vector']:.0f} |"
-                )
+                lines.append(f"| {lib} | {sl['save_s']:.3f} | {sl['load_s']:.3f} | {sl['file_bytes_per_vector']:.0f} |")
     if "kbcore" in libs:
         kb = libs["kbcore"]
         lines.append("")
@@ -974,8 +973,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = [s.strip() for s in args.datasets.split(",") if s.strip()]
 
     info = machine_info(libs)
-    log(f"machine: {info.get('cpu_model')} ({info['affinity_cpus']} cpus), python {info['python']}, "
-        f"numpy {info['numpy']}")
+    log(
+        f"machine: {info.get('cpu_model')} ({info['affinity_cpus']} cpus), python {info['python']}, "
+        f"numpy {info['numpy']}"
+    )
     log(
         "versions: "
         + ", ".join(f"{p} {info.get(p)}" for p in ("hnswlib", "faiss-cpu", "usearch", "kbcore"))
@@ -1007,8 +1008,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("\n# Summary (QPS = queries/s on 1 thread; loop = one 1-D query per call; batch = one call)")
     for name, res in results.items():
         log(summary_table(name, res))
-    log(f"\ntotal runtime {info['total_runtime_s']:.0f} s; load average start {info.get('loadavg_start')} "
-        f"end {info['loadavg_end']}")
+    log(
+        f"\ntotal runtime {info['total_runtime_s']:.0f} s; load average start {info.get('loadavg_start')} "
+        f"end {info['loadavg_end']}"
+    )
 
     if args.json:
         config = {

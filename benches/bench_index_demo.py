@@ -58,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     found = np.stack([index.search(q, k, where=where, threads=1)[0] for q in queries])
     qps = nq / (time.perf_counter() - t0)
-    print(f"filtered {where} ({len(passing) / n:.0%} of rows pass): "
-          f"recall@10 {_recall(found, ftruth):.4f}, {qps:,.0f} QPS")
+    print(
+        f"filtered {where} ({len(passing) / n:.0%} of rows pass): "
+        f"recall@10 {_recall(found, ftruth):.4f}, {qps:,.0f} QPS"
+    )
     return 0
 
 

@@ -61,8 +61,9 @@ class KbcoreSq8(KbcoreHnsw):
     name = "kbcore-sq8"
 
     def build(self, x: np.ndarray, threads: int) -> None:
-        self.index = self.kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M,
-                                       ef_construction=EF_CONSTRUCTION, quantization="sq8")
+        self.index = self.kbcore.Index(
+            x.shape[1], metric="cosine", kind="hnsw", M=M, ef_construction=EF_CONSTRUCTION, quantization="sq8"
+        )
         self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
 
 
@@ -72,8 +73,15 @@ class KbcoreSq8Disk(KbcoreHnsw):
     name = "kbcore-sq8-disk"
 
     def build(self, x: np.ndarray, threads: int) -> None:
-        self.index = self.kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M,
-                                       ef_construction=EF_CONSTRUCTION, quantization="sq8", vectors="disk")
+        self.index = self.kbcore.Index(
+            x.shape[1],
+            metric="cosine",
+            kind="hnsw",
+            M=M,
+            ef_construction=EF_CONSTRUCTION,
+            quantization="sq8",
+            vectors="disk",
+        )
         self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
 
 
@@ -94,8 +102,14 @@ class UsearchI8(Usearch):
     name = "usearch-i8"
 
     def build(self, x: np.ndarray, threads: int) -> None:
-        self.index = self.cls(ndim=x.shape[1], metric="cos", dtype="i8", connectivity=M,
-                              expansion_add=EF_CONSTRUCTION, expansion_search=64)
+        self.index = self.cls(
+            ndim=x.shape[1],
+            metric="cos",
+            dtype="i8",
+            connectivity=M,
+            expansion_add=EF_CONSTRUCTION,
+            expansion_search=64,
+        )
         self.index.add(np.arange(x.shape[0], dtype=np.uint64), x, threads=threads)
 
 
@@ -121,10 +135,15 @@ class Zvec(Adapter):
         from zvec.typing import DataType, MetricType, QuantizeType
 
         path = os.path.join(self.dir, "c")
-        params = zv.HnswIndexParam(metric_type=MetricType.COSINE, m=M, ef_construction=EF_CONSTRUCTION,
-                                   quantize_type=getattr(QuantizeType, self.quantize))
+        params = zv.HnswIndexParam(
+            metric_type=MetricType.COSINE,
+            m=M,
+            ef_construction=EF_CONSTRUCTION,
+            quantize_type=getattr(QuantizeType, self.quantize),
+        )
         schema = zv.CollectionSchema(
-            name="bench", vectors=zv.VectorSchema("v", DataType.VECTOR_FP32, x.shape[1], index_param=params))
+            name="bench", vectors=zv.VectorSchema("v", DataType.VECTOR_FP32, x.shape[1], index_param=params)
+        )
         coll = zv.create_and_open(path, schema)
         step = 1024  # zvec 0.8 caps one write batch at 1024 docs
         for b in range(0, x.shape[0], step):
@@ -189,10 +208,15 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
         build_s = time.perf_counter() - t0
         peak = peak_rss_bytes()
         rss1 = settle_memory()
-        info[name] = {"build_s": build_s, "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
-                      "peak_rss_bytes_per_vector": (peak - rss0) / ds.n}
-        log(f"  {name:15s} build {build_s:7.2f} s ({BUILD_THREADS} threads)  "
-            f"RSS +{info[name]['rss_bytes_per_vector']:.0f} B/vector")
+        info[name] = {
+            "build_s": build_s,
+            "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
+            "peak_rss_bytes_per_vector": (peak - rss0) / ds.n,
+        }
+        log(
+            f"  {name:15s} build {build_s:7.2f} s ({BUILD_THREADS} threads)  "
+            f"RSS +{info[name]['rss_bytes_per_vector']:.0f} B/vector"
+        )
         adapters.append(adapter)
     return adapters, info
 
@@ -200,8 +224,9 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
 def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: int) -> dict[str, dict]:
     """Per library: recall per ef, and per pass the wall time of one pass over the queries."""
     inputs = {a.name: a.prepare_single(ds.queries) for a in adapters}
-    out: dict[str, dict] = {a.name: {"efs": list(efs), "recall": [], "times": [[] for _ in range(passes)]}
-                            for a in adapters}
+    out: dict[str, dict] = {
+        a.name: {"efs": list(efs), "recall": [], "times": [[] for _ in range(passes)]} for a in adapters
+    }
     for ef in efs:
         fns: dict[str, Callable[[Any], Any]] = {}
         for a in adapters:
@@ -211,7 +236,7 @@ def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: 
             ids = np.stack([a.single_ids(fns[a.name](q)) for q in inputs[a.name]])
             out[a.name]["recall"].append(recall_at_k(ids, ds))
         for p in range(passes):
-            order = list(adapters[p % len(adapters):]) + list(adapters[: p % len(adapters)])
+            order = list(adapters[p % len(adapters) :]) + list(adapters[: p % len(adapters)])
             for a in order:
                 fn, qs = fns[a.name], inputs[a.name]
                 t0 = time.perf_counter()
@@ -231,17 +256,19 @@ def summarise(res: dict[str, dict], nq: int) -> dict[str, Any]:
             curve = [(rec, nq / t) for rec, t in zip(r["recall"], times)]
             for t in TARGETS:
                 per_pass[t].append(qps_at_recall(curve, t))
-        summary[name] = {"qps_per_pass": {str(t): v for t, v in per_pass.items()},
-                         "qps_median": {str(t): _median(v) for t, v in per_pass.items()}}
+        summary[name] = {
+            "qps_per_pass": {str(t): v for t, v in per_pass.items()},
+            "qps_median": {str(t): _median(v) for t, v in per_pass.items()},
+        }
     ref = summary.get(REFERENCE)
     if ref is not None:
         for s in summary.values():
             s["ratio_of_reference"] = {}
             for t in map(str, TARGETS):
-                ratios = [a / b for a, b in zip(ref["qps_per_pass"][t], s["qps_per_pass"][t])
-                          if a is not None and b]
+                ratios = [a / b for a, b in zip(ref["qps_per_pass"][t], s["qps_per_pass"][t]) if a is not None and b]
                 s["ratio_of_reference"][t] = (
-                    {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else None)
+                    {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else None
+                )
     return summary
 
 
@@ -251,17 +278,21 @@ def _median(v: Sequence[float | None]) -> float | None:
 
 
 def table(name: str, summary: dict[str, Any], info: dict[str, dict]) -> str:
-    lines = [f"\n{name}: QPS at recall@10 (median over passes); {REFERENCE} / library (median, min-max)",
-             f"{'library':15s} {'@0.95':>9s} {'@0.99':>9s} {'sq8/x @0.95':>22s} {'sq8/x @0.99':>22s}"
-             f" {'B/vector':>9s} {'build s':>8s}"]
+    lines = [
+        f"\n{name}: QPS at recall@10 (median over passes); {REFERENCE} / library (median, min-max)",
+        f"{'library':15s} {'@0.95':>9s} {'@0.99':>9s} {'sq8/x @0.95':>22s} {'sq8/x @0.99':>22s}"
+        f" {'B/vector':>9s} {'build s':>8s}",
+    ]
     for lib, s in summary.items():
         cells = []
         for t in map(str, TARGETS):
             r = s.get("ratio_of_reference", {}).get(t)
             cells.append("n/a" if r is None else f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
-        lines.append(f"{lib:15s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
-                     f" {cells[0]:>22s} {cells[1]:>22s} {info[lib]['rss_bytes_per_vector']:9.0f}"
-                     f" {info[lib]['build_s']:8.2f}")
+        lines.append(
+            f"{lib:15s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
+            f" {cells[0]:>22s} {cells[1]:>22s} {info[lib]['rss_bytes_per_vector']:9.0f}"
+            f" {info[lib]['build_s']:8.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -276,8 +307,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--libs", default=",".join(ADAPTERS))
     p.add_argument("--json", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
-    p.add_argument("--recall-only", action="store_true",
-                   help="no timed passes: recall@10 per ef and library only (safe on a busy machine)")
+    p.add_argument(
+        "--recall-only",
+        action="store_true",
+        help="no timed passes: recall@10 per ef and library only (safe on a busy machine)",
+    )
     return p.parse_args(argv)
 
 
@@ -299,9 +333,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     if load0[0] > LOAD_WARN:
         log(f"WARNING: 1-minute load {load0[0]:.2f} > {LOAD_WARN}: the machine is not quiet, timings are suspect")
-    results: dict[str, Any] = {"libs": libs, "efs": efs, "passes": passes, "M": M,
-                               "ef_construction": EF_CONSTRUCTION, "build_threads": BUILD_THREADS,
-                               "load_start": load0, "datasets": {}}
+    results: dict[str, Any] = {
+        "libs": libs,
+        "efs": efs,
+        "passes": passes,
+        "M": M,
+        "ef_construction": EF_CONSTRUCTION,
+        "build_threads": BUILD_THREADS,
+        "load_start": load0,
+        "datasets": {},
+    }
     for dname in [x for x in args.datasets.split(",") if x]:
         if dname == "scifact":
             ds = load_scifact(args.data)
@@ -317,8 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = summarise(res, ds.nq) if passes else {}
         if passes:
             log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}))
-        results["datasets"][ds.name] = {"n": ds.n, "dim": ds.dim, "nq": ds.nq, "build": info,
-                                        "sweep": res, "summary": summary}
+        results["datasets"][ds.name] = {
+            "n": ds.n,
+            "dim": ds.dim,
+            "nq": ds.nq,
+            "build": info,
+            "sweep": res,
+            "summary": summary,
+        }
         for a in adapters:
             a.close()
         del adapters

@@ -76,22 +76,45 @@ class Module:
 
 
 MODULES: tuple[Module, ...] = (
-    Module("index", "benches.bench_index", "HNSW index: recall vs QPS, build, memory, save/load",
-           quick_args=("--quick",), full_minutes="10-15"),
-    Module("filter", "benches.bench_filter", "Filtered search", quick_args=("--quick",),
-           full_minutes="5-10"),
-    Module("groups", "benches.bench_groups", "Grouped search", quick_args=("--quick",),
-           full_minutes="2-5"),
-    Module("hybrid", "benches.bench_hybrid", "BM25 and hybrid search (index level)",
-           quick_args=("--repeats", "1"), full_minutes="1"),
-    Module("engine", "benches.bench_engine", "Knowledge engine (quality, overhead, ingest)",
-           quick_args=("--index", "hnsw", "--rounds", "1"), full_minutes="1-2"),
-    Module("engine_hybrid", "benches.bench_engine_hybrid", "Knowledge engine: hybrid retrieve",
-           quick_args=("--rounds", "1"), full_minutes="1-2"),
-    Module("index_1m", "benches.bench_index", "HNSW index at 1M x 384 (opt-in)",
-           full_args=("--datasets", "synthetic", "--n", "1000000"),
-           quick_args=("--datasets", "synthetic", "--n", "1000000"), opt_in=True,
-           full_minutes="70-100"),
+    Module(
+        "index",
+        "benches.bench_index",
+        "HNSW index: recall vs QPS, build, memory, save/load",
+        quick_args=("--quick",),
+        full_minutes="10-15",
+    ),
+    Module("filter", "benches.bench_filter", "Filtered search", quick_args=("--quick",), full_minutes="5-10"),
+    Module("groups", "benches.bench_groups", "Grouped search", quick_args=("--quick",), full_minutes="2-5"),
+    Module(
+        "hybrid",
+        "benches.bench_hybrid",
+        "BM25 and hybrid search (index level)",
+        quick_args=("--repeats", "1"),
+        full_minutes="1",
+    ),
+    Module(
+        "engine",
+        "benches.bench_engine",
+        "Knowledge engine (quality, overhead, ingest)",
+        quick_args=("--index", "hnsw", "--rounds", "1"),
+        full_minutes="1-2",
+    ),
+    Module(
+        "engine_hybrid",
+        "benches.bench_engine_hybrid",
+        "Knowledge engine: hybrid retrieve",
+        quick_args=("--rounds", "1"),
+        full_minutes="1-2",
+    ),
+    Module(
+        "index_1m",
+        "benches.bench_index",
+        "HNSW index at 1M x 384 (opt-in)",
+        full_args=("--datasets", "synthetic", "--n", "1000000"),
+        quick_args=("--datasets", "synthetic", "--n", "1000000"),
+        opt_in=True,
+        full_minutes="70-100",
+    ),
 )
 MODULE_BY_NAME = {m.name: m for m in MODULES}
 
@@ -109,9 +132,7 @@ def _cpuinfo() -> dict[str, Any]:
                     out["cpu_model"] = line.split(":", 1)[1].strip()
                 elif line.startswith("flags") and "cpu_simd_flags" not in out:
                     flags = set(line.split(":", 1)[1].split())
-                    out["cpu_simd_flags"] = sorted(
-                        f for f in flags if f.startswith(("avx", "sse4", "fma"))
-                    )
+                    out["cpu_simd_flags"] = sorted(f for f in flags if f.startswith(("avx", "sse4", "fma")))
     except OSError:
         pass
     if "cpu_model" not in out:
@@ -131,7 +152,10 @@ def _git() -> dict[str, Any]:
     def run(*args: str) -> str | None:
         try:
             return subprocess.run(
-                ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20,
+                ["git", "-C", str(REPO_ROOT), *args],
+                capture_output=True,
+                text=True,
+                timeout=20,
                 check=True,
             ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
@@ -155,8 +179,17 @@ def machine_info() -> dict[str, Any]:
     }
     info.update(_cpuinfo())
     versions: dict[str, str | None] = {}
-    for dist in ("kbcore", "numpy", "hnswlib", "faiss-cpu", "usearch", "bm25s", "pyarrow",
-                 "matplotlib", "pytest-benchmark"):
+    for dist in (
+        "kbcore",
+        "numpy",
+        "hnswlib",
+        "faiss-cpu",
+        "usearch",
+        "bm25s",
+        "pyarrow",
+        "matplotlib",
+        "pytest-benchmark",
+    ):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -214,16 +247,21 @@ def run_module(mod: Module, cmd: list[str], timeout: float | None) -> dict[str, 
         "loadavg_start": loadavg(),
     }
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
     lines: list[str] = []
     timed_out = threading.Event()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace", bufsize=1, start_new_session=True,
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
     )
 
     def kill() -> None:
@@ -246,8 +284,13 @@ def run_module(mod: Module, cmd: list[str], timeout: float | None) -> dict[str, 
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        entry.update(status="interrupted", returncode=None, log_tail=lines[-LOG_TAIL_LINES:],
-                     seconds=time.perf_counter() - t0, loadavg_end=loadavg())
+        entry.update(
+            status="interrupted",
+            returncode=None,
+            log_tail=lines[-LOG_TAIL_LINES:],
+            seconds=time.perf_counter() - t0,
+            loadavg_end=loadavg(),
+        )
         raise _Interrupted(entry) from None
     finally:
         if timer is not None:
@@ -293,8 +336,10 @@ def run_all(args: argparse.Namespace, selected: Sequence[Module]) -> dict[str, A
         "machine": machine_info(),
         "modules": {},
     }
-    print(f"report: modules {report['modules_selected']}, quick={args.quick}, "
-          f"load average {report['loadavg_before']}", flush=True)
+    print(
+        f"report: modules {report['modules_selected']}, quick={args.quick}, load average {report['loadavg_before']}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbcore-report-") as tmp:
         for mod in selected:
@@ -308,8 +353,11 @@ def run_all(args: argparse.Namespace, selected: Sequence[Module]) -> dict[str, A
                 print(f"=== {mod.name}: interrupted; writing the report of what ran", flush=True)
                 break
             report["modules"][mod.name] = entry
-            print(f"=== {mod.name}: {entry['status']} in {entry['seconds']:.0f} s"
-                  + (f" ({entry['error']})" if entry.get("error") else ""), flush=True)
+            print(
+                f"=== {mod.name}: {entry['status']} in {entry['seconds']:.0f} s"
+                + (f" ({entry['error']})" if entry.get("error") else ""),
+                flush=True,
+            )
     report["loadavg_after"] = loadavg()
     report["total_s"] = round(time.perf_counter() - t0, 1)
     return report
@@ -330,7 +378,7 @@ def num(x: Any, digits: int = 3) -> str:
     if not isinstance(x, float):
         return str(x)
     ax = abs(x)
-    if ax >= 10 ** digits:
+    if ax >= 10**digits:
         return f"{x:,.0f}"
     if ax == 0:
         return "0"
@@ -431,8 +479,7 @@ class Render:
         self.lines.extend(lines)
 
     def head(self, figure: str, r: Ratio, fmt: Callable[[Any], str] = num) -> None:
-        self.headline.append((figure, fmt(r.value) if r.value is not None else "n/a",
-                              r.ratio_text()))
+        self.headline.append((figure, fmt(r.value) if r.value is not None else "n/a", r.ratio_text()))
 
 
 def module_status(rd: Render, report: dict, name: str) -> dict | None:
@@ -442,9 +489,13 @@ def module_status(rd: Render, report: dict, name: str) -> dict | None:
         rd.add("_Not run in this report (see `--only`)._", "")
         return None
     if entry.get("status") != "ok":
-        rd.add(f"**{name} failed** ({entry.get('error', entry.get('status'))}); "
-               f"`{' '.join(entry.get('command', []))}` after {num(entry.get('seconds'))} s. "
-               "End of its log:", "", "```")
+        rd.add(
+            f"**{name} failed** ({entry.get('error', entry.get('status'))}); "
+            f"`{' '.join(entry.get('command', []))}` after {num(entry.get('seconds'))} s. "
+            "End of its log:",
+            "",
+            "```",
+        )
         rd.add(*entry.get("log_tail", [])[-30:])
         rd.add("```", "")
         return None
@@ -453,8 +504,11 @@ def module_status(rd: Render, report: dict, name: str) -> dict | None:
 
 def module_footer(rd: Render, report: dict, name: str) -> None:
     e = report["modules"][name]
-    rd.add(f"_`{' '.join(e['command'])}`: {num(e['seconds'])} s, load average "
-           f"{e.get('loadavg_start')} → {e.get('loadavg_end')}._", "")
+    rd.add(
+        f"_`{' '.join(e['command'])}`: {num(e['seconds'])} s, load average "
+        f"{e.get('loadavg_start')} → {e.get('loadavg_end')}._",
+        "",
+    )
 
 
 # -- index ---------------------------------------------------------------------------------------
@@ -478,8 +532,11 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
         libs = ds.get("libs", {})
         anchors = [a for a in HNSW_ANCHORS if a in libs]
         kb = libs.get("kbcore")
-        rd.add(f"### {ds_name} (n = {ds['n']:,}, {ds['nq']:,} queries, d = {ds['dim']}, "
-               f"M = {cfg.get('M')}, ef_construction = {cfg.get('ef_construction')}, k = 10)", "")
+        rd.add(
+            f"### {ds_name} (n = {ds['n']:,}, {ds['nq']:,} queries, d = {ds['dim']}, "
+            f"M = {cfg.get('M')}, ef_construction = {cfg.get('ef_construction')}, k = 10)",
+            "",
+        )
 
         # recall vs QPS
         modes = [("loop", "1 thread, loop"), ("batch", "1 thread, batch")]
@@ -507,38 +564,57 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
             rec = p64["recall_loop"] if p64 else None
             lat = p64["latency_us_loop"] if p64 else None
             if lib == "kbcore":
-                cells.append(vs_best(rec, {a: (_ef_point(libs[a], 64) or {}).get("recall_loop")
-                                           for a in anchors}).cell(lambda x: f"{x:.4f}"))
-                cells.append(vs_best(lat, {a: (_ef_point(libs[a], 64) or {}).get("latency_us_loop")
-                                           for a in anchors}, higher_better=False).cell())
+                cells.append(
+                    vs_best(rec, {a: (_ef_point(libs[a], 64) or {}).get("recall_loop") for a in anchors}).cell(
+                        lambda x: f"{x:.4f}"
+                    )
+                )
+                cells.append(
+                    vs_best(
+                        lat,
+                        {a: (_ef_point(libs[a], 64) or {}).get("latency_us_loop") for a in anchors},
+                        higher_better=False,
+                    ).cell()
+                )
             else:
                 cells += [f"{rec:.4f}" if rec is not None else "n/a", num(lat)]
             rows.append(cells)
-        rd.add("Recall@10 against QPS: QPS at equal recall, interpolated on the ef sweep "
-               f"(efs {cfg.get('efs')}, median of {cfg.get('repeats')}). *loop* = one 1-D "
-               "query per call (what a RAG request sees); *batch* = one call with all queries. "
-               "n/a = the recall was never reached.", "")
+        rd.add(
+            "Recall@10 against QPS: QPS at equal recall, interpolated on the ef sweep "
+            f"(efs {cfg.get('efs')}, median of {cfg.get('repeats')}). *loop* = one 1-D "
+            "query per call (what a RAG request sees); *batch* = one call with all queries. "
+            "n/a = the recall was never reached.",
+            "",
+        )
         rd.add(*table(head, rows), "")
 
         # build and memory
-        head = ["library", "build s (2 threads)", "build CPU s", "B/vector (RSS growth)",
-                "B/vector (own accounting)", "peak B/vector"]
+        head = [
+            "library",
+            "build s (2 threads)",
+            "build CPU s",
+            "B/vector (RSS growth)",
+            "B/vector (own accounting)",
+            "peak B/vector",
+        ]
         rows = []
         for lib in ["kbcore"] + anchors:
             if lib not in libs:
                 continue
             r = libs[lib]
-            vals = [r.get("build_s"), r.get("build_cpu_s"), r.get("rss_bytes_per_vector"),
-                    r.get("own_bytes_per_vector"),
-                    (r.get("peak_rss_delta_bytes") or 0) / ds["n"] if "peak_rss_delta_bytes" in r
-                    else None]
+            vals = [
+                r.get("build_s"),
+                r.get("build_cpu_s"),
+                r.get("rss_bytes_per_vector"),
+                r.get("own_bytes_per_vector"),
+                (r.get("peak_rss_delta_bytes") or 0) / ds["n"] if "peak_rss_delta_bytes" in r else None,
+            ]
             keys = ["build_s", "build_cpu_s", "rss_bytes_per_vector", "own_bytes_per_vector", None]
             if lib == "kbcore":
                 cells = ["**kbcore**"]
                 for v, key in zip(vals, keys):
                     if key in ("build_s", "build_cpu_s", "rss_bytes_per_vector"):
-                        cells.append(vs_best(v, {a: libs[a].get(key) for a in anchors},
-                                             higher_better=False).cell())
+                        cells.append(vs_best(v, {a: libs[a].get(key) for a in anchors}, higher_better=False).cell())
                     elif key == "own_bytes_per_vector":
                         cells.append(num(v) + " (anchors: usearch only)" if v is not None else "n/a")
                     else:
@@ -546,12 +622,14 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
             else:
                 cells = [lib] + [num(v) for v in vals]
             rows.append(cells)
-        rd.add("Build time and memory per vector (RSS growth across the build, after "
-               "`malloc_trim`; the vectors alone are "
-               f"{ds['dim'] * 4:,} B).", "")
+        rd.add(
+            "Build time and memory per vector (RSS growth across the build, after "
+            "`malloc_trim`; the vectors alone are "
+            f"{ds['dim'] * 4:,} B).",
+            "",
+        )
         rd.add(*table(head, rows), "")
-        busy = [f"{lib} {r['build_cpu_s'] / r['build_s']:.2f}" for lib, r in libs.items()
-                if r.get("build_s")]
+        busy = [f"{lib} {r['build_cpu_s'] / r['build_s']:.2f}" for lib, r in libs.items() if r.get("build_s")]
         rd.add(f"CPU/wall of the builds (2.0 = both cores busy): {', '.join(busy)}.", "")
 
         # save / load
@@ -564,16 +642,20 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
                     continue
                 if lib == "kbcore":
                     other = {a: libs[a].get("save_load", {}) for a in anchors}
-                    rows.append(["**kbcore**"] + [
-                        vs_best(sl[k], {a: o.get(k) for a, o in other.items()},
-                                higher_better=False).cell()
-                        for k in ("save_s", "load_s", "file_bytes_per_vector")
-                    ])
+                    rows.append(
+                        ["**kbcore**"]
+                        + [
+                            vs_best(sl[k], {a: o.get(k) for a, o in other.items()}, higher_better=False).cell()
+                            for k in ("save_s", "load_s", "file_bytes_per_vector")
+                        ]
+                    )
                 else:
-                    rows.append([lib, num(sl["save_s"]), num(sl["load_s"]),
-                                 num(sl["file_bytes_per_vector"])])
-            rd.add("Save and load of the built index (a temporary file; kbcore fsyncs inside "
-                   "`save`, the anchors get the same explicit fsync).", "")
+                    rows.append([lib, num(sl["save_s"]), num(sl["load_s"]), num(sl["file_bytes_per_vector"])])
+            rd.add(
+                "Save and load of the built index (a temporary file; kbcore fsyncs inside "
+                "`save`, the anchors get the same explicit fsync).",
+                "",
+            )
             rd.add(*table(head, rows), "")
         else:
             rd.add("_Save/load not measured in this run._", "")
@@ -582,21 +664,36 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
         flat = ds.get("flat", {})
         if "kbcore" in flat and "faiss" in flat:
             f_kb, f_fa = flat["kbcore"], flat["faiss"]
-            rd.add("Exact search, 1 thread, one batch of all queries (faiss `IndexFlatIP` is the "
-                   "anchor):", "")
-            rd.add(*table(
-                ["library", "QPS", "recall@10 (tie-aware)", "B/vector"],
-                [["**kbcore flat**", Ratio(f_kb["qps"], "faiss", f_fa["qps"]).cell(),
-                  f"{f_kb['recall_ties']:.4f}",
-                  Ratio(f_kb.get("rss_bytes_per_vector"), "faiss",
-                        f_fa.get("rss_bytes_per_vector"), False).cell()],
-                 ["faiss IndexFlatIP", num(f_fa["qps"]), f"{f_fa['recall_ties']:.4f}",
-                  num(f_fa.get("rss_bytes_per_vector"))]],
-            ), "")
+            rd.add("Exact search, 1 thread, one batch of all queries (faiss `IndexFlatIP` is the anchor):", "")
+            rd.add(
+                *table(
+                    ["library", "QPS", "recall@10 (tie-aware)", "B/vector"],
+                    [
+                        [
+                            "**kbcore flat**",
+                            Ratio(f_kb["qps"], "faiss", f_fa["qps"]).cell(),
+                            f"{f_kb['recall_ties']:.4f}",
+                            Ratio(
+                                f_kb.get("rss_bytes_per_vector"), "faiss", f_fa.get("rss_bytes_per_vector"), False
+                            ).cell(),
+                        ],
+                        [
+                            "faiss IndexFlatIP",
+                            num(f_fa["qps"]),
+                            f"{f_fa['recall_ties']:.4f}",
+                            num(f_fa.get("rss_bytes_per_vector")),
+                        ],
+                    ],
+                ),
+                "",
+            )
         if kb is not None and "default_ef" in kb:
             d = kb["default_ef"]
-            rd.add(f"kbcore recall@10 at its default ef = {d.get('ef')}: {d.get('recall', 0):.4f} "
-                   f"(gate ≥ 0.95: {gate(d.get('ok'))}).", "")
+            rd.add(
+                f"kbcore recall@10 at its default ef = {d.get('ef')}: {d.get('recall', 0):.4f} "
+                f"(gate ≥ 0.95: {gate(d.get('ok'))}).",
+                "",
+            )
 
         # plot
         png = plot_recall_qps(rd, ds_name, ds, mt)
@@ -611,20 +708,27 @@ def section_index(rd: Render, report: dict, name: str, headline: bool) -> None:
                 r = vs_best(_at(kb, "0.95", mode), {a: _at(libs[a], "0.95", mode) for a in anchors})
                 rd.head(f"{short}: QPS at recall@10 = 0.95, {label}", r)
             if ds_name != "scifact":
-                rd.head(f"{short}: build time (2 threads), s",
-                        vs_best(kb.get("build_s"), {a: libs[a].get("build_s") for a in anchors},
-                                False))
-                rd.head(f"{short}: memory per vector, B",
-                        vs_best(kb.get("rss_bytes_per_vector"),
-                                {a: libs[a].get("rss_bytes_per_vector") for a in anchors}, False))
+                rd.head(
+                    f"{short}: build time (2 threads), s",
+                    vs_best(kb.get("build_s"), {a: libs[a].get("build_s") for a in anchors}, False),
+                )
+                rd.head(
+                    f"{short}: memory per vector, B",
+                    vs_best(
+                        kb.get("rss_bytes_per_vector"), {a: libs[a].get("rss_bytes_per_vector") for a in anchors}, False
+                    ),
+                )
                 if "kbcore" in flat and "faiss" in flat:
-                    rd.head(f"{short}: exact flat QPS (1 thread)",
-                            Ratio(flat["kbcore"]["qps"], "faiss", flat["faiss"]["qps"]))
+                    rd.head(
+                        f"{short}: exact flat QPS (1 thread)",
+                        Ratio(flat["kbcore"]["qps"], "faiss", flat["faiss"]["qps"]),
+                    )
                 sl = kb.get("save_load")
                 if sl:
-                    rd.head(f"{short}: load time, s",
-                            vs_best(sl["load_s"], {a: libs[a].get("save_load", {}).get("load_s")
-                                                   for a in anchors}, False))
+                    rd.head(
+                        f"{short}: load time, s",
+                        vs_best(sl["load_s"], {a: libs[a].get("save_load", {}).get("load_s") for a in anchors}, False),
+                    )
     module_footer(rd, report, name)
 
 
@@ -641,18 +745,31 @@ def plot_recall_qps(rd: Render, ds_name: str, ds: dict, mt: int) -> str | None:
     fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.3), squeeze=False)
     for ax, (mode, label) in zip(axes[0], modes):
         for lib, r in libs.items():
-            pts = [(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in r.get("sweep", [])
-                   if f"qps_{mode}" in p]
+            pts = [(p[f"recall_{mode}"], p[f"qps_{mode}"]) for p in r.get("sweep", []) if f"qps_{mode}" in p]
             if not pts:
                 continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
-                    lw=2.0 if lib == "kbcore" else 1.2, color=COLOURS.get(lib), label=lib)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                ms=3,
+                lw=2.0 if lib == "kbcore" else 1.2,
+                color=COLOURS.get(lib),
+                label=lib,
+            )
         if mode == "batch":
             for lib, marker in (("kbcore", "*"), ("faiss", "s")):
                 f = ds.get("flat", {}).get(lib)
                 if f:
-                    ax.plot([f["recall"]], [f["qps"]], marker=marker, ms=9, ls="none",
-                            color=COLOURS.get(lib), label=f"{lib} exact flat")
+                    ax.plot(
+                        [f["recall"]],
+                        [f["qps"]],
+                        marker=marker,
+                        ms=9,
+                        ls="none",
+                        color=COLOURS.get(lib),
+                        label=f"{lib} exact flat",
+                    )
         for t in RECALL_TARGETS:
             ax.axvline(float(t), color="grey", lw=0.6, ls=":")
         ax.set_yscale("log")
@@ -714,17 +831,29 @@ def section_filter(rd: Render, report: dict, headline: bool) -> None:
     if res is None:
         return
     cfg = res.get("config", {})
-    rd.add("Single thread, a loop of single 1-D queries, k = 10. Every library sweeps ef upwards "
-           f"until recall@10 ≥ {cfg.get('target_recall', 0.95)} and is compared at the lowest ef "
-           "that reaches it (kbcore with its automatic strategy; numpy: exact mask + matmul). "
-           "The best anchor is the fastest one that reached the target. kbcore at its default "
-           "ef (64) is shown beside.", "")
+    rd.add(
+        "Single thread, a loop of single 1-D queries, k = 10. Every library sweeps ef upwards "
+        f"until recall@10 ≥ {cfg.get('target_recall', 0.95)} and is compared at the lowest ef "
+        "that reaches it (kbcore with its automatic strategy; numpy: exact mask + matmul). "
+        "The best anchor is the fastest one that reached the target. kbcore at its default "
+        "ef (64) is shown beside.",
+        "",
+    )
     all_ratios: list[float] = []
     for ds in res.get("datasets", []):
         rd.add(f"### {ds['name']} (n = {ds['n']:,}, {ds['queries']} queries, d = {ds['dim']})", "")
-        head = ["filter", "passes", "kbcore QPS (× best anchor)", "kbcore recall@10",
-                "kbcore strategy (ef)", "kbcore at default ef", "hnswlib", "faiss HNSW", "numpy",
-                "usearch"]
+        head = [
+            "filter",
+            "passes",
+            "kbcore QPS (× best anchor)",
+            "kbcore recall@10",
+            "kbcore strategy (ef)",
+            "kbcore at default ef",
+            "hnswlib",
+            "faiss HNSW",
+            "numpy",
+            "usearch",
+        ]
         rows = []
         for cname, c in ds.get("cases", {}).items():
             libs = c.get("libs", {})
@@ -740,32 +869,46 @@ def section_filter(rd: Render, report: dict, headline: bool) -> None:
                 kb_cells = [kb_cell, f"{kb['recall']:.3f}", f"{kb.get('strategy', '')} ({kb.get('ef', '')})"]
                 d = libs.get("kbcore default ef")
                 kb_cells.append(
-                    "" if d is None
-                    else f"{num(d['qps'])} (recall {d['recall']:.3f}, {d.get('strategy', '')})")
+                    "" if d is None else f"{num(d['qps'])} (recall {d['recall']:.3f}, {d.get('strategy', '')})"
+                )
             else:
                 kb_cells = ["not run", "", "", ""]
-            rows.append([cname, pct(c.get("fraction")), *kb_cells,
-                         *[_filter_anchor_cell(libs.get(a)) for a in ("hnswlib", "faiss", "numpy",
-                                                                       "usearch")]])
+            rows.append(
+                [
+                    cname,
+                    pct(c.get("fraction")),
+                    *kb_cells,
+                    *[_filter_anchor_cell(libs.get(a)) for a in ("hnswlib", "faiss", "numpy", "usearch")],
+                ]
+            )
         rd.add(*table(head, rows, "lrrrllllll"), "")
         cc = ds.get("compile_cost")
         if cc:
-            rd.add(f"Filter compile + evaluate (`count(where)`) at {cc['case']}: "
-                   f"{num(cc['count (compile + evaluate) us'])} µs = "
-                   f"{pct(cc['fraction_of_search'])} of a filtered search "
-                   f"({num(cc['filtered search (auto) us'])} µs).", "")
+            rd.add(
+                f"Filter compile + evaluate (`count(where)`) at {cc['case']}: "
+                f"{num(cc['count (compile + evaluate) us'])} µs = "
+                f"{pct(cc['fraction_of_search'])} of a filtered search "
+                f"({num(cc['filtered search (auto) us'])} µs).",
+                "",
+            )
         png = plot_filter(rd, ds)
         if png:
             rd.add(f"![filtered QPS by selectivity, {ds['name']}]({png})", "")
         if headline and ds["name"].startswith("synthetic"):
-            ratios = [c.get("kbcore_ratio") for c in ds.get("cases", {}).values()
-                      if c.get("kbcore_ratio") is not None
-                      and c["libs"]["kbcore"]["recall"] >= cfg.get("target_recall", 0.95)]
+            ratios = [
+                c.get("kbcore_ratio")
+                for c in ds.get("cases", {}).values()
+                if c.get("kbcore_ratio") is not None and c["libs"]["kbcore"]["recall"] >= cfg.get("target_recall", 0.95)
+            ]
             g = geomean(ratios)
             if g is not None:
-                rd.headline.append((
-                    f"{ds['name']}: filtered QPS, geometric mean over {len(ratios)} filters",
-                    "—", f"{g:.2f}× best anchor per filter (min {min(ratios):.2f}×)"))
+                rd.headline.append(
+                    (
+                        f"{ds['name']}: filtered QPS, geometric mean over {len(ratios)} filters",
+                        "—",
+                        f"{g:.2f}× best anchor per filter (min {min(ratios):.2f}×)",
+                    )
+                )
     flags = res.get("flags") or []
     if flags:
         rd.add("Targets missed (from the module):", "")
@@ -830,10 +973,12 @@ def section_groups(rd: Render, report: dict, headline: bool) -> None:
     res = module_status(rd, report, "groups")
     if res is None:
         return
-    rd.add(f"k = {res.get('k', 10)} distinct sources per query, ef = {res.get('ef', 64)}, "
-           "1 thread, a loop of single queries. The anchor is what a hnswlib user writes today: "
-           "`knn_query(k=50)` then the first 10 distinct sources in Python (over-fetch + dedup).",
-           "")
+    rd.add(
+        f"k = {res.get('k', 10)} distinct sources per query, ef = {res.get('ef', 64)}, "
+        "1 thread, a loop of single queries. The anchor is what a hnswlib user writes today: "
+        "`knn_query(k=50)` then the first 10 distinct sources in Python (over-fetch + dedup).",
+        "",
+    )
     for ds_name in ("scifact", "synthetic"):
         ds = res.get(ds_name)
         if ds is None:
@@ -845,29 +990,55 @@ def section_groups(rd: Render, report: dict, headline: bool) -> None:
         ung = timing.get("kbcore search (ungrouped)", {})
         anchor = "over-fetch" if of else None
         rows = [
-            ["QPS (wall)", Ratio(kbg.get("qps"), anchor, of and of["qps"]).cell(),
-             num(ung.get("qps")), num(of["qps"]) if of else "not run"],
-            ["QPS (from CPU time)", Ratio(kbg.get("cpu_qps"), anchor, of and of["cpu_qps"]).cell(),
-             num(ung.get("cpu_qps")), num(of["cpu_qps"]) if of else "not run"],
-            ["grouped recall@10",
-             Ratio(ds.get("kbcore_recall"), anchor, ds.get("overfetch_recall")).cell(
-                 lambda x: f"{x:.3f}"),
-             "—", f"{ds['overfetch_recall']:.3f}" if "overfetch_recall" in ds else "not run"],
-            ["full pages (10 sources)", pct(ds.get("kbcore_full_pages")), "—",
-             pct(ds.get("overfetch_full_pages")) if "overfetch_full_pages" in ds else "not run"],
+            [
+                "QPS (wall)",
+                Ratio(kbg.get("qps"), anchor, of and of["qps"]).cell(),
+                num(ung.get("qps")),
+                num(of["qps"]) if of else "not run",
+            ],
+            [
+                "QPS (from CPU time)",
+                Ratio(kbg.get("cpu_qps"), anchor, of and of["cpu_qps"]).cell(),
+                num(ung.get("cpu_qps")),
+                num(of["cpu_qps"]) if of else "not run",
+            ],
+            [
+                "grouped recall@10",
+                Ratio(ds.get("kbcore_recall"), anchor, ds.get("overfetch_recall")).cell(lambda x: f"{x:.3f}"),
+                "—",
+                f"{ds['overfetch_recall']:.3f}" if "overfetch_recall" in ds else "not run",
+            ],
+            [
+                "full pages (10 sources)",
+                pct(ds.get("kbcore_full_pages")),
+                "—",
+                pct(ds.get("overfetch_full_pages")) if "overfetch_full_pages" in ds else "not run",
+            ],
         ]
         if "kbcore_ndcg10" in ds:
-            rows.append(["nDCG@10 (exact grouped " + f"{ds.get('exact_ndcg10', 0):.4f})",
-                         Ratio(ds["kbcore_ndcg10"], anchor, ds.get("overfetch_ndcg10")).cell(
-                             lambda x: f"{x:.4f}"), "—",
-                         f"{ds['overfetch_ndcg10']:.4f}" if "overfetch_ndcg10" in ds else "n/a"])
-        rd.add(f"### {ds_name} (n = {ds['n']:,}, {ds['sources']:,} sources, "
-               f"{ds['queries']} queries)", "")
-        rd.add(*table(["figure", "kbcore `search_groups` (× over-fetch)",
-                       "kbcore `search` (ungrouped)", of_name or "hnswlib over-fetch"], rows), "")
+            rows.append(
+                [
+                    "nDCG@10 (exact grouped " + f"{ds.get('exact_ndcg10', 0):.4f})",
+                    Ratio(ds["kbcore_ndcg10"], anchor, ds.get("overfetch_ndcg10")).cell(lambda x: f"{x:.4f}"),
+                    "—",
+                    f"{ds['overfetch_ndcg10']:.4f}" if "overfetch_ndcg10" in ds else "n/a",
+                ]
+            )
+        rd.add(f"### {ds_name} (n = {ds['n']:,}, {ds['sources']:,} sources, {ds['queries']} queries)", "")
+        rd.add(
+            *table(
+                [
+                    "figure",
+                    "kbcore `search_groups` (× over-fetch)",
+                    "kbcore `search` (ungrouped)",
+                    of_name or "hnswlib over-fetch",
+                ],
+                rows,
+            ),
+            "",
+        )
         if not of:
-            rd.add("_No anchor on this dataset in this run (`--quick` skips hnswlib on "
-                   "synthetic data)._", "")
+            rd.add("_No anchor on this dataset in this run (`--quick` skips hnswlib on synthetic data)._", "")
         eq = ds.get("equal_quality")
         eq_ratio = None
         if eq:
@@ -876,17 +1047,22 @@ def section_groups(rd: Render, report: dict, headline: bool) -> None:
             of_eq = next((v for k, v in t.items() if k.startswith("hnswlib")), None)
             if kb_eq and of_eq:
                 eq_ratio = Ratio(kb_eq["qps"], "hnswlib over-fetch + dedup", of_eq["qps"])
-                rd.add(f"At equal quality (the lowest ef at which `search_groups` matches the "
-                       f"over-fetch's grouped recall and nDCG@10: ef {eq['ef']}, recall "
-                       f"{eq['recall']:.3f}, nDCG@10 {eq['ndcg10']:.4f}), timed side by side: "
-                       f"{num(kb_eq['qps'])} QPS against {num(of_eq['qps'])} = "
-                       f"{eq_ratio.cell()}. The QPS bar is read here; the rows above are both at "
-                       f"ef {res.get('ef', 64)}.", "")
+                rd.add(
+                    f"At equal quality (the lowest ef at which `search_groups` matches the "
+                    f"over-fetch's grouped recall and nDCG@10: ef {eq['ef']}, recall "
+                    f"{eq['recall']:.3f}, nDCG@10 {eq['ndcg10']:.4f}), timed side by side: "
+                    f"{num(kb_eq['qps'])} QPS against {num(of_eq['qps'])} = "
+                    f"{eq_ratio.cell()}. The QPS bar is read here; the rows above are both at "
+                    f"ef {res.get('ef', 64)}.",
+                    "",
+                )
         passes = ds.get("passes", {})
         rd.add("Bars: " + ", ".join(f"{k} {gate(v)}" for k, v in passes.items()) + ".", "")
         if headline and ds_name == "scifact" and of:
-            rd.head("SciFact: grouped search QPS (`search_groups`), both at ef 64",
-                    Ratio(kbg.get("qps"), "hnswlib over-fetch + dedup", of["qps"]))
+            rd.head(
+                "SciFact: grouped search QPS (`search_groups`), both at ef 64",
+                Ratio(kbg.get("qps"), "hnswlib over-fetch + dedup", of["qps"]),
+            )
             if eq_ratio is not None:
                 rd.head(f"SciFact: grouped search QPS at equal quality (ef {eq['ef']})", eq_ratio)
     module_footer(rd, report, "groups")
@@ -901,35 +1077,52 @@ def section_hybrid(rd: Render, report: dict, headline: bool) -> None:
         return
     bm = res.get("bm25", {})
     sp = res.get("bm25_speed", {})
-    rd.add("SciFact documents (title + text), 300 test queries. The BM25 anchor is bm25s "
-           "(Lucene variant, k1 = 1.2, b = 0.75).", "")
+    rd.add(
+        "SciFact documents (title + text), 300 test queries. The BM25 anchor is bm25s "
+        "(Lucene variant, k1 = 1.2, b = 0.75).",
+        "",
+    )
     if bm and sp:
-        best_tok = max(("bm25s (kbcore tokens)", bm.get("bm25s_same_tokens_ndcg10")),
-                       ("bm25s (own tokenizer + stop words)",
-                        bm.get("bm25s_own_tokenizer_en_stopwords_ndcg10")),
-                       key=lambda kv: kv[1] or 0)
-        bm_best_build = max(sp.get("bm25s_build_own_tokenizer_docs_per_s") or 0,
-                            sp.get("bm25s_build_kbcore_tokens_docs_per_s") or 0)
+        best_tok = max(
+            ("bm25s (kbcore tokens)", bm.get("bm25s_same_tokens_ndcg10")),
+            ("bm25s (own tokenizer + stop words)", bm.get("bm25s_own_tokenizer_en_stopwords_ndcg10")),
+            key=lambda kv: kv[1] or 0,
+        )
+        bm_best_build = max(
+            sp.get("bm25s_build_own_tokenizer_docs_per_s") or 0, sp.get("bm25s_build_kbcore_tokens_docs_per_s") or 0
+        )
         rows = [
-            ["BM25 nDCG@10",
-             Ratio(bm.get("kbcore_ndcg10"), best_tok[0], best_tok[1]).cell(lambda x: f"{x:.4f}"),
-             (f"same tokens {bm.get('bm25s_same_tokens_ndcg10', 0):.4f}, own tokenizer "
-              f"{bm.get('bm25s_own_tokenizer_en_stopwords_ndcg10', 0):.4f}")],
-            ["BM25 single-query QPS (1 thread)",
-             Ratio(sp.get("kbcore_qps"), "bm25s", sp.get("bm25s_qps")).cell(),
-             num(sp.get("bm25s_qps"))],
-            ["BM25 build, documents/s (tokenization included)",
-             Ratio(sp.get("kbcore_build_docs_per_s"), "bm25s", bm_best_build or None).cell(),
-             (f"own tokenizer {num(sp.get('bm25s_build_own_tokenizer_docs_per_s'))}, "
-              f"kbcore tokens {num(sp.get('bm25s_build_kbcore_tokens_docs_per_s'))}")],
+            [
+                "BM25 nDCG@10",
+                Ratio(bm.get("kbcore_ndcg10"), best_tok[0], best_tok[1]).cell(lambda x: f"{x:.4f}"),
+                (
+                    f"same tokens {bm.get('bm25s_same_tokens_ndcg10', 0):.4f}, own tokenizer "
+                    f"{bm.get('bm25s_own_tokenizer_en_stopwords_ndcg10', 0):.4f}"
+                ),
+            ],
+            [
+                "BM25 single-query QPS (1 thread)",
+                Ratio(sp.get("kbcore_qps"), "bm25s", sp.get("bm25s_qps")).cell(),
+                num(sp.get("bm25s_qps")),
+            ],
+            [
+                "BM25 build, documents/s (tokenization included)",
+                Ratio(sp.get("kbcore_build_docs_per_s"), "bm25s", bm_best_build or None).cell(),
+                (
+                    f"own tokenizer {num(sp.get('bm25s_build_own_tokenizer_docs_per_s'))}, "
+                    f"kbcore tokens {num(sp.get('bm25s_build_kbcore_tokens_docs_per_s'))}"
+                ),
+            ],
         ]
         rd.add(*table(["figure", "kbcore (× best anchor)", "bm25s"], rows, "lrr"), "")
-        rd.add(f"Score agreement with bm25s on the same tokens: identical top-10 sets "
-               f"{bm.get('queries_with_identical_top10_sets')} queries, max relative score "
-               f"difference {num(bm.get('max_rel_score_diff_vs_bm25s'))}.", "")
+        rd.add(
+            f"Score agreement with bm25s on the same tokens: identical top-10 sets "
+            f"{bm.get('queries_with_identical_top10_sets')} queries, max relative score "
+            f"difference {num(bm.get('max_rel_score_diff_vs_bm25s'))}.",
+            "",
+        )
         if headline:
-            rd.head("BM25 single-query QPS", Ratio(sp.get("kbcore_qps"), "bm25s",
-                                                  sp.get("bm25s_qps")))
+            rd.head("BM25 single-query QPS", Ratio(sp.get("kbcore_qps"), "bm25s", sp.get("bm25s_qps")))
     hy = res.get("hybrid", {})
     if hy:
         rows = []
@@ -939,24 +1132,51 @@ def section_hybrid(rd: Render, report: dict, headline: bool) -> None:
                 continue
             lin = h.get("linear_ndcg10", {})
             best_leg = max(h["dense_ndcg10"], h["bm25_ndcg10"])
-            rows.append([kind, f"{h['dense_ndcg10']:.4f}", f"{h['bm25_ndcg10']:.4f}",
-                         f"{h['rrf_ndcg10']:.4f} ({h['rrf_ndcg10'] / best_leg:.2f}× best leg)",
-                         f"{lin.get('0.7', float('nan')):.4f}", gate(h.get("gate_rrf_ge_max"))])
-        rd.add("Hybrid nDCG@10 (no anchor library fuses the two legs; the ratio is to the better "
-               f"single leg). Window {hy.get('window')} per leg, RRF k = {hy.get('rrf_k')}.", "")
-        rd.add(*table(["dense index", "dense", "BM25", "RRF", "linear w=0.7",
-                       "gate RRF ≥ max"], rows, "lrrrrl"), "")
+            rows.append(
+                [
+                    kind,
+                    f"{h['dense_ndcg10']:.4f}",
+                    f"{h['bm25_ndcg10']:.4f}",
+                    f"{h['rrf_ndcg10']:.4f} ({h['rrf_ndcg10'] / best_leg:.2f}× best leg)",
+                    f"{lin.get('0.7', float('nan')):.4f}",
+                    gate(h.get("gate_rrf_ge_max")),
+                ]
+            )
+        rd.add(
+            "Hybrid nDCG@10 (no anchor library fuses the two legs; the ratio is to the better "
+            f"single leg). Window {hy.get('window')} per leg, RRF k = {hy.get('rrf_k')}.",
+            "",
+        )
+        rd.add(*table(["dense index", "dense", "BM25", "RRF", "linear w=0.7", "gate RRF ≥ max"], rows, "lrrrrl"), "")
     lat = res.get("latency", {})
     if lat:
-        rows = [[kind, num(v["dense_us"]), num(v["hybrid_rrf_us"]), f"{v['ratio']:.2f}×",
-                 (f"{num(v['dense_window_us'])} + {num(v['text_window_us'])} + "
-                  f"{num(v['fusion_us'])}"), gate(v.get("gate_ratio_le_1.5"))]
-                for kind, v in lat.items()]
-        rd.add("Hybrid latency, µs per query, 1 thread (no anchor: kbcore against its own dense "
-               "search):", "")
-        rd.add(*table(["dense index", "dense k=10", "hybrid RRF", "hybrid / dense",
-                       "parts: dense k=50 + text k=50 + fusion", "gate ≤ 1.5×"], rows,
-                      "lrrrll"), "")
+        rows = [
+            [
+                kind,
+                num(v["dense_us"]),
+                num(v["hybrid_rrf_us"]),
+                f"{v['ratio']:.2f}×",
+                (f"{num(v['dense_window_us'])} + {num(v['text_window_us'])} + {num(v['fusion_us'])}"),
+                gate(v.get("gate_ratio_le_1.5")),
+            ]
+            for kind, v in lat.items()
+        ]
+        rd.add("Hybrid latency, µs per query, 1 thread (no anchor: kbcore against its own dense search):", "")
+        rd.add(
+            *table(
+                [
+                    "dense index",
+                    "dense k=10",
+                    "hybrid RRF",
+                    "hybrid / dense",
+                    "parts: dense k=50 + text k=50 + fusion",
+                    "gate ≤ 1.5×",
+                ],
+                rows,
+                "lrrrll",
+            ),
+            "",
+        )
     module_footer(rd, report, "hybrid")
 
 
@@ -966,26 +1186,40 @@ def section_hybrid(rd: Render, report: dict, headline: bool) -> None:
 def section_engine(rd: Render, report: dict) -> None:
     res = module_status(rd, report, "engine")
     if res is not None:
-        rd.add("Knowledge engine on SciFact (no anchor library has this layer; gates shown "
-               "instead of ratios).", "")
+        rd.add("Knowledge engine on SciFact (no anchor library has this layer; gates shown instead of ratios).", "")
         rows = []
         for r in res.get("runs", []):
             p, t = r["preembedded_ingest"], r["text_ingest"]
             od, op = r["overhead_dedup"], r["overhead_plain"]
-            rows.append([
-                r["index"], f"{r['ndcg10_chunks_dedup']:.4f}", f"{r['ndcg10_documents']:.4f}",
-                f"{num(od['engine_only_us'])} / {num(op['engine_only_us'])}",
-                f"{num(od['median_retrieve_us'])} / {num(od['median_native_us'])}",
-                f"{num(p['chunks_per_s'])} (gate ≥ 50,000: {gate(p['chunks_per_s'] >= 50_000)})",
-                f"{num(t['chunks_per_s'])} (gate ≥ 2,000: {gate(t['chunks_per_s'] >= 2_000)})",
-                gate(r.get("reopen_same_results")),
-            ])
-        rd.add(*table(["index", "nDCG@10 chunks+dedup (exact 0.6694)",
-                       "nDCG@10 documents (exact 0.6451)",
-                       "engine-only µs per retrieve, dedup / plain (gate ≤ 300)",
-                       "retrieve / native µs (dedup)", "pre-embedded ingest chunks/s",
-                       "text ingest chunks/s (hashing embedder)", "reopen same results"],
-                      rows, "lrrrrrrl"), "")
+            rows.append(
+                [
+                    r["index"],
+                    f"{r['ndcg10_chunks_dedup']:.4f}",
+                    f"{r['ndcg10_documents']:.4f}",
+                    f"{num(od['engine_only_us'])} / {num(op['engine_only_us'])}",
+                    f"{num(od['median_retrieve_us'])} / {num(od['median_native_us'])}",
+                    f"{num(p['chunks_per_s'])} (gate ≥ 50,000: {gate(p['chunks_per_s'] >= 50_000)})",
+                    f"{num(t['chunks_per_s'])} (gate ≥ 2,000: {gate(t['chunks_per_s'] >= 2_000)})",
+                    gate(r.get("reopen_same_results")),
+                ]
+            )
+        rd.add(
+            *table(
+                [
+                    "index",
+                    "nDCG@10 chunks+dedup (exact 0.6694)",
+                    "nDCG@10 documents (exact 0.6451)",
+                    "engine-only µs per retrieve, dedup / plain (gate ≤ 300)",
+                    "retrieve / native µs (dedup)",
+                    "pre-embedded ingest chunks/s",
+                    "text ingest chunks/s (hashing embedder)",
+                    "reopen same results",
+                ],
+                rows,
+                "lrrrrrrl",
+            ),
+            "",
+        )
         module_footer(rd, report, "engine")
     rd.add("#### Hybrid retrieve through the engine", "")
     res = module_status(rd, report, "engine_hybrid")
@@ -993,29 +1227,43 @@ def section_engine(rd: Render, report: dict) -> None:
         return
     r = res.get("run", {})
     rows = []
-    for kb_name, label in (("hashing_kb", "A: hashing embedder, query embedded per retrieve"),
-                           ("provided_kb", "B: provided embeddings, query_vector given")):
+    for kb_name, label in (
+        ("hashing_kb", "A: hashing embedder, query embedded per retrieve"),
+        ("provided_kb", "B: provided embeddings, query_vector given"),
+    ):
         kb = r.get(kb_name, {})
         for key, dd in (("latency", "plain"), ("latency_dedup", "dedup")):
             lat = kb.get(key)
             if not lat:
                 continue
             ratio = lat["hybrid-rrf"] / lat["vector"]
-            rows.append([f"{label}, {dd}", num(lat["vector"]), num(lat["hybrid-rrf"]),
-                         num(lat["hybrid-linear"]), num(lat["full_text"]),
-                         f"{ratio:.2f}× ({gate(ratio <= 1.5)} ≤ 1.5)"])
+            rows.append(
+                [
+                    f"{label}, {dd}",
+                    num(lat["vector"]),
+                    num(lat["hybrid-rrf"]),
+                    num(lat["hybrid-linear"]),
+                    num(lat["full_text"]),
+                    f"{ratio:.2f}× ({gate(ratio <= 1.5)} ≤ 1.5)",
+                ]
+            )
     rd.add(f"Median `retrieve` latency, µs, top_k = 10, index {r.get('index')} (no anchor):", "")
-    rd.add(*table(["knowledge base", "vector", "hybrid RRF", "hybrid linear", "full text",
-                   "hybrid / vector"], rows, "lrrrrl"), "")
+    rd.add(
+        *table(
+            ["knowledge base", "vector", "hybrid RRF", "hybrid linear", "full text", "hybrid / vector"], rows, "lrrrrl"
+        ),
+        "",
+    )
     rows = []
     for key, label in (("ndcg10_documents", "documents"), ("ndcg10_chunks_dedup", "chunks+dedup")):
         q = r.get(key)
         if q:
-            rows.append([label] + [f"{q[k]:.4f}" for k in ("vector", "full_text", "hybrid-rrf",
-                                                          "hybrid-linear")]
-                        + [gate(q["hybrid-rrf"] >= max(q["vector"], q["full_text"]))])
-    rd.add(*table(["level", "vector", "full text", "hybrid RRF", "hybrid linear",
-                   "RRF ≥ max"], rows, "lrrrrl"), "")
+            rows.append(
+                [label]
+                + [f"{q[k]:.4f}" for k in ("vector", "full_text", "hybrid-rrf", "hybrid-linear")]
+                + [gate(q["hybrid-rrf"] >= max(q["vector"], q["full_text"]))]
+            )
+    rd.add(*table(["level", "vector", "full text", "hybrid RRF", "hybrid linear", "RRF ≥ max"], rows, "lrrrrl"), "")
     module_footer(rd, report, "engine_hybrid")
 
 
@@ -1035,12 +1283,10 @@ def render(report: dict, out_dir: Path, stem: str) -> tuple[Path, list[str]]:
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - one broken section must not lose the others
-            body.add(f"_This section could not be rendered: {exc!r}. The numbers are in the "
-                     "JSON._", "")
+            body.add(f"_This section could not be rendered: {exc!r}. The numbers are in the JSON._", "")
 
     sel = report.get("modules_selected", list(report["modules"]))
-    guarded("Recall@10 against QPS, build time, memory, save/load",
-            lambda: section_index(body, report, "index", True))
+    guarded("Recall@10 against QPS, build time, memory, save/load", lambda: section_index(body, report, "index", True))
     if "index_1m" in sel:
         guarded("HNSW index at 1M vectors", lambda: section_index(body, report, "index_1m", True))
     guarded("Filtered search by selectivity", lambda: section_filter(body, report, True))
@@ -1051,48 +1297,78 @@ def render(report: dict, out_dir: Path, stem: str) -> tuple[Path, list[str]]:
     title = "kbcore benchmark report" + (" (quick smoke run)" if report.get("quick") else "")
     rd.add(f"# {title}", "")
     git = m.get("git", {})
-    rd.add(f"{report.get('created', '')[:10]} on {m.get('cpu_model')} — {m.get('usable_cores')} "
-           f"usable cores of {m.get('cores')}, {m.get('memory_gib', '?')} GiB; "
-           f"kbcore {v.get('kbcore')} (SIMD `{m.get('kbcore_simd_level')}` of "
-           f"{m.get('kbcore_available_simd_levels')}), commit "
-           f"`{(git.get('commit') or '?')[:10]}`{' + local changes' if git.get('dirty') else ''}; "
-           f"hnswlib {v.get('hnswlib')}, faiss-cpu {v.get('faiss-cpu')}, usearch "
-           f"{v.get('usearch')}, bm25s {v.get('bm25s')}, numpy {v.get('numpy')}, Python "
-           f"{m.get('python')}.", "")
+    rd.add(
+        f"{report.get('created', '')[:10]} on {m.get('cpu_model')} — {m.get('usable_cores')} "
+        f"usable cores of {m.get('cores')}, {m.get('memory_gib', '?')} GiB; "
+        f"kbcore {v.get('kbcore')} (SIMD `{m.get('kbcore_simd_level')}` of "
+        f"{m.get('kbcore_available_simd_levels')}), commit "
+        f"`{(git.get('commit') or '?')[:10]}`{' + local changes' if git.get('dirty') else ''}; "
+        f"hnswlib {v.get('hnswlib')}, faiss-cpu {v.get('faiss-cpu')}, usearch "
+        f"{v.get('usearch')}, bm25s {v.get('bm25s')}, numpy {v.get('numpy')}, Python "
+        f"{m.get('python')}.",
+        "",
+    )
     before, after = report.get("loadavg_before"), report.get("loadavg_after")
-    rd.add(f"Load average (1/5/15 min) before the run {before}, after {after}; total "
-           f"{num((report.get('total_s') or 0) / 60)} min.", "")
+    rd.add(
+        f"Load average (1/5/15 min) before the run {before}, after {after}; total "
+        f"{num((report.get('total_s') or 0) / 60)} min.",
+        "",
+    )
     cores = m.get("usable_cores") or m.get("cores") or 1
-    busiest = max([before[0] if before else 0, after[0] if after else 0]
-                  + [max((e.get("loadavg_start") or [0])[0], (e.get("loadavg_end") or [0])[0])
-                     for e in report["modules"].values()])
+    busiest = max(
+        [before[0] if before else 0, after[0] if after else 0]
+        + [
+            max((e.get("loadavg_start") or [0])[0], (e.get("loadavg_end") or [0])[0])
+            for e in report["modules"].values()
+        ]
+    )
     if busiest > 0.5 * cores:
-        rd.add(f"> **The machine was busy** (load average up to {busiest:.1f} on {cores} cores): "
-               "other processes shared the cores, so absolute timings are inflated and noisy. "
-               "Compare ratios from the same run, and rerun on a quiet machine for published "
-               "numbers.", "")
+        rd.add(
+            f"> **The machine was busy** (load average up to {busiest:.1f} on {cores} cores): "
+            "other processes shared the cores, so absolute timings are inflated and noisy. "
+            "Compare ratios from the same run, and rerun on a quiet machine for published "
+            "numbers.",
+            "",
+        )
     if report.get("quick"):
-        rd.add("> Quick smoke run: small synthetic sets, fewer queries and repeats. It proves the "
-               "pipeline, not the numbers.", "")
+        rd.add(
+            "> Quick smoke run: small synthetic sets, fewer queries and repeats. It proves the "
+            "pipeline, not the numbers.",
+            "",
+        )
     failed = [n for n, e in report["modules"].items() if e.get("status") != "ok"]
-    rd.add("Modules: " + ", ".join(
-        f"{n} {'ok' if e.get('status') == 'ok' else '**' + e.get('status', '?') + '**'} "
-        f"({num(e.get('seconds'))} s)" for n, e in report["modules"].items()) + ".", "")
+    rd.add(
+        "Modules: "
+        + ", ".join(
+            f"{n} {'ok' if e.get('status') == 'ok' else '**' + e.get('status', '?') + '**'} ({num(e.get('seconds'))} s)"
+            for n, e in report["modules"].items()
+        )
+        + ".",
+        "",
+    )
     if failed:
         rd.add(f"**Failed:** {', '.join(failed)} — see their sections.", "")
-    rd.add("**How to read the ratios.** Next to each kbcore figure: kbcore ÷ the best anchor on "
-           "that same figure (the fastest, most accurate or smallest of hnswlib, faiss, usearch, "
-           "numpy or bm25s, whichever were measured). For QPS and recall higher is better, for "
-           "times and bytes lower is better; **bold** marks the figures where kbcore is at least "
-           "as good as the best anchor.", "")
+    rd.add(
+        "**How to read the ratios.** Next to each kbcore figure: kbcore ÷ the best anchor on "
+        "that same figure (the fastest, most accurate or smallest of hnswlib, faiss, usearch, "
+        "numpy or bm25s, whichever were measured). For QPS and recall higher is better, for "
+        "times and bytes lower is better; **bold** marks the figures where kbcore is at least "
+        "as good as the best anchor.",
+        "",
+    )
     rd.add("## Headline", "")
     if body.headline:
         rd.add(*table(["figure", "kbcore", "kbcore ÷ best anchor"], body.headline, "lrl"), "")
     else:
         rd.add("_No headline figures (the index module did not run or failed)._", "")
     rd.lines += body.lines
-    rd.add("---", "", f"Regenerate this file from its JSON: `python -m benches.report --from-json "
-           f"{_display_path(out_dir / (stem + '.json'))}`.", "")
+    rd.add(
+        "---",
+        "",
+        f"Regenerate this file from its JSON: `python -m benches.report --from-json "
+        f"{_display_path(out_dir / (stem + '.json'))}`.",
+        "",
+    )
     md = out_dir / f"{stem}.md"
     md.write_text("\n".join(rd.lines), encoding="utf-8")
     return md, body.plots
@@ -1132,16 +1408,25 @@ def reports_from(path: Path) -> list[tuple[dict, Path, str]]:
     for mod in MODULES:
         f = path / f"{mod.name}.json"
         if f.exists():
-            modules[mod.name] = {"title": mod.title, "status": "ok", "command": [f.name],
-                                 "seconds": None,
-                                 "result": json.loads(f.read_text(encoding="utf-8"))}
+            modules[mod.name] = {
+                "title": mod.title,
+                "status": "ok",
+                "command": [f.name],
+                "seconds": None,
+                "result": json.loads(f.read_text(encoding="utf-8")),
+            }
     if not modules:
         raise SystemExit(f"--from-json: no report JSON and no module JSONs in {path}")
     info = machine_info()
-    report = {"kbcore_report": SCHEMA, "created": _dt.date.today().isoformat(), "quick": None,
-              "modules_selected": list(modules), "machine": info, "modules": modules,
-              "note": f"assembled from the module JSONs in {path}; machine info is of the "
-                      "machine that assembled it"}
+    report = {
+        "kbcore_report": SCHEMA,
+        "created": _dt.date.today().isoformat(),
+        "quick": None,
+        "modules_selected": list(modules),
+        "machine": info,
+        "modules": modules,
+        "note": f"assembled from the module JSONs in {path}; machine info is of the machine that assembled it",
+    }
     stem = f"{_dt.date.today().isoformat()}-{machine_slug(info)}"
     return [(report, path, stem)]
 
@@ -1152,28 +1437,39 @@ def reports_from(path: Path) -> list[tuple[dict, Path, str]]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     names = ", ".join(m.name for m in MODULES)
-    p = argparse.ArgumentParser(prog="python -m benches.report", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(f"  {m.name:<14} {m.module:<28} full run ~"
-                                                 f"{m.full_minutes} min"
-                                                 + (" (opt-in: --large)" if m.opt_in else "")
-                                                 for m in MODULES))
-    p.add_argument("--data", default=None,
-                   help="data root holding scifact/ (default $KBCORE_DATA, else ../shared/data)")
-    p.add_argument("--quick", action="store_true",
-                   help="each module's smoke configuration; files get a -quick suffix")
+    p = argparse.ArgumentParser(
+        prog="python -m benches.report",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(
+            f"  {m.name:<14} {m.module:<28} full run ~{m.full_minutes} min" + (" (opt-in: --large)" if m.opt_in else "")
+            for m in MODULES
+        ),
+    )
+    p.add_argument(
+        "--data", default=None, help="data root holding scifact/ (default $KBCORE_DATA, else ../shared/data)"
+    )
+    p.add_argument("--quick", action="store_true", help="each module's smoke configuration; files get a -quick suffix")
     p.add_argument("--only", default=None, help=f"comma list of modules from: {names}")
-    p.add_argument("--large", action="store_true",
-                   help="also run index_1m (synthetic 1,000,000 x 384; about 1.5 h, ~12 GiB RAM)")
-    p.add_argument("--out", default=None,
-                   help="output folder (default benches/results; with --from-json: beside the JSON)")
-    p.add_argument("--machine", default=None,
-                   help="machine name in the file names (default: from the CPU model and cores)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="kill a module after this many seconds (default: no limit)")
-    p.add_argument("--from-json", default=None, metavar="PATH",
-                   help="re-render the Markdown and plots from a report JSON, a folder of them, "
-                        "or a folder of module JSONs; runs no benchmark")
+    p.add_argument(
+        "--large", action="store_true", help="also run index_1m (synthetic 1,000,000 x 384; about 1.5 h, ~12 GiB RAM)"
+    )
+    p.add_argument(
+        "--out", default=None, help="output folder (default benches/results; with --from-json: beside the JSON)"
+    )
+    p.add_argument(
+        "--machine", default=None, help="machine name in the file names (default: from the CPU model and cores)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="kill a module after this many seconds (default: no limit)"
+    )
+    p.add_argument(
+        "--from-json",
+        default=None,
+        metavar="PATH",
+        help="re-render the Markdown and plots from a report JSON, a folder of them, "
+        "or a folder of module JSONs; runs no benchmark",
+    )
     return p.parse_args(argv)
 
 
@@ -1182,8 +1478,7 @@ def select_modules(args: argparse.Namespace) -> list[Module]:
         wanted = [s.strip() for s in args.only.split(",") if s.strip()]
         unknown = [w for w in wanted if w not in MODULE_BY_NAME]
         if unknown:
-            raise SystemExit(f"--only: unknown modules {unknown}; choose from "
-                             f"{[m.name for m in MODULES]}")
+            raise SystemExit(f"--only: unknown modules {unknown}; choose from {[m.name for m in MODULES]}")
         if args.large and "index_1m" not in wanted:
             wanted.append("index_1m")
         return [m for m in MODULES if m.name in wanted]
@@ -1197,15 +1492,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = Path(args.out) if args.out else out_dir
             md, plots = render(report, target, stem)
             if not (target / f"{stem}.json").exists():  # assembled from module JSONs, or moved
-                (target / f"{stem}.json").write_text(json.dumps(report, indent=1),
-                                                     encoding="utf-8")
+                (target / f"{stem}.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
             print(f"wrote {md}" + "".join(f"\nwrote {target / p}" for p in plots))
         return 0
     selected = select_modules(args)
     report = run_all(args, selected)
     day = report["created"][:10]
-    stem = f"{day}-{args.machine or machine_slug(report['machine'])}" + (
-        "-quick" if args.quick else "")
+    stem = f"{day}-{args.machine or machine_slug(report['machine'])}" + ("-quick" if args.quick else "")
     out_dir = Path(args.out) if args.out else DEFAULT_OUT
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{stem}.json"

@@ -84,12 +84,17 @@ def corpus() -> Corpus:
     queries = _unit(centres[pick] + qnoise)
     texts = _zipf_words(rng, N, 60)
     query_texts = _zipf_words(rng, N_QUERIES, 4)
-    metadata = pa.table({
-        "source": pa.array(source),
-        "bucket": pa.array(rng.integers(0, 1000, size=N, dtype=np.int64)),
-        "tag": pa.array(np.asarray(["t0", "t1", "t2", "t3", "t4"])[
-            rng.choice(5, size=N, p=[0.55, 0.25, 0.12, 0.05, 0.03])].tolist()),
-    })
+    metadata = pa.table(
+        {
+            "source": pa.array(source),
+            "bucket": pa.array(rng.integers(0, 1000, size=N, dtype=np.int64)),
+            "tag": pa.array(
+                np.asarray(["t0", "t1", "t2", "t3", "t4"])[
+                    rng.choice(5, size=N, p=[0.55, 0.25, 0.12, 0.05, 0.03])
+                ].tolist()
+            ),
+        }
+    )
     index = kbcore.Index(DIM, metric="cosine", kind="hnsw", M=16, ef_construction=200, ef=EF)
     index.add(base, np.arange(N, dtype=np.int64), metadata=metadata, texts=texts, threads=0)
     return Corpus(base, queries, texts, query_texts, index)

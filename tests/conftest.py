@@ -124,8 +124,9 @@ def assert_search_matches_oracle(got_ids, got_dist, data, ids, queries, k, metri
     np.testing.assert_array_equal(got_ids == -1, exp_ids == -1, err_msg="padding (-1) positions")
     np.testing.assert_array_equal(np.isinf(got_dist), np.isinf(exp_dist), err_msg="+inf positions")
     real = exp_ids != -1
-    np.testing.assert_allclose(got_dist[real], exp_dist[real], rtol=0, atol=atol,
-                               err_msg="distances differ from the exact top-k")
+    np.testing.assert_allclose(
+        got_dist[real], exp_dist[real], rtol=0, atol=atol, err_msg="distances differ from the exact top-k"
+    )
 
     # each returned id is live, unique per row, and really at the distance reported
     assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric, atol)
@@ -136,11 +137,12 @@ def assert_search_matches_oracle(got_ids, got_dist, data, ids, queries, k, metri
     for r in range(got_ids.shape[0]):
         for j in range(int(real[r].sum())):
             dj = exp_dist[r, j]
-            neighbours = all_d[r, max(j - 1, 0): j + 2]
+            neighbours = all_d[r, max(j - 1, 0) : j + 2]
             tied = np.sum(np.abs(neighbours - dj) <= 2 * atol) > 1
             if not tied:
                 assert got_ids[r, j] == exp_ids[r, j], (
-                    f"row {r} pos {j}: got id {got_ids[r, j]}, oracle {exp_ids[r, j]}")
+                    f"row {r} pos {j}: got id {got_ids[r, j]}, oracle {exp_ids[r, j]}"
+                )
 
 
 def assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric, atol=DIST_ATOL):
@@ -159,8 +161,13 @@ def assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric, ato
         unknown = [i for i in row if i not in col]
         assert not unknown, f"row {r}: ids not in the live set: {unknown}"
         true_d = full[r, [col[i] for i in row]]
-        np.testing.assert_allclose(got_dist[r][~pad[r]], true_d, rtol=0, atol=atol,
-                                   err_msg=f"row {r}: reported distance != true distance of id")
+        np.testing.assert_allclose(
+            got_dist[r][~pad[r]],
+            true_d,
+            rtol=0,
+            atol=atol,
+            err_msg=f"row {r}: reported distance != true distance of id",
+        )
 
 
 def recall_at_k(got_ids, data, ids, queries, k, metric, eps=1e-6) -> float:

@@ -97,7 +97,12 @@ def condition_holds(row: dict, name: str, op: str, value: Any) -> bool | None:
         return False
     n = _number_operand(value)
     return {
-        "<": f < n, "before": f < n, ">": f > n, "after": f > n, "≤": f <= n, "≥": f >= n,
+        "<": f < n,
+        "before": f < n,
+        ">": f > n,
+        "after": f > n,
+        "≤": f <= n,
+        "≥": f >= n,
     }[op]
 
 
@@ -108,10 +113,7 @@ def dify_matches(metadata_condition: dict | None, row: dict) -> bool:
     results = []
     for cond in metadata_condition["conditions"]:
         names = cond["name"] if isinstance(cond["name"], list) else [cond["name"]]
-        per_name = [
-            condition_holds(row, n, cond["comparison_operator"], cond.get("value"))
-            for n in names
-        ]
+        per_name = [condition_holds(row, n, cond["comparison_operator"], cond.get("value")) for n in names]
         if per_name[0] is None:
             continue
         results.append(any(per_name))

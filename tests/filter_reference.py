@@ -227,9 +227,7 @@ def iso_datetimes(draw: Any) -> str:
     if draw(st.booleans()):
         text += f":{draw(st.integers(0, 59)):02d}"
         if draw(st.booleans()):
-            text += draw(st.sampled_from([".", ","])) + draw(
-                st.text("0123456789", min_size=1, max_size=12)
-            )
+            text += draw(st.sampled_from([".", ","])) + draw(st.text("0123456789", min_size=1, max_size=12))
     offset = draw(st.sampled_from(["", "Z", "z", "+hh:mm", "-hh:mm", "+hhmm", "-hh"]))
     if "hh" in offset:
         hh, mm = draw(st.integers(0, 23)), draw(st.integers(0, 59))
@@ -272,9 +270,7 @@ def _operators() -> st.SearchStrategy:
                 _non_empty_lists(st.booleans()),
             ),
         ),
-        st.tuples(
-            st.sampled_from(["$contains", "$not_contains", "$starts_with", "$ends_with"]), _words
-        ),
+        st.tuples(st.sampled_from(["$contains", "$not_contains", "$starts_with", "$ends_with"]), _words),
         st.tuples(st.sampled_from(["$exists", "$empty"]), st.booleans()),
         st.tuples(st.sampled_from(["$before", "$after"]), iso_datetimes()),
     )
@@ -302,7 +298,9 @@ def valid_wheres(fields: tuple[str, ...] = FIELDS, max_leaves: int = 12) -> st.S
             st.builds(lambda xs: {"$or": xs}, lists),
             st.builds(
                 lambda xs, ys, leaf: {"$and": xs, "$or": ys, **leaf},
-                lists, lists, _leaf_wheres(fields),
+                lists,
+                lists,
+                _leaf_wheres(fields),
             ),
         )
 

@@ -77,9 +77,36 @@ def make_index(texts: dict[int, str | None], *, kind="flat", metadata=None, dim=
 
 
 VOCAB = [
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
-    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi",
-    "psi", "omega", "error", "code", "e1234", "part", "42", "x",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+    "error",
+    "code",
+    "e1234",
+    "part",
+    "42",
+    "x",
 ]
 
 
@@ -396,8 +423,10 @@ def test_search_text_with_where_returns_only_passing_rows_with_global_statistics
     cases = [
         ({"lang": "en"}, {i for i, m in zip(ids_list, meta) if m["lang"] == "en"}),
         ({"year": {"$gte": 2004}}, {i for i, m in zip(ids_list, meta) if m["year"] >= 2004}),
-        ({"$and": [{"lang": "ja"}, {"year": {"$lt": 2003}}]},
-         {i for i, m in zip(ids_list, meta) if m["lang"] == "ja" and m["year"] < 2003}),
+        (
+            {"$and": [{"lang": "ja"}, {"year": {"$lt": 2003}}]},
+            {i for i, m in zip(ids_list, meta) if m["lang"] == "ja" and m["year"] < 2003},
+        ),
     ]
     for where, allowed in cases:
         for q in toy_queries(22, 15):
@@ -525,7 +554,7 @@ def test_one_batch_builds_the_same_index_as_row_by_row_adds(threads, tmp_path):
     batch.add(vecs, ids, texts=rows, threads=threads)
     single = kbcore.Index(dim=4, metric="cosine", kind="flat")
     for i in range(len(rows)):
-        single.add(vecs[i:i + 1], ids[i:i + 1], texts=rows[i:i + 1], threads=1)
+        single.add(vecs[i : i + 1], ids[i : i + 1], texts=rows[i : i + 1], threads=1)
     queries = toy_queries(9, 40) + ["東京 天気", "東", "café naïve", "σοφία кремль 한국어"]
     assert _text_results(batch, queries) == _text_results(single, queries)
     n_text = sum(r is not None for r in rows)
@@ -551,8 +580,9 @@ def test_batches_into_a_populated_index_match_the_reference():
     rng = np.random.default_rng(2)
     for start in range(0, len(rows), 90):  # later batches meet known and new terms
         ids = np.arange(start, min(start + 90, len(rows)), dtype=np.int64)
-        index.add(rng.standard_normal((len(ids), 4)).astype(np.float32), ids,
-                  texts=rows[start:start + 90], defer_graph=True)
+        index.add(
+            rng.standard_normal((len(ids), 4)).astype(np.float32), ids, texts=rows[start : start + 90], defer_graph=True
+        )
         texts.update({int(i): rows[int(i)] for i in ids})
     for q in toy_queries(12, 25) + ["東京", "ÉCOLE café"]:
         assert_matches_reference(index, texts, q, 15)

@@ -31,7 +31,7 @@ def test_chunks_are_spans_of_the_text_within_size(seed, size, overlap):
     assert chunks, "a non-empty text gives at least one chunk"
     for i, c in enumerate(chunks):
         assert c.index == i and c.document_id == "d"
-        assert c.text == text[c.start:c.end]
+        assert c.text == text[c.start : c.end]
         assert 0 < len(c.text) <= size
         assert c.text == c.text.strip()
     # every non-whitespace character is covered, spans advance, overlaps stay within the limit

@@ -61,19 +61,24 @@ def error_of(mc) -> str:
         (">=", "2020", {"f": {"$gte": 2020}}),
         ("≤", -1.5, {"f": {"$lte": -1.5}}),
         ("<=", ".5", {"f": {"$lte": 0.5}}),
-        ("before", "2024-01-01",
-         {"$or": [{"f": {"$before": "2024-01-01"}}, {"f": {"$lt": 1704067200.0}}]}),
-        ("after", "2024-01-01T10:00:00+02:00",
-         {"$or": [{"f": {"$after": "2024-01-01T10:00:00+02:00"}},
-                  {"f": {"$gt": 1704096000.0}}]}),
-        ("before", -62135596800,  # 0001-01-01: years before 1000 keep four digits
-         {"$or": [{"f": {"$before": "0001-01-01T00:00:00Z"}}, {"f": {"$lt": -62135596800}}]}),
+        ("before", "2024-01-01", {"$or": [{"f": {"$before": "2024-01-01"}}, {"f": {"$lt": 1704067200.0}}]}),
+        (
+            "after",
+            "2024-01-01T10:00:00+02:00",
+            {"$or": [{"f": {"$after": "2024-01-01T10:00:00+02:00"}}, {"f": {"$gt": 1704096000.0}}]},
+        ),
+        (
+            "before",
+            -62135596800,  # 0001-01-01: years before 1000 keep four digits
+            {"$or": [{"f": {"$before": "0001-01-01T00:00:00Z"}}, {"f": {"$lt": -62135596800}}]},
+        ),
         (">", 2**70, {"f": {"$gt": float(2**70)}}),
-        ("before", 1704067200,
-         {"$or": [{"f": {"$before": "2024-01-01T00:00:00Z"}}, {"f": {"$lt": 1704067200}}]}),
-        ("after", "1704067200.5",
-         {"$or": [{"f": {"$after": "2024-01-01T00:00:00.500000Z"}},
-                  {"f": {"$gt": 1704067200.5}}]}),
+        ("before", 1704067200, {"$or": [{"f": {"$before": "2024-01-01T00:00:00Z"}}, {"f": {"$lt": 1704067200}}]}),
+        (
+            "after",
+            "1704067200.5",
+            {"$or": [{"f": {"$after": "2024-01-01T00:00:00.500000Z"}}, {"f": {"$gt": 1704067200.5}}]},
+        ),
     ],
 )
 def test_each_dify_operator_translates_to_a_where(op, value, where):
@@ -85,8 +90,14 @@ def test_each_dify_operator_translates_to_a_where(op, value, where):
 
 @pytest.mark.parametrize(
     ("op", "canonical"),
-    [("CONTAINS", "contains"), ("Not  Contains", "not contains"), (" is not ", "is not"),
-     ("starts with", "start with"), ("ends with", "end with"), ("==", "=")],
+    [
+        ("CONTAINS", "contains"),
+        ("Not  Contains", "not contains"),
+        (" is not ", "is not"),
+        ("starts with", "start with"),
+        ("ends with", "end with"),
+        ("==", "="),
+    ],
 )
 def test_operator_spelling_ignores_case_and_spaces(op, canonical):
     value = "x" if canonical != "=" else 1
@@ -104,35 +115,45 @@ def test_empty_operators_ignore_a_given_value():
 
 @pytest.mark.parametrize(
     "mc",
-    [None, {}, {"conditions": None}, {"conditions": []}, {"logical_operator": "or"},
-     {"logical_operator": "and", "conditions": None}],
+    [
+        None,
+        {},
+        {"conditions": None},
+        {"conditions": []},
+        {"logical_operator": "or"},
+        {"logical_operator": "and", "conditions": None},
+    ],
 )
 def test_no_conditions_means_no_filter(mc):
     assert dify_condition_to_where(mc) is None
 
 
 def test_logical_operator_defaults_to_and():
-    mc = {"conditions": [
-        {"name": "a", "comparison_operator": "is", "value": "x"},
-        {"name": "b", "comparison_operator": ">", "value": 1},
-    ]}
+    mc = {
+        "conditions": [
+            {"name": "a", "comparison_operator": "is", "value": "x"},
+            {"name": "b", "comparison_operator": ">", "value": 1},
+        ]
+    }
     assert translate(mc) == {"$and": [{"a": {"$eq": "x"}}, {"b": {"$gt": 1}}]}
     assert translate({**mc, "logical_operator": None}) == translate(mc)
     assert translate({**mc, "logical_operator": "AND"}) == translate(mc)
 
 
 def test_logical_operator_or():
-    mc = {"logical_operator": "or", "conditions": [
-        {"name": "a", "comparison_operator": "is", "value": "x"},
-        {"name": "b", "comparison_operator": "<", "value": "3"},
-    ]}
+    mc = {
+        "logical_operator": "or",
+        "conditions": [
+            {"name": "a", "comparison_operator": "is", "value": "x"},
+            {"name": "b", "comparison_operator": "<", "value": "3"},
+        ],
+    }
     assert translate(mc) == {"$or": [{"a": {"$eq": "x"}}, {"b": {"$lt": 3}}]}
 
 
 def test_a_name_list_applies_the_condition_to_any_of_the_fields():
     mc = one("contains", "AI", name=["category", "tag"])
-    assert translate(mc) == {"$or": [{"category": {"$contains": "AI"}},
-                                     {"tag": {"$contains": "AI"}}]}
+    assert translate(mc) == {"$or": [{"category": {"$contains": "AI"}}, {"tag": {"$contains": "AI"}}]}
     assert translate(one("is", "x", name=["only"])) == {"only": {"$eq": "x"}}
 
 
@@ -141,18 +162,24 @@ def test_name_lists_nest_under_and_and_flatten_under_or():
         {"name": ["a", "b"], "comparison_operator": "is", "value": "x"},
         {"name": "c", "comparison_operator": "empty"},
     ]
-    assert translate({"conditions": conds}) == {"$and": [
-        {"$or": [{"a": {"$eq": "x"}}, {"b": {"$eq": "x"}}]}, {"c": {"$empty": True}}]}
-    assert translate({"logical_operator": "or", "conditions": conds}) == {"$or": [
-        {"a": {"$eq": "x"}}, {"b": {"$eq": "x"}}, {"c": {"$empty": True}}]}
+    assert translate({"conditions": conds}) == {
+        "$and": [{"$or": [{"a": {"$eq": "x"}}, {"b": {"$eq": "x"}}]}, {"c": {"$empty": True}}]
+    }
+    assert translate({"logical_operator": "or", "conditions": conds}) == {
+        "$or": [{"a": {"$eq": "x"}}, {"b": {"$eq": "x"}}, {"c": {"$empty": True}}]
+    }
 
 
 def test_before_on_a_name_list_is_one_flat_or():
     got = translate(one("before", "2024-01-01", name=["d1", "d2"]))
-    assert got == {"$or": [
-        {"d1": {"$before": "2024-01-01"}}, {"d1": {"$lt": 1704067200.0}},
-        {"d2": {"$before": "2024-01-01"}}, {"d2": {"$lt": 1704067200.0}},
-    ]}
+    assert got == {
+        "$or": [
+            {"d1": {"$before": "2024-01-01"}},
+            {"d1": {"$lt": 1704067200.0}},
+            {"d2": {"$before": "2024-01-01"}},
+            {"d2": {"$lt": 1704067200.0}},
+        ]
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,12 +220,25 @@ def ids_matching(mc) -> list[int]:
         (one("after", 1672531200, name="d"), [0, 2]),
         (one("after", "2023-01-01T00:00:00Z", name="d"), [0, 2]),
         (one("contains", "AI", name=["title", "tags"]), [0, 3]),
-        ({"logical_operator": "or", "conditions": [
-            {"name": "year", "comparison_operator": "<", "value": 2020},
-            {"name": "title", "comparison_operator": "empty"}]}, [1, 2, 4]),
-        ({"conditions": [
-            {"name": "year", "comparison_operator": ">", "value": 2020},
-            {"name": "title", "comparison_operator": "contains", "value": "AI"}]}, [0, 3]),
+        (
+            {
+                "logical_operator": "or",
+                "conditions": [
+                    {"name": "year", "comparison_operator": "<", "value": 2020},
+                    {"name": "title", "comparison_operator": "empty"},
+                ],
+            },
+            [1, 2, 4],
+        ),
+        (
+            {
+                "conditions": [
+                    {"name": "year", "comparison_operator": ">", "value": 2020},
+                    {"name": "title", "comparison_operator": "contains", "value": "AI"},
+                ]
+            },
+            [0, 3],
+        ),
         ({"conditions": None}, [0, 1, 2, 3, 4]),
     ],
 )
@@ -215,34 +255,53 @@ def test_translated_conditions_select_the_expected_rows(mc, expected):
     [
         ([1], "metadata_condition: expected an object, got list"),
         ("and", "metadata_condition: expected an object, got str"),
-        ({"conditions": {"name": "x"}},
-         'metadata_condition["conditions"]: expected a list of conditions, got dict'),
-        ({"logical_operator": "xor", "conditions": [{}]},
-         "metadata_condition[\"logical_operator\"]: expected \"and\" or \"or\", got 'xor'"),
-        ({"logical_operator": 1, "conditions": [{}]},
-         'metadata_condition["logical_operator"]: expected "and" or "or", got 1'),
+        ({"conditions": {"name": "x"}}, 'metadata_condition["conditions"]: expected a list of conditions, got dict'),
+        (
+            {"logical_operator": "xor", "conditions": [{}]},
+            'metadata_condition["logical_operator"]: expected "and" or "or", got \'xor\'',
+        ),
+        (
+            {"logical_operator": 1, "conditions": [{}]},
+            'metadata_condition["logical_operator"]: expected "and" or "or", got 1',
+        ),
         ({"conditions": [5]}, 'metadata_condition["conditions"][0]: expected an object, got int'),
-        ({"conditions": [{"comparison_operator": "is", "value": 1}]},
-         ('metadata_condition["conditions"][0]["name"]: expected a field name or a non-empty '
-         "list of field names, got None")),
-        (one("is", 1, name=[]),
-         ('metadata_condition["conditions"][0]["name"]: expected a field name or a non-empty '
-         "list of field names, got an empty list")),
-        (one("is", 1, name=["a", 3]),
-         ('metadata_condition["conditions"][0]["name"]: field names must be non-empty strings, '
-         "got int at position 1")),
+        (
+            {"conditions": [{"comparison_operator": "is", "value": 1}]},
+            (
+                'metadata_condition["conditions"][0]["name"]: expected a field name or a non-empty '
+                "list of field names, got None"
+            ),
+        ),
+        (
+            one("is", 1, name=[]),
+            (
+                'metadata_condition["conditions"][0]["name"]: expected a field name or a non-empty '
+                "list of field names, got an empty list"
+            ),
+        ),
+        (
+            one("is", 1, name=["a", 3]),
+            (
+                'metadata_condition["conditions"][0]["name"]: field names must be non-empty strings, '
+                "got int at position 1"
+            ),
+        ),
         (one("is", 1, name=""), "field names must be non-empty strings, got an empty string"),
         (one("is", 1, name="$and"), 'field names cannot start with "$"'),
-        ({"conditions": [{"name": "a", "value": 1}]},
-         ('metadata_condition["conditions"][0]["comparison_operator"]: expected a string, '
-         "got None")),
-        (one("like", "x"),
-         ('metadata_condition["conditions"][0]["comparison_operator"]: unknown operator \'like\'; '
-         "expected one of contains")),
+        (
+            {"conditions": [{"name": "a", "value": 1}]},
+            ('metadata_condition["conditions"][0]["comparison_operator"]: expected a string, got None'),
+        ),
+        (
+            one("like", "x"),
+            (
+                'metadata_condition["conditions"][0]["comparison_operator"]: unknown operator \'like\'; '
+                "expected one of contains"
+            ),
+        ),
         (one("regex", "x"), "unknown operator 'regex'"),
         # values that cannot apply
-        (one(">", "abc"),
-         'metadata_condition["conditions"][0]: ">" compares numbers, but \'abc\' is not a number'),
+        (one(">", "abc"), 'metadata_condition["conditions"][0]: ">" compares numbers, but \'abc\' is not a number'),
         (one("<", True), '"<" compares numbers, got bool'),
         (one("≥", [1]), '"≥" compares numbers, got list'),
         (one("<=", "nan"), "'nan' is not a number"),
@@ -256,8 +315,7 @@ def test_translated_conditions_select_the_expected_rows(mc, expected):
         (one("in", {"a": 1}), '"in" needs a list or a comma-separated string, got dict'),
         (one("before", "soon"), '"before" needs an ISO-8601 date/date-time or Unix seconds'),
         (one("after", "2024-02-30"), "day 30 is out of range"),
-        (one("after", True), ('"after" needs an ISO-8601 date/date-time string or Unix seconds, '
-                             "got bool")),
+        (one("after", True), ('"after" needs an ISO-8601 date/date-time string or Unix seconds, got bool')),
         (one("before", 1e300), '"before": timestamp 1e+300 is out of range'),
         (one("in", [1, float("nan")]), '"in" needs a finite number, got nan'),
         (one(">", 10**400), '">": the integer operand (1329 bits) is out of range'),
@@ -265,9 +323,11 @@ def test_translated_conditions_select_the_expected_rows(mc, expected):
         (one("is", "\ud800"), "the value contains a lone surrogate (U+D800 at position 0)"),
         (one("is", "x", name="a\udc80"), '["name"] contains a lone surrogate (U+DC80'),
         (one("in", ["ok", "b\ud800"]), "item 1 contains a lone surrogate"),
-        ({"conditions": [{"name": "f", "comparison_operator": "empty"}] * 257},
-         'metadata_condition["conditions"]: at most 256 conditions, got 257'),
-        (one("empty", name=["f"] * 65), 'at most 64 field names, got 65'),
+        (
+            {"conditions": [{"name": "f", "comparison_operator": "empty"}] * 257},
+            'metadata_condition["conditions"]: at most 256 conditions, got 257',
+        ),
+        (one("empty", name=["f"] * 65), "at most 64 field names, got 65"),
         (one("before", ["2024-01-01"]), "got list"),
     ],
 )
@@ -277,10 +337,12 @@ def test_invalid_conditions_raise_invalid_argument_naming_the_condition(mc, mess
 
 
 def test_the_error_names_the_failing_condition_index():
-    mc = {"conditions": [
-        {"name": "a", "comparison_operator": "is", "value": "x"},
-        {"name": "b", "comparison_operator": ">", "value": "many"},
-    ]}
+    mc = {
+        "conditions": [
+            {"name": "a", "comparison_operator": "is", "value": "x"},
+            {"name": "b", "comparison_operator": ">", "value": "many"},
+        ]
+    }
     assert error_of(mc).startswith('metadata_condition["conditions"][1]: ">" compares numbers')
 
 
@@ -318,9 +380,16 @@ def dify_ids(mc) -> list[int]:
         (one("in", [3, "2.5"], name="n"), [0, 1, 2]),
         (one("in", "3", name="n"), [0, 2]),
         (one("is", None, name="t"), [0, 1, 2, 3]),  # a null value: Dify skips the condition
-        ({"logical_operator": "or", "conditions": [
-            {"name": "t", "comparison_operator": "contains", "value": None},
-            {"name": "n", "comparison_operator": ">", "value": 2.6}]}, [0]),
+        (
+            {
+                "logical_operator": "or",
+                "conditions": [
+                    {"name": "t", "comparison_operator": "contains", "value": None},
+                    {"name": "n", "comparison_operator": ">", "value": 2.6},
+                ],
+            },
+            [0],
+        ),
         ({"conditions": [{"name": "t", "comparison_operator": "is"}]}, [0, 1, 2, 3]),
     ],
 )
@@ -329,8 +398,12 @@ def test_dify_semantics_select_the_rows_difys_filter_selects(mc, expected):
 
 
 def test_only_null_valued_conditions_mean_no_filter():
-    mc = {"conditions": [{"name": "a", "comparison_operator": "is", "value": None},
-                         {"name": "b", "comparison_operator": "<", "value": None}]}
+    mc = {
+        "conditions": [
+            {"name": "a", "comparison_operator": "is", "value": None},
+            {"name": "b", "comparison_operator": "<", "value": None},
+        ]
+    }
     assert dify_condition_to_where(mc) is None
 
 

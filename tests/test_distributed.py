@@ -60,8 +60,7 @@ def make_rows(rng: np.random.Generator, n: int, *, per_doc: int = 4):
     vectors = rng.standard_normal((n, DIM)).astype(np.float32)
     ids = np.arange(1000, 1000 + n, dtype=np.int64)
     docs = [f"doc-{i // per_doc}" for i in range(n)]
-    meta = [{"document_id": docs[i], "lang": ["en", "de", "fr"][i % 3], "year": 2000 + i % 20}
-            for i in range(n)]
+    meta = [{"document_id": docs[i], "lang": ["en", "de", "fr"][i % 3], "year": 2000 + i % 20} for i in range(n)]
     texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 25)))) for _ in range(n)]
     return vectors, ids, meta, texts
 
@@ -90,8 +89,11 @@ def ranked_equal(ids, scores, oracle_ids, oracle_scores, *, rtol=1e-6):
 
 def test_routing_is_stable_and_keeps_a_document_on_one_shard():
     # Fixed expectations: the hash must not change between processes or releases.
-    assert [shard_of_key("doc-1", 4), shard_of_key(7, 4), shard_of_id(7, 4)] == \
-        [shard_of_key("doc-1", 4), shard_of_key(7, 4), shard_of_id(7, 4)]
+    assert [shard_of_key("doc-1", 4), shard_of_key(7, 4), shard_of_id(7, 4)] == [
+        shard_of_key("doc-1", 4),
+        shard_of_key(7, 4),
+        shard_of_id(7, 4),
+    ]
     code = "from kbcore.distributed.routing import shard_of_key as s; print(s('doc-1', 97), s(7, 97))"
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
@@ -111,8 +113,15 @@ def test_routing_is_stable_and_keeps_a_document_on_one_shard():
 
 def _record(rng, n=5, seq=1):
     v = rng.standard_normal((n, DIM)).astype(np.float32)
-    return WalRecord(seq, "add", v, np.arange(n, dtype=np.int64), np.array([99], np.int64),
-                     [{"document_id": f"d{i}", "n": i} for i in range(n)], [f"t {i}" for i in range(n)])
+    return WalRecord(
+        seq,
+        "add",
+        v,
+        np.arange(n, dtype=np.int64),
+        np.array([99], np.int64),
+        [{"document_id": f"d{i}", "n": i} for i in range(n)],
+        [f"t {i}" for i in range(n)],
+    )
 
 
 def test_wal_replays_records_and_drops_a_torn_tail(tmp_path, rng):
@@ -161,8 +170,9 @@ def test_wal_corruption_before_the_end_is_an_error(tmp_path, rng):
 @pytest.mark.parametrize("durability", ["wal", "save"])
 def test_shard_recovers_every_acknowledged_write(tmp_path, rng, durability):
     vectors, ids, meta, texts = make_rows(rng, 120)
-    opts = dict(shard=0, dim=DIM, metric="cosine", kind="flat", index_options={},
-                durability=durability, checkpoint_bytes=20_000)
+    opts = dict(
+        shard=0, dim=DIM, metric="cosine", kind="flat", index_options={}, durability=durability, checkpoint_bytes=20_000
+    )
     s = ShardState(str(tmp_path), **opts)
     s.apply(vectors[:60], ids[:60], meta[:60], texts[:60], np.empty(0, np.int64))
     s.apply(vectors[60:], ids[60:], meta[60:], texts[60:], np.array([ids[0]], np.int64))
@@ -219,8 +229,11 @@ def test_text_stats_hook_scores_parts_as_one_index(rng):
         parts[p].add(vectors[rows], ids[rows], texts=[texts[i] for i in rows])
     for query in ("w7", "w7 w30 w30 w2"):
         stats = [p.text_stats(query) for p in parts]
-        total = (sum(s[0] for s in stats), sum(s[1] for s in stats),
-                 {t: sum(s[2][t] for s in stats) for t in stats[0][2]})
+        total = (
+            sum(s[0] for s in stats),
+            sum(s[1] for s in stats),
+            {t: sum(s[2][t] for s in stats) for t in stats[0][2]},
+        )
         assert total == one.text_stats(query)
         want = dict(zip(*(a.tolist() for a in one.search_text(query, 300))))
         for p in parts:
@@ -271,8 +284,7 @@ def _oracle(kind, corpus, **opts):
 @pytest.fixture(scope="module")
 def flat3(ray_local, corpus, tmp_path_factory):
     vectors, ids, meta, texts = corpus
-    si = kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=3,
-                                         path=tmp_path_factory.mktemp("flat3") / "kb")
+    si = kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=3, path=tmp_path_factory.mktemp("flat3") / "kb")
     si.add(vectors[:250], ids[:250], metadata=meta[:250], texts=texts[:250])
     si.add(vectors[250:], ids[250:], metadata=meta[250:], texts=texts[250:])
     yield si
@@ -379,8 +391,9 @@ def test_sharded_hnsw_recall_matches_one_index(ray_local, tmp_path):
     truth, _ = exact.search(qs, 10)
     one = kbcore.Index(DIM, "cosine", "hnsw", M=8, ef_construction=40, ef=16)
     one.add(vectors, ids, metadata=meta)
-    with kbcore.distributed.ShardedIndex(DIM, "cosine", "hnsw", shards=2, path=tmp_path / "kb",
-                                         M=8, ef_construction=40, ef=16) as si:
+    with kbcore.distributed.ShardedIndex(
+        DIM, "cosine", "hnsw", shards=2, path=tmp_path / "kb", M=8, ef_construction=40, ef=16
+    ) as si:
         si.add(vectors[:2500], ids[:2500], metadata=meta[:2500])
         si.add(vectors[2500:], ids[2500:], metadata=meta[2500:], defer_graph=True, threads=1)
         assert si.pending == 500  # stored, searchable (scanned exactly), not yet linked
@@ -408,8 +421,7 @@ def test_sharded_remove_upsert_and_document_delete(ray_local, tmp_path, corpus):
         # Upsert an id under a document that lives on another shard: no stale copy remains.
         row = 30
         old_doc = meta[row]["document_id"]
-        new_doc = next(f"moved-{j}" for j in range(100)
-                       if shard_of_key(f"moved-{j}", 3) != shard_of_key(old_doc, 3))
+        new_doc = next(f"moved-{j}" for j in range(100) if shard_of_key(f"moved-{j}", 3) != shard_of_key(old_doc, 3))
         si.add(vectors[row] * -1, [ids[row]], metadata=[{"document_id": new_doc}], texts=["fresh"])
         assert len(si) == 590
         assert sum(i["rows"] for i in si.shard_info()) == 590
@@ -466,8 +478,7 @@ def test_sharded_save_and_load_round_trip(ray_local, tmp_path, corpus):
 @needs_ray
 def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path, corpus):
     vectors, ids, meta, texts = corpus
-    with kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=2, path=tmp_path / "kb",
-                                         timeout=60) as si:
+    with kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=2, path=tmp_path / "kb", timeout=60) as si:
         si.add(vectors[:200], ids[:200], metadata=meta[:200], texts=texts[:200])
         si.save()
         si.add(vectors[200:], ids[200:], metadata=meta[200:], texts=texts[200:])  # acknowledged
@@ -494,8 +505,9 @@ def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path
 @needs_ray
 def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_path, corpus):
     vectors, ids, meta, texts = corpus
-    si = kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=3, path=tmp_path / "kb",
-                                         max_restarts=0, timeout=3)
+    si = kbcore.distributed.ShardedIndex(
+        DIM, "cosine", "flat", shards=3, path=tmp_path / "kb", max_restarts=0, timeout=3
+    )
     try:
         si.add(vectors, ids, metadata=meta, texts=texts)
         rows = [i["rows"] for i in si.shard_info()]
@@ -581,16 +593,33 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
         pytest.skip(f"the ray command line is not installed next to {sys.executable}")
     port = _free_port("127.0.0.2")
     temp = tempfile.mkdtemp(prefix="kbr", dir="/tmp")  # short: Ray's socket paths must fit
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     common = ["--block", "--num-cpus", "1", "--disable-usage-stats"]
     procs = []
     try:
         with open(tmp_path / "head.log", "w") as log:
-            procs.append(subprocess.Popen(
-                [ray_bin, "start", "--head", "--node-ip-address", "127.0.0.2", "--port", str(port),
-                 "--include-dashboard", "false", "--temp-dir", temp, *common],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        ray_bin,
+                        "start",
+                        "--head",
+                        "--node-ip-address",
+                        "127.0.0.2",
+                        "--port",
+                        str(port),
+                        "--include-dashboard",
+                        "false",
+                        "--temp-dir",
+                        temp,
+                        *common,
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         address = f"127.0.0.2:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -599,9 +628,15 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
                     break
             time.sleep(0.5)
         with open(tmp_path / "worker.log", "w") as log:
-            procs.append(subprocess.Popen(
-                [ray_bin, "start", "--address", address, "--node-ip-address", "127.0.0.3", *common],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [ray_bin, "start", "--address", address, "--node-ip-address", "127.0.0.3", *common],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         wait_nodes = textwrap.dedent("""
             import sys, time, ray
             ray.init(address=sys.argv[1], _node_ip_address="127.0.0.2", log_to_driver=False)
@@ -610,11 +645,23 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
                 time.sleep(0.5)
             print(sum(n["Alive"] for n in ray.nodes()))
         """)
-        out = subprocess.run([sys.executable, "-c", wait_nodes, address], check=False, env=env, capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", wait_nodes, address],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.stdout.strip().splitlines()[-1:] == ["2"], out.stderr[-2000:]
-        out = subprocess.run([sys.executable, "-c", _CLUSTER_DRIVER, address, str(tmp_path / "kb")],
-                             check=False, env=env, capture_output=True, text=True, timeout=180)
+        out = subprocess.run(
+            [sys.executable, "-c", _CLUSTER_DRIVER, address, str(tmp_path / "kb")],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result == {"same": True, "nodes": 2, "ips": ["127.0.0.2", "127.0.0.3"], "rows": 400}

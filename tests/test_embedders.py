@@ -31,18 +31,28 @@ def test_hashing_vectors_are_unit_float32_and_deterministic():
 
 
 def test_hashing_is_stable_across_processes():
-    code = ("import numpy as np; from kbcore.embedders import HashingEmbedder; "
-            "print(repr(HashingEmbedder(dim=16).embed(['key rotation policy']).tolist()))")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": str(s)}).stdout for s in (1, 2)}
+    code = (
+        "import numpy as np; from kbcore.embedders import HashingEmbedder; "
+        "print(repr(HashingEmbedder(dim=16).embed(['key rotation policy']).tolist()))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": str(s)}
+        ).stdout
+        for s in (1, 2)
+    }
     assert len(outs) == 1
 
 
 def test_hashing_similarity_follows_shared_words():
     e = HashingEmbedder()
-    q, near, far = e.embed(["how to rotate signing keys",
-                            "Signing keys are rotated every 90 days.",
-                            "Lunch is served in the cafeteria at noon."])
+    q, near, far = e.embed(
+        [
+            "how to rotate signing keys",
+            "Signing keys are rotated every 90 days.",
+            "Lunch is served in the cafeteria at noon.",
+        ]
+    )
     assert q @ near > 0.3 > q @ far
 
 

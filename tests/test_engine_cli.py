@@ -45,11 +45,14 @@ def test_ingest_query_delete_list_info(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["documents"] == 1
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["query", "x", "--kb", "missing"], "no knowledge base named 'missing'"),
-    (["delete", "--kb", "kb", "--document", "nope"], "no document 'nope'"),
-    (["ingest", "/definitely/not/here.txt", "--kb", "kb"], "No such file"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["query", "x", "--kb", "missing"], "no knowledge base named 'missing'"),
+        (["delete", "--kb", "kb", "--document", "nope"], "no document 'nope'"),
+        (["ingest", "/definitely/not/here.txt", "--kb", "kb"], "No such file"),
+    ],
+)
 def test_errors_exit_1_with_a_message(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.setenv("KBCORE_HOME", str(tmp_path))
     from kbcore import Engine

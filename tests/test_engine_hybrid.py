@@ -24,9 +24,36 @@ from kbcore.errors import InvalidArgumentError, InvalidTypeError
 
 DIM = 16
 WORDS = [
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda",
-    "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega",
-    "apple", "banana", "cherry", "grape", "lemon", "mango",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+    "apple",
+    "banana",
+    "cherry",
+    "grape",
+    "lemon",
+    "mango",
 ]
 SEARCHES = [("vector", "rrf"), ("full_text", "rrf"), ("hybrid", "rrf"), ("hybrid", "linear")]
 
@@ -62,8 +89,9 @@ def _legs(kb, query, qvec, window, where=None):
     return vec, list(zip(tids.tolist(), tsc.tolist()))
 
 
-def _expected(kb, search_type, fusion, query, qvec, top_k, *, window=None, where=None,
-              vector_weight=0.7, rrf_k=60, dedup=False):
+def _expected(
+    kb, search_type, fusion, query, qvec, top_k, *, window=None, where=None, vector_weight=0.7, rrf_k=60, dedup=False
+):
     """(chunk id, score) the engine must return, fused here from the native legs."""
     window = top_k if search_type == "vector" else window or max(4 * top_k, 50)
     vec, text = _legs(kb, query, qvec, window, where)
@@ -122,8 +150,7 @@ def test_each_search_type_equals_the_fusion_of_the_native_legs(tmp_path, search_
     _, kb = _kb(tmp_path)
     for query, qvec in _queries(1):
         for top_k, window in ((10, None), (5, 8), (10, 4)):  # window < top_k: a short page is fine
-            hits = kb.retrieve(query, top_k, search_type=search_type, fusion=fusion,
-                               query_vector=qvec, window=window)
+            hits = kb.retrieve(query, top_k, search_type=search_type, fusion=fusion, query_vector=qvec, window=window)
             _check(hits, _expected(kb, search_type, fusion, query, qvec, top_k, window=window))
             assert all(0.0 <= h.score <= 1.0 for h in hits)
             assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
@@ -135,8 +162,7 @@ def test_linear_weight_and_rrf_k_are_used(tmp_path):
     _, kb = _kb(tmp_path)
     for query, qvec in _queries(2, 3):
         for w in (0.0, 0.3, 1.0):
-            hits = kb.retrieve(query, 10, search_type="hybrid", fusion="linear", vector_weight=w,
-                               query_vector=qvec)
+            hits = kb.retrieve(query, 10, search_type="hybrid", fusion="linear", vector_weight=w, query_vector=qvec)
             _check(hits, _expected(kb, "hybrid", "linear", query, qvec, 10, vector_weight=w))
         hits = kb.retrieve(query, 10, search_type="hybrid", rrf_k=0, query_vector=qvec)
         _check(hits, _expected(kb, "hybrid", "rrf", query, qvec, 10, rrf_k=0))
@@ -177,8 +203,9 @@ def test_full_text_score_is_bm25_over_the_best_match(tmp_path):
 def _digit_blind_engine(path):
     """An engine whose embedder cannot see tokens with digits (like many real models with codes)."""
     hashing = HashingEmbedder(dim=256)
-    emb = CallableEmbedder(lambda texts: hashing.embed([re.sub(r"\S*\d\S*", " ", t) for t in texts]),
-                           dim=256, name="digit-blind")
+    emb = CallableEmbedder(
+        lambda texts: hashing.embed([re.sub(r"\S*\d\S*", " ", t) for t in texts]), dim=256, name="digit-blind"
+    )
     return Engine(path, embedder=emb)
 
 
@@ -230,13 +257,14 @@ def test_filters_apply_to_both_legs(tmp_path, search_type, fusion):
     _, kb = _kb(tmp_path)
     for filters in ({"team": "infra"}, {"team": {"$in": ["web", "data"]}, "chunk_index": {"$lte": 1}}):
         for query, qvec in _queries(4, 3):
-            hits = kb.retrieve(query, 10, search_type=search_type, fusion=fusion, query_vector=qvec,
-                               filters=filters)
+            hits = kb.retrieve(query, 10, search_type=search_type, fusion=fusion, query_vector=qvec, filters=filters)
             _check(hits, _expected(kb, search_type, fusion, query, qvec, 10, where=filters))
             assert hits
             for h in hits:
-                assert kb.index.count({"$and": [filters, {"document_id": h.document_id},
-                                                 {"chunk_index": h.chunk_index}]}) == 1
+                assert (
+                    kb.index.count({"$and": [filters, {"document_id": h.document_id}, {"chunk_index": h.chunk_index}]})
+                    == 1
+                )
 
 
 @pytest.mark.parametrize("search_type,fusion", SEARCHES)
@@ -244,8 +272,9 @@ def test_dedup_after_fusion_gives_one_hit_per_document(tmp_path, search_type, fu
     _, kb = _kb(tmp_path)
     for query, qvec in _queries(5, 4):
         for filters in (None, {"team": "web"}):
-            hits = kb.retrieve(query, 8, search_type=search_type, fusion=fusion, query_vector=qvec,
-                               deduplicate=True, filters=filters)
+            hits = kb.retrieve(
+                query, 8, search_type=search_type, fusion=fusion, query_vector=qvec, deduplicate=True, filters=filters
+            )
             docs = [h.document_id for h in hits]
             assert len(docs) == len(set(docs))
             if search_type == "vector":
@@ -325,20 +354,24 @@ def test_delete_reingest_and_compaction_keep_both_legs_consistent(tmp_path, monk
 def test_persistence_round_trip_gives_the_same_answers(tmp_path, close_first):
     engine, kb = _kb(tmp_path, search_type="hybrid", fusion="linear", vector_weight=0.4)
     before = {}
-    for (st, fu) in SEARCHES:
+    for st, fu in SEARCHES:
         for query, qvec in _queries(6, 3):
-            before[(st, fu, query)] = [(h.id, h.score) for h in kb.retrieve(
-                query, 10, search_type=st, fusion=fu, query_vector=qvec, deduplicate=True)]
+            before[(st, fu, query)] = [
+                (h.id, h.score)
+                for h in kb.retrieve(query, 10, search_type=st, fusion=fu, query_vector=qvec, deduplicate=True)
+            ]
     if close_first:
         engine.close()  # checkpoint: the text leg comes back from the index file
     # else: another process opens it: the chunks are replayed from the segments with their text
     kb2 = Engine(tmp_path).get_knowledge_base("kb")
     assert _text_rows(kb2) == len(kb2)
     assert kb2.search_defaults == {"search_type": "hybrid", "fusion": "linear", "vector_weight": 0.4}
-    for (st, fu) in SEARCHES:
+    for st, fu in SEARCHES:
         for query, qvec in _queries(6, 3):
-            got = [(h.id, h.score) for h in kb2.retrieve(
-                query, 10, search_type=st, fusion=fu, query_vector=qvec, deduplicate=True)]
+            got = [
+                (h.id, h.score)
+                for h in kb2.retrieve(query, 10, search_type=st, fusion=fu, query_vector=qvec, deduplicate=True)
+            ]
             want = before[(st, fu, query)]
             assert [i for i, _ in got] == [i for i, _ in want]
             assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-6)
@@ -367,8 +400,7 @@ def test_a_knowledge_base_written_without_text_leg_is_rebuilt_on_open(tmp_path, 
     hits = kb.retrieve(query, 5, search_type="full_text")
     assert [h.id for h in hits] == sorted(range(len(ref)), key=lambda j: -ref[j])[:5]
     kb.close()  # checkpoints the rebuilt index
-    monkeypatch.setattr(engine_mod.state, "_rebuild_text_leg",
-                        lambda *a: pytest.fail("the text leg was rebuilt twice"))
+    monkeypatch.setattr(engine_mod.state, "_rebuild_text_leg", lambda *a: pytest.fail("the text leg was rebuilt twice"))
     kb = Engine(tmp_path).get_knowledge_base("kb")
     assert _text_rows(kb) == len(kb) and not kb.stats().text_leg_unsaved
     assert [h.id for h in kb.retrieve(query, 5, search_type="full_text")] == [h.id for h in hits]
@@ -401,9 +433,17 @@ def test_bad_search_arguments_raise(tmp_path):
     kb = engine.create_knowledge_base("kb", index="flat")
     kb.ingest(text="something to find", document_id="a")
     vec = np.ones(kb.dim, np.float32)
-    for kw in ({"search_type": "bm25"}, {"fusion": "max"}, {"vector_weight": 1.5},
-               {"vector_weight": -0.1}, {"vector_weight": float("nan")}, {"rrf_k": -1},
-               {"rrf_k": float("inf")}, {"window": 0}, {"search_type": "hybrid", "ef": 0}):
+    for kw in (
+        {"search_type": "bm25"},
+        {"fusion": "max"},
+        {"vector_weight": 1.5},
+        {"vector_weight": -0.1},
+        {"vector_weight": float("nan")},
+        {"rrf_k": -1},
+        {"rrf_k": float("inf")},
+        {"window": 0},
+        {"search_type": "hybrid", "ef": 0},
+    ):
         with pytest.raises(ValueError):
             kb.retrieve("find", 3, **kw)
     for st in ("full_text", "hybrid"):

@@ -22,9 +22,9 @@ SAMPLES = {
     "notes.txt": b"Key rotation happens every ninety days.\n\nThe vault tool rotates database passwords too.",
     "guide.md": b"# Deploy guide\n\nRoll back a bad deploy with **shipit rollback**.\n\n- canary first\n- then all",
     "page.html": b"<html><head><title>Oncall</title><script>x=1</script></head><body><p>Pages escalate after "
-                 b"five minutes.</p><p>Postmortems are blameless.</p></body></html>",
+    b"five minutes.</p><p>Postmortems are blameless.</p></body></html>",
     "faq.jsonl": b'{"title": "Laptops", "text": "Request laptops through the IT portal."}\n'
-                 b'{"text": "Vacation days carry over until March."}\n',
+    b'{"text": "Vacation days carry over until March."}\n',
 }
 if HAS_PYPDF:
     SAMPLES["manual.pdf"] = _minimal_pdf("Incident commanders post status updates every thirty minutes")
@@ -75,9 +75,15 @@ def test_round_trip_per_file_type(tmp_path, kb, name, how):
     assert hits and hits[0].document_id == "d1"
     for h in hits:
         assert h.content in parsed.text
-        assert h.metadata == {"document_id": "d1", "file_id": "d1", "chunk_index": h.chunk_index,
-                              "filename": name, "pipeline_name": "default", "team": "infra",
-                              "tags": ["a", "b"]}
+        assert h.metadata == {
+            "document_id": "d1",
+            "file_id": "d1",
+            "chunk_index": h.chunk_index,
+            "filename": name,
+            "pipeline_name": "default",
+            "team": "infra",
+            "tags": ["a", "b"],
+        }
         assert 0.0 <= h.score <= 1.0
     assert sorted(h.chunk_index for h in kb.retrieve(parsed.text[:60], top_k=100)) == list(range(result.chunks))
 
@@ -173,11 +179,15 @@ def test_ingest_table_pre_embedded(tmp_path, engine):
     n, dim = 60, 8
     vecs = rng.standard_normal((n, dim)).astype(np.float32)
     doc = [f"d{i % 7}" for i in range(n)]  # rows of one document are not adjacent
-    table = pa.table({
-        "document_id": doc, "text": [f"chunk {i}" for i in range(n)],
-        "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), dim),
-        "year": pa.array(rng.integers(2000, 2025, n)), "lang": ["en", "de"] * (n // 2),
-    })
+    table = pa.table(
+        {
+            "document_id": doc,
+            "text": [f"chunk {i}" for i in range(n)],
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), dim),
+            "year": pa.array(rng.integers(2000, 2025, n)),
+            "lang": ["en", "de"] * (n // 2),
+        }
+    )
     kb = engine.create_knowledge_base("vec", embedder=False, index="flat")
     assert kb.dim is None
     assert kb.ingest_table(table) == 7
@@ -216,23 +226,34 @@ def _state(kb):
     return (len(kb), kb.stats().generation, sorted(os.listdir(kb.path)))
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda kb, p: kb.ingest(str(p / "missing.txt")), FileNotFoundError, "No such file"),
-    (lambda kb, p: kb.ingest(b"", filename="e.txt"), InvalidArgumentError, "is empty"),
-    (lambda kb, p: kb.ingest(b"\x80\x81\xfe", filename="bin.txt"), InvalidArgumentError, "not valid UTF-8"),
-    (lambda kb, p: kb.ingest(b"data", filename="sheet.xlsx"), InvalidArgumentError, "unsupported file type"),
-    (lambda kb, p: kb.ingest(text="   "), InvalidArgumentError, "empty"),
-    (lambda kb, p: kb.ingest(text="ok", metadata={"file_id": "x"}), InvalidArgumentError, "reserved"),
-    (lambda kb, p: kb.ingest(text="ok", metadata={"nested": {"a": 1}}), InvalidTypeError, "values must be"),
-    (lambda kb, p: kb.ingest(text="ok", metadata={"x": float("nan")}), InvalidArgumentError, "NaN"),
-    (lambda kb, p: kb.ingest(text="ok", document_id=""), InvalidArgumentError, "document_id"),
-    (lambda kb, p: kb.ingest(text="ok", pipeline="nope"), NotFoundError, "no pipeline"),
-    (lambda kb, p: kb.ingest(str(p)), InvalidArgumentError, "is a directory"),
-    (lambda kb, p: kb.ingest_many([{"text": "good one", "document_id": "g"}, {"source": b"", "filename": "e.md"}]),
-     InvalidArgumentError, "is empty"),
-    (lambda kb, p: kb.ingest_many([{"text": "a", "document_id": "x"}, {"text": "b", "document_id": "x"}]),
-     InvalidArgumentError, "appears twice"),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda kb, p: kb.ingest(str(p / "missing.txt")), FileNotFoundError, "No such file"),
+        (lambda kb, p: kb.ingest(b"", filename="e.txt"), InvalidArgumentError, "is empty"),
+        (lambda kb, p: kb.ingest(b"\x80\x81\xfe", filename="bin.txt"), InvalidArgumentError, "not valid UTF-8"),
+        (lambda kb, p: kb.ingest(b"data", filename="sheet.xlsx"), InvalidArgumentError, "unsupported file type"),
+        (lambda kb, p: kb.ingest(text="   "), InvalidArgumentError, "empty"),
+        (lambda kb, p: kb.ingest(text="ok", metadata={"file_id": "x"}), InvalidArgumentError, "reserved"),
+        (lambda kb, p: kb.ingest(text="ok", metadata={"nested": {"a": 1}}), InvalidTypeError, "values must be"),
+        (lambda kb, p: kb.ingest(text="ok", metadata={"x": float("nan")}), InvalidArgumentError, "NaN"),
+        (lambda kb, p: kb.ingest(text="ok", document_id=""), InvalidArgumentError, "document_id"),
+        (lambda kb, p: kb.ingest(text="ok", pipeline="nope"), NotFoundError, "no pipeline"),
+        (lambda kb, p: kb.ingest(str(p)), InvalidArgumentError, "is a directory"),
+        (
+            lambda kb, p: kb.ingest_many(
+                [{"text": "good one", "document_id": "g"}, {"source": b"", "filename": "e.md"}]
+            ),
+            InvalidArgumentError,
+            "is empty",
+        ),
+        (
+            lambda kb, p: kb.ingest_many([{"text": "a", "document_id": "x"}, {"text": "b", "document_id": "x"}]),
+            InvalidArgumentError,
+            "appears twice",
+        ),
+    ],
+)
 def test_bad_input_raises_and_stores_nothing(tmp_path, kb, call, exc, match):
     kb.ingest(text="existing document", document_id="keep")
     before = _state(kb)

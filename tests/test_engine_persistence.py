@@ -120,7 +120,9 @@ def test_kill_9_during_ingest_leaves_the_last_good_state(tmp_path):
     for round_ in range(4):
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER.format(tests=tests_dir, path=path, start=start)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         acked = []
         reader = threading.Thread(target=lambda acked=acked, proc=proc: acked.extend(int(x) for x in proc.stdout))
@@ -276,8 +278,9 @@ def test_writes_of_another_engine_are_seen_after_refresh(tmp_path):
 def test_compaction_reclaims_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_mod.manifest, "MAX_SEGMENTS", 1000)
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
-    kb.ingest_many([Document(text=_doc_text(f"d{i}", 1) * 4, document_id=f"d{i}", metadata={"v": 1})
-                    for i in range(60)])
+    kb.ingest_many(
+        [Document(text=_doc_text(f"d{i}", 1) * 4, document_id=f"d{i}", metadata={"v": 1}) for i in range(60)]
+    )
     kb.ingest(text=_doc_text("z", 1), document_id="z", metadata={"v": 1})
     kb.checkpoint()
     for i in range(0, 60, 4):  # a quarter: below the automatic threshold

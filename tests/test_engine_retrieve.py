@@ -21,10 +21,14 @@ def _corpus(seed: int):
     team = rng.choice(["infra", "web", "data"], N_DOCS)[doc]
     year = rng.integers(2015, 2025, N_DOCS)[doc]
     order = rng.permutation(n)  # rows of a document are scattered in the input table
-    table = pa.table({
-        "document_id": [f"d{d}" for d in doc[order]], "text": [f"row {i}" for i in order],
-        "team": team[order], "year": year[order],
-    })
+    table = pa.table(
+        {
+            "document_id": [f"d{d}" for d in doc[order]],
+            "text": [f"row {i}" for i in order],
+            "team": team[order],
+            "year": year[order],
+        }
+    )
     return table, vecs[order], {"doc": doc, "team": team, "year": year, "vecs": vecs, "order": order}
 
 
@@ -170,8 +174,15 @@ def test_pre_embedded_document_text_is_rebuilt_from_spans(tmp_path):
     engine = Engine(tmp_path)
     kb = engine.create_knowledge_base("kb", embedder=False)
     doc = "alpha beta gamma delta epsilon"
-    table = pa.table({"document_id": ["d", "d"], "text": [doc[0:16], doc[11:30]],
-                      "chunk_index": [0, 1], "char_start": [0, 11], "char_end": [16, 30]})
+    table = pa.table(
+        {
+            "document_id": ["d", "d"],
+            "text": [doc[0:16], doc[11:30]],
+            "chunk_index": [0, 1],
+            "char_start": [0, 11],
+            "char_end": [16, 30],
+        }
+    )
     kb.ingest_table(table, vectors=np.eye(2, 4, dtype=np.float32))
     assert kb.document_text("d") == doc
 

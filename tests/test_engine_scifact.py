@@ -38,16 +38,21 @@ def scifact():
         qrels.setdefault(q, {})[d] = int(s)
     doc_ids = (SCIFACT / "doc_ids.txt").read_text(encoding="utf-8").split()
     return {
-        "chunks": pa.table({
-            "document_id": [c["doc_id"] for c in chunks],
-            "chunk_index": pa.array([c["chunk_index"] for c in chunks], pa.int64()),
-            "char_start": pa.array([c["char_start"] for c in chunks], pa.int64()),
-            "char_end": pa.array([c["char_end"] for c in chunks], pa.int64()),
-            "text": [c["text"] for c in chunks],
-        }),
+        "chunks": pa.table(
+            {
+                "document_id": [c["doc_id"] for c in chunks],
+                "chunk_index": pa.array([c["chunk_index"] for c in chunks], pa.int64()),
+                "char_start": pa.array([c["char_start"] for c in chunks], pa.int64()),
+                "char_end": pa.array([c["char_end"] for c in chunks], pa.int64()),
+                "text": [c["text"] for c in chunks],
+            }
+        ),
         "docs": pa.table({"document_id": doc_ids, "text": doc_ids}),
-        "C": np.load(SCIFACT / "chunk_embeddings.npy"), "D": np.load(SCIFACT / "doc_embeddings.npy"),
-        "Q": np.load(SCIFACT / "query_embeddings.npy"), "queries": queries, "qrels": qrels,
+        "C": np.load(SCIFACT / "chunk_embeddings.npy"),
+        "D": np.load(SCIFACT / "doc_embeddings.npy"),
+        "Q": np.load(SCIFACT / "query_embeddings.npy"),
+        "queries": queries,
+        "qrels": qrels,
         "baseline": json.loads((SCIFACT / "baseline.json").read_text(encoding="utf-8"))["metrics"],
     }
 
@@ -86,8 +91,7 @@ def test_chunk_level_dedup_and_document_level_reach_the_exact_baselines(tmp_path
 
 
 def test_hnsw_knowledge_base_stays_close_to_exact(tmp_path, scifact):
-    kb = Engine(tmp_path).create_knowledge_base("chunks", embedder=False, index="hnsw",
-                                                ef_construction=100, ef=128)
+    kb = Engine(tmp_path).create_knowledge_base("chunks", embedder=False, index="hnsw", ef_construction=100, ef=128)
     kb.ingest_table(scifact["chunks"], vectors=scifact["C"])
     ranked = [[h.document_id for h in kb.retrieve(q, top_k=10, deduplicate=True)] for q in scifact["Q"]]
     ndcg = _ndcg10(ranked, scifact["queries"], scifact["qrels"])

@@ -37,7 +37,8 @@ from kbcore.engine import SearchOptions
 from kbcore.errors import InvalidArgumentError, InvalidTypeError
 
 pytestmark = pytest.mark.skipif(
-    ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); sharded knowledge bases run on Ray")
+    ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); sharded knowledge bases run on Ray"
+)
 
 WORDS = [f"term{i}" for i in range(40)] + ["pump", "noise", "heat", "valve", "leak", "filter"]
 TEAMS = ["infra", "data", "web"]
@@ -58,8 +59,13 @@ def corpus(seed: int, n: int) -> list[dict]:
     docs = []
     for i in range(n):
         words = rng.choice(WORDS, size=int(rng.integers(8, 60)))
-        docs.append({"document_id": f"doc-{i}", "text": " ".join(words),
-                     "metadata": {"team": TEAMS[i % 3], "year": 2000 + i % 7}})
+        docs.append(
+            {
+                "document_id": f"doc-{i}",
+                "text": " ".join(words),
+                "metadata": {"team": TEAMS[i % 3], "year": 2000 + i % 7},
+            }
+        )
     return docs
 
 
@@ -70,8 +76,10 @@ def fill(kb, docs) -> None:
 
 def make_pair(engine: Engine, tag: str = "", **kw):
     common = dict(index="flat", chunk_size=80, chunk_overlap=10, **kw)
-    return (engine.create_knowledge_base(f"one{tag}", **common),
-            engine.create_knowledge_base(f"sharded{tag}", shards=2, **common))
+    return (
+        engine.create_knowledge_base(f"one{tag}", **common),
+        engine.create_knowledge_base(f"sharded{tag}", shards=2, **common),
+    )
 
 
 def assert_same_hits(got, want, *, exact_parts: bool = True) -> None:
@@ -93,8 +101,13 @@ def assert_same_hits(got, want, *, exact_parts: bool = True) -> None:
     for h in got:
         if h.id in by_id:
             o = by_id[h.id]
-            assert (h.document_id, h.content, h.metadata, h.pipeline_name, h.chunk_index) == \
-                   (o.document_id, o.content, o.metadata, o.pipeline_name, o.chunk_index)
+            assert (h.document_id, h.content, h.metadata, h.pipeline_name, h.chunk_index) == (
+                o.document_id,
+                o.content,
+                o.metadata,
+                o.pipeline_name,
+                o.chunk_index,
+            )
             if exact_parts:
                 assert h.part_ids == o.part_ids
             else:
@@ -122,8 +135,9 @@ def assert_twins(one, sharded, top_k: int = 7) -> None:
     assert [d.document_id for d in sharded.documents()] == [d.document_id for d in one.documents()]
     for q in QUERIES:
         for opts in OPTION_SETS:
-            assert_same_hits(sharded.retrieve(q, top_k, opts), one.retrieve(q, top_k, opts),
-                             exact_parts=opts.search_type is None)
+            assert_same_hits(
+                sharded.retrieve(q, top_k, opts), one.retrieve(q, top_k, opts), exact_parts=opts.search_type is None
+            )
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +230,7 @@ def test_a_sharded_kb_has_one_owner_at_a_time(ray_address, tmp_path):
 def test_an_hnsw_sharded_kb_finds_what_exact_search_finds(ray_address, tmp_path):
     engine = Engine(tmp_path)
     one = engine.create_knowledge_base("one", index="flat", chunk_size=80, chunk_overlap=10)
-    sharded = engine.create_knowledge_base("sharded", index="hnsw", ef=200, chunk_size=80, chunk_overlap=10,
-                                           shards=2)
+    sharded = engine.create_knowledge_base("sharded", index="hnsw", ef=200, chunk_size=80, chunk_overlap=10, shards=2)
     docs = corpus(41, 25)
     fill(one, docs)
     fill(sharded, docs)
@@ -285,12 +298,15 @@ CHILD = f"EXTRA = {EXTRA!r}\n" + textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("scenario", [
-    "ingest-new",        # killed before the manifest: shards hold rows the manifest does not
-    "ingest-replace",    # the same, with doc-1's old rows still live
-    "delete",            # killed after the manifest dropped doc-2: the shards still hold it
-    "shards-lost-rows",  # shards lack live rows: re-added from the segment's vector file
-])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "ingest-new",  # killed before the manifest: shards hold rows the manifest does not
+        "ingest-replace",  # the same, with doc-1's old rows still live
+        "delete",  # killed after the manifest dropped doc-2: the shards still hold it
+        "shards-lost-rows",  # shards lack live rows: re-added from the segment's vector file
+    ],
+)
 def test_reopening_after_a_crash_resyncs_the_shards_with_the_manifest(ray_address, tmp_path, scenario):
     engine = Engine(tmp_path)
     one, sharded = make_pair(engine)
@@ -299,8 +315,13 @@ def test_reopening_after_a_crash_resyncs_the_shards_with_the_manifest(ray_addres
     fill(sharded, docs)
     sharded.close()  # the child process owns the shards now
     env = dict(os.environ, RAY_ADDRESS=ray_address)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), scenario, json.dumps(docs)],
-                          env=env, capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), scenario, json.dumps(docs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 17, proc.stderr[-3000:]
     if scenario == "delete":
         one.delete_document("doc-2")  # what the crashed commit made durable
@@ -339,9 +360,26 @@ def test_kbcore_serve_serves_a_sharded_kb_over_http(ray_address, tmp_path):
     sharded.close()  # kbcore serve owns the shards
     port = _free_port()
     env = dict(os.environ, RAY_ADDRESS=ray_address, KBCORE_API_KEYS="sharded-key-123456")
-    proc = subprocess.Popen([sys.executable, "-m", "kbcore", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--data", str(tmp_path), "--log-level", "warning"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kbcore",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data",
+            str(tmp_path),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -356,11 +394,21 @@ def test_kbcore_serve_serves_a_sharded_kb_over_http(ray_address, tmp_path):
             time.sleep(0.1)
         auth = {"Authorization": "Bearer sharded-key-123456"}
         for q in QUERIES[:2]:
-            condition = {"logical_operator": "and", "conditions": [
-                {"name": ["team"], "comparison_operator": "is", "value": "infra"}]}
-            resp = httpx.post(f"{url}/retrieval", headers=auth, timeout=60, json={
-                "knowledge_id": "sharded", "query": q, "metadata_condition": condition,
-                "retrieval_setting": {"top_k": 4, "score_threshold": 0.0}})
+            condition = {
+                "logical_operator": "and",
+                "conditions": [{"name": ["team"], "comparison_operator": "is", "value": "infra"}],
+            }
+            resp = httpx.post(
+                f"{url}/retrieval",
+                headers=auth,
+                timeout=60,
+                json={
+                    "knowledge_id": "sharded",
+                    "query": q,
+                    "metadata_condition": condition,
+                    "retrieval_setting": {"top_k": 4, "score_threshold": 0.0},
+                },
+            )
             assert resp.status_code == 200, resp.text
             records = resp.json()["records"]
             want = one.retrieve(q, 4, filters={"team": "infra"})
@@ -389,10 +437,26 @@ def test_cli_ingest_creates_a_sharded_kb_and_query_reopens_it(ray_address, tmp_p
     assert main(["ingest", str(docs), "--kb", "team", "--data", data, "--shards", "2", "--index", "flat"]) == 0
     assert "ingested 2 documents" in capsys.readouterr().out
     # kbcore query in its own process reopens the shards (joining this Ray through RAY_ADDRESS)
-    proc = subprocess.run([sys.executable, "-m", "kbcore", "query", "rotate signing keys", "--kb", "team",
-                           "--data", data, "--top-k", "1", "--json"],
-                          env=dict(os.environ, RAY_ADDRESS=ray_address), capture_output=True, text=True,
-                          timeout=90)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kbcore",
+            "query",
+            "rotate signing keys",
+            "--kb",
+            "team",
+            "--data",
+            data,
+            "--top-k",
+            "1",
+            "--json",
+        ],
+        env=dict(os.environ, RAY_ADDRESS=ray_address),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)[0]["document_id"] == "keys.md"
     with Engine(data) as engine:
@@ -405,9 +469,13 @@ def test_shards_left_by_an_uncommitted_first_ingest_are_replaced(ray_address, tm
     kb = engine.create_knowledge_base("sharded", embedder=False, index="flat", shards=2)
     assert kb.index is None  # no dimension yet: no shards
     kb.close()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "first-ingest", "[]"],
-                          env=dict(os.environ, RAY_ADDRESS=ray_address), capture_output=True, text=True,
-                          timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), "first-ingest", "[]"],
+        env=dict(os.environ, RAY_ADDRESS=ray_address),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 17, proc.stderr[-3000:]
     assert os.path.exists(tmp_path / "sharded" / "shards" / "sharded-index.json")  # 8-d, not committed
     kb = Engine(tmp_path)["sharded"]

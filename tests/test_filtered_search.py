@@ -72,8 +72,7 @@ def _typed(value):
 def _expected_metadata(row) -> dict:
     """What get_metadata should return for a stored row: None values (missing) omitted, tuples
     as lists."""
-    return {k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in (row or {}).items() if v is not None}
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in (row or {}).items() if v is not None}
 
 
 def _passing_mask(where, rows) -> np.ndarray:
@@ -136,8 +135,7 @@ def _leaf_about(draw, rows: list) -> dict:
             return {field: {op: [member]}}
         return {field: {op: member}}
     # a str: equality, substrings, and instants when it is an ISO-8601 date
-    ops = ["$eq", "$ne", "$in", "$nin", "$contains", "$not_contains", "$starts_with",
-           "$ends_with"]
+    ops = ["$eq", "$ne", "$in", "$nin", "$contains", "$not_contains", "$starts_with", "$ends_with"]
     if iso_to_epoch(v) is not None:
         ops += ["$before", "$after"] * 3
     op = draw(st.sampled_from(ops))
@@ -197,8 +195,10 @@ _RANDOM_WHERES = valid_wheres()
 def _corpora(draw) -> tuple[list, list]:
     """Metadata rows and 1-4 filters over them: most split the rows, some are fully random."""
     rows = draw(_ROWS)
-    wheres = [draw(_RANDOM_WHERES) if draw(st.integers(0, 2)) == 0
-              else draw(_wheres_about(rows)) for _ in range(draw(st.integers(1, 4)))]
+    wheres = [
+        draw(_RANDOM_WHERES) if draw(st.integers(0, 2)) == 0 else draw(_wheres_about(rows))
+        for _ in range(draw(st.integers(1, 4)))
+    ]
     return rows, wheres
 
 
@@ -254,8 +254,7 @@ def test_filtered_search_agrees_with_the_reference_evaluator(corpus, k, seed):
     removals=st.sets(st.integers(0, 39), max_size=6),
     kind=st.sampled_from(KINDS),
 )
-def test_counts_follow_upserts_removes_and_save_load(tmp_path_factory, corpus, updates, removals,
-                                                     kind):
+def test_counts_follow_upserts_removes_and_save_load(tmp_path_factory, corpus, updates, removals, kind):
     rows, wheres = corpus
     # the reference state: id -> metadata row
     state = dict(enumerate(rows))
@@ -277,8 +276,7 @@ def test_counts_follow_upserts_removes_and_save_load(tmp_path_factory, corpus, u
     live = sorted(state)
     for ix in (index, loaded):
         assert sorted(ix.ids().tolist()) == live
-        assert [_typed(m) for m in ix.get_metadata(live)] == [
-            _typed(_expected_metadata(state[i])) for i in live]
+        assert [_typed(m) for m in ix.get_metadata(live)] == [_typed(_expected_metadata(state[i])) for i in live]
         for where in wheres:
             expected = sorted(i for i in live if matches(where, state[i]))
             assert ix.count(where) == len(expected), where
@@ -290,14 +288,12 @@ def test_counts_follow_upserts_removes_and_save_load(tmp_path_factory, corpus, u
 # every operator, on a small hand-written table (expectations written from the spec)
 
 DOCS = [
-    {"year": 2019, "lang": "en", "tags": ["ml", "nlp"], "title": "deep learning", "score": 0.5,
-     "draft": False},                                                                        # 0
-    {"year": 2020, "lang": "fr", "tags": ["nlp"], "title": "learning to rank", "score": 1.5,
-     "draft": True},                                                                         # 1
-    {"year": 2021, "lang": "en", "tags": [], "title": "", "score": 2.0},                     # 2
-    {"year": 2022, "lang": "de", "title": "ranking zoë", "draft": False},                    # 3
-    {"lang": "en", "tags": ["ml", ""]},                                                      # 4
-    {},                                                                                      # 5
+    {"year": 2019, "lang": "en", "tags": ["ml", "nlp"], "title": "deep learning", "score": 0.5, "draft": False},  # 0
+    {"year": 2020, "lang": "fr", "tags": ["nlp"], "title": "learning to rank", "score": 1.5, "draft": True},  # 1
+    {"year": 2021, "lang": "en", "tags": [], "title": "", "score": 2.0},  # 2
+    {"year": 2022, "lang": "de", "title": "ranking zoë", "draft": False},  # 3
+    {"lang": "en", "tags": ["ml", ""]},  # 4
+    {},  # 5
 ]
 
 OPERATOR_CASES = [
@@ -360,10 +356,16 @@ OPERATOR_CASES = [
     # logical operators, nesting, several keys in one dict
     ({"$and": [{"lang": "en"}, {"year": {"$gte": 2020}}]}, [2]),
     ({"$or": [{"lang": "fr"}, {"year": {"$lt": 2020}}]}, [0, 1]),
-    ({"$or": [{"$and": [{"lang": "en"}, {"tags": {"$contains": "ml"}}]},
-              {"$and": [{"draft": True}, {"year": 2020}]}]}, [0, 1, 4]),
-    ({"$and": [{"$or": [{"lang": "de"}, {"lang": "fr"}]}, {"$or": [{"year": 2022},
-                                                                  {"score": 1.5}]}]}, [1, 3]),
+    (
+        {
+            "$or": [
+                {"$and": [{"lang": "en"}, {"tags": {"$contains": "ml"}}]},
+                {"$and": [{"draft": True}, {"year": 2020}]},
+            ]
+        },
+        [0, 1, 4],
+    ),
+    ({"$and": [{"$or": [{"lang": "de"}, {"lang": "fr"}]}, {"$or": [{"year": 2022}, {"score": 1.5}]}]}, [1, 3]),
     ({"$and": [{"$or": [{"$and": [{"lang": "en"}]}]}]}, [0, 2, 4]),
     ({"lang": "en", "year": {"$gt": 2019}}, [2]),
     ({"year": {"$gt": 2019, "$lt": 2022}}, [1, 2]),
@@ -444,16 +446,16 @@ def test_missing_field_matches_only_ne_nin_exists_false_and_empty_true(kind, op,
 # int vs float vs bool vs str, lists of str
 
 TYPED_ROWS = [
-    {"v": 1},        # 0
-    {"v": 1.0},      # 1
-    {"v": True},     # 2
-    {"v": "1"},      # 3
-    {"v": 0},        # 4
-    {"v": False},    # 5
-    {"v": ["1"]},    # 6
-    {"v": 1.5},      # 7
-    {"v": -0.0},     # 8
-    {},              # 9
+    {"v": 1},  # 0
+    {"v": 1.0},  # 1
+    {"v": True},  # 2
+    {"v": "1"},  # 3
+    {"v": 0},  # 4
+    {"v": False},  # 5
+    {"v": ["1"]},  # 6
+    {"v": 1.5},  # 7
+    {"v": -0.0},  # 8
+    {},  # 9
 ]
 
 TYPED_CASES = [
@@ -495,22 +497,22 @@ def test_numbers_compare_numerically_and_bools_str_and_lists_stay_apart(kind, wh
 
 
 LIST_ROWS = [
-    {"tags": ["a", "b"]},   # 0
-    {"tags": ["ab"]},       # 1
-    {"tags": []},           # 2
-    {"tags": "ab"},         # 3  a plain str in the same field
-    {"tags": [""]},         # 4
-    {"tags": ("b", "c")},   # 5  a tuple is a list of str
-    {},                     # 6
+    {"tags": ["a", "b"]},  # 0
+    {"tags": ["ab"]},  # 1
+    {"tags": []},  # 2
+    {"tags": "ab"},  # 3  a plain str in the same field
+    {"tags": [""]},  # 4
+    {"tags": ("b", "c")},  # 5  a tuple is a list of str
+    {},  # 6
 ]
 
 LIST_CASES = [
-    ({"tags": {"$contains": "a"}}, [0, 3]),        # membership in lists, substring in the str
+    ({"tags": {"$contains": "a"}}, [0, 3]),  # membership in lists, substring in the str
     ({"tags": {"$contains": "ab"}}, [1, 3]),
     ({"tags": {"$contains": "b"}}, [0, 3, 5]),
-    ({"tags": {"$contains": ""}}, [3, 4]),         # "" is a substring of any str, a member of [""]
+    ({"tags": {"$contains": ""}}, [3, 4]),  # "" is a substring of any str, a member of [""]
     ({"tags": {"$not_contains": "b"}}, [1, 2, 4]),
-    ({"tags": {"$in": ["ab"]}}, [3]),              # $in compares whole values: no list equals "ab"
+    ({"tags": {"$in": ["ab"]}}, [3]),  # $in compares whole values: no list equals "ab"
     ({"tags": {"$nin": ["ab"]}}, [0, 1, 2, 4, 5, 6]),
     ({"tags": "ab"}, [3]),
     ({"tags": {"$ne": "a"}}, [0, 1, 2, 3, 4, 5, 6]),
@@ -525,8 +527,7 @@ LIST_CASES = [
 
 @pytest.mark.parametrize("where, expected", LIST_CASES, ids=lambda v: None)
 @pytest.mark.parametrize("kind", KINDS)
-def test_list_of_str_fields_use_membership_for_contains_and_never_equal_a_scalar(kind, where,
-                                                                                 expected):
+def test_list_of_str_fields_use_membership_for_contains_and_never_equal_a_scalar(kind, where, expected):
     reference_rows = [_expected_metadata(r) for r in LIST_ROWS]  # the tuple as a list
     _assert_selects(_index(LIST_ROWS, kind), LIST_ROWS, where, expected, reference_rows)
 
@@ -535,8 +536,25 @@ def test_list_of_str_fields_use_membership_for_contains_and_never_equal_a_scalar
 # the int64 limits: exact comparisons, no rounding through double
 
 EDGE_VALUES = [
-    2**63 - 1, 2**63 - 1024, 2**63 - 1025, 2**63 - 2048, -(2**63), -(2**63) + 1, 2**53, 2**53 + 1,
-    0, 1, -1, 1.0, 2.0**53, 9.2e18, -9.2e18, 0.5, -0.5, 2.0**63, -(2.0**63),
+    2**63 - 1,
+    2**63 - 1024,
+    2**63 - 1025,
+    2**63 - 2048,
+    -(2**63),
+    -(2**63) + 1,
+    2**53,
+    2**53 + 1,
+    0,
+    1,
+    -1,
+    1.0,
+    2.0**53,
+    9.2e18,
+    -9.2e18,
+    0.5,
+    -0.5,
+    2.0**63,
+    -(2.0**63),
 ]
 _EDGE_OPERANDS = EDGE_VALUES + [float("inf"), float("-inf")]
 
@@ -563,13 +581,13 @@ def test_comparisons_at_the_int64_limits_agree_with_the_reference():
 @pytest.mark.parametrize("kind", KINDS)
 def test_int64_neighbours_that_round_to_the_same_double_are_told_apart(kind):
     rows = [
-        {"a": 2**53},         # 0
-        {"a": 2**53 + 1},     # 1  not representable as a double
-        {"a": 2.0**53},       # 2
-        {"a": 2**63 - 1},     # 3  rounds to 2.0**63 as a double
-        {"a": 2.0**63},       # 4
-        {"a": -(2**63)},      # 5  exactly -(2.0**63)
-        {"a": -(2.0**63)},    # 6
+        {"a": 2**53},  # 0
+        {"a": 2**53 + 1},  # 1  not representable as a double
+        {"a": 2.0**53},  # 2
+        {"a": 2**63 - 1},  # 3  rounds to 2.0**63 as a double
+        {"a": 2.0**63},  # 4
+        {"a": -(2**63)},  # 5  exactly -(2.0**63)
+        {"a": -(2.0**63)},  # 6
         {"a": 2**63 - 1025},  # 7
         {"a": 2**63 - 1024},  # 8
     ]
@@ -599,8 +617,9 @@ def test_int64_neighbours_that_round_to_the_same_double_are_told_apart(kind):
 
 def test_an_integer_operand_beyond_int64_is_rejected_not_rounded():
     index = _index([{"a": 2**63 - 1}], "flat")
-    with pytest.raises(ValueError, match=re.escape(
-            'where["a"]: $gt: the integer 9223372036854775808 does not fit in int64')):
+    with pytest.raises(
+        ValueError, match=re.escape('where["a"]: $gt: the integer 9223372036854775808 does not fit in int64')
+    ):
         index.search(np.zeros(DIM), 1, where={"a": {"$gt": 2**63}})
     with pytest.raises(ValueError, match=re.escape('where["a"]: $in: item 1')):
         index.search(np.zeros(DIM), 1, where={"a": {"$in": [1, -(2**63) - 1]}})
@@ -610,18 +629,18 @@ def test_an_integer_operand_beyond_int64_is_rejected_not_rounded():
 # ISO-8601 dates compared as instants
 
 DATE_ROWS = [
-    {"d": "2024-03-01"},                      # 0  2024-03-01T00:00:00Z
-    {"d": "2024-03-01T01:00:00+02:00"},       # 1  2024-02-29T23:00:00Z
-    {"d": "2024-02-29T23:30:00-01:00"},       # 2  2024-03-01T00:30:00Z
-    {"d": "2024-03-01T00:00:00Z"},            # 3  same instant as 0
-    {"d": "2024-03-01 00:00:00.5"},           # 4  half a second later (no offset: UTC)
-    {"d": "2024-03-01T05:30+0530"},           # 5  2024-03-01T00:00:00Z, compact offset
-    {"d": "2024-02-29T20:00-04"},             # 6  2024-03-01T00:00:00Z, hour-only offset
-    {"d": "2024-02-29T24:00:00"},             # 7  24:00 = the end of the day = 0
-    {"d": "not a date"},                      # 8  a str that is not ISO: never before/after
-    {"d": ["2024-03-01"]},                    # 9  a list: never before/after
-    {"d": 1709251200},                        # 10 a number: never before/after
-    {},                                       # 11
+    {"d": "2024-03-01"},  # 0  2024-03-01T00:00:00Z
+    {"d": "2024-03-01T01:00:00+02:00"},  # 1  2024-02-29T23:00:00Z
+    {"d": "2024-02-29T23:30:00-01:00"},  # 2  2024-03-01T00:30:00Z
+    {"d": "2024-03-01T00:00:00Z"},  # 3  same instant as 0
+    {"d": "2024-03-01 00:00:00.5"},  # 4  half a second later (no offset: UTC)
+    {"d": "2024-03-01T05:30+0530"},  # 5  2024-03-01T00:00:00Z, compact offset
+    {"d": "2024-02-29T20:00-04"},  # 6  2024-03-01T00:00:00Z, hour-only offset
+    {"d": "2024-02-29T24:00:00"},  # 7  24:00 = the end of the day = 0
+    {"d": "not a date"},  # 8  a str that is not ISO: never before/after
+    {"d": ["2024-03-01"]},  # 9  a list: never before/after
+    {"d": 1709251200},  # 10 a number: never before/after
+    {},  # 11
 ]
 _MIDNIGHT = [0, 3, 5, 6, 7]
 
@@ -629,16 +648,14 @@ DATE_CASES = [
     ({"d": {"$before": "2024-03-01T00:00:00Z"}}, [1]),  # strictly before
     ({"d": {"$after": "2024-03-01"}}, [2, 4]),
     ({"d": {"$before": "2024-03-01T02:00:00+02:00"}}, [1]),  # the operand is midnight UTC too
-    ({"d": {"$after": "2024-02-29T23:59:59-00:30"}}, [2]),   # 00:29:59Z
-    ({"d": {"$after": "2024-02-29T23:00:00Z", "$before": "2024-03-01T00:30:00+00:00"}},
-     sorted(_MIDNIGHT + [4])),
+    ({"d": {"$after": "2024-02-29T23:59:59-00:30"}}, [2]),  # 00:29:59Z
+    ({"d": {"$after": "2024-02-29T23:00:00Z", "$before": "2024-03-01T00:30:00+00:00"}}, sorted(_MIDNIGHT + [4])),
     ({"d": {"$after": "2024-03-01T01:00+01"}}, [2, 4]),
     ({"d": {"$before": "2024-03-01T00:00:00.5Z"}}, sorted([1] + _MIDNIGHT)),
     ({"d": {"$after": "2024-02-29T23:59:59.999Z"}}, sorted([2, 4] + _MIDNIGHT)),
     ({"d": {"$before": "1970-01-01"}}, []),
     ({"d": {"$after": "0000-01-01"}}, list(range(8))),
-    ({"$or": [{"d": {"$before": "2024-02-29T23:00:01Z"}}, {"d": {"$after": "2024-03-01T00:29Z"}}]},
-     [1, 2]),
+    ({"$or": [{"d": {"$before": "2024-02-29T23:00:01Z"}}, {"d": {"$after": "2024-03-01T00:29Z"}}]}, [1, 2]),
 ]
 
 
@@ -652,28 +669,33 @@ def test_before_and_after_compare_iso_dates_as_instants_across_offsets(kind, whe
 # errors name the place inside the filter
 
 ERROR_CASES = [
-    ({"$and": [{"a": 1}, {"year": {"$gt": "2020"}}]},
-     'where["$and"][1]["year"]: $gt expects a number, got str'),
+    ({"$and": [{"a": 1}, {"year": {"$gt": "2020"}}]}, 'where["$and"][1]["year"]: $gt expects a number, got str'),
     ({"year": {"$gt": True}}, 'where["year"]: $gt expects a number, got bool'),
     ({"year": {"$lte": None}}, 'where["year"]: $lte expects a number, got None'),
     ({"year": {"$gte": float("nan")}}, 'where["year"]: $gte expects a number, got NaN'),
     ({"a": {"$in": []}}, 'where["a"]: $in expects a non-empty list, got an empty list'),
     ({"a": {"$nin": "x"}}, 'where["a"]: $nin expects a non-empty list, got str'),
-    ({"a": {"$in": [1, "x"]}},
-     ('where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a '
-      "number but item 1 is str")),
-    ({"a": {"$in": [True, 1]}},
-     ('where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a '
-      "bool but item 1 is int")),
+    (
+        {"a": {"$in": [1, "x"]}},
+        (
+            'where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a '
+            "number but item 1 is str"
+        ),
+    ),
+    (
+        {"a": {"$in": [True, 1]}},
+        ('where["a"]: $in expects items that are all str, all bool or all numbers; item 0 is a bool but item 1 is int'),
+    ),
     ({"a": {"$foo": 1}}, 'where["a"]: unknown operator "$foo"'),
-    ({"$and": [{"$or": [{"x": 1}, {"y": {"gt": 1}}]}]},
-     'where["$and"][0]["$or"][1]["y"]: unknown operator "gt" (did you mean "$gt"?)'),
+    (
+        {"$and": [{"$or": [{"x": 1}, {"y": {"gt": 1}}]}]},
+        'where["$and"][0]["$or"][1]["y"]: unknown operator "gt" (did you mean "$gt"?)',
+    ),
     ({}, "where: an empty filter {} is not allowed"),
     ({"a": {}}, 'where["a"]: an empty operator dict {} is not allowed'),
     ({"$or": []}, 'where["$or"]: $or expects a non-empty list of filter dicts, got an empty list'),
     ({"$and": [{"a": 1}, []]}, 'where["$and"][1]: expected a filter dict, got list'),
-    ({"$or": [{"a": 1}, {"b": {"$contains": 3}}]},
-     'where["$or"][1]["b"]: $contains expects a str, got int'),
+    ({"$or": [{"a": 1}, {"b": {"$contains": 3}}]}, 'where["$or"][1]["b"]: $contains expects a str, got int'),
     ({"a": {"$starts_with": ["x"]}}, 'where["a"]: $starts_with expects a str, got list'),
     ({"a": {"$exists": 1}}, 'where["a"]: $exists expects a bool (true or false), got int'),
     ({"a": {"$empty": "yes"}}, 'where["a"]: $empty expects a bool (true or false), got str'),
@@ -724,8 +746,7 @@ def clustered_index():
     data = (centers[labels] + 0.6 * rng.standard_normal((N_ROWS, dim))).astype(np.float32)
     queries = (centers[0] + 0.6 * rng.standard_normal((N_QUERIES, dim))).astype(np.float32)
     perm = rng.permutation(N_ROWS)
-    rows = [{"bucket": int(p % 100), "tenant": f"t{p % 10}", "cluster": int(c)}
-            for p, c in zip(perm, labels)]
+    rows = [{"bucket": int(p % 100), "tenant": f"t{p % 10}", "cluster": int(c)} for p, c in zip(perm, labels)]
     ids = np.arange(N_ROWS, dtype=np.int64) * 3 + 11
     index = kbcore.Index(dim=dim, metric="l2", kind="hnsw", M=16, ef_construction=100, seed=5)
     index.add(data, ids, metadata=rows)
@@ -749,8 +770,7 @@ def _filter_of(name, far):
     return SELECTIVITY_FILTERS[name]
 
 
-@pytest.mark.parametrize("name, fraction", [("50%", 0.5), ("10%", 0.1), ("1%", 0.01),
-                                            ("anti-correlated 10%", 0.1)])
+@pytest.mark.parametrize("name, fraction", [("50%", 0.5), ("10%", 0.1), ("1%", 0.01), ("anti-correlated 10%", 0.1)])
 def test_forced_exact_strategy_equals_the_oracle(clustered_index, name, fraction):
     index, data, ids, queries, rows, far = clustered_index
     where = _filter_of(name, far)
@@ -760,16 +780,24 @@ def test_forced_exact_strategy_equals_the_oracle(clustered_index, name, fraction
     assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, 10, "l2")
 
 
-@pytest.mark.parametrize("strategy, name, min_recall", [
-    ("graph", "50%", 0.9), ("graph", "10%", 0.9), ("graph", "1%", None),
-    ("graph", "anti-correlated 10%", 0.9), ("graph", "anti-correlated 1%", None),
-    # The plain walk scores every node it meets and admits passing ones; where it cannot reach
-    # k passing rows (selective or anti-correlated filters) the exact answer replaces it.
-    ("walk", "50%", 0.9), ("walk", "10%", 0.9), ("walk", "1%", None),
-    ("walk", "anti-correlated 10%", None), ("walk", "anti-correlated 1%", None),
-])
-def test_forced_graph_strategies_return_k_passing_rows_with_high_recall(clustered_index, strategy,
-                                                                         name, min_recall):
+@pytest.mark.parametrize(
+    "strategy, name, min_recall",
+    [
+        ("graph", "50%", 0.9),
+        ("graph", "10%", 0.9),
+        ("graph", "1%", None),
+        ("graph", "anti-correlated 10%", 0.9),
+        ("graph", "anti-correlated 1%", None),
+        # The plain walk scores every node it meets and admits passing ones; where it cannot reach
+        # k passing rows (selective or anti-correlated filters) the exact answer replaces it.
+        ("walk", "50%", 0.9),
+        ("walk", "10%", 0.9),
+        ("walk", "1%", None),
+        ("walk", "anti-correlated 10%", None),
+        ("walk", "anti-correlated 1%", None),
+    ],
+)
+def test_forced_graph_strategies_return_k_passing_rows_with_high_recall(clustered_index, strategy, name, min_recall):
     index, data, ids, queries, rows, far = clustered_index
     where = _filter_of(name, far)
     mask = _passing_mask(where, rows)
@@ -792,8 +820,7 @@ def test_cost_model_walks_wide_filters_and_scans_selective_ones(clustered_index)
 
 
 @pytest.mark.parametrize("ef", [None, 10])
-@pytest.mark.parametrize("name", ["50%", "10%", "1%", "anti-correlated 10%",
-                                  "anti-correlated 1%"])
+@pytest.mark.parametrize("name", ["50%", "10%", "1%", "anti-correlated 10%", "anti-correlated 1%"])
 def test_plain_filtered_search_always_returns_k_passing_rows(clustered_index, name, ef):
     index, data, ids, queries, rows, far = clustered_index
     where = _filter_of(name, far)
@@ -814,8 +841,7 @@ def test_filtered_search_with_fewer_passing_rows_than_k_returns_all_of_them(clus
     assert 0 < mask.sum() < 20
     exp_ids, _ = oracle_topk(data[mask], ids[mask], queries, 20, "l2")
     for strategy in ("auto", "exact", "graph", "walk"):
-        got_ids, got_dist = index._native.search(queries, 20, 64, 1, compile_where(where),
-                                                 strategy)
+        got_ids, got_dist = index._native.search(queries, 20, 64, 1, compile_where(where), strategy)
         assert_search_matches_oracle(got_ids, got_dist, data[mask], ids[mask], queries, 20, "l2")
         np.testing.assert_array_equal(np.sort(got_ids, axis=1), np.sort(exp_ids, axis=1))
     got_ids, _ = index.search(queries, 5, where={"tenant": "nobody"})
@@ -860,8 +886,7 @@ def test_save_load_keeps_metadata_and_filtered_results(tmp_path, kind):
     loaded = kbcore.Index.load(path)
     live = index.ids()
     assert sorted(loaded.ids().tolist()) == sorted(live.tolist())
-    assert [_typed(m) for m in loaded.get_metadata(live)] == [
-        _typed(m) for m in index.get_metadata(live)]
+    assert [_typed(m) for m in loaded.get_metadata(live)] == [_typed(m) for m in index.get_metadata(live)]
     assert loaded.get_metadata([5, 1000]) == [{"lang": "xx", "year": 1}, {}]
     _assert_same_filtered_results(index, loaded, LIFECYCLE_WHERES + [{"lang": "xx"}])
 
@@ -903,7 +928,8 @@ def test_remove_drops_metadata_and_a_reused_slot_does_not_inherit_it(kind):
     index.add(_vectors(2, 8), [50, 51], metadata=[None, {"lang": "de", "year": 7}])
     assert index.get_metadata([50, 51]) == [{}, {"lang": "de", "year": 7}]
     assert _selected(index, {"lang": "de"}, 13) == sorted(
-        [i for i in range(12) if i != 3 and rows[i].get("lang") == "de"] + [51])
+        [i for i in range(12) if i != 3 and rows[i].get("lang") == "de"] + [51]
+    )
     assert 50 in _selected(index, {"lang": {"$exists": False}}, 13)
     # ... and the removed id comes back with exactly its new metadata
     index.add(_vectors(1, 9), [3], metadata=[{"tags": ["new"]}])
@@ -915,8 +941,7 @@ def _arrow_table():
     pa = pytest.importorskip("pyarrow")
     rows = _doc_rows(30)
     fields = ["year", "lang", "tags", "title", "score", "draft"]
-    types = [pa.int64(), pa.string(), pa.list_(pa.string()), pa.string(), pa.float64(),
-             pa.bool_()]
+    types = [pa.int64(), pa.string(), pa.list_(pa.string()), pa.string(), pa.float64(), pa.bool_()]
     columns = {f: [r.get(f) for r in rows] for f in fields}
     table = pa.table(columns, schema=pa.schema(list(zip(fields, types))))
     return pa, rows, table
@@ -938,23 +963,34 @@ def test_metadata_from_arrow_equals_metadata_from_the_same_dicts(kind, form):
     from_dicts = _index(rows, kind, data=data)
     from_arrow = _index(table, kind, data=data)
     all_ids = np.arange(n)
-    assert [_typed(m) for m in from_arrow.get_metadata(all_ids)] == [
-        _typed(_expected_metadata(r)) for r in rows]
+    assert [_typed(m) for m in from_arrow.get_metadata(all_ids)] == [_typed(_expected_metadata(r)) for r in rows]
     _assert_same_filtered_results(from_dicts, from_arrow, LIFECYCLE_WHERES, k=5)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_get_metadata_returns_stored_values_with_their_types(kind):
     rows = [
-        {"i": 1, "f": 1.0, "b": True, "s": "1", "l": ["a", ""], "e": [], "big": 2**63 - 1,
-         "neg": -(2**63), "z": -0.0, "u": "zoë ✓", "empty": "", "g": 1e300},     # 0
-        {"i": None, "f": 2.5, "b": False},                                         # 1
-        None,                                                                      # 2
-        {"m": 3},                                                                  # 3
-        {"m": "3"},                                                                # 4
-        {"m": 3.0},                                                                # 5
-        {"m": False},                                                              # 6
-        {"m": ["3"]},                                                              # 7
+        {
+            "i": 1,
+            "f": 1.0,
+            "b": True,
+            "s": "1",
+            "l": ["a", ""],
+            "e": [],
+            "big": 2**63 - 1,
+            "neg": -(2**63),
+            "z": -0.0,
+            "u": "zoë ✓",
+            "empty": "",
+            "g": 1e300,
+        },  # 0
+        {"i": None, "f": 2.5, "b": False},  # 1
+        None,  # 2
+        {"m": 3},  # 3
+        {"m": "3"},  # 4
+        {"m": 3.0},  # 5
+        {"m": False},  # 6
+        {"m": ["3"]},  # 7
         {"m": ("x", "y"), "n": np.int64(-5), "p": np.float64(0.25), "q": np.bool_(True)},  # 8
     ]
     index = _index(rows, kind, ids=[10 * i for i in range(len(rows))])
@@ -964,8 +1000,7 @@ def test_get_metadata_returns_stored_values_with_their_types(kind):
     assert [_typed(m) for m in got] == [_typed(m) for m in expected]
     # in the order asked, with repeats
     order = [80, 0, 30, 0]
-    assert [_typed(m) for m in index.get_metadata(order)] == [
-        _typed(expected[i // 10]) for i in order]
+    assert [_typed(m) for m in index.get_metadata(order)] == [_typed(expected[i // 10]) for i in order]
     assert index.get_metadata([]) == []
     with pytest.raises(KeyError):
         index.get_metadata([0, 11])

@@ -142,8 +142,7 @@ def test_rrf_matches_a_naive_reference_on_random_legs():
     rnd = random.Random(7)
     for _ in range(200):
         n_legs = rnd.randint(1, 4)
-        legs = [[(rnd.randint(0, 30), rnd.random()) for _ in range(rnd.randint(0, 25))]
-                for _ in range(n_legs)]
+        legs = [[(rnd.randint(0, 30), rnd.random()) for _ in range(rnd.randint(0, 25))] for _ in range(n_legs)]
         k = rnd.choice([0, 1, 60, 100])
         weights = [rnd.choice([0.0, 0.5, 1.0, 3.0]) for _ in range(n_legs)] if rnd.random() < 0.5 else None
         if weights is not None and not any(weights):
@@ -153,8 +152,14 @@ def test_rrf_matches_a_naive_reference_on_random_legs():
         assert {key for key, _ in got} == set(ref)
         for key, s in got:
             assert s == pytest.approx(ref[key], rel=1e-12)
-        order = sorted(ref, key=lambda key: (-ref[key], best_rank(
-            [leg for leg, w in zip(legs, weights or [1] * n_legs) if w], key), key))
+        order = sorted(
+            ref,
+            key=lambda key: (
+                -ref[key],
+                best_rank([leg for leg, w in zip(legs, weights or [1] * n_legs) if w], key),
+                key,
+            ),
+        )
         assert [key for key, _ in got] == order
 
 

@@ -64,8 +64,7 @@ _NUM_OPS = (">", "<", "≥", "≤", "before", "after")
 
 @st.composite
 def dify_conditions(draw) -> dict:
-    op = draw(st.sampled_from(_TEXT_OPS + _EQ_OPS + _NUM_OPS + ("in", "not in", "empty",
-                                                                  "not empty")))
+    op = draw(st.sampled_from(_TEXT_OPS + _EQ_OPS + _NUM_OPS + ("in", "not in", "empty", "not empty")))
     if op in _TEXT_OPS:
         value = draw(st.one_of(st.none(), _texts))
     elif op in _EQ_OPS:
@@ -73,8 +72,13 @@ def dify_conditions(draw) -> dict:
     elif op in _NUM_OPS:
         value = draw(st.one_of(st.none(), _ints, _floats, _ints.map(str)))
     elif op in ("in", "not in"):
-        value = draw(st.one_of(st.none(), st.text(alphabet="ab1,2 ", max_size=8),
-                               st.lists(st.one_of(_texts, _ints, _floats), max_size=3)))
+        value = draw(
+            st.one_of(
+                st.none(),
+                st.text(alphabet="ab1,2 ", max_size=8),
+                st.lists(st.one_of(_texts, _ints, _floats), max_size=3),
+            )
+        )
     else:
         value = draw(st.one_of(st.none(), _texts))
     cond = {"name": draw(st.sampled_from(NAMES)), "comparison_operator": op}
@@ -99,8 +103,7 @@ def _text_on_number(mc: dict, row: dict) -> bool:
     """A text operator on a stored number: Dify matches the number's JSON text (LIKE), kbcore
     never (docs/dify.md, "Differences")."""
     return any(
-        c["comparison_operator"] in _TEXT_OPS and isinstance(row.get(c["name"]), (int, float))
-        for c in mc["conditions"]
+        c["comparison_operator"] in _TEXT_OPS and isinstance(row.get(c["name"]), (int, float)) for c in mc["conditions"]
     )
 
 
@@ -126,25 +129,66 @@ def test_translation_keeps_the_rows_difys_own_filter_keeps(mc, rows):
 
 _nasty_strings = st.one_of(
     st.text(max_size=12),
-    st.sampled_from(["\ud800", "a\udc80b", "1" * 400, "1" * 5000, "9" * 20000 + "x",
-                     "1e99999", "-0", ".5", "5.", "1_000", "nan", "inf", " 2024-01-15 ",
-                     "2024-01-15T00:00:00." + "1" * 3000, "2024-13-01", ",,,", ""]),
+    st.sampled_from(
+        [
+            "\ud800",
+            "a\udc80b",
+            "1" * 400,
+            "1" * 5000,
+            "9" * 20000 + "x",
+            "1e99999",
+            "-0",
+            ".5",
+            "5.",
+            "1_000",
+            "nan",
+            "inf",
+            " 2024-01-15 ",
+            "2024-01-15T00:00:00." + "1" * 3000,
+            "2024-13-01",
+            ",,,",
+            "",
+        ]
+    ),
 )
 _nasty_numbers = st.one_of(
-    st.integers(), st.floats(), st.sampled_from([10**400, -(10**400), 2**63, -(2**63) - 1]),
+    st.integers(),
+    st.floats(),
+    st.sampled_from([10**400, -(10**400), 2**63, -(2**63) - 1]),
 )
 _scalars = st.one_of(st.none(), st.booleans(), _nasty_numbers, _nasty_strings)
 _json_values = st.recursive(
     _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(_nasty_strings, inner, max_size=3)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_nasty_strings, inner, max_size=3)),
     max_leaves=8,
 )
-_valid_ops = st.sampled_from(["contains", "not contains", "start with", "end with", "is",
-                              "is not", "in", "not in", "empty", "not empty", "null",
-                              "not null", "=", "≠", ">", "<", "≥", "≤", "before", "after",
-                              ">=", "IS NOT", "like"])
+_valid_ops = st.sampled_from(
+    [
+        "contains",
+        "not contains",
+        "start with",
+        "end with",
+        "is",
+        "is not",
+        "in",
+        "not in",
+        "empty",
+        "not empty",
+        "null",
+        "not null",
+        "=",
+        "≠",
+        ">",
+        "<",
+        "≥",
+        "≤",
+        "before",
+        "after",
+        ">=",
+        "IS NOT",
+        "like",
+    ]
+)
 
 
 @st.composite
@@ -157,8 +201,7 @@ def rough_conditions(draw) -> object:
     if draw(st.integers(0, 9)):
         cond["name"] = draw(st.sampled_from(["team", ["a", "b"], "year"]))
     else:
-        cond["name"] = draw(st.one_of(_nasty_strings, st.lists(_nasty_strings, max_size=3),
-                                      _scalars))
+        cond["name"] = draw(st.one_of(_nasty_strings, st.lists(_nasty_strings, max_size=3), _scalars))
     if draw(st.integers(0, 9)):
         cond["comparison_operator"] = draw(_valid_ops)
     else:
@@ -172,10 +215,8 @@ def rough_conditions(draw) -> object:
 def rough_metadata_conditions(draw) -> object:
     mc = {}
     if draw(st.booleans()):
-        mc["logical_operator"] = draw(st.sampled_from(["and", "or", "OR"]) if draw(
-            st.integers(0, 9)) else _scalars)
-    mc["conditions"] = draw(st.lists(rough_conditions(), max_size=4) if draw(
-        st.integers(0, 9)) else _json_values)
+        mc["logical_operator"] = draw(st.sampled_from(["and", "or", "OR"]) if draw(st.integers(0, 9)) else _scalars)
+    mc["conditions"] = draw(st.lists(rough_conditions(), max_size=4) if draw(st.integers(0, 9)) else _json_values)
     return draw(st.one_of(st.just(mc), _json_values)) if draw(st.integers(0, 9)) == 0 else mc
 
 
@@ -207,10 +248,17 @@ def request_bodies(draw) -> bytes:
     body = {
         "knowledge_id": draw(st.one_of(st.just("kb"), _scalars)),
         "query": draw(st.one_of(st.just("keys"), _nasty_strings, _scalars)),
-        "retrieval_setting": draw(st.one_of(
-            st.fixed_dictionaries({"top_k": st.one_of(st.integers(-3, 200), _scalars),
-                                   "score_threshold": st.one_of(st.floats(), _scalars)}),
-            _json_values)),
+        "retrieval_setting": draw(
+            st.one_of(
+                st.fixed_dictionaries(
+                    {
+                        "top_k": st.one_of(st.integers(-3, 200), _scalars),
+                        "score_threshold": st.one_of(st.floats(), _scalars),
+                    }
+                ),
+                _json_values,
+            )
+        ),
         "metadata_condition": draw(st.one_of(rough_metadata_conditions(), st.none())),
     }
     return _dump(body)

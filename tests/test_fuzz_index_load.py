@@ -115,9 +115,18 @@ def test_atheris_fuzzing_of_load_finds_nothing(tmp_path):
         pytest.skip("atheris is not installed (pip install atheris); the seeded sweep above still runs")
     runs = 400 if not LONG else 200000
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "fuzz_index_load.py"), "--atheris", "--",
-         f"-runs={runs}", "-seed=7", f"-artifact_prefix={tmp_path}/"],
-        capture_output=True, text=True, timeout=3600 if LONG else 120,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "fuzz_index_load.py"),
+            "--atheris",
+            "--",
+            f"-runs={runs}",
+            "-seed=7",
+            f"-artifact_prefix={tmp_path}/",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600 if LONG else 120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Done {runs} runs" in proc.stderr

@@ -58,12 +58,18 @@ def build_base_kb(path: str) -> str:
     eng = Engine(path)
     kb = eng.create_knowledge_base("kb", chunk_size=60, chunk_overlap=5)
     kb.create_pipeline("small", chunk_size=30, chunk_overlap=0)
-    kb.ingest_many([engine_mod.Document(text=" ".join(f"doc {i} sentence {s} words here." for s in range(6)),
-                                        document_id=f"d{i}", metadata={"v": i, "tag": f"t{i % 2}"})
-                    for i in range(3)])  # one segment of three documents
+    kb.ingest_many(
+        [
+            engine_mod.Document(
+                text=" ".join(f"doc {i} sentence {s} words here." for s in range(6)),
+                document_id=f"d{i}",
+                metadata={"v": i, "tag": f"t{i % 2}"},
+            )
+            for i in range(3)
+        ]
+    )  # one segment of three documents
     kb.checkpoint()
-    kb.ingest(text="another document about words. " * 4, document_id="e", pipeline="small",
-              metadata={"v": 9})
+    kb.ingest(text="another document about words. " * 4, document_id="e", pipeline="small", metadata={"v": 9})
     kb.ingest(text="a document that is deleted later. " * 3, document_id="gone")
     kb.delete_document("d1")
     kb._builder.retire()
@@ -80,8 +86,9 @@ def base_kb(tmp_path_factory) -> str:
     return build_base_kb(str(tmp_path_factory.mktemp("fuzzbase") / "data"))
 
 
-def write_crafted(base_kb: str, work: str, manifest: dict, files: dict[str, bytes] | None = None,
-                  *, fix_sizes: bool = True) -> str:
+def write_crafted(
+    base_kb: str, work: str, manifest: dict, files: dict[str, bytes] | None = None, *, fix_sizes: bool = True
+) -> str:
     """Copies the base knowledge base to ``work``, replaces files (name -> bytes) and the
     manifest, recomputing every CRC-32 and size (unless ``fix_sizes`` is False) and the
     manifest checksum. Returns the crafted knowledge base directory."""
@@ -147,6 +154,7 @@ def open_and_use(kb_dir: str) -> None:
 
 # -- manifest mutations ----------------------------------------------------------------------
 
+
 def _paths(obj, prefix=()):
     yield prefix
     if isinstance(obj, dict):
@@ -158,13 +166,60 @@ def _paths(obj, prefix=()):
 
 
 INTERESTING = st.one_of(
-    st.sampled_from([-1, 0, 1, 2, 7, 255, 256, 65536, 65537, 2**31, 2**32, 2**53, 2**63 - 1, 2**63,
-                     2**64, -2**63, 10**30, 1.5, -0.0, 1e308, True, False, None, "", "x",
-                     "../manifest.json", "../../etc/passwd", "/etc/passwd", "seg-1", "seg-00000001",
-                     "index-1.kbi", "seg-00000002.chunks.arrow", ".lock", "manifest.json", "a/b",
-                     "cosine", "hnsw", "flat", "hashing", "none", "default", [], {}, [0], [-1],
-                     [0, 0], [2**40], {"path": "x"}, {"kind": "hashing", "dim": 2**50},
-                     {"chunk_size": 0, "chunk_overlap": 0}]),
+    st.sampled_from(
+        [
+            -1,
+            0,
+            1,
+            2,
+            7,
+            255,
+            256,
+            65536,
+            65537,
+            2**31,
+            2**32,
+            2**53,
+            2**63 - 1,
+            2**63,
+            2**64,
+            -(2**63),
+            10**30,
+            1.5,
+            -0.0,
+            1e308,
+            True,
+            False,
+            None,
+            "",
+            "x",
+            "../manifest.json",
+            "../../etc/passwd",
+            "/etc/passwd",
+            "seg-1",
+            "seg-00000001",
+            "index-1.kbi",
+            "seg-00000002.chunks.arrow",
+            ".lock",
+            "manifest.json",
+            "a/b",
+            "cosine",
+            "hnsw",
+            "flat",
+            "hashing",
+            "none",
+            "default",
+            [],
+            {},
+            [0],
+            [-1],
+            [0, 0],
+            [2**40],
+            {"path": "x"},
+            {"kind": "hashing", "dim": 2**50},
+            {"chunk_size": 0, "chunk_overlap": 0},
+        ]
+    ),
     st.integers(-(2**70), 2**70),
     st.text(max_size=12),
     st.lists(st.integers(-3, 20), max_size=4),
@@ -188,8 +243,9 @@ def manifest_mutation(draw, base):
             else:
                 parent.pop(key)
         elif action == "add" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(["extra", "rows", "docs", "vectors", "index", "dim"]))] = \
-                copy.deepcopy(draw(INTERESTING))
+            parent[draw(st.sampled_from(["extra", "rows", "docs", "vectors", "index", "dim"]))] = copy.deepcopy(
+                draw(INTERESTING)
+            )
         elif action == "add" and isinstance(parent, list):
             parent.append(copy.deepcopy(parent[0] if parent and draw(st.booleans()) else draw(INTERESTING)))
         else:
@@ -208,6 +264,7 @@ def test_fuzz_crafted_manifest_loads_or_raises_format_error(base_kb, tmp_path_fa
 
 # -- segment file mutations -------------------------------------------------------------------
 
+
 @st.composite
 def byte_mutation(draw, data: bytes) -> bytes:
     b = bytearray(data)
@@ -219,13 +276,13 @@ def byte_mutation(draw, data: bytes) -> bytes:
         if kind == "byte":
             b[i] = draw(st.integers(0, 255))
         elif kind == "word":
-            b[i:i + 4] = draw(st.sampled_from([0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000])).to_bytes(4, "little")
+            b[i : i + 4] = draw(st.sampled_from([0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000])).to_bytes(4, "little")
         elif kind == "qword":
-            b[i:i + 8] = draw(st.sampled_from([0, 2**40, 2**63 - 1, 2**64 - 1, 2**57])).to_bytes(8, "little")
+            b[i : i + 8] = draw(st.sampled_from([0, 2**40, 2**63 - 1, 2**64 - 1, 2**57])).to_bytes(8, "little")
         elif kind == "truncate":
             del b[i:]
         else:
-            b[i:i + draw(st.integers(1, 64))] = bytes(min(64, len(b) - i))
+            b[i : i + draw(st.integers(1, 64))] = bytes(min(64, len(b) - i))
     return bytes(b)
 
 
@@ -264,15 +321,23 @@ def table_mutation(draw, table):
     if kind == "drop":
         return table.remove_column(i)
     if kind == "string":
-        return table.set_column(i, col, table.column(col).cast(pa.string()) if not
-                                pa.types.is_string(table.column(col).type) else pa.array([1] * table.num_rows))
+        return table.set_column(
+            i,
+            col,
+            table.column(col).cast(pa.string())
+            if not pa.types.is_string(table.column(col).type)
+            else pa.array([1] * table.num_rows),
+        )
     if kind == "int32":
         return table.set_column(i, col, pa.array([draw(st.integers(-5, 5))] * table.num_rows, pa.int32()))
     if kind == "nulls":
         return table.set_column(i, col, pa.nulls(table.num_rows, table.column(col).type))
     if kind == "values":
-        vals = draw(st.lists(st.sampled_from([-1, 0, 1, 3, 2**31, 2**62, -2**63]),
-                             min_size=table.num_rows, max_size=table.num_rows))
+        vals = draw(
+            st.lists(
+                st.sampled_from([-1, 0, 1, 3, 2**31, 2**62, -(2**63)]), min_size=table.num_rows, max_size=table.num_rows
+            )
+        )
         return table.set_column(i, col, pa.array(vals, pa.int64()))
     if kind == "reverse":
         return table.take(pa.array(list(range(table.num_rows))[::-1]))
@@ -302,4 +367,3 @@ def test_the_base_knowledge_base_itself_opens_and_answers(base_kb, tmp_path):
     assert {i.document_id for i in kb.documents()} == {"d0", "d2", "e", "gone"}
     assert kb.retrieve("sentence words", top_k=3)
     kb.close()
-

@@ -63,8 +63,16 @@ class Corpus:
         return mask
 
 
-def make_corpus(seed: int, n_sources: int, dim: int, max_parts: int = 6, n_queries: int = 40,
-                spread: float = 1.0, noise: float = 0.25, keyless: float = 0.05) -> Corpus:
+def make_corpus(
+    seed: int,
+    n_sources: int,
+    dim: int,
+    max_parts: int = 6,
+    n_queries: int = 40,
+    spread: float = 1.0,
+    noise: float = 0.25,
+    keyless: float = 0.05,
+) -> Corpus:
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((n_sources, dim)) * spread / np.sqrt(dim)
     parts = rng.integers(1, max_parts + 1, n_sources)
@@ -81,8 +89,7 @@ def make_corpus(seed: int, n_sources: int, dim: int, max_parts: int = 6, n_queri
     return Corpus(data.astype(np.float32), ids, source, year, lang, queries.astype(np.float32))
 
 
-def build(corpus: Corpus, kind: str, metric: str = "cosine",
-          str_keys: bool = False) -> kbcore.Index:
+def build(corpus: Corpus, kind: str, metric: str = "cosine", str_keys: bool = False) -> kbcore.Index:
     index = kbcore.Index(corpus.data.shape[1], metric=metric, kind=kind, seed=7)
     index.add(corpus.data, corpus.ids, metadata=corpus.metadata(str_keys), threads=1)
     return index
@@ -100,8 +107,9 @@ class OracleGroup:
     part_dist: list[float]
 
 
-def oracle_all_groups(corpus: Corpus, query: np.ndarray, metric: str, where: dict | None = None,
-                      str_keys: bool = False) -> list[OracleGroup]:
+def oracle_all_groups(
+    corpus: Corpus, query: np.ndarray, metric: str, where: dict | None = None, str_keys: bool = False
+) -> list[OracleGroup]:
     """Every source with at least one passing part, ranked by its best distance."""
     dist = oracle_distances(corpus.data, query, metric)[0]
     ok = corpus.passing(where) & (corpus.source >= 0)
@@ -119,8 +127,9 @@ def oracle_all_groups(corpus: Corpus, query: np.ndarray, metric: str, where: dic
     return groups
 
 
-def assert_groups_equal_oracle(got, corpus, query, k, metric, group_size=1, where=None,
-                               str_keys=False, atol=DIST_ATOL) -> None:
+def assert_groups_equal_oracle(
+    got, corpus, query, k, metric, group_size=1, where=None, str_keys=False, atol=DIST_ATOL
+) -> None:
     """Exact grouping: keys in order, best ids and distances, part_ids = every passing part."""
     oracle = oracle_all_groups(corpus, query, metric, where, str_keys)
     by_key = {g.key: g for g in oracle}
@@ -152,8 +161,9 @@ def assert_groups_equal_oracle(got, corpus, query, k, metric, group_size=1, wher
         assert all(pd[i] <= pd[i + 1] + atol for i in range(len(pd) - 1)), "part_ids not best first"
 
 
-def assert_groups_consistent(got, corpus, query, metric, group_size=1, where=None,
-                             str_keys=False, atol=DIST_ATOL) -> None:
+def assert_groups_consistent(
+    got, corpus, query, metric, group_size=1, where=None, str_keys=False, atol=DIST_ATOL
+) -> None:
     """Approximate (HNSW) results: distinct keys, ordered, every id a true passing part."""
     dist = oracle_distances(corpus.data, query, metric)[0]
     row_of = {int(i): r for r, i in enumerate(corpus.ids)}
@@ -266,8 +276,7 @@ def test_group_size_returns_several_parts_per_source(corpus, hnsw):
         assert_groups_consistent(got, corpus, q, "cosine", group_size=4)
 
 
-def flood_corpus(seed: int, n_floods: int, dim: int = 16,
-                 parts: int = 200) -> tuple[Corpus, np.ndarray]:
+def flood_corpus(seed: int, n_floods: int, dim: int = 16, parts: int = 200) -> tuple[Corpus, np.ndarray]:
     """Clustered background sources plus, per query, one source with `parts` near-duplicate
     parts right at the query: an over-fetch of fewer than `parts` hits sees only that source."""
     rng = np.random.default_rng(seed)
@@ -281,8 +290,14 @@ def flood_corpus(seed: int, n_floods: int, dim: int = 16,
     flood_source = np.repeat(np.arange(n_floods), parts)
     source = np.concatenate([np.arange(n_bg) // 3 + n_floods, flood_source])
     n = len(source)
-    c = Corpus(data, np.arange(n, dtype=np.int64), source.astype(np.int64), np.full(n, 2020),
-               np.full(n, "en"), queries.astype(np.float32))
+    c = Corpus(
+        data,
+        np.arange(n, dtype=np.int64),
+        source.astype(np.int64),
+        np.full(n, 2020),
+        np.full(n, "en"),
+        queries.astype(np.float32),
+    )
     return c, np.arange(n_floods)
 
 
@@ -419,8 +434,11 @@ def test_str_group_keys_group_like_int_keys(corpus, kind):
 def test_int_and_str_keys_are_distinct_groups():
     data = np.eye(4, dtype=np.float32) + 0.01
     index = kbcore.Index(4, metric="l2", kind="flat")
-    index.add(data, [1, 2, 3, 4], metadata=[{"document_id": 7}, {"document_id": "7"},
-                                            {"document_id": 7}, {"document_id": "x"}])
+    index.add(
+        data,
+        [1, 2, 3, 4],
+        metadata=[{"document_id": 7}, {"document_id": "7"}, {"document_id": 7}, {"document_id": "x"}],
+    )
     got = index.search_groups(data[0], 10)
     assert {(type(g.key), g.key) for g in got} == {(int, 7), (str, "7"), (str, "x")}
     by_key = {g.key: g for g in got}
@@ -463,8 +481,7 @@ def test_removing_all_parts_of_a_source_removes_its_group(kind):
 
 def test_removing_every_keyed_row_makes_group_by_an_unknown_field():
     index = kbcore.Index(4, metric="l2", kind="flat")
-    index.add(np.eye(4, dtype=np.float32), [1, 2, 3, 4],
-              metadata=[{"document_id": 1}, {"document_id": 1}, {}, {}])
+    index.add(np.eye(4, dtype=np.float32), [1, 2, 3, 4], metadata=[{"document_id": 1}, {"document_id": 1}, {}, {}])
     assert len(index.search_groups(np.ones(4), 3)) == 1
     index.remove([1, 2])
     with pytest.raises(ValueError, match="document_id"):
@@ -481,7 +498,7 @@ def test_upsert_moves_a_part_to_another_source(kind):
     moved = int(first[0].ids[0])
     row = int(np.nonzero(c.ids == moved)[0][0])
     meta = [{"document_id": dst_key, "year": 2020, "lang": "en"}]
-    index.add(c.data[row:row + 1], [moved], metadata=meta)
+    index.add(c.data[row : row + 1], [moved], metadata=meta)
     source = c.source.copy()
     source[row] = dst_key
     c2 = Corpus(c.data, c.ids, source, c.year, c.lang, c.queries)
@@ -548,8 +565,7 @@ def test_empty_index_returns_no_groups():
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
 @pytest.mark.parametrize("where", [None, {"lang": "de"}])
-def test_batch_equals_single_queries_and_threads_do_not_change_results(corpus, flat, hnsw,
-                                                                       kind, where):
+def test_batch_equals_single_queries_and_threads_do_not_change_results(corpus, flat, hnsw, kind, where):
     index = flat if kind == "flat" else hnsw
     batch1 = index.search_groups(corpus.queries, K, group_size=2, where=where, threads=1)
     batch2 = index.search_groups(corpus.queries, K, group_size=2, where=where, threads=2)
@@ -615,8 +631,7 @@ def test_hnsw_groups_collapse_the_ungrouped_candidate_list(corpus, hnsw, group_s
             continue  # the grouped search would widen its list here
         checked += 1
         got = hnsw.search_groups(q, K, group_size=group_size, ef=ef)
-        want = [(s, tuple(i for i, _ in hits[s][:group_size]), tuple(i for i, _ in hits[s]))
-                for s in order]
+        want = [(s, tuple(i for i, _ in hits[s][:group_size]), tuple(i for i, _ in hits[s])) for s in order]
         if [(g.key, g.ids, g.part_ids) for g in got] == want:
             matched += 1
             for g in got:

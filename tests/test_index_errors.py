@@ -108,8 +108,7 @@ def test_setting_ef_to_a_non_positive_value_raises_and_keeps_old_ef(index, bad):
         (lambda: (vecs(3), [100, 101]), "(?i)ids|length|len|count|rows"),
         (lambda: (vecs(2), [100, 101, 102]), "(?i)ids|length|len|count|rows"),
     ],
-    ids=["dim-too-big", "dim-too-small", "nan", "inf", "neg-inf", "duplicate-ids",
-         "fewer-ids", "more-ids"],
+    ids=["dim-too-big", "dim-too-small", "nan", "inf", "neg-inf", "duplicate-ids", "fewer-ids", "more-ids"],
 )
 def test_bad_add_raises_invalid_argument_error_and_adds_nothing(index, make, match):
     vectors, ids = make()

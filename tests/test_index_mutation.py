@@ -240,8 +240,7 @@ def assert_every_live_id_returned(index, queries):
     for r, row in enumerate(ids):
         got = set(row[row >= 0].tolist())
         missing = live - got
-        assert not missing, (f"query {r}: {len(missing)} of {n} live ids unreachable "
-                             f"(e.g. {sorted(missing)[:8]})")
+        assert not missing, f"query {r}: {len(missing)} of {n} live ids unreachable (e.g. {sorted(missing)[:8]})"
     assert_rows_sorted(dist)
 
 

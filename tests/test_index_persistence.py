@@ -136,7 +136,8 @@ def test_format_fixtures_exist_for_the_current_format_version(tmp_path):
     for kind in KINDS:
         assert any(n.startswith(f"index_v{version}_{kind}_") for n in names), (
             f"no committed {kind} fixture for format version {version}: "
-            "run tests/data/make_format_fixtures.py and commit its output")
+            "run tests/data/make_format_fixtures.py and commit its output"
+        )
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
@@ -149,8 +150,7 @@ def test_committed_format_fixture_still_loads_with_its_contents(path):
     assert (index.M, index.ef_construction, index.ef) == (4, 32, 20)
     assert len(index) == 28
     assert sorted(index.ids().tolist()) == [100 + i for i in live]
-    stored = data[live] / np.linalg.norm(data[live], axis=1, keepdims=True) if metric == "cosine" \
-        else data[live]
+    stored = data[live] / np.linalg.norm(data[live], axis=1, keepdims=True) if metric == "cosine" else data[live]
     np.testing.assert_allclose(index.get_vectors([100 + i for i in live]), stored, atol=1e-6)
     queries = np.random.default_rng(1).standard_normal((10, 8)).astype(np.float32)
     ids, dist = index.search(queries, k=28)
@@ -315,7 +315,9 @@ def sweep(request, tmp_path_factory):
     script.write_text(SWEEP)
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp / "victim.kbi"), request.param],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return proc
 

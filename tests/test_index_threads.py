@@ -66,6 +66,7 @@ def test_concurrent_searches_from_four_threads_equal_single_threaded_results(kin
                 ids, dist = index.search(queries[r], k=10)
                 out.append((ids[None], dist[None], r))
             results[t] = out
+
         return fn
 
     run_threads([searcher(t) for t in range(4)])
@@ -126,7 +127,7 @@ def test_add_in_one_thread_while_three_threads_search_ends_with_right_len(kind):
     def writer():
         try:
             for start in range(1000, 3000, 100):
-                index.add(data[start:start + 100], np.arange(start, start + 100))
+                index.add(data[start : start + 100], np.arange(start, start + 100))
         finally:
             done.set()
 
@@ -191,8 +192,9 @@ def test_hnsw_parallel_build_keeps_every_vector_reachable(metric):
         ids, _ = index.search(queries, k=2000)
         for r, row in enumerate(ids):
             missing = set(range(2000)) - set(row[row >= 0].tolist())
-            assert not missing, (f"build {attempt}, query {r}: {len(missing)} of 2000 ids "
-                                 f"unreachable: {sorted(missing)[:8]}")
+            assert not missing, (
+                f"build {attempt}, query {r}: {len(missing)} of 2000 ids unreachable: {sorted(missing)[:8]}"
+            )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -204,7 +206,8 @@ def test_two_writer_threads_and_a_reader_end_with_every_id_present(kind):
     def writer(lo, hi):
         def fn():
             for start in range(lo, hi, 50):
-                index.add(data[start:start + 50], np.arange(start, start + 50))
+                index.add(data[start : start + 50], np.arange(start, start + 50))
+
         return fn
 
     def reader():
@@ -223,7 +226,9 @@ def test_two_writer_threads_and_a_reader_end_with_every_id_present(kind):
     assert sorted(index.ids().tolist()) == list(range(3000))
     np.testing.assert_allclose(
         index.get_vectors([1500, 2500]),
-        data[[1500, 2500]] / np.linalg.norm(data[[1500, 2500]], axis=1, keepdims=True), atol=1e-6)
+        data[[1500, 2500]] / np.linalg.norm(data[[1500, 2500]], axis=1, keepdims=True),
+        atol=1e-6,
+    )
     if kind == "flat":
         ids, dist = index.search(queries, k=10)
         assert_search_matches_oracle(ids, dist, data, np.arange(3000), queries, 10, "cosine")

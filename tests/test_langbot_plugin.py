@@ -24,9 +24,7 @@ import pytest
 
 with warnings.catch_warnings():  # the SDK's pydantic models warn about v1-style config
     warnings.simplefilter("ignore", DeprecationWarning)
-    pytest.importorskip(
-        "langbot_plugin", reason="needs the LangBot plugin SDK (pip install 'kbcore[langbot]')"
-    )
+    pytest.importorskip("langbot_plugin", reason="needs the LangBot plugin SDK (pip install 'kbcore[langbot]')")
     import langbot_plugin.cli.utils.page_components  # noqa: F401 - imports the runtime models
 
 from langbot_plugin.api.definition.components.knowledge_engine.engine import (  # noqa: E402
@@ -127,9 +125,7 @@ def loaded(tmp_path, monkeypatch):
     monkeypatch.setenv("KBCORE_LANGBOT_DATA", str(data))
     monkeypatch.chdir(PLUGIN_DIR)  # the runtime runs a plugin from its own directory
     discovery = ComponentDiscoveryEngine()
-    plugin_manifest = discovery.load_component_manifest(
-        "manifest.yaml", owner="builtin", no_save=True
-    )
+    plugin_manifest = discovery.load_component_manifest("manifest.yaml", owner="builtin", no_save=True)
     assert plugin_manifest is not None and plugin_manifest.kind == "Plugin"
     components = discover_plugin_components(plugin_manifest, discovery)
 
@@ -186,9 +182,7 @@ def ingestion(
     return IngestionContext.model_validate(payload)
 
 
-def retrieval(
-    kb_id: str, query: str, *, settings=None, filters=None, creation=HOST_SETTINGS
-) -> RetrievalContext:
+def retrieval(kb_id: str, query: str, *, settings=None, filters=None, creation=HOST_SETTINGS) -> RetrievalContext:
     return RetrievalContext.model_validate(
         {
             "query": query,
@@ -230,9 +224,7 @@ def populate(component) -> None:
         ("doc-2", "kb/ingress.html", "infra"),
         ("doc-3", "kb/search.txt", "search"),
     ):
-        out = ingest(
-            component, ingestion(KB, doc_id, path, extra={"team": "" + team, "year": 2024})
-        )
+        out = ingest(component, ingestion(KB, doc_id, path, extra={"team": "" + team, "year": 2024}))
         assert out["status"] == "completed", out
 
 
@@ -282,9 +274,20 @@ def _fake_wheel(folder: Path, tag: str = "cp311-cp311-manylinux_2_17_x86_64", ma
 def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_requirement(tmp_path):
     wheel = _fake_wheel(tmp_path / "wheels")
     proc = subprocess.run(
-        [sys.executable, str(PLUGIN_DIR / "build_lbpkg.py"), "--wheel", str(wheel),
-         "--version", "7.8.9", "-o", str(tmp_path / "dist")],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            str(PLUGIN_DIR / "build_lbpkg.py"),
+            "--wheel",
+            str(wheel),
+            "--version",
+            "7.8.9",
+            "-o",
+            str(tmp_path / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     package = Path(proc.stdout.strip().splitlines()[-1])
@@ -302,10 +305,7 @@ def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_req
         f"wheels/{wheel.name}",
     } <= names
     assert "build_lbpkg.py" not in names and not any(n.startswith("data/") for n in names)
-    reqs = [
-        line for line in zf.read("requirements.txt").decode().splitlines()
-        if line and not line.startswith("#")
-    ]
+    reqs = [line for line in zf.read("requirements.txt").decode().splitlines() if line and not line.startswith("#")]
     # the runtime refuses pip options, and kbcore is on no index: its dependencies only
     assert reqs == ["numpy>=1.23", "pyarrow>=12", "langbot-plugin>=0.7,<0.8"]
     assert "version: 7.8.9" in zf.read("manifest.yaml").decode()
@@ -314,9 +314,11 @@ def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_req
 def test_build_lbpkg_refuses_a_wheel_that_is_not_a_repaired_kbcore_wheel(tmp_path):
     wheel = _fake_wheel(tmp_path, tag="cp311-cp311-linux_x86_64")
     proc = subprocess.run(
-        [sys.executable, str(PLUGIN_DIR / "build_lbpkg.py"), "--wheel", str(wheel),
-         "-o", str(tmp_path / "dist")],
-        capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, str(PLUGIN_DIR / "build_lbpkg.py"), "--wheel", str(wheel), "-o", str(tmp_path / "dist")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode != 0 and "manylinux" in proc.stderr
 
@@ -345,21 +347,36 @@ def test_bundled_wheel_wins_over_the_installed_kbcore_and_is_unpacked_per_instal
     )
     env = dict(os.environ, LANGBOT_PLUGIN_FILE_STORAGE_DIR=str(inst / "rpc-transfer"))
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=plugin, env=env, capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-c", code],
+        cwd=plugin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.split()
     assert out[1] == "from-the-package"
     assert Path(out[0]).parent == inst / "home" / "kbcore-lib"
     again = subprocess.run(
-        [sys.executable, "-c", code], cwd=plugin, env=env, capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-c", code],
+        cwd=plugin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.split()
     assert again == out  # unpacked once, reused
     wheel.unlink()
     _fake_wheel(plugin / "wheels", tag="py3-none-any", marker="upgraded")
     upgraded = subprocess.run(
-        [sys.executable, "-c", code], cwd=plugin, env=env, capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-c", code],
+        cwd=plugin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.split()
     assert upgraded[1] == "upgraded"
     assert [p.name for p in (inst / "home" / "kbcore-lib").iterdir()] == [Path(upgraded[0]).name]
@@ -420,9 +437,7 @@ def _old_package(root: Path, digest: str, kb_names: list[str], *, ours: bool = T
     code = root / "artifacts" / "sha256" / digest / "code"
     (code / "data" / "kbcore").mkdir(parents=True)
     name = "KbcoreKnowledge" if ours else "SomethingElse"
-    (code / "manifest.yaml").write_text(
-        f"apiVersion: v1\nkind: Plugin\nmetadata:\n  author: kbcore\n  name: {name}\n"
-    )
+    (code / "manifest.yaml").write_text(f"apiVersion: v1\nkind: Plugin\nmetadata:\n  author: kbcore\n  name: {name}\n")
     for kb in kb_names:
         (code / "data" / "kbcore" / kb).mkdir()
         (code / "data" / "kbcore" / kb / "manifest.json").write_text(kb)
@@ -471,9 +486,7 @@ def test_ingest_reads_and_parses_host_files_and_embeds_with_the_host_model(loade
     kb = component.engine().get_knowledge_base(KB)
     assert kb.dim == HOST_DIM and kb.embedder is None
     assert str(data) == component.engine().path
-    total = sum(
-        len(expected_chunks(p)) for p in ("kb/rotation.md", "kb/ingress.html", "kb/search.txt")
-    )
+    total = sum(len(expected_chunks(p)) for p in ("kb/rotation.md", "kb/ingress.html", "kb/search.txt"))
     assert len(kb) == total
     out = ingest(component, ingestion(KB, "doc-1", "kb/rotation.md"))
     assert out["chunks_created"] == len(expected_chunks("kb/rotation.md")) > 1
@@ -490,9 +503,7 @@ def test_retrieve_returns_scored_entries_with_text_content_and_ids(loaded):
     top = response.results[0]
     assert top.metadata["document_id"] == top.metadata["file_id"] == "doc-1"
     assert top.metadata["filename"] == "rotation.md" and top.metadata["team"] == "infra"
-    assert top.content[0].type == "text" and top.content[0].text in expected_chunks(
-        "kb/rotation.md"
-    )
+    assert top.content[0].type == "text" and top.content[0].text in expected_chunks("kb/rotation.md")
     distances = [e.distance for e in response.results]
     assert distances == sorted(distances)
     assert all(0.0 <= e.score <= 1.0 for e in response.results)
@@ -513,9 +524,7 @@ def test_retrieve_returns_scored_entries_with_text_content_and_ids(loaded):
         ),
     )
     assert cut.results and all(e.score >= top.score for e in cut.results)
-    dedup = retrieve(
-        component, retrieval(KB, "rotate keys tokens", settings={"top_k": 10, "deduplicate": True})
-    )
+    dedup = retrieve(component, retrieval(KB, "rotate keys tokens", settings={"top_k": 10, "deduplicate": True}))
     doc_ids = [e.metadata["document_id"] for e in dedup.results]
     assert len(doc_ids) == len(set(doc_ids)) == 3
     tuned = retrieve(component, retrieval(KB, "keys", settings={"top_k": "3", "ef": 128}))
@@ -527,9 +536,7 @@ def test_retrieve_evaluates_chroma_style_filters_natively(loaded):
     populate(component)
 
     def docs(filters):
-        r = retrieve(
-            component, retrieval(KB, "keys ingress search", settings={"top_k": 20}, filters=filters)
-        )
+        r = retrieve(component, retrieval(KB, "keys ingress search", settings={"top_k": 20}, filters=filters))
         return {e.metadata["document_id"] for e in r.results}
 
     assert docs({"team": "infra"}) == {"doc-1", "doc-2"}

@@ -77,11 +77,11 @@ def rows_of(columns, n: int) -> list[dict]:
             elif kind == "bool":
                 v = bool(col[3][i])
             elif kind == "str":
-                v = bytes(col[4][col[3][i]: col[3][i + 1]]).decode("utf-8")
+                v = bytes(col[4][col[3][i] : col[3][i + 1]]).decode("utf-8")
             else:
                 lo, hi = col[3][i], col[3][i + 1]
                 offs, data = col[4], col[5]
-                v = [bytes(data[offs[j]: offs[j + 1]]).decode("utf-8") for j in range(lo, hi)]
+                v = [bytes(data[offs[j] : offs[j + 1]]).decode("utf-8") for j in range(lo, hi)]
             rows[i][name] = v
     return rows
 
@@ -113,8 +113,7 @@ def test_each_kind_from_dicts_has_the_documented_layout():
     cols = columns_from_rows(rows, 4)
     assert_layout(cols, 4)
     by_key = {(c[0], c[1]): c for c in cols}
-    assert sorted(by_key) == [("b", "bool"), ("f", "float"), ("i", "int"), ("l", "strlist"),
-                              ("s", "str")]
+    assert sorted(by_key) == [("b", "bool"), ("f", "float"), ("i", "int"), ("l", "strlist"), ("s", "str")]
     _, _, valid, values = by_key[("i", "int")]
     assert valid.tolist() == [1, 0, 1, 0] and values.tolist() == [3, 0, -(2**63), 0]
     _, _, valid, values = by_key[("f", "float")]
@@ -138,8 +137,12 @@ def test_a_field_with_several_types_gets_one_column_per_kind_with_disjoint_valid
     assert_layout(cols, 6)
     assert [(c[0], c[1]) for c in cols] == [("v", k) for k in KINDS]
     assert [c[2].tolist() for c in cols] == [
-        [1, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0],
-        [0, 0, 0, 0, 1, 0]]
+        [1, 0, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0],
+    ]
     assert rows_of(cols, 6) == rows
 
 
@@ -159,12 +162,19 @@ def test_numpy_scalars_tuples_and_str_subclasses_are_accepted():
     class Tag(str):
         pass
 
-    rows = [{"i": np.int32(7), "f": np.float32(0.5), "b": np.bool_(True), "s": np.str_("x"),
-             "l": ("a", Tag("b")), "t": Tag("c")}]
+    rows = [
+        {
+            "i": np.int32(7),
+            "f": np.float32(0.5),
+            "b": np.bool_(True),
+            "s": np.str_("x"),
+            "l": ("a", Tag("b")),
+            "t": Tag("c"),
+        }
+    ]
     cols = columns_from_rows(rows, 1)
     assert_layout(cols, 1)
-    assert rows_of(cols, 1) == [{"i": 7, "f": 0.5, "b": True, "s": "x", "l": ["a", "b"],
-                                 "t": "c"}]
+    assert rows_of(cols, 1) == [{"i": 7, "f": 0.5, "b": True, "s": "x", "l": ["a", "b"], "t": "c"}]
 
 
 def test_ints_at_the_int64_bounds_are_kept_exactly():
@@ -183,8 +193,7 @@ def test_ints_at_the_int64_bounds_are_kept_exactly():
         ([{"a": float("nan")}], "metadata row 0, field 'a': nan is not allowed"),
         ([{"a": float("inf")}], "metadata row 0, field 'a': inf is not allowed"),
         ([{"a": np.float64("-inf")}], "metadata row 0, field 'a': -inf is not allowed"),
-        ([{"a": 2**63}], ("metadata row 0, field 'a': the integer 9223372036854775808 does not "
-                         "fit in int64")),
+        ([{"a": 2**63}], ("metadata row 0, field 'a': the integer 9223372036854775808 does not fit in int64")),
         ([{"a": np.uint64(2**64 - 1)}], "does not fit in int64"),
         ([{"a": {1, 2}}], "unsupported value of type set"),
         ([{"a": dt.datetime(2024, 1, 1)}], "unsupported value of type datetime"),
@@ -231,30 +240,52 @@ def test_rows_round_trip_through_columns(rows):
 
 
 def test_each_arrow_type_maps_to_its_kind():
-    table = pa.table({
-        "i8": pa.array([1, None, -3], pa.int8()),
-        "u32": pa.array([4, 5, None], pa.uint32()),
-        "u64": pa.array([2**63 - 1, None, 0], pa.uint64()),
-        "f16": pa.array([np.float16(0.5), None, np.float16(-1)], pa.float16()),
-        "f32": pa.array([1.5, 2.5, None], pa.float32()),
-        "b": pa.array([True, False, None]),
-        "s": pa.array(["a", None, "ü"]),
-        "ls": pa.array(["x", "yy", None], pa.large_string()),
-        "l": pa.array([["a", "b"], [], None], pa.list_(pa.string())),
-        "ll": pa.array([None, ["q"], ["r", "s"]], pa.large_list(pa.large_string())),
-        "dict": pa.array(["u", None, "u"]).dictionary_encode(),
-        "nothing": pa.nulls(3),
-        "all_null_int": pa.array([None, None, None], pa.int64()),
-    })
+    table = pa.table(
+        {
+            "i8": pa.array([1, None, -3], pa.int8()),
+            "u32": pa.array([4, 5, None], pa.uint32()),
+            "u64": pa.array([2**63 - 1, None, 0], pa.uint64()),
+            "f16": pa.array([np.float16(0.5), None, np.float16(-1)], pa.float16()),
+            "f32": pa.array([1.5, 2.5, None], pa.float32()),
+            "b": pa.array([True, False, None]),
+            "s": pa.array(["a", None, "ü"]),
+            "ls": pa.array(["x", "yy", None], pa.large_string()),
+            "l": pa.array([["a", "b"], [], None], pa.list_(pa.string())),
+            "ll": pa.array([None, ["q"], ["r", "s"]], pa.large_list(pa.large_string())),
+            "dict": pa.array(["u", None, "u"]).dictionary_encode(),
+            "nothing": pa.nulls(3),
+            "all_null_int": pa.array([None, None, None], pa.int64()),
+        }
+    )
     cols = columns_from_arrow(table, 3)
     assert_layout(cols, 3)
     kinds = {c[0]: c[1] for c in cols}
-    assert kinds == {"i8": "int", "u32": "int", "u64": "int", "f16": "float", "f32": "float",
-                     "b": "bool", "s": "str", "ls": "str", "l": "strlist", "ll": "strlist",
-                     "dict": "str"}
+    assert kinds == {
+        "i8": "int",
+        "u32": "int",
+        "u64": "int",
+        "f16": "float",
+        "f32": "float",
+        "b": "bool",
+        "s": "str",
+        "ls": "str",
+        "l": "strlist",
+        "ll": "strlist",
+        "dict": "str",
+    }
     assert rows_of(cols, 3) == [
-        {"i8": 1, "u32": 4, "u64": 2**63 - 1, "f16": 0.5, "f32": 1.5, "b": True, "s": "a",
-         "ls": "x", "l": ["a", "b"], "dict": "u"},
+        {
+            "i8": 1,
+            "u32": 4,
+            "u64": 2**63 - 1,
+            "f16": 0.5,
+            "f32": 1.5,
+            "b": True,
+            "s": "a",
+            "ls": "x",
+            "l": ["a", "b"],
+            "dict": "u",
+        },
         {"u32": 5, "f32": 2.5, "b": False, "ls": "yy", "l": [], "ll": ["q"]},
         {"i8": -3, "u64": 0, "f16": -1.0, "s": "ü", "ll": ["r", "s"], "dict": "u"},
     ]
@@ -262,22 +293,28 @@ def test_each_arrow_type_maps_to_its_kind():
 
 def test_arrow_timestamps_and_dates_become_iso_strings():
     instant = dt.datetime(2024, 3, 1, 12, 30, 15, 250000, tzinfo=dt.timezone.utc)
-    table = pa.table({
-        "naive_s": pa.array([dt.datetime(2024, 3, 1, 12, 30, 15), None], pa.timestamp("s")),
-        "naive_us": pa.array([instant.replace(tzinfo=None), None], pa.timestamp("us")),
-        "tokyo_ms": pa.array([instant, None], pa.timestamp("ms", tz="Asia/Tokyo")),
-        "plus_ns": pa.array([instant, None], pa.timestamp("ns", tz="+05:30")),
-        "d32": pa.array([dt.date(2024, 2, 29), None], pa.date32()),
-        "d64": pa.array([None, dt.date(1969, 12, 31)], pa.date64()),
-    })
+    table = pa.table(
+        {
+            "naive_s": pa.array([dt.datetime(2024, 3, 1, 12, 30, 15), None], pa.timestamp("s")),
+            "naive_us": pa.array([instant.replace(tzinfo=None), None], pa.timestamp("us")),
+            "tokyo_ms": pa.array([instant, None], pa.timestamp("ms", tz="Asia/Tokyo")),
+            "plus_ns": pa.array([instant, None], pa.timestamp("ns", tz="+05:30")),
+            "d32": pa.array([dt.date(2024, 2, 29), None], pa.date32()),
+            "d64": pa.array([None, dt.date(1969, 12, 31)], pa.date64()),
+        }
+    )
     cols = columns_from_arrow(table, 2)
     assert_layout(cols, 2)
     assert all(c[1] == "str" for c in cols)
     rows = rows_of(cols, 2)
     assert rows == [
-        {"naive_s": "2024-03-01T12:30:15", "naive_us": "2024-03-01T12:30:15.250000",
-         "tokyo_ms": "2024-03-01T12:30:15.250Z", "plus_ns": "2024-03-01T12:30:15.250000000Z",
-         "d32": "2024-02-29"},
+        {
+            "naive_s": "2024-03-01T12:30:15",
+            "naive_us": "2024-03-01T12:30:15.250000",
+            "tokyo_ms": "2024-03-01T12:30:15.250Z",
+            "plus_ns": "2024-03-01T12:30:15.250000000Z",
+            "d32": "2024-02-29",
+        },
         {"d64": "1969-12-31"},
     ]
     # the strings are instants the filter language understands
@@ -321,10 +358,13 @@ def test_an_empty_table_gives_no_columns():
 def test_arrow_string_nulls_with_hidden_bytes_are_dropped():
     # a null slot may cover bytes in the data buffer; they must not leak into the next rows
     arr = pa.Array.from_buffers(
-        pa.string(), 3,
-        [pa.py_buffer(np.packbits([1, 0, 1], bitorder="little").tobytes()),
-         pa.py_buffer(np.array([0, 1, 4, 5], dtype=np.int32).tobytes()),
-         pa.py_buffer(b"aXXXb")],
+        pa.string(),
+        3,
+        [
+            pa.py_buffer(np.packbits([1, 0, 1], bitorder="little").tobytes()),
+            pa.py_buffer(np.array([0, 1, 4, 5], dtype=np.int32).tobytes()),
+            pa.py_buffer(b"aXXXb"),
+        ],
     )
     cols = columns_from_arrow(pa.table({"s": arr}), 3)
     assert_layout(cols, 3)
@@ -334,28 +374,49 @@ def test_arrow_string_nulls_with_hidden_bytes_are_dropped():
 @pytest.mark.parametrize(
     ("table", "error", "message"),
     [
-        (pa.table({"x": pa.array([1.0, float("nan")])}), InvalidArgumentError,
-         "metadata column 'x', row 1: nan is not allowed"),
-        (pa.table({"x": pa.array([float("-inf")], pa.float32())}), InvalidArgumentError,
-         "metadata column 'x', row 0: -inf is not allowed"),
-        (pa.table({"x": pa.array([None, 2**64 - 1], pa.uint64())}), InvalidArgumentError,
-         "metadata column 'x', row 1: the integer 18446744073709551615 does not fit in int64"),
-        (pa.table({"x": pa.array([["a"], ["b", None]])}), InvalidArgumentError,
-         "metadata column 'x', row 1: item 1 of the list is null"),
-        (pa.table({"x": pa.array([{"a": 1}])}), InvalidTypeError,
-         "metadata column 'x' has Arrow type struct<a: int64>"),
-        (pa.table({"x": pa.array([[1]])}), InvalidTypeError,
-         "metadata column 'x' has Arrow type list<item: int64>"),
-        (pa.table({"x": pa.array([b"x"])}), InvalidTypeError,
-         "metadata column 'x' has Arrow type binary"),
-        (pa.table({"x": pa.array([dt.time(1, 2)])}), InvalidTypeError,
-         "metadata column 'x' has Arrow type time64[us]"),
-        (pa.table({"x": pa.array([dt.timedelta(1)])}), InvalidTypeError,
-         "metadata column 'x' has Arrow type duration[us]"),
-        (pa.table({"x": pa.array([1], pa.decimal128(5, 2))}), InvalidTypeError,
-         "metadata column 'x' has Arrow type decimal128(5, 2)"),
-        (pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]),
-         InvalidArgumentError, "metadata column 'a' appears more than once"),
+        (
+            pa.table({"x": pa.array([1.0, float("nan")])}),
+            InvalidArgumentError,
+            "metadata column 'x', row 1: nan is not allowed",
+        ),
+        (
+            pa.table({"x": pa.array([float("-inf")], pa.float32())}),
+            InvalidArgumentError,
+            "metadata column 'x', row 0: -inf is not allowed",
+        ),
+        (
+            pa.table({"x": pa.array([None, 2**64 - 1], pa.uint64())}),
+            InvalidArgumentError,
+            "metadata column 'x', row 1: the integer 18446744073709551615 does not fit in int64",
+        ),
+        (
+            pa.table({"x": pa.array([["a"], ["b", None]])}),
+            InvalidArgumentError,
+            "metadata column 'x', row 1: item 1 of the list is null",
+        ),
+        (
+            pa.table({"x": pa.array([{"a": 1}])}),
+            InvalidTypeError,
+            "metadata column 'x' has Arrow type struct<a: int64>",
+        ),
+        (pa.table({"x": pa.array([[1]])}), InvalidTypeError, "metadata column 'x' has Arrow type list<item: int64>"),
+        (pa.table({"x": pa.array([b"x"])}), InvalidTypeError, "metadata column 'x' has Arrow type binary"),
+        (pa.table({"x": pa.array([dt.time(1, 2)])}), InvalidTypeError, "metadata column 'x' has Arrow type time64[us]"),
+        (
+            pa.table({"x": pa.array([dt.timedelta(1)])}),
+            InvalidTypeError,
+            "metadata column 'x' has Arrow type duration[us]",
+        ),
+        (
+            pa.table({"x": pa.array([1], pa.decimal128(5, 2))}),
+            InvalidTypeError,
+            "metadata column 'x' has Arrow type decimal128(5, 2)",
+        ),
+        (
+            pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]),
+            InvalidArgumentError,
+            "metadata column 'a' appears more than once",
+        ),
     ],
 )
 def test_invalid_arrow_columns_raise_naming_the_column(table, error, message):
@@ -395,8 +456,7 @@ _VALUES = {
 def typed_tables(draw):
     """(rows as dicts, the same data as an Arrow table): one type per field, some nulls."""
     n = draw(st.integers(0, 12))
-    kinds = draw(st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]),
-                                 st.sampled_from(KINDS), max_size=5))
+    kinds = draw(st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]), st.sampled_from(KINDS), max_size=5))
     data = {
         name: draw(st.lists(st.one_of(st.none(), _VALUES[kind]), min_size=n, max_size=n))
         for name, kind in kinds.items()
@@ -417,8 +477,7 @@ def test_arrow_and_dict_readers_give_equal_columns(case, n_chunks):
     assert_columns_equal(from_rows, from_arrow)
     # the same data in several chunks, and as a record batch
     bounds = sorted({0, n, *np.linspace(0, n, n_chunks + 1).astype(int).tolist()})
-    chunked = pa.concat_tables([table.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)]
-                               or [table])
+    chunked = pa.concat_tables([table.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)] or [table])
     assert_columns_equal(from_rows, columns_from_arrow(chunked, n))
     batch = table.combine_chunks().to_batches()
     if len(batch) == 1:
@@ -431,13 +490,16 @@ def test_a_large_arrow_table_matches_its_rows():
     words = np.array(["alpha", "beta", "gamma", "δέλτα"])
     ints = rng.integers(-1000, 1000, n)
     ints_mask = rng.random(n) < 0.1
-    table = pa.table({
-        "i": pa.array(ints, mask=ints_mask),
-        "f": pa.array(rng.random(n)),
-        "s": pa.array(words[rng.integers(0, 4, n)]),
-        "l": pa.ListArray.from_arrays(np.arange(0, 2 * n + 1, 2, dtype=np.int32),
-                                      pa.array(words[rng.integers(0, 4, 2 * n)])),
-    })
+    table = pa.table(
+        {
+            "i": pa.array(ints, mask=ints_mask),
+            "f": pa.array(rng.random(n)),
+            "s": pa.array(words[rng.integers(0, 4, n)]),
+            "l": pa.ListArray.from_arrays(
+                np.arange(0, 2 * n + 1, 2, dtype=np.int32), pa.array(words[rng.integers(0, 4, 2 * n)])
+            ),
+        }
+    )
     cols = columns_from_arrow(table, n)
     assert_layout(cols, n)
     assert_columns_equal(cols, columns_from_rows(table.to_pylist(), n))

@@ -165,12 +165,24 @@ def test_one_writer_and_reader_processes_readers_see_only_committed_states(tmp_p
     stop = str(tmp_path / "stop")
     env = dict(os.environ, PYTHONHASHSEED="0")
     t0 = time.monotonic()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, path, str(WRITE_SECONDS), "7", log],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, path, str(WRITE_SECONDS), "7", log],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     outs = [str(tmp_path / f"reader{i}.json") for i in range(N_READERS)]
-    readers = [subprocess.Popen([sys.executable, "-c", READER, path, stop, out],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-               for out in outs]
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, path, stop, out],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for out in outs
+    ]
     try:
         w_out, w_err = writer.communicate(timeout=WRITE_SECONDS + 40)
         assert writer.returncode == 0, w_err
@@ -223,9 +235,12 @@ WRITER_B = COMMON + textwrap.dedent(
 def test_a_second_writer_process_waits_and_no_commit_is_lost(tmp_path):
     path = str(tmp_path / "data")
     Engine(path).create_knowledge_base("kb", chunk_size=CHUNK, chunk_overlap=8)
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER_B, path, p, "25"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for p in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER_B, path, p, "25"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for p in ("a", "b")
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -276,9 +291,27 @@ def test_kbcore_serve_answers_every_request_while_another_process_writes(tmp_pat
         port = s.getsockname()[1]
     env = dict(os.environ, KBCORE_API_KEYS="mp-key-0123456789")
     server = subprocess.Popen(
-        [sys.executable, "-m", "kbcore", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--data", path, "--log-level", "warning", "--refresh-interval", "0.05"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "kbcore",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data",
+            path,
+            "--log-level",
+            "warning",
+            "--refresh-interval",
+            "0.05",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     writer = None
     url = f"http://127.0.0.1:{port}"
     statuses: dict[int, int] = {}
@@ -295,12 +328,18 @@ def test_kbcore_serve_answers_every_request_while_another_process_writes(tmp_pat
             assert time.monotonic() < deadline, "kbcore serve did not start"
             time.sleep(0.05)
         seconds = min(WRITE_SECONDS, 5.0)
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, path, str(seconds), "11",
-                                   str(tmp_path / "writer.log")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, path, str(seconds), "11", str(tmp_path / "writer.log")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         auth = {"Authorization": "Bearer mp-key-0123456789"}
-        req = {"knowledge_id": "kb", "query": "sentence about lanterns",
-               "retrieval_setting": {"top_k": 5, "score_threshold": 0.0}}
+        req = {
+            "knowledge_id": "kb",
+            "query": "sentence about lanterns",
+            "retrieval_setting": {"top_k": 5, "score_threshold": 0.0},
+        }
         with httpx.Client(timeout=30) as client:
             while writer.poll() is None:
                 r = client.post(f"{url}/retrieval", json=req, headers=auth)

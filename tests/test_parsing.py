@@ -17,15 +17,18 @@ def test_plain_text_is_decoded_and_normalised():
     assert doc.text == "Line one\nLine two\n\nPara two"
 
 
-@pytest.mark.parametrize("bom,enc", [(codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
-                                     (codecs.BOM_UTF16_BE, "utf-16-be")])
+@pytest.mark.parametrize(
+    "bom,enc", [(codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")]
+)
 def test_byte_order_marks_select_the_encoding(bom, enc):
     assert parse(bom + "héllo wörld".encode(enc), filename="a.txt").text == "héllo wörld"
 
 
 def test_markdown_keeps_words_and_drops_syntax():
-    md = (b"---\ntitle: x\n---\n# Title #\n\nSee [the docs](http://x.y/z) and ![a cat](c.png).\n\n"
-          b"Some **bold** and `code` here.\n\n```python\nprint(1)\n```\n<!-- hidden -->\n")
+    md = (
+        b"---\ntitle: x\n---\n# Title #\n\nSee [the docs](http://x.y/z) and ![a cat](c.png).\n\n"
+        b"Some **bold** and `code` here.\n\n```python\nprint(1)\n```\n<!-- hidden -->\n"
+    )
     doc = parse(md, filename="n.md")
     assert doc.format == "markdown"
     assert doc.text == "Title\n\nSee the docs and a cat.\n\nSome bold and code here.\n\nprint(1)"
@@ -48,11 +51,14 @@ def test_jsonl_records_become_paragraphs():
     assert parse(data, filename="r.jsonl").text == "T1\nbody one\n\nplain string\n\nbody two"
 
 
-@pytest.mark.parametrize("data,match", [
-    (b'{"text": "ok"}\n{not json}\n', "line 2 is not valid JSON"),
-    (b'{"other": 1}\n', "line 1 has no string field"),
-    (b"[1, 2]\n", "line 1 must be a JSON string or object"),
-])
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        (b'{"text": "ok"}\n{not json}\n', "line 2 is not valid JSON"),
+        (b'{"other": 1}\n', "line 1 has no string field"),
+        (b"[1, 2]\n", "line 1 must be a JSON string or object"),
+    ],
+)
 def test_bad_jsonl_names_the_line(data, match):
     with pytest.raises(InvalidArgumentError, match=match):
         parse(data, filename="r.jsonl")
@@ -67,15 +73,18 @@ def test_format_detection_from_name_and_content():
     assert detect_format("notes", b"hello") == "text"
 
 
-@pytest.mark.parametrize("data,filename,match", [
-    (b"", "a.txt", "is empty"),
-    (b"   \n\t ", "a.txt", "is empty"),
-    (b"\x80\x81garbage\xfa", "a.txt", "not valid UTF-8"),
-    (b"\xff\xfe\xfa\x00garbage", "a.txt", "not a multiple of 2 bytes"),
-    (b"abc\x00def", "a.txt", "NUL bytes"),
-    (b"<html><script>x</script></html>", "a.html", "contains no text"),
-    (b"PK\x03\x04", "a.docx", "unsupported file type '.docx'"),
-])
+@pytest.mark.parametrize(
+    "data,filename,match",
+    [
+        (b"", "a.txt", "is empty"),
+        (b"   \n\t ", "a.txt", "is empty"),
+        (b"\x80\x81garbage\xfa", "a.txt", "not valid UTF-8"),
+        (b"\xff\xfe\xfa\x00garbage", "a.txt", "not a multiple of 2 bytes"),
+        (b"abc\x00def", "a.txt", "NUL bytes"),
+        (b"<html><script>x</script></html>", "a.html", "contains no text"),
+        (b"PK\x03\x04", "a.docx", "unsupported file type '.docx'"),
+    ],
+)
 def test_bad_input_raises_a_clear_error(data, filename, match):
     with pytest.raises(InvalidArgumentError, match=match):
         parse(data, filename=filename)

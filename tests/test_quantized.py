@@ -228,8 +228,9 @@ def test_kbcore_simd_scalar_environment_runs_the_quantized_search(tmp_path, buil
         "np.save(sys.argv[3], ix.search(np.load(sys.argv[2]), 10, ef=32)[0])"
     )
     env = dict(os.environ, KBCORE_SIMD="scalar")
-    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "q.npy"), str(tmp_path / "out.npy")],
-                   env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", code, str(path), str(tmp_path / "q.npy"), str(tmp_path / "out.npy")], env=env, check=True
+    )
     original = kbcore.simd_level()
     try:
         kbcore.set_simd_level("scalar")
@@ -283,7 +284,7 @@ def test_retrain_after_drift_restores_recall():
     ids = np.arange(len(data), dtype=np.int64)
     ix = kbcore.Index(DIM, "l2", **PARAMS, quantization="sq8", rerank=10)
     ix.add(data[:1000] * 0.05, ids[:1000], threads=1)  # trains on a narrow range
-    ix.add(data[1000:], ids[1000:], threads=1)         # most values clip
+    ix.add(data[1000:], ids[1000:], threads=1)  # most values clip
     stored = np.concatenate([data[:1000] * 0.05, data[1000:]])
     before = recall_at_k(ix.search(queries, 10, ef=32)[0], stored, ids, queries, 10, "l2")
     ix.retrain_quantizer()
@@ -291,12 +292,15 @@ def test_retrain_after_drift_restores_recall():
     assert after > before + 0.05 and after >= 0.9, (before, after)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(quantization="pq"), "quantization"),
-    (dict(quantization="sq8", kind="flat"), "hnsw"),
-    (dict(rerank=10), "rerank"),
-    (dict(quantization="sq8", rerank=0), "rerank"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(quantization="pq"), "quantization"),
+        (dict(quantization="sq8", kind="flat"), "hnsw"),
+        (dict(rerank=10), "rerank"),
+        (dict(quantization="sq8", rerank=0), "rerank"),
+    ],
+)
 def test_bad_quantization_arguments_raise_value_errors(kw, match):
     with pytest.raises(ValueError, match=match):
         kbcore.Index(DIM, "l2", **kw)
@@ -315,8 +319,9 @@ def test_knowledge_base_created_with_sq8_keeps_it_across_reopening(tmp_path):
     from kbcore.engine import Engine
 
     data, queries = make_clustered(82, 1200, DIM, n_queries=5)
-    table = pa.table({"document_id": [f"d{i}" for i in range(len(data))],
-                      "text": [f"row {i}" for i in range(len(data))]})
+    table = pa.table(
+        {"document_id": [f"d{i}" for i in range(len(data))], "text": [f"row {i}" for i in range(len(data))]}
+    )
     kb = Engine(tmp_path).create_knowledge_base("kb", embedder=False, quantization="sq8")
     kb.ingest_table(table, vectors=data)
     assert kb._cell.state.index.quantization == "sq8" and kb._cell.state.index.quantizer_trained

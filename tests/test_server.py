@@ -27,13 +27,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-httpx = pytest.importorskip(
-    "httpx", reason="the server tests need httpx (pip install 'kbcore[test]')"
-)
+httpx = pytest.importorskip("httpx", reason="the server tests need httpx (pip install 'kbcore[test]')")
 pytest.importorskip("starlette", reason="the server needs Starlette (pip install 'kbcore[server]')")
-uvicorn = pytest.importorskip(
-    "uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')"
-)
+uvicorn = pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')")
 
 from kbcore import Engine
 from kbcore.server import create_app, parse_api_keys, uvicorn_config
@@ -44,9 +40,7 @@ MAX_BODY = 4096
 
 
 def _epoch(text: str) -> int:
-    return int(
-        datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp()
-    )
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp())
 
 
 #: The "ops" corpus: one chunk per document; the metadata every operator test is computed on.
@@ -215,15 +209,11 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server):
     url, _ = server
-    with httpx.Client(
-        base_url=url, timeout=10, headers={"Authorization": f"Bearer {KEYS[0]}"}
-    ) as c:
+    with httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {KEYS[0]}"}) as c:
         yield c
 
 
-def body(
-    query="keys", knowledge_id="ops", top_k=10, threshold=0.0, condition=None, **extra
-) -> dict:
+def body(query="keys", knowledge_id="ops", top_k=10, threshold=0.0, condition=None, **extra) -> dict:
     b = {
         "knowledge_id": knowledge_id,
         "query": query,
@@ -283,17 +273,13 @@ def test_wrong_key_is_403_1002(server, key):
 def test_every_configured_key_is_accepted_and_scheme_is_case_insensitive(server, key):
     url, _ = server
     for scheme in ("Bearer", "bearer"):
-        resp = httpx.post(
-            f"{url}/retrieval", json=body(), headers={"Authorization": f"{scheme} {key}"}
-        )
+        resp = httpx.post(f"{url}/retrieval", json=body(), headers={"Authorization": f"{scheme} {key}"})
         assert resp.status_code == 200, resp.text
 
 
 def test_authorization_is_checked_before_the_body(server):
     url, _ = server
-    resp = httpx.post(
-        f"{url}/retrieval", content=b"not json", headers={"Authorization": "Bearer nope"}
-    )
+    resp = httpx.post(f"{url}/retrieval", content=b"not json", headers={"Authorization": "Bearer nope"})
     error_of(resp, 403, 1002)
 
 
@@ -375,9 +361,7 @@ def test_every_error_is_logged_as_one_json_line_with_the_request_id(server, clie
     cases = [
         (httpx.post(f"{server[0]}/retrieval", json=body()), 1001),
         (
-            httpx.post(
-                f"{server[0]}/retrieval", json=body(), headers={"Authorization": "Bearer bad"}
-            ),
+            httpx.post(f"{server[0]}/retrieval", json=body(), headers={"Authorization": "Bearer bad"}),
             1002,
         ),
         (client.post("/retrieval"), 3000),
@@ -385,11 +369,7 @@ def test_every_error_is_logged_as_one_json_line_with_the_request_id(server, clie
         (
             client.post(
                 "/retrieval",
-                json=body(
-                    condition={
-                        "conditions": [{"name": "year", "comparison_operator": "like", "value": 1}]
-                    }
-                ),
+                json=body(condition={"conditions": [{"name": "year", "comparison_operator": "like", "value": 1}]}),
             ),
             3002,
         ),
@@ -442,14 +422,10 @@ def test_records_are_sorted_scored_titled_and_carry_metadata_objects(client):
 
 
 def test_top_k_limits_and_score_threshold_is_applied_on_the_server(client):
-    everything = client.post("/retrieval", json=body(query="rotate the signing keys")).json()[
-        "records"
-    ]
+    everything = client.post("/retrieval", json=body(query="rotate the signing keys")).json()["records"]
     assert len(client.post("/retrieval", json=body(top_k=2)).json()["records"]) == 2
     cut = (everything[0]["score"] + everything[1]["score"]) / 2
-    kept = client.post(
-        "/retrieval", json=body(query="rotate the signing keys", threshold=cut)
-    ).json()["records"]
+    kept = client.post("/retrieval", json=body(query="rotate the signing keys", threshold=cut)).json()["records"]
     assert [r["metadata"]["document_id"] for r in kept] == ["a"]
     assert all(r["score"] >= cut for r in kept)
     assert client.post("/retrieval", json=body(threshold=1.0)).json() == {"records": []}
@@ -532,11 +508,9 @@ OPERATOR_CASES = [
     ("case and spaces", [cond("team", "  Start   With ", "infra")], "AND", {"a", "b"}),
     # Dify 1.12: a comparison with a missing field is never true (SQL NULL), "not" ones included
     ("is not skips missing", [cond("note", "is not", "urgent")], "and", {"a", "d", "e"}),
-    ("≠ skips missing", [cond("ts", "≠", _epoch("2021-03-01T00:00:00Z"))], "and",
-     {"b", "c", "d"}),
+    ("≠ skips missing", [cond("ts", "≠", _epoch("2021-03-01T00:00:00Z"))], "and", {"b", "c", "d"}),
     ("not in skips missing", [cond("note", "not in", "urgent")], "and", {"a", "d", "e"}),
-    ("not contains skips missing", [cond("note", "not contains", "x")], "and",
-     {"a", "b", "d", "e"}),
+    ("not contains skips missing", [cond("note", "not contains", "x")], "and", {"a", "b", "d", "e"}),
     # in / not in with Dify's comma-joined string; an empty one: nothing / everything
     ("in comma-joined", [cond("team", "in", "infra,search")], "and", {"a", "c"}),
     ("in empty string", [cond("team", "in", "")], "and", set()),
@@ -551,17 +525,17 @@ OPERATOR_CASES = [
     # Dify's UI sends dates as Unix seconds; a stored ISO date is the same instant
     ("is seconds on ISO date", [cond("published", "is", 1705276800)], "and", {"a"}),
     ("is seconds other day", [cond("published", "is", 1705276800 + 86400)], "and", set()),
-    ("is not seconds on ISO date", [cond("published", "is not", 1705276800 + 1)], "and",
-     {"a"}),
-    ("is seconds on seconds", [cond("ts", "is", _epoch("2022-06-15T00:00:00Z"))], "and",
-     {"b"}),
+    ("is not seconds on ISO date", [cond("published", "is not", 1705276800 + 1)], "and", {"a"}),
+    ("is seconds on seconds", [cond("ts", "is", _epoch("2022-06-15T00:00:00Z"))], "and", {"b"}),
     # a condition whose value the user left empty is skipped, as Dify does
-    ("null value skipped", [{"name": "team", "comparison_operator": "is", "value": None}],
-     "and", ALL),
-    ("null value skipped in and", [{"name": ["team"], "comparison_operator": "contains",
-                                    "value": None}, cond("year", ">", 2022)], "and", {"c", "d"}),
-    ("empty needs no value", [{"name": "note", "comparison_operator": "empty", "value": None}],
-     "and", {"a", "c", "e"}),
+    ("null value skipped", [{"name": "team", "comparison_operator": "is", "value": None}], "and", ALL),
+    (
+        "null value skipped in and",
+        [{"name": ["team"], "comparison_operator": "contains", "value": None}, cond("year", ">", 2022)],
+        "and",
+        {"c", "d"},
+    ),
+    ("empty needs no value", [{"name": "note", "comparison_operator": "empty", "value": None}], "and", {"a", "c", "e"}),
 ]
 
 
@@ -853,10 +827,12 @@ def hardened(tmp_path_factory):
     logs at INFO."""
     engine = Engine(tmp_path_factory.mktemp("kb-hard"))
     kb = engine.create_knowledge_base("ops", index="flat")
-    kb.ingest(text="Rotate the signing keys every ninety days.", document_id="a",
-              metadata={"team": "infra", "year": 2021})
-    kb.ingest(text="Search relevance is measured with nDCG.", document_id="b",
-              metadata={"team": "search", "year": 2023})
+    kb.ingest(
+        text="Rotate the signing keys every ninety days.", document_id="a", metadata={"team": "infra", "year": 2021}
+    )
+    kb.ingest(
+        text="Search relevance is measured with nDCG.", document_id="b", metadata={"team": "search", "year": 2023}
+    )
     app = create_app(engine, KEYS, body_timeout=TIMEOUT)
     try:
         with running(app, logging.INFO, header_timeout=TIMEOUT, keep_alive_timeout=1) as srv:
@@ -866,8 +842,9 @@ def hardened(tmp_path_factory):
 
 
 def _post(url: str, payload: bytes, timeout: float = 30) -> httpx.Response:
-    return httpx.post(f"{url}/retrieval", content=payload, timeout=timeout,
-                      headers={"Authorization": f"Bearer {KEYS[0]}"})
+    return httpx.post(
+        f"{url}/retrieval", content=payload, timeout=timeout, headers={"Authorization": f"Bearer {KEYS[0]}"}
+    )
 
 
 def _raw(**fields) -> bytes:
@@ -893,34 +870,51 @@ HOSTILE = [
     ("value 5000 digits in", _raw(**_mc("in", "1" * 5000)), 200, None),
     ("value 20000 digits+x before", _raw(**_mc("before", "9" * 20000 + "x")), 400, 3002),
     ("long ISO fraction", _raw(**_mc("after", "2024-01-01T00:00:00." + "1" * 30000)), 200, None),
-    ("JSON number of 5000 digits", b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
-     b'{"top_k":' + b"1" * 5000 + b"}}", 400, 3001),
-    ("score_threshold 10**400", _raw(retrieval_setting={"top_k": 3,
-                                                        "score_threshold": 10**400}), 400, 3001),
-    ("score_threshold 1e999", (b'{"knowledge_id":"ops","query":"q","retrieval_setting":'
-     b'{"score_threshold":1e999}}'), 400, 3001),
+    (
+        "JSON number of 5000 digits",
+        b'{"knowledge_id":"ops","query":"q","retrieval_setting":{"top_k":' + b"1" * 5000 + b"}}",
+        400,
+        3001,
+    ),
+    ("score_threshold 10**400", _raw(retrieval_setting={"top_k": 3, "score_threshold": 10**400}), 400, 3001),
+    (
+        "score_threshold 1e999",
+        (b'{"knowledge_id":"ops","query":"q","retrieval_setting":{"score_threshold":1e999}}'),
+        400,
+        3001,
+    ),
     ("top_k 10**400 is clamped", _raw(retrieval_setting={"top_k": 10**400}), 200, None),
     ("top_k -10**400", _raw(retrieval_setting={"top_k": -(10**400)}), 400, 3001),
-    ("JSON nested 100000 deep", b'{"knowledge_id":"ops","query":"q","x":'
-     + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, 3001),
-    ("condition nested 100000 deep", b'{"knowledge_id":"ops","query":"q",'
-     b'"metadata_condition":' + b'{"conditions":[' * 50_000 + b"]}" * 50_000 + b"}",
-     400, 3001),
+    (
+        "JSON nested 100000 deep",
+        b'{"knowledge_id":"ops","query":"q","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        400,
+        3001,
+    ),
+    (
+        "condition nested 100000 deep",
+        b'{"knowledge_id":"ops","query":"q",'
+        b'"metadata_condition":' + b'{"conditions":[' * 50_000 + b"]}" * 50_000 + b"}",
+        400,
+        3001,
+    ),
     ("surrogate in a value", _raw(**_mc("is", "\ud800", "team")), 400, 3002),
     ("surrogate in an in list", _raw(**_mc("in", ["x", "a\udc00"], "team")), 400, 3002),
     ("surrogate in a field name", _raw(**_mc("is", "x", "te\ud83dam")), 400, 3002),
     ("surrogate in knowledge_id", _raw(knowledge_id="ops\ud800"), 400, 3001),
     ("surrogate in query", _raw(query="keys \udfff"), 400, 3001),
-    ("surrogate in an operator", _raw(metadata_condition={"conditions": [
-        {"name": "team", "comparison_operator": "is\ud800", "value": "x"}]}), 400, 3002),
+    (
+        "surrogate in an operator",
+        _raw(metadata_condition={"conditions": [{"name": "team", "comparison_operator": "is\ud800", "value": "x"}]}),
+        400,
+        3002,
+    ),
     ("invalid UTF-8", b'{"knowledge_id":"ops\xff","query":"q"}', 400, 3001),
 ]
 
 
-@pytest.mark.parametrize("payload, status, code", [h[1:] for h in HOSTILE],
-                         ids=[h[0] for h in HOSTILE])
-def test_hostile_input_is_a_4xx_json_error_with_its_code_never_a_500(hardened, payload,
-                                                                     status, code):
+@pytest.mark.parametrize("payload, status, code", [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_hostile_input_is_a_4xx_json_error_with_its_code_never_a_500(hardened, payload, status, code):
     url, logs = hardened
     resp = _post(url, payload)
     assert resp.headers["content-type"].startswith("application/json"), resp.text
@@ -1022,9 +1016,11 @@ def _stalled_clients(host: str, port: int, n: int) -> list[tuple[socket.socket, 
         if kind == "half head":
             s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n")
         elif kind == "half body":
-            s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
-                      + f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: 500\r\n\r\n".encode()
-                      + b'{"knowledge_id": "ops", ')
+            s.sendall(
+                b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
+                + f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: 500\r\n\r\n".encode()
+                + b'{"knowledge_id": "ops", '
+            )
         socks.append((s, kind))
     return socks
 
@@ -1087,9 +1083,12 @@ def test_a_keep_alive_connection_dribbling_its_next_head_is_closed(tmp_path):
             host, port = url.removeprefix("http://").split(":")
             payload = json.dumps(body(knowledge_id="kb")).encode()
             with socket.create_connection((host, int(port)), timeout=15) as s:
-                s.sendall(b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
-                          + f"Authorization: Bearer {KEYS[0]}\r\n".encode()
-                          + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload[:5])
+                s.sendall(
+                    b"POST /retrieval HTTP/1.1\r\nHost: x\r\n"
+                    + f"Authorization: Bearer {KEYS[0]}\r\n".encode()
+                    + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+                    + payload[:5]
+                )
                 time.sleep(TIMEOUT + 0.3)  # past the first header deadline, mid-request
                 s.sendall(payload[5:])
                 first = s.recv(65536)

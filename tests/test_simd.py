@@ -77,7 +77,7 @@ def misaligned(a: np.ndarray) -> np.ndarray:
     """A C-contiguous float32 copy of `a` whose data pointer is 4 bytes past a 64-byte boundary."""
     buf = np.empty(a.size + 32, dtype=np.float32)
     skip = ((-buf.ctypes.data) % 64) // 4 + 1
-    out = buf[skip:skip + a.size].reshape(a.shape)
+    out = buf[skip : skip + a.size].reshape(a.shape)
     out[...] = a
     assert out.flags.c_contiguous and out.ctypes.data % 32 == 4
     return out
@@ -119,7 +119,10 @@ def _level_in_child(env_value: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, KBCORE_SIMD=env_value)
     return subprocess.run(
         [sys.executable, "-c", "import kbcore; print(kbcore.simd_level())"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 

@@ -69,6 +69,7 @@ class FaultInjector:
                 return None
             self._tick(name)
             return real(*args, **kwargs)
+
         return wrapper
 
     def arm(self, fail_at: int | None, err: int = errno.ENOSPC) -> None:
@@ -92,8 +93,7 @@ def _text(name: str, n: int = 4) -> str:
 def _build(path: str) -> str:
     eng = Engine(path)
     kb = eng.create_knowledge_base("kb", chunk_size=60, chunk_overlap=5)
-    kb.ingest_many([engine_mod.Document(text=_text(f"d{i}"), document_id=f"d{i}", metadata={"v": i})
-                    for i in range(3)])
+    kb.ingest_many([engine_mod.Document(text=_text(f"d{i}"), document_id=f"d{i}", metadata={"v": i}) for i in range(3)])
     kb.checkpoint()
     for i in range(3, 5):
         kb.ingest(text=_text(f"d{i}"), document_id=f"d{i}", metadata={"v": i})
@@ -189,8 +189,10 @@ def test_fault_at_every_primitive_call_of_a_commit_loses_nothing(base_dir, tmp_p
         _drop(eng, kb)
         shutil.rmtree(data)
     assert raised >= total // 2, (raised, committed, total)
-    print(f"{op}: {total} primitive calls; a fault at {raised} of them raised StorageError, "
-          f"at {committed} (after the commit point) left the commit whole")
+    print(
+        f"{op}: {total} primitive calls; a fault at {raised} of them raised StorageError, "
+        f"at {committed} (after the commit point) left the commit whole"
+    )
 
 
 def test_storage_error_keeps_the_errno_and_names_the_file(tmp_path, monkeypatch):
@@ -209,8 +211,9 @@ def _mount_tmpfs(path: str, size: str) -> str | None:
         return "mounting a size-limited tmpfs needs root"
     if shutil.which("mount") is None:
         return "no mount command"
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, text=True, timeout=30
+    )
     if r.returncode != 0:
         return f"mount -t tmpfs is not permitted here: {r.stderr.strip()}"
     return None
@@ -226,8 +229,9 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path):
         data = os.path.join(mnt, "data")
         eng = Engine(data)
         kb = eng.create_knowledge_base("kb", chunk_size=200, chunk_overlap=0)
-        kb.ingest_many([engine_mod.Document(text=_text(f"d{i}", 20), document_id=f"d{i}", metadata={"v": i})
-                        for i in range(20)])
+        kb.ingest_many(
+            [engine_mod.Document(text=_text(f"d{i}", 20), document_id=f"d{i}", metadata={"v": i}) for i in range(20)]
+        )
         kb.checkpoint()
         committed = _snapshot(kb)
         # fill the file system, leaving a few KiB

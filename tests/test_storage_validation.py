@@ -51,8 +51,8 @@ def _set(m: dict, path: str, value) -> dict:
 
 BAD_MANIFESTS = [
     # (field path, value, field the error must name) -- each crashed or was accepted before
-    ("segments", {"seg-1": {}}, "segments"),                       # AttributeError before
-    ("segments.0", "seg-00000003", "segments[0]"),                # TypeError before
+    ("segments", {"seg-1": {}}, "segments"),  # AttributeError before
+    ("segments.0", "seg-00000003", "segments[0]"),  # TypeError before
     ("segments.0.files", [], "segments[0].files"),
     ("segments.0.files.chunks.path", "../../outside.arrow", "segments[0].files.chunks.path"),
     ("segments.0.files.chunks.path", "/etc/passwd", "segments[0].files.chunks.path"),
@@ -61,21 +61,21 @@ BAD_MANIFESTS = [
     ("segments.0.files.chunks.crc32", 2**40, "segments[0].files.chunks.crc32"),
     ("segments.0.rows", 2**60, "segments[0].rows"),
     ("segments.0.rows", "9", "segments[0].rows"),
-    ("segments.0.name", "seg-99999999", "segments[0].name"),       # after the generation
+    ("segments.0.name", "seg-99999999", "segments[0].name"),  # after the generation
     ("segments.0.name", "../seg-1", "segments[0].name"),
     ("segments.0.deleted_docs", [-1], "segments[0].deleted_docs[0]"),  # accepted silently before
     ("segments.0.deleted_docs", [2**40], "segments[0].deleted_docs[0]"),  # IndexError before
     ("segments.0.deleted_docs", [1, 1], "segments[0].deleted_docs"),
     ("segments.0.deleted_docs", "1", "segments[0].deleted_docs"),
-    ("next_id", 3, "next_id"),                                     # rewound: new ids would collide
+    ("next_id", 3, "next_id"),  # rewound: new ids would collide
     ("next_id", -1, "next_id"),
-    ("next_id", 2**64, "next_id"),                                 # OverflowError before
+    ("next_id", 2**64, "next_id"),  # OverflowError before
     ("next_group", "x", "next_group"),
     ("generation", 0, "generation"),
     ("generation", 2.5, "generation"),
     ("version", 0, "version"),
     ("config", None, "config"),
-    ("config.dim", 2**55, "config.dim"),                           # MemoryError (128 PiB) before
+    ("config.dim", 2**55, "config.dim"),  # MemoryError (128 PiB) before
     ("config.dim", 0, "config.dim"),
     ("config.M", 1, "config.M"),
     ("config.metric", "hamming", "config.metric"),
@@ -97,14 +97,16 @@ BAD_MANIFESTS = [
 
 @pytest.mark.parametrize("path,value,field", BAD_MANIFESTS, ids=[f"{p}={v!r}"[:60] for p, v, _ in BAD_MANIFESTS])
 def test_crafted_manifest_with_a_valid_checksum_raises_format_error_naming_the_field(
-        base_kb, base_manifest, tmp_path, path, value, field):
+    base_kb, base_manifest, tmp_path, path, value, field
+):
     m = base_manifest
     if path.startswith("segments.0") and path != "segments.0":
         i = m["segments"].index(_seg_with_deleted(m))
         path = path.replace("segments.0", f"segments.{i}", 1)
         field = field.replace("segments[0]", f"segments[{i}]", 1)
-    d = write_crafted(base_kb, str(tmp_path / "w"), _set(m, path, value),
-                      fix_sizes=not path.endswith((".bytes", ".crc32")))
+    d = write_crafted(
+        base_kb, str(tmp_path / "w"), _set(m, path, value), fix_sizes=not path.endswith((".bytes", ".crc32"))
+    )
     with pytest.raises(FormatError) as e:
         _open(d)
     assert f"field {field!r}" in str(e.value)
@@ -141,8 +143,12 @@ def test_segment_id_ranges_must_be_disjoint(base_kb, base_manifest, tmp_path):
 
 
 def test_manifest_that_is_not_json_or_too_deep_or_nan_raises_format_error(base_kb, tmp_path):
-    for name, body in [("deep", b"[" * 100000 + b"]" * 100000), ("nan", b'{"format": NaN}'),
-                       ("bytes", b"\xff\xfe garbage"), ("list", b"[1, 2]")]:
+    for name, body in [
+        ("deep", b"[" * 100000 + b"]" * 100000),
+        ("nan", b'{"format": NaN}'),
+        ("bytes", b"\xff\xfe garbage"),
+        ("list", b"[1, 2]"),
+    ]:
         d = write_crafted(base_kb, str(tmp_path / name), _read_json(os.path.join(base_kb, storage.MANIFEST)))
         with open(os.path.join(d, storage.MANIFEST), "wb") as f:
             f.write(body)
@@ -160,6 +166,7 @@ def test_valid_manifest_still_opens_and_validator_accepts_what_the_engine_writes
 
 
 # -- segment files ----------------------------------------------------------------------------
+
 
 def _arrow(table) -> bytes:
     import pyarrow as pa
@@ -198,7 +205,7 @@ def test_text_offsets_past_the_data_raise_format_error_not_a_crash(base_kb, base
     pos = offsets.address - buf.address  # the offsets buffer is a slice of the file
     width = 8 if pa.types.is_large_string(batch.schema.field("__text").type) else 4
     last = pos + (batch.num_rows) * width
-    raw[last:last + width] = (1 << (8 * width - 2)).to_bytes(width, "little")
+    raw[last : last + width] = (1 << (8 * width - 2)).to_bytes(width, "little")
     d = write_crafted(base_kb, str(tmp_path / "w"), copy.deepcopy(base_manifest), {name: bytes(raw)})
     code = textwrap.dedent(f"""
         from kbcore import Engine
@@ -220,9 +227,15 @@ def _replace_column(table, col, array):
 
 
 CHUNK_CASES = {
-    "ids_not_increasing": lambda t, pa: _replace_column(t, "__id", pa.array(t.column("__id").to_pylist()[::-1], pa.int64())),
-    "ids_beyond_next_id": lambda t, pa: _replace_column(t, "__id", pa.array([x + 10**6 for x in t.column("__id").to_pylist()], pa.int64())),
-    "negative_ids": lambda t, pa: _replace_column(t, "__id", pa.array([x - 10**6 for x in t.column("__id").to_pylist()], pa.int64())),
+    "ids_not_increasing": lambda t, pa: _replace_column(
+        t, "__id", pa.array(t.column("__id").to_pylist()[::-1], pa.int64())
+    ),
+    "ids_beyond_next_id": lambda t, pa: _replace_column(
+        t, "__id", pa.array([x + 10**6 for x in t.column("__id").to_pylist()], pa.int64())
+    ),
+    "negative_ids": lambda t, pa: _replace_column(
+        t, "__id", pa.array([x - 10**6 for x in t.column("__id").to_pylist()], pa.int64())
+    ),
     "id_as_string": lambda t, pa: _replace_column(t, "__id", t.column("__id").cast(pa.string())),
     "id_nulls": lambda t, pa: _replace_column(t, "__id", pa.nulls(t.num_rows, pa.int64())),
     "no_text_column": lambda t, pa: t.drop_columns(["__text"]),
@@ -245,7 +258,9 @@ def test_crafted_chunks_table_raises_format_error(base_kb, base_manifest, tmp_pa
 
 DOC_CASES = {
     "counts_do_not_add_up": lambda t, pa: _replace_column(t, "n_chunks", pa.array([1] * t.num_rows, pa.int64())),
-    "negative_count": lambda t, pa: _replace_column(t, "n_chunks", pa.array([-1] + t.column("n_chunks").to_pylist()[1:], pa.int64())),
+    "negative_count": lambda t, pa: _replace_column(
+        t, "n_chunks", pa.array([-1] + t.column("n_chunks").to_pylist()[1:], pa.int64())
+    ),
     "metadata_not_json": lambda t, pa: _replace_column(t, "metadata", pa.array(["{oops"] * t.num_rows, pa.string())),
     "metadata_null": lambda t, pa: _replace_column(t, "metadata", pa.nulls(t.num_rows, pa.string())),
     "no_document_id": lambda t, pa: t.drop_columns(["document_id"]),

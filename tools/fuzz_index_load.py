@@ -271,8 +271,12 @@ def make_seed_files(folder: Path) -> list[Path]:
 
     rng = np.random.default_rng(20261201)
     paths = []
-    for name, kind, metric, defer in (("hnsw_l2", "hnsw", "l2", False), ("hnsw_cos_pending", "hnsw", "cosine", True),
-                                      ("flat_ip", "flat", "ip", False), ("hnsw_l2_sq8", "hnsw", "l2", False)):
+    for name, kind, metric, defer in (
+        ("hnsw_l2", "hnsw", "l2", False),
+        ("hnsw_cos_pending", "hnsw", "cosine", True),
+        ("flat_ip", "flat", "ip", False),
+        ("hnsw_l2_sq8", "hnsw", "l2", False),
+    ):
         n, dim = 40, 4
         vecs = rng.standard_normal((n, dim)).astype(np.float32)
         quantized = {"quantization": "sq8", "rerank": 7} if name.endswith("_sq8") else {}
@@ -284,8 +288,7 @@ def make_seed_files(folder: Path) -> list[Path]:
         texts = [f"word{i % 4} common text{i % 7}" if i % 3 else None for i in range(n)]
         index.add(vecs[:30], np.arange(30), metadata=meta[:30], texts=texts[:30], threads=1)
         index.remove([3, 11], threads=1)
-        index.add(vecs[30:], np.arange(30, n), metadata=meta[30:], texts=texts[30:], defer_graph=defer,
-                  threads=1)
+        index.add(vecs[30:], np.arange(30, n), metadata=meta[30:], texts=texts[30:], defer_graph=defer, threads=1)
         if quantized:
             index.retrain_quantizer(threads=1)  # 40 rows are below the automatic threshold
         path = folder / f"seed_{name}.kbi"
@@ -432,8 +435,13 @@ def run_files(paths: list[Path], *, timeout: float = 600.0) -> dict[Path, dict]:
     results: dict[Path, dict] = {}
     todo = list(paths)
     while todo:
-        proc = subprocess.run([sys.executable, "-c", _CHILD], input="\n".join(map(str, todo)) + "\n",
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            input="\n".join(map(str, todo)) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         for line in proc.stdout.splitlines():
             rec = json.loads(line)
             results[Path(rec["path"])] = rec
@@ -441,9 +449,12 @@ def run_files(paths: list[Path], *, timeout: float = 600.0) -> dict[Path, dict]:
         if done == len(todo):
             break
         crashed = todo[done]  # the first file without an answer killed the child
-        results[crashed] = {"path": str(crashed), "result": "crash",
-                            "detail": f"exit {proc.returncode}: {proc.stderr[-500:]}"}
-        todo = todo[done + 1:]
+        results[crashed] = {
+            "path": str(crashed),
+            "result": "crash",
+            "detail": f"exit {proc.returncode}: {proc.stderr[-500:]}",
+        }
+        todo = todo[done + 1 :]
     return results
 
 
@@ -512,7 +523,7 @@ def atheris_main(argv: list[str]) -> None:
 
 def main() -> int:
     if "--atheris" in sys.argv:
-        rest = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+        rest = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
         atheris_main(rest)
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -123,7 +123,8 @@ def build_packages(py: Path, wheel: Path, out: Path) -> tuple[Path, Path, str, s
         shutil.rmtree(d, ignore_errors=True)
         r = run(
             [str(py), str(PLUGIN_DIR / "build_lbpkg.py"), "--wheel", str(wheel), "--version", v, "-o", str(d)],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         pkgs.append(Path(r.stdout.strip().splitlines()[-1]))
     return pkgs[0], pkgs[1], v1, v2
@@ -199,15 +200,17 @@ class EmbeddingServer:
                 inputs = body.get("input")
                 inputs = [inputs] if isinstance(inputs, str) else list(inputs)
                 outer.texts.extend(inputs)
-                payload = json.dumps({
-                    "object": "list",
-                    "model": body.get("model", "fake"),
-                    "data": [
-                        {"object": "embedding", "index": i, "embedding": fake_embedding(t)}
-                        for i, t in enumerate(inputs)
-                    ],
-                    "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
-                }).encode()
+                payload = json.dumps(
+                    {
+                        "object": "list",
+                        "model": body.get("model", "fake"),
+                        "data": [
+                            {"object": "embedding", "index": i, "embedding": fake_embedding(t)}
+                            for i, t in enumerate(inputs)
+                        ],
+                        "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
+                    }
+                ).encode()
                 self.send_response(200 if self.path.rstrip("/").endswith("/embeddings") else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -240,14 +243,16 @@ class Host:
     def _env(self) -> dict[str, str]:
         keep = ("LANG", "LC_ALL", "SSL_CERT_FILE", "TZ")
         env = {k: os.environ[k] for k in keep if k in os.environ}
-        env.update({
-            "HOME": str(self.home / "userhome"),
-            # a C compiler that fails: nothing may be built from source
-            "PATH": f"{self.shim}:{self.py.parent}:/usr/local/bin:/usr/bin:/bin",
-            "LANGBOT_PLUGIN_RUNTIME_CONTROL_TOKEN": TOKEN,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "HOME": str(self.home / "userhome"),
+                # a C compiler that fails: nothing may be built from source
+                "PATH": f"{self.shim}:{self.py.parent}:/usr/local/bin:/usr/bin:/bin",
+                "LANGBOT_PLUGIN_RUNTIME_CONTROL_TOKEN": TOKEN,
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         return env
 
     def start(self) -> None:
@@ -258,28 +263,51 @@ class Host:
         env = self._env()
         # The child keeps its own copy of the log's descriptor; the parent's is closed at once.
         with open(logs / f"runtime-{self.starts}.log", "wb") as rt_log:
-            self.procs.append(subprocess.Popen(
-                [str(self.py), "-m", "langbot_plugin.cli.__init__", "rt",
-                 "--ws-control-port", str(self.rt_port), "--ws-debug-port", str(self.debug_port),
-                 "--pypi-index-url", self.index.resolve().as_uri()],
-                cwd=self.home, env=env, stdout=rt_log, stderr=subprocess.STDOUT, start_new_session=True,
-            ))
-        env.update({
-            "API__HOST": "127.0.0.1",
-            "API__PORT": str(self.api_port),
-            "API__WEBHOOK_PREFIX": self.base,
-            "PLUGIN__RUNTIME_WS_URL": f"ws://127.0.0.1:{self.rt_port}/control/ws",
-            "PLUGIN__ENABLE_MARKETPLACE": "false",
-            "PLUGIN__DISPLAY_PLUGIN_DEBUG_URL": f"ws://127.0.0.1:{self.debug_port}/plugin/debug/ws",
-            "BOX__ENABLED": "false",
-            "SPACE__DISABLE_TELEMETRY": "true",
-            "SPACE__DISABLE_MODELS_SERVICE": "true",
-        })
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        str(self.py),
+                        "-m",
+                        "langbot_plugin.cli.__init__",
+                        "rt",
+                        "--ws-control-port",
+                        str(self.rt_port),
+                        "--ws-debug-port",
+                        str(self.debug_port),
+                        "--pypi-index-url",
+                        self.index.resolve().as_uri(),
+                    ],
+                    cwd=self.home,
+                    env=env,
+                    stdout=rt_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        env.update(
+            {
+                "API__HOST": "127.0.0.1",
+                "API__PORT": str(self.api_port),
+                "API__WEBHOOK_PREFIX": self.base,
+                "PLUGIN__RUNTIME_WS_URL": f"ws://127.0.0.1:{self.rt_port}/control/ws",
+                "PLUGIN__ENABLE_MARKETPLACE": "false",
+                "PLUGIN__DISPLAY_PLUGIN_DEBUG_URL": f"ws://127.0.0.1:{self.debug_port}/plugin/debug/ws",
+                "BOX__ENABLED": "false",
+                "SPACE__DISABLE_TELEMETRY": "true",
+                "SPACE__DISABLE_MODELS_SERVICE": "true",
+            }
+        )
         with open(logs / f"langbot-{self.starts}.log", "wb") as host_log:
-            self.procs.append(subprocess.Popen(
-                [str(self.py), "-m", "langbot"],
-                cwd=self.home, env=env, stdout=host_log, stderr=subprocess.STDOUT, start_new_session=True,
-            ))
+            self.procs.append(
+                subprocess.Popen(
+                    [str(self.py), "-m", "langbot"],
+                    cwd=self.home,
+                    env=env,
+                    stdout=host_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -309,8 +337,16 @@ class Api:
         self.host = host
         self.token: str | None = None
 
-    def call(self, method: str, path: str, body: Any = None, *, files: dict | None = None,
-             timeout: float = 60, ok: bool = True) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        files: dict | None = None,
+        timeout: float = 60,
+        ok: bool = True,
+    ) -> Any:
         headers = {}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -320,9 +356,10 @@ class Api:
             parts = []
             for field, (name, content) in files.items():
                 parts.append(
-                    f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; "
-                    f"filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n".encode()
-                    + content + b"\r\n"
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; '
+                    f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
+                    + content
+                    + b"\r\n"
                 )
             data = b"".join(parts) + f"--{boundary}--\r\n".encode()
             headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
@@ -441,39 +478,65 @@ def run_phase(args: argparse.Namespace) -> int:
         host.start()
         api.wait_up()
         api.call("POST", "/api/v1/user/init", {"user": "admin@example.com", "password": "e2e-Passw0rd!"})
-        api.token = api.call("POST", "/api/v1/user/auth", {"user": "admin@example.com", "password": "e2e-Passw0rd!"})["token"]
+        api.token = api.call("POST", "/api/v1/user/auth", {"user": "admin@example.com", "password": "e2e-Passw0rd!"})[
+            "token"
+        ]
         log("admin created, logged in")
 
-        provider = api.call("POST", "/api/v1/provider/providers", {
-            "name": "fake-openai", "requester": "openai-chat-completions",
-            "base_url": f"http://127.0.0.1:{emb.port}/v1", "api_keys": ["sk-fake"],
-        })["uuid"]
-        model = api.call("POST", "/api/v1/provider/models/embedding", {
-            "name": "fake-embedding", "provider_uuid": provider, "extra_args": {},
-        })["uuid"]
+        provider = api.call(
+            "POST",
+            "/api/v1/provider/providers",
+            {
+                "name": "fake-openai",
+                "requester": "openai-chat-completions",
+                "base_url": f"http://127.0.0.1:{emb.port}/v1",
+                "api_keys": ["sk-fake"],
+            },
+        )["uuid"]
+        model = api.call(
+            "POST",
+            "/api/v1/provider/models/embedding",
+            {
+                "name": "fake-embedding",
+                "provider_uuid": provider,
+                "extra_args": {},
+            },
+        )["uuid"]
         log(f"embedding model {model} on 127.0.0.1:{emb.port}")
 
         # -- install ------------------------------------------------------------------------
         t = api.call("POST", "/api/v1/plugins/install/local", files={"file": (pkg1.name, pkg1.read_bytes())})
         api.wait_task(t["task_id"])
         engine = api.wait_engine(v1)
-        c.check("install: the .lbpkg installs from a local file and its engine is listed",
-                engine.get("plugin_id") == PLUGIN_ID, engine)
+        c.check(
+            "install: the .lbpkg installs from a local file and its engine is listed",
+            engine.get("plugin_id") == PLUGIN_ID,
+            engine,
+        )
         insts = installation_dirs(home)
         c.check("install: the runtime made one installation folder", len(insts) == 1, insts)
         inst = insts[0]
         libs = list((inst / "home" / "kbcore-lib").glob("*/kbcore/_core*.so"))
         c.check("install: kbcore was loaded from the wheel inside the package", len(libs) == 1, libs)
         codes = artifact_codes(home)
-        c.check("install: nothing written into the read-only package folder",
-                all(not (p / "data").exists() for p in codes), codes)
+        c.check(
+            "install: nothing written into the read-only package folder",
+            all(not (p / "data").exists() for p in codes),
+            codes,
+        )
 
         # -- create / ingest ----------------------------------------------------------------
         def create(name: str, creation: dict) -> str:
-            return api.call("POST", "/api/v1/knowledge/bases", {
-                "name": name, "knowledge_engine_plugin_id": PLUGIN_ID,
-                "creation_settings": creation, "retrieval_settings": {"top_k": 5},
-            })["uuid"]
+            return api.call(
+                "POST",
+                "/api/v1/knowledge/bases",
+                {
+                    "name": name,
+                    "knowledge_engine_plugin_id": PLUGIN_ID,
+                    "creation_settings": creation,
+                    "retrieval_settings": {"top_k": 5},
+                },
+            )["uuid"]
 
         def upload(kb: str, filename: str, text: str) -> str:
             file_id = api.call("POST", "/api/v1/files/documents", files={"file": (filename, text.encode())})["file_id"]
@@ -486,55 +549,95 @@ def run_phase(args: argparse.Namespace) -> int:
             return row["uuid"]
 
         def retrieve(kb: str, query: str, **settings: Any) -> list[dict]:
-            return api.call("POST", f"/api/v1/knowledge/bases/{kb}/retrieve",
-                            {"query": query, "retrieval_settings": settings})["results"]
+            return api.call(
+                "POST", f"/api/v1/knowledge/bases/{kb}/retrieve", {"query": query, "retrieval_settings": settings}
+            )["results"]
 
-        kb_host = create("host-embedded", {
-            "embedding_model_uuid": model, "chunk_size": 120, "chunk_overlap": 10, "index_kind": "flat",
-        })
+        kb_host = create(
+            "host-embedded",
+            {
+                "embedding_model_uuid": model,
+                "chunk_size": 120,
+                "chunk_overlap": 10,
+                "index_kind": "flat",
+            },
+        )
         kb_local = create("builtin-embedder", {})
         data_dir = inst / "data" / "kbcore"
-        c.check("create: the knowledge base lives in the installation's data folder",
-                (data_dir / kb_host).is_dir() and (data_dir / kb_local).is_dir(), sorted(map(str, kb_dirs(home))))
+        c.check(
+            "create: the knowledge base lives in the installation's data folder",
+            (data_dir / kb_host).is_dir() and (data_dir / kb_local).is_dir(),
+            sorted(map(str, kb_dirs(home))),
+        )
         docs = {}
         for fn, text in DOCS.items():
             docs[fn] = upload(kb_host, fn, text)
         upload(kb_local, "rotation.md", DOCS["rotation.md"])
         c.check("ingest: .md and .txt documents complete", len(docs) == 3, docs)
         n_texts = len(emb.texts)
-        c.check("ingest: chunks were embedded by the host model (the fake /v1/embeddings)",
-                n_texts >= 3 and any("ninety days" in s for s in emb.texts), n_texts)
+        c.check(
+            "ingest: chunks were embedded by the host model (the fake /v1/embeddings)",
+            n_texts >= 3 and any("ninety days" in s for s in emb.texts),
+            n_texts,
+        )
 
         # -- retrieve -----------------------------------------------------------------------
         q = "how often are the signing keys rotated?"
         r = retrieve(kb_host, q, top_k=3)
         c.check("retrieve: top_k=3 gives 3 results", len(r) == 3, len(r))
         c.check("retrieve: the query was embedded by the host model", emb.texts[-1] == q, emb.texts[-1:])
-        c.check("retrieve: the best hit is the rotation document",
-                r and r[0]["metadata"]["document_id"] == docs["rotation.md"], r[:1])
+        c.check(
+            "retrieve: the best hit is the rotation document",
+            r and r[0]["metadata"]["document_id"] == docs["rotation.md"],
+            r[:1],
+        )
         dists = [e["distance"] for e in r]
-        c.check("retrieve: distances ascend, scores in [0, 1]",
-                dists == sorted(dists) and all(0 <= e["score"] <= 1 for e in r), r)
+        c.check(
+            "retrieve: distances ascend, scores in [0, 1]",
+            dists == sorted(dists) and all(0 <= e["score"] <= 1 for e in r),
+            r,
+        )
         r2 = retrieve(kb_host, q, top_k=20, filters={"filename": {"$ends_with": ".txt"}})
-        c.check("retrieve: a filter keeps only matching documents",
-                r2 and {e["metadata"]["document_id"] for e in r2} == {docs["ingress.txt"]}, r2)
+        c.check(
+            "retrieve: a filter keeps only matching documents",
+            r2 and {e["metadata"]["document_id"] for e in r2} == {docs["ingress.txt"]},
+            r2,
+        )
         r3 = retrieve(kb_host, "keys region search release", top_k=20, deduplicate=True)
         ids = [e["metadata"]["document_id"] for e in r3]
         c.check("retrieve: one result per document", len(ids) == len(set(ids)) == 3, ids)
-        r4 = retrieve(kb_host, q, top_k=20, filters={"$and": [
-            {"document_id": {"$in": [docs["rotation.md"], docs["search.md"]]}},
-            {"chunk_index": {"$gte": 1}}]})
-        c.check("retrieve: $and/$in/$gte filters", r4 and all(
-            e["metadata"]["document_id"] in (docs["rotation.md"], docs["search.md"])
-            and e["metadata"]["chunk_index"] >= 1 for e in r4), r4)
+        r4 = retrieve(
+            kb_host,
+            q,
+            top_k=20,
+            filters={
+                "$and": [
+                    {"document_id": {"$in": [docs["rotation.md"], docs["search.md"]]}},
+                    {"chunk_index": {"$gte": 1}},
+                ]
+            },
+        )
+        c.check(
+            "retrieve: $and/$in/$gte filters",
+            r4
+            and all(
+                e["metadata"]["document_id"] in (docs["rotation.md"], docs["search.md"])
+                and e["metadata"]["chunk_index"] >= 1
+                for e in r4
+            ),
+            r4,
+        )
         rl = retrieve(kb_local, "rotate signing keys", top_k=2)
         c.check("retrieve: a knowledge base on the built-in embedder answers", len(rl) >= 1, rl)
 
         # -- delete a document --------------------------------------------------------------
         api.call("DELETE", f"/api/v1/knowledge/bases/{kb_host}/files/{docs['search.md']}")
         r5 = retrieve(kb_host, "search relevance nDCG release", top_k=20)
-        c.check("delete document: its chunks are gone",
-                r5 and all(e["metadata"]["document_id"] != docs["search.md"] for e in r5), r5)
+        c.check(
+            "delete document: its chunks are gone",
+            r5 and all(e["metadata"]["document_id"] != docs["search.md"] for e in r5),
+            r5,
+        )
         before_restart = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
 
         # -- data left by an older version + host restart --------------------------------------
@@ -554,20 +657,26 @@ def run_phase(args: argparse.Namespace) -> int:
         after = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
         c.check("restart: the same query gives the same results", after == before_restart, (before_restart, after))
         ro = retrieve(kb_old, "ingress controllers", top_k=3)
-        c.check("old version's data: found in an old package folder and moved",
-                ro and (data_dir / kb_old).is_dir() and not (old_code / "data").exists(),
-                (ro, sorted(map(str, kb_dirs(home)))))
+        c.check(
+            "old version's data: found in an old package folder and moved",
+            ro and (data_dir / kb_old).is_dir() and not (old_code / "data").exists(),
+            (ro, sorted(map(str, kb_dirs(home)))),
+        )
 
         # -- upgrade ------------------------------------------------------------------------
         t = api.call("POST", "/api/v1/plugins/install/local", files={"file": (pkg2.name, pkg2.read_bytes())})
         api.wait_task(t["task_id"])
         api.wait_engine(v2)
-        c.check("upgrade: the installation folder kept its id", installation_dirs(home) == [inst],
-                installation_dirs(home))
+        c.check(
+            "upgrade: the installation folder kept its id", installation_dirs(home) == [inst], installation_dirs(home)
+        )
         up = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
         c.check("upgrade: the knowledge bases survive a version bump", up == before_restart, (before_restart, up))
-        c.check("upgrade: no package folder holds data",
-                all(not (p / "data").exists() for p in artifact_codes(home)), artifact_codes(home))
+        c.check(
+            "upgrade: no package folder holds data",
+            all(not (p / "data").exists() for p in artifact_codes(home)),
+            artifact_codes(home),
+        )
 
         # -- an unwritable data directory fails the plugin's start ---------------------------
         blocker = home / "a-regular-file"
@@ -581,8 +690,11 @@ def run_phase(args: argparse.Namespace) -> int:
             logs = "".join(f.read_text(errors="replace") for f in (home / "logs").glob(f"*-{host.starts}.log"))
             seen = info if "is not writable" in info else logs
         where = "the plugin's status in the host API" if "is not writable" in info else "the host's logs"
-        c.check(f"unwritable data directory: the start fails naming it ({where})",
-                "is not writable" in seen and bad in seen, seen[-600:])
+        c.check(
+            f"unwritable data directory: the start fails naming it ({where})",
+            "is not writable" in seen and bad in seen,
+            seen[-600:],
+        )
         log("the host reports: " + next((ln for ln in seen.splitlines() if "is not writable" in ln), "")[:400])
         log("plugin info while failing: " + info[:1500])
         # LangBot 4.11.2 lists a plugin that failed to start as "not found", and refuses to
@@ -597,28 +709,39 @@ def run_phase(args: argparse.Namespace) -> int:
             host.start()
             api.wait_up()
             api.wait_engine(v2)
-        c.check(f"unwritable data directory: once the folder is fixed the plugin starts ({recovered})",
-                retrieve(kb_host, q, top_k=5) == [], "the configured, empty folder is used")
+        c.check(
+            f"unwritable data directory: once the folder is fixed the plugin starts ({recovered})",
+            retrieve(kb_host, q, top_k=5) == [],
+            "the configured, empty folder is used",
+        )
         api.call("PUT", f"/api/v1/plugins/{PLUGIN_ID}/config", {"data_dir": ""})
         t1, back = time.time(), []
         while time.time() - t1 < 120 and not back:
             time.sleep(2)
             with contextlib.suppress(RuntimeError):
                 back = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
-        c.check("unwritable data directory: with the setting cleared the data is back",
-                back == before_restart, back)
-        c.check("unwritable data directory: the configured folder was left empty and removed",
-                not (blocker / "kbcore").exists(), list(blocker.rglob("*")) if blocker.exists() else [])
+        c.check("unwritable data directory: with the setting cleared the data is back", back == before_restart, back)
+        c.check(
+            "unwritable data directory: the configured folder was left empty and removed",
+            not (blocker / "kbcore").exists(),
+            list(blocker.rglob("*")) if blocker.exists() else [],
+        )
 
         # -- delete knowledge bases, uninstall ----------------------------------------------
         for kb in (kb_host, kb_local, kb_old):
             api.call("DELETE", f"/api/v1/knowledge/bases/{kb}")
-        c.check("delete knowledge bases: no kbcore data left, the data folder is gone",
-                not kb_dirs(home) and not data_dir.exists(), sorted(map(str, kb_dirs(home))))
+        c.check(
+            "delete knowledge bases: no kbcore data left, the data folder is gone",
+            not kb_dirs(home) and not data_dir.exists(),
+            sorted(map(str, kb_dirs(home))),
+        )
         t = api.call("DELETE", f"/api/v1/plugins/{PLUGIN_ID}?delete_data=true")
         api.wait_task(t["task_id"])
-        left = sorted(str(p.relative_to(home)) for p in (home / "data" / "plugin-runtime").rglob("*")
-                      if "kbcore" in p.name.lower() or p.name in (kb_host, kb_local, kb_old))
+        left = sorted(
+            str(p.relative_to(home))
+            for p in (home / "data" / "plugin-runtime").rglob("*")
+            if "kbcore" in p.name.lower() or p.name in (kb_host, kb_local, kb_old)
+        )
         c.check("uninstall: no kbcore data on disk", not kb_dirs(home), left)
         log("left on disk by the runtime after uninstall (kbcore-named): " + json.dumps(left))
         log(f"run phase took {time.time() - t_start:.0f} s")
@@ -638,8 +761,11 @@ def run_phase(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache", default=str(ROOT / "build" / "langbot-e2e"),
-                    help="venv, wheel and index cache (default: build/langbot-e2e)")
+    ap.add_argument(
+        "--cache",
+        default=str(ROOT / "build" / "langbot-e2e"),
+        help="venv, wheel and index cache (default: build/langbot-e2e)",
+    )
     ap.add_argument("--wheel", action="append", default=[], help="use this repaired kbcore wheel")
     ap.add_argument("--no-netns", action="store_true", help="run without a network namespace")
     ap.add_argument("--keep", action="store_true", help="keep the host's folder for inspection")
@@ -661,8 +787,19 @@ def main() -> int:
         home = work / "host"
         home.mkdir()
         state = work / "state.json"
-        state.write_text(json.dumps({"python": str(py), "pkg1": str(pkg1), "pkg2": str(pkg2),
-                                     "v1": v1, "v2": v2, "home": str(home), "index": str(index)}))
+        state.write_text(
+            json.dumps(
+                {
+                    "python": str(py),
+                    "pkg1": str(pkg1),
+                    "pkg2": str(pkg2),
+                    "v1": v1,
+                    "v2": v2,
+                    "home": str(home),
+                    "index": str(index),
+                }
+            )
+        )
         log(f"prepared in {time.time() - t0:.0f} s: {pkg1.name}, {pkg2.name}, index {index}")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--run-phase", "--state", str(state)]
         if not args.no_netns:

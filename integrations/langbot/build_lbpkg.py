@@ -110,9 +110,10 @@ def build_package(wheels: list[Path], out_dir: Path, version: str | None = None)
             set_version(stage / "manifest.yaml", version)
         before = set(out_dir.glob("*.lbpkg"))
         _run([sys.executable, "-m", "langbot_plugin.cli.__init__", "build", "-o", str(out_dir.resolve())], cwd=stage)
-        made = sorted(set(out_dir.glob("*.lbpkg")) - before) or sorted(
-            out_dir.glob("*.lbpkg"), key=lambda p: p.stat().st_mtime
-        )[-1:]
+        made = (
+            sorted(set(out_dir.glob("*.lbpkg")) - before)
+            or sorted(out_dir.glob("*.lbpkg"), key=lambda p: p.stat().st_mtime)[-1:]
+        )
         if not made:
             raise SystemExit("lbp build made no .lbpkg")
         pkg = made[-1]
@@ -126,8 +127,15 @@ def build_package(wheels: list[Path], out_dir: Path, version: str | None = None)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", default="dist", help="output folder (default: dist)")
-    ap.add_argument("--wheel", action="append", default=[], help="a repaired kbcore wheel to carry (repeatable, globs allowed)")
-    ap.add_argument("--python", action="append", default=[], help="build the wheel for this interpreter (repeatable; default python3)")
+    ap.add_argument(
+        "--wheel", action="append", default=[], help="a repaired kbcore wheel to carry (repeatable, globs allowed)"
+    )
+    ap.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        help="build the wheel for this interpreter (repeatable; default python3)",
+    )
     ap.add_argument("--version", help="set the plugin version in the package's manifest.yaml")
     args = ap.parse_args(argv)
     wheels = [Path(p) for pattern in args.wheel for p in sorted(glob.glob(pattern))]

@@ -30,7 +30,9 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Engine": "engine", "KnowledgeBase": "engine", "Hit": "engine",
+    "Engine": "engine",
+    "KnowledgeBase": "engine",
+    "Hit": "engine",
     "HashingEmbedder": "embedders",
 }
 

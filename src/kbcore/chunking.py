@@ -54,9 +54,7 @@ def check_chunk_params(chunk_size: object, chunk_overlap: object) -> tuple[int, 
     if chunk_size < 1:
         raise InvalidArgumentError(f"chunk_size must be at least 1 character, got {chunk_size}")
     if not 0 <= chunk_overlap < chunk_size:
-        raise InvalidArgumentError(
-            f"chunk_overlap must be in [0, chunk_size) = [0, {chunk_size}), got {chunk_overlap}"
-        )
+        raise InvalidArgumentError(f"chunk_overlap must be in [0, chunk_size) = [0, {chunk_size}), got {chunk_overlap}")
     return chunk_size, chunk_overlap
 
 
@@ -96,9 +94,7 @@ def _units(text: str, s: int, e: int, level: int, size: int, out: list[tuple[int
         _units(text, a, b, level + 1, size, out)
 
 
-def chunk_text(
-    text: str, *, chunk_size: int = 500, chunk_overlap: int = 50, document_id: str = ""
-) -> list[Chunk]:
+def chunk_text(text: str, *, chunk_size: int = 500, chunk_overlap: int = 50, document_id: str = "") -> list[Chunk]:
     """Splits ``text`` into chunks of at most ``chunk_size`` characters (see the module doc).
 
     Returns an empty list when the text is empty or only whitespace. Complexity O(len(text)).

@@ -21,8 +21,11 @@ _DEMO_QUERIES = (
     ("rotate keys", {"team": "security"}),
 )
 _DEMO_TEAMS = {
-    "security.md": "security", "oncall.md": "sre", "deploys.html": "sre",
-    "code-review.txt": "engineering", "faq.jsonl": "people",
+    "security.md": "security",
+    "oncall.md": "sre",
+    "deploys.html": "sre",
+    "code-review.txt": "engineering",
+    "faq.jsonl": "people",
 }
 
 
@@ -60,15 +63,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         engine = Engine(tmp)
         kb = engine.create_knowledge_base("handbook", chunk_size=400, chunk_overlap=60, embedder=embedder)
-        docs = [Document(f, document_id=os.path.basename(f),
-                         metadata={"team": _DEMO_TEAMS.get(os.path.basename(f), "general")})
-                for f in files]
+        docs = [
+            Document(
+                f, document_id=os.path.basename(f), metadata={"team": _DEMO_TEAMS.get(os.path.basename(f), "general")}
+            )
+            for f in files
+        ]
         results = kb.ingest_many(docs, progress=False)
         elapsed = time.perf_counter() - t0
         chunks = sum(r.chunks for r in results)
         print(f"kbcore {__version__} | SIMD {simd_level()} | knowledge base in {tmp}")
-        print(f"ingested {len(results)} sample documents ({', '.join(r.format or '?' for r in results)}) "
-              f"into {chunks} chunks in {elapsed * 1e3:.0f} ms")
+        print(
+            f"ingested {len(results)} sample documents ({', '.join(r.format or '?' for r in results)}) "
+            f"into {chunks} chunks in {elapsed * 1e3:.0f} ms"
+        )
         print(f"embedder: {describe_embedder(embedder)}\n")
         for query, filters in _DEMO_QUERIES:
             label = f" where {json.dumps(filters)}" if filters else ""
@@ -113,8 +121,20 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
-_EMBEDDER_IDENTITY = ("kind", "model", "base_url", "api_version", "dimensions", "model_dir", "max_seq_length",
-                      "char_ngrams", "word_weight", "char_weight", "seed", "normalize")
+_EMBEDDER_IDENTITY = (
+    "kind",
+    "model",
+    "base_url",
+    "api_version",
+    "dimensions",
+    "model_dir",
+    "max_seq_length",
+    "char_ngrams",
+    "word_weight",
+    "char_weight",
+    "seed",
+    "normalize",
+)
 
 
 def _check_same_embedder(kb, embedder) -> None:
@@ -131,7 +151,8 @@ def _check_same_embedder(kb, embedder) -> None:
         raise InvalidArgumentError(
             f"knowledge base {kb.name!r} was built with embedder {have}, but --embedder asks for "
             f"{want}; a knowledge base keeps one embedder (its vectors must be comparable): ingest "
-            "into a new knowledge base, or leave --embedder out")
+            "into a new knowledge base, or leave --embedder out"
+        )
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -146,9 +167,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if embedder is not None:
             _check_same_embedder(kb, embedder)
     else:
-        kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size, embedder=embedder,
-                                          chunk_overlap=args.chunk_overlap, index=args.index,
-                                          shards=args.shards, quantization=args.quantization)
+        kb = engine.create_knowledge_base(
+            args.kb,
+            chunk_size=args.chunk_size,
+            embedder=embedder,
+            chunk_overlap=args.chunk_overlap,
+            index=args.index,
+            shards=args.shards,
+            quantization=args.quantization,
+        )
         used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
     if args.pipeline not in kb.pipelines:
@@ -162,8 +189,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     chunks = sum(r.chunks for r in results)
     replaced = sum(r.replaced for r in results)
-    print(f"ingested {len(results)} documents ({replaced} replaced), {chunks} chunks into "
-          f"{args.kb!r} in {dt:.2f} s")
+    print(f"ingested {len(results)} documents ({replaced} replaced), {chunks} chunks into {args.kb!r} in {dt:.2f} s")
     engine.close()
     return 0
 
@@ -179,13 +205,35 @@ def cmd_query(args: argparse.Namespace) -> int:
     filters = _json_arg(args.filter, "--filter") if args.filter else None
     engine = _engine(args)
     kb = engine.get_knowledge_base(args.kb)
-    hits = kb.retrieve(args.text, top_k=args.top_k, filters=filters, deduplicate=args.dedup,
-                       score_threshold=args.min_score, search_type=args.search_type,
-                       fusion=args.fusion, vector_weight=args.vector_weight)
+    hits = kb.retrieve(
+        args.text,
+        top_k=args.top_k,
+        filters=filters,
+        deduplicate=args.dedup,
+        score_threshold=args.min_score,
+        search_type=args.search_type,
+        fusion=args.fusion,
+        vector_weight=args.vector_weight,
+    )
     if args.json:
-        print(json.dumps([{"id": h.id, "document_id": h.document_id, "chunk_index": h.chunk_index,
-                           "score": h.score, "distance": h.distance, "content": h.content,
-                           "metadata": h.metadata} for h in hits], indent=1, ensure_ascii=False))
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": h.id,
+                        "document_id": h.document_id,
+                        "chunk_index": h.chunk_index,
+                        "score": h.score,
+                        "distance": h.distance,
+                        "content": h.content,
+                        "metadata": h.metadata,
+                    }
+                    for h in hits
+                ],
+                indent=1,
+                ensure_ascii=False,
+            )
+        )
     else:
         _print_hits(hits, width=120)
     return 0
@@ -241,11 +289,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
     ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
-    ing.add_argument("--quantization", default=None, choices=("sq8",),
-                     help="for a new hnsw knowledge base: walk the graph on 8-bit codes")
+    ing.add_argument(
+        "--quantization",
+        default=None,
+        choices=("sq8",),
+        help="for a new hnsw knowledge base: walk the graph on 8-bit codes",
+    )
     add_embedder_arguments(ing)
-    ing.add_argument("--shards", type=int, default=None, metavar="N",
-                     help="for a new knowledge base: shard its index over N Ray actors (needs kbcore[ray])")
+    ing.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="for a new knowledge base: shard its index over N Ray actors (needs kbcore[ray])",
+    )
     ing.set_defaults(func=cmd_ingest)
 
     q = sub.add_parser("query", help="retrieve the chunks that best match a text")
@@ -256,14 +313,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("--top-k", type=int, default=5)
     q.add_argument("--min-score", type=float, default=0.0, help="score threshold in [0, 1]")
     q.add_argument("--dedup", action="store_true", help="one hit per document")
-    q.add_argument("--search-type", default=None, choices=("vector", "full_text", "hybrid"),
-                   help="vector (embeddings), full_text (BM25) or hybrid (both, fused); "
-                        "default: the knowledge base's")
-    q.add_argument("--fusion", default=None, choices=("rrf", "linear"),
-                   help="hybrid fusion: rrf (reciprocal rank fusion) or linear (weighted min-max scores); "
-                        "default: the knowledge base's")
-    q.add_argument("--vector-weight", type=float, default=None,
-                   help="weight of the vector leg in linear fusion, in [0, 1]; default: the knowledge base's")
+    q.add_argument(
+        "--search-type",
+        default=None,
+        choices=("vector", "full_text", "hybrid"),
+        help="vector (embeddings), full_text (BM25) or hybrid (both, fused); default: the knowledge base's",
+    )
+    q.add_argument(
+        "--fusion",
+        default=None,
+        choices=("rrf", "linear"),
+        help="hybrid fusion: rrf (reciprocal rank fusion) or linear (weighted min-max scores); "
+        "default: the knowledge base's",
+    )
+    q.add_argument(
+        "--vector-weight",
+        type=float,
+        default=None,
+        help="weight of the vector leg in linear fusion, in [0, 1]; default: the knowledge base's",
+    )
     q.add_argument("--json", action="store_true", help="print hits as JSON")
     q.set_defaults(func=cmd_query)
 
@@ -308,22 +376,37 @@ def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help=f"an accepted bearer key (repeatable; also ${srv.API_KEYS_ENV})")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"an accepted bearer key (repeatable; also ${srv.API_KEYS_ENV})",
+    )
     p.add_argument("--data", default=None, metavar="DIR", help=data_help)
     limits = [
         ("--max-top-k", int, srv.DEFAULT_MAX_TOP_K, "largest top_k served; larger is clamped"),
         ("--max-body-bytes", int, srv.DEFAULT_MAX_BODY_BYTES, "request body limit in bytes"),
-        ("--refresh-interval", float, srv.DEFAULT_REFRESH_INTERVAL,
-         "seconds between checks for changes by other processes (0: never)"),
-        ("--body-timeout", float, srv.DEFAULT_BODY_TIMEOUT,
-         "seconds a client has to send its request body (then 408)"),
-        ("--header-timeout", float, srv.DEFAULT_HEADER_TIMEOUT,
-         "seconds a new connection has to send its request headers (then closed)"),
-        ("--keep-alive-timeout", int, srv.DEFAULT_KEEP_ALIVE_TIMEOUT,
-         "seconds an idle keep-alive connection stays open"),
-        ("--max-connections", int, srv.DEFAULT_MAX_CONNECTIONS,
-         "connections served at once (503 beyond)"),
+        (
+            "--refresh-interval",
+            float,
+            srv.DEFAULT_REFRESH_INTERVAL,
+            "seconds between checks for changes by other processes (0: never)",
+        ),
+        ("--body-timeout", float, srv.DEFAULT_BODY_TIMEOUT, "seconds a client has to send its request body (then 408)"),
+        (
+            "--header-timeout",
+            float,
+            srv.DEFAULT_HEADER_TIMEOUT,
+            "seconds a new connection has to send its request headers (then closed)",
+        ),
+        (
+            "--keep-alive-timeout",
+            int,
+            srv.DEFAULT_KEEP_ALIVE_TIMEOUT,
+            "seconds an idle keep-alive connection stays open",
+        ),
+        ("--max-connections", int, srv.DEFAULT_MAX_CONNECTIONS, "connections served at once (503 beyond)"),
     ]
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
@@ -342,11 +425,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         keys = srv.parse_api_keys(args.api_key)
         embedder = embedder_from_cli_args(args) or None  # for knowledge bases built with a custom one
         srv.serve(
-            args.data or default_data_dir(), keys, host=args.host, port=args.port,
-            max_body_bytes=args.max_body_bytes, max_top_k=args.max_top_k,
-            refresh_interval=args.refresh_interval, body_timeout=args.body_timeout,
-            header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
-            max_connections=args.max_connections, log_level=args.log_level, embedder=embedder,
+            args.data or default_data_dir(),
+            keys,
+            host=args.host,
+            port=args.port,
+            max_body_bytes=args.max_body_bytes,
+            max_top_k=args.max_top_k,
+            refresh_interval=args.refresh_interval,
+            body_timeout=args.body_timeout,
+            header_timeout=args.header_timeout,
+            keep_alive_timeout=args.keep_alive_timeout,
+            max_connections=args.max_connections,
+            log_level=args.log_level,
+            embedder=embedder,
         )
     except (ImportError, InvalidArgumentError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)

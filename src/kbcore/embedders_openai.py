@@ -51,8 +51,13 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | N
 
 
 def _non_negative(name: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
         rule = "a positive" if positive else "a non-negative"
         raise InvalidArgumentError(f"{name} must be {rule} finite number, got {value!r}")
     return float(value)
@@ -231,8 +236,14 @@ class OpenAIEmbedder:
         base = endpoint.strip().rstrip("/")
         if not base.endswith("/openai"):
             base += "/openai"
-        return cls(model or deployment, base_url=f"{base}/deployments/{deployment}",
-                   api_key_env=api_key_env, auth_header="api-key", api_version=api_version, **kwargs)
+        return cls(
+            model or deployment,
+            base_url=f"{base}/deployments/{deployment}",
+            api_key_env=api_key_env,
+            auth_header="api-key",
+            api_version=api_version,
+            **kwargs,
+        )
 
     # -- description ----------------------------------------------------------------------
 
@@ -252,10 +263,16 @@ class OpenAIEmbedder:
     def spec(self) -> dict[str, Any]:
         """JSON-able description (no key: only the name of its environment variable)."""
         out: dict[str, Any] = {
-            "kind": "openai", "model": self.model, "base_url": self.base_url,
-            "api_key_env": self.api_key_env, "auth_header": self.auth_header,
-            "api_version": self.api_version, "dimensions": self.dimensions,
-            "batch_size": self.batch_size, "timeout": self.timeout, "max_retries": self.max_retries,
+            "kind": "openai",
+            "model": self.model,
+            "base_url": self.base_url,
+            "api_key_env": self.api_key_env,
+            "auth_header": self.auth_header,
+            "api_version": self.api_version,
+            "dimensions": self.dimensions,
+            "batch_size": self.batch_size,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
             "normalize": self.normalize,
         }
         if self._dim is not None:
@@ -281,8 +298,7 @@ class OpenAIEmbedder:
                 raise InvalidTypeError(f"texts must be str, got {type(t).__name__}")
         if not texts:
             return np.empty((0, self._dim if self._dim is not None else self.dim), dtype=np.float32)
-        parts = [self._embed_batch(texts[s:s + self.batch_size])
-                 for s in range(0, len(texts), self.batch_size)]
+        parts = [self._embed_batch(texts[s : s + self.batch_size]) for s in range(0, len(texts), self.batch_size)]
         return parts[0] if len(parts) == 1 else np.vstack(parts)
 
     def _api_key(self) -> str | None:
@@ -309,8 +325,7 @@ class OpenAIEmbedder:
         if self.dimensions is not None:
             payload["dimensions"] = self.dimensions
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        headers = {"Content-Type": "application/json", "Accept": "application/json",
-                   "User-Agent": "kbcore-embedder"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "kbcore-embedder"}
         if key is not None:
             if self.auth_header == "api-key":
                 headers["api-key"] = key
@@ -344,14 +359,15 @@ class OpenAIEmbedder:
                 detail = self._scrub(self._error_detail(exc), key)
                 last, last_status = f"HTTP {status}{': ' + detail if detail else ''}", status
                 if status not in RETRY_STATUSES:
-                    raise EmbedderError(f"{where} failed: {last}", endpoint=self.endpoint,
-                                        status=status) from None
+                    raise EmbedderError(f"{where} failed: {last}", endpoint=self.endpoint, status=status) from None
                 wait = _retry_after(exc.headers)
                 if wait is not None and wait > self.max_retry_after:
                     raise EmbedderUnavailableError(
                         f"{where} failed: {last}; the service asks to retry after {wait:.0f} s, "
                         f"more than max_retry_after={self.max_retry_after:g} s",
-                        endpoint=self.endpoint, status=status) from None
+                        endpoint=self.endpoint,
+                        status=status,
+                    ) from None
             except TimeoutError:
                 last, last_status = f"no answer within timeout={self.timeout:g} s", None
             except urllib.error.URLError as exc:
@@ -368,12 +384,13 @@ class OpenAIEmbedder:
             if attempt + 1 >= attempts:
                 break
             if wait is None:
-                wait = min(self.max_backoff, self.backoff * (2.0 ** attempt))
+                wait = min(self.max_backoff, self.backoff * (2.0**attempt))
                 wait *= 1.0 - 0.25 * self._rng.random()
             self._sleep(wait)
         tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-        raise EmbedderUnavailableError(f"{where} failed after {tries}: {last}",
-                                       endpoint=self.endpoint, status=last_status)
+        raise EmbedderUnavailableError(
+            f"{where} failed after {tries}: {last}", endpoint=self.endpoint, status=last_status
+        )
 
     @staticmethod
     def _error_detail(exc: Any) -> str:

@@ -50,20 +50,14 @@ def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool
     """Converts to C-contiguous float32 [n, dim]; returns (array, was_1d). Hot path: keep cheap."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu":  # float, signed and unsigned int; not bool/str/object
-        raise InvalidTypeError(
-            f"{what} must be a numeric (float) array, got dtype {arr.dtype}"
-        )
+        raise InvalidTypeError(f"{what} must be a numeric (float) array, got dtype {arr.dtype}")
     one = arr.ndim == 1
     if one:
         arr = arr.reshape(1, -1)
     if arr.ndim != 2:
-        raise InvalidArgumentError(
-            f"{what} must be a 1-D vector or a 2-D array [n, dim], got {arr.ndim} dimensions"
-        )
+        raise InvalidArgumentError(f"{what} must be a 1-D vector or a 2-D array [n, dim], got {arr.ndim} dimensions")
     if arr.shape[1] != dim:
-        raise InvalidArgumentError(
-            f"{what} have dimension {arr.shape[1]}, the index has dimension {dim}"
-        )
+        raise InvalidArgumentError(f"{what} have dimension {arr.shape[1]}, the index has dimension {dim}")
     if arr.dtype == np.float32 and arr.flags.c_contiguous:
         return arr, one
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is reported natively
@@ -134,9 +128,7 @@ def check_quantization(quantization: str | None, kind: str) -> None:
     """Validates a quantization choice for an index kind (None, or one of the known codes for
     ``kind="hnsw"``) without building an index; raises InvalidArgumentError naming it."""
     if quantization is not None and quantization not in _QUANTIZATIONS:
-        raise InvalidArgumentError(
-            f"unknown quantization {quantization!r}; expected None or one of {_QUANTIZATIONS}"
-        )
+        raise InvalidArgumentError(f"unknown quantization {quantization!r}; expected None or one of {_QUANTIZATIONS}")
     if quantization is not None and kind != "hnsw":
         raise InvalidArgumentError("quantization applies to kind='hnsw' only")
 
@@ -423,7 +415,14 @@ class Index:
         ef_value = 0 if ef is None else _positive("ef", ef)
         # The native layer builds the Group instances itself (one list per query).
         result = self._native.search_groups(
-            arr, k, group_by, group_size, ef_value, _threads(threads), native_filter(where), "auto",
+            arr,
+            k,
+            group_by,
+            group_size,
+            ef_value,
+            _threads(threads),
+            native_filter(where),
+            "auto",
             Group,
         )
         return result[0] if one else result
@@ -459,9 +458,7 @@ class Index:
             documents, total_length, df = stats
             global_stats = (int(documents), int(total_length), {str(t): int(c) for t, c in df.items()})
         except (TypeError, ValueError, AttributeError) as exc:
-            raise InvalidTypeError(
-                "stats must be (documents, total_length, {term: df}) as text_stats returns"
-            ) from exc
+            raise InvalidTypeError("stats must be (documents, total_length, {term: df}) as text_stats returns") from exc
         if any(v < 0 for v in (global_stats[0], global_stats[1], *global_stats[2].values())):
             raise InvalidArgumentError("stats counts must be non-negative")
         return self._native.search_text(query, k, native_filter(where), global_stats)

@@ -142,9 +142,7 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
     # add with dict rows, and a helper call per value would cost more than the checks do.
     n = _check_n(n)
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
-        raise InvalidTypeError(
-            f"metadata must be a sequence of dicts (one per row), got {type(rows).__name__}"
-        )
+        raise InvalidTypeError(f"metadata must be a sequence of dicts (one per row), got {type(rows).__name__}")
     if len(rows) != n:
         raise InvalidArgumentError(f"got {len(rows)} metadata rows for {n} items")
 
@@ -153,15 +151,12 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
         if row is None:
             continue
         if not isinstance(row, Mapping):
-            raise InvalidArgumentError(
-                f"metadata row {r}: expected a dict or None, got {type(row).__name__}"
-            )
+            raise InvalidArgumentError(f"metadata row {r}: expected a dict or None, got {type(row).__name__}")
         for name, value in row.items():
             if type(name) is not str:
                 if not isinstance(name, str):
                     raise InvalidArgumentError(
-                        f"metadata row {r}: field names must be str, got {name!r} "
-                        f"({type(name).__name__})"
+                        f"metadata row {r}: field names must be str, got {name!r} ({type(name).__name__})"
                     )
                 name = str(name)
             if value is None:
@@ -183,9 +178,7 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
                 acc.int_vals.append(value)
             elif t is float:
                 if not math.isfinite(value):
-                    raise _bad_value(
-                        r, name, value, f"{value} is not allowed (floats must be finite)"
-                    )
+                    raise _bad_value(r, name, value, f"{value} is not allowed (floats must be finite)")
                 acc.float_rows.append(r)
                 acc.float_vals.append(value)
             elif t is list or t is tuple:
@@ -194,7 +187,9 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
                     if type(item) is not str:
                         if not isinstance(item, str):
                             raise _bad_value(
-                                r, name, value,
+                                r,
+                                name,
+                                value,
                                 f"item {j} of the list is {type(item).__name__}, not str",
                             )
                         item = str(item)
@@ -221,18 +216,14 @@ def columns_from_rows(rows: Sequence[Mapping[str, Any] | None], n: int) -> list[
             columns.append((name, "bool", _valid_array(n, acc.bool_rows), vals))
         if acc.str_rows:
             offsets = _offsets(n, acc.str_rows, [len(b) for b in acc.str_vals])
-            columns.append(
-                (name, "str", _valid_array(n, acc.str_rows), offsets, _bytes_array(acc.str_vals))
-            )
+            columns.append((name, "str", _valid_array(n, acc.str_rows), offsets, _bytes_array(acc.str_vals)))
         if acc.list_rows:
             list_offsets = _offsets(n, acc.list_rows, [len(v) for v in acc.list_vals])
             flat = [b for v in acc.list_vals for b in v]
             offsets = np.zeros(len(flat) + 1, dtype=np.int64)
             if flat:
-                np.cumsum(np.fromiter((len(b) for b in flat), dtype=np.int64, count=len(flat)),
-                          out=offsets[1:])
-            columns.append((name, "strlist", _valid_array(n, acc.list_rows), list_offsets,
-                            offsets, _bytes_array(flat)))
+                np.cumsum(np.fromiter((len(b) for b in flat), dtype=np.int64, count=len(flat)), out=offsets[1:])
+            columns.append((name, "strlist", _valid_array(n, acc.list_rows), list_offsets, offsets, _bytes_array(flat)))
     return _sort_columns(columns)
 
 
@@ -295,9 +286,7 @@ def _import_pyarrow():
         import pyarrow as pa
         import pyarrow.compute as pc
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "reading metadata from Arrow needs pyarrow: pip install pyarrow"
-        ) from exc
+        raise ImportError("reading metadata from Arrow needs pyarrow: pip install pyarrow") from exc
     return pa, pc
 
 
@@ -320,7 +309,7 @@ def _string_buffers(pa: Any, pc: Any, arr: Any) -> tuple[np.ndarray, np.ndarray]
         arr = pc.fill_null(arr, "")
     buffers = arr.buffers()
     count = len(arr)
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset: arr.offset + count + 1]
+    offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + count + 1]
     start, stop = int(offsets[0]), int(offsets[-1])
     if buffers[2] is None or stop == start:
         data = np.empty(0, dtype=np.uint8)
@@ -353,8 +342,7 @@ def _arrow_column(pa: Any, pc: Any, name: str, arr: Any, n: int) -> list[Column]
                 too_big = pc.greater(arr, pa.scalar(_INT64_MAX, pa.uint64()))
                 row = _first_row(_np(pc.fill_null(too_big, False), bool))
                 raise InvalidArgumentError(
-                    f"metadata column {name!r}, row {row}: the integer {arr[row].as_py()} "
-                    "does not fit in int64"
+                    f"metadata column {name!r}, row {row}: the integer {arr[row].as_py()} does not fit in int64"
                 )
         filled = pc.fill_null(arr, 0) if arr.null_count else arr
         return [(name, "int", valid, _np(filled, np.int64))]
@@ -458,9 +446,7 @@ def columns_from_arrow(table_or_batch: Any, n: int) -> list[Column]:
     elif isinstance(table_or_batch, pa.Table):
         arrays = [_combine(pa, c) for c in table_or_batch.columns]
     else:
-        raise InvalidTypeError(
-            f"expected a pyarrow Table or RecordBatch, got {type(table_or_batch).__name__}"
-        )
+        raise InvalidTypeError(f"expected a pyarrow Table or RecordBatch, got {type(table_or_batch).__name__}")
     if table_or_batch.num_rows != n:
         raise InvalidArgumentError(f"got {table_or_batch.num_rows} metadata rows for {n} items")
     names = table_or_batch.schema.names

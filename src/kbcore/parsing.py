@@ -39,10 +39,19 @@ FORMATS = ("text", "markdown", "html", "jsonl", "pdf")
 
 #: File extensions (lower case, with the dot) and their format.
 EXTENSIONS = {
-    ".txt": "text", ".text": "text", ".log": "text", ".rst": "text",
-    ".md": "markdown", ".markdown": "markdown", ".mdown": "markdown", ".mkd": "markdown",
-    ".html": "html", ".htm": "html", ".xhtml": "html",
-    ".jsonl": "jsonl", ".ndjson": "jsonl",
+    ".txt": "text",
+    ".text": "text",
+    ".log": "text",
+    ".rst": "text",
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".mdown": "markdown",
+    ".mkd": "markdown",
+    ".html": "html",
+    ".htm": "html",
+    ".xhtml": "html",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
     ".pdf": "pdf",
 }
 
@@ -78,15 +87,17 @@ def detect_format(filename: str | None, data: bytes) -> str:
         return "pdf"
     low = head[:64].lower()
     if low.startswith(codecs.BOM_UTF8):
-        low = low[len(codecs.BOM_UTF8):]
+        low = low[len(codecs.BOM_UTF8) :]
     if low.startswith(b"<!doctype html") or low.startswith(b"<html"):
         return "html"
     return "text"
 
 
 _BOMS = (
-    (codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
     (codecs.BOM_UTF16_BE, "utf-16-be"),
 )
 _META_CHARSET = re.compile(rb"<meta[^>]+charset=[\"']?([A-Za-z0-9_.:-]+)", re.IGNORECASE)
@@ -102,7 +113,7 @@ def _decode(data: bytes, filename: str | None, fmt: str) -> str:
                     f"not a multiple of {unit} bytes: not {encoding} text"
                 )
             try:
-                return data[len(bom):].decode(encoding)
+                return data[len(bom) :].decode(encoding)
             except UnicodeDecodeError as exc:
                 raise InvalidArgumentError(
                     f"{_name(filename)}: bytes are not valid {encoding} (byte {exc.start + len(bom)})"
@@ -123,8 +134,7 @@ def _decode(data: bytes, filename: str | None, fmt: str) -> str:
         ) from None
     if "\x00" in text:
         raise InvalidArgumentError(
-            f"{_name(filename)}: contains NUL bytes, so it looks binary rather than {fmt}; "
-            "give a supported file type"
+            f"{_name(filename)}: contains NUL bytes, so it looks binary rather than {fmt}; give a supported file type"
         )
     return text
 
@@ -167,12 +177,45 @@ def _markdown(text: str) -> str:
 # -- html ----------------------------------------------------------------------------------
 
 _SKIP = {"script", "style", "noscript", "template", "svg", "math", "iframe", "object", "head"}
-_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
-         "track", "wbr"}
-_BLOCK = {"address", "article", "aside", "blockquote", "dd", "div", "dl", "dt", "fieldset",
-          "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
-          "hr", "li", "main", "nav", "ol", "p", "pre", "section", "table", "tr", "ul", "caption",
-          "details", "summary", "body", "html"}
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+_BLOCK = {
+    "address",
+    "article",
+    "aside",
+    "blockquote",
+    "dd",
+    "div",
+    "dl",
+    "dt",
+    "fieldset",
+    "figcaption",
+    "figure",
+    "footer",
+    "form",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "header",
+    "hr",
+    "li",
+    "main",
+    "nav",
+    "ol",
+    "p",
+    "pre",
+    "section",
+    "table",
+    "tr",
+    "ul",
+    "caption",
+    "details",
+    "summary",
+    "body",
+    "html",
+}
 
 
 class _VisibleText(HTMLParser):
@@ -193,7 +236,8 @@ class _VisibleText(HTMLParser):
                 self._skip.append(tag)
             return
         hidden = any(
-            k == "hidden" or (k == "aria-hidden" and (v or "").lower() == "true")
+            k == "hidden"
+            or (k == "aria-hidden" and (v or "").lower() == "true")
             or (k == "style" and re.search(r"display\s*:\s*none", v or "", re.I))
             for k, v in attrs
         )
@@ -257,24 +301,20 @@ def _jsonl(text: str, filename: str | None) -> str:
         try:
             value: Any = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(
-                f"{_name(filename)}: line {lineno} is not valid JSON ({exc.msg})"
-            ) from None
+            raise InvalidArgumentError(f"{_name(filename)}: line {lineno} is not valid JSON ({exc.msg})") from None
         if isinstance(value, str):
             piece = value
         elif isinstance(value, dict):
             body = next((value[k] for k in ("text", "content", "page_content") if k in value), None)
             if not isinstance(body, str):
                 raise InvalidArgumentError(
-                    f"{_name(filename)}: line {lineno} has no string field 'text', 'content' or "
-                    "'page_content'"
+                    f"{_name(filename)}: line {lineno} has no string field 'text', 'content' or 'page_content'"
                 )
             title = value.get("title")
             piece = f"{title}\n{body}" if isinstance(title, str) and title.strip() else body
         else:
             raise InvalidArgumentError(
-                f"{_name(filename)}: line {lineno} must be a JSON string or object, got "
-                f"{type(value).__name__}"
+                f"{_name(filename)}: line {lineno} must be a JSON string or object, got {type(value).__name__}"
             )
         piece = piece.strip()
         if piece:
@@ -306,9 +346,7 @@ def _pdf(data: bytes, filename: str | None) -> str:
                 pass
         pages = [page.extract_text() or "" for page in reader.pages]
     except Exception as exc:  # noqa: BLE001 - pypdf's errors are not one hierarchy
-        raise InvalidArgumentError(
-            f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})"
-        ) from None
+        raise InvalidArgumentError(f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})") from None
     return _normalise("\n\n".join(p.strip() for p in pages if p.strip()))
 
 
@@ -339,7 +377,5 @@ def parse(data: bytes, *, filename: str | None = None, format: str | None = None
         else:
             text = _normalise(raw)
     if not text.strip():
-        raise InvalidArgumentError(
-            f"{_name(filename)} ({fmt}) contains no text: there is nothing to ingest"
-        )
+        raise InvalidArgumentError(f"{_name(filename)} ({fmt}) contains no text: there is nothing to ingest")
     return ParsedDocument(text, fmt, title)

@@ -79,8 +79,10 @@ FORMAT_VERSION = 1
 _CHUNK = 1 << 22
 
 #: File names a knowledge base directory may hold besides the manifest and the locks.
-_OWNED = re.compile(r"^((seg-\d+\.(chunks|docs)\.arrow|seg-\d+\.vectors\.npy|index-\d+\.kbi)(\.tmp.*)?"
-                    r"|manifest\.json\.tmp.+)$")
+_OWNED = re.compile(
+    r"^((seg-\d+\.(chunks|docs)\.arrow|seg-\d+\.vectors\.npy|index-\d+\.kbi)(\.tmp.*)?"
+    r"|manifest\.json\.tmp.+)$"
+)
 
 
 def _storage_error(what: str, path: str, exc: OSError) -> StorageError:
@@ -140,7 +142,7 @@ def _write_file(path: str, data: Any, *, exclusive: bool = False) -> None:
         view = memoryview(data).cast("B")
         done = 0
         while done < len(view):
-            n = os.write(fd, view[done:done + _CHUNK])
+            n = os.write(fd, view[done : done + _CHUNK])
             if n <= 0:  # pragma: no cover - a file system that accepts nothing without errno
                 raise OSError(errno.EIO, "write returned 0")
             done += n
@@ -267,8 +269,15 @@ def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> A
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
         table.validate(full=True)
-    except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, OverflowError,
-            MemoryError) as exc:  # pyarrow reports a bad footer or message as a plain OSError
+    except (
+        pa.ArrowException,
+        OSError,
+        ValueError,
+        TypeError,
+        IndexError,
+        OverflowError,
+        MemoryError,
+    ) as exc:  # pyarrow reports a bad footer or message as a plain OSError
         raise FormatError(errno.EIO, f"knowledge base file {path!r} is not valid Arrow: {exc}") from None
     return table
 
@@ -284,8 +293,7 @@ def write_npy(dirpath: str, name: str, arr: np.ndarray) -> dict[str, Any]:
     return {"path": name, "bytes": data.nbytes, "crc32": zlib.crc32(data)}
 
 
-def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None,
-             dim: int | None = None) -> np.ndarray:
+def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None, dim: int | None = None) -> np.ndarray:
     """Reads a .npy file written by :func:`write_npy` after checking size and CRC-32; with
     ``rows`` / ``dim``, also that it is a finite float32 matrix of that shape. Raises
     FormatError."""
@@ -297,14 +305,18 @@ def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None,
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - numpy's header parser raises SyntaxError, TokenError, ...
-        raise FormatError(errno.EIO, f"knowledge base file {path!r} is not a valid .npy: "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise FormatError(
+            errno.EIO, f"knowledge base file {path!r} is not a valid .npy: {type(exc).__name__}: {exc}"
+        ) from None
     if rows is not None or dim is not None:
-        want = (rows if rows is not None else arr.shape[0] if arr.ndim == 2 else -1,
-                dim if dim is not None else arr.shape[1] if arr.ndim == 2 else -1)
+        want = (
+            rows if rows is not None else arr.shape[0] if arr.ndim == 2 else -1,
+            dim if dim is not None else arr.shape[1] if arr.ndim == 2 else -1,
+        )
         if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.shape != want:
             raise FormatError(
-                errno.EIO, f"knowledge base file {path!r} holds {getattr(arr, 'dtype', '?')} "
+                errno.EIO,
+                f"knowledge base file {path!r} holds {getattr(arr, 'dtype', '?')} "
                 f"{getattr(arr, 'shape', '?')}, expected float32 {want}",
             )
         if not np.isfinite(arr).all():
@@ -610,6 +622,7 @@ def save_manifest(dirpath: str, manifest: dict[str, Any]) -> None:
 
 # -- segments ----------------------------------------------------------------------------------
 
+
 def _is_int64(t: Any) -> bool:
     import pyarrow as pa
 
@@ -630,14 +643,24 @@ def _is_float(t: Any) -> bool:
 
 #: column -> (type test, nulls allowed); the columns the engine reads from each segment table.
 _CHUNK_COLUMNS = {
-    "__id": (_is_int64, False), "__text": (_is_text, False), "__start": (_is_int64, False),
-    "__end": (_is_int64, False), "chunk_index": (_is_int64, False), "_group": (_is_int64, False),
-    "document_id": (_is_text, False), "pipeline_name": (_is_text, False),
+    "__id": (_is_int64, False),
+    "__text": (_is_text, False),
+    "__start": (_is_int64, False),
+    "__end": (_is_int64, False),
+    "chunk_index": (_is_int64, False),
+    "_group": (_is_int64, False),
+    "document_id": (_is_text, False),
+    "pipeline_name": (_is_text, False),
 }
 _DOC_COLUMNS = {
-    "document_id": (_is_text, False), "pipeline_name": (_is_text, False),
-    "n_chunks": (_is_int64, False), "text": (_is_text, True), "filename": (_is_text, True),
-    "format": (_is_text, True), "metadata": (_is_text, False), "ingested_at": (_is_float, False),
+    "document_id": (_is_text, False),
+    "pipeline_name": (_is_text, False),
+    "n_chunks": (_is_int64, False),
+    "text": (_is_text, True),
+    "filename": (_is_text, True),
+    "format": (_is_text, True),
+    "metadata": (_is_text, False),
+    "ingested_at": (_is_float, False),
 }
 
 
@@ -680,33 +703,43 @@ def read_segments(dirpath: str, manifest: dict[str, Any]) -> list[tuple[dict[str
         _check_schema(chunks, _CHUNK_COLUMNS, cpath)
         _check_schema(docs, _DOC_COLUMNS, dpath)
         if chunks.num_rows != entry["rows"]:
-            raise FormatError(errno.EIO, f"knowledge base file {cpath!r} has {chunks.num_rows} rows, "
-                              f"the manifest says {entry['rows']}")
+            raise FormatError(
+                errno.EIO,
+                f"knowledge base file {cpath!r} has {chunks.num_rows} rows, the manifest says {entry['rows']}",
+            )
         if docs.num_rows != entry["docs"]:
-            raise FormatError(errno.EIO, f"knowledge base file {dpath!r} has {docs.num_rows} rows, "
-                              f"the manifest says {entry['docs']}")
+            raise FormatError(
+                errno.EIO, f"knowledge base file {dpath!r} has {docs.num_rows} rows, the manifest says {entry['docs']}"
+            )
         counts = _int_column(docs, "n_chunks")
         if (counts < 0).any() or int(counts.sum()) != chunks.num_rows:
-            raise FormatError(errno.EIO, f"knowledge base file {dpath!r}: the documents' chunk counts "
-                              f"do not add up to the segment's {chunks.num_rows} chunks")
+            raise FormatError(
+                errno.EIO,
+                f"knowledge base file {dpath!r}: the documents' chunk counts "
+                f"do not add up to the segment's {chunks.num_rows} chunks",
+            )
         for j, text in enumerate(docs.column("metadata").to_pylist()):
             try:
                 ok = isinstance(json.loads(text), dict)
             except (ValueError, RecursionError):
                 ok = False
             if not ok:
-                raise FormatError(errno.EIO, f"knowledge base file {dpath!r}: document {j}'s "
-                                  "metadata is not a JSON object")
+                raise FormatError(
+                    errno.EIO, f"knowledge base file {dpath!r}: document {j}'s metadata is not a JSON object"
+                )
         ids = _int_column(chunks, "__id")
         if len(ids):
             if ids[0] < 0 or ids[-1] >= next_id or (len(ids) > 1 and not (ids[1:] > ids[:-1]).all()):
-                raise FormatError(errno.EIO, f"knowledge base file {cpath!r}: chunk ids must increase "
-                                  f"strictly within [0, next_id={next_id})")
+                raise FormatError(
+                    errno.EIO,
+                    f"knowledge base file {cpath!r}: chunk ids must increase strictly within [0, next_id={next_id})",
+                )
             ranges.append((int(ids[0]), int(ids[-1]), cpath))
         groups = _int_column(chunks, "_group")
         if len(groups) and (groups.min() < 0 or groups.max() >= next_group):
-            raise FormatError(errno.EIO, f"knowledge base file {cpath!r}: chunk groups must be in "
-                              f"[0, next_group={next_group})")
+            raise FormatError(
+                errno.EIO, f"knowledge base file {cpath!r}: chunk groups must be in [0, next_group={next_group})"
+            )
         out.append((entry, chunks, docs))
     ranges.sort()
     for (_, hi, a), (lo, _, b) in zip(ranges, ranges[1:]):
@@ -716,6 +749,7 @@ def read_segments(dirpath: str, manifest: dict[str, Any]) -> list[tuple[dict[str
 
 
 # -- locks and collection ----------------------------------------------------------------------
+
 
 def _flock_module() -> Any:
     try:

@@ -18,8 +18,29 @@ import numpy as np
 import kbcore
 
 HERE = Path(__file__).parent
-WORDS = ["alpha", "Beta", "gamma", "delta", "e1234", "42", "x", "café", "ÉCOLE", "naïve", "σοφία",
-         "Кремль", "東京都の天気", "大阪", "テスト", "한국어", "Ａｂｃ", "ß", "İstanbul", "don't", "co-op"]
+WORDS = [
+    "alpha",
+    "Beta",
+    "gamma",
+    "delta",
+    "e1234",
+    "42",
+    "x",
+    "café",
+    "ÉCOLE",
+    "naïve",
+    "σοφία",
+    "Кремль",
+    "東京都の天気",
+    "大阪",
+    "テスト",
+    "한국어",
+    "Ａｂｃ",
+    "ß",
+    "İstanbul",
+    "don't",
+    "co-op",
+]
 
 
 def rows() -> list[str | None]:

@@ -279,7 +279,10 @@ def migrate_legacy_data(target: str, cwd: str | None = None) -> list[str]:
             if dest.exists():
                 logger.warning(
                     "kbcore: %s exists in both %s and %s; keeping the one in %s",
-                    entry.name, old, dest_root, dest_root,
+                    entry.name,
+                    old,
+                    dest_root,
+                    dest_root,
                 )
                 kept = True
                 continue

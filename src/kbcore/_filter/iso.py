@@ -14,8 +14,7 @@ import re
 from .. import _core
 from ..errors import InvalidArgumentError
 
-_GRAMMAR = ("expected YYYY-MM-DD, optionally followed by T and hh:mm[:ss[.fraction]] and an "
-            "offset (Z or +hh:mm)")
+_GRAMMAR = "expected YYYY-MM-DD, optionally followed by T and hh:mm[:ss[.fraction]] and an offset (Z or +hh:mm)"
 _SHAPE = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
     r"(?:[Tt ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:[.,]([0-9]+))?)?"
@@ -73,9 +72,7 @@ def iso8601_to_epoch(text: str) -> float:
     Raises :class:`~kbcore.errors.InvalidArgumentError` if ``text`` is not such a string.
     """
     if not isinstance(text, str):
-        raise InvalidArgumentError(
-            f"expected an ISO-8601 date or date-time string, got {type_name(text)}"
-        )
+        raise InvalidArgumentError(f"expected an ISO-8601 date or date-time string, got {type_name(text)}")
     try:
         return parse_iso(text)
     except ValueError as exc:

@@ -17,8 +17,6 @@ from .iso import parse_iso, type_name
 Node = tuple
 
 
-
-
 # ----------------------------------------------------------------------------------------------
 # errors with a path, built only when something fails
 
@@ -130,7 +128,7 @@ def _boolean(v: Any, op: str) -> bool:
 
 
 def _item_kind(item: Any) -> str | None:
-    """"str", "bool" or "number" for a valid $in item (numpy scalars included), else None."""
+    """ "str", "bool" or "number" for a valid $in item (numpy scalars included), else None."""
     item = coerce_numpy(item)
     if isinstance(item, str):
         return "str"
@@ -148,8 +146,7 @@ def _items(v: Any, op: str) -> tuple:
         raise _FilterError(f"{op} expects a non-empty list, got an empty list")
     kind = _item_kind(v[0])
     if kind is None:
-        raise _FilterError(f"{op} expects items that are str, int, float or bool; "
-                           f"item 0 is {type_name(v[0])}")
+        raise _FilterError(f"{op} expects items that are str, int, float or bool; item 0 is {type_name(v[0])}")
     out: list = []
     seen: set = set()
     for i, item in enumerate(v):
@@ -177,12 +174,9 @@ def _items(v: Any, op: str) -> tuple:
     return tuple(out)
 
 
-
 def _instant(v: Any, op: str) -> float:
     if not isinstance(v, str):
-        raise _FilterError(
-            f"{op} expects an ISO-8601 date or date-time string, got {type_name(v)}"
-        )
+        raise _FilterError(f"{op} expects an ISO-8601 date or date-time string, got {type_name(v)}")
     try:
         return parse_iso(str(v))
     except ValueError as exc:
@@ -195,13 +189,22 @@ def _instant(v: Any, op: str) -> float:
 
 #: operator -> (IR name, operand check); the order is the one error messages list.
 _OPS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "$eq": ("eq", _scalar), "$ne": ("ne", _scalar),
-    "$gt": ("gt", _number), "$gte": ("gte", _number), "$lt": ("lt", _number), "$lte": ("lte", _number),
-    "$in": ("in", _items), "$nin": ("nin", _items),
-    "$contains": ("contains", _string), "$not_contains": ("not_contains", _string),
-    "$starts_with": ("starts_with", _string), "$ends_with": ("ends_with", _string),
-    "$exists": ("exists", _boolean), "$empty": ("empty", _boolean),
-    "$before": ("before", _instant), "$after": ("after", _instant),
+    "$eq": ("eq", _scalar),
+    "$ne": ("ne", _scalar),
+    "$gt": ("gt", _number),
+    "$gte": ("gte", _number),
+    "$lt": ("lt", _number),
+    "$lte": ("lte", _number),
+    "$in": ("in", _items),
+    "$nin": ("nin", _items),
+    "$contains": ("contains", _string),
+    "$not_contains": ("not_contains", _string),
+    "$starts_with": ("starts_with", _string),
+    "$ends_with": ("ends_with", _string),
+    "$exists": ("exists", _boolean),
+    "$empty": ("empty", _boolean),
+    "$before": ("before", _instant),
+    "$after": ("after", _instant),
 }
 _ALL_OPS = tuple(_OPS)
 _OPS_TEXT = ", ".join(_ALL_OPS)
@@ -217,10 +220,7 @@ def _compile_op(field: str, op: Any, operand: Any) -> Node:
             hint = f' (did you mean "${op}"?)'
         elif op in ("$and", "$or"):
             hint = f" ({op} belongs at the level of fields, not inside a field's operators)"
-        raise _FilterError(
-            f"unknown operator {json.dumps(op, ensure_ascii=False)}{hint}; expected one of "
-            f"{_OPS_TEXT}"
-        )
+        raise _FilterError(f"unknown operator {json.dumps(op, ensure_ascii=False)}{hint}; expected one of {_OPS_TEXT}")
     raise _FilterError(f"operator names must be str, got {type_name(op)}")
 
 
@@ -244,8 +244,7 @@ def _compile_field(field: str, spec: Any, out: list) -> None:
     if isinstance(spec, Mapping):
         if not spec:
             raise _FilterError(
-                "an empty operator dict {} is not allowed; give at least one operator such as "
-                '{"$eq": value}'
+                'an empty operator dict {} is not allowed; give at least one operator such as {"$eq": value}'
             )
         for op in _sorted_keys(spec, "operator"):
             out.append(_compile_op(field, op, spec[op]))
@@ -254,15 +253,13 @@ def _compile_field(field: str, spec: Any, out: list) -> None:
         out.append(("cmp", field, "eq", _scalar(spec, "$eq")))
     except _FilterError:
         raise _FilterError(
-            f"expected a str, int, float or bool (shorthand for $eq) or a dict of operators, "
-            f"got {type_name(spec)}"
+            f"expected a str, int, float or bool (shorthand for $eq) or a dict of operators, got {type_name(spec)}"
         ) from None
 
 
 def _compile_logical(key: str, children: Any, out: list) -> None:
     if not isinstance(children, (list, tuple)):
-        raise _FilterError(f"{key} expects a non-empty list of filter dicts, got "
-                           f"{type_name(children)}")
+        raise _FilterError(f"{key} expects a non-empty list of filter dicts, got {type_name(children)}")
     if not children:
         raise _FilterError(f"{key} expects a non-empty list of filter dicts, got an empty list")
     if key == "$and":
@@ -308,10 +305,7 @@ def _compile_dict(where: Any, out: list) -> None:
                 if key == "$and" or key == "$or":
                     _compile_logical(key, where[key], out)
                 elif key in _ALL_OPS:
-                    raise _FilterError(
-                        f"operator {key} needs a field: write {{field: {{{json.dumps(key)}: "
-                        "value}}"
-                    )
+                    raise _FilterError(f"operator {key} needs a field: write {{field: {{{json.dumps(key)}: value}}}}")
                 else:
                     raise _FilterError(
                         f"unknown logical operator {json.dumps(key, ensure_ascii=False)}; "

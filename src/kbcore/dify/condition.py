@@ -207,10 +207,7 @@ def _iso_of(seconds: float, op: str) -> str:
         dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
     except (OverflowError, OSError, ValueError):
         raise InvalidArgumentError(f'"{op}": timestamp {seconds!r} is out of range') from None
-    text = (
-        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}"
-        f"T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
-    )
+    text = f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
     if dt.microsecond:
         text += f".{dt.microsecond:06d}"
     return text + "Z"
@@ -241,8 +238,7 @@ def _instant(value: Any, op: str) -> tuple[str, int | float]:
 def _instant_window(seconds: float) -> tuple[str, str] | None:
     """ISO-8601 bounds a microsecond either side of ``seconds``; None out of range."""
     try:
-        return (_iso_of(seconds - _INSTANT_TOLERANCE, "is"),
-                _iso_of(seconds + _INSTANT_TOLERANCE, "is"))
+        return (_iso_of(seconds - _INSTANT_TOLERANCE, "is"), _iso_of(seconds + _INSTANT_TOLERANCE, "is"))
     except InvalidArgumentError:
         return None
 
@@ -283,9 +279,7 @@ def _is(field: str, value: Any) -> dict:
             lo, hi = window
             parts.append({"$and": [{field: {"$after": lo}}, {field: {"$before": hi}}]})
         return {"$or": parts}
-    raise InvalidArgumentError(
-        f'"is" needs a string, number or boolean value, got {type_name(value)}'
-    )
+    raise InvalidArgumentError(f'"is" needs a string, number or boolean value, got {type_name(value)}')
 
 
 def _is_not(field: str, value: Any) -> dict:
@@ -308,9 +302,7 @@ def _is_not(field: str, value: Any) -> dict:
             lo, hi = window
             parts += [{field: {"$before": lo}}, {field: {"$after": hi}}]
         return {"$or": parts}
-    raise InvalidArgumentError(
-        f'"is not" needs a string, number or boolean value, got {type_name(value)}'
-    )
+    raise InvalidArgumentError(f'"is not" needs a string, number or boolean value, got {type_name(value)}')
 
 
 def _items(value: Any, op: str) -> list[str]:
@@ -330,15 +322,11 @@ def _items(value: Any, op: str) -> list[str]:
             elif isinstance(v, str) or _is_number(v):
                 out.append(_check_text(_text(v, op), f"item {i}"))
             else:
-                raise InvalidArgumentError(
-                    f'"{op}" needs strings or numbers, got an item of type {type_name(v)}'
-                )
+                raise InvalidArgumentError(f'"{op}" needs strings or numbers, got an item of type {type_name(v)}')
         return out
     if _is_number(value):
         return [_text(value, op)]
-    raise InvalidArgumentError(
-        f'"{op}" needs a list or a comma-separated string, got {type_name(value)}'
-    )
+    raise InvalidArgumentError(f'"{op}" needs a list or a comma-separated string, got {type_name(value)}')
 
 
 def _in(field: str, value: Any, op: str) -> dict:
@@ -398,13 +386,10 @@ def _names(cond: Mapping[str, Any], path: str) -> list[str]:
     if not isinstance(names, (list, tuple)) or not names:
         got = "an empty list" if isinstance(names, (list, tuple)) else type_name(names)
         raise InvalidArgumentError(
-            f'{path}["name"]: expected a field name or a non-empty list of field names, '
-            f"got {got}"
+            f'{path}["name"]: expected a field name or a non-empty list of field names, got {got}'
         )
     if len(names) > MAX_NAMES:
-        raise InvalidArgumentError(
-            f'{path}["name"]: at most {MAX_NAMES} field names, got {len(names)}'
-        )
+        raise InvalidArgumentError(f'{path}["name"]: at most {MAX_NAMES} field names, got {len(names)}')
     for j, name in enumerate(names):
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(
@@ -414,25 +399,20 @@ def _names(cond: Mapping[str, Any], path: str) -> list[str]:
             )
         _check_text(name, f'{path}["name"]')
         if name.startswith("$"):
-            raise InvalidArgumentError(
-                f'{path}["name"]: field names cannot start with "$", got {name!r}'
-            )
+            raise InvalidArgumentError(f'{path}["name"]: field names cannot start with "$", got {name!r}')
     return [str(n) for n in names]
 
 
 def _operator(cond: Mapping[str, Any], path: str) -> str:
     raw = cond.get("comparison_operator")
     if not isinstance(raw, str):
-        raise InvalidArgumentError(
-            f'{path}["comparison_operator"]: expected a string, got {type_name(raw)}'
-        )
+        raise InvalidArgumentError(f'{path}["comparison_operator"]: expected a string, got {type_name(raw)}')
     op = _DIFY_OPS.get(" ".join(raw.split()).lower())
     if op is None:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
         raise InvalidArgumentError(
-            f'{path}["comparison_operator"]: unknown operator {shown!r}; expected one of '
-            f"{_OPS_TEXT}"
+            f'{path}["comparison_operator"]: unknown operator {shown!r}; expected one of {_OPS_TEXT}'
         )
     return op
 
@@ -505,22 +485,16 @@ def dify_condition_to_where(metadata_condition: Mapping[str, Any] | None) -> dic
         return None
     root = "metadata_condition"
     if not isinstance(metadata_condition, Mapping):
-        raise InvalidArgumentError(
-            f"{root}: expected an object, got {type_name(metadata_condition)}"
-        )
+        raise InvalidArgumentError(f"{root}: expected an object, got {type_name(metadata_condition)}")
     conditions = metadata_condition.get("conditions")
     if conditions is None:
         return None
     if not isinstance(conditions, (list, tuple)):
-        raise InvalidArgumentError(
-            f'{root}["conditions"]: expected a list of conditions, got {type_name(conditions)}'
-        )
+        raise InvalidArgumentError(f'{root}["conditions"]: expected a list of conditions, got {type_name(conditions)}')
     if not conditions:
         return None
     if len(conditions) > MAX_CONDITIONS:
-        raise InvalidArgumentError(
-            f'{root}["conditions"]: at most {MAX_CONDITIONS} conditions, got {len(conditions)}'
-        )
+        raise InvalidArgumentError(f'{root}["conditions"]: at most {MAX_CONDITIONS} conditions, got {len(conditions)}')
     key = "$" + _logical(metadata_condition, root)
     parts = []
     for i, cond in enumerate(conditions):

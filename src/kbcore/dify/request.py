@@ -96,9 +96,7 @@ def _load(body: bytes) -> dict:
     try:
         data = json.loads(body)
     except RecursionError:
-        raise _bad(
-            f"the request body nests arrays and objects deeper than {MAX_JSON_DEPTH}"
-        ) from None
+        raise _bad(f"the request body nests arrays and objects deeper than {MAX_JSON_DEPTH}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise _bad(f"the request body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
@@ -134,9 +132,7 @@ def _threshold(setting: dict) -> float:
     if threshold is None:
         return 0.0
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise _bad(
-            f"retrieval_setting.score_threshold must be a number, got {_type_name(threshold)}"
-        )
+        raise _bad(f"retrieval_setting.score_threshold must be a number, got {_type_name(threshold)}")
     if isinstance(threshold, int) and not 0 <= threshold <= 1:  # 10**400 has no float
         raise _bad("retrieval_setting.score_threshold must be within [0, 1]")
     threshold = float(threshold)

@@ -122,9 +122,7 @@ log = logging.getLogger("kbcore.server")
 # -- keys ------------------------------------------------------------------------------------
 
 
-def parse_api_keys(
-    keys: Iterable[str] | None = None, env: Mapping[str, str] | None = None
-) -> list[str]:
+def parse_api_keys(keys: Iterable[str] | None = None, env: Mapping[str, str] | None = None) -> list[str]:
     """The configured API keys: ``keys`` plus those in ``$KBCORE_API_KEYS`` (comma or
     whitespace separated), without duplicates, in order. Raises ``InvalidArgumentError`` for an
     empty key or one with whitespace inside."""
@@ -151,9 +149,7 @@ class _KeyRing:
 
     def __init__(self, keys: Sequence[str]) -> None:
         if not keys:
-            raise InvalidArgumentError(
-                f"no API key configured: pass --api-key KEY or set {API_KEYS_ENV}"
-            )
+            raise InvalidArgumentError(f"no API key configured: pass --api-key KEY or set {API_KEYS_ENV}")
         self._digests = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys]
 
     def __contains__(self, token: str) -> bool:
@@ -210,14 +206,15 @@ def _dumps(payload: Any) -> bytes:
     """Compact UTF-8 JSON; a string that is not valid Unicode (a lone surrogate) is escaped
     (``\\ud800``) instead of failing, so an error about such input can still be sent."""
     clean = _finite(payload)
-    text = json.dumps(
-        clean, ensure_ascii=False, allow_nan=False, default=_json_default, separators=(",", ":")
-    )
+    text = json.dumps(clean, ensure_ascii=False, allow_nan=False, default=_json_default, separators=(",", ":"))
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         return json.dumps(
-            clean, ensure_ascii=True, allow_nan=False, default=_json_default,
+            clean,
+            ensure_ascii=True,
+            allow_nan=False,
+            default=_json_default,
             separators=(",", ":"),
         ).encode("ascii")
 
@@ -316,17 +313,13 @@ class _Service:
             raise
 
     def retrieve(self, req: Request) -> list[dict[str, Any]]:
-        missing = ApiError(
-            404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist"
-        )
+        missing = ApiError(404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist")
         try:
             kb = self.engine.get_knowledge_base(req.knowledge_id)
             self._maybe_refresh(kb)
             if not req.query.strip():
                 return []  # nothing to match: what any retrieval finds for a blank query
-            hits = kb.retrieve(
-                req.query, top_k=req.top_k, score_threshold=req.score_threshold, filters=req.where
-            )
+            hits = kb.retrieve(req.query, top_k=req.top_k, score_threshold=req.score_threshold, filters=req.where)
         except NotFoundError:
             raise missing from None
         except (InvalidArgumentError, InvalidTypeError) as exc:
@@ -377,9 +370,7 @@ def _reply(status: int, payload: Any, request_id: str, *, close: bool = False) -
     headers = {"X-Request-Id": request_id}
     if close:
         headers["Connection"] = "close"
-    return Response(
-        _dumps(payload), status_code=status, media_type="application/json", headers=headers
-    )
+    return Response(_dumps(payload), status_code=status, media_type="application/json", headers=headers)
 
 
 async def _read_body(request: Any, service: _Service) -> bytes:
@@ -388,13 +379,9 @@ async def _read_body(request: Any, service: _Service) -> bytes:
 
     limit = service.max_body_bytes
     declared = (request.headers.get("content-length") or "").strip()
-    too_large = declared.isascii() and declared.isdigit() and (
-        len(declared) > 15 or int(declared) > limit
-    )
+    too_large = declared.isascii() and declared.isdigit() and (len(declared) > 15 or int(declared) > limit)
     if too_large:
-        raise ApiError(
-            413, E_TOO_LARGE, f"the request body is {declared[:20]} bytes; the limit is {limit}"
-        )
+        raise ApiError(413, E_TOO_LARGE, f"the request body is {declared[:20]} bytes; the limit is {limit}")
     parts: list[bytes] = []
     size = 0
     try:
@@ -402,14 +389,10 @@ async def _read_body(request: Any, service: _Service) -> bytes:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise ApiError(
-                        413, E_TOO_LARGE, f"the request body is over the limit of {limit} bytes"
-                    )
+                    raise ApiError(413, E_TOO_LARGE, f"the request body is over the limit of {limit} bytes")
                 parts.append(chunk)
     except TimeoutError:
-        raise ApiError(
-            408, E_TIMEOUT, f"the request body did not arrive within {service.body_timeout:g} s"
-        ) from None
+        raise ApiError(408, E_TIMEOUT, f"the request body did not arrive within {service.body_timeout:g} s") from None
     return b"".join(parts)
 
 
@@ -435,15 +418,28 @@ def _retrieval_endpoint(service: _Service) -> Any:
             payload = {"error_code": err.code, "error_msg": err.message}
             return _reply(err.status, payload, request_id, close=close)
         except ClientDisconnect:
-            _log(logging.INFO, "client_disconnect", request_id=request_id, client=client,
-                 duration_ms=round((time.perf_counter() - started) * 1000.0, 3))
-            return _reply(400, {"error_code": E_BAD_REQUEST, "error_msg": "client disconnected"},
-                          request_id, close=True)
+            _log(
+                logging.INFO,
+                "client_disconnect",
+                request_id=request_id,
+                client=client,
+                duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
+            )
+            return _reply(
+                400, {"error_code": E_BAD_REQUEST, "error_msg": "client disconnected"}, request_id, close=True
+            )
         except Exception as exc:  # noqa: BLE001 - any failure must still answer and be logged
-            internal = ApiError(500, E_INTERNAL, f"internal error ({type(exc).__name__}); see the "
-                                f"server log, request id {request_id}")
-            _log_error(request_id, internal, client=client, knowledge_id=knowledge_id,
-                       started=started, exc_text="".join(traceback.format_exception(exc)))
+            internal = ApiError(
+                500, E_INTERNAL, f"internal error ({type(exc).__name__}); see the server log, request id {request_id}"
+            )
+            _log_error(
+                request_id,
+                internal,
+                client=client,
+                knowledge_id=knowledge_id,
+                started=started,
+                exc_text="".join(traceback.format_exception(exc)),
+            )
             return _reply(500, {"error_code": E_INTERNAL, "error_msg": internal.message}, request_id)
         _log_success(request_id, client, req, len(records), started)
         return _reply(200, {"records": records}, request_id)
@@ -453,12 +449,25 @@ def _retrieval_endpoint(service: _Service) -> Any:
 
 def _log_success(request_id: str, client: str | None, req: Request, n: int, started: float) -> None:
     if req.requested_top_k != req.top_k:
-        _log(logging.WARNING, "top_k_clamped", request_id=request_id, client=client,
-             knowledge_id=req.knowledge_id, requested_top_k=req.requested_top_k,
-             top_k=req.top_k)
-    _log(logging.INFO, "retrieval", request_id=request_id, client=client,
-         knowledge_id=req.knowledge_id, top_k=req.top_k, records=n,
-         duration_ms=round((time.perf_counter() - started) * 1000.0, 3))
+        _log(
+            logging.WARNING,
+            "top_k_clamped",
+            request_id=request_id,
+            client=client,
+            knowledge_id=req.knowledge_id,
+            requested_top_k=req.requested_top_k,
+            top_k=req.top_k,
+        )
+    _log(
+        logging.INFO,
+        "retrieval",
+        request_id=request_id,
+        client=client,
+        knowledge_id=req.knowledge_id,
+        top_k=req.top_k,
+        records=n,
+        duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
+    )
 
 
 async def _health(request: Any) -> Any:
@@ -470,9 +479,7 @@ async def _http_error(request: Any, exc: Exception) -> Any:
     detail = getattr(exc, "detail", None) or "error"
     request_id = uuid.uuid4().hex[:16]
     path = request.url.path[:200]
-    err = ApiError(
-        status, status, f"{detail}: {request.method} {path} (the Dify endpoint is POST /retrieval)"
-    )
+    err = ApiError(status, status, f"{detail}: {request.method} {path} (the Dify endpoint is POST /retrieval)")
     client = request.client.host if request.client else None
     _log_error(request_id, err, client=client, knowledge_id=None, started=time.perf_counter())
     return _reply(status, {"error_code": status, "error_msg": err.message}, request_id)
@@ -611,9 +618,9 @@ class _JsonLines(logging.Formatter):
         msg = record.getMessage()
         if record.name == log.name and msg.startswith("{"):
             return msg
-        return _dumps(
-            {"event": "log", "logger": record.name, "level": record.levelname, "message": msg}
-        ).decode("utf-8")
+        return _dumps({"event": "log", "logger": record.name, "level": record.levelname, "message": msg}).decode(
+            "utf-8"
+        )
 
 
 def _configure_logging(level: str) -> None:
@@ -652,23 +659,38 @@ def serve(
     try:
         import uvicorn
     except ImportError:
-        raise ImportError(
-            "kbcore serve needs uvicorn and Starlette: pip install 'kbcore[server]'"
-        ) from None
+        raise ImportError("kbcore serve needs uvicorn and Starlette: pip install 'kbcore[server]'") from None
     from ..engine import Engine
 
     _KeyRing(api_keys)
     engine = Engine(data, embedder=embedder)
     try:
-        app = create_app(engine, api_keys, max_body_bytes=max_body_bytes, max_top_k=max_top_k,
-                         refresh_interval=refresh_interval, body_timeout=body_timeout)
-        config = uvicorn_config(app, host=host, port=port, log_level=log_level,
-                                max_connections=max_connections,
-                                keep_alive_timeout=keep_alive_timeout,
-                                header_timeout=header_timeout)
+        app = create_app(
+            engine,
+            api_keys,
+            max_body_bytes=max_body_bytes,
+            max_top_k=max_top_k,
+            refresh_interval=refresh_interval,
+            body_timeout=body_timeout,
+        )
+        config = uvicorn_config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            max_connections=max_connections,
+            keep_alive_timeout=keep_alive_timeout,
+            header_timeout=header_timeout,
+        )
         _configure_logging(log_level)
-        _log(logging.INFO, "start", data=str(engine.path), knowledge_bases=engine.knowledge_bases(),
-             url=f"http://{host}:{port}/retrieval", keys=len(api_keys))
+        _log(
+            logging.INFO,
+            "start",
+            data=str(engine.path),
+            knowledge_bases=engine.knowledge_bases(),
+            url=f"http://{host}:{port}/retrieval",
+            keys=len(api_keys),
+        )
         uvicorn.Server(config).run()
     finally:
         engine.close()

@@ -29,9 +29,7 @@ def shard_of_key(value: int | str, shards: int) -> int:
         return _bucket(b"s:" + value.encode("utf-8", "surrogatepass"), shards)
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return _bucket(b"i:%d" % int(value), shards)
-    raise InvalidTypeError(
-        f"shard key values must be int or str, got {type(value).__name__} ({value!r})"
-    )
+    raise InvalidTypeError(f"shard key values must be int or str, got {type(value).__name__} ({value!r})")
 
 
 def shard_of_id(row_id: int, shards: int) -> int:
@@ -66,8 +64,11 @@ def route(ids: np.ndarray, metadata: Any, key: str, shards: int) -> np.ndarray:
     n = len(ids)
     if shards == 1:
         return np.zeros(n, dtype=np.int64)
-    if metadata is not None and not isinstance(metadata, Sequence) and \
-            type(metadata).__module__.split(".")[0] != "pyarrow":
+    if (
+        metadata is not None
+        and not isinstance(metadata, Sequence)
+        and type(metadata).__module__.split(".")[0] != "pyarrow"
+    ):
         raise InvalidTypeError(
             "metadata must be a list of dicts (one per row) or a pyarrow Table / RecordBatch, "
             f"got {type(metadata).__name__}"

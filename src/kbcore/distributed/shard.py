@@ -191,8 +191,14 @@ class ShardState:
                 self.index.remove(present, threads=threads)
             removed = len(present)
         if rec.op == "add" and len(rec.ids):
-            self.index.add(rec.vectors, rec.ids, metadata=rec.metadata, texts=rec.texts,
-                           defer_graph=defer_graph and self.index.kind == "hnsw", threads=threads)
+            self.index.add(
+                rec.vectors,
+                rec.ids,
+                metadata=rec.metadata,
+                texts=rec.texts,
+                defer_graph=defer_graph and self.index.kind == "hnsw",
+                threads=threads,
+            )
         return removed
 
     def _write(self, rec: WalRecord, defer_graph: bool = False, threads: int = 0) -> int:
@@ -217,8 +223,9 @@ class ShardState:
                 else:
                     self._checkpoint_locked()
             except (OSError, StorageError) as exc:
-                self._broken = (f"shard {self.shard} could not make a write durable ({exc}); "
-                                "it must be restarted from disk")
+                self._broken = (
+                    f"shard {self.shard} could not make a write durable ({exc}); it must be restarted from disk"
+                )
                 raise StorageError(errno.EIO, self._broken) from exc
             return removed
 
@@ -241,14 +248,16 @@ class ShardState:
         adds (upserts) the rows; durable on return. Returns how many ids were dropped.
         ``defer_graph`` and ``threads`` as for :meth:`kbcore.Index.add` (a replay links rows
         at once)."""
-        return self._write(WalRecord(0, "add", vectors, ids, discard, metadata, texts), defer_graph,
-                           threads)
+        return self._write(WalRecord(0, "add", vectors, ids, discard, metadata, texts), defer_graph, threads)
 
     def discard(self, ids: np.ndarray, threads: int = 0) -> int:
         """Removes those of ``ids`` that this shard holds; durable on return. Returns the count."""
-        return self._write(WalRecord(0, "remove", np.empty((0, 0), np.float32),
-                                     np.asarray(ids, np.int64), np.empty(0, np.int64), None, None),
-                           threads=threads)
+        return self._write(
+            WalRecord(
+                0, "remove", np.empty((0, 0), np.float32), np.asarray(ids, np.int64), np.empty(0, np.int64), None, None
+            ),
+            threads=threads,
+        )
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
         """A bool mask: which ids this shard holds."""
@@ -268,17 +277,20 @@ class ShardState:
         ids, dist = self.index.search(queries, k, where=where, ef=ef, threads=threads)
         return ids, dist
 
-    def search_timed(self, queries: np.ndarray, k: int, where: Any, ef: int | None,
-                     threads: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def search_timed(
+        self, queries: np.ndarray, k: int, where: Any, ef: int | None, threads: int
+    ) -> tuple[np.ndarray, np.ndarray, float]:
         """:meth:`search` plus the seconds it took inside this process (for benchmarks)."""
         t0 = time.perf_counter()
         ids, dist = self.index.search(queries, k, where=where, ef=ef, threads=threads)
         return ids, dist, time.perf_counter() - t0
 
-    def search_groups(self, queries: np.ndarray, k: int, group_by: str, group_size: int, where: Any,
-                      ef: int | None, threads: int) -> Any:
-        return self.index.search_groups(queries, k, group_by=group_by, group_size=group_size,
-                                        where=where, ef=ef, threads=threads)
+    def search_groups(
+        self, queries: np.ndarray, k: int, group_by: str, group_size: int, where: Any, ef: int | None, threads: int
+    ) -> Any:
+        return self.index.search_groups(
+            queries, k, group_by=group_by, group_size=group_size, where=where, ef=ef, threads=threads
+        )
 
     def text_stats(self, query: str) -> tuple[int, int, dict[str, int]]:
         return self.index.text_stats(query)
@@ -299,8 +311,9 @@ class ShardState:
             return np.empty(0, np.int64)
         # A filtered search returns k rows when at least k pass: with k = the passing count it
         # returns exactly the passing rows (any valid query vector will do).
-        ids, _ = self.index.search(np.ones(self.index.dim, np.float32), n, where=where,
-                                   ef=max(n, self.index.ef), threads=1)
+        ids, _ = self.index.search(
+            np.ones(self.index.dim, np.float32), n, where=where, ef=max(n, self.index.ef), threads=1
+        )
         return ids[ids >= 0]
 
     def remove_document(self, key: str, value: Any) -> int:
@@ -334,8 +347,13 @@ class ShardState:
     def info(self) -> dict[str, Any]:
         """Size, sequence number, log bytes and how many records the last recovery replayed."""
         return {
-            "shard": self.shard, "rows": len(self.index), "seq": self.seq,
-            "wal_bytes": 0 if self._wal is None else self._wal.bytes, "replayed": self.replayed,
-            "directory": self.directory, "pid": os.getpid(), "durability": self.durability,
+            "shard": self.shard,
+            "rows": len(self.index),
+            "seq": self.seq,
+            "wal_bytes": 0 if self._wal is None else self._wal.bytes,
+            "replayed": self.replayed,
+            "directory": self.directory,
+            "pid": os.getpid(),
+            "durability": self.durability,
             "memory_bytes": self.index.memory_usage(),
         }

@@ -60,9 +60,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "kbcore.distributed needs Ray: pip install 'kbcore[ray]'"
-        ) from exc
+        raise ImportError("kbcore.distributed needs Ray: pip install 'kbcore[ray]'") from exc
     return ray
 
 
@@ -106,8 +104,7 @@ def _actor_class() -> Any:
 
         def node(self) -> dict[str, Any]:
             ctx = ray.get_runtime_context()
-            return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                    "pid": os.getpid()}
+            return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
         def ping(self) -> bool:
             if self._error is not None:
@@ -204,25 +201,47 @@ class ShardedIndex:
             raise InvalidArgumentError(f"storage must be 'shared' or 'local', got {storage!r}")
         root = os.path.abspath(os.fspath(path))
         if os.path.exists(os.path.join(root, MANIFEST)):
-            raise InvalidArgumentError(
-                f"{root!r} already holds a sharded index; open it with ShardedIndex.load"
-            )
+            raise InvalidArgumentError(f"{root!r} already holds a sharded index; open it with ShardedIndex.load")
         if os.path.isdir(root) and any(n.startswith("shard-") for n in os.listdir(root)):
-            raise InvalidArgumentError(
-                f"{root!r} holds shard directories but no {MANIFEST}: not an empty directory")
+            raise InvalidArgumentError(f"{root!r} holds shard directories but no {MANIFEST}: not an empty directory")
         manifest = {
-            "format": _FORMAT_NAME, "version": _FORMAT_VERSION, "dim": int(dim), "metric": metric,
-            "kind": kind, "shards": shards, "shard_key": shard_key, "durability": durability,
-            "checkpoint_bytes": int(checkpoint_bytes), "storage": storage,
-            "index_options": dict(index_options), "nodes": None,
+            "format": _FORMAT_NAME,
+            "version": _FORMAT_VERSION,
+            "dim": int(dim),
+            "metric": metric,
+            "kind": kind,
+            "shards": shards,
+            "shard_key": shard_key,
+            "durability": durability,
+            "checkpoint_bytes": int(checkpoint_bytes),
+            "storage": storage,
+            "index_options": dict(index_options),
+            "nodes": None,
         }
-        self._open(root, manifest, max_restarts=max_restarts, timeout=timeout,
-                   start_timeout=start_timeout, num_cpus=num_cpus,
-                   max_concurrency=max_concurrency, create=True)
+        self._open(
+            root,
+            manifest,
+            max_restarts=max_restarts,
+            timeout=timeout,
+            start_timeout=start_timeout,
+            num_cpus=num_cpus,
+            max_concurrency=max_concurrency,
+            create=True,
+        )
 
     # -- construction ---------------------------------------------------------------------
-    def _open(self, root: str, manifest: dict[str, Any], *, max_restarts: int, timeout: float,
-              start_timeout: float, num_cpus: float, max_concurrency: int, create: bool) -> None:
+    def _open(
+        self,
+        root: str,
+        manifest: dict[str, Any],
+        *,
+        max_restarts: int,
+        timeout: float,
+        start_timeout: float,
+        num_cpus: float,
+        max_concurrency: int,
+        create: bool,
+    ) -> None:
         ray = _ray()
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -254,10 +273,13 @@ class ShardedIndex:
             # --num-cpus 0 gets no shard). "local" records this placement for good; "shared"
             # uses it as a preference (soft), so a restart may land on another node.
             alive = [n for n in ray.nodes() if n.get("Alive")]
-            alive = sorted([n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0] or alive,
-                           key=lambda n: n["NodeID"])
-            placement = [{"node_id": alive[i % len(alive)]["NodeID"],
-                          "ip": alive[i % len(alive)]["NodeManagerAddress"]} for i in range(self._n)]
+            alive = sorted(
+                [n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0] or alive, key=lambda n: n["NodeID"]
+            )
+            placement = [
+                {"node_id": alive[i % len(alive)]["NodeID"], "ip": alive[i % len(alive)]["NodeManagerAddress"]}
+                for i in range(self._n)
+            ]
             if local:
                 nodes = placement
         if create:
@@ -267,17 +289,25 @@ class ShardedIndex:
         cls = _actor_class()
         self._actors: list[Any] = []
         for i in range(self._n):
-            options: dict[str, Any] = {"max_restarts": max_restarts, "max_task_retries": 0,
-                                       "num_cpus": num_cpus, "max_concurrency": max_concurrency}
+            options: dict[str, Any] = {
+                "max_restarts": max_restarts,
+                "max_task_retries": 0,
+                "num_cpus": num_cpus,
+                "max_concurrency": max_concurrency,
+            }
             if local:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    self._node_for(i, placement), soft=False)
+                    self._node_for(i, placement), soft=False
+                )
             else:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    placement[i]["node_id"], soft=True)
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(placement[i]["node_id"], soft=True)
             shard_options = {
-                "shard": i, "dim": self._dim, "metric": self._metric, "kind": self._kind,
-                "index_options": manifest["index_options"], "durability": manifest["durability"],
+                "shard": i,
+                "dim": self._dim,
+                "metric": self._metric,
+                "kind": self._kind,
+                "index_options": manifest["index_options"],
+                "durability": manifest["durability"],
                 "checkpoint_bytes": manifest["checkpoint_bytes"],
             }
             self._actors.append(cls.options(**options).remote(self._shard_dir(i), shard_options))
@@ -299,8 +329,10 @@ class ShardedIndex:
         if len(same_ip) == 1:
             return same_ip[0]["NodeID"]
         raise ShardUnavailableError(
-            [shard], f"shard {shard} lives on the local disk of node {want['ip']} "
-            f"({want['node_id'][:12]}), which is not (uniquely) in the cluster")
+            [shard],
+            f"shard {shard} lives on the local disk of node {want['ip']} "
+            f"({want['node_id'][:12]}), which is not (uniquely) in the cluster",
+        )
 
     def _shard_dir(self, i: int) -> str:
         return os.path.join(self._path, f"shard-{i:04d}")
@@ -326,19 +358,31 @@ class ShardedIndex:
         try:
             with open(mpath, "rb") as f:
                 manifest = json.loads(f.read())
-            ok = (manifest["format"] == _FORMAT_NAME and isinstance(manifest["shards"], int)
-                  and manifest["shards"] > 0 and isinstance(manifest["dim"], int))
+            ok = (
+                manifest["format"] == _FORMAT_NAME
+                and isinstance(manifest["shards"], int)
+                and manifest["shards"] > 0
+                and isinstance(manifest["dim"], int)
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise FormatError(errno.EINVAL, f"sharded index manifest {mpath!r} is corrupted") from exc
         if not ok:
             raise FormatError(errno.EINVAL, f"{mpath!r} is not a kbcore sharded index manifest")
         if manifest["version"] != _FORMAT_VERSION:
-            raise FormatError(errno.EINVAL, f"{mpath!r} has format version {manifest['version']}, "
-                              f"this kbcore reads {_FORMAT_VERSION}")
+            raise FormatError(
+                errno.EINVAL, f"{mpath!r} has format version {manifest['version']}, this kbcore reads {_FORMAT_VERSION}"
+            )
         obj = cls.__new__(cls)
-        obj._open(root, manifest, max_restarts=max_restarts, timeout=timeout,
-                  start_timeout=start_timeout, num_cpus=num_cpus,
-                  max_concurrency=max_concurrency, create=False)
+        obj._open(
+            root,
+            manifest,
+            max_restarts=max_restarts,
+            timeout=timeout,
+            start_timeout=start_timeout,
+            num_cpus=num_cpus,
+            max_concurrency=max_concurrency,
+            create=False,
+        )
         return obj
 
     # -- scatter / gather -----------------------------------------------------------------
@@ -396,19 +440,29 @@ class ShardedIndex:
         if missing and not allow_partial:
             detail = "; ".join(f"shard {i}: {errors.get(i, 'no answer')}" for i in missing)
             raise ShardUnavailableError(
-                missing, f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                f"of {self._path!r} did not answer within {timeout:g} s ({detail})")
+                missing,
+                f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                f"of {self._path!r} did not answer within {timeout:g} s ({detail})",
+            )
         return results
 
-    def _scatter(self, method: str, args: Callable[[int], tuple[Any, ...]] | tuple[Any, ...],
-                 shards: Sequence[int] | None = None, *, allow_partial: bool = False) -> dict[int, Any]:
+    def _scatter(
+        self,
+        method: str,
+        args: Callable[[int], tuple[Any, ...]] | tuple[Any, ...],
+        shards: Sequence[int] | None = None,
+        *,
+        allow_partial: bool = False,
+    ) -> dict[int, Any]:
         """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``."""
         if callable(args):
             make = args
-            return self._scatter_method(lambda i: self._actors[i].call.remote(method, *make(i)),
-                                        shards, allow_partial=allow_partial)
-        return self._scatter_method(lambda i: self._actors[i].call.remote(method, *args),
-                                    shards, allow_partial=allow_partial)
+            return self._scatter_method(
+                lambda i: self._actors[i].call.remote(method, *make(i)), shards, allow_partial=allow_partial
+            )
+        return self._scatter_method(
+            lambda i: self._actors[i].call.remote(method, *args), shards, allow_partial=allow_partial
+        )
 
     @staticmethod
     def _finish(value: Any, missing: Sequence[int], allow_partial: bool) -> Any:
@@ -499,7 +553,8 @@ class ShardedIndex:
             if isinstance(metadata, (str, bytes, Mapping)) or not isinstance(metadata, Sequence):
                 raise InvalidTypeError(
                     "metadata must be a list of dicts (one per row) or a pyarrow Table / "
-                    f"RecordBatch, got {type(metadata).__name__}")
+                    f"RecordBatch, got {type(metadata).__name__}"
+                )
             if len(metadata) != n:
                 raise InvalidArgumentError(f"got {n} vectors but {len(metadata)} metadata rows")
         elif metadata is not None and cast(Any, metadata).num_rows != n:  # a pyarrow Table here
@@ -518,9 +573,12 @@ class ShardedIndex:
         for s in range(self._n):
             idx = np.flatnonzero(where == s)
             parts[s] = (
-                arr[idx], id_arr[idx], _subset(metadata, idx) if len(idx) else None,
+                arr[idx],
+                id_arr[idx],
+                _subset(metadata, idx) if len(idx) else None,
                 [texts[i] for i in idx.tolist()] if texts is not None and len(idx) else None,
-                id_arr[where != s] if self._n > 1 else np.empty(0, np.int64), bool(defer_graph),
+                id_arr[where != s] if self._n > 1 else np.empty(0, np.int64),
+                bool(defer_graph),
                 nthreads,
             )
         with self._write_lock:
@@ -591,12 +649,17 @@ class ShardedIndex:
         arr, one = _as_vectors(queries, self._dim, "queries")
         k = _positive("k", k)
         ef_value = None if ef is None else _positive("ef", ef)
-        got = self._scatter("search", (arr, k, where, ef_value, _threads(threads)),
-                            allow_partial=allow_partial)
-        ids = np.concatenate([got[s][0] for s in sorted(got)], axis=1) if got else \
-            np.full((arr.shape[0], 0), -1, np.int64)
-        dist = np.concatenate([got[s][1] for s in sorted(got)], axis=1) if got else \
-            np.full((arr.shape[0], 0), np.inf, np.float32)
+        got = self._scatter("search", (arr, k, where, ef_value, _threads(threads)), allow_partial=allow_partial)
+        ids = (
+            np.concatenate([got[s][0] for s in sorted(got)], axis=1)
+            if got
+            else np.full((arr.shape[0], 0), -1, np.int64)
+        )
+        dist = (
+            np.concatenate([got[s][1] for s in sorted(got)], axis=1)
+            if got
+            else np.full((arr.shape[0], 0), np.inf, np.float32)
+        )
         if ids.shape[1] < k:
             pad = k - ids.shape[1]
             ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
@@ -633,9 +696,11 @@ class ShardedIndex:
         if not isinstance(group_by, str) or not group_by:
             raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
         ef_value = None if ef is None else _positive("ef", ef)
-        got = self._scatter("search_groups",
-                            (arr, k, group_by, group_size, where, ef_value, _threads(threads)),
-                            allow_partial=allow_partial)
+        got = self._scatter(
+            "search_groups",
+            (arr, k, group_by, group_size, where, ef_value, _threads(threads)),
+            allow_partial=allow_partial,
+        )
         local = group_by == self._shard_key
         pages: list[list[Group]] = []
         for q in range(arr.shape[0]):
@@ -775,9 +840,11 @@ class ShardedIndex:
         return bool(any(m[0] for m in self._scatter("holds", (np.array([id], np.int64),)).values()))
 
     def __repr__(self) -> str:
-        return (f"kbcore.distributed.ShardedIndex(dim={self._dim}, metric={self._metric!r}, "
-                f"kind={self._kind!r}, shards={self._n}, shard_key={self._shard_key!r}, "
-                f"path={self._path!r})")
+        return (
+            f"kbcore.distributed.ShardedIndex(dim={self._dim}, metric={self._metric!r}, "
+            f"kind={self._kind!r}, shards={self._n}, shard_key={self._shard_key!r}, "
+            f"path={self._path!r})"
+        )
 
     def close(self) -> None:
         """Stops the shard actors (their data stays in ``path``; :meth:`load` reopens it)."""
@@ -808,6 +875,12 @@ def _merge_same_key(groups: list[Group], group_size: int) -> list[Group]:
             continue
         hits = sorted((d, i) for g in same for i, d in zip(g.ids, g.distances))[:group_size]
         same.sort(key=lambda g: g.distance)
-        out.append(Group(same[0].key, tuple(i for _, i in hits), tuple(d for d, _ in hits),
-                         tuple(dict.fromkeys(i for g in same for i in g.part_ids))))
+        out.append(
+            Group(
+                same[0].key,
+                tuple(i for _, i in hits),
+                tuple(d for d, _ in hits),
+                tuple(dict.fromkeys(i for g in same for i in g.part_ids)),
+            )
+        )
     return out

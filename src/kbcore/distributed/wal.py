@@ -83,12 +83,18 @@ def encode_record(rec: WalRecord) -> bytes:
     vectors = np.ascontiguousarray(rec.vectors, dtype="<f4")
     ids = np.ascontiguousarray(rec.ids, dtype="<i8")
     discard = np.ascontiguousarray(rec.discard, dtype="<i8")
-    header = json.dumps({
-        "seq": int(rec.seq), "op": rec.op, "n": int(ids.shape[0]),
-        "dim": int(vectors.shape[1]) if vectors.ndim == 2 else 0,
-        "discard": int(discard.shape[0]), "meta": meta_kind, "meta_bytes": len(meta_bytes),
-        "texts": rec.texts,
-    }).encode()
+    header = json.dumps(
+        {
+            "seq": int(rec.seq),
+            "op": rec.op,
+            "n": int(ids.shape[0]),
+            "dim": int(vectors.shape[1]) if vectors.ndim == 2 else 0,
+            "discard": int(discard.shape[0]),
+            "meta": meta_kind,
+            "meta_bytes": len(meta_bytes),
+            "texts": rec.texts,
+        }
+    ).encode()
     payload = b"".join((vectors.tobytes(), ids.tobytes(), discard.tobytes(), meta_bytes))
     crc = zlib.crc32(payload, zlib.crc32(header))
     return _FRAME.pack(_REC_MAGIC, len(header), len(payload), crc) + header + payload
@@ -143,8 +149,9 @@ def read_log(path: str) -> tuple[list[WalRecord], int]:
     if magic != _FILE_MAGIC:
         raise FormatError(errno.EINVAL, f"{path!r} is not a kbcore write-ahead log")
     if version != _FILE_VERSION:
-        raise FormatError(errno.EINVAL, f"write-ahead log {path!r} has format {version}, "
-                          f"this kbcore reads {_FILE_VERSION}")
+        raise FormatError(
+            errno.EINVAL, f"write-ahead log {path!r} has format {version}, this kbcore reads {_FILE_VERSION}"
+        )
     records: list[WalRecord] = []
     at = _FILE_HEADER.size
     while at < len(data):
@@ -160,8 +167,8 @@ def read_log(path: str) -> tuple[list[WalRecord], int]:
             raise FormatError(errno.EIO, f"write-ahead log {path!r}: record at byte {at} is too large")
         if end > len(data):
             break  # torn record at the end: never acknowledged
-        header = data[at + _FRAME.size: at + _FRAME.size + hlen]
-        payload = data[at + _FRAME.size + hlen: end]
+        header = data[at + _FRAME.size : at + _FRAME.size + hlen]
+        payload = data[at + _FRAME.size + hlen : end]
         if zlib.crc32(payload, zlib.crc32(header)) != crc:
             if end == len(data):
                 break  # the last record, partly written

@@ -76,14 +76,17 @@ class _Transaction:
         self._undo: list[Callable[[], None]] = []
 
     # -- files ---------------------------------------------------------------------------
-    def write_segment(self, name: str, chunks: Any, docs: Any, vectors: np.ndarray | None,
-                      *, fsync_dir: bool) -> dict[str, Any]:
+    def write_segment(
+        self, name: str, chunks: Any, docs: Any, vectors: np.ndarray | None, *, fsync_dir: bool
+    ) -> dict[str, Any]:
         """Writes ``name``'s files; returns its manifest entry ``files``. ``fsync_dir=False``
         when a checkpoint follows (Index.save fsyncs the directory after its rename, which
         covers these names too: one directory fsync saved, ~10-30 ms on a VM disk)."""
-        files: dict[str, Any] = {"chunks": self._wrote(storage.write_arrow(self.path, f"{name}.chunks.arrow", chunks)),
-                                 "docs": self._wrote(storage.write_arrow(self.path, f"{name}.docs.arrow", docs)),
-                                 "vectors": None}
+        files: dict[str, Any] = {
+            "chunks": self._wrote(storage.write_arrow(self.path, f"{name}.chunks.arrow", chunks)),
+            "docs": self._wrote(storage.write_arrow(self.path, f"{name}.docs.arrow", docs)),
+            "vectors": None,
+        }
         if vectors is not None:
             files["vectors"] = self._wrote(storage.write_npy(self.path, f"{name}.vectors.npy", vectors))
         if fsync_dir:
@@ -186,7 +189,8 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
         cfg["dim"] = int(vectors.shape[1])
     elif cfg["dim"] != vectors.shape[1]:
         raise InvalidArgumentError(
-            f"vectors have dimension {vectors.shape[1]}, knowledge base {state.name!r} has {cfg['dim']}")
+            f"vectors have dimension {vectors.shape[1]}, knowledge base {state.name!r} has {cfg['dim']}"
+        )
     index = state.index
     created = index is None
     if index is None:
@@ -199,8 +203,7 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     chunks, meta, doc_table = build_tables(batch, ids, groups)
     keys = [(batch.pipeline, d) for d in batch.doc_ids]
     replaced = [ref for ref in map(state.doc, keys) if ref is not None]
-    old_ids = (np.concatenate([s.doc_chunk_ids(r) for s, r in replaced])
-               if replaced else np.empty(0, np.int64))
+    old_ids = np.concatenate([s.doc_chunk_ids(r) for s, r in replaced]) if replaced else np.empty(0, np.int64)
     ckpt = policy.needs_checkpoint(state.manifest, n)
     name = f"seg-{m['generation']:08d}"
     texts = batch.text_list if batch.text_list is not None else text_list(batch.texts)
@@ -227,8 +230,15 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
             _fault("manifest-committed")
             if (sharded or not ckpt) and len(old_ids):
                 index.remove(old_ids)  # after the commit point: the ids are present, nothing to undo
-            txn.publish(state.applied(m, index=index, new_segment=Segment(entry, chunks, doc_table),
-                                      removed=keys, stale_text=False if ckpt else None))
+            txn.publish(
+                state.applied(
+                    m,
+                    index=index,
+                    new_segment=Segment(entry, chunks, doc_table),
+                    removed=keys,
+                    stale_text=False if ckpt else None,
+                )
+            )
     _collect(cell)
     maybe_compact(cell, on_checkpoint)
     return {s.doc_ids[r] for s, r in replaced}
@@ -243,8 +253,9 @@ def _remove_rows(txn: _Transaction, index: Index, ids: np.ndarray, refs: list[tu
     txn.on_undo(lambda: index.add(saved[0], ids, metadata=saved[1], texts=saved[2]))
 
 
-def delete(cell: StateCell, keys: list[tuple[str, str]], on_checkpoint: OnCheckpoint,
-           drop_pipeline: str | None = None) -> int:
+def delete(
+    cell: StateCell, keys: list[tuple[str, str]], on_checkpoint: OnCheckpoint, drop_pipeline: str | None = None
+) -> int:
     """Deletes the documents of the (pipeline, document id) keys (and a pipeline); returns the
     number of chunks removed. Compacts afterwards when due."""
     state = cell.state
@@ -298,8 +309,11 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
         try:
             compact(cell, on_checkpoint)
         except OSError as exc:  # the mutation before it is committed: do not report it failed
-            warnings.warn(f"knowledge base {state.name!r}: compaction failed ({exc}); it is "
-                          "retried after the next change", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"knowledge base {state.name!r}: compaction failed ({exc}); it is retried after the next change",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
@@ -317,8 +331,7 @@ def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
         if tables is not None:
             chunks, docs = tables
             files = txn.write_segment(name, chunks, docs, None, fsync_dir=True)
-            entry = {"name": name, "rows": chunks.num_rows, "docs": docs.num_rows,
-                     "deleted_docs": [], "files": files}
+            entry = {"name": name, "rows": chunks.num_rows, "docs": docs.num_rows, "deleted_docs": [], "files": files}
             m["segments"] = [entry]
             new_seg = Segment(entry, chunks, docs)
         txn.checkpoint(m, state.index, on_checkpoint)
@@ -326,4 +339,3 @@ def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
         with txn.exclusive():
             txn.publish(state.applied(m, new_segment=new_seg, stale_text=False))
     _collect(cell)
-

@@ -141,9 +141,19 @@ class Engine:
                 raise InvalidArgumentError(f"knowledge base {name!r} already exists in {self.path!r}")
             tmp = os.path.join(self.path, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
             os.makedirs(tmp)
-            config = {"metric": metric, "index": index, "M": M, "ef_construction": ef_construction,
-                      "ef": ef, "dim": dim, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                      "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight}
+            config = {
+                "metric": metric,
+                "index": index,
+                "M": M,
+                "ef_construction": ef_construction,
+                "ef": ef,
+                "dim": dim,
+                "chunk_size": chunk_size,
+                "chunk_overlap": chunk_overlap,
+                "search_type": search_type,
+                "fusion": fusion,
+                "vector_weight": vector_weight,
+            }
             if shards is not None:
                 config["shards"] = shards
             if quantization is not None:

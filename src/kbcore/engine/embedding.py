@@ -17,8 +17,9 @@ class KbEmbedder:
     ``explicit`` is the embedder passed when opening, ``default`` the Engine's.
     """
 
-    def __init__(self, kb_name: str, spec: dict[str, Any] | None, explicit: Embedder | None,
-                 default: Embedder | None) -> None:
+    def __init__(
+        self, kb_name: str, spec: dict[str, Any] | None, explicit: Embedder | None, default: Embedder | None
+    ) -> None:
         self._kb_name = kb_name
         self._spec = spec
         self._default = default
@@ -55,8 +56,7 @@ def _known_dim(embedder: Embedder) -> int | None:
     return known if known is not False else int(embedder.dim)
 
 
-def resolve(spec: dict[str, Any] | None,
-            candidates: tuple[Embedder | None, ...]) -> tuple[Embedder | None, str | None]:
+def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]) -> tuple[Embedder | None, str | None]:
     """The embedder of a manifest's spec and, when there is none, why: a candidate with the same
     spec, else one rebuilt from the spec (hashing, openai, minilm: no key is read, no request
     sent), else a candidate of the same dimension, else a sentence-transformers model if it

@@ -87,11 +87,22 @@ class ChunkBatch:
         )
 
     @classmethod
-    def from_table(cls, data: Any, vectors: Any, *, pipeline: str, dim: int | None, kb_name: str,
-                   vector_column: str, text_column: str,
-                   document_id_column: str, chunk_index_column: str | None,
-                   span_columns: tuple[str, str] | None, filename_column: str | None,
-                   metadata_columns: Sequence[str] | None) -> tuple[ChunkBatch, np.ndarray] | None:
+    def from_table(
+        cls,
+        data: Any,
+        vectors: Any,
+        *,
+        pipeline: str,
+        dim: int | None,
+        kb_name: str,
+        vector_column: str,
+        text_column: str,
+        document_id_column: str,
+        chunk_index_column: str | None,
+        span_columns: tuple[str, str] | None,
+        filename_column: str | None,
+        metadata_columns: Sequence[str] | None,
+    ) -> tuple[ChunkBatch, np.ndarray] | None:
         """(batch, vectors [rows, dim]) of pre-embedded chunk rows (see
         :meth:`KnowledgeBase.ingest_table`); None for an empty table. Rows are grouped by
         document (first seen first) with a stable sort, only when they are not already."""
@@ -131,15 +142,29 @@ class ChunkBatch:
         if filename_column and filename_column in names:
             fname_rows = col(filename_column).cast(pa.string())
             filenames = fname_rows.take(pa.array(doc_starts)).to_pylist()
-        used = {text_column, document_id_column, vector_column, chunk_index_column, filename_column,
-                *(span_columns or ())}
+        used = {
+            text_column,
+            document_id_column,
+            vector_column,
+            chunk_index_column,
+            filename_column,
+            *(span_columns or ()),
+        }
         meta_names = _metadata_column_names(table, used, metadata_columns)
         nd = len(doc_ids)
         batch = cls(
-            pipeline=pipeline, doc_ids=doc_ids, filenames=filenames, doc_texts=[None] * nd,
-            formats=[None] * nd, doc_metadata=["{}"] * nd, counts=counts,
-            texts=_text_column(col(text_column), text_column), starts=starts, ends=ends,
-            chunk_index=chunk_index, user=pa.table({c: col(c) for c in meta_names}) if meta_names else None,
+            pipeline=pipeline,
+            doc_ids=doc_ids,
+            filenames=filenames,
+            doc_texts=[None] * nd,
+            formats=[None] * nd,
+            doc_metadata=["{}"] * nd,
+            counts=counts,
+            texts=_text_column(col(text_column), text_column),
+            starts=starts,
+            ends=ends,
+            chunk_index=chunk_index,
+            user=pa.table({c: col(c) for c in meta_names}) if meta_names else None,
             filename_rows=fname_rows,
         )
         return batch, vecs
@@ -148,8 +173,9 @@ class ChunkBatch:
 # -- documents -> prepared documents ---------------------------------------------------------
 
 
-def prepare(doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int,
-            extra_meta: Mapping[str, Any] | None) -> PreparedDocument:
+def prepare(
+    doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
+) -> PreparedDocument:
     """Reads, parses and chunks one document and checks its metadata (``extra_meta`` first,
     the document's own on top). Raises on bad input before anything is stored."""
     data, text, filename, path = read_source(doc)
@@ -163,8 +189,9 @@ def prepare(doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int,
         text, fmt = parsed.text, parsed.format
     document_id = doc.document_id
     if document_id is None:
-        document_id = doc.filename or path or hashlib.sha256(
-            data if data is not None else text.encode("utf-8")).hexdigest()[:16]
+        document_id = (
+            doc.filename or path or hashlib.sha256(data if data is not None else text.encode("utf-8")).hexdigest()[:16]
+        )
     if not isinstance(document_id, str) or not document_id:
         raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
     metadata = check_metadata(extra_meta)
@@ -175,8 +202,9 @@ def prepare(doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int,
     return PreparedDocument(document_id, pipeline, filename, text, fmt, metadata, tuple(chunks))
 
 
-def prepare_all(items: Iterable[Any], pipeline: str, pcfg: Mapping[str, int],
-                extra_meta: Mapping[str, Any] | None) -> list[PreparedDocument]:
+def prepare_all(
+    items: Iterable[Any], pipeline: str, pcfg: Mapping[str, int], extra_meta: Mapping[str, Any] | None
+) -> list[PreparedDocument]:
     """Every document prepared (so that bad input raises before anything is stored); a
     document id given twice raises."""
     prepared: list[PreparedDocument] = []
@@ -196,7 +224,7 @@ def commit_groups(docs: list[PreparedDocument]) -> Iterator[list[PreparedDocumen
     for i, doc in enumerate(docs):
         rows += len(doc.chunks)
         if rows >= COMMIT_ROWS or i == len(docs) - 1:
-            yield docs[start:i + 1]
+            yield docs[start : i + 1]
             start, rows = i + 1, 0
 
 
@@ -232,8 +260,11 @@ def read_source(doc: Document) -> tuple[bytes | None, str | None, str | None, st
     if isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
         if not os.path.exists(path):
-            hint = ("; to ingest a string as content, pass filename= (e.g. filename='notes.txt')"
-                    if isinstance(src, str) and ("\n" in src or len(src) > 255) else "")
+            hint = (
+                "; to ingest a string as content, pass filename= (e.g. filename='notes.txt')"
+                if isinstance(src, str) and ("\n" in src or len(src) > 255)
+                else ""
+            )
             raise FileNotFoundError(2, f"No such file: {path[:200]!r}{hint}", path[:200])
         if os.path.isdir(path):
             raise InvalidArgumentError(f"{path!r} is a directory; ingest the files in it (kbcore ingest does)")
@@ -275,8 +306,7 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
             v = list(v)
         else:
             raise InvalidTypeError(
-                f"metadata {k!r}: values must be str, int, float, bool, a list of str or None, got "
-                f"{type(v).__name__}"
+                f"metadata {k!r}: values must be str, int, float, bool, a list of str or None, got {type(v).__name__}"
             )
         out[k] = v
     return out
@@ -340,8 +370,8 @@ def embed(texts: list[str], embedder: Any, bar: Any) -> np.ndarray:
     dim = int(embedder.dim)
     out = np.empty((len(texts), dim), dtype=np.float32)
     for s in range(0, len(texts), bs):
-        part = texts[s:s + bs]
-        out[s:s + len(part)] = check_embeddings(embedder.embed(part), len(part), dim, repr(embedder))
+        part = texts[s : s + bs]
+        out[s : s + len(part)] = check_embeddings(embedder.embed(part), len(part), dim, repr(embedder))
         bar.update(len(part))
     return out
 
@@ -395,14 +425,12 @@ def as_table(data: Any) -> Any:
     )
 
 
-def _table_vectors(table: Any, vectors: Any, vector_column: str, dim: int | None,
-                   kb_name: str) -> np.ndarray:
+def _table_vectors(table: Any, vectors: Any, vector_column: str, dim: int | None, kb_name: str) -> np.ndarray:
     if vectors is not None:
         return check_vectors(vectors, table.num_rows, dim, kb_name)
     if vector_column not in table.column_names:
         raise InvalidArgumentError(
-            f"the table has no vector column {vector_column!r}; name it with "
-            "vector_column= or pass vectors="
+            f"the table has no vector column {vector_column!r}; name it with vector_column= or pass vectors="
         )
     vecs = _vectors_from_column(table.column(vector_column))
     check_dim(vecs, dim, kb_name)

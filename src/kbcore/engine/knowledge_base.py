@@ -53,9 +53,15 @@ class KnowledgeBase:
     # About 390 lines: the whole public API of a knowledge base (40 methods of 2-30 lines, most
     # of it signatures and docstrings); the work is in the modules named in the module docstring.
 
-    def __init__(self, name: str, path: str, embedder: Embedder | None, *,
-                 default_embedder: Embedder | None = None,
-                 on_close: Callable[[KnowledgeBase], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        embedder: Embedder | None,
+        *,
+        default_embedder: Embedder | None = None,
+        on_close: Callable[[KnowledgeBase], None] | None = None,
+    ) -> None:
         self.name = name
         self.path = path
         self._on_close = on_close
@@ -63,8 +69,7 @@ class KnowledgeBase:
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
         self._cell = StateCell(self._load())
-        self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder,
-                                    default_embedder)
+        self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder, default_embedder)
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
         self._builder.start()
 
@@ -100,8 +105,9 @@ class KnowledgeBase:
         them (set at creation or with :meth:`set_search_defaults`)."""
         return dict(zip(("search_type", "fusion", "vector_weight"), self._cell.state.defaults))
 
-    def set_search_defaults(self, *, search_type: str | None = None, fusion: str | None = None,
-                            vector_weight: float | None = None) -> None:
+    def set_search_defaults(
+        self, *, search_type: str | None = None, fusion: str | None = None, vector_weight: float | None = None
+    ) -> None:
         """Changes the knowledge base's search defaults (durably); None keeps a value."""
         new = self.search_defaults
         if search_type is not None:
@@ -129,8 +135,10 @@ class KnowledgeBase:
         return 0 if index is None else len(index)
 
     def __repr__(self) -> str:
-        return (f"KnowledgeBase({self.name!r}, chunks={len(self)}, documents={len(self._cell.state.docs)}, "
-                f"metric={self.metric!r}, dim={self.dim})")
+        return (
+            f"KnowledgeBase({self.name!r}, chunks={len(self)}, documents={len(self._cell.state.docs)}, "
+            f"metric={self.metric!r}, dim={self.dim})"
+        )
 
     # -- the writer ------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -178,19 +186,21 @@ class KnowledgeBase:
             self._builder.start()
 
     # -- pipelines ---------------------------------------------------------------------------
-    def create_pipeline(self, name: str, *, chunk_size: int | None = None,
-                        chunk_overlap: int | None = None) -> None:
+    def create_pipeline(self, name: str, *, chunk_size: int | None = None, chunk_overlap: int | None = None) -> None:
         """Adds a named pipeline (its own chunking); its documents are retrieved together with
         the others, and deduplication is per pipeline."""
         check_name(name, "pipeline")
         cfg = self._cell.state.config
-        size, overlap = check_chunk_params(cfg["chunk_size"] if chunk_size is None else chunk_size,
-                                           cfg["chunk_overlap"] if chunk_overlap is None else chunk_overlap)
+        size, overlap = check_chunk_params(
+            cfg["chunk_size"] if chunk_size is None else chunk_size,
+            cfg["chunk_overlap"] if chunk_overlap is None else chunk_overlap,
+        )
         with self._writing():
             if name in self._cell.state.manifest["pipelines"]:
                 raise InvalidArgumentError(f"pipeline {name!r} already exists in {self.name!r}")
-            commit.update_manifest(self._cell, lambda m: m["pipelines"].__setitem__(
-                name, {"chunk_size": size, "chunk_overlap": overlap}))
+            commit.update_manifest(
+                self._cell, lambda m: m["pipelines"].__setitem__(name, {"chunk_size": size, "chunk_overlap": overlap})
+            )
 
     def delete_pipeline(self, name: str) -> int:
         """Removes a pipeline and every document ingested through it; returns chunks removed."""
@@ -202,10 +212,17 @@ class KnowledgeBase:
             return commit.delete(self._cell, keys, self._builder.mark_saved, drop_pipeline=name)
 
     # -- ingest ------------------------------------------------------------------------------
-    def ingest(self, source: str | os.PathLike[str] | bytes | None = None, *, document_id: str | None = None,
-               filename: str | None = None, metadata: Mapping[str, Any] | None = None,
-               pipeline: str = DEFAULT_PIPELINE, format: str | None = None,
-               text: str | None = None) -> IngestResult:
+    def ingest(
+        self,
+        source: str | os.PathLike[str] | bytes | None = None,
+        *,
+        document_id: str | None = None,
+        filename: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+        format: str | None = None,
+        text: str | None = None,
+    ) -> IngestResult:
         """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
         it atomically.
 
@@ -214,13 +231,17 @@ class KnowledgeBase:
         is already extracted text. Bad input (missing or empty file, bytes that do not decode,
         an unsupported type) raises before anything is stored.
         """
-        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata,
-                       format=format, text=text)
+        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
 
-    def ingest_many(self, documents: Iterable[Document | str | os.PathLike[str] | Mapping[str, Any]], *,
-                    pipeline: str = DEFAULT_PIPELINE, metadata: Mapping[str, Any] | None = None,
-                    progress: bool | None = None) -> list[IngestResult]:
+    def ingest_many(
+        self,
+        documents: Iterable[Document | str | os.PathLike[str] | Mapping[str, Any]],
+        *,
+        pipeline: str = DEFAULT_PIPELINE,
+        metadata: Mapping[str, Any] | None = None,
+        progress: bool | None = None,
+    ) -> list[IngestResult]:
         """Ingests many documents (paths, :class:`Document`, or dicts of its fields).
 
         Every document is read, parsed and chunked first, so bad input raises before anything
@@ -242,18 +263,24 @@ class KnowledgeBase:
             bar.close()
         return results
 
-    def prepare(self, source: str | os.PathLike[str] | bytes | None = None, *, document_id: str | None = None,
-                filename: str | None = None, metadata: Mapping[str, Any] | None = None,
-                pipeline: str = DEFAULT_PIPELINE, format: str | None = None,
-                text: str | None = None) -> PreparedDocument:
+    def prepare(
+        self,
+        source: str | os.PathLike[str] | bytes | None = None,
+        *,
+        document_id: str | None = None,
+        filename: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+        format: str | None = None,
+        text: str | None = None,
+    ) -> PreparedDocument:
         """Reads, parses and chunks one document as :meth:`ingest` would, without embedding or
         storing it: embed ``prepared.texts`` elsewhere (e.g. a host's asynchronous embedder)
         and store them with :meth:`ingest_prepared`. Raises as :meth:`ingest` on bad input;
         needs no embedder."""
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
-        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata,
-                       format=format, text=text)
+        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         return ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None)
 
     def ingest_prepared(self, prepared: PreparedDocument, vectors: Any) -> IngestResult:
@@ -270,21 +297,29 @@ class KnowledgeBase:
         vecs = ingest.check_vectors(vectors, len(prepared.chunks), self.dim, self.name)
         return self._commit_prepared([prepared], prepared.pipeline, vecs)[0]
 
-    def _commit_prepared(self, docs: Sequence[PreparedDocument], pipeline: str,
-                         vectors: np.ndarray) -> list[IngestResult]:
+    def _commit_prepared(
+        self, docs: Sequence[PreparedDocument], pipeline: str, vectors: np.ndarray
+    ) -> list[IngestResult]:
         batch = ingest.ChunkBatch.from_prepared(docs, pipeline)
         with self._writing():
             replaced = commit.ingest(self._cell, batch, vectors, self._builder.mark_saved)
         self._start_builder()
-        return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format)
-                for p in docs]
+        return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format) for p in docs]
 
-    def ingest_table(self, data: Any, *, vectors: Any = None, vector_column: str = "vector",
-                     text_column: str = "text", document_id_column: str = "document_id",
-                     chunk_index_column: str | None = "chunk_index",
-                     span_columns: tuple[str, str] | None = ("char_start", "char_end"),
-                     filename_column: str | None = "filename", metadata_columns: Sequence[str] | None = None,
-                     pipeline: str = DEFAULT_PIPELINE) -> int:
+    def ingest_table(
+        self,
+        data: Any,
+        *,
+        vectors: Any = None,
+        vector_column: str = "vector",
+        text_column: str = "text",
+        document_id_column: str = "document_id",
+        chunk_index_column: str | None = "chunk_index",
+        span_columns: tuple[str, str] | None = ("char_start", "char_end"),
+        filename_column: str | None = "filename",
+        metadata_columns: Sequence[str] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> int:
         """Ingests pre-embedded chunks from a pyarrow Table / RecordBatch or a Parquet or Arrow
         IPC file, at native speed (no Python loop over rows). Returns the number of documents.
 
@@ -300,10 +335,19 @@ class KnowledgeBase:
         self._check_open()
         self._cell.state.pipeline(pipeline)
         made = ingest.ChunkBatch.from_table(
-            data, vectors, pipeline=pipeline, dim=self.dim, kb_name=self.name, vector_column=vector_column,
-            text_column=text_column, document_id_column=document_id_column,
-            chunk_index_column=chunk_index_column, span_columns=span_columns,
-            filename_column=filename_column, metadata_columns=metadata_columns)
+            data,
+            vectors,
+            pipeline=pipeline,
+            dim=self.dim,
+            kb_name=self.name,
+            vector_column=vector_column,
+            text_column=text_column,
+            document_id_column=document_id_column,
+            chunk_index_column=chunk_index_column,
+            span_columns=span_columns,
+            filename_column=filename_column,
+            metadata_columns=metadata_columns,
+        )
         if made is None:
             return 0
         batch, vecs = made
@@ -313,8 +357,7 @@ class KnowledgeBase:
         return len(batch.doc_ids)
 
     # -- delete, compaction, checkpoint ------------------------------------------------------
-    def delete_document(self, document_id: str, *, pipeline: str | None = None,
-                        missing_ok: bool = False) -> int:
+    def delete_document(self, document_id: str, *, pipeline: str | None = None, missing_ok: bool = False) -> int:
         """Deletes a document's chunks (from every pipeline, or only ``pipeline``); returns the
         number of chunks removed. Unknown ids raise ``NotFoundError`` unless ``missing_ok``."""
         if not isinstance(document_id, str):
@@ -343,8 +386,9 @@ class KnowledgeBase:
             commit.checkpoint(self._cell, self._builder.mark_saved, self._builder.unsaved)
 
     # -- retrieval ---------------------------------------------------------------------------
-    def retrieve(self, query: str | Any, top_k: int = 5, options: SearchOptions | None = None,
-                 **kwargs: Any) -> list[Hit]:
+    def retrieve(
+        self, query: str | Any, top_k: int = 5, options: SearchOptions | None = None, **kwargs: Any
+    ) -> list[Hit]:
         """The ``top_k`` chunks that best match ``query`` (a str, embedded with the knowledge
         base's embedder, or a vector), best first.
 
@@ -360,26 +404,38 @@ class KnowledgeBase:
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)
 
-    def retrieve_key(self, query: str | Any, topk: int = 5, options: SearchOptions | None = None,
-                     **kwargs: Any) -> list[KeyResult]:
+    def retrieve_key(
+        self, query: str | Any, topk: int = 5, options: SearchOptions | None = None, **kwargs: Any
+    ) -> list[KeyResult]:
         """aidb's ``retrieve_key``: the keys (document ids) of the closest chunks, with
         distance, ``part_ids`` (chunk indexes matched) and ``pipeline_name``. As in aidb,
         results are deduplicated by default: one per document and pipeline (its best part);
         ``deduplicate=False`` returns every matching part. The other search options are
         :meth:`retrieve`'s (an explicit ``options`` keeps its own ``deduplicate``)."""
         hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **_aidb(options, kwargs))
-        return [KeyResult(h.document_id, h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score)
-                for h in hits]
+        return [
+            KeyResult(h.document_id, h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score) for h in hits
+        ]
 
-    def retrieve_text(self, query: str | Any, topk: int = 5, options: SearchOptions | None = None,
-                      **kwargs: Any) -> list[TextResult]:
+    def retrieve_text(
+        self, query: str | Any, topk: int = 5, options: SearchOptions | None = None, **kwargs: Any
+    ) -> list[TextResult]:
         """aidb's ``retrieve_text``: :meth:`retrieve_key` plus ``value``, the document's source
         text, and ``chunk``, the text of the best matching chunk. Deduplicated by default, as
         :meth:`retrieve_key`."""
         hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **_aidb(options, kwargs))
-        return [TextResult(h.document_id, self.document_text(h.document_id, pipeline=h.pipeline_name),
-                           h.distance, h.part_ids or (h.chunk_index,), h.pipeline_name, h.score, h.content)
-                for h in hits]
+        return [
+            TextResult(
+                h.document_id,
+                self.document_text(h.document_id, pipeline=h.pipeline_name),
+                h.distance,
+                h.part_ids or (h.chunk_index,),
+                h.pipeline_name,
+                h.score,
+                h.content,
+            )
+            for h in hits
+        ]
 
     # -- documents ---------------------------------------------------------------------------
     def document_text(self, document_id: str, *, pipeline: str = DEFAULT_PIPELINE) -> str:
@@ -407,11 +463,20 @@ class KnowledgeBase:
     def info(self) -> dict[str, Any]:
         """A summary: configuration, counts, pipelines, embedder and bytes on disk."""
         state = self._cell.state
-        return {"name": self.name, "path": self.path, **self.search_defaults, **state.config,
-                "chunks": len(self), "documents": len(state.docs), "pipelines": self.pipelines,
-                "embedder": state.manifest.get("embedder"), "segments": len(state.segments),
-                "generation": state.generation, "disk_bytes": _disk_bytes(self.path),
-                "created_at": state.manifest.get("created_at")}
+        return {
+            "name": self.name,
+            "path": self.path,
+            **self.search_defaults,
+            **state.config,
+            "chunks": len(self),
+            "documents": len(state.docs),
+            "pipelines": self.pipelines,
+            "embedder": state.manifest.get("embedder"),
+            "segments": len(state.segments),
+            "generation": state.generation,
+            "disk_bytes": _disk_bytes(self.path),
+            "created_at": state.manifest.get("created_at"),
+        }
 
     # -- graph building ------------------------------------------------------------------------
     @property
@@ -435,8 +500,7 @@ class KnowledgeBase:
         self._builder.stop()
         try:
             state = self._cell.state
-            if os.path.exists(self.path) and (tail_rows(state.manifest) or state.stale_text
-                                              or self._builder.unsaved):
+            if os.path.exists(self.path) and (tail_rows(state.manifest) or state.stale_text or self._builder.unsaved):
                 self.checkpoint()
         finally:
             self._detach()

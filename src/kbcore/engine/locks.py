@@ -60,8 +60,7 @@ class _ReadHold:
                 lock._cond.wait()
             lock._readers += 1
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         lock = self._lock
         with lock._cond:
             lock._readers -= 1
@@ -78,6 +77,5 @@ class _WriteHold:
     def __enter__(self) -> None:
         self._lock._acquire_write()
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self._lock._release_write()

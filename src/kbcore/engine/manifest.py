@@ -35,11 +35,17 @@ COMPACT_MIN_ROWS = 256
 def initial(name: str, config: dict[str, Any], embedder: dict[str, Any], description: str) -> dict[str, Any]:
     """The manifest of a new, empty knowledge base (generation 1)."""
     return {
-        "name": name, "generation": 1, "created_at": time.time(), "description": description,
-        "config": dict(config), "embedder": embedder,
-        "pipelines": {DEFAULT_PIPELINE: {"chunk_size": config["chunk_size"],
-                                         "chunk_overlap": config["chunk_overlap"]}},
-        "next_id": 0, "next_group": 0, "segments": [], "index": None,
+        "name": name,
+        "generation": 1,
+        "created_at": time.time(),
+        "description": description,
+        "config": dict(config),
+        "embedder": embedder,
+        "pipelines": {DEFAULT_PIPELINE: {"chunk_size": config["chunk_size"], "chunk_overlap": config["chunk_overlap"]}},
+        "next_id": 0,
+        "next_group": 0,
+        "segments": [],
+        "index": None,
     }
 
 
@@ -85,5 +91,4 @@ def needs_checkpoint(m: dict[str, Any], new_rows: int) -> bool:
 
 def needs_compaction(m: dict[str, Any], live_rows: int) -> bool:
     stored = sum(s["rows"] for s in m["segments"])
-    return len(m["segments"]) > MAX_SEGMENTS or (
-        stored > COMPACT_MIN_ROWS and stored - live_rows > stored // 2)
+    return len(m["segments"]) > MAX_SEGMENTS or (stored > COMPACT_MIN_ROWS and stored - live_rows > stored // 2)

@@ -58,11 +58,13 @@ def options(base: SearchOptions | None, overrides: Mapping[str, Any]) -> SearchO
         if unknown is None:
             raise
         raise InvalidTypeError(
-            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}") from None
+            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}"
+        ) from None
     except ValueError:  # _replace names the unexpected field with a ValueError
         unknown = next(k for k in overrides if k not in _OPTION_NAMES)
         raise InvalidTypeError(
-            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}") from None
+            f"unknown search option {unknown!r}; the options are {', '.join(_OPTION_NAMES)}"
+        ) from None
     raise InvalidTypeError(f"options must be a SearchOptions, got {type(base).__name__}")
 
 
@@ -104,13 +106,16 @@ def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed
         return make_hits(state, cands, metric, fused=False)
 
 
-def vector_candidates(index: Index, q: np.ndarray, top_k: int, where: Any, deduplicate: bool,
-                      ef: int | None) -> list[Candidate]:
+def vector_candidates(
+    index: Index, q: np.ndarray, top_k: int, where: Any, deduplicate: bool, ef: int | None
+) -> list[Candidate]:
     """The nearest chunks (or, deduplicating, the best chunk of each nearest document group,
     natively) as candidates. One native call; the benchmark replaces it to time the rest."""
     if deduplicate:
-        groups = cast("list[Group]", index.search_groups(q, top_k, group_by=GROUP_FIELD, group_size=1,
-                                                         where=where, ef=ef, threads=1))  # q is 1-D
+        groups = cast(
+            "list[Group]",
+            index.search_groups(q, top_k, group_by=GROUP_FIELD, group_size=1, where=where, ef=ef, threads=1),
+        )  # q is 1-D
         return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
     ids, dist = index.search(q, top_k, where=where, ef=ef, threads=1)
     return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]
@@ -133,8 +138,19 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
             score, dist = value, 1.0 - value
         else:
             score, dist = score_from_distance(value, metric), value
-        hits.append(Hit(cid, meta["document_id"], seg.text[row].as_py(), meta, dist, score,
-                        meta["pipeline_name"], meta["chunk_index"], tuple(parts)))
+        hits.append(
+            Hit(
+                cid,
+                meta["document_id"],
+                seg.text[row].as_py(),
+                meta,
+                dist,
+                score,
+                meta["pipeline_name"],
+                meta["chunk_index"],
+                tuple(parts),
+            )
+        )
     return hits
 
 
@@ -187,8 +203,17 @@ def _query_vector(query: Any, embed_query: EmbedQuery) -> np.ndarray:
     return q
 
 
-def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions, where: Any, mode: str,
-                    fusion: str, weight: float, embed_query: EmbedQuery) -> list[Hit]:
+def _retrieve_fused(
+    cell: StateCell,
+    query: str,
+    top_k: int,
+    opts: SearchOptions,
+    where: Any,
+    mode: str,
+    fusion: str,
+    weight: float,
+    embed_query: EmbedQuery,
+) -> list[Hit]:
     """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
     fusion in Python, dedup after fusion (widening the window while too few documents)."""
     if not query.strip():
@@ -199,8 +224,9 @@ def _retrieve_fused(cell: StateCell, query: str, top_k: int, opts: SearchOptions
     q = None
     if mode == "hybrid":
         if opts.query_vector is None:
-            q = embed_query(query, "embed the query for hybrid search (pass query_vector=, or use "
-                                   "search_type='full_text')")
+            q = embed_query(
+                query, "embed the query for hybrid search (pass query_vector=, or use search_type='full_text')"
+            )
         else:
             q = _query_vector(opts.query_vector, embed_query)
         q = np.ascontiguousarray(q, dtype=np.float32)  # once, not per widening step
@@ -252,8 +278,14 @@ def _by_id_on_ties(ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.nd
     return ids, keys
 
 
-def _fuse(mode: str, fusion: str, vec_leg: list[tuple[int, float]], text_leg: list[tuple[int, float]],
-          weight: float, rrf_k: float) -> list[tuple[int, float]]:
+def _fuse(
+    mode: str,
+    fusion: str,
+    vec_leg: list[tuple[int, float]],
+    text_leg: list[tuple[int, float]],
+    weight: float,
+    rrf_k: float,
+) -> list[tuple[int, float]]:
     if mode == "full_text":
         top = text_leg[0][1] if text_leg else 0.0
         return [(i, min(1.0, s / top) if top > 0.0 else 0.0) for i, s in text_leg]

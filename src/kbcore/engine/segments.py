@@ -30,9 +30,25 @@ class Segment:
     ``deleted_docs``; :meth:`with_entry` returns a Segment sharing the tables for a newer one.
     """
 
-    __slots__ = ("name", "deleted", "chunks", "docs", "ids", "min_id", "max_id", "contiguous", "text",
-                 "start", "end", "chunk_index", "groups", "doc_offsets", "doc_ids", "doc_pipelines",
-                 "doc_live")
+    __slots__ = (
+        "name",
+        "deleted",
+        "chunks",
+        "docs",
+        "ids",
+        "min_id",
+        "max_id",
+        "contiguous",
+        "text",
+        "start",
+        "end",
+        "chunk_index",
+        "groups",
+        "doc_offsets",
+        "doc_ids",
+        "doc_pipelines",
+        "doc_live",
+    )
 
     def __init__(self, entry: dict[str, Any], chunks: Any, docs: Any) -> None:
         self.name: str = entry["name"]
@@ -57,8 +73,11 @@ class Segment:
     @classmethod
     def read(cls, dirpath: str, entry: dict[str, Any]) -> Segment:
         """Loads the segment of a manifest entry (checksums verified by storage)."""
-        return cls(entry, storage.read_arrow(dirpath, entry["files"]["chunks"]),
-                   storage.read_arrow(dirpath, entry["files"]["docs"]))
+        return cls(
+            entry,
+            storage.read_arrow(dirpath, entry["files"]["chunks"]),
+            storage.read_arrow(dirpath, entry["files"]["docs"]),
+        )
 
     def with_entry(self, entry: dict[str, Any]) -> Segment:
         """This segment under a newer manifest entry: itself when no more documents were
@@ -96,11 +115,11 @@ class Segment:
         return np.searchsorted(self.ids, chunk_ids)
 
     def doc_chunk_ids(self, doc_row: int) -> np.ndarray:
-        return self.ids[self.doc_offsets[doc_row]:self.doc_offsets[doc_row + 1]]
+        return self.ids[self.doc_offsets[doc_row] : self.doc_offsets[doc_row + 1]]
 
     def doc_texts(self, doc_row: int) -> list[str]:
         """The chunk texts of one document (for the BM25 leg)."""
-        return text_list(self.text[self.doc_offsets[doc_row]:self.doc_offsets[doc_row + 1]])
+        return text_list(self.text[self.doc_offsets[doc_row] : self.doc_offsets[doc_row + 1]])
 
     def index_rows(self, rows: np.ndarray) -> tuple[np.ndarray, Any, list[str]]:
         """(ids, metadata table, texts) of some rows, as :meth:`Index.add` takes them."""
@@ -122,33 +141,42 @@ def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tupl
     n, ndocs = len(ids), len(batch.doc_ids)
     doc_of_row = pa.array(np.repeat(np.arange(ndocs), batch.counts))
     doc_id_arr = pa.array(batch.doc_ids, pa.string()).take(doc_of_row)
-    fname = (batch.filename_rows if batch.filename_rows is not None
-             else pa.array(batch.filenames, pa.string()).take(doc_of_row))
+    fname = (
+        batch.filename_rows
+        if batch.filename_rows is not None
+        else pa.array(batch.filenames, pa.string()).take(doc_of_row)
+    )
     cols: dict[str, Any] = {
-        "__id": pa.array(ids), "__text": batch.texts,
-        "__start": pa.array(batch.starts), "__end": pa.array(batch.ends),
-        "document_id": doc_id_arr, "file_id": doc_id_arr,
+        "__id": pa.array(ids),
+        "__text": batch.texts,
+        "__start": pa.array(batch.starts),
+        "__end": pa.array(batch.ends),
+        "document_id": doc_id_arr,
+        "file_id": doc_id_arr,
         "chunk_index": pa.array(batch.chunk_index, pa.int64()),
         "filename": fname,
         "pipeline_name": pa.DictionaryArray.from_arrays(
-            pa.array(np.zeros(n, np.int32)), pa.array([batch.pipeline])).cast(pa.string()),
+            pa.array(np.zeros(n, np.int32)), pa.array([batch.pipeline])
+        ).cast(pa.string()),
         GROUP_FIELD: pa.array(np.repeat(groups, batch.counts)),
     }
     if batch.user is not None:
         for c in batch.user.column_names:
             cols[c] = combined(batch.user.column(c))
     chunks = pa.table(cols)
-    doc_table = pa.table({
-        "document_id": pa.array(batch.doc_ids, pa.string()),
-        "pipeline_name": pa.array([batch.pipeline] * ndocs, pa.string()),
-        "filename": pa.array(batch.filenames, pa.string()),
-        "text": pa.array(batch.doc_texts, pa.large_string()),
-        "format": pa.array(batch.formats, pa.string()),
-        "n_chunks": pa.array(batch.counts, pa.int64()),
-        "group": pa.array(groups),
-        "metadata": pa.array(batch.doc_metadata, pa.string()),
-        "ingested_at": pa.array(np.full(ndocs, time.time())),
-    })
+    doc_table = pa.table(
+        {
+            "document_id": pa.array(batch.doc_ids, pa.string()),
+            "pipeline_name": pa.array([batch.pipeline] * ndocs, pa.string()),
+            "filename": pa.array(batch.filenames, pa.string()),
+            "text": pa.array(batch.doc_texts, pa.large_string()),
+            "format": pa.array(batch.formats, pa.string()),
+            "n_chunks": pa.array(batch.counts, pa.int64()),
+            "group": pa.array(groups),
+            "metadata": pa.array(batch.doc_metadata, pa.string()),
+            "ingested_at": pa.array(np.full(ndocs, time.time())),
+        }
+    )
     return chunks, chunks.drop_columns(list(INTERNAL_COLUMNS)), doc_table
 
 
@@ -164,8 +192,10 @@ def live_tables(segments: tuple[Segment, ...]) -> tuple[Any, Any] | None:
             doc_parts.append(seg.docs.filter(pa.array(seg.doc_live)))
     if not chunk_parts:
         return None
-    return (pa.concat_tables(chunk_parts, promote_options="default").combine_chunks(),
-            pa.concat_tables(doc_parts, promote_options="default").combine_chunks())
+    return (
+        pa.concat_tables(chunk_parts, promote_options="default").combine_chunks(),
+        pa.concat_tables(doc_parts, promote_options="default").combine_chunks(),
+    )
 
 
 # -- Arrow column helpers ----------------------------------------------------------------------
@@ -216,7 +246,7 @@ def document_text(seg: Segment, d: int) -> str:
             out += " " * (s - end) if out else ""
             out += piece
         elif e > end:
-            out += piece[end - s:]
+            out += piece[end - s :]
         end = max(end, e)
     return out
 
@@ -232,6 +262,9 @@ def document_infos(seg: Segment, pipeline: str | None) -> list[DocumentInfo]:
     for d in np.flatnonzero(seg.doc_live):
         if pipeline is not None and seg.doc_pipelines[d] != pipeline:
             continue
-        out.append(DocumentInfo(seg.doc_ids[d], seg.doc_pipelines[d], fnames[d], int(counts[d]),
-                                json.loads(meta[d]), fmts[d], when[d]))
+        out.append(
+            DocumentInfo(
+                seg.doc_ids[d], seg.doc_pipelines[d], fnames[d], int(counts[d]), json.loads(meta[d]), fmts[d], when[d]
+            )
+        )
     return out

@@ -73,9 +73,7 @@ def require_ray(name: str, shards: int) -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ImportError(
-            f"knowledge base {name!r} is sharded (shards={shards}) and needs Ray: {_INSTALL}"
-        ) from exc
+        raise ImportError(f"knowledge base {name!r} is sharded (shards={shards}) and needs Ray: {_INSTALL}") from exc
     return ray
 
 
@@ -115,17 +113,28 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
                     shutil.rmtree(entry)
                 else:
                     os.unlink(entry)
-            index = ShardedIndex(dim, cfg["metric"], cfg["index"], shards=n, path=root, M=cfg["M"],
-                                 ef_construction=cfg["ef_construction"], ef=cfg["ef"],
-                                 **({"quantization": cfg["quantization"]} if cfg.get("quantization") else {}))
+            index = ShardedIndex(
+                dim,
+                cfg["metric"],
+                cfg["index"],
+                shards=n,
+                path=root,
+                M=cfg["M"],
+                ef_construction=cfg["ef_construction"],
+                ef=cfg["ef"],
+                **({"quantization": cfg["quantization"]} if cfg.get("quantization") else {}),
+            )
         else:
             index = ShardedIndex.load(root)
             got = (index.dim, index.metric, index.kind, index.shards)
             want = (dim, cfg["metric"], cfg["index"], n)
             if got != want:
                 index.close()
-                raise FormatError(5, f"the shards in {root!r} hold (dim, metric, kind, shards) = {got}, "
-                                     f"the knowledge base's manifest says {want}")
+                raise FormatError(
+                    5,
+                    f"the shards in {root!r} hold (dim, metric, kind, shards) = {got}, "
+                    f"the knowledge base's manifest says {want}",
+                )
     except BaseException:
         os.close(fd)
         raise
@@ -161,7 +170,8 @@ def _own(kb_path: str) -> int:
         os.close(fd)
         raise InvalidArgumentError(
             f"knowledge base {os.path.basename(kb_path)!r} is sharded and already open (its shard "
-            "actors run for another process or Engine); close it there first") from None
+            "actors run for another process or Engine); close it there first"
+        ) from None
     return fd
 
 

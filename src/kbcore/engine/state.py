@@ -55,13 +55,30 @@ class KbState:
     by_name: dict[str, Segment] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, name: str, path: str, manifest: dict[str, Any], segments: tuple[Segment, ...],
-              docs: dict[tuple[str, str], DocRef], index: Index | None, stale_text: bool = False) -> KbState:
+    def build(
+        cls,
+        name: str,
+        path: str,
+        manifest: dict[str, Any],
+        segments: tuple[Segment, ...],
+        docs: dict[tuple[str, str], DocRef],
+        index: Index | None,
+        stale_text: bool = False,
+    ) -> KbState:
         cfg = manifest["config"]
         defaults = tuple(cfg.get(k, v) for k, v in SEARCH_DEFAULTS.items())
-        return cls(name, path, manifest, segments, docs, index, stale_text,
-                   [s.min_id for s in segments], defaults,
-                   {s.name: s for s in segments})
+        return cls(
+            name,
+            path,
+            manifest,
+            segments,
+            docs,
+            index,
+            stale_text,
+            [s.min_id for s in segments],
+            defaults,
+            {s.name: s for s in segments},
+        )
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -108,15 +125,28 @@ class KbState:
     def stats(self) -> KbStats:
         m = self.manifest
         index = self.index
-        return KbStats(chunks=0 if index is None else len(index), documents=len(self.docs),
-                       segments=len(m["segments"]), tail_rows=tail_rows(m), checkpoint_rows=checkpoint_rows(m),
-                       vector_files=sum(1 for s in m["segments"] if s["files"].get("vectors")),
-                       pending_graph_rows=0 if index is None else index.pending,
-                       text_leg_unsaved=self.stale_text, generation=self.generation)
+        return KbStats(
+            chunks=0 if index is None else len(index),
+            documents=len(self.docs),
+            segments=len(m["segments"]),
+            tail_rows=tail_rows(m),
+            checkpoint_rows=checkpoint_rows(m),
+            vector_files=sum(1 for s in m["segments"] if s["files"].get("vectors")),
+            pending_graph_rows=0 if index is None else index.pending,
+            text_leg_unsaved=self.stale_text,
+            generation=self.generation,
+        )
 
     # -- the next generation ------------------------------------------------------------------
-    def applied(self, m: dict[str, Any], *, index: Index | None = None, new_segment: Segment | None = None,
-                removed: Iterable[tuple[str, str]] | None = None, stale_text: bool | None = None) -> KbState:
+    def applied(
+        self,
+        m: dict[str, Any],
+        *,
+        index: Index | None = None,
+        new_segment: Segment | None = None,
+        removed: Iterable[tuple[str, str]] | None = None,
+        stale_text: bool | None = None,
+    ) -> KbState:
         """The snapshot of manifest ``m`` (committed), built from this one.
 
         ``new_segment`` is the segment the mutation wrote; ``removed`` the (pipeline, document)
@@ -135,14 +165,19 @@ class KbState:
             if new_segment is not None:
                 for d, key in enumerate(zip(new_segment.doc_pipelines, new_segment.doc_ids)):
                     docs[key] = (new_segment.name, d)
-        return KbState.build(self.name, self.path, m, segments, docs,
-                             self.index if index is None else index,
-                             self.stale_text if stale_text is None else stale_text)
+        return KbState.build(
+            self.name,
+            self.path,
+            m,
+            segments,
+            docs,
+            self.index if index is None else index,
+            self.stale_text if stale_text is None else stale_text,
+        )
 
     def with_manifest(self, m: dict[str, Any]) -> KbState:
         """The same data under a manifest that changed only its configuration or pipelines."""
-        return KbState.build(self.name, self.path, m, self.segments, self.docs, self.index,
-                             self.stale_text)
+        return KbState.build(self.name, self.path, m, self.segments, self.docs, self.index, self.stale_text)
 
     # -- loading --------------------------------------------------------------------------------
     @classmethod
@@ -170,7 +205,9 @@ class KbState:
         stale_text = False
         if index is not None:
             _reconcile(path, index, segments, m["segments"])
-            if not _shards.is_sharded(cfg) and index.text_documents() != len(index):  # written before the text leg existed
+            if not _shards.is_sharded(cfg) and index.text_documents() != len(
+                index
+            ):  # written before the text leg existed
                 index = _rebuild_text_leg(index, segments, cfg)
                 stale_text = True
         return cls.build(name, path, m, segments, _doc_map(segments), index, stale_text)
@@ -193,9 +230,15 @@ def new_index(cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: 
     if _shards.is_sharded(cfg):
         assert path is not None
         return _shards.open_index(path, cfg, dim, fresh=fresh)
-    return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
-                 ef_construction=cfg["ef_construction"], ef=cfg["ef"],
-                 quantization=cfg.get("quantization"))
+    return Index(
+        dim,
+        cfg["metric"],
+        cfg["index"],
+        M=cfg["M"],
+        ef_construction=cfg["ef_construction"],
+        ef=cfg["ef"],
+        quantization=cfg.get("quantization"),
+    )
 
 
 def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:
@@ -206,8 +249,7 @@ def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:
     return docs
 
 
-def _reconcile(path: str, index: Index, segments: tuple[Segment, ...],
-               entries: list[dict[str, Any]]) -> None:
+def _reconcile(path: str, index: Index, segments: tuple[Segment, ...], entries: list[dict[str, Any]]) -> None:
     """Brings an index checkpoint up to the manifest: adds the live chunks it lacks (from the
     segments' vector files), removes the chunks deleted since."""
     live_parts = [seg.ids[seg.live_mask()] for seg in segments]
@@ -226,7 +268,8 @@ def _reconcile(path: str, index: Index, segments: tuple[Segment, ...],
         ventry = entry["files"].get("vectors")
         if not ventry:
             raise FormatError(
-                5, f"knowledge base {path!r} is inconsistent: segment {seg.name} has "
+                5,
+                f"knowledge base {path!r} is inconsistent: segment {seg.name} has "
                 "chunks missing from the index and no vector file",
             )
         vectors = storage.read_npy(path, ventry, rows=seg.rows, dim=index.dim)

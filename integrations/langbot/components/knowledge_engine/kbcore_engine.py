@@ -126,9 +126,7 @@ def _choice(settings: Mapping[str, Any], name: str, default: str, allowed: tuple
     if v is None or v == "":
         return default
     if not isinstance(v, str) or v.strip().lower() not in allowed:
-        raise InvalidArgumentError(
-            f"setting {name!r} must be one of {', '.join(allowed)}, got {v!r}"
-        )
+        raise InvalidArgumentError(f"setting {name!r} must be one of {', '.join(allowed)}, got {v!r}")
     return v.strip().lower()
 
 
@@ -137,9 +135,7 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     s = settings or {}
     model = s.get("embedding_model_uuid") or ""
     if not isinstance(model, str):
-        raise InvalidArgumentError(
-            f"setting 'embedding_model_uuid' must be a string, got {model!r}"
-        )
+        raise InvalidArgumentError(f"setting 'embedding_model_uuid' must be a string, got {model!r}")
     out = {
         "embedding_model_uuid": model.strip(),
         "chunk_size": _int(s, "chunk_size", 500, 1),
@@ -149,8 +145,7 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     }
     if out["chunk_overlap"] >= out["chunk_size"]:
         raise InvalidArgumentError(
-            f"chunk_overlap ({out['chunk_overlap']}) must be smaller than "
-            f"chunk_size ({out['chunk_size']})"
+            f"chunk_overlap ({out['chunk_overlap']}) must be smaller than chunk_size ({out['chunk_size']})"
         )
     return out
 
@@ -180,9 +175,7 @@ def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
     for key, value in (fm.extra or {}).items():
         if not isinstance(key, str) or key in reserved or key in out or not _META_KEY_RE.fullmatch(key):
             continue
-        if isinstance(value, (str, bool, int)) or (
-            isinstance(value, float) and math.isfinite(value)
-        ):
+        if isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value)):
             out[key] = value
     return out
 
@@ -250,14 +243,10 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             exist_ok=True,
         )
 
-    async def _embed(
-        self, kb: Any, settings: Mapping[str, Any] | None, texts: list[str]
-    ) -> np.ndarray:
+    async def _embed(self, kb: Any, settings: Mapping[str, Any] | None, texts: list[str]) -> np.ndarray:
         """float32 [len(texts), dim]: the knowledge base's own embedder, else the host model."""
         if kb.embedder is not None:
-            return await asyncio.to_thread(
-                lambda: np.asarray(kb.embedder.embed(texts), dtype=np.float32)
-            )
+            return await asyncio.to_thread(lambda: np.asarray(kb.embedder.embed(texts), dtype=np.float32))
         model = creation_settings(settings)["embedding_model_uuid"]
         if not model:
             raise InvalidArgumentError(
@@ -270,20 +259,14 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             vectors = await self.plugin.invoke_embedding(model, batch)
             if not isinstance(vectors, list) or len(vectors) != len(batch):
                 got = len(vectors) if isinstance(vectors, list) else type(vectors).__name__
-                raise InvalidArgumentError(
-                    f"embedding model {model!r} returned {got} vectors for {len(batch)} texts"
-                )
+                raise InvalidArgumentError(f"embedding model {model!r} returned {got} vectors for {len(batch)} texts")
             out.extend(vectors)
         try:
             arr = np.asarray(out, dtype=np.float32)
         except (TypeError, ValueError):
-            raise InvalidArgumentError(
-                f"embedding model {model!r} returned vectors of different lengths"
-            ) from None
+            raise InvalidArgumentError(f"embedding model {model!r} returned vectors of different lengths") from None
         if arr.ndim != 2 or not np.isfinite(arr).all():
-            raise InvalidArgumentError(
-                f"embedding model {model!r} returned malformed vectors (shape {arr.shape})"
-            )
+            raise InvalidArgumentError(f"embedding model {model!r} returned malformed vectors (shape {arr.shape})")
         if kb.dim is not None and arr.shape[1] != kb.dim:
             raise InvalidArgumentError(
                 f"embedding model {model!r} makes {arr.shape[1]}-dimensional vectors but "
@@ -342,11 +325,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             kb = await asyncio.to_thread(self._create, ctx.knowledge_base_id, ctx.creation_settings)
 
         title = None
-        if (
-            ctx.parsed_content is not None
-            and ctx.parsed_content.text
-            and ctx.parsed_content.text.strip()
-        ):
+        if ctx.parsed_content is not None and ctx.parsed_content.text and ctx.parsed_content.text.strip():
             text, fmt = ctx.parsed_content.text, "host-parsed"
         else:
             data = await self.plugin.get_knowledge_file_stream(ctx.file_object.storage_path)
