@@ -4,7 +4,8 @@ The bit-flip sweep of tests/test_index_persistence.py never gets past the checks
 module parses a saved index file into its structural fields (counts, slots, levels, link
 targets, flags, metadata and BM25 records, and in version 2 files the SQ8 section: kind,
 re-rank depth, quantizer ranges and codes; cpp/index_format.cpp, hnsw_index.cpp,
-metadata_store.cpp, bm25_index.cpp, sq8_codes.cpp ``save``), mutates one or a few of them, RECOMPUTES the payload checksum
+metadata_store.cpp, bm25_index.cpp, sq8_codes.cpp ``save``), mutates one or a few of them,
+RECOMPUTES the payload checksum
 (``checksum64`` of cpp/binary_io.cpp, reimplemented below) and loads the result in a child
 process. A crafted file must either be rejected with FormatError or load into an index on
 which every operation works (search, filtered and grouped search, text search, metadata,

@@ -98,7 +98,8 @@ class Engine:
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
         ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
         (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index.
-        ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
+        ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
+        :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
 
         ``shards=N`` makes a sharded knowledge base: its index is a
