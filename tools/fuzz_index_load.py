@@ -503,8 +503,8 @@ def atheris_main(argv: list[str]) -> None:
         fields = parsed[i]
         for _ in range(fdp.ConsumeIntInRange(1, 3)):
             field = fields[fdp.ConsumeIntInRange(0, len(fields) - 1)]
-            if field.fmt == "f":
-                new = fdp.ConsumeFloat()
+            if field.fmt == "f":  # any float32 bit pattern (a Python float may not fit in one)
+                (new,) = struct.unpack("<f", fdp.ConsumeBytes(4).ljust(4, b"\0"))
             else:
                 lo, hi = _LIMITS[field.fmt]
                 if fdp.ConsumeBool():  # near the old value: off-by-one counts and slots
