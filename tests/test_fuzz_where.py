@@ -143,4 +143,4 @@ def test_a_compiled_where_evaluates_natively_as_the_reference_says(small_index, 
     ids, dist = index.search(q, k=len(rows), where=where)
     got = {int(i) for i in ids if i >= 0}
     assert got == expected
-    assert all(math.isfinite(d) for d, i in zip(dist, ids) if i >= 0)
+    assert all(math.isfinite(d) for d, i in zip(dist, ids, strict=True) if i >= 0)
