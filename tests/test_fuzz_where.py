@@ -31,38 +31,72 @@ from kbcore.filters import compile_where, native_filter
 EXAMPLES = int(os.environ.get("KBCORE_FUZZ_EXAMPLES", "200"))
 SEED = int(os.environ.get("KBCORE_FUZZ_SEED", "20261201"))
 
-OPS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$contains", "$not_contains",
-       "$starts_with", "$ends_with", "$exists", "$empty", "$before", "$after", "$and", "$or",
-       "$not", "$regex", "")
+OPS = (
+    "$eq",
+    "$ne",
+    "$gt",
+    "$gte",
+    "$lt",
+    "$lte",
+    "$in",
+    "$nin",
+    "$contains",
+    "$not_contains",
+    "$starts_with",
+    "$ends_with",
+    "$exists",
+    "$empty",
+    "$before",
+    "$after",
+    "$and",
+    "$or",
+    "$not",
+    "$regex",
+    "",
+)
 FIELDS = ("team", "year", "score", "tags", "flag", "when", "missing")
 
 
 def fuzz_settings(fn):
-    fn = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  derandomize="KBCORE_FUZZ_SEED" not in os.environ,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])(fn)
+    fn = settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize="KBCORE_FUZZ_SEED" not in os.environ,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )(fn)
     return seed(SEED)(fn)
 
 
 _hostile_scalars = st.one_of(
-    st.none(), st.booleans(),
-    st.integers(-3, 2030), st.integers(), st.sampled_from([2**63 - 1, -(2**63), 2**63, 10**400]),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e308, -0.0, 5e-324]),
-    st.text(max_size=6), st.sampled_from(["infra", "web", "a", "\ud800", "x\udfff", "1" * 400,
-                                          "2024-01-15", "2024-13-01", "2024-01-15T10:00:00Z"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 2030),
+    st.integers(),
+    st.sampled_from([2**63 - 1, -(2**63), 2**63, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e308, -0.0, 5e-324]),
+    st.text(max_size=6),
+    st.sampled_from(
+        ["infra", "web", "a", "\ud800", "x\udfff", "1" * 400, "2024-01-15", "2024-13-01", "2024-01-15T10:00:00Z"]
+    ),
 )
 _operands = st.recursive(
     _hostile_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(OPS + FIELDS), inner,
-                                                                         max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(OPS + FIELDS), inner, max_size=3)
+    ),
     max_leaves=12,
 )
 _conditions = st.recursive(
     st.one_of(
         st.dictionaries(st.sampled_from(FIELDS), _operands, min_size=1, max_size=2),
-        st.dictionaries(st.sampled_from(FIELDS),
-                        st.dictionaries(st.sampled_from(OPS), _operands, min_size=1, max_size=2),
-                        min_size=1, max_size=2),
+        st.dictionaries(
+            st.sampled_from(FIELDS),
+            st.dictionaries(st.sampled_from(OPS), _operands, min_size=1, max_size=2),
+            min_size=1,
+            max_size=2,
+        ),
     ),
     lambda inner: st.one_of(
         st.dictionaries(st.sampled_from(("$and", "$or")), st.lists(inner, max_size=3), min_size=1, max_size=2),
@@ -74,17 +108,25 @@ _anything = st.one_of(_conditions, _operands, st.text(max_size=5), st.binary(max
 
 # Mostly well-typed conditions with edge-case values, so that many compile and reach the
 # native evaluation (the hostile ones above mostly stop at validation).
-_values = st.one_of(st.sampled_from(["infra", "web", "a", "", "x"]), st.integers(2015, 2030),
-                    st.floats(-1, 10, allow_nan=False), st.booleans(),
-                    st.sampled_from([2**63 - 1, -(2**63), 1e308, -0.0]))
+_values = st.one_of(
+    st.sampled_from(["infra", "web", "a", "", "x"]),
+    st.integers(2015, 2030),
+    st.floats(-1, 10, allow_nan=False),
+    st.booleans(),
+    st.sampled_from([2**63 - 1, -(2**63), 1e308, -0.0]),
+)
 _typed_op = st.one_of(
     st.tuples(st.sampled_from(("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")), _values),
     st.tuples(st.sampled_from(("$in", "$nin")), st.lists(_values, max_size=4)),
-    st.tuples(st.sampled_from(("$contains", "$not_contains", "$starts_with", "$ends_with")),
-              st.one_of(st.sampled_from(["x", "y", "in", "a", ""]), _values)),
+    st.tuples(
+        st.sampled_from(("$contains", "$not_contains", "$starts_with", "$ends_with")),
+        st.one_of(st.sampled_from(["x", "y", "in", "a", ""]), _values),
+    ),
     st.tuples(st.sampled_from(("$exists", "$empty")), st.booleans()),
-    st.tuples(st.sampled_from(("$before", "$after")),
-              st.sampled_from(["2024-01-10", "2024-01-10T12:00:00+02:00", "2023-12-31T23:59:59Z"])),
+    st.tuples(
+        st.sampled_from(("$before", "$after")),
+        st.sampled_from(["2024-01-10", "2024-01-10T12:00:00+02:00", "2023-12-31T23:59:59Z"]),
+    ),
     st.tuples(st.sampled_from(OPS), _hostile_scalars),
 )
 _leaf = st.one_of(
@@ -93,8 +135,9 @@ _leaf = st.one_of(
 )
 _plausible = st.recursive(
     _leaf,
-    lambda inner: st.builds(lambda op, xs: {op: xs}, st.sampled_from(("$and", "$or")),
-                            st.lists(inner, min_size=1, max_size=3)),
+    lambda inner: st.builds(
+        lambda op, xs: {op: xs}, st.sampled_from(("$and", "$or")), st.lists(inner, min_size=1, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -105,9 +148,14 @@ def small_index():
     n, dim = 64, 8
     rows = []
     for i in range(n):
-        row = {"team": ["infra", "web", "a"][i % 3], "year": 2018 + i % 8, "score": float(i) / 7,
-               "tags": [["x", "y"], ["y"], []][i % 3], "flag": bool(i % 2),
-               "when": f"2024-01-{1 + i % 28:02d}"}
+        row = {
+            "team": ["infra", "web", "a"][i % 3],
+            "year": 2018 + i % 8,
+            "score": float(i) / 7,
+            "tags": [["x", "y"], ["y"], []][i % 3],
+            "flag": bool(i % 2),
+            "when": f"2024-01-{1 + i % 28:02d}",
+        }
         if i % 5 == 0:
             del row["year"]
         rows.append(row)
