@@ -106,6 +106,7 @@ class HnswIndex {
   void load(BinaryReader& r);
 
  private:
+  friend class HnswSq8Search;  // graph traversal on SQ8 codes (hnsw_sq8.h)
   using Lock = std::mutex;
   static constexpr std::size_t kLockStripes = 4096;
   static constexpr int kMaxLevel = 32;

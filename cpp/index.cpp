@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "errors.h"
+#include "hnsw_sq8.h"
 #include "parallel.h"
 #include "vector_checks.h"
 
@@ -32,6 +33,12 @@ IndexKind parse_kind(const std::string& name) {
   throw InvalidArgument("unknown index kind '" + name + "'; expected 'hnsw' or 'flat'");
 }
 std::string kind_name(IndexKind k) { return k == IndexKind::kHnsw ? "hnsw" : "flat"; }
+Quantization parse_quantization(const std::string& name) {
+  if (name == "none") return Quantization::kNone;
+  if (name == "sq8") return Quantization::kSq8;
+  throw InvalidArgument("unknown quantization '" + name + "'; expected None or 'sq8'");
+}
+std::string quantization_name(Quantization q) { return q == Quantization::kSq8 ? "sq8" : "none"; }
 
 Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
   if (config.dim == 0 || config.dim > 65536) {
@@ -39,6 +46,19 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
   }
   if (config.ef_search == 0) throw InvalidArgument("ef must be positive");
   if (config.kind == IndexKind::kHnsw) graph_ = std::make_unique<HnswIndex>(store_, config.metric, config.hnsw);
+  if (config.quantization != Quantization::kNone) {
+    if (config.kind != IndexKind::kHnsw) {
+      throw InvalidArgument("quantization applies to kind 'hnsw' only (a flat index scans float32 rows exactly)");
+    }
+    codes_ = std::make_unique<Sq8Codes>(config.dim, config.metric);
+  }
+  if (config.rerank > (1u << 30)) throw InvalidArgument("rerank must be at most 2^30");
+  if (config.vectors_on_disk) {
+    if (!codes_) {
+      throw InvalidArgument("vectors='disk' needs quantization='sq8' (a float32 graph reads every row it visits)");
+    }
+    store_.use_disk_rows();
+  }
 }
 
 Index::~Index() = default;
@@ -127,6 +147,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   meta_.assign(slots, columns);
   text_.grow(store_.slot_count());
   if (text_batch) text_.set_batch(*text_batch, slots, threads);
+  if (codes_) update_codes_locked(slots, threads);
   if (graph_) {
     if (defer_graph) {
       graph_->add_pending(slots);
@@ -134,12 +155,58 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
       graph_->insert_batch(slots, threads);
     }
   }
+  store_.release_resident_rows();
+}
+
+void Index::train_codes_locked(std::size_t threads) {
+  // A sample of at most kSample live rows, evenly spread over the slots, trains the ranges.
+  constexpr std::size_t kSample = 16384;
+  const std::size_t dim = config_.dim;
+  std::vector<Slot> live;
+  live.reserve(store_.size());
+  store_.live_bitmap().for_each([&](Slot s) { live.push_back(s); });
+  if (live.empty()) throw InvalidArgument("cannot train the quantizer of an empty index");
+  const std::size_t n = std::min(kSample, live.size());
+  std::vector<float> sample(n * dim);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Slot s = live[i * live.size() / n];
+    std::memcpy(sample.data() + i * dim, store_.vector(s), dim * sizeof(float));
+  }
+  codes_->train(sample.data(), n, n);
+  codes_->resize(store_.slot_count());
+  parallel_for(
+      live.size(), threads, [&](std::size_t i, std::size_t) { codes_->encode(live[i], store_.vector(live[i])); }, 256);
+}
+
+void Index::update_codes_locked(const std::vector<Slot>& slots, std::size_t threads) {
+  if (!codes_->trained()) {
+    if (store_.size() >= kSq8TrainRows) train_codes_locked(threads);
+    return;
+  }
+  codes_->resize(store_.slot_count());
+  parallel_for(
+      slots.size(), threads, [&](std::size_t i, std::size_t) { codes_->encode(slots[i], store_.vector(slots[i])); },
+      256);
+}
+
+bool Index::quantizer_trained() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return search_codes() != nullptr;
+}
+
+void Index::retrain_quantizer(std::size_t threads) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  if (!codes_) throw InvalidArgument("this index has no quantization to retrain");
+  train_codes_locked(threads);
+  store_.release_resident_rows();
 }
 
 std::size_t Index::build_graph(std::size_t max_rows, std::size_t threads) {
   if (!graph_) return 0;
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  return graph_->build_pending(max_rows, threads);
+  const std::size_t left = graph_->build_pending(max_rows, threads);
+  store_.release_resident_rows();
+  return left;
 }
 
 std::size_t Index::pending_rows() const {
@@ -170,6 +237,7 @@ void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) 
     slots.push_back(*s);
   }
   remove_locked(slots, threads);
+  store_.release_resident_rows();
 }
 
 Bm25Stats Index::text_stats(const std::string& query) const {
@@ -221,7 +289,8 @@ std::vector<std::int64_t> Index::ids() const {
 
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() + text_.memory_bytes();
+  return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() + text_.memory_bytes() +
+         (codes_ ? codes_->memory_bytes() : 0);
 }
 
 }  // namespace kbcore

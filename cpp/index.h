@@ -19,6 +19,7 @@
 #include "hnsw_index.h"
 #include "metadata_store.h"
 #include "search_plan.h"
+#include "sq8_codes.h"
 #include "vector_store.h"
 
 namespace kbcore {
@@ -26,12 +27,28 @@ namespace kbcore {
 /// hnsw: approximate graph search; flat: exact scan.
 enum class IndexKind : std::uint8_t { kHnsw = 0, kFlat = 1 };
 
+/// kNone: the graph is searched on the float32 rows. kSq8: on 8-bit codes (sq8_codes.h),
+/// the best candidates re-ranked exactly from the float32 rows (hnsw kind only).
+enum class Quantization : std::uint8_t { kNone = 0, kSq8 = 1 };
+
+/// A quantized index trains its codes when it first holds this many rows (the first add()
+/// that reaches it, from a sample of the rows then stored); before that it searches the
+/// float32 rows. retrain_quantizer() trains again from the rows stored now.
+inline constexpr std::size_t kSq8TrainRows = 1000;
+
 struct IndexConfig {
   std::size_t dim = 0;
   Metric metric = Metric::kCosine;
   IndexKind kind = IndexKind::kHnsw;
   HnswParams hnsw;
   std::size_t ef_search = 64;  ///< default level-0 candidate list size of search()
+  Quantization quantization = Quantization::kNone;
+  /// Candidates re-ranked exactly per query of a quantized search; 0 = the whole candidate
+  /// list (max(ef, k)), which keeps recall at the float32 index's for the same ef.
+  std::size_t rerank = 0;
+  /// Float32 rows in a memory-mapped temporary file, dropped from the resident set after
+  /// every change (quantized indexes only: the re-rank is then the only reader of rows).
+  bool vectors_on_disk = false;
 };
 
 /// Parses "cosine" | "ip" | "l2"; throws InvalidArgument otherwise.
@@ -40,6 +57,9 @@ std::string metric_name(Metric m);
 /// Parses "hnsw" | "flat"; throws InvalidArgument otherwise.
 IndexKind parse_kind(const std::string& name);
 std::string kind_name(IndexKind k);
+/// Parses "none" | "sq8"; throws InvalidArgument otherwise.
+Quantization parse_quantization(const std::string& name);
+std::string quantization_name(Quantization q);
 
 class Index {
  public:
@@ -135,13 +155,23 @@ class Index {
   std::vector<std::int64_t> ids() const;
   /// Approximate bytes held by vectors, ids and graph.
   std::size_t memory_bytes() const;
+  /// True once a quantized index has trained its codes (always false for kNone).
+  bool quantizer_trained() const;
+  /// Trains the quantizer again from the live rows and re-encodes every row (after the data
+  /// drifted out of the trained range, where values clip). Throws InvalidArgument for an
+  /// index without quantization or without rows. Exclusive lock; O(n * dim).
+  void retrain_quantizer(std::size_t threads);
 
   /// Writes the index to one file atomically (temp file, fsync, rename).
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.
-  static std::unique_ptr<Index> load(const std::string& path);
+  /// `vectors_on_disk` keeps the loaded rows in a mapped file (quantized files only).
+  static std::unique_ptr<Index> load(const std::string& path, bool vectors_on_disk = false);
 
+  /// Version of files without quantization (byte-identical to earlier releases); a quantized
+  /// index writes kFormatVersionQuantized, which adds a trailing SQ8 section.
   static constexpr std::uint32_t kFormatVersion = 1;
+  static constexpr std::uint32_t kFormatVersionQuantized = 2;
 
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
@@ -160,10 +190,19 @@ class Index {
   /// The rows an exact scan reads, ascending: those of `allowed`, or every live row.
   std::vector<Slot> candidate_rows(const Bitmap* allowed, std::size_t passing) const;
   void remove_locked(const std::vector<Slot>& slots, std::size_t threads);
+  /// Encodes new slots (training first when the row count reaches kSq8TrainRows).
+  void update_codes_locked(const std::vector<Slot>& slots, std::size_t threads);
+  void train_codes_locked(std::size_t threads);
+  /// Codes usable for search: non-null only when quantized and trained.
+  const Sq8Codes* search_codes() const { return codes_ && codes_->trained() ? codes_.get() : nullptr; }
+  std::size_t rerank_depth(std::size_t ef, std::size_t k) const {
+    return config_.rerank ? config_.rerank : std::max(ef, k);
+  }
 
   IndexConfig config_;
   VectorStore store_;
   std::unique_ptr<HnswIndex> graph_;  // null for flat
+  std::unique_ptr<Sq8Codes> codes_;   // null without quantization
   MetadataStore meta_;
   Bm25Index text_;
   // Measured graph work of recent unfiltered searches, feeding the filtered-search cost model.

@@ -11,6 +11,7 @@
 
 #include "errors.h"
 #include "flat_index.h"
+#include "hnsw_sq8.h"
 #include "index.h"
 #include "parallel.h"
 #include "search_scratch.h"
@@ -125,6 +126,12 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       return matches.rows;
     };
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
+    // The exact answer over the passing rows: on codes with an exact re-rank when quantized.
+    const Sq8Codes* codes = search_codes();
+    const auto exact = [&](const float* q, const std::vector<Slot>& rows) {
+      return codes ? scan_slots_sq8(store_, *codes, config_.metric, q, rows, k, rerank_depth(ef, k))
+                   : scan_slots(store_, config_.metric, q, rows, k);
+    };
     // A graph answer is completed with the exact scan of rows not linked yet; a traversal
     // that could not reach k passing rows is replaced by the exact answer.
     const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
@@ -132,7 +139,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       if (res.size() >= std::min(k, passing)) {
         write(qi, res);
       } else {
-        write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+        write(qi, exact(q, passing_rows()));
       }
     };
     parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
@@ -143,27 +150,42 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
         // loses recall; the exact scan is used instead. The cost model chose the graph, so
         // this is the exception, measured per query in O(M^2).
         if (p.force == Strategy::kAuto && graph_->local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
-          write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+          write(qi, exact(q, passing_rows()));
           return;
         }
-        finish_graph(qi, q, graph_->search_filtered(q, k, ef, allowed));
+        std::vector<Scored> res;
+        if (codes) {
+          res = HnswSq8Search::search_expanding(*graph_, *codes, q, std::max(ef, k), &allowed,
+                                                [](const std::vector<Scored>&) { return true; });
+          if (res.size() > k) res.resize(k);
+        } else {
+          res = graph_->search_filtered(q, k, ef, allowed);
+        }
+        finish_graph(qi, q, std::move(res));
         return;
       }
       if (strategy == Strategy::kFilteredWalk) {
-        finish_graph(qi, q, graph_->search_with(q, k, ef, [&allowed](Slot s) { return allowed.test(s); }));
+        const auto accept = [&allowed](Slot s) { return allowed.test(s); };
+        finish_graph(qi, q,
+                     codes ? HnswSq8Search::search(*graph_, *codes, q, k, ef, rerank_depth(ef, k), accept)
+                           : graph_->search_with(q, k, ef, accept));
         return;
       }
-      write(qi, scan_slots(store_, config_.metric, q, passing_rows(), k));
+      write(qi, exact(q, passing_rows()));
     });
     return;
   }
   if (graph_) {
     std::atomic<std::uint64_t> evals{0};
+    const Sq8Codes* codes = search_codes();
     parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
       std::size_t e = 0;
       const float* q = prepared.data() + qi * dim;
+      std::vector<Scored> res =
+          codes ? HnswSq8Search::search(*graph_, *codes, q, k, ef, rerank_depth(ef, k), AcceptAll{}, &e)
+                : graph_->search_with(q, k, ef, AcceptAll{}, &e);
       // Rows whose graph insertion is deferred are scanned exactly.
-      write(qi, merge_pending(graph_->search_with(q, k, ef, AcceptAll{}, &e), q, nullptr, k));
+      write(qi, merge_pending(std::move(res), q, nullptr, k));
       evals.fetch_add(e, std::memory_order_relaxed);
     });
     evals_.record(evals.load(), nq, std::max(ef, k));
@@ -250,13 +272,15 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     return rows;
   };
   if (strategy == Strategy::kExact) all_rows();
+  const Sq8Codes* codes = search_codes();
   parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
     const float* q = prepared.data() + qi * dim;
     GroupedSlots& groups = search_scratch().groups;  // per thread, reused across queries
     if (strategy == Strategy::kTwoHop) {
       // The candidate list in any order: counting distinct groups needs no sort.
       const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, field_groups, k) >= k; };
-      std::vector<Scored> res = graph_->search_expanding(q, ef, allowed_or_all, enough);
+      std::vector<Scored> res = codes ? HnswSq8Search::search_expanding(*graph_, *codes, q, ef, allowed_or_all, enough)
+                                      : graph_->search_expanding(q, ef, allowed_or_all, enough);
       res = merge_pending(std::move(res), q, allowed_or_all, std::numeric_limits<std::size_t>::max());
       collapse_sorted(res, field_groups, k, p.group_size, groups);
       if (groups.size() >= k) {

@@ -65,7 +65,7 @@ std::vector<std::int64_t> VectorStore::ids() const {
 
 std::size_t VectorStore::memory_bytes() const {
   const std::size_t map_bytes = id_to_slot_.memory_bytes();
-  return data_.capacity() * sizeof(float) + slot_ids_.capacity() * sizeof(std::int64_t) + live_.capacity() +
+  return data_.heap_bytes() + slot_ids_.capacity() * sizeof(std::int64_t) + live_.capacity() +
          free_.capacity() * sizeof(Slot) + map_bytes;
 }
 
@@ -100,7 +100,7 @@ void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::u
   live_bits_ = std::move(bits);
   slot_ids_ = std::move(slot_ids);
   live_ = std::move(live);
-  data_ = std::move(data);
+  data_.assign(std::move(data));
   free_ = std::move(free);
   id_to_slot_ = std::move(map);
 }

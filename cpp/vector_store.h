@@ -9,6 +9,7 @@
 #include "aligned.h"
 #include "bitmap.h"
 #include "id_map.h"
+#include "row_buffer.h"
 #include "slot.h"
 
 namespace kbcore {
@@ -41,6 +42,12 @@ class VectorStore {
   void reserve_more(std::size_t n);
   /// Live ids in slot order.
   std::vector<std::int64_t> ids() const;
+  /// Keeps the rows in a memory-mapped temporary file (row_buffer.h) instead of the heap;
+  /// only before the first row is stored. Throws IoError / InvalidArgument.
+  void use_disk_rows(const char* dir = nullptr) { data_.use_disk(dir); }
+  bool rows_on_disk() const { return data_.on_disk(); }
+  /// Drops file-mapped rows from the resident set (no-op for heap rows).
+  void release_resident_rows() const { data_.release_resident(); }
   /// Bytes held (rows, ids, map), approximately.
   std::size_t memory_bytes() const;
 
@@ -52,7 +59,7 @@ class VectorStore {
 
  private:
   std::size_t dim_;
-  AlignedVector<float> data_;           // slot_count() * dim_
+  RowBuffer data_;                      // slot_count() * dim_
   std::vector<std::int64_t> slot_ids_;  // id per slot (stale for free slots)
   std::vector<std::uint8_t> live_;      // 1 if the slot holds a live row
   Bitmap live_bits_;                    // the same, as bits

@@ -114,7 +114,8 @@ py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
 void bind_index(py::module_& m) {
   py::class_<Index>(m, "Index")
       .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
-                       std::size_t ef_construction, std::size_t ef, std::uint64_t seed) {
+                       std::size_t ef_construction, std::size_t ef, std::uint64_t seed, const std::string& quantization,
+                       std::size_t rerank, const std::string& vectors) {
              IndexConfig c;
              c.dim = dim;
              c.metric = parse_metric(metric);
@@ -123,10 +124,16 @@ void bind_index(py::module_& m) {
              c.hnsw.ef_construction = ef_construction;
              c.hnsw.seed = seed;
              c.ef_search = ef;
+             c.quantization = parse_quantization(quantization);
+             c.rerank = rerank;
+             if (vectors != "memory" && vectors != "disk") {
+               throw InvalidArgument("unknown vectors '" + vectors + "'; expected 'memory' or 'disk'");
+             }
+             c.vectors_on_disk = vectors == "disk";
              return std::make_unique<Index>(c);
            }),
            py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"), py::arg("ef"),
-           py::arg("seed"))
+           py::arg("seed"), py::arg("quantization") = "none", py::arg("rerank") = 0, py::arg("vectors") = "memory")
       .def(
           "add",
           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads, const py::list& columns,
@@ -339,12 +346,28 @@ void bind_index(py::module_& m) {
           py::arg("path"))
       .def_static(
           "load",
-          [](const std::string& path) {
+          [](const std::string& path, const std::string& vectors) {
+            if (vectors != "memory" && vectors != "disk") {
+              throw InvalidArgument("unknown vectors '" + vectors + "'; expected 'memory' or 'disk'");
+            }
             py::gil_scoped_release nogil;
-            return Index::load(path);
+            return Index::load(path, vectors == "disk");
           },
-          py::arg("path"))
+          py::arg("path"), py::arg("vectors") = "memory")
+      .def_property_readonly("vectors",
+                             [](const Index& self) { return self.config().vectors_on_disk ? "disk" : "memory"; })
       .def_property_readonly("evals_per_ef", &Index::evals_per_ef)
+      .def_property_readonly("quantization",
+                             [](const Index& self) { return quantization_name(self.config().quantization); })
+      .def_property_readonly("rerank", [](const Index& self) { return self.config().rerank; })
+      .def_property_readonly("quantizer_trained", &Index::quantizer_trained)
+      .def(
+          "retrain_quantizer",
+          [](Index& self, std::size_t threads) {
+            py::gil_scoped_release nogil;
+            self.retrain_quantizer(threads);
+          },
+          py::arg("threads"))
       .def_property_readonly("dim", &Index::dim)
       .def_property_readonly("metric", [](const Index& self) { return metric_name(self.config().metric); })
       .def_property_readonly("kind", [](const Index& self) { return kind_name(self.config().kind); })

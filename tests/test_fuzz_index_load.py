@@ -40,6 +40,10 @@ EXPECTED_REJECTION = {
     "metadata_str_not_utf8": "not valid UTF-8",
     "repeated_link": "repeated link in one list",
     "reserved_id_minus_one": "reserved id -1",
+    "sq8_code_padding_nonzero": "nonzero padding byte",
+    "sq8_fewer_codes_than_rows": "code count does not match the rows",
+    "sq8_scale_negative": "negative, NaN or infinite",
+    "sq8_unknown_quantization": "invalid quantization code 2",
     "upper_link_to_node_without_that_level": "link to a node without that level",
     "vector_inf": "NaN or infinity",
     "vector_nan": "NaN or infinity",
@@ -60,7 +64,7 @@ def test_resealing_an_unchanged_file_gives_the_same_bytes():
 
 
 def test_field_parser_covers_every_byte_of_the_committed_files():
-    for path in sorted(CORPUS.glob("seed_*.kbi")) + sorted((CORPUS.parent).glob("*_v1*.kbi")):
+    for path in sorted(CORPUS.glob("seed_*.kbi")) + sorted((CORPUS.parent).glob("*_v[12]*.kbi")):
         assert len(fuzz.parse_fields(path.read_bytes())) > 50, path.name
 
 
@@ -76,7 +80,7 @@ def test_every_committed_crafted_file_is_rejected_with_format_error_naming_its_d
 
 def test_committed_seed_files_load_work_and_save_back_identically():
     files = sorted(CORPUS.glob("seed_*.kbi"))
-    assert len(files) == 3
+    assert len(files) == 4  # hnsw (l2; cosine with pending rows), flat, hnsw with sq8 (version 2)
     for path in files:
         assert fuzz.check_file(path)["result"] == "accepted", path.name
 
@@ -86,6 +90,14 @@ def test_crafted_files_from_the_seeds_match_the_committed_ones(tmp_path):
     seed = (CORPUS / "seed_hnsw_l2.kbi").read_bytes()
     for name, blob in fuzz.regression_files(seed).items():
         assert (CORPUS / f"reject_{name}.kbi").read_bytes() == blob, name
+    seed = (CORPUS / "seed_hnsw_l2_sq8.kbi").read_bytes()
+    for name, blob in fuzz.regression_files_sq8(seed).items():
+        assert (CORPUS / f"reject_{name}.kbi").read_bytes() == blob, name
+
+
+def test_seed_files_are_reproducible(tmp_path):
+    for path in fuzz.make_seed_files(tmp_path):
+        assert (CORPUS / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 @pytest.mark.parametrize("seed", [1, 2] if not LONG else list(range(1, 9)))

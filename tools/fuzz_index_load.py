@@ -2,8 +2,9 @@
 
 The bit-flip sweep of tests/test_index_persistence.py never gets past the checksum. This
 module parses a saved index file into its structural fields (counts, slots, levels, link
-targets, flags, metadata and BM25 records; cpp/index.cpp, hnsw_index.cpp, metadata_store.cpp,
-bm25_index.cpp ``save``), mutates one or a few of them, RECOMPUTES the payload checksum
+targets, flags, metadata and BM25 records, and in version 2 files the SQ8 section: kind,
+re-rank depth, quantizer ranges and codes; cpp/index_format.cpp, hnsw_index.cpp,
+metadata_store.cpp, bm25_index.cpp, sq8_codes.cpp ``save``), mutates one or a few of them, RECOMPUTES the payload checksum
 (``checksum64`` of cpp/binary_io.cpp, reimplemented below) and loads the result in a child
 process. A crafted file must either be rejected with FormatError or load into an index on
 which every operation works (search, filtered and grouped search, text search, metadata,
@@ -181,6 +182,29 @@ def parse_fields(data: bytes) -> list[FieldAt]:
         for j in range(nt):
             c.take(f"bm25.doc[{d}][{j}].term", "I")
             c.take(f"bm25.doc[{d}][{j}].tf", "I")
+    (version,) = struct.unpack_from("<I", data, 8)
+    if version >= 2:
+        # The quantization section (Index::kFormatVersionQuantized): the first two bytes and
+        # the first padding byte of every code row are fields.
+        c.take("sq8.quantization", "B")
+        c.take("sq8.rerank", "Q")
+        qdim = c.take("sq8.dim", "Q")
+        stride = c.take("sq8.stride", "Q")
+        if c.take("sq8.trained", "B"):
+            for d in range(qdim):
+                c.take(f"sq8.lo[{d}]", "f")
+            for d in range(qdim):
+                c.take(f"sq8.scale[{d}]", "f")
+        codes = c.take("sq8.slots", "Q")
+        for s in range(codes):
+            row = c.pos
+            c.take(f"sq8.code[{s}][0]", "B")
+            if qdim > 1:
+                c.take(f"sq8.code[{s}][1]", "B")
+            c.pos = row + qdim
+            if stride > qdim:
+                c.take(f"sq8.code[{s}].padding", "B")
+            c.pos = row + stride
     if c.pos != len(data):
         raise ValueError(f"parsed {c.pos} of {len(data)} bytes: not a file of this layout")
     return c.fields
@@ -239,7 +263,8 @@ def crafted(data: bytes, n: int, seed: int) -> Iterator[tuple[bytes, str]]:
 
 def make_seed_files(folder: Path) -> list[Path]:
     """Saves a few small indexes (graph with upper levels, removals, pending rows, every
-    metadata kind, texts) into folder and returns their paths."""
+    metadata kind, texts; one SQ8-quantized, a version 2 file) into folder and returns their
+    paths."""
     import numpy as np
 
     import kbcore
@@ -247,10 +272,11 @@ def make_seed_files(folder: Path) -> list[Path]:
     rng = np.random.default_rng(20261201)
     paths = []
     for name, kind, metric, defer in (("hnsw_l2", "hnsw", "l2", False), ("hnsw_cos_pending", "hnsw", "cosine", True),
-                                      ("flat_ip", "flat", "ip", False)):
+                                      ("flat_ip", "flat", "ip", False), ("hnsw_l2_sq8", "hnsw", "l2", False)):
         n, dim = 40, 4
         vecs = rng.standard_normal((n, dim)).astype(np.float32)
-        index = kbcore.Index(dim=dim, metric=metric, kind=kind, M=2, ef_construction=8, ef=8, seed=3)
+        quantized = {"quantization": "sq8", "rerank": 7} if name.endswith("_sq8") else {}
+        index = kbcore.Index(dim=dim, metric=metric, kind=kind, M=2, ef_construction=8, ef=8, seed=3, **quantized)
         meta = [
             {"doc": f"d{i % 5}", "n": i % 3, "x": float(i) / 7, "ok": i % 2 == 0, "tags": ["a", "é"][: i % 3]}
             for i in range(n)
@@ -260,6 +286,8 @@ def make_seed_files(folder: Path) -> list[Path]:
         index.remove([3, 11], threads=1)
         index.add(vecs[30:], np.arange(30, n), metadata=meta[30:], texts=texts[30:], defer_graph=defer,
                   threads=1)
+        if quantized:
+            index.retrain_quantizer(threads=1)  # 40 rows are below the automatic threshold
         path = folder / f"seed_{name}.kbi"
         index.save(path)
         paths.append(path)
@@ -372,6 +400,27 @@ def regression_files(seed: bytes) -> dict[str, bytes]:
         "reserved_id_minus_one": set_fields({"store.id[7]": -1}),
         "bm25_k1_inf": set_fields({"bm25.k1": float("inf")}),
         "bm25_rows_out_of_order": set_fields({"bm25.doc[0].slot": get("bm25.doc[1].slot") + 1}),
+    }
+
+
+def regression_files_sq8(seed: bytes) -> dict[str, bytes]:
+    """Crafted SQ8-section files (all must be rejected with FormatError), made from `seed`
+    (the file of make_seed_files "hnsw_l2_sq8"), resealed. Names say the defect."""
+    fields = {f.name: f for f in parse_fields(seed)}
+
+    def set_fields(pairs: dict[str, int | float]) -> bytes:
+        out = bytearray(seed)
+        for name, value in pairs.items():
+            f = fields[name]
+            struct.pack_into("<" + f.fmt, out, f.offset, value)
+        return reseal(out)
+
+    slots = struct.unpack_from("<Q", seed, fields["sq8.slots"].offset)[0]
+    return {
+        "sq8_code_padding_nonzero": set_fields({"sq8.code[2].padding": 1}),
+        "sq8_scale_negative": set_fields({"sq8.scale[1]": -1.0}),
+        "sq8_fewer_codes_than_rows": set_fields({"sq8.slots": slots - 1}),
+        "sq8_unknown_quantization": set_fields({"sq8.quantization": 2}),
     }
 
 

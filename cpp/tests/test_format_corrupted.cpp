@@ -1,9 +1,9 @@
 // Crafted index files whose checksum is RECOMPUTED, so that they get past the checksum and
-// reach the structural validation of Index::load, HnswIndex::load, MetadataStore::load and
-// Bm25Index::load. Every structural field of a real saved file (counts, slots, levels, link
-// targets, flags, metadata and BM25 records) is set to hostile values in turn: each file must
-// be rejected with FormatError or load into an index that works and saves back to the same
-// bytes. Never a crash (these run under ASan + UBSan), never another exception.
+// reach the structural validation of Index::load, HnswIndex::load, MetadataStore::load,
+// Bm25Index::load and (version 2 files) the SQ8 section of Sq8Codes::load. Every structural field of a real saved file
+// (counts, slots, levels, link targets, flags, metadata and BM25 records) is set to hostile values in turn: each file
+// must be rejected with FormatError or load into an index that works and saves back to the same bytes. Never a crash
+// (these run under ASan + UBSan), never another exception.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -150,18 +150,46 @@ std::vector<FieldAt> parse(const std::string& b) {
       take("bm25.doc.tf", 4);
     }
   }
+  if (get(b, 8, 4) >= kbcore::Index::kFormatVersionQuantized) {
+    // The quantization section: kind, re-rank depth, then the quantizer and its codes (the
+    // first two bytes and the first padding byte of every code row are fields).
+    take("sq8.quantization", 1);
+    take("sq8.rerank", 8);
+    const auto qdim = take("sq8.dim", 8);
+    const auto stride = take("sq8.stride", 8);
+    const auto trained = take("sq8.trained", 1);
+    if (trained) {
+      for (std::uint64_t d = 0; d < qdim; ++d) take("sq8.lo", 4, true);
+      for (std::uint64_t d = 0; d < qdim; ++d) take("sq8.scale", 4, true);
+    }
+    const auto codes = take("sq8.slots", 8);
+    for (std::uint64_t s = 0; s < codes; ++s) {
+      const std::size_t row = pos;
+      take("sq8.code.byte0", 1);
+      take("sq8.code.byte1", 1);
+      pos = row + qdim;
+      if (stride > qdim) take("sq8.code.padding", 1);
+      pos = row + stride;
+    }
+  }
   CHECK(pos == b.size());  // the parser saw every byte
   return out;
 }
 
 /// A small hnsw index (M = 2, so upper levels exist) with removals, pending rows, metadata of
-/// every kind and texts, saved to path.
-void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric metric) {
+/// every kind and texts, saved to path. `quantized`: an SQ8 index (re-rank depth 7) whose
+/// quantizer is trained (retrain_quantizer: 40 rows are below the automatic threshold), so
+/// the file is version 2 with a full SQ8 section.
+void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric metric, bool quantized = false) {
   const std::size_t n = 40, dim = 4;
   kbcore::IndexConfig c = config(dim, kind);
   c.metric = metric;
   c.hnsw.M = 2;
   c.hnsw.ef_construction = 8;
+  if (quantized) {
+    c.quantization = kbcore::Quantization::kSq8;
+    c.rerank = 7;
+  }
   kbcore::Index index(c);
   const auto x = clustered(n, dim, 41);
   std::vector<std::int64_t> ids(n), ints(n);
@@ -241,6 +269,7 @@ void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric
   index.add(x.data() + 30 * dim, ids.data() + 30, n - 30, 1, second, &t2, kind == kbcore::IndexKind::kHnsw);
   const std::int64_t gone[] = {3, 11};  // slots 3 and 11 become free
   index.remove(gone, 2, 1);
+  if (quantized) index.retrain_quantizer(1);
   index.save(path);
 }
 
@@ -283,8 +312,10 @@ Outcome load_and_use(const std::string& path, const std::string& bytes) {
 KBCORE_TEST(every_structural_field_set_to_hostile_values_is_rejected_or_harmless) {
   const std::string victim = scratch("kbcore_test_victim.kbi"), crafted = scratch("kbcore_test_crafted.kbi");
   std::size_t tried = 0, rejected = 0;
-  for (auto kind : {kbcore::IndexKind::kHnsw, kbcore::IndexKind::kFlat}) {
-    save_victim(victim, kind, kbcore::Metric::kL2);
+  for (int variant = 0; variant < 3; ++variant) {
+    const auto kind = variant == 1 ? kbcore::IndexKind::kFlat : kbcore::IndexKind::kHnsw;
+    save_victim(victim, kind, kbcore::Metric::kL2, variant == 2);
+    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionQuantized);
     const std::string good = read_file(victim);
     std::string sealed = good;
     reseal(sealed);
@@ -322,7 +353,7 @@ KBCORE_TEST(every_structural_field_set_to_hostile_values_is_rejected_or_harmless
     }
   }
   std::printf("  %zu crafted files, %zu rejected with FormatError\n", tried, rejected);
-  CHECK(tried > 3000);
+  CHECK(tried > 4500);
   CHECK(rejected > tried / 2);
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
@@ -388,6 +419,72 @@ KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
   CHECK(rejected(first("bm25.doc.tf"), 0));
   CHECK(rejected(first("bm25.doc.term"), 1u << 30));
   CHECK(rejected(first("bm25.terms"), get(good, first("bm25.terms").offset, 8) + 1));
+  std::remove(victim.c_str());
+  std::remove(crafted.c_str());
+}
+
+KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
+  const std::string victim = scratch("kbcore_test_victim3.kbi"), crafted = scratch("kbcore_test_crafted3.kbi");
+  save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, true);
+  const std::string good = read_file(victim);
+  CHECK(load_and_use(victim, good) == Outcome::kAccepted);
+  const std::vector<FieldAt> fields = parse(good);
+  const auto first = [&](const std::string& name, std::size_t skip = 0) -> const FieldAt& {
+    for (const FieldAt& f : fields) {
+      if (f.name == name && skip-- == 0) return f;
+    }
+    throw std::runtime_error("no field " + name);
+  };
+  const auto rejected_bytes = [&](std::string bytes) {
+    reseal(bytes);
+    write_file(crafted, bytes);
+    return throws<kbcore::FormatError>([&] { kbcore::Index::load(crafted); });
+  };
+  const auto rejected = [&](const FieldAt& f, std::uint64_t value) {
+    std::string bytes = good;
+    put(bytes, f.offset, f.size, value);
+    return rejected_bytes(bytes);
+  };
+  const std::uint64_t slots = get(good, first("sq8.slots").offset, 8);
+  CHECK(slots == get(good, first("slots").offset, 8));
+  CHECK(rejected(first("sq8.quantization"), 0));                // "none" has no section
+  CHECK(rejected(first("sq8.quantization"), 2));                // an unknown quantization
+  CHECK(rejected(first("sq8.rerank"), (1u << 30) + 1));         // a re-rank depth out of range
+  CHECK(rejected(first("sq8.dim"), 5));                         // not the index's dimension
+  CHECK(rejected(first("sq8.stride"), 128));                    // not the dimension's stride
+  CHECK(rejected(first("sq8.trained"), 2));                     // a flag other than 0 / 1
+  CHECK(rejected(first("sq8.trained"), 0));                     // then lo / scale are read as codes
+  CHECK(rejected(first("sq8.slots"), slots - 1));               // fewer codes than rows
+  CHECK(rejected(first("sq8.slots"), 0));                       // a trained quantizer without codes
+  CHECK(rejected(first("sq8.slots"), ~std::uint64_t{0}));       // a count past the file
+  CHECK(rejected(first("sq8.slots"), std::uint64_t{1} << 58));  // count * stride wraps
+  CHECK(rejected(first("sq8.code.padding", 2), 1));             // a nonzero padding byte
+  CHECK(rejected(first("sq8.lo", 1), 0x7FC00000u));             // NaN
+  CHECK(rejected(first("sq8.lo"), 0x7F800000u));                // infinity
+  CHECK(rejected(first("sq8.scale", 2), 0xBF800000u));          // negative (-1)
+  CHECK(rejected(first("sq8.scale"), 0x7F7FFFFFu));             // lo + 255 * scale overflows
+  // The header's version must match the sections present: a v2 file labelled v1 has trailing
+  // bytes, a v1 file labelled v2 lacks its section, and v3 is from a newer kbcore.
+  std::string v1 = good;
+  put(v1, 8, 4, kbcore::Index::kFormatVersion);
+  CHECK(rejected_bytes(v1));
+  std::string v3 = good;
+  put(v3, 8, 4, kbcore::Index::kFormatVersionQuantized + 1);
+  CHECK(rejected_bytes(v3));
+  save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, false);
+  std::string plain = read_file(victim);
+  CHECK(get(plain, 8, 4) == kbcore::Index::kFormatVersion);
+  put(plain, 8, 4, kbcore::Index::kFormatVersionQuantized);
+  CHECK(rejected_bytes(plain));
+  // A flat index never has the section: the same v2 bytes after a flat index are refused.
+  save_victim(victim, kbcore::IndexKind::kFlat, kbcore::Metric::kL2, false);
+  std::string flat = read_file(victim);
+  flat += good.substr(first("sq8.quantization").offset);
+  put(flat, 8, 4, kbcore::Index::kFormatVersionQuantized);
+  CHECK(rejected_bytes(flat));
+  // vectors='disk' needs a quantized file (InvalidArgument, not a format defect).
+  write_file(crafted, read_file(victim));
+  CHECK(throws<kbcore::InvalidArgument>([&] { kbcore::Index::load(crafted, true); }));
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
 }

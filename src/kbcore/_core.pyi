@@ -26,8 +26,19 @@ _FilterArg = tuple[Any, ...] | Filter
 
 class Index:
     def __init__(
-        self, dim: int, metric: str, kind: str, M: int, ef_construction: int, ef: int, seed: int
+        self,
+        dim: int,
+        metric: str,
+        kind: str,
+        M: int,
+        ef_construction: int,
+        ef: int,
+        seed: int,
+        quantization: str = ...,
+        rerank: int = ...,
+        vectors: str = ...,
     ) -> None: ...
+    def retrain_quantizer(self, threads: int) -> None: ...
     def add(
         self,
         vectors: npt.NDArray[np.float32],
@@ -83,9 +94,17 @@ class Index:
     def memory_bytes(self) -> int: ...
     def save(self, path: str) -> None: ...
     @staticmethod
-    def load(path: str) -> Index: ...
+    def load(path: str, vectors: str = ...) -> Index: ...
     @property
     def evals_per_ef(self) -> float: ...
+    @property
+    def quantization(self) -> str: ...
+    @property
+    def rerank(self) -> int: ...
+    @property
+    def quantizer_trained(self) -> bool: ...
+    @property
+    def vectors(self) -> str: ...
     @property
     def dim(self) -> int: ...
     @property

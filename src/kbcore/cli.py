@@ -149,7 +149,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     else:
         kb = engine.create_knowledge_base(args.kb, chunk_size=args.chunk_size, embedder=embedder,
                                           chunk_overlap=args.chunk_overlap, index=args.index,
-                                          shards=args.shards)
+                                          shards=args.shards, quantization=args.quantization)
         used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
     if args.pipeline not in kb.pipelines:
@@ -242,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
     ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
+    ing.add_argument("--quantization", default=None, choices=("sq8",),
+                     help="for a new hnsw knowledge base: walk the graph on 8-bit codes")
     add_embedder_arguments(ing)
     ing.add_argument("--shards", type=int, default=None, metavar="N",
                      help="for a new knowledge base: shard its index over N Ray actors (needs kbcore[ray])")

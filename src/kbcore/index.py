@@ -17,12 +17,15 @@ __all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "check_params
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
+Quantization = Literal["sq8"]
+Vectors = Literal["memory", "disk"]
 
 #: The metric and index kind names (the one list; the engine and its integrations use it).
 METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
 KINDS: tuple[str, ...] = ("hnsw", "flat")
 #: The range of the HNSW parameter M (the top is the native kMaxM, read from the core).
 M_RANGE = (2, _core.MAX_M)
+_QUANTIZATIONS = ("sq8",)
 
 
 class Group(NamedTuple):
@@ -127,6 +130,24 @@ def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) 
     return M, _positive("ef_construction", ef_construction), _positive("ef", ef)
 
 
+def check_quantization(quantization: str | None, kind: str) -> None:
+    """Validates a quantization choice for an index kind (None, or one of the known codes for
+    ``kind="hnsw"``) without building an index; raises InvalidArgumentError naming it."""
+    if quantization is not None and quantization not in _QUANTIZATIONS:
+        raise InvalidArgumentError(
+            f"unknown quantization {quantization!r}; expected None or one of {_QUANTIZATIONS}"
+        )
+    if quantization is not None and kind != "hnsw":
+        raise InvalidArgumentError("quantization applies to kind='hnsw' only")
+
+
+def _check_vectors(vectors: str, quantization: str | None) -> None:
+    if vectors not in ("memory", "disk"):
+        raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
+    if vectors == "disk" and quantization is None:
+        raise InvalidArgumentError("vectors='disk' needs quantization='sq8' (a float32 graph reads every row)")
+
+
 class Index:
     """A vector index over float32 vectors with int64 ids.
 
@@ -136,6 +157,17 @@ class Index:
     - ``cosine``: ``1 - cos(a, b)``, in [0, 2]; vectors are stored unit-normalised.
     - ``ip``: ``1 - dot(a, b)`` (as hnswlib); vectors are stored as given.
     - ``l2``: squared Euclidean distance.
+
+    ``quantization="sq8"`` (hnsw only) stores an 8-bit code per dimension beside each float32
+    row and walks the graph on the codes, a quarter of the bytes per visited node; the best
+    ``rerank`` candidates (default: the whole candidate list of ``max(ef, k)``) are then
+    re-scored exactly from the float32 rows, so returned distances are exact. The codes are
+    trained (per-dimension min/max) when the index first holds 1,000 rows; before that a
+    quantized index searches the float32 rows. Values outside the trained range clip;
+    :meth:`retrain_quantizer` trains again from the rows stored now. With ``vectors="disk"``
+    (quantized only) the float32 rows live in a memory-mapped temporary file whose pages are
+    dropped from the resident set after every change, so resident memory is the codes, the
+    graph and the rows recently re-ranked (see docs/quantization.md).
 
     Thread safety: searches (and other reads) may run from any number of threads at once;
     ``add`` and ``remove`` are exclusive: they wait for running searches and block new ones.
@@ -154,12 +186,25 @@ class Index:
         ef_construction: int = 200,
         ef: int = 64,
         seed: int = 42,
+        quantization: Quantization | None = None,
+        rerank: int | None = None,
+        vectors: Vectors = "memory",
     ) -> None:
+        """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
+        quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
         dim = _positive("dim", dim)
         M, ef_construction, ef = check_params(metric, kind, M, ef_construction, ef)
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-        self._native = _core.Index(dim, metric, kind, M, ef_construction, ef, int(seed))
+        check_quantization(quantization, kind)
+        if rerank is not None:
+            if quantization is None:
+                raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8')")
+            rerank = _positive("rerank", rerank)
+        _check_vectors(vectors, quantization)
+        self._native = _core.Index(
+            dim, metric, kind, M, ef_construction, ef, int(seed), quantization or "none", rerank or 0, vectors
+        )
         self._dim = int(self._native.dim)
 
     @classmethod
@@ -189,6 +234,36 @@ class Index:
     @property
     def ef_construction(self) -> int:
         return int(self._native.ef_construction)
+
+    @property
+    def quantization(self) -> Quantization | None:
+        """``"sq8"`` for a quantized index, else None."""
+        q = self._native.quantization
+        return None if q == "none" else q  # type: ignore[return-value]
+
+    @property
+    def rerank(self) -> int | None:
+        """Exact re-rank depth of a quantized search (None: the whole candidate list)."""
+        r = int(self._native.rerank)
+        return r if r > 0 else None
+
+    @property
+    def vectors(self) -> Vectors:
+        """Where the float32 rows live: ``"memory"`` or ``"disk"`` (a memory-mapped file)."""
+        return self._native.vectors  # type: ignore[return-value]
+
+    @property
+    def quantizer_trained(self) -> bool:
+        """True once a quantized index has trained its codes (at 1,000 rows)."""
+        return bool(self._native.quantizer_trained)
+
+    def retrain_quantizer(self, *, threads: int = 0) -> None:
+        """Trains the SQ8 ranges again from the rows stored now and re-encodes every row.
+
+        Use after the data drifted outside the trained range (such values clip). Raises
+        InvalidArgumentError for an index without quantization or without rows.
+        """
+        self._native.retrain_quantizer(_threads(threads))
 
     @property
     def ef(self) -> int:
@@ -432,7 +507,9 @@ class Index:
     def __repr__(self) -> str:
         return (
             f"kbcore.Index(dim={self.dim}, metric={self.metric!r}, kind={self.kind!r}, "
-            f"M={self.M}, ef_construction={self.ef_construction}, ef={self.ef}, size={len(self)})"
+            f"M={self.M}, ef_construction={self.ef_construction}, ef={self.ef}, "
+            + (f"quantization={self.quantization!r}, " if self.quantization else "")
+            + f"size={len(self)})"
         )
 
     # -- persistence --------------------------------------------------------------------
@@ -441,8 +518,9 @@ class Index:
         self._native.save(os.fspath(path))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Index:
-        """Reads an index written by :meth:`save`.
+    def load(cls, path: str | os.PathLike[str], *, vectors: Vectors = "memory") -> Index:
+        """Reads an index written by :meth:`save`; ``vectors="disk"`` keeps the rows of a
+        quantized index in a memory-mapped file (InvalidArgumentError for other files).
 
         Raises ``FileNotFoundError`` if the file does not exist and
         :class:`~kbcore.errors.FormatError` (an ``OSError``) if it is truncated, corrupted,
@@ -451,4 +529,6 @@ class Index:
         p = os.fspath(path)
         if not os.path.exists(p):
             raise FileNotFoundError(2, "No such file or directory", p)
-        return cls._wrap(_core.Index.load(p))
+        if vectors not in ("memory", "disk"):
+            raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
+        return cls._wrap(_core.Index.load(p, vectors))

@@ -16,7 +16,7 @@ from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, NotFoundError
 from ..fusion import check_vector_weight
-from ..index import KINDS, METRICS, check_params
+from ..index import KINDS, METRICS, check_params, check_quantization
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase
 from .shards import check_shards, require_ray
@@ -87,15 +87,16 @@ class Engine:
         fusion: str = "rrf",
         vector_weight: float = 0.7,
         shards: int | None = None,
+        quantization: str | None = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
         ``embedder``: an embedder, callable or model name; None uses the engine's (else the
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
-        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` configure the native
-        index. ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
-        :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
+        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
+        (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index.
+        ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
 
         ``shards=N`` makes a sharded knowledge base: its index is a
@@ -114,6 +115,7 @@ class Engine:
         if index not in KINDS:
             raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS}")
         M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
+        check_quantization(quantization, index)
         shards = check_shards(shards)
         if shards is not None:
             require_ray(name, shards)
@@ -142,6 +144,8 @@ class Engine:
                       "search_type": search_type, "fusion": fusion, "vector_weight": vector_weight}
             if shards is not None:
                 config["shards"] = shards
+            if quantization is not None:
+                config["quantization"] = quantization
             spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
             m = manifest.initial(name, config, spec, description)
             try:

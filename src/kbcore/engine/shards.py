@@ -116,7 +116,8 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
                 else:
                     os.unlink(entry)
             index = ShardedIndex(dim, cfg["metric"], cfg["index"], shards=n, path=root, M=cfg["M"],
-                                 ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+                                 ef_construction=cfg["ef_construction"], ef=cfg["ef"],
+                                 **({"quantization": cfg["quantization"]} if cfg.get("quantization") else {}))
         else:
             index = ShardedIndex.load(root)
             got = (index.dim, index.metric, index.kind, index.shards)

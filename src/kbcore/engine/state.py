@@ -194,7 +194,8 @@ def new_index(cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: 
         assert path is not None
         return _shards.open_index(path, cfg, dim, fresh=fresh)
     return Index(dim, cfg["metric"], cfg["index"], M=cfg["M"],
-                 ef_construction=cfg["ef_construction"], ef=cfg["ef"])
+                 ef_construction=cfg["ef_construction"], ef=cfg["ef"],
+                 quantization=cfg.get("quantization"))
 
 
 def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:

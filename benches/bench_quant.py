@@ -1,0 +1,346 @@
+"""Quantized graph search side by side (issue 13): kbcore float32 and SQ8 against hnswlib,
+faiss IndexHNSWFlat and IndexHNSWSQ (8-bit), usearch (f32, i8) and zvec (fp32, INT8).
+
+Run from the repository root on a quiet machine::
+
+    python -m benches.bench_quant [--data DIR] [--datasets scifact,synthetic] [--n 100000]
+                                  [--passes 5] [--libs kbcore,kbcore-sq8,...] [--json OUT]
+    python -m benches.bench_quant --datasets synthetic --n 1000000     # opt-in, large
+
+Every library: M = 16, ef_construction = 200, built with 2 threads, searched with one thread,
+one query per call. One timing is one pass over the whole query set at one ef; each (ef,
+library) is timed ``--passes`` times (>= 5), passes interleaved across libraries with the order
+rotating each pass, so a burst of outside load hits every library alike. QPS at recall@10 0.95
+and 0.99 is interpolated over the ef grid per pass; the report gives medians, and for each
+library's ratio to kbcore-sq8 the median and min-max over passes. Memory per vector is the RSS
+a build adds (indexes built earlier stay alive). ``os.getloadavg()`` is printed before and
+after, with a warning when the 1-minute load at the start is above 0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from benches.bench_index import (
+    EF_CONSTRUCTION,
+    K,
+    M,
+    Adapter,
+    FaissHnsw,
+    Hnswlib,
+    KbcoreHnsw,
+    Usearch,
+    fmt,
+    log,
+    peak_rss_bytes,
+    qps_at_recall,
+    recall_at_k,
+    settle_memory,
+)
+from benches.datasets import Dataset, load_scifact, make_synthetic
+
+BUILD_THREADS = 2
+DEFAULT_EFS = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+TARGETS = (0.95, 0.99)
+REFERENCE = "kbcore-sq8"
+LOAD_WARN = 0.5
+
+
+class KbcoreSq8(KbcoreHnsw):
+    name = "kbcore-sq8"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M,
+                                       ef_construction=EF_CONSTRUCTION, quantization="sq8")
+        self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
+
+
+class KbcoreSq8Disk(KbcoreHnsw):
+    """kbcore sq8 with the float32 rows in a memory-mapped file (vectors="disk")."""
+
+    name = "kbcore-sq8-disk"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M,
+                                       ef_construction=EF_CONSTRUCTION, quantization="sq8", vectors="disk")
+        self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
+
+
+class FaissHnswSq8(FaissHnsw):
+    name = "faiss-sq8"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        faiss = self.faiss
+        faiss.omp_set_num_threads(threads)
+        self.index = faiss.IndexHNSWSQ(x.shape[1], faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
+        self.index.hnsw.efConstruction = EF_CONSTRUCTION
+        self.index.train(x)
+        self.index.add(x)
+        faiss.omp_set_num_threads(1)
+
+
+class UsearchI8(Usearch):
+    name = "usearch-i8"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.cls(ndim=x.shape[1], metric="cos", dtype="i8", connectivity=M,
+                              expansion_add=EF_CONSTRUCTION, expansion_search=64)
+        self.index.add(np.arange(x.shape[0], dtype=np.uint64), x, threads=threads)
+
+
+class Zvec(Adapter):
+    """zvec 0.8: a collection with one HNSW vector field, built, optimised, then reopened
+    read-only and searched with ``query_internal_ids`` (the fastest Python path: internal ids
+    in a NumPy array, mapped back to row numbers outside the timed loop)."""
+
+    name = "zvec"
+    quantize = "UNDEFINED"
+
+    def __init__(self) -> None:
+        import zvec
+
+        self.zvec = zvec
+        self.index: Any = None
+        self.dir = tempfile.mkdtemp(prefix="bench-zvec-")
+        self.ef = 64
+        self.rows = np.zeros(0, dtype=np.int64)  # internal id -> row number
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        zv = self.zvec
+        from zvec.typing import DataType, MetricType, QuantizeType
+
+        path = os.path.join(self.dir, "c")
+        params = zv.HnswIndexParam(metric_type=MetricType.COSINE, m=M, ef_construction=EF_CONSTRUCTION,
+                                   quantize_type=getattr(QuantizeType, self.quantize))
+        schema = zv.CollectionSchema(
+            name="bench", vectors=zv.VectorSchema("v", DataType.VECTOR_FP32, x.shape[1], index_param=params))
+        coll = zv.create_and_open(path, schema)
+        step = 1024  # zvec 0.8 caps one write batch at 1024 docs
+        for b in range(0, x.shape[0], step):
+            coll.insert([zv.Doc(id=str(i), vectors={"v": x[i]}) for i in range(b, min(x.shape[0], b + step))])
+        coll.optimize(option=zv.OptimizeOption(concurrency=threads))
+        coll.flush()
+        del coll
+        self.index = zv.open(path, zv.CollectionOption(read_only=True))
+        keys = self.index.resolve_internal_ids(np.arange(x.shape[0], dtype=np.int64))
+        self.rows = np.array([-1 if k is None else int(k) for k in keys], dtype=np.int64)
+
+    def set_ef(self, ef: int) -> None:
+        self.ef = ef
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        zv, search, ef = self.zvec, self.index.query_internal_ids, self.ef
+        param = zv.HnswQueryParam(ef=ef)
+        return lambda q: search(zv.Query("v", vector=q, param=param), topk=K)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        ids = np.asarray(raw, dtype=np.int64)[:K]
+        out = np.where((ids >= 0) & (ids < len(self.rows)), self.rows[np.clip(ids, 0, max(len(self.rows) - 1, 0))], -1)
+        return np.concatenate([out, np.full(K - len(out), -1, dtype=np.int64)])
+
+    def close(self) -> None:
+        self.index = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ZvecInt8(Zvec):
+    name = "zvec-int8"
+    quantize = "INT8"
+
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    "kbcore": KbcoreHnsw,
+    "kbcore-sq8": KbcoreSq8,
+    "kbcore-sq8-disk": KbcoreSq8Disk,
+    "hnswlib": Hnswlib,
+    "faiss": FaissHnsw,
+    "faiss-sq8": FaissHnswSq8,
+    "usearch": Usearch,
+    "usearch-i8": UsearchI8,
+    "zvec": Zvec,
+    "zvec-int8": ZvecInt8,
+}
+
+
+def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[str, dict]]:
+    adapters: list[Adapter] = []
+    info: dict[str, dict] = {}
+    for name in names:
+        try:
+            adapter = ADAPTERS[name]()
+        except ImportError as exc:  # a library not installed is reported, not silently dropped
+            log(f"  {name:15s} SKIPPED: {exc}")
+            info[name] = {"skipped": str(exc)}
+            continue
+        rss0 = settle_memory()
+        t0 = time.perf_counter()
+        adapter.build(ds.base, BUILD_THREADS)
+        build_s = time.perf_counter() - t0
+        peak = peak_rss_bytes()
+        rss1 = settle_memory()
+        info[name] = {"build_s": build_s, "rss_bytes_per_vector": (rss1 - rss0) / ds.n,
+                      "peak_rss_bytes_per_vector": (peak - rss0) / ds.n}
+        log(f"  {name:15s} build {build_s:7.2f} s ({BUILD_THREADS} threads)  "
+            f"RSS +{info[name]['rss_bytes_per_vector']:.0f} B/vector")
+        adapters.append(adapter)
+    return adapters, info
+
+
+def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: int) -> dict[str, dict]:
+    """Per library: recall per ef, and per pass the wall time of one pass over the queries."""
+    inputs = {a.name: a.prepare_single(ds.queries) for a in adapters}
+    out: dict[str, dict] = {a.name: {"efs": list(efs), "recall": [], "times": [[] for _ in range(passes)]}
+                            for a in adapters}
+    for ef in efs:
+        fns: dict[str, Callable[[Any], Any]] = {}
+        for a in adapters:
+            a.set_ef(ef)
+            fns[a.name] = a.single_fn()
+            # Recall from an untimed pass (also the warm-up of this ef).
+            ids = np.stack([a.single_ids(fns[a.name](q)) for q in inputs[a.name]])
+            out[a.name]["recall"].append(recall_at_k(ids, ds))
+        for p in range(passes):
+            order = list(adapters[p % len(adapters):]) + list(adapters[: p % len(adapters)])
+            for a in order:
+                fn, qs = fns[a.name], inputs[a.name]
+                t0 = time.perf_counter()
+                for q in qs:
+                    fn(q)
+                out[a.name]["times"][p].append(time.perf_counter() - t0)
+        log("  ef %4d  " % ef + "  ".join(f"{a.name} {out[a.name]['recall'][-1]:.3f}" for a in adapters))
+        del fns
+    return out
+
+
+def summarise(res: dict[str, dict], nq: int) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name, r in res.items():
+        per_pass = {t: [] for t in TARGETS}
+        for times in r["times"]:
+            curve = [(rec, nq / t) for rec, t in zip(r["recall"], times)]
+            for t in TARGETS:
+                per_pass[t].append(qps_at_recall(curve, t))
+        summary[name] = {"qps_per_pass": {str(t): v for t, v in per_pass.items()},
+                         "qps_median": {str(t): _median(v) for t, v in per_pass.items()}}
+    ref = summary.get(REFERENCE)
+    if ref is not None:
+        for name, s in summary.items():
+            s["ratio_of_reference"] = {}
+            for t in map(str, TARGETS):
+                ratios = [a / b for a, b in zip(ref["qps_per_pass"][t], s["qps_per_pass"][t])
+                          if a is not None and b]
+                s["ratio_of_reference"][t] = (
+                    {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else None)
+    return summary
+
+
+def _median(v: Sequence[float | None]) -> float | None:
+    vals = [x for x in v if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def table(name: str, summary: dict[str, Any], info: dict[str, dict]) -> str:
+    lines = [f"\n{name}: QPS at recall@10 (median over passes); {REFERENCE} / library (median, min-max)",
+             f"{'library':15s} {'@0.95':>9s} {'@0.99':>9s} {'sq8/x @0.95':>22s} {'sq8/x @0.99':>22s}"
+             f" {'B/vector':>9s} {'build s':>8s}"]
+    for lib, s in summary.items():
+        cells = []
+        for t in map(str, TARGETS):
+            r = s.get("ratio_of_reference", {}).get(t)
+            cells.append("n/a" if r is None else f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
+        lines.append(f"{lib:15s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
+                     f" {cells[0]:>22s} {cells[1]:>22s} {info[lib]['rss_bytes_per_vector']:9.0f}"
+                     f" {info[lib]['build_s']:8.2f}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=None, help="folder holding scifact/ (default $KBCORE_DATA)")
+    p.add_argument("--datasets", default="scifact,synthetic")
+    p.add_argument("--n", type=int, default=100_000, help="synthetic base size (1000000: the opt-in large run)")
+    p.add_argument("--nq", type=int, default=1000, help="synthetic queries")
+    p.add_argument("--passes", type=int, default=5)
+    p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)))
+    p.add_argument("--libs", default=",".join(ADAPTERS))
+    p.add_argument("--json", default=None)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
+    p.add_argument("--recall-only", action="store_true",
+                   help="no timed passes: recall@10 per ef and library only (safe on a busy machine)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    libs = [x for x in args.libs.split(",") if x]
+    unknown = [x for x in libs if x not in ADAPTERS]
+    if unknown:
+        raise SystemExit(f"unknown libraries {unknown}; known: {list(ADAPTERS)}")
+    efs = [int(x) for x in args.efs.split(",")]
+    passes = args.passes
+    if args.smoke:
+        passes, efs = 2, efs[:3]
+    if args.recall_only:
+        passes = 0
+    elif passes < 5:
+        log(f"WARNING: --passes {passes} < 5: ratios will not be reported with a meaningful spread")
+    load0 = os.getloadavg()
+    log(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
+    if load0[0] > LOAD_WARN:
+        log(f"WARNING: 1-minute load {load0[0]:.2f} > {LOAD_WARN}: the machine is not quiet, timings are suspect")
+    results: dict[str, Any] = {"libs": libs, "efs": efs, "passes": passes, "M": M,
+                               "ef_construction": EF_CONSTRUCTION, "build_threads": BUILD_THREADS,
+                               "load_start": load0, "datasets": {}}
+    for dname in [x for x in args.datasets.split(",") if x]:
+        if dname == "scifact":
+            ds = load_scifact(args.data)
+            if args.smoke:
+                ds = _shrink(ds, 3000, 50)
+        elif dname == "synthetic":
+            ds = make_synthetic(2000 if args.smoke else args.n, 50 if args.smoke else args.nq)
+        else:
+            raise SystemExit(f"unknown dataset {dname!r}")
+        log(f"\n== {ds.name}: {ds.n} x {ds.dim}, {ds.nq} queries")
+        adapters, info = build_all(libs, ds)
+        res = sweep(adapters, ds, efs, passes)
+        summary = summarise(res, ds.nq) if passes else {}
+        if passes:
+            log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}))
+        results["datasets"][ds.name] = {"n": ds.n, "dim": ds.dim, "nq": ds.nq, "build": info,
+                                        "sweep": res, "summary": summary}
+        for a in adapters:
+            a.close()
+        del adapters
+        settle_memory()
+    load1 = os.getloadavg()
+    results["load_end"] = load1
+    log(f"\nload average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+def _shrink(ds: Dataset, n: int, nq: int) -> Dataset:
+    """A prefix of the base with exact ground truth recomputed (smoke runs only)."""
+    from benches.datasets import exact_top_k
+
+    base = np.ascontiguousarray(ds.base[:n])
+    queries = np.ascontiguousarray(ds.queries[:nq])
+    gt_ids, gt_scores = exact_top_k(base, queries, K)
+    return Dataset(ds.name, base, queries, gt_ids, gt_scores, dict(ds.info))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

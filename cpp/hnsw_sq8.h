@@ -1,0 +1,264 @@
+#pragma once
+// Graph search on SQ8 codes (sq8_codes.h) with an exact float32 re-rank.
+//
+// The graph is the float32 index's graph (construction and repair run on the float32 rows,
+// so a quantized index links exactly the nodes a float32 one would). A query walks the upper
+// levels and level 0 scoring each visited node from its code (stride bytes, a quarter of the
+// float32 row), keeps the usual candidate list of ef, and then re-scores the best `rerank`
+// of that list exactly from the float32 rows: the rows it reads are few and the order it
+// returns is the exact one.
+#include <algorithm>
+#include <vector>
+
+#include "flat_index.h"
+#include "hnsw_index.h"
+#include "search_scratch.h"
+#include "sq8_codes.h"
+
+namespace kbcore {
+
+/// Exact distances of the first min(depth, cands.size()) candidates (any order), sorted
+/// ascending and cut to k. O(depth * dim).
+std::vector<Scored> rerank_exact(const VectorStore& store, Metric metric, const float* q, std::vector<Scored> cands,
+                                 std::size_t depth, std::size_t k);
+
+/// The k nearest of `slots` by an SQ8 scan of their codes, re-ranked exactly over the best
+/// max(rerank, k) of them. O(|slots| * stride + rerank * dim).
+std::vector<Scored> scan_slots_sq8(const VectorStore& store, const Sq8Codes& codes, Metric metric, const float* q,
+                                   const std::vector<Slot>& slots, std::size_t k, std::size_t rerank);
+
+/// Traversal of an HnswIndex on codes (a friend of HnswIndex: it reads the link lists).
+class HnswSq8Search {
+ public:
+  /// k nearest slots to q (prepared: normalised for cosine), ascending by exact distance.
+  /// The level-0 candidate list holds max(ef, k, rerank); its best max(rerank, k) are re-ranked.
+  /// `accept` admits slots to the results (the walk strategy of filtered search).
+  template <typename Accept>
+  static std::vector<Scored> search(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t k,
+                                    std::size_t ef, std::size_t rerank, const Accept& accept,
+                                    std::size_t* evals = nullptr);
+
+  /// HnswIndex::search_expanding on codes (grouped search, and with `allowed` the two-hop
+  /// filtered traversal); every result kept is re-ranked exactly, ascending.
+  template <typename Enough>
+  static std::vector<Scored> search_expanding(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t ef,
+                                              const Bitmap* allowed, Enough enough, std::size_t* evals = nullptr);
+
+ private:
+  /// Greedy descent through the upper levels on codes; the level-0 entry point.
+  static Scored descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq);
+  template <typename Accept>
+  static std::vector<Scored> layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
+                                    const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
+                                    std::size_t* evals);
+  static void score(const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq, const std::uint32_t* slots,
+                    std::size_t m, float* out) {
+    for (std::size_t j = 0; j < m; j += 4) {
+      const std::size_t last = m - 1;
+      const std::uint32_t four[4] = {slots[j], slots[std::min(j + 1, last)], slots[std::min(j + 2, last)],
+                                     slots[std::min(j + 3, last)]};
+      float d[4];
+      codes.distance4(kern, pq, four, d);
+      for (std::size_t t = j; t < std::min(m, j + 4); ++t) out[t] = d[t - j];
+    }
+  }
+};
+
+// ---- template implementation -------------------------------------------------------------
+
+template <typename Accept>
+std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
+                                          const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
+                                          std::size_t* evals) {
+  auto visited = g.visited_.acquire(g.levels_.size());
+  std::vector<Scored>& candidates = search_scratch().sq8_candidates;
+  candidates.clear();
+  std::vector<Scored> results;
+  results.reserve(ef + 1);
+  const auto push_result = [&](const Scored& s) {
+    results.push_back(s);
+    std::push_heap(results.begin(), results.end());
+    if (results.size() > ef) {
+      std::pop_heap(results.begin(), results.end());
+      results.pop_back();
+    }
+  };
+  visited->test_and_set(ep.slot);
+  candidates.push_back(ep);
+  if (accept(ep.slot)) push_result(ep);
+  const std::size_t stride = codes.stride();
+  // A list holds at most kMaxLinks links; score() writes whole blocks of four.
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(fresh) / sizeof(fresh[0]) >= kMaxLinks + 3, "fresh must hold a full list");
+  while (!candidates.empty()) {
+    const Scored c = candidates.front();
+    if (results.size() >= ef && c.dist > results.front().dist) break;
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    const std::uint32_t* src = g.links(c.slot, 0);
+    const std::size_t count = src[0];
+    std::size_t m = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      const Slot n = src[1 + j];
+      if (visited->test_and_set(n)) continue;
+      prefetch_row_l2(codes.code(n), stride);
+      fresh[m++] = n;
+    }
+    score(codes, kern, pq, fresh, m, dists);
+    if (evals != nullptr) *evals += m;
+    for (std::size_t j = 0; j < m; ++j) {
+      const float d = dists[j];
+      if (results.size() < ef || d < results.front().dist) {
+        candidates.push_back({d, fresh[j]});
+        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        prefetch_l1(g.links(fresh[j], 0));
+        if (accept(fresh[j])) push_result({d, fresh[j]});
+      }
+    }
+  }
+  return results;  // heap order; the caller re-ranks
+}
+
+inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
+                                     const Sq8Query& pq) {
+  Scored cur{codes.distance(kern, pq, g.entry_), g.entry_};
+  float d[4 + kMaxLinks];
+  for (int level = g.max_level_; level > 0; --level) {
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      const std::uint32_t* src = g.links(cur.slot, level);
+      const std::size_t count = src[0];
+      for (std::size_t j = 0; j < count; ++j) prefetch_row_l2(codes.code(src[1 + j]), codes.stride());
+      score(codes, kern, pq, src + 1, count, d);
+      for (std::size_t j = 0; j < count; ++j) {
+        if (d[j] < cur.dist) {
+          cur = {d[j], src[1 + j]};
+          changed = true;
+        }
+      }
+    }
+  }
+  return cur;
+}
+
+template <typename Accept>
+std::vector<Scored> HnswSq8Search::search(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t k,
+                                          std::size_t ef, std::size_t rerank, const Accept& accept,
+                                          std::size_t* evals) {
+  if (g.entry_ == kNoSlot || k == 0) return {};
+  const Sq8Kernels& kern = sq8_active_kernels();
+  Sq8Query& pq = search_scratch().sq8_query;
+  codes.prepare(q, pq);
+  const Scored cur = descend(g, codes, kern, pq);
+  const std::size_t depth = std::max(rerank, k);
+  std::vector<Scored> res = layer0(g, codes, kern, pq, cur, std::max({ef, k, depth}), accept, evals);
+  return rerank_exact(g.store_, g.metric_, q, std::move(res), depth, k);
+}
+
+template <typename Enough>
+std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq8Codes& codes, const float* q,
+                                                    std::size_t ef, const Bitmap* allowed, Enough enough,
+                                                    std::size_t* evals) {
+  // HnswIndex::search_expanding with every distance taken from the codes (same traversal,
+  // same two-hop expansion through failing neighbours), then an exact re-rank of the results.
+  if (g.entry_ == kNoSlot) return {};
+  const Sq8Kernels& kern = sq8_active_kernels();
+  SearchScratch& scratch = search_scratch();
+  Sq8Query& pq = scratch.sq8_query;
+  codes.prepare(q, pq);
+  const std::size_t stride = codes.stride();
+  const std::size_t limit = std::max<std::size_t>(g.store_.size(), 1);
+  ef = std::min(std::max<std::size_t>(ef, 1), limit);
+  const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
+  const Scored cur = descend(g, codes, kern, pq);
+  auto visited = g.visited_.acquire(g.levels_.size());
+  std::vector<Scored>& candidates = scratch.expand_candidates;
+  candidates.clear();
+  std::vector<Scored> results;
+  results.reserve(ef + 1);
+  visited->test_and_set(cur.slot);
+  candidates.push_back(cur);
+  if (passes(cur.slot)) results.push_back(cur);
+  const std::size_t cap = g.m0_;  // at most kMaxLinks
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(dists) / sizeof(dists[0]) >= kMaxLinks + 3, "dists must hold a full list");
+  std::size_t n_evals = 0;
+  // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
+  // that resuming with a larger ef loses nothing a fresh search with that ef would find.
+  // Kept per thread so that steady-state searches do not regrow it: most searches never
+  // resume and only ever append here.
+  std::vector<Scored>& deferred = scratch.expand_deferred;
+  std::vector<Scored>& again = scratch.expand_again;
+  deferred.clear();
+  const auto offer = [&](const Scored& e) {
+    if (results.size() < ef || e.dist < results.front().dist) {
+      candidates.push_back(e);
+      std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+      results.push_back(e);
+      std::push_heap(results.begin(), results.end());
+      if (results.size() > ef) {
+        std::pop_heap(results.begin(), results.end());
+        deferred.push_back(results.back());
+        results.pop_back();
+      }
+    } else {
+      deferred.push_back(e);
+    }
+  };
+  for (;;) {
+    const bool converged =
+        candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
+    if (converged) {
+      if (ef >= limit || (candidates.empty() && deferred.empty())) break;
+      if (enough(results)) break;
+      ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
+      again.clear();
+      again.swap(deferred);
+      for (const Scored& e : again) offer(e);
+      continue;
+    }
+    const Scored c = candidates.front();
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    const std::uint32_t* nl = g.links(c.slot, 0);
+    std::size_t m = 0;
+    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+      const Slot n = nl[1 + j];
+      if (!passes(n) || visited->test_and_set(n)) continue;
+      prefetch_row_l2(codes.code(n), stride);
+      fresh[m++] = n;
+    }
+    // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.
+    if (allowed != nullptr) {
+      for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+        const Slot n = nl[1 + j];
+        if (allowed->test(n) || visited->test_and_set(n)) continue;
+        const std::uint32_t* nl2 = g.links(n, 0);
+        for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
+          const Slot n2 = nl2[1 + t];
+          if (!allowed->test(n2) || visited->test_and_set(n2)) continue;
+          prefetch_row_l2(codes.code(n2), stride);
+          fresh[m++] = n2;
+        }
+      }
+    }
+    score(codes, kern, pq, fresh, m, dists);
+    n_evals += m;
+    for (std::size_t j = 0; j < m; ++j) offer({dists[j], fresh[j]});
+  }
+  if (evals != nullptr) *evals += n_evals;
+  // Do not keep the memory of an exhaustive expansion for the life of the thread.
+  constexpr std::size_t kKeepScratch = std::size_t{1} << 16;
+  if (deferred.capacity() > kKeepScratch) std::vector<Scored>().swap(deferred);
+  if (again.capacity() > kKeepScratch) std::vector<Scored>().swap(again);
+  // Exact distances for every result kept, ascending (the caller cuts or groups them).
+  const std::size_t n = results.size();
+  return rerank_exact(g.store_, g.metric_, q, std::move(results), n, n);
+}
+
+}  // namespace kbcore

@@ -1,0 +1,53 @@
+#pragma once
+// Storage of the float32 rows of a VectorStore: on the heap (the default), or in a shared
+// memory mapping of an unlinked temporary file ("disk"), from which release_resident() drops
+// the pages out of the process's resident set: they stay in the file (and the page cache while
+// the kernel keeps them) and fault back in when read. A quantized index reads rows only to
+// re-rank, so with rows on disk its resident memory is the codes, the graph and the rows
+// recently re-ranked.
+// Not internally synchronised: the owning Index serialises growth against readers.
+#include <cstddef>
+
+#include "aligned.h"
+
+namespace kbcore {
+
+class RowBuffer {
+ public:
+  RowBuffer() = default;
+  ~RowBuffer();
+  RowBuffer(const RowBuffer&) = delete;
+  RowBuffer& operator=(const RowBuffer&) = delete;
+  RowBuffer(RowBuffer&& o) noexcept;
+  RowBuffer& operator=(RowBuffer&& o) noexcept;
+
+  /// Switches an empty buffer to a file mapping in `dir` (empty: $TMPDIR or /tmp). Throws
+  /// IoError if the file cannot be created, InvalidArgument if the buffer is not empty.
+  void use_disk(const char* dir = nullptr);
+  bool on_disk() const { return fd_ >= 0; }
+
+  float* data() { return on_disk() ? map_ : heap_.data(); }
+  const float* data() const { return on_disk() ? map_ : heap_.data(); }
+  std::size_t size() const { return on_disk() ? size_ : heap_.size(); }
+  std::size_t capacity() const { return on_disk() ? cap_ : heap_.capacity(); }
+  /// Room for n floats (pointers into the buffer are invalidated when it grows).
+  void reserve(std::size_t n);
+  /// Grows or shrinks to n floats; new floats are zero.
+  void resize(std::size_t n);
+  /// Replaces the contents with `v` (copied into the file when on disk).
+  void assign(AlignedVector<float>&& v);
+  /// Drops the mapping's pages from the resident set (no-op on the heap). Thread-safe
+  /// against readers: a page read afterwards faults back in with the same contents.
+  void release_resident() const;
+  /// Heap bytes held (a file mapping counts 0: its pages are not resident unless touched).
+  std::size_t heap_bytes() const { return on_disk() ? 0 : heap_.capacity() * sizeof(float); }
+
+ private:
+  void remap(std::size_t cap);
+  AlignedVector<float> heap_;
+  int fd_ = -1;
+  float* map_ = nullptr;
+  std::size_t size_ = 0, cap_ = 0;
+};
+
+}  // namespace kbcore

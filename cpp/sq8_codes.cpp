@@ -1,0 +1,197 @@
+// SQ8 training, encoding, query preparation, persistence and kernel dispatch (sq8_codes.h).
+#include "sq8_codes.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "binary_io.h"
+#include "errors.h"
+
+namespace kbcore {
+
+const Sq8Kernels& sq8_kernels_for(SimdLevel level) {
+  switch (level) {
+#if defined(KBCORE_HAVE_X86_KERNELS)
+    case SimdLevel::kAvx2:
+      return detail::sq8_avx2_kernels();
+    case SimdLevel::kAvx512: {
+      static const bool vnni = __builtin_cpu_supports("avx512vnni");
+      return vnni ? detail::sq8_avx512vnni_kernels() : detail::sq8_avx512_kernels();
+    }
+#endif
+    default:
+      return detail::sq8_scalar_kernels();
+  }
+}
+
+Sq8Codes::Sq8Codes(std::size_t dim, Metric metric) : dim_(dim), stride_(sq8_stride(dim)), metric_(metric) {
+  if (dim == 0) throw InvalidArgument("sq8: dim must be positive");
+}
+
+void Sq8Codes::train(const float* rows, std::size_t n, std::size_t max_sample) {
+  if (n == 0) throw InvalidArgument("sq8: cannot train the quantizer on zero rows");
+  const std::size_t sample = std::max<std::size_t>(1, std::min(n, max_sample));
+  std::vector<float> lo(dim_, INFINITY), hi(dim_, -INFINITY);
+  for (std::size_t i = 0; i < sample; ++i) {
+    const std::size_t row = sample == n ? i : i * (n / sample);
+    const float* x = rows + row * dim_;
+    for (std::size_t d = 0; d < dim_; ++d) {
+      if (!std::isfinite(x[d])) throw InvalidArgument("sq8: training rows contain NaN or infinity");
+      lo[d] = std::min(lo[d], x[d]);
+      hi[d] = std::max(hi[d], x[d]);
+    }
+  }
+  std::vector<float> scale(dim_);
+  for (std::size_t d = 0; d < dim_; ++d) scale[d] = (hi[d] - lo[d]) / 255.0f;
+  set_params(std::move(lo), std::move(scale));
+}
+
+void Sq8Codes::set_params(std::vector<float> lo, std::vector<float> scale) {
+  if (lo.size() != dim_ || scale.size() != dim_) {
+    throw InvalidArgument("sq8: quantizer parameters have " + std::to_string(lo.size()) + " / " +
+                          std::to_string(scale.size()) + " entries, expected " + std::to_string(dim_));
+  }
+  std::vector<float> inv(dim_);
+  for (std::size_t d = 0; d < dim_; ++d) {
+    if (!std::isfinite(lo[d]) || !std::isfinite(scale[d]) || scale[d] < 0 ||
+        !std::isfinite(lo[d] + 255.0f * scale[d])) {
+      throw InvalidArgument("sq8: quantizer parameter of dimension " + std::to_string(d) +
+                            " is negative, NaN or infinite");
+    }
+    inv[d] = scale[d] > 0 ? 1.0f / scale[d] : 0.0f;
+    if (!std::isfinite(inv[d])) inv[d] = 0.0f, scale[d] = 0.0f;
+  }
+  lo_ = std::move(lo);
+  scale_ = std::move(scale);
+  inv_scale_ = std::move(inv);
+}
+
+void Sq8Codes::resize(std::size_t slots) {
+  codes_.resize(slots * stride_, 0);
+  if (metric_ == Metric::kL2) terms_.resize(slots, 0.0f);
+  slots_ = slots;
+}
+
+float Sq8Codes::encode_to(const float* x, std::uint8_t* out) const {
+  if (!trained()) throw InvalidArgument("sq8: the quantizer is not trained");
+  float term = 0;
+  for (std::size_t d = 0; d < dim_; ++d) {
+    float c = std::nearbyint((x[d] - lo_[d]) * inv_scale_[d]);
+    if (!(c > 0)) c = 0;  // also maps NaN to 0
+    if (c > 255) c = 255;
+    out[d] = static_cast<std::uint8_t>(c);
+    const float v = scale_[d] * c;
+    term += v * v;
+  }
+  std::memset(out + dim_, 0, stride_ - dim_);
+  return term;
+}
+
+void Sq8Codes::encode(std::uint32_t s, const float* x) {
+  if (s >= slots_) throw InvalidArgument("sq8: slot out of range");
+  const float t = encode_to(x, codes_.data() + static_cast<std::size_t>(s) * stride_);
+  if (metric_ == Metric::kL2) terms_[s] = t;
+}
+
+void Sq8Codes::decode(std::uint32_t s, float* out) const {
+  const std::uint8_t* c = code(s);
+  for (std::size_t d = 0; d < dim_; ++d) out[d] = lo_[d] + scale_[d] * static_cast<float>(c[d]);
+}
+
+void Sq8Codes::prepare(const float* q, Sq8Query& out) const {
+  // Two passes over q instead of a folded copy: no allocation per query once out.qi has
+  // grown to the stride (callers keep one Sq8Query per thread).
+  out.qi.resize(stride_);
+  const bool l2 = metric_ == Metric::kL2;
+  const auto folded = [&](std::size_t d) { return (l2 ? q[d] - lo_[d] : q[d]) * scale_[d]; };
+  double bias = 0, qnorm = 0;
+  float amax = 0;
+  for (std::size_t d = 0; d < dim_; ++d) {
+    if (l2) {
+      const double shifted = static_cast<double>(q[d]) - lo_[d];
+      qnorm += shifted * shifted;
+    } else {
+      bias += static_cast<double>(q[d]) * lo_[d];
+    }
+    amax = std::max(amax, std::fabs(folded(d)));
+  }
+  const std::int32_t limit = sq8_query_limit(stride_);
+  const float a = amax > 0 ? amax / static_cast<float>(limit) : 0.0f;
+  const float inv = a > 0 ? 1.0f / a : 0.0f;
+  for (std::size_t d = 0; d < dim_; ++d) {
+    float v = std::nearbyint(folded(d) * inv);
+    v = std::min(std::max(v, -static_cast<float>(limit)), static_cast<float>(limit));
+    out.qi[d] = static_cast<std::int16_t>(v);
+  }
+  std::fill(out.qi.begin() + static_cast<std::ptrdiff_t>(dim_), out.qi.end(), std::int16_t{0});
+  if (l2) {
+    out.c0 = static_cast<float>(qnorm);
+    out.c1 = -2.0f * a;
+    out.c2 = 1.0f;
+  } else {
+    out.c0 = 1.0f - static_cast<float>(bias);
+    out.c1 = -a;
+    out.c2 = 0.0f;
+  }
+}
+
+std::size_t Sq8Codes::memory_bytes() const {
+  return codes_.capacity() + terms_.capacity() * sizeof(float) + 3 * dim_ * sizeof(float);
+}
+
+void Sq8Codes::save(BinaryWriter& w) const {
+  w.u64(dim_);
+  w.u64(stride_);
+  w.u8(trained() ? 1 : 0);
+  if (trained()) {
+    w.array(lo_.data(), dim_);
+    w.array(scale_.data(), dim_);
+  }
+  w.u64(slots_);
+  w.array(codes_.data(), slots_ * stride_);
+}
+
+void Sq8Codes::load(BinaryReader& r) {
+  const std::uint64_t dim = r.u64();
+  const std::uint64_t stride = r.u64();
+  if (dim != dim_ || stride != stride_) r.fail("sq8 section: dimension or stride does not match the index");
+  const std::uint8_t trained_flag = r.u8();
+  if (trained_flag > 1) r.fail("sq8 section: trained flag is not 0 or 1");
+  std::vector<float> lo, scale;
+  if (trained_flag) {
+    r.array(lo, dim_);
+    r.array(scale, dim_);
+  }
+  const std::uint64_t slots = r.u64();
+  if (slots > r.remaining() / stride_) r.fail("sq8 section: code count exceeds the file");
+  if (!trained_flag && slots != 0) r.fail("sq8 section: codes stored for an untrained quantizer");
+  Sq8Codes fresh(dim_, metric_);
+  if (trained_flag) {
+    try {
+      fresh.set_params(std::move(lo), std::move(scale));
+    } catch (const InvalidArgument& e) {
+      r.fail(std::string("sq8 section: ") + e.what());
+    }
+  }
+  fresh.resize(slots);
+  r.array_into(fresh.codes_.data(), slots * stride_);
+  for (std::size_t s = 0; s < slots; ++s) {
+    const std::uint8_t* c = fresh.code(static_cast<std::uint32_t>(s));
+    for (std::size_t d = dim_; d < stride_; ++d) {
+      if (c[d] != 0) r.fail("sq8 section: nonzero padding byte in a code row");
+    }
+    if (metric_ == Metric::kL2) {
+      float term = 0;
+      for (std::size_t d = 0; d < dim_; ++d) {
+        const float v = fresh.scale_[d] * static_cast<float>(c[d]);
+        term += v * v;
+      }
+      fresh.terms_[s] = term;
+    }
+  }
+  *this = std::move(fresh);
+}
+
+}  // namespace kbcore

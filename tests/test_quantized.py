@@ -1,0 +1,331 @@
+"""Quantized HNSW (quantization="sq8"): the graph is walked on 8-bit codes and the best
+candidates re-ranked exactly, so every answer is checked against the exact oracle and the
+float32 index built with the same parameters (docs/quantization.md)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    METRICS,
+    assert_distances_are_true,
+    assert_search_matches_oracle,
+    make_clustered,
+    recall_at_k,
+)
+
+import kbcore
+from kbcore.filters import compile_where
+
+N, DIM = 3000, 48  # 48 is not a multiple of the 64-byte code stride: padding is exercised
+PARAMS = dict(M=12, ef_construction=100, seed=3)
+VERSION_OFFSET = 8
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def _pair(metric: str, data: np.ndarray, **kw):
+    ids = np.arange(len(data), dtype=np.int64) + 1000
+    f32 = kbcore.Index(DIM, metric, **PARAMS)
+    sq8 = kbcore.Index(DIM, metric, **PARAMS, quantization="sq8", **kw)
+    f32.add(data, ids, threads=1)
+    sq8.add(data, ids, threads=1)
+    return f32, sq8, ids
+
+
+@pytest.fixture(scope="module", params=METRICS)
+def built(request):
+    data, queries = make_clustered(71, N, DIM, n_queries=60)
+    f32, sq8, ids = _pair(request.param, data)
+    return request.param, data, queries, ids, f32, sq8
+
+
+def test_quantized_index_trains_at_the_threshold_and_reports_its_settings(built):
+    metric, data, queries, ids, f32, sq8 = built
+    assert sq8.quantization == "sq8" and sq8.quantizer_trained and sq8.rerank is None
+    assert f32.quantization is None and not f32.quantizer_trained
+    assert "quantization='sq8'" in repr(sq8)
+
+
+@pytest.mark.parametrize("ef", [10, 16, 32, 64])
+def test_sq8_recall_matches_float32_at_the_same_ef(built, ef):
+    metric, data, queries, ids, f32, sq8 = built
+    r32 = recall_at_k(f32.search(queries, 10, ef=ef)[0], data, ids, queries, 10, metric)
+    got_ids, got_dist = sq8.search(queries, 10, ef=ef)
+    r8 = recall_at_k(got_ids, data, ids, queries, 10, metric)
+    # At ef == k the candidate list has no slack for the codes' ordering errors (measured:
+    # up to 0.022 lower); from ef 16 on the two agree within 0.001 on this data.
+    slack = 0.03 if ef <= 10 else 0.01
+    assert r8 >= r32 - slack, f"ef {ef}: sq8 recall {r8:.3f} vs float32 {r32:.3f}"
+    # distances are exact (re-ranked from the float32 rows) and ascending
+    assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric)
+    assert np.all(np.diff(got_dist, axis=1) >= 0)
+
+
+def test_shallow_rerank_still_returns_exact_distances_at_lower_recall(built):
+    metric, data, queries, ids, f32, _ = built
+    shallow = kbcore.Index(DIM, metric, **PARAMS, quantization="sq8", rerank=10)
+    shallow.add(data, ids, threads=1)
+    assert shallow.rerank == 10
+    got_ids, got_dist = shallow.search(queries, 10, ef=64)
+    assert_distances_are_true(got_ids, got_dist, data, ids, queries, metric)
+    assert recall_at_k(got_ids, data, ids, queries, 10, metric) >= 0.8
+
+
+def test_before_training_a_quantized_index_answers_like_float32():
+    data, queries = make_clustered(72, 500, DIM, n_queries=20)
+    f32, sq8, ids = _pair("l2", data)
+    assert not sq8.quantizer_trained
+    a, b = f32.search(queries, 10), sq8.search(queries, 10)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    sq8.add(make_clustered(73, 600, DIM)[0], np.arange(600) + 10_000, threads=1)
+    assert sq8.quantizer_trained
+
+
+def test_quantization_none_writes_files_byte_identical_to_the_float32_index(tmp_path):
+    data, _ = make_clustered(74, 1500, DIM)
+    a = kbcore.Index(DIM, "cosine", **PARAMS)
+    b = kbcore.Index(DIM, "cosine", **PARAMS, quantization=None)
+    for ix in (a, b):
+        ix.add(data, np.arange(len(data)), threads=1)
+    a.save(tmp_path / "a.kbi")
+    b.save(tmp_path / "b.kbi")
+    raw = (tmp_path / "a.kbi").read_bytes()
+    assert raw == (tmp_path / "b.kbi").read_bytes()
+    assert struct.unpack_from("<I", raw, VERSION_OFFSET)[0] == 1
+
+
+def test_upsert_and_remove_with_slot_reuse_keep_sq8_answers_exact_and_live():
+    data, queries = make_clustered(75, 2500, DIM, n_queries=40)
+    metric = "cosine"
+    f32, sq8, ids = _pair(metric, data)
+    rng = np.random.default_rng(5)
+    gone = rng.choice(ids, 600, replace=False)
+    for ix in (f32, sq8):
+        ix.remove(gone, threads=1)
+    fresh, _ = make_clustered(76, 600, DIM)
+    new_ids = np.arange(600, dtype=np.int64) + 50_000  # reuse the freed slots
+    upsert_ids = ids[~np.isin(ids, gone)][:200]
+    upsert_vecs = make_clustered(77, 200, DIM)[0]
+    for ix in (f32, sq8):
+        ix.add(fresh, new_ids, threads=1)
+        ix.add(upsert_vecs, upsert_ids, threads=1)
+    live_mask = ~np.isin(ids, gone)
+    all_ids = np.concatenate([ids[live_mask], new_ids])
+    all_data = np.concatenate([data[live_mask], fresh])
+    pos = {int(i): p for p, i in enumerate(all_ids)}
+    for i, v in zip(upsert_ids, upsert_vecs):
+        all_data[pos[int(i)]] = v
+    got_ids, got_dist = sq8.search(queries, 10, ef=64)
+    assert not np.isin(got_ids, gone).any()
+    assert_distances_are_true(got_ids, got_dist, all_data, all_ids, queries, metric)
+    r8 = recall_at_k(got_ids, all_data, all_ids, queries, 10, metric)
+    r32 = recall_at_k(f32.search(queries, 10, ef=64)[0], all_data, all_ids, queries, 10, metric)
+    assert r8 >= r32 - 0.02 and r8 >= 0.9, (r8, r32)
+
+
+def test_deferred_graph_rows_are_found_before_and_after_building():
+    data, queries = make_clustered(78, 2000, DIM, n_queries=30)
+    ids = np.arange(len(data), dtype=np.int64)
+    ix = kbcore.Index(DIM, "l2", **PARAMS, quantization="sq8")
+    ix.add(data[:1200], ids[:1200], threads=1)
+    ix.add(data[1200:], ids[1200:], threads=1, defer_graph=True)
+    assert ix.pending == 800
+    got = ix.search(queries, 10, ef=64)
+    assert recall_at_k(got[0], data, ids, queries, 10, "l2") >= 0.95
+    assert_distances_are_true(*got, data, ids, queries, "l2")
+    ix.build_graph()
+    assert ix.pending == 0
+    got = ix.search(queries, 10, ef=64)
+    assert recall_at_k(got[0], data, ids, queries, 10, "l2") >= 0.95
+
+
+@pytest.fixture(scope="module")
+def filtered():
+    data, queries = make_clustered(79, N, DIM, n_queries=30)
+    ids = np.arange(N, dtype=np.int64)
+    meta = [{"bucket": int(i % 100)} for i in range(N)]
+    ix = kbcore.Index(DIM, "l2", **PARAMS, quantization="sq8")
+    ix.add(data, ids, metadata=meta, threads=1)
+    return ix, data, queries, ids, np.array([m["bucket"] for m in meta])
+
+
+@pytest.mark.parametrize("strategy", ["exact", "graph", "walk", "auto"])
+@pytest.mark.parametrize("below", [2, 10, 50])
+def test_filtered_sq8_search_returns_passing_rows_at_exact_distances(filtered, strategy, below):
+    ix, data, queries, ids, bucket = filtered
+    where = {"bucket": {"$lt": below}}
+    mask = bucket < below
+    got_ids, got_dist = ix._native.search(queries, 10, 64, 1, compile_where(where), strategy)
+    assert np.isin(got_ids, ids[mask]).all()
+    assert_distances_are_true(got_ids, got_dist, data[mask], ids[mask], queries, "l2")
+    recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "l2")
+    assert recall >= (0.99 if strategy == "exact" else 0.9), f"{strategy} {below}%: {recall:.3f}"
+
+
+def test_exact_scan_with_a_deep_rerank_equals_the_oracle(filtered):
+    ix, data, queries, ids, bucket = filtered
+    mask = bucket < 3
+    got = ix._native.search(queries, 10, int(mask.sum()), 1, compile_where({"bucket": {"$lt": 3}}), "exact")
+    assert_search_matches_oracle(*got, data[mask], ids[mask], queries, 10, "l2")
+
+
+def test_grouped_and_text_search_work_on_a_quantized_index():
+    data, queries = make_clustered(80, 1500, DIM, n_queries=10)
+    ids = np.arange(len(data), dtype=np.int64)
+    meta = [{"document_id": int(i // 5)} for i in range(len(data))]
+    texts = [f"chunk {i} word{i % 7}" for i in range(len(data))]
+    ix = kbcore.Index(DIM, "cosine", **PARAMS, quantization="sq8")
+    ref = kbcore.Index(DIM, "cosine", **PARAMS)
+    for x in (ix, ref):
+        x.add(data, ids, metadata=meta, texts=texts, threads=1)
+    got = ix.search_groups(queries, 5, group_by="document_id")
+    want = ref.search_groups(queries, 5, group_by="document_id")
+    assert [[g.key for g in row] for row in got] == [[g.key for g in row] for row in want]
+    for a, b in zip(ix.search_text("word3", 5), ref.search_text("word3", 5)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_batch_search_on_threads_equals_one_thread(built):
+    *_, queries, _, _, sq8 = built
+    one = sq8.search(queries, 10, threads=1)
+    two = sq8.search(queries, 10, threads=2)
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(one[1], two[1])
+
+
+def test_every_simd_level_returns_the_scalar_answer(built):
+    metric, data, queries, ids, _, sq8 = built
+    original = kbcore.simd_level()
+    try:
+        kbcore.set_simd_level("scalar")
+        want = sq8.search(queries, 10, ef=32)
+        for level in kbcore.available_simd_levels():
+            kbcore.set_simd_level(level)
+            got = sq8.search(queries, 10, ef=32)
+            # the code distances are exact integers at every level: the same nodes are met and
+            # re-ranked; the float32 re-rank may differ in the last bits between levels
+            np.testing.assert_array_equal(got[0], want[0], err_msg=level)
+            np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5, err_msg=level)
+    finally:
+        kbcore.set_simd_level(original)
+
+
+def test_kbcore_simd_scalar_environment_runs_the_quantized_search(tmp_path, built):
+    metric, data, queries, ids, _, sq8 = built
+    path = tmp_path / "q.kbi"
+    sq8.save(path)
+    np.save(tmp_path / "q.npy", queries)
+    code = (
+        "import numpy as np, kbcore, sys; ix = kbcore.Index.load(sys.argv[1]);"
+        "assert kbcore.simd_level() == 'scalar';"
+        "np.save(sys.argv[3], ix.search(np.load(sys.argv[2]), 10, ef=32)[0])"
+    )
+    env = dict(os.environ, KBCORE_SIMD="scalar")
+    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "q.npy"), str(tmp_path / "out.npy")],
+                   env=env, check=True)
+    original = kbcore.simd_level()
+    try:
+        kbcore.set_simd_level("scalar")
+        np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), sq8.search(queries, 10, ef=32)[0])
+    finally:
+        kbcore.set_simd_level(original)
+
+
+def test_persistence_round_trips_a_quantized_index_as_format_2(tmp_path, built):
+    metric, data, queries, ids, _, sq8 = built
+    path = tmp_path / "q.kbi"
+    sq8.save(path)
+    raw = path.read_bytes()
+    assert struct.unpack_from("<I", raw, VERSION_OFFSET)[0] == 2
+    back = kbcore.Index.load(path)
+    assert back.quantization == "sq8" and back.quantizer_trained
+    for a, b in zip(back.search(queries, 10, ef=32), sq8.search(queries, 10, ef=32)):
+        np.testing.assert_array_equal(a, b)
+    back.save(tmp_path / "again.kbi")
+    assert (tmp_path / "again.kbi").read_bytes() == raw
+
+
+def test_a_corrupted_code_byte_fails_the_checksum(tmp_path, built):
+    *_, sq8 = built
+    path = tmp_path / "q.kbi"
+    sq8.save(path)
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0x5A  # inside the trailing code rows
+    path.write_bytes(bytes(raw))
+    with pytest.raises(OSError, match="(?i)checksum|corrupt"):
+        kbcore.Index.load(path)
+
+
+def test_committed_v2_fixture_loads_and_answers_at_exact_distances():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_sq8_fixture", DATA_DIR / "make_sq8_fixture.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    data, ids = gen.fixture_rows()
+    index = kbcore.Index.load(DATA_DIR / gen.FILE_NAME)
+    assert (index.quantization, index.quantizer_trained, index.metric, len(index)) == ("sq8", True, "cosine", len(ids))
+    queries = np.random.default_rng(2).standard_normal((10, gen.DIM)).astype(np.float32)
+    got = index.search(queries, 10, ef=64)
+    assert_distances_are_true(*got, data, ids, queries, "cosine")
+    assert recall_at_k(got[0], data, ids, queries, 10, "cosine") >= 0.95
+
+
+def test_retrain_after_drift_restores_recall():
+    data, queries = make_clustered(81, 2000, DIM, n_queries=40)
+    ids = np.arange(len(data), dtype=np.int64)
+    ix = kbcore.Index(DIM, "l2", **PARAMS, quantization="sq8", rerank=10)
+    ix.add(data[:1000] * 0.05, ids[:1000], threads=1)  # trains on a narrow range
+    ix.add(data[1000:], ids[1000:], threads=1)         # most values clip
+    stored = np.concatenate([data[:1000] * 0.05, data[1000:]])
+    before = recall_at_k(ix.search(queries, 10, ef=32)[0], stored, ids, queries, 10, "l2")
+    ix.retrain_quantizer()
+    after = recall_at_k(ix.search(queries, 10, ef=32)[0], stored, ids, queries, 10, "l2")
+    assert after > before + 0.05 and after >= 0.9, (before, after)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(quantization="pq"), "quantization"),
+    (dict(quantization="sq8", kind="flat"), "hnsw"),
+    (dict(rerank=10), "rerank"),
+    (dict(quantization="sq8", rerank=0), "rerank"),
+])
+def test_bad_quantization_arguments_raise_value_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        kbcore.Index(DIM, "l2", **kw)
+
+
+def test_retrain_without_quantization_raises():
+    ix = kbcore.Index(DIM, "l2")
+    ix.add(np.ones((3, DIM), np.float32), [1, 2, 3])
+    with pytest.raises(ValueError, match="quantization"):
+        ix.retrain_quantizer()
+
+
+def test_knowledge_base_created_with_sq8_keeps_it_across_reopening(tmp_path):
+    import pyarrow as pa
+
+    from kbcore.engine import Engine
+
+    data, queries = make_clustered(82, 1200, DIM, n_queries=5)
+    table = pa.table({"document_id": [f"d{i}" for i in range(len(data))],
+                      "text": [f"row {i}" for i in range(len(data))]})
+    kb = Engine(tmp_path).create_knowledge_base("kb", embedder=False, quantization="sq8")
+    kb.ingest_table(table, vectors=data)
+    assert kb._cell.state.index.quantization == "sq8" and kb._cell.state.index.quantizer_trained
+    hits = kb.retrieve(queries[0], top_k=5)
+    want = kb._cell.state.index.search(queries[0], 5)[0].tolist()
+    assert [h.id for h in hits] == want
+    kb.close()
+    again = Engine(tmp_path).get_knowledge_base("kb")
+    assert again._cell.state.index.quantization == "sq8"
+    assert [h.id for h in again.retrieve(queries[0], top_k=5)] == want
+    with pytest.raises(ValueError, match="quantization"):
+        Engine(tmp_path).create_knowledge_base("bad", embedder=False, quantization="pq")
