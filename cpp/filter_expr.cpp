@@ -10,28 +10,22 @@ namespace kbcore {
 namespace {
 
 template <typename K>
-void set_all(Bitmap& out, const SortedIndex<K>& idx) {
-  for (const auto& e : idx) out.set(e.second);
+void set_all(Bitmap& out, Entries<K> entries) {
+  for (const auto& e : entries) out.set(e.second);
 }
 
-// Consecutive entries [begin, end) of one sorted index: the rows of a leaf come as a few runs.
+// Consecutive entries of one sorted index: the rows of a leaf come as a few runs.
 struct Run {
-  const SortedIndex<std::int64_t>* i64 = nullptr;
-  const SortedIndex<double>* f64 = nullptr;
-  const SortedIndex<std::uint32_t>* u32 = nullptr;
-  std::size_t begin = 0;
-  std::size_t end = 0;
+  Entries<std::int64_t> i64;
+  Entries<double> f64;
+  Entries<std::uint32_t> u32;  // exactly one of the three is non-empty
 };
 
 template <typename Fn>
 void for_each_slot(const Run& r, Fn&& fn) {
-  if (r.i64 != nullptr) {
-    for (std::size_t i = r.begin; i < r.end; ++i) fn((*r.i64)[i].second);
-  } else if (r.f64 != nullptr) {
-    for (std::size_t i = r.begin; i < r.end; ++i) fn((*r.f64)[i].second);
-  } else {
-    for (std::size_t i = r.begin; i < r.end; ++i) fn((*r.u32)[i].second);
-  }
+  for (const auto& e : r.i64) fn(e.second);
+  for (const auto& e : r.f64) fn(e.second);
+  for (const auto& e : r.u32) fn(e.second);
 }
 
 // The runs a leaf reads. Distinct runs never share a slot: a slot holds one value per field,
@@ -40,44 +34,32 @@ struct Runs {
   std::vector<Run> runs;
   std::size_t total = 0;  // entries over all runs
 
-  void add(const SortedIndex<std::int64_t>& idx, std::size_t b, std::size_t e) {
+  void add(Entries<std::int64_t> e) {
     Run r;
-    r.i64 = &idx;
-    push(r, b, e);
+    r.i64 = e;
+    push(r, e.size());
   }
-  void add(const SortedIndex<double>& idx, std::size_t b, std::size_t e) {
+  void add(Entries<double> e) {
     Run r;
-    r.f64 = &idx;
-    push(r, b, e);
+    r.f64 = e;
+    push(r, e.size());
   }
-  void add(const SortedIndex<std::uint32_t>& idx, std::size_t b, std::size_t e) {
+  void add(Entries<std::uint32_t> e) {
     Run r;
-    r.u32 = &idx;
-    push(r, b, e);
+    r.u32 = e;
+    push(r, e.size());
   }
   void set_into(Bitmap& out) const {
     for (const Run& r : runs) for_each_slot(r, [&](Slot s) { out.set(s); });
   }
 
  private:
-  void push(Run r, std::size_t b, std::size_t e) {
-    if (b >= e) return;
-    r.begin = b;
-    r.end = e;
+  void push(const Run& r, std::size_t n) {
+    if (n == 0) return;
     runs.push_back(r);
-    total += e - b;
+    total += n;
   }
 };
-
-// All entries with lo <= key <= hi. O(log n).
-template <typename K>
-void add_range(Runs& out, const SortedIndex<K>& idx, K lo, K hi) {
-  const auto first = std::lower_bound(idx.begin(), idx.end(), std::make_pair(lo, Slot{0}));
-  const auto last =
-      std::upper_bound(first, idx.end(), hi, [](K v, const std::pair<K, Slot>& e) { return v < e.first; });
-  if (first == last) return;
-  out.add(idx, static_cast<std::size_t>(first - idx.begin()), static_cast<std::size_t>(last - idx.begin()));
-}
 
 constexpr double kTwo63 = 9223372036854775808.0;
 constexpr std::int64_t kMinI = std::numeric_limits<std::int64_t>::min();
@@ -178,33 +160,31 @@ double double_upper(const Operand& o, bool incl) {
 
 // Rows whose numeric value (int or float row) lies between the bounds; a null bound is
 // open. Int and float rows are compared with the operand exactly, never through a rounding.
-void numeric_range(Runs& out, const Field& f, const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
-  if (!f.float_index.empty()) {
+void numeric_range(Runs& out, const FieldIndex& f, const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
+  if (f.has_floats()) {
     const double flo = lo ? double_lower(*lo, lo_incl) : -kInfD;
     const double fhi = hi ? double_upper(*hi, hi_incl) : kInfD;
-    if (flo <= fhi) add_range(out, f.float_index, flo, fhi);
+    if (flo <= fhi) out.add(f.floats_between(flo, fhi));
   }
-  if (!f.int_index.empty()) {
+  if (f.has_ints()) {
     IntBounds b;
     if (lo) int_lower(b, *lo, lo_incl);
     if (hi) int_upper(b, *hi, hi_incl);
-    if (!b.empty && b.lo <= b.hi) add_range(out, f.int_index, b.lo, b.hi);
+    if (!b.empty && b.lo <= b.hi) out.add(f.ints_between(b.lo, b.hi));
   }
 }
 
-void eq_value(Runs& out, const Field& f, const Operand& v, const StringDict& dict) {
+void eq_value(Runs& out, const FieldIndex& f, const Operand& v, const StringDict& dict) {
   switch (v.kind) {
     case ValueKind::kInt:
     case ValueKind::kFloat:
       numeric_range(out, f, &v, true, &v, true);
       break;
-    case ValueKind::kBool: {
-      const std::int64_t b = v.b ? 1 : 0;
-      add_range(out, f.bool_index, b, b);
+    case ValueKind::kBool:
+      out.add(f.bool_entries(v.b));
       break;
-    }
     case ValueKind::kStr:
-      if (const auto id = dict.find(v.s)) add_range(out, f.str_index, *id, *id);
+      if (const auto id = dict.find(v.s)) out.add(f.str_entries(*id));
       break;
     default:
       break;
@@ -213,32 +193,33 @@ void eq_value(Runs& out, const Field& f, const Operand& v, const StringDict& dic
 
 // Rows whose str value satisfies pred(dictionary id).
 template <typename Pred>
-void str_where(Runs& out, const Field& f, Pred pred) {
-  for (const auto& run : f.str_runs) {
-    if (pred(run.first)) out.add(f.str_index, run.second.first, run.second.second);
+void str_where(Runs& out, const FieldIndex& f, Pred pred) {
+  for (const StrRun& run : f.str_runs()) {
+    if (pred(run.id)) out.add(run.rows);
   }
 }
 
 void present(Bitmap& out, const Field& f) {
-  for (std::size_t s = 0; s < f.kinds.size(); ++s) {
-    if (f.kinds[s] != 0) out.set(s);
+  const std::vector<std::uint8_t>& kinds = f.kinds();
+  for (std::size_t s = 0; s < kinds.size(); ++s) {
+    if (kinds[s] != 0) out.set(s);
   }
 }
 
 // Rows of a value test ($eq / $in, and the complement of $ne / $nin).
-void value_runs(Runs& out, const FilterNode& n, const Field& f, const StringDict& dict) {
+void value_runs(Runs& out, const FilterNode& n, const FieldIndex& f, const StringDict& dict) {
   for (const Operand& o : n.operands) eq_value(out, f, o, dict);
 }
 
 // Rows whose str value contains the operand, or whose string list holds it.
-void contains_runs(Runs& out, const Field& f, const std::string& v, const StringDict& dict) {
+void contains_runs(Runs& out, const FieldIndex& f, const std::string& v, const StringDict& dict) {
   str_where(out, f, [&](std::uint32_t id) { return dict.str(id).find(v) != std::string::npos; });
-  if (const auto id = dict.find(v)) add_range(out, f.list_index, *id, *id);
+  if (const auto id = dict.find(v)) out.add(f.list_entries(*id));
 }
 
 // The runs of a leaf that passes exactly the rows of some index entries; false for the
 // leaves that need a complement or a per-slot pass (negations, exists, empty).
-bool leaf_runs(Runs& out, const FilterNode& n, const Field& f, const StringDict& dict) {
+bool leaf_runs(Runs& out, const FilterNode& n, const FieldIndex& f, const StringDict& dict) {
   const Operand& v = n.operands[0];
   switch (n.op) {
     case FilterOp::kEq:
@@ -280,17 +261,15 @@ bool leaf_runs(Runs& out, const FilterNode& n, const Field& f, const StringDict&
   }
 }
 
-// The field a leaf reads with its sorted indexes built, or null when no row has the field.
-const Field* indexed_field(const FilterNode& n, const MetadataStore& meta) {
+// The field a leaf reads, or null when no row has the field.
+const Field* present_field(const FilterNode& n, const MetadataStore& meta) {
   const Field* f = meta.field(n.field);
-  if (f == nullptr || f->present == 0) return nullptr;
-  f->ensure_index();
-  return f;
+  return f == nullptr || f->present_count() == 0 ? nullptr : f;
 }
 
 Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& live) {
   Bitmap out(live.size());
-  const Field* f = indexed_field(n, meta);
+  const Field* f = present_field(n, meta);
   if (f == nullptr) {
     // No row has the field: negations and "absent" tests pass every live row.
     const bool all = n.op == FilterOp::kNe || n.op == FilterOp::kNin ||
@@ -299,15 +278,16 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
   }
   const StringDict& dict = meta.dict();
   const Operand& v = n.operands[0];
+  const FieldIndex& idx = f->index();
   Runs runs;
-  if (leaf_runs(runs, n, *f, dict)) {
+  if (leaf_runs(runs, n, idx, dict)) {
     runs.set_into(out);
     return out;
   }
   switch (n.op) {
     case FilterOp::kNe:
     case FilterOp::kNin: {
-      value_runs(runs, n, *f, dict);
+      value_runs(runs, n, idx, dict);
       runs.set_into(out);
       Bitmap all = live;
       all.subtract(out);
@@ -315,12 +295,13 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
     }
     case FilterOp::kNotContains: {
       // Present as a string or a list, and not containing.
-      contains_runs(runs, *f, v.s, dict);
+      contains_runs(runs, idx, v.s, dict);
       Bitmap hit(live.size());
       runs.set_into(hit);
-      set_all(out, f->str_index);
-      for (std::size_t s = 0; s < f->kinds.size(); ++s) {
-        if (f->kinds[s] == static_cast<std::uint8_t>(ValueKind::kStrList)) out.set(s);
+      set_all(out, idx.all_strs());
+      const std::vector<std::uint8_t>& kinds = f->kinds();
+      for (std::size_t s = 0; s < kinds.size(); ++s) {
+        if (kinds[s] == static_cast<std::uint8_t>(ValueKind::kStrList)) out.set(s);
       }
       out.subtract(hit);
       return out;
@@ -337,11 +318,13 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
       // Non-empty values: any present value except "" and [].
       Bitmap nonempty(live.size());
       const auto empty_id = dict.find("");
-      for (std::size_t s = 0; s < f->kinds.size(); ++s) {
-        const auto kind = static_cast<ValueKind>(f->kinds[s]);
+      const std::vector<std::uint8_t>& kinds = f->kinds();
+      for (std::size_t s = 0; s < kinds.size(); ++s) {
+        const auto kind = static_cast<ValueKind>(kinds[s]);
+        const auto slot = static_cast<Slot>(s);
         if (kind == ValueKind::kMissing) continue;
-        if (kind == ValueKind::kStr && empty_id && static_cast<std::uint32_t>(f->payload[s]) == *empty_id) continue;
-        if (kind == ValueKind::kStrList && f->lists[static_cast<std::size_t>(f->payload[s])].empty()) continue;
+        if (kind == ValueKind::kStr && empty_id && f->str_id(slot) == *empty_id) continue;
+        if (kind == ValueKind::kStrList && f->list_at(slot).empty()) continue;
         nonempty.set(s);
       }
       if (!v.b) return nonempty;
@@ -469,9 +452,9 @@ FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, co
   FilterMatches m;
   m.slots = live.size();
   Bitmap bits;
-  const Field* f = node.type == FilterNode::Type::kCmp ? indexed_field(node, meta) : nullptr;
+  const Field* f = node.type == FilterNode::Type::kCmp ? present_field(node, meta) : nullptr;
   Runs runs;
-  if (f != nullptr && leaf_runs(runs, node, *f, meta.dict())) {
+  if (f != nullptr && leaf_runs(runs, node, f->index(), meta.dict())) {
     if (runs.total <= rows_up_to) {
       // Few matches: the list comes straight out of the index, O(matches) with no pass over
       // all slots. It is left in index order (ascending within each key): its readers, the

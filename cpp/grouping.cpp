@@ -13,6 +13,26 @@ constexpr std::uint32_t kSkip = std::numeric_limits<std::uint32_t>::max();
 
 }  // namespace
 
+const GroupOrdinals& GroupOrdinals::of(const Field& field) { return field.derived<GroupOrdinals>(); }
+
+GroupOrdinals::GroupOrdinals(const Field& field) : group_of_(field.kinds().size(), kNone) {
+  const FieldIndex& idx = field.index();
+  const Entries<std::int64_t> ints =
+      idx.ints_between(std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
+  const std::pair<std::int64_t, Slot>* prev_int = nullptr;
+  for (const auto& e : ints) {
+    if (prev_int == nullptr || e.first != prev_int->first) {
+      keys_.emplace_back(static_cast<std::uint8_t>(ValueKind::kInt), e.first);
+    }
+    group_of_[e.second] = static_cast<std::uint32_t>(keys_.size() - 1);
+    prev_int = &e;
+  }
+  for (const StrRun& run : idx.str_runs()) {
+    keys_.emplace_back(static_cast<std::uint8_t>(ValueKind::kStr), run.id);
+    for (const auto& e : run.rows) group_of_[e.second] = static_cast<std::uint32_t>(keys_.size() - 1);
+  }
+}
+
 void GroupedSlots::clear() {
   ordinals.clear();
   best_end.clear();
@@ -21,28 +41,28 @@ void GroupedSlots::clear() {
   parts.clear();
 }
 
-void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k, std::size_t group_size,
-                     GroupedSlots& out) {
+void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& groups, std::size_t k,
+                     std::size_t group_size, GroupedSlots& out) {
   out.clear();
   detail::GroupingScratch& sc = search_scratch().grouping;
   detail::DenseMarks& rank_of = sc.marks;                // group ordinal -> rank among kept groups
   std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
   std::vector<std::uint32_t>& count = sc.per_group;      // per kept group: parts met
-  rank_of.begin(field.group_keys.size());
+  rank_of.begin(groups.size());
   rank_of_hit.resize(sorted.size());
   count.clear();
   // Gather every hit's group first: independent loads that overlap their cache misses,
   // where the ranking loop below would wait for each one in turn.
   for (std::size_t i = 0; i < sorted.size(); ++i) {
-    const std::uint32_t g = field.group_of[sorted[i].slot];
+    const std::uint32_t g = groups.of_slot(sorted[i].slot);
     rank_of_hit[i] = g;
-    if (g != Field::kNoGroup) rank_of.prefetch(g);
+    if (g != GroupOrdinals::kNone) rank_of.prefetch(g);
   }
   // Pass 1: rank the first k groups to appear and count their parts.
   for (std::size_t i = 0; i < sorted.size(); ++i) {
     const std::uint32_t g = rank_of_hit[i];
     std::uint32_t r = kSkip;
-    if (g != Field::kNoGroup) {
+    if (g != GroupOrdinals::kNone) {
       if (rank_of.marked(g)) {
         r = rank_of.value(g);
       } else if (out.ordinals.size() < k) {
@@ -80,24 +100,24 @@ void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std:
   }
 }
 
-std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k) {
+std::size_t count_groups(const std::vector<Scored>& hits, const GroupOrdinals& groups, std::size_t k) {
   detail::DenseMarks& seen = search_scratch().grouping.marks;
-  seen.begin(field.group_keys.size());
+  seen.begin(groups.size());
   std::size_t n = 0;
   for (const Scored& s : hits) {
-    const std::uint32_t g = field.group_of[s.slot];
-    if (g == Field::kNoGroup || seen.marked(g)) continue;
+    const std::uint32_t g = groups.of_slot(s.slot);
+    if (g == GroupOrdinals::kNone || seen.marked(g)) continue;
     seen.mark(g, 0);
     if (++n >= k) break;
   }
   return n;
 }
 
-void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field, std::size_t k,
-                    std::size_t group_size, GroupedSlots& out) {
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const GroupOrdinals& groups,
+                    std::size_t k, std::size_t group_size, GroupedSlots& out) {
   out.clear();
   // Best distance per group in one pass over dense ordinals, then the k best groups.
-  const std::size_t ng = field.group_keys.size();
+  const std::size_t ng = groups.size();
   detail::GroupingScratch& sc = search_scratch().grouping;
   std::vector<Scored>& best_of = sc.best_of;
   std::vector<std::pair<Scored, std::uint32_t>>& ranked = sc.ranked;
@@ -105,8 +125,8 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
   std::vector<std::pair<std::uint32_t, Scored>>& members = sc.members;
   best_of.assign(ng, Scored{std::numeric_limits<float>::infinity(), kNoSlot});
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::uint32_t g = field.group_of[rows[i]];
-    if (g == Field::kNoGroup) continue;
+    const std::uint32_t g = groups.of_slot(rows[i]);
+    if (g == GroupOrdinals::kNone) continue;
     const Scored s{dist[i], rows[i]};
     if (s < best_of[g]) best_of[g] = s;
   }
@@ -128,8 +148,8 @@ void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dis
   // Every part of a kept group, ordered by (group rank, distance), then cut into groups.
   members.clear();
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::uint32_t g = field.group_of[rows[i]];
-    if (g == Field::kNoGroup || !rank_of.marked(g)) continue;
+    const std::uint32_t g = groups.of_slot(rows[i]);
+    if (g == GroupOrdinals::kNone || !rank_of.marked(g)) continue;
     members.push_back({rank_of.value(g), Scored{dist[i], rows[i]}});
   }
   std::sort(members.begin(), members.end(),

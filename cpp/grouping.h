@@ -4,9 +4,10 @@
 // search met. Groups are ordered by their best distance.
 //
 // Results are flat (a few arrays per query, not a few per group) and the per-call group
-// lookups use dense per-thread marks indexed by the field's group ordinal, so collapsing a
-// page allocates nothing per group and never hashes.
+// lookups use dense per-thread marks indexed by the field's group ordinal (GroupOrdinals),
+// so collapsing a page allocates nothing per group and never hashes.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "metadata_store.h"
@@ -14,6 +15,31 @@
 #include "topk.h"
 
 namespace kbcore {
+
+/// Dense group ordinals of one field: ints by value, then strings by dictionary id, numbered
+/// 0.. in that order; slots with no int or str value have none. What grouped search collapses on.
+class GroupOrdinals {
+ public:
+  static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
+
+  /// The ordinals of field's current values: built on the first call after a write (O(n log n))
+  /// and cached in the field (Field::derived), O(1) after. Thread-safe for concurrent readers;
+  /// the reference is valid until the next write to the field.
+  static const GroupOrdinals& of(const Field& field);
+  /// Builds the ordinals of field's values (use of() to share the cached ones). O(n log n).
+  explicit GroupOrdinals(const Field& field);
+
+  /// The ordinal of slot s's value, or kNone. O(1).
+  std::uint32_t of_slot(Slot s) const { return group_of_[s]; }
+  /// Number of distinct groups. O(1).
+  std::size_t size() const { return keys_.size(); }
+  /// The (ValueKind as a byte, payload: the int or the dictionary id) of ordinal g. O(1).
+  const std::pair<std::uint8_t, std::int64_t>& key(std::uint32_t g) const { return keys_[g]; }
+
+ private:
+  std::vector<std::uint32_t> group_of_;                      // per slot
+  std::vector<std::pair<std::uint8_t, std::int64_t>> keys_;  // per ordinal
+};
 
 /// The groups of one query, best first, flattened. Group g has ordinal ordinals[g]; its best
 /// hits are best[best_begin(g), best_end[g]) and the parts met parts[parts_begin(g),
@@ -73,21 +99,21 @@ struct GroupingScratch {
 
 }  // namespace detail
 
-/// Groups `sorted` (ascending) by field.group_of into `out` (cleared first); keeps the first
-/// k groups to appear (the k with the best distances) and, for them, the best group_size hits
-/// and every part met. Slots without a group value are skipped. The field's index must be
-/// built. O(|sorted|), no allocation in steady state beyond `out`'s growth.
-void collapse_sorted(const std::vector<Scored>& sorted, const Field& field, std::size_t k, std::size_t group_size,
-                     GroupedSlots& out);
+/// Groups `sorted` (ascending) by their ordinals in `groups` into `out` (cleared first);
+/// keeps the first k groups to appear (the k with the best distances) and, for them, the best
+/// group_size hits and every part met. Slots without a group value are skipped.
+/// O(|sorted|), no allocation in steady state beyond `out`'s growth.
+void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& groups, std::size_t k,
+                     std::size_t group_size, GroupedSlots& out);
 
 /// Number of distinct groups among `hits` (any order), counting stops at `k`. O(|hits|).
-std::size_t count_groups(const std::vector<Scored>& hits, const Field& field, std::size_t k);
+std::size_t count_groups(const std::vector<Scored>& hits, const GroupOrdinals& groups, std::size_t k);
 
 /// Exact grouping over all `rows` with their distances `dist` (same order) into `out`
 /// (cleared first): the k groups with the smallest best distance, each with its best
 /// group_size hits and every part among rows. O(|rows| + groups + m log m) for the m parts of
 /// the k groups.
-void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const Field& field, std::size_t k,
-                    std::size_t group_size, GroupedSlots& out);
+void collapse_exact(const std::vector<Slot>& rows, const std::vector<float>& dist, const GroupOrdinals& groups,
+                    std::size_t k, std::size_t group_size, GroupedSlots& out);
 
 }  // namespace kbcore

@@ -213,10 +213,10 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
   std::vector<GroupPage> out(nq);
   if (store_.size() == 0) return out;
   const Field* field = meta_.field(p.group_by);
-  if (field == nullptr || field->present == 0) {
+  if (field == nullptr || field->present_count() == 0) {
     throw InvalidArgument("group_by field '" + p.group_by + "' is not present in any stored row");
   }
-  field->ensure_index();
+  const GroupOrdinals& field_groups = GroupOrdinals::of(*field);
   const std::size_t ef = std::max(p.ef == 0 ? config_.ef_search : p.ef, k * p.group_size);
 
   Bitmap allowed;
@@ -244,7 +244,7 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
     page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
     for (std::size_t g = 0; g < ng; ++g) {
-      const auto& key = field->group_keys[groups.ordinals[g]];
+      const auto& key = field_groups.key(groups.ordinals[g]);
       page.key_kinds[g] = static_cast<ValueKind>(key.first);
       if (page.key_kinds[g] == ValueKind::kInt) {
         page.key_ints[g] = key.second;
@@ -278,11 +278,11 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     GroupedSlots& groups = search_scratch().groups;  // per thread, reused across queries
     if (strategy == Strategy::kTwoHop) {
       // The candidate list in any order: counting distinct groups needs no sort.
-      const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, *field, k) >= k; };
+      const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, field_groups, k) >= k; };
       std::vector<Scored> res = codes ? HnswSq8Search::search_expanding(*graph_, *codes, q, ef, allowed_or_all, enough)
                                       : graph_->search_expanding(q, ef, allowed_or_all, enough);
       res = merge_pending(std::move(res), q, allowed_or_all, std::numeric_limits<std::size_t>::max());
-      collapse_sorted(res, *field, k, p.group_size, groups);
+      collapse_sorted(res, field_groups, k, p.group_size, groups);
       if (groups.size() >= k) {
         convert(groups, out[qi]);
         return;
@@ -293,7 +293,7 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     const std::vector<Slot>& scan = all_rows();
     std::vector<float> d(scan.size());
     score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
-    collapse_exact(scan, d, *field, k, p.group_size, groups);
+    collapse_exact(scan, d, field_groups, k, p.group_size, groups);
     convert(groups, out[qi]);
   });
   return out;

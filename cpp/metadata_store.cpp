@@ -38,87 +38,110 @@ double bits_double(std::int64_t b) {
   return d;
 }
 
+// All entries with lo <= key <= hi. O(log n).
+template <typename K>
+Entries<K> between(const SortedIndex<K>& idx, K lo, K hi) {
+  const auto first = std::lower_bound(idx.begin(), idx.end(), std::make_pair(lo, Slot{0}));
+  const auto last =
+      std::upper_bound(first, idx.end(), hi, [](K v, const std::pair<K, Slot>& e) { return v < e.first; });
+  return Entries<K>(idx.data() + (first - idx.begin()), idx.data() + (last - idx.begin()));
+}
+
 }  // namespace
 
-void Field::ensure_index() const {
-  std::lock_guard<std::mutex> lock(index_mutex);
-  if (!dirty) return;
-  int_index.clear();
-  float_index.clear();
-  bool_index.clear();
-  str_index.clear();
-  list_index.clear();
-  str_runs.clear();
-  for (std::size_t s = 0; s < kinds.size(); ++s) {
+Entries<std::int64_t> FieldIndex::ints_between(std::int64_t lo, std::int64_t hi) const {
+  return between(int_index_, lo, hi);
+}
+
+Entries<double> FieldIndex::floats_between(double lo, double hi) const { return between(float_index_, lo, hi); }
+
+Entries<std::int64_t> FieldIndex::bool_entries(bool b) const {
+  const std::int64_t v = b ? 1 : 0;
+  return between(bool_index_, v, v);
+}
+
+Entries<std::uint32_t> FieldIndex::str_entries(std::uint32_t id) const { return between(str_index_, id, id); }
+
+Entries<std::uint32_t> FieldIndex::all_strs() const {
+  return Entries<std::uint32_t>(str_index_.data(), str_index_.data() + str_index_.size());
+}
+
+Entries<std::uint32_t> FieldIndex::list_entries(std::uint32_t id) const { return between(list_index_, id, id); }
+
+std::size_t FieldIndex::memory_bytes() const {
+  return (int_index_.capacity() + float_index_.capacity() + bool_index_.capacity()) * 16 +
+         (str_index_.capacity() + list_index_.capacity()) * 8;
+}
+
+void FieldIndex::build(const Field& f) {
+  int_index_.clear();
+  float_index_.clear();
+  bool_index_.clear();
+  str_index_.clear();
+  list_index_.clear();
+  str_runs_.clear();
+  for (std::size_t s = 0; s < f.kinds_.size(); ++s) {
     const auto slot = static_cast<Slot>(s);
-    switch (static_cast<ValueKind>(kinds[s])) {
+    const std::int64_t payload = f.payload_[s];
+    switch (static_cast<ValueKind>(f.kinds_[s])) {
       case ValueKind::kInt:
-        int_index.emplace_back(payload[s], slot);
+        int_index_.emplace_back(payload, slot);
         break;
       case ValueKind::kFloat:
-        float_index.emplace_back(bits_double(payload[s]), slot);
+        float_index_.emplace_back(bits_double(payload), slot);
         break;
       case ValueKind::kBool:
-        bool_index.emplace_back(payload[s], slot);
+        bool_index_.emplace_back(payload, slot);
         break;
       case ValueKind::kStr:
-        str_index.emplace_back(static_cast<std::uint32_t>(payload[s]), slot);
+        str_index_.emplace_back(static_cast<std::uint32_t>(payload), slot);
         break;
       case ValueKind::kStrList:
-        for (std::uint32_t id : lists[static_cast<std::size_t>(payload[s])]) list_index.emplace_back(id, slot);
+        for (std::uint32_t id : f.lists_[static_cast<std::size_t>(payload)]) list_index_.emplace_back(id, slot);
         break;
       default:
         break;
     }
   }
-  std::sort(int_index.begin(), int_index.end());
-  std::sort(float_index.begin(), float_index.end());
-  std::sort(bool_index.begin(), bool_index.end());
-  std::sort(str_index.begin(), str_index.end());
-  std::sort(list_index.begin(), list_index.end());
-  list_index.erase(std::unique(list_index.begin(), list_index.end()), list_index.end());
-  // Group ordinals: ints by value, strings by dictionary id, in one dense numbering.
-  group_of.assign(kinds.size(), kNoGroup);
-  group_keys.clear();
-  for (const auto* idx : {&int_index}) {
-    for (std::size_t i = 0; i < idx->size(); ++i) {
-      if (i == 0 || (*idx)[i].first != (*idx)[i - 1].first) {
-        group_keys.emplace_back(static_cast<std::uint8_t>(ValueKind::kInt), (*idx)[i].first);
-      }
-      group_of[(*idx)[i].second] = static_cast<std::uint32_t>(group_keys.size() - 1);
-    }
-  }
-  for (std::size_t i = 0; i < str_index.size(); ++i) {
-    if (i == 0 || str_index[i].first != str_index[i - 1].first) {
-      group_keys.emplace_back(static_cast<std::uint8_t>(ValueKind::kStr), str_index[i].first);
-    }
-    group_of[str_index[i].second] = static_cast<std::uint32_t>(group_keys.size() - 1);
-  }
-  for (std::size_t i = 0; i < str_index.size();) {
+  std::sort(int_index_.begin(), int_index_.end());
+  std::sort(float_index_.begin(), float_index_.end());
+  std::sort(bool_index_.begin(), bool_index_.end());
+  std::sort(str_index_.begin(), str_index_.end());
+  std::sort(list_index_.begin(), list_index_.end());
+  list_index_.erase(std::unique(list_index_.begin(), list_index_.end()), list_index_.end());
+  const auto* base = str_index_.data();
+  for (std::size_t i = 0; i < str_index_.size();) {
     std::size_t j = i;
-    while (j < str_index.size() && str_index[j].first == str_index[i].first) ++j;
-    str_runs.push_back({str_index[i].first, {i, j}});
+    while (j < str_index_.size() && str_index_[j].first == str_index_[i].first) ++j;
+    str_runs_.push_back(StrRun{str_index_[i].first, Entries<std::uint32_t>(base + i, base + j)});
     i = j;
   }
-  dirty = false;
+}
+
+Field::Field(std::string name, std::size_t slots) : name_(std::move(name)), kinds_(slots, 0), payload_(slots, 0) {}
+
+const FieldIndex& Field::index() const {
+  std::lock_guard<std::mutex> lock(index_mutex_);
+  if (index_version_ != version_) {
+    index_.build(*this);
+    index_version_ = version_;
+  }
+  return index_;
 }
 
 void MetadataStore::grow(std::size_t n) {
   if (n <= slots_) return;
   slots_ = n;
   for (auto& f : fields_) {
-    f->kinds.resize(n, 0);
-    f->payload.resize(n, 0);
+    f->kinds_.resize(n, 0);
+    f->payload_.resize(n, 0);
   }
 }
 
 Field& MetadataStore::field_for(const std::string& name) {
   const auto it = by_name_.find(name);
   if (it != by_name_.end()) return *fields_[it->second];
-  auto f = std::make_unique<Field>();
-  f->name = name;
-  f->kinds.assign(slots_, 0);
-  f->payload.assign(slots_, 0);
+  auto f = std::make_unique<Field>(name, slots_);
   by_name_.emplace(name, fields_.size());
   fields_.push_back(std::move(f));
   return *fields_.back();
@@ -173,26 +196,26 @@ void MetadataStore::validate(const std::vector<ColumnInput>& cols, std::size_t n
 }
 
 void MetadataStore::clear_value(Field& f, Slot s) {
-  const auto kind = static_cast<ValueKind>(f.kinds[s]);
+  const auto kind = static_cast<ValueKind>(f.kinds_[s]);
   if (kind == ValueKind::kMissing) return;
   if (kind == ValueKind::kStrList) {
-    const auto li = static_cast<std::uint32_t>(f.payload[s]);
-    f.lists[li].clear();
-    f.lists[li].shrink_to_fit();
-    f.free_lists.push_back(li);
+    const auto li = static_cast<std::uint32_t>(f.payload_[s]);
+    f.lists_[li].clear();
+    f.lists_[li].shrink_to_fit();
+    f.free_lists_.push_back(li);
   }
-  f.kinds[s] = 0;
-  f.payload[s] = 0;
-  --f.present;
-  f.dirty = true;
+  f.kinds_[s] = 0;
+  f.payload_[s] = 0;
+  --f.present_;
+  ++f.version_;
 }
 
 void MetadataStore::set(Field& f, Slot s, ValueKind kind, std::int64_t payload) {
   clear_value(f, s);
-  f.kinds[s] = static_cast<std::uint8_t>(kind);
-  f.payload[s] = payload;
-  ++f.present;
-  f.dirty = true;
+  f.kinds_[s] = static_cast<std::uint8_t>(kind);
+  f.payload_[s] = payload;
+  ++f.present_;
+  ++f.version_;
 }
 
 void MetadataStore::clear(Slot s) {
@@ -230,13 +253,13 @@ void MetadataStore::assign(const std::vector<Slot>& slots, const std::vector<Col
             ids.push_back(dict_.intern(bytes_at(c.data, c.offsets, static_cast<std::size_t>(j))));
           }
           std::uint32_t li;
-          if (!f.free_lists.empty()) {
-            li = f.free_lists.back();
-            f.free_lists.pop_back();
-            f.lists[li] = std::move(ids);
+          if (!f.free_lists_.empty()) {
+            li = f.free_lists_.back();
+            f.free_lists_.pop_back();
+            f.lists_[li] = std::move(ids);
           } else {
-            li = static_cast<std::uint32_t>(f.lists.size());
-            f.lists.push_back(std::move(ids));
+            li = static_cast<std::uint32_t>(f.lists_.size());
+            f.lists_.push_back(std::move(ids));
           }
           set(f, s, ValueKind::kStrList, li);
           break;
@@ -254,27 +277,27 @@ std::vector<std::pair<std::string, Value>> MetadataStore::row(Slot s) const {
   for (const auto& fp : fields_) {
     const Field& f = *fp;
     Value v;
-    v.kind = static_cast<ValueKind>(f.kinds[s]);
+    v.kind = static_cast<ValueKind>(f.kinds_[s]);
     switch (v.kind) {
       case ValueKind::kMissing:
         continue;
       case ValueKind::kInt:
-        v.i = f.payload[s];
+        v.i = f.payload_[s];
         break;
       case ValueKind::kFloat:
-        v.f = bits_double(f.payload[s]);
+        v.f = bits_double(f.payload_[s]);
         break;
       case ValueKind::kBool:
-        v.b = f.payload[s] != 0;
+        v.b = f.payload_[s] != 0;
         break;
       case ValueKind::kStr:
-        v.s = dict_.str(static_cast<std::uint32_t>(f.payload[s]));
+        v.s = dict_.str(f.str_id(s));
         break;
       case ValueKind::kStrList:
-        for (std::uint32_t id : f.lists[static_cast<std::size_t>(f.payload[s])]) v.list.push_back(dict_.str(id));
+        for (std::uint32_t id : f.list_at(s)) v.list.push_back(dict_.str(id));
         break;
     }
-    out.emplace_back(f.name, std::move(v));
+    out.emplace_back(f.name_, std::move(v));
   }
   return out;
 }
@@ -282,10 +305,9 @@ std::vector<std::pair<std::string, Value>> MetadataStore::row(Slot s) const {
 std::size_t MetadataStore::memory_bytes() const {
   std::size_t b = dict_.memory_bytes();
   for (const auto& f : fields_) {
-    b += f->kinds.capacity() + f->payload.capacity() * 8;
-    for (const auto& l : f->lists) b += l.capacity() * 4 + sizeof(l);
-    b += (f->int_index.capacity() + f->float_index.capacity() + f->bool_index.capacity()) * 16 +
-         (f->str_index.capacity() + f->list_index.capacity()) * 8;
+    b += f->kinds_.capacity() + f->payload_.capacity() * 8;
+    for (const auto& l : f->lists_) b += l.capacity() * 4 + sizeof(l);
+    b += f->index_.memory_bytes();
   }
   return b;
 }
@@ -300,25 +322,25 @@ void MetadataStore::save(BinaryWriter& w, const VectorStore& store) const {
   w.u64(fields_.size());
   for (const auto& fp : fields_) {
     const Field& f = *fp;
-    put_str(f.name);
-    w.u64(f.present);
-    for (std::size_t s = 0; s < f.kinds.size(); ++s) {
-      const auto kind = static_cast<ValueKind>(f.kinds[s]);
+    put_str(f.name_);
+    w.u64(f.present_);
+    for (std::size_t s = 0; s < f.kinds_.size(); ++s) {
+      const auto kind = static_cast<ValueKind>(f.kinds_[s]);
       if (kind == ValueKind::kMissing) continue;
       w.u32(static_cast<std::uint32_t>(s));
       w.u8(static_cast<std::uint8_t>(kind));
       switch (kind) {
         case ValueKind::kStr:
-          put_str(dict_.str(static_cast<std::uint32_t>(f.payload[s])));
+          put_str(dict_.str(f.str_id(static_cast<Slot>(s))));
           break;
         case ValueKind::kStrList: {
-          const auto& l = f.lists[static_cast<std::size_t>(f.payload[s])];
+          const auto& l = f.list_at(static_cast<Slot>(s));
           w.u64(l.size());
           for (std::uint32_t id : l) put_str(dict_.str(id));
           break;
         }
         default:
-          w.i64(f.payload[s]);
+          w.i64(f.payload_[s]);
       }
     }
   }
@@ -356,7 +378,7 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
         case ValueKind::kInt:
         case ValueKind::kBool:
           set(f, s, kind, r.i64());
-          if (kind == ValueKind::kBool && (f.payload[s] < 0 || f.payload[s] > 1)) r.fail("invalid bool value");
+          if (kind == ValueKind::kBool && (f.payload_[s] < 0 || f.payload_[s] > 1)) r.fail("invalid bool value");
           break;
         case ValueKind::kFloat: {
           const std::int64_t bits = r.i64();
@@ -372,8 +394,8 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
           r.require(len, 8);
           std::vector<std::uint32_t> ids;
           for (std::uint64_t j = 0; j < len; ++j) ids.push_back(dict_.intern(get_str()));
-          const auto li = static_cast<std::uint32_t>(f.lists.size());
-          f.lists.push_back(std::move(ids));
+          const auto li = static_cast<std::uint32_t>(f.lists_.size());
+          f.lists_.push_back(std::move(ids));
           set(f, s, kind, li);
           break;
         }

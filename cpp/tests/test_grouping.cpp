@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "errors.h"
+#include "grouping.h"
 #include "index.h"
+#include "metadata_store.h"
 #include "test_util.h"
 
 using namespace kbcore_test;
@@ -87,4 +89,44 @@ KBCORE_TEST(grouped_search_agrees_with_brute_force) {
   empty_field.add(x.data(), ids.data(), 10, 1);
   CHECK(throws<kbcore::InvalidArgument>(
       [&] { empty_field.search_groups(q.data(), 1, group_params(k, "doc", 1, 0, 1)); }));
+}
+
+KBCORE_TEST(group_ordinals_number_ints_then_strings_and_follow_writes) {
+  using namespace kbcore;
+  // Rows 0..5: ints 7, 3, 7 on 0-2; strings "y", "x", "y" on 3-5; row 6 has no value.
+  const std::size_t n = 7;
+  std::vector<std::int64_t> ints = {7, 3, 7, 0, 0, 0, 0};
+  std::vector<std::uint8_t> int_valid = {1, 1, 1, 0, 0, 0, 0};
+  std::vector<std::uint8_t> str_valid = {0, 0, 0, 1, 1, 1, 0};
+  std::vector<std::int64_t> off = {0, 0, 0, 0, 1, 2, 3, 3};
+  const std::string chars = "yxy";
+  ColumnInput cs;
+  cs.name = "g";
+  cs.kind = ValueKind::kStr;
+  cs.valid = str_valid.data();
+  cs.offsets = off.data();
+  cs.data = reinterpret_cast<const std::uint8_t*>(chars.data());
+  cs.data_len = chars.size();
+  const std::vector<ColumnInput> cols = {int_column("g", ints, int_valid), cs};
+  MetadataStore::validate(cols, n);
+  MetadataStore meta;
+  meta.assign({0, 1, 2, 3, 4, 5, 6}, cols);
+  const Field* f = meta.field("g");
+  const GroupOrdinals& g = GroupOrdinals::of(*f);
+  CHECK(&g == &GroupOrdinals::of(*f));  // cached while no write runs
+  CHECK(g.size() == 4);
+  // Ints by value (3, 7), then strings by dictionary id ("y" was interned first).
+  const std::uint32_t y = meta.dict().find("y").value(), x = meta.dict().find("x").value();
+  CHECK(y < x);
+  CHECK(g.key(0) == std::make_pair(std::uint8_t{1}, std::int64_t{3}));
+  CHECK(g.key(1) == std::make_pair(std::uint8_t{1}, std::int64_t{7}));
+  CHECK(g.key(2) == std::make_pair(std::uint8_t{4}, std::int64_t{y}));
+  CHECK(g.key(3) == std::make_pair(std::uint8_t{4}, std::int64_t{x}));
+  const std::vector<std::uint32_t> want = {1, 0, 1, 2, 3, 2, GroupOrdinals::kNone};
+  for (Slot s = 0; s < n; ++s) CHECK(g.of_slot(s) == want[s]);
+  // After a write the ordinals are rebuilt from the new values.
+  meta.clear(1);
+  const GroupOrdinals& after = GroupOrdinals::of(*f);
+  CHECK(after.size() == 3);
+  CHECK(after.of_slot(1) == GroupOrdinals::kNone && after.of_slot(0) == 0 && after.of_slot(3) == 1);
 }

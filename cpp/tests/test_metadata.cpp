@@ -1,6 +1,8 @@
 // Metadata store: ISO-8601 parsing, typed values round trip, UTF-8 validation.
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -82,4 +84,157 @@ KBCORE_TEST(metadata_values_of_every_kind_round_trip_and_clear) {
   // validate names the problem and changes nothing.
   floats[1] = NAN;
   CHECK(throws<InvalidArgument>([&] { MetadataStore::validate({cf}, n); }));
+}
+
+namespace {
+
+// A str column over rows given as (valid, text); a str-list column over rows of lists.
+struct StrColumn {
+  std::vector<std::uint8_t> valid;
+  std::vector<std::int64_t> offsets{0};
+  std::string chars;
+  kbcore::ColumnInput input(const std::string& name) const {
+    kbcore::ColumnInput c;
+    c.name = name;
+    c.kind = kbcore::ValueKind::kStr;
+    c.valid = valid.data();
+    c.offsets = offsets.data();
+    c.data = reinterpret_cast<const std::uint8_t*>(chars.data());
+    c.data_len = chars.size();
+    return c;
+  }
+};
+
+struct ListColumn {
+  std::vector<std::uint8_t> valid;
+  std::vector<std::int64_t> list_offsets{0};
+  std::vector<std::int64_t> offsets{0};
+  std::string chars;
+  kbcore::ColumnInput input(const std::string& name) const {
+    kbcore::ColumnInput c;
+    c.name = name;
+    c.kind = kbcore::ValueKind::kStrList;
+    c.valid = valid.data();
+    c.list_offsets = list_offsets.data();
+    c.offsets = offsets.data();
+    c.n_strings = offsets.size() - 1;
+    c.data = reinterpret_cast<const std::uint8_t*>(chars.data());
+    c.data_len = chars.size();
+    return c;
+  }
+};
+
+template <typename K>
+std::vector<std::pair<K, kbcore::Slot>> to_vector(kbcore::Entries<K> e) {
+  return std::vector<std::pair<K, kbcore::Slot>>(e.begin(), e.end());
+}
+
+}  // namespace
+
+KBCORE_TEST(field_index_views_match_a_scan_of_the_values_and_follow_writes) {
+  using namespace kbcore;
+  std::mt19937 rng(15);
+  const std::size_t n = 300;
+  std::vector<std::uint8_t> int_valid(n);
+  std::vector<std::int64_t> ints(n);
+  std::vector<double> floats(n);
+  std::vector<std::uint8_t> float_valid(n);
+  StrColumn strs;
+  ListColumn lists;
+  const char* words[] = {"a", "b", "c", "d"};
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned r = rng() % 4;  // 0: int row, 1: float row, 2: str row, 3: missing
+    int_valid[i] = r == 0;
+    ints[i] = static_cast<std::int64_t>(rng() % 21) - 10;
+    float_valid[i] = r == 1;
+    floats[i] = static_cast<double>(rng() % 41) / 4 - 5;
+    strs.valid.push_back(r == 2);
+    if (r == 2) strs.chars += words[rng() % 4];
+    strs.offsets.push_back(static_cast<std::int64_t>(strs.chars.size()));
+    const bool has_list = rng() % 2 == 0;
+    lists.valid.push_back(has_list);
+    if (has_list) {
+      const unsigned len = rng() % 3;
+      for (unsigned j = 0; j < len; ++j) {
+        lists.chars += words[rng() % 4];
+        lists.offsets.push_back(static_cast<std::int64_t>(lists.chars.size()));
+      }
+    }
+    lists.list_offsets.push_back(static_cast<std::int64_t>(lists.offsets.size() - 1));
+  }
+  ColumnInput cf;
+  cf.name = "v";
+  cf.kind = ValueKind::kFloat;
+  cf.valid = float_valid.data();
+  cf.floats = floats.data();
+  const std::vector<ColumnInput> cols = {int_column("v", ints, int_valid), cf, strs.input("v"), lists.input("t")};
+  MetadataStore::validate(cols, n);
+  MetadataStore meta;
+  std::vector<Slot> slots(n);
+  for (std::size_t i = 0; i < n; ++i) slots[i] = static_cast<Slot>(i);
+  meta.assign(slots, cols);
+  const Field* v = meta.field("v");
+  CHECK(v != nullptr && v->name() == "v");
+  std::size_t present = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    CHECK(v->present(static_cast<Slot>(i)) == (int_valid[i] || float_valid[i] || strs.valid[i]));
+    present += v->present(static_cast<Slot>(i)) ? 1 : 0;
+  }
+  CHECK(v->present_count() == present);
+  const FieldIndex& idx = v->index();
+  // Ranges against a scan, ascending by (value, slot).
+  for (std::int64_t lo = -11; lo <= 11; lo += 3) {
+    for (std::int64_t hi = lo - 1; hi <= 11; hi += 4) {
+      std::vector<std::pair<std::int64_t, Slot>> want;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (int_valid[i] && ints[i] >= lo && ints[i] <= hi) want.push_back({ints[i], static_cast<Slot>(i)});
+      }
+      std::sort(want.begin(), want.end());
+      CHECK(to_vector(idx.ints_between(lo, hi)) == want);
+      std::vector<std::pair<double, Slot>> fwant;
+      const double flo = static_cast<double>(lo) / 2, fhi = static_cast<double>(hi) / 2;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (float_valid[i] && floats[i] >= flo && floats[i] <= fhi) fwant.push_back({floats[i], static_cast<Slot>(i)});
+      }
+      std::sort(fwant.begin(), fwant.end());
+      CHECK(to_vector(idx.floats_between(flo, fhi)) == fwant);
+    }
+  }
+  CHECK(idx.has_ints() && idx.has_floats() && idx.bool_entries(true).empty());
+  // str runs: ids ascending, each run's rows hold that id, together every str row once.
+  std::size_t str_rows = 0;
+  for (std::size_t r = 0; r < idx.str_runs().size(); ++r) {
+    const StrRun& run = idx.str_runs()[r];
+    CHECK(r == 0 || idx.str_runs()[r - 1].id < run.id);
+    CHECK(to_vector(run.rows) == to_vector(idx.str_entries(run.id)));
+    for (const auto& e : run.rows) CHECK(v->kinds()[e.second] == 4 && v->str_id(e.second) == run.id);
+    str_rows += run.rows.size();
+  }
+  CHECK(str_rows == idx.all_strs().size());
+  CHECK(str_rows == static_cast<std::size_t>(std::count(strs.valid.begin(), strs.valid.end(), 1)));
+  // list entries: the rows whose list holds the word, each once.
+  const Field* t = meta.field("t");
+  for (const char* w : words) {
+    const auto id = meta.dict().find(w);
+    CHECK(id.has_value());
+    std::vector<std::pair<std::uint32_t, Slot>> want;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!lists.valid[i]) continue;
+      const auto& l = t->list_at(static_cast<Slot>(i));
+      if (std::find(l.begin(), l.end(), *id) != l.end()) want.push_back({*id, static_cast<Slot>(i)});
+    }
+    CHECK(!want.empty());
+    CHECK(to_vector(t->index().list_entries(*id)) == want);
+  }
+  // A write bumps the version and the next index() reflects it.
+  const std::uint64_t before = v->version();
+  Slot int_slot = kNoSlot;
+  for (std::size_t i = 0; i < n && int_slot == kNoSlot; ++i) {
+    if (int_valid[i]) int_slot = static_cast<Slot>(i);
+  }
+  const std::size_t all_ints = v->index().ints_between(-100, 100).size();
+  meta.clear(int_slot);
+  CHECK(v->version() > before);
+  CHECK(v->index().ints_between(-100, 100).size() == all_ints - 1);
+  CHECK(!v->present(int_slot) && v->present_count() == present - 1);
 }
