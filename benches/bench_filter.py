@@ -53,7 +53,9 @@ BUILD_THREADS = 2
 TARGET_RECALL = 0.95
 DEFAULT_EFS = (16, 32, 64, 128, 256, 512, 1024)
 ANCHORS = ("hnswlib", "faiss", "usearch", "numpy")
-ALL_LIBS = ("kbcore",) + ANCHORS
+# kbcore variants: name -> quantization (None is the float32 index).
+KBCORE_VARIANTS = {"kbcore": None, "kbcore-sq8": "sq8"}
+ALL_LIBS = tuple(KBCORE_VARIANTS) + ANCHORS
 TIE_EPS = 1e-5
 ATTR_SEED = 20240603
 TAGS = ("t0", "t1", "t2", "t3", "t4")
@@ -385,13 +387,15 @@ def sweep(
 class KbcoreLib:
     name = "kbcore"
 
-    def __init__(self, ds: Dataset, attrs: Attributes) -> None:
+    def __init__(self, ds: Dataset, attrs: Attributes, quantization: str | None = None) -> None:
         import kbcore
         from kbcore.filters import native_filter
 
         self.native_filter = native_filter
         table = attrs.arrow_table()
-        self.index = kbcore.Index(ds.dim, "cosine", "hnsw", M=M, ef_construction=EF_CONSTRUCTION)
+        self.index = kbcore.Index(
+            ds.dim, "cosine", "hnsw", M=M, ef_construction=EF_CONSTRUCTION, quantization=quantization
+        )
         self.index.add(ds.base, np.arange(ds.n, dtype=np.int64), metadata=table, threads=BUILD_THREADS)
 
     def warm_up(self, queries: np.ndarray) -> None:
@@ -550,6 +554,103 @@ def build_timed(make: Callable[[], Any]) -> tuple[Any, float]:
     return obj, time.perf_counter() - t0
 
 
+def bench_kbcore(
+    name: str,
+    quantization: str | None,
+    ds: Dataset,
+    attrs: Attributes,
+    cases: Sequence[Case],
+    queries: np.ndarray,
+    scores: np.ndarray,
+    res: dict,
+    efs: Sequence[int],
+    repeats: int,
+    budget: Budget,
+) -> None:
+    """One kbcore variant (float32 or quantized) over every case: its default ef, its automatic
+    strategy swept over ef (the equal-recall figure), and each strategy forced (analysis)."""
+    q1 = list(queries)
+    q2 = [row[None, :] for row in queries]
+    builds = res["build_s"]
+    lib, builds[name] = build_timed(lambda: KbcoreLib(ds, attrs, quantization))
+    log(f"  {name} build {builds[name]:.1f} s")
+    lib.warm_up(queries)
+    native = lib.index._native
+    res[f"{name}_default_ef"] = default_ef = lib.index.ef
+    res[f"{name}_evals_per_ef"] = float(native.evals_per_ef)
+    for c in cases:
+        out = res["cases"][c.name]["libs"]
+        count = lib.index.count(c.where)
+        strategy = native.strategy(c.passing, max(default_ef, K))
+        log(f"    {c.name}: count {count} (numpy {c.passing}), auto strategy at ef={default_ef}: {strategy}")
+        p = measure_point(
+            lib.auto_fn(c.where),
+            q1,
+            lambda r: np.asarray(r[0], dtype=np.int64),
+            c,
+            scores,
+            repeats,
+            None,
+            always_repeat=True,
+        )
+        p.update(ef=default_ef, strategy=strategy, count=count)
+        out[f"{name} default ef"] = p
+        log(
+            f"      {name + ' auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  "
+            f"QPS {p['qps']:9.1f}  [{strategy}]" + cpu_warning(p)
+        )
+        # Equal-recall figure, by the anchors' rule: the automatic strategy swept over ef,
+        # the lowest ef reaching the target is kbcore's operating point.
+        sw = sweep(
+            f"{name} auto",
+            lambda ef, w=c.where: lib.auto_fn(w, ef),
+            q1,
+            lambda r: np.asarray(r[0], dtype=np.int64),
+            c,
+            scores,
+            efs,
+            repeats,
+            budget,
+        )
+        out[f"{name} auto sweep"] = sw
+        q = sw["qualifying"]
+        if q is not None:
+            q = dict(q, strategy=native.strategy(c.passing, max(q["ef"], K)), count=count)
+        out[name] = q if q is not None else p
+        for forced in ("exact", "graph", "walk"):
+            fp = measure_point(
+                lib.forced_fn(c.where, default_ef, forced),
+                q2,
+                lambda r: np.asarray(r[0][0], dtype=np.int64),
+                c,
+                scores,
+                repeats,
+                None,
+                always_repeat=True,
+            )
+            fp["ef"] = default_ef
+            out[f"{name}[{forced}]"] = fp
+            log(
+                f"      {name + ' ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  "
+                f"QPS {fp['qps']:9.1f}" + cpu_warning(fp)
+            )
+        # The graph traversal alone across ef (one pass per point): where would it reach the target?
+        out[f"{name}[graph] sweep"] = sweep(
+            f"{name} graph",
+            lambda ef, w=c.where: lib.forced_fn(w, ef, "graph"),
+            q2,
+            lambda r: np.asarray(r[0][0], dtype=np.int64),
+            c,
+            scores,
+            efs,
+            1,
+            budget,
+        )
+    if quantization is None:
+        res["compile_cost"] = compile_cost(lib, cases, q1, repeats)
+    lib.close()  # the index is freed before the next library builds
+
+
 def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int], repeats: int, budget: Budget) -> dict:
     queries = np.ascontiguousarray(ds.queries[:nq])
     q1 = list(queries)  # 1-D views for the per-query loop
@@ -579,85 +680,9 @@ def bench_dataset(ds: Dataset, nq: int, libs: Sequence[str], efs: Sequence[int],
     builds: dict[str, float] = {}
     res["build_s"] = builds
 
-    if "kbcore" in libs:
-        lib, builds["kbcore"] = build_timed(lambda: KbcoreLib(ds, attrs))
-        log(f"  kbcore build {builds['kbcore']:.1f} s")
-        lib.warm_up(queries)
-        native = lib.index._native
-        res["kbcore_default_ef"] = default_ef = lib.index.ef
-        res["kbcore_evals_per_ef"] = float(native.evals_per_ef)
-        for c in cases:
-            out = res["cases"][c.name]["libs"]
-            count = lib.index.count(c.where)
-            strategy = native.strategy(c.passing, max(default_ef, K))
-            log(f"    {c.name}: count {count} (numpy {c.passing}), auto strategy at ef={default_ef}: {strategy}")
-            p = measure_point(
-                lib.auto_fn(c.where),
-                q1,
-                lambda r: np.asarray(r[0], dtype=np.int64),
-                c,
-                scores,
-                repeats,
-                None,
-                always_repeat=True,
-            )
-            p.update(ef=default_ef, strategy=strategy, count=count)
-            out["kbcore default ef"] = p
-            log(
-                f"      {'kbcore auto':<14s} ef={default_ef:<5d} recall {p['recall']:.4f}  "
-                f"QPS {p['qps']:9.1f}  [{strategy}]" + cpu_warning(p)
-            )
-            # Equal-recall figure, by the anchors' rule: the automatic strategy swept over ef,
-            # the lowest ef reaching the target is kbcore's operating point.
-            sw = sweep(
-                "kbcore auto",
-                lambda ef, w=c.where: lib.auto_fn(w, ef),
-                q1,
-                lambda r: np.asarray(r[0], dtype=np.int64),
-                c,
-                scores,
-                efs,
-                repeats,
-                budget,
-            )
-            out["kbcore auto sweep"] = sw
-            q = sw["qualifying"]
-            if q is not None:
-                q = dict(q, strategy=native.strategy(c.passing, max(q["ef"], K)), count=count)
-            out["kbcore"] = q if q is not None else p
-            for forced in ("exact", "graph", "walk"):
-                fp = measure_point(
-                    lib.forced_fn(c.where, default_ef, forced),
-                    q2,
-                    lambda r: np.asarray(r[0][0], dtype=np.int64),
-                    c,
-                    scores,
-                    repeats,
-                    None,
-                    always_repeat=True,
-                )
-                fp["ef"] = default_ef
-                out[f"kbcore[{forced}]"] = fp
-                log(
-                    f"      {'kbcore ' + forced:<14s} ef={default_ef:<5d} recall {fp['recall']:.4f}  "
-                    f"QPS {fp['qps']:9.1f}" + cpu_warning(fp)
-                )
-            # The graph traversal alone across ef (one pass per point): where would it reach the target?
-            out["kbcore[graph] sweep"] = sweep(
-                "kbcore graph",
-                lambda ef, w=c.where: lib.forced_fn(w, ef, "graph"),
-                q2,
-                lambda r: np.asarray(r[0][0], dtype=np.int64),
-                c,
-                scores,
-                efs,
-                1,
-                budget,
-            )
-        res["compile_cost"] = compile_cost(lib, cases, q1, repeats)
-        del native
-        lib.close()
-        del lib
+    for name, quantization in KBCORE_VARIANTS.items():
+        if name in libs:
+            bench_kbcore(name, quantization, ds, attrs, cases, queries, scores, res, efs, repeats, budget)
 
     if "hnswlib" in libs:
         lib, builds["hnswlib"] = build_timed(lambda: HnswlibLib(ds))
@@ -770,8 +795,9 @@ def summarise(res: dict) -> None:
             if p is not None and p["recall"] >= TARGET_RECALL and (best is None or p["qps"] > best[1]):
                 best = (name, p["qps"], p["ef"])
         c["best_anchor"] = None if best is None else {"lib": best[0], "qps": best[1], "ef": best[2]}
-        kb = libs.get("kbcore")
-        c["kbcore_ratio"] = kb["qps"] / best[1] if kb is not None and best is not None else None
+        for name in KBCORE_VARIANTS:
+            kb = libs.get(name)
+            c[f"{name}_ratio"] = kb["qps"] / best[1] if kb is not None and best is not None else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -841,45 +867,46 @@ def report(results: dict) -> list[str]:
                 first = False
                 lines.append(f"{head} {lib} | " + " | ".join(cells) + " |")
 
-            kb = libs.get("kbcore")
-            if kb is not None:
-                ratio = c["kbcore_ratio"]
-                best = c["best_anchor"]
-                note = f"auto -> {kb['strategy']}; ratio " + (
-                    f"{ratio:.2f} vs {best['lib']}" if ratio is not None else "n/a (no anchor reached the target)"
-                )
-                if kb["recall"] < TARGET_RECALL:
-                    note += f" (does not count: recall < {TARGET_RECALL})"
-                row("**kbcore**", (f"{kb['recall']:.3f}", _fmt_qps(kb["qps"]), str(kb["ef"]), note))
-                for forced in ("exact", "graph", "walk"):
-                    fp = libs.get(f"kbcore[{forced}]")
-                    if fp is not None:
+            for variant in KBCORE_VARIANTS:
+                kb = libs.get(variant)
+                if kb is not None:
+                    ratio = c[f"{variant}_ratio"]
+                    best = c["best_anchor"]
+                    note = f"auto -> {kb['strategy']}; ratio " + (
+                        f"{ratio:.2f} vs {best['lib']}" if ratio is not None else "n/a (no anchor reached the target)"
+                    )
+                    if kb["recall"] < TARGET_RECALL:
+                        note += f" (does not count: recall < {TARGET_RECALL})"
+                    row(f"**{variant}**", (f"{kb['recall']:.3f}", _fmt_qps(kb["qps"]), str(kb["ef"]), note))
+                    for forced in ("exact", "graph", "walk"):
+                        fp = libs.get(f"{variant}[{forced}]")
+                        if fp is not None:
+                            row(
+                                f"{variant} {forced} (forced)",
+                                (f"{fp['recall']:.3f}", _fmt_qps(fp["qps"]), str(fp["ef"]), "analysis"),
+                            )
+                    gs = libs.get(f"{variant}[graph] sweep")
+                    if gs is not None:
+                        p = gs["qualifying"]
+                        last = gs["points"][-1]
+                        never = f"never >= {TARGET_RECALL} up to ef {last['ef']} (recall {last['recall']:.3f})"
                         row(
-                            f"kbcore {forced} (forced)",
-                            (f"{fp['recall']:.3f}", _fmt_qps(fp["qps"]), str(fp["ef"]), "analysis"),
+                            f"{variant} graph (forced, ef sweep)",
+                            (f"{p['recall']:.3f}", _fmt_qps(p["qps"]), str(p["ef"]), "analysis, 1 pass")
+                            if p is not None
+                            else ("-", "-", "-", never),
                         )
-                gs = libs.get("kbcore[graph] sweep")
-                if gs is not None:
-                    p = gs["qualifying"]
-                    last = gs["points"][-1]
-                    never = f"never >= {TARGET_RECALL} up to ef {last['ef']} (recall {last['recall']:.3f})"
-                    row(
-                        "kbcore graph (forced, ef sweep)",
-                        (f"{p['recall']:.3f}", _fmt_qps(p["qps"]), str(p["ef"]), "analysis, 1 pass")
-                        if p is not None
-                        else ("-", "-", "-", never),
-                    )
-                if kb["recall"] < TARGET_RECALL:
-                    flags.append(
-                        f"{ds['name']} / {name}: kbcore recall {kb['recall']:.4f} < {TARGET_RECALL} "
-                        f"(strategy {kb['strategy']}, ef {kb['ef']})"
-                    )
-                if ratio is not None and ratio < 1.0:
-                    flags.append(
-                        f"{ds['name']} / {name}: kbcore ratio {ratio:.2f} < 1.0 "
-                        f"({_fmt_qps(kb['qps'])} QPS, {kb['strategy']}) vs {best['lib']} "
-                        f"{_fmt_qps(best['qps'])} QPS at ef {best['ef']}"
-                    )
+                    if kb["recall"] < TARGET_RECALL:
+                        flags.append(
+                            f"{ds['name']} / {name}: {variant} recall {kb['recall']:.4f} < {TARGET_RECALL} "
+                            f"(strategy {kb['strategy']}, ef {kb['ef']})"
+                        )
+                    if ratio is not None and ratio < 1.0:
+                        flags.append(
+                            f"{ds['name']} / {name}: {variant} ratio {ratio:.2f} < 1.0 "
+                            f"({_fmt_qps(kb['qps'])} QPS, {kb['strategy']}) vs {best['lib']} "
+                            f"{_fmt_qps(best['qps'])} QPS at ef {best['ef']}"
+                        )
             for lib in ANCHORS:
                 if lib in libs:
                     row(lib, anchor_cell(libs[lib], ds["queries"]))
@@ -904,13 +931,15 @@ def report(results: dict) -> list[str]:
             f"Timings with cpu/wall < {CPU_PER_WALL_LOW} (descheduled by another process): "
             f"{len(contended)} of {len(_timed_points(ds))}."
         )
-        if "kbcore_evals_per_ef" in ds:
-            lines.append("")
-            lines.append(
-                f"kbcore default ef {ds['kbcore_default_ef']}, cost-model evals_per_ef after warm-up "
-                f"{ds['kbcore_evals_per_ef']:.2f}; builds (2 threads): "
-                + ", ".join(f"{k} {v:.1f} s" for k, v in ds["build_s"].items())
-            )
+        for variant in KBCORE_VARIANTS:
+            if f"{variant}_evals_per_ef" in ds:
+                lines.append("")
+                lines.append(
+                    f"{variant} default ef {ds[f'{variant}_default_ef']}, cost-model evals_per_ef after warm-up "
+                    f"{ds[f'{variant}_evals_per_ef']:.2f}"
+                )
+        lines.append("")
+        lines.append("Builds (2 threads): " + ", ".join(f"{k} {v:.1f} s" for k, v in ds["build_s"].items()))
     lines.append("")
     if flags:
         lines.append("Targets (kbcore recall < 0.95, ratio < 1.0, or compile cost > 10%):")
