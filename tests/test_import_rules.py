@@ -41,7 +41,8 @@ _CORE_LEAVES = {
     # filters.py re-exports the Dify translator "for now" (docs/architecture.md).
     "kbcore.filters": {"kbcore._filter", "kbcore.dify.condition"},
     "kbcore.index": {"kbcore._core", "kbcore.filters", "kbcore.metadata"},
-    "kbcore.storage": set(),
+    "kbcore._manifest_check": {"kbcore.index"},
+    "kbcore.storage": {"kbcore._manifest_check"},
     "kbcore.chunking": set(),
     "kbcore.parsing": set(),
     "kbcore.fusion": set(),

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import uuid
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ._manifest_check import FORMAT_NAME, FORMAT_VERSION, validate_manifest
 from .errors import FormatError, StorageError
 
 __all__ = [
@@ -74,8 +74,6 @@ __all__ = [
 MANIFEST = "manifest.json"
 LOCK = ".lock"
 READ_LOCK = ".read.lock"
-FORMAT_NAME = "kbcore-knowledge-base"
-FORMAT_VERSION = 1
 _CHUNK = 1 << 22
 
 #: File names a knowledge base directory may hold besides the manifest and the locks.
@@ -325,235 +323,6 @@ def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None, di
 
 
 # -- manifest ----------------------------------------------------------------------------------
-
-_INT_MAX = (1 << 63) - 1
-_MAX_ROWS = 1 << 40  # chunks or documents in one segment
-_MAX_FILE_BYTES = 1 << 50
-_MAX_DIM = 65536  # as the native index
-_MAX_KNOB = (1 << 31) - 1  # ef, ef_construction, chunk sizes
-_METRICS = ("cosine", "ip", "l2")
-_KINDS = ("hnsw", "flat")
-# Copies of the engine's choices (the engine imports this module, not the other way round).
-_SEARCH_TYPES = ("vector", "full_text", "hybrid")
-_FUSIONS = ("rrf", "linear")
-_SEG_NAME = re.compile(r"^seg-(\d{1,18})$")
-_INDEX_NAME = re.compile(r"^index-(\d{1,18})\.kbi$")
-_PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_MISSING = object()
-
-
-class _Check:
-    """Raises FormatError naming the manifest field that is wrong."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, field: str, problem: str) -> FormatError:
-        return FormatError(errno.EIO, f"{self.where} is invalid: field {field!r} {problem}")
-
-    def get(self, obj: dict[str, Any], key: str, field: str, *, optional: bool = False) -> Any:
-        value = obj.get(key, _MISSING)
-        if value is _MISSING and not optional:
-            raise self.fail(field, "is missing")
-        return value
-
-    def dict_(self, value: Any, field: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(field, f"must be an object, got {_kind(value)}")
-        return value
-
-    def int_(self, value: Any, field: str, lo: int = 0, hi: int = _INT_MAX) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"must be an integer, got {_kind(value)}")
-        if not lo <= value <= hi:
-            raise self.fail(field, f"must be in [{lo}, {hi}], got {value}")
-        return value
-
-    def num(self, value: Any, field: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(field, f"must be a number, got {_kind(value)}")
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise self.fail(field, f"must be a finite number in [{lo}, {hi}], got {value!r}")
-        return float(value)
-
-    def str_(self, value: Any, field: str) -> str:
-        if not isinstance(value, str):
-            raise self.fail(field, f"must be a string, got {_kind(value)}")
-        return value
-
-    def choice(self, value: Any, field: str, choices: tuple[str, ...]) -> str:
-        if not isinstance(value, str) or value not in choices:
-            raise self.fail(field, f"must be one of {choices}, got {value!r}")
-        return value
-
-    def entry(self, value: Any, field: str, expect: str | re.Pattern[str]) -> dict[str, Any]:
-        e = self.dict_(value, field)
-        p = self.str_(self.get(e, "path", f"{field}.path"), f"{field}.path")
-        ok = p == expect if isinstance(expect, str) else expect.match(p) is not None
-        if not ok or os.path.basename(p) != p or p in (".", ".."):
-            want = expect if isinstance(expect, str) else expect.pattern
-            raise self.fail(f"{field}.path", f"must name a file of the knowledge base ({want!r}), got {p!r}")
-        self.int_(self.get(e, "bytes", f"{field}.bytes"), f"{field}.bytes", 0, _MAX_FILE_BYTES)
-        self.int_(self.get(e, "crc32", f"{field}.crc32"), f"{field}.crc32", 0, 0xFFFFFFFF)
-        return e
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _chunking(c: _Check, obj: Any, field: str) -> None:
-    d = c.dict_(obj, field)
-    size = c.int_(c.get(d, "chunk_size", f"{field}.chunk_size"), f"{field}.chunk_size", 1, _MAX_KNOB)
-    c.int_(c.get(d, "chunk_overlap", f"{field}.chunk_overlap"), f"{field}.chunk_overlap", 0, size - 1)
-
-
-def validate_manifest(m: Any, where: str = "manifest") -> dict[str, Any]:
-    """Checks a manifest's structure; returns it or raises FormatError naming the field.
-
-    Types and ranges of every field the engine reads, and their consistency: file entries name
-    this segment's (or index's) own files, never a path outside the directory; segment and
-    index generations are at most the manifest's; the stored rows fit below ``next_id``;
-    deleted-document indexes are sorted, distinct and within the segment. Id ranges of the
-    segments are checked against the data by :func:`read_segments`. Unknown extra fields are
-    accepted (written by a newer kbcore of the same format version).
-    """
-    c = _Check(where)
-    c.dict_(m, "(top level)")
-    if m.get("format") != FORMAT_NAME:
-        raise c.fail("format", f"must be {FORMAT_NAME!r}, got {m.get('format')!r}")
-    c.int_(c.get(m, "version", "version"), "version", 1, FORMAT_VERSION)
-    c.int_(c.get(m, "checksum", "checksum"), "checksum", 0, 0xFFFFFFFF)
-    gen = c.int_(c.get(m, "generation", "generation"), "generation", 1)
-    c.str_(c.get(m, "name", "name"), "name")
-    v = c.get(m, "created_at", "created_at", optional=True)
-    if v is not _MISSING and v is not None:
-        c.num(v, "created_at")
-
-    cfg = c.dict_(c.get(m, "config", "config"), "config")
-    c.choice(c.get(cfg, "metric", "config.metric"), "config.metric", _METRICS)
-    c.choice(c.get(cfg, "index", "config.index"), "config.index", _KINDS)
-    c.int_(c.get(cfg, "M", "config.M"), "config.M", 2, 256)
-    c.int_(c.get(cfg, "ef_construction", "config.ef_construction"), "config.ef_construction", 1, _MAX_KNOB)
-    c.int_(c.get(cfg, "ef", "config.ef"), "config.ef", 1, _MAX_KNOB)
-    dim = c.get(cfg, "dim", "config.dim", optional=True)
-    dim = None if dim is _MISSING else dim
-    if dim is not None:
-        c.int_(dim, "config.dim", 1, _MAX_DIM)
-    _chunking(c, cfg, "config")
-    for key, choices in (("search_type", _SEARCH_TYPES), ("fusion", _FUSIONS)):
-        v = c.get(cfg, key, f"config.{key}", optional=True)
-        if v is not _MISSING:
-            c.choice(v, f"config.{key}", choices)
-    v = c.get(cfg, "vector_weight", "config.vector_weight", optional=True)
-    if v is not _MISSING:
-        c.num(v, "config.vector_weight", 0.0, 1.0)
-
-    emb = c.get(m, "embedder", "embedder", optional=True)
-    if emb is not _MISSING and emb is not None:
-        _embedder(c, emb, dim)
-
-    pipes = c.dict_(c.get(m, "pipelines", "pipelines"), "pipelines")
-    if "default" not in pipes:
-        raise c.fail("pipelines", "has no 'default' pipeline")
-    for name, p in pipes.items():
-        if not _PIPELINE_NAME.match(name):
-            raise c.fail("pipelines", f"has an invalid pipeline name {name!r}")
-        _chunking(c, p, f"pipelines.{name}")
-
-    next_id = c.int_(c.get(m, "next_id", "next_id"), "next_id")
-    c.int_(c.get(m, "next_group", "next_group"), "next_group")
-
-    segs = c.get(m, "segments", "segments")
-    if not isinstance(segs, list):
-        raise c.fail("segments", f"must be a list, got {_kind(segs)}")
-    seen: set[str] = set()
-    total = 0
-    for i, seg in enumerate(segs):
-        f = f"segments[{i}]"
-        c.dict_(seg, f)
-        name = c.str_(c.get(seg, "name", f"{f}.name"), f"{f}.name")
-        mm = _SEG_NAME.match(name)
-        if mm is None:
-            raise c.fail(f"{f}.name", f"must be 'seg-<generation>', got {name!r}")
-        if int(mm.group(1)) > gen:
-            raise c.fail(f"{f}.name", f"names generation {int(mm.group(1))}, after the manifest's {gen}")
-        if name in seen:
-            raise c.fail(f"{f}.name", f"repeats segment {name!r}")
-        seen.add(name)
-        rows = c.int_(c.get(seg, "rows", f"{f}.rows"), f"{f}.rows", 0, _MAX_ROWS)
-        ndocs = c.int_(c.get(seg, "docs", f"{f}.docs"), f"{f}.docs", 0, _MAX_ROWS)
-        total += rows
-        deleted = c.get(seg, "deleted_docs", f"{f}.deleted_docs", optional=True)
-        if deleted is not _MISSING:
-            if not isinstance(deleted, list):
-                raise c.fail(f"{f}.deleted_docs", f"must be a list, got {_kind(deleted)}")
-            prev = -1
-            for j, d in enumerate(deleted):
-                c.int_(d, f"{f}.deleted_docs[{j}]", 0, max(ndocs - 1, 0))
-                if d >= ndocs:
-                    raise c.fail(f"{f}.deleted_docs[{j}]", f"is {d}, the segment has {ndocs} documents")
-                if d <= prev:
-                    raise c.fail(f"{f}.deleted_docs", "must be sorted and without repeats")
-                prev = d
-        files = c.dict_(c.get(seg, "files", f"{f}.files"), f"{f}.files")
-        c.entry(c.get(files, "chunks", f"{f}.files.chunks"), f"{f}.files.chunks", f"{name}.chunks.arrow")
-        c.entry(c.get(files, "docs", f"{f}.files.docs"), f"{f}.files.docs", f"{name}.docs.arrow")
-        vec = c.get(files, "vectors", f"{f}.files.vectors", optional=True)
-        if vec is not _MISSING and vec is not None:
-            c.entry(vec, f"{f}.files.vectors", f"{name}.vectors.npy")
-    if total > next_id:
-        raise c.fail("next_id", f"is {next_id}, below the {total} chunks the segments hold")
-    if total and dim is None:
-        raise c.fail("config.dim", "is null although the segments hold chunks")
-
-    idx = c.get(m, "index", "index", optional=True)
-    if idx is not _MISSING and idx is not None:
-        c.entry(idx, "index", _INDEX_NAME)
-        ig = int(_INDEX_NAME.match(idx["path"]).group(1))  # type: ignore[union-attr]
-        if ig > gen:
-            raise c.fail("index.path", f"names generation {ig}, after the manifest's {gen}")
-        r = c.get(idx, "rows", "index.rows", optional=True)
-        if r is not _MISSING:
-            c.int_(r, "index.rows", 0, next_id)
-        if dim is None:
-            raise c.fail("config.dim", "is null although there is an index checkpoint")
-    return m
-
-
-def _embedder(c: _Check, emb: Any, dim: int | None) -> None:
-    e = c.dict_(emb, "embedder")
-    kind = c.get(e, "kind", "embedder.kind", optional=True)
-    if kind is not _MISSING:
-        c.str_(kind, "embedder.kind")
-    if kind == "none":
-        return
-    edim = c.get(e, "dim", "embedder.dim", optional=kind != "hashing")
-    if edim is not _MISSING:
-        c.int_(edim, "embedder.dim", 1, _MAX_DIM)
-        if dim is not None and edim != dim:
-            raise c.fail("embedder.dim", f"is {edim}, config.dim is {dim}")
-    if kind == "hashing":
-        ng = c.get(e, "char_ngrams", "embedder.char_ngrams", optional=True)
-        if ng is not _MISSING:
-            if not isinstance(ng, list) or len(ng) != 2:
-                raise c.fail("embedder.char_ngrams", f"must be [lo, hi], got {ng!r}")
-            lo = c.int_(ng[0], "embedder.char_ngrams[0]", 1, 16)
-            c.int_(ng[1], "embedder.char_ngrams[1]", lo, 16)
-        weights = []
-        for key in ("word_weight", "char_weight"):
-            w = c.get(e, key, f"embedder.{key}", optional=True)
-            weights.append(1.0 if w is _MISSING else c.num(w, f"embedder.{key}", 0.0, 1e30))
-        if not any(weights):
-            raise c.fail("embedder", "has word_weight and char_weight both 0")
-        s = c.get(e, "seed", "embedder.seed", optional=True)
-        if s is not _MISSING:
-            c.int_(s, "embedder.seed", -_INT_MAX, _INT_MAX)
-    elif kind == "sentence-transformers":
-        c.str_(c.get(e, "model", "embedder.model"), "embedder.model")
-        n = c.get(e, "normalize", "embedder.normalize", optional=True)
-        if n is not _MISSING and not isinstance(n, bool):
-            raise c.fail("embedder.normalize", f"must be true or false, got {n!r}")
 
 
 def _body_crc(manifest: dict[str, Any]) -> int:
