@@ -265,20 +265,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     from .embedders import add_embedder_arguments
-    from .engine import default_data_dir
-    from .errors import KbcoreError
-
-    parser = argparse.ArgumentParser(prog="kbcore", description="kbcore retrieval core and knowledge engine")
-    parser.add_argument("--version", action="version", version=f"kbcore {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="build a knowledge base from the shipped sample handbook and query it")
-    demo.add_argument("--top-k", type=int, default=3)
-    demo.set_defaults(func=cmd_demo)
-
-    data_help = f"data directory (default $KBCORE_HOME or ./kb-data; now {default_data_dir()})"
+    from .index import KINDS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
     ing.add_argument("paths", nargs="+", metavar="PATH")
@@ -288,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ing.add_argument("--pipeline", default="default")
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
-    ing.add_argument("--index", default="hnsw", choices=("hnsw", "flat"), help="for a new knowledge base")
+    ing.add_argument("--index", default="hnsw", choices=KINDS, help="for a new knowledge base")
     ing.add_argument(
         "--quantization",
         default=None,
@@ -305,6 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ing.set_defaults(func=cmd_ingest)
 
+
+def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
+    from .engine import FUSIONS, SEARCH_TYPES
+
     q = sub.add_parser("query", help="retrieve the chunks that best match a text")
     q.add_argument("text")
     q.add_argument("--kb", required=True)
@@ -316,13 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument(
         "--search-type",
         default=None,
-        choices=("vector", "full_text", "hybrid"),
+        choices=SEARCH_TYPES,
         help="vector (embeddings), full_text (BM25) or hybrid (both, fused); default: the knowledge base's",
     )
     q.add_argument(
         "--fusion",
         default=None,
-        choices=("rrf", "linear"),
+        choices=FUSIONS,
         help="hybrid fusion: rrf (reciprocal rank fusion) or linear (weighted min-max scores); "
         "default: the knowledge base's",
     )
@@ -335,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("--json", action="store_true", help="print hits as JSON")
     q.set_defaults(func=cmd_query)
 
+
+def _add_admin_parsers(sub: argparse._SubParsersAction, data_help: str) -> None:
+    """delete, list and info."""
     d = sub.add_parser("delete", help="delete a document from a knowledge base")
     d.add_argument("--kb", required=True)
     d.add_argument("--document", required=True, help="document id")
@@ -350,9 +346,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--data", default=None, help=data_help)
     info.set_defaults(func=cmd_info)
 
-    _add_serve_parser(sub, data_help)
 
-    args = parser.parse_args(argv)
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kbcore`` argument parser: every subcommand, its options and its handler."""
+    from .engine import default_data_dir
+
+    parser = argparse.ArgumentParser(prog="kbcore", description="kbcore retrieval core and knowledge engine")
+    parser.add_argument("--version", action="version", version=f"kbcore {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="build a knowledge base from the shipped sample handbook and query it")
+    demo.add_argument("--top-k", type=int, default=3)
+    demo.set_defaults(func=cmd_demo)
+
+    data_help = f"data directory (default $KBCORE_HOME or ./kb-data; now {default_data_dir()})"
+    _add_ingest_parser(sub, data_help)
+    _add_query_parser(sub, data_help)
+    _add_admin_parsers(sub, data_help)
+    _add_serve_parser(sub, data_help)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .errors import KbcoreError
+
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except (KbcoreError, FileNotFoundError, ImportError) as exc:
