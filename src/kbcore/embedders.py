@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .embedders_minilm import MiniLMEmbedder, minilm_available
-from .embedders_openai import AZURE_API_VERSION, DEFAULT_BASE_URL, OpenAIEmbedder
+from .embedders_openai import DEFAULT_BASE_URL, OpenAIEmbedder
 from .errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
@@ -51,8 +51,6 @@ __all__ = [
     "default_embedder",
     "describe_embedder",
     "minilm_available",
-    "add_embedder_arguments",
-    "embedder_from_cli_args",
     "EMBEDDER_KINDS",
     "check_embeddings",
 ]
@@ -575,153 +573,3 @@ def describe_embedder(embedder: Any) -> str:
     if isinstance(embedder, SentenceTransformerEmbedder):
         return f"sentence-transformers model {embedder.model_name} ({embedder.dim} dimensions)"
     return repr(embedder)
-
-
-def add_embedder_arguments(parser: Any) -> None:
-    """Adds ``--embedder`` and the ``--embedding-*`` options to an argparse parser (see
-    :func:`embedder_from_cli_args`)."""
-    g = parser.add_argument_group("embedder")
-    g.add_argument(
-        "--embedder",
-        choices=EMBEDDER_KINDS,
-        default=None,
-        help="how texts become vectors: hashing (built-in, lexical), minilm (kbcore[minilm], "
-        "semantic, offline), openai (any OpenAI-compatible /v1/embeddings: OpenAI, Ollama, "
-        "vLLM, LocalAI, LM Studio), azure (an Azure OpenAI deployment), "
-        "sentence-transformers (kbcore[st]), none (vectors only); default: the one the "
-        "knowledge base recorded, else the engine's default",
-    )
-    g.add_argument(
-        "--embedding-model",
-        default=None,
-        metavar="NAME",
-        help="model name (openai, sentence-transformers) or deployment name (azure)",
-    )
-    g.add_argument(
-        "--embedding-base-url",
-        default=None,
-        metavar="URL",
-        help="openai: API root, default https://api.openai.com/v1 (Ollama: "
-        "http://localhost:11434/v1); azure: the resource URL https://NAME.openai.azure.com",
-    )
-    g.add_argument(
-        "--embedding-api-key-env",
-        default=None,
-        metavar="VAR",
-        help="environment variable holding the API key (default OPENAI_API_KEY, azure: "
-        "AZURE_OPENAI_API_KEY; '' for a server without authentication); the key itself "
-        "is never stored",
-    )
-    g.add_argument(
-        "--embedding-dimensions",
-        type=int,
-        default=None,
-        metavar="N",
-        help="openai/azure: ask for N-dimensional vectors (text-embedding-3-*); hashing: its dim",
-    )
-    g.add_argument(
-        "--embedding-api-version",
-        default=None,
-        metavar="V",
-        help=f"azure api-version (default {AZURE_API_VERSION}); openai: added as ?api-version=",
-    )
-    g.add_argument(
-        "--embedding-batch-size", type=int, default=None, metavar="N", help="texts per request / per model batch"
-    )
-    g.add_argument(
-        "--embedding-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="openai/azure: socket timeout per request (default 60)",
-    )
-
-
-_CLI_FIELDS = {
-    "embedding_model": "--embedding-model",
-    "embedding_base_url": "--embedding-base-url",
-    "embedding_api_key_env": "--embedding-api-key-env",
-    "embedding_dimensions": "--embedding-dimensions",
-    "embedding_api_version": "--embedding-api-version",
-    "embedding_batch_size": "--embedding-batch-size",
-    "embedding_timeout": "--embedding-timeout",
-}
-_CLI_ALLOWED = {
-    "hashing": {"embedding_dimensions", "embedding_batch_size"},
-    "minilm": {"embedding_batch_size"},
-    "openai": set(_CLI_FIELDS),
-    "azure": set(_CLI_FIELDS),
-    "sentence-transformers": {"embedding_model", "embedding_batch_size"},
-    "none": set(),
-}
-
-
-def embedder_from_cli_args(args: Any) -> Any:
-    """The embedder that :func:`add_embedder_arguments`' options ask for.
-
-    Returns None when ``--embedder`` is absent (use the knowledge base's recorded embedder, or
-    the engine's default), False for ``--embedder none`` (vectors only: what
-    ``Engine.create_knowledge_base(embedder=False)`` takes), else an embedder. Sends no request
-    and reads no key. Raises InvalidArgumentError naming the option for a missing
-    ``--embedding-model`` / ``--embedding-base-url``, or for an ``--embedding-*`` option that the
-    chosen embedder does not use (or that is given without ``--embedder``).
-    """
-    kind = getattr(args, "embedder", None)
-    given = {f for f in _CLI_FIELDS if getattr(args, f, None) is not None}
-    if kind is None:
-        if given:
-            raise InvalidArgumentError(
-                f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
-                "(openai, azure, hashing, minilm or sentence-transformers)"
-            )
-        return None
-    if kind not in EMBEDDER_KINDS:
-        raise InvalidArgumentError(f"unknown --embedder {kind!r}; expected one of {', '.join(EMBEDDER_KINDS)}")
-    extra = given - _CLI_ALLOWED[kind]
-    if extra:
-        raise InvalidArgumentError(
-            f"{', '.join(sorted(_CLI_FIELDS[f] for f in extra))} cannot be used with --embedder {kind}"
-        )
-    model = getattr(args, "embedding_model", None)
-    batch = getattr(args, "embedding_batch_size", None)
-    if kind == "none":
-        return False
-    if kind == "hashing":
-        return HashingEmbedder(
-            getattr(args, "embedding_dimensions", None) or 384, **({"batch_size": batch} if batch else {})
-        )
-    if kind == "minilm":
-        return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
-    if kind == "sentence-transformers":
-        if not model:
-            raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
-        return SentenceTransformerEmbedder(model, **({"batch_size": batch} if batch else {}))
-    options: dict[str, Any] = {"dimensions": getattr(args, "embedding_dimensions", None)}
-    if batch:
-        options["batch_size"] = batch
-    if getattr(args, "embedding_timeout", None) is not None:
-        options["timeout"] = args.embedding_timeout
-    key_env = getattr(args, "embedding_api_key_env", None)
-    base_url = getattr(args, "embedding_base_url", None)
-    if not model:
-        what = "deployment name" if kind == "azure" else "model name"
-        raise InvalidArgumentError(f"--embedder {kind} needs --embedding-model (the {what})")
-    if kind == "azure":
-        if not base_url:
-            raise InvalidArgumentError(
-                "--embedder azure needs --embedding-base-url https://NAME.openai.azure.com (the resource URL)"
-            )
-        return OpenAIEmbedder.azure(
-            base_url,
-            model,
-            api_version=getattr(args, "embedding_api_version", None) or AZURE_API_VERSION,
-            api_key_env=(key_env if key_env is not None else "AZURE_OPENAI_API_KEY") or None,
-            **options,
-        )
-    return OpenAIEmbedder(
-        model,
-        base_url=base_url or DEFAULT_BASE_URL,
-        api_key_env=(key_env if key_env is not None else "OPENAI_API_KEY") or None,
-        api_version=getattr(args, "embedding_api_version", None),
-        **options,
-    )
