@@ -78,6 +78,8 @@ BAD_MANIFESTS = [
     ("config.dim", 2**55, "config.dim"),  # MemoryError (128 PiB) before
     ("config.dim", 0, "config.dim"),
     ("config.M", 1, "config.M"),
+    ("config.M", 100_000, "config.M"),  # above the native kMaxM
+    ("config.quantization", "pq4", "config.quantization"),  # InvalidArgumentError (ValueError) before
     ("config.metric", "hamming", "config.metric"),
     ("config.ef", 2**62, "config.ef"),
     ("config.chunk_overlap", 60, "config.chunk_overlap"),

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from .errors import FormatError
-from .index import KINDS, M_RANGE, METRICS
+from .index import KINDS, M_RANGE, METRICS, QUANTIZATIONS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -149,7 +149,12 @@ def validate_manifest(m: Any, where: str = "manifest") -> dict[str, Any]:
 def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
     """The ``config`` object; returns its ``dim`` (None before the first vector)."""
     c.choice(c.get(cfg, "metric", "config.metric"), "config.metric", METRICS)
-    c.choice(c.get(cfg, "index", "config.index"), "config.index", KINDS)
+    kind = c.choice(c.get(cfg, "index", "config.index"), "config.index", KINDS)
+    q = c.get(cfg, "quantization", "config.quantization", optional=True)
+    if q is not _MISSING and q is not None:
+        c.choice(q, "config.quantization", QUANTIZATIONS)
+        if kind != "hnsw":
+            raise c.fail("config.quantization", f"is {q!r}, but quantization needs an hnsw index, not {kind!r}")
     c.int_(c.get(cfg, "M", "config.M"), "config.M", *M_RANGE)
     c.int_(c.get(cfg, "ef_construction", "config.ef_construction"), "config.ef_construction", 1, _MAX_KNOB)
     c.int_(c.get(cfg, "ef", "config.ef"), "config.ef", 1, _MAX_KNOB)

@@ -267,7 +267,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
-    from .index import KINDS
+    from .index import KINDS, QUANTIZATIONS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
     ing.add_argument("paths", nargs="+", metavar="PATH")
@@ -281,7 +281,7 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     ing.add_argument(
         "--quantization",
         default=None,
-        choices=("sq8",),
+        choices=QUANTIZATIONS,
         help="for a new hnsw knowledge base: walk the graph on 8-bit codes",
     )
     add_embedder_arguments(ing)

@@ -13,7 +13,7 @@ from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
 from .filters import native_filter
 
-__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "check_params"]
+__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "QUANTIZATIONS", "check_params"]
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
@@ -25,7 +25,7 @@ METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
 KINDS: tuple[str, ...] = ("hnsw", "flat")
 #: The range of the HNSW parameter M (the top is the native kMaxM, read from the core).
 M_RANGE = (2, _core.MAX_M)
-_QUANTIZATIONS = ("sq8",)
+QUANTIZATIONS: tuple[str, ...] = ("sq8",)  # the codes an HNSW index can walk its graph on
 
 
 class Group(NamedTuple):
@@ -127,8 +127,8 @@ def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) 
 def check_quantization(quantization: str | None, kind: str) -> None:
     """Validates a quantization choice for an index kind (None, or one of the known codes for
     ``kind="hnsw"``) without building an index; raises InvalidArgumentError naming it."""
-    if quantization is not None and quantization not in _QUANTIZATIONS:
-        raise InvalidArgumentError(f"unknown quantization {quantization!r}; expected None or one of {_QUANTIZATIONS}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise InvalidArgumentError(f"unknown quantization {quantization!r}; expected None or one of {QUANTIZATIONS}")
     if quantization is not None and kind != "hnsw":
         raise InvalidArgumentError("quantization applies to kind='hnsw' only")
 

@@ -47,7 +47,7 @@ kbcore_home.ensure_kbcore()  # the kbcore wheel the .lbpkg carries (see kbcore_h
 from kbcore import Engine  # noqa: E402
 from kbcore.engine import RESERVED_METADATA, is_valid_name  # noqa: E402
 from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError  # noqa: E402
-from kbcore.index import KINDS, METRICS  # noqa: E402
+from kbcore.index import KINDS, METRICS, QUANTIZATIONS  # noqa: E402
 from kbcore.parsing import parse  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -142,10 +142,15 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
         "metric": _choice(s, "metric", "cosine", tuple(METRICS)),
         "index_kind": _choice(s, "index_kind", "hnsw", tuple(KINDS)),
+        "quantization": _choice(s, "quantization", "none", ("none", *QUANTIZATIONS)),
     }
     if out["chunk_overlap"] >= out["chunk_size"]:
         raise InvalidArgumentError(
             f"chunk_overlap ({out['chunk_overlap']}) must be smaller than chunk_size ({out['chunk_size']})"
+        )
+    if out["quantization"] != "none" and out["index_kind"] != "hnsw":
+        raise InvalidArgumentError(
+            f"setting 'quantization' ({out['quantization']}) needs index_kind 'hnsw', got {out['index_kind']!r}"
         )
     return out
 
@@ -237,6 +242,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             chunk_overlap=s["chunk_overlap"],
             metric=s["metric"],
             index=s["index_kind"],
+            quantization=None if s["quantization"] == "none" else s["quantization"],
             # a host model: vectors come from invoke_embedding; none: the built-in embedder
             embedder=False if s["embedding_model_uuid"] else None,
             description=f"LangBot knowledge base {kb_id}",
