@@ -562,7 +562,7 @@ def run_phase(args: argparse.Namespace) -> int:
                 "index_kind": "flat",
             },
         )
-        kb_local = create("builtin-embedder", {})
+        kb_local = create("builtin-embedder", {"quantization": "sq8"})  # hnsw (the default) on 8-bit codes
         data_dir = inst / "data" / "kbcore"
         c.check(
             "create: the knowledge base lives in the installation's data folder",
@@ -629,6 +629,12 @@ def run_phase(args: argparse.Namespace) -> int:
         )
         rl = retrieve(kb_local, "rotate signing keys", top_k=2)
         c.check("retrieve: a knowledge base on the built-in embedder answers", len(rl) >= 1, rl)
+        local_manifest = json.loads((data_dir / kb_local / "manifest.json").read_text())
+        c.check(
+            "create: the Vector Compression setting made an sq8 knowledge base",
+            local_manifest["config"].get("quantization") == "sq8" and local_manifest["config"]["index"] == "hnsw",
+            local_manifest["config"],
+        )
 
         # -- delete a document --------------------------------------------------------------
         api.call("DELETE", f"/api/v1/knowledge/bases/{kb_host}/files/{docs['search.md']}")
