@@ -50,13 +50,17 @@ class CompiledScatter:
     """A compiled graph over ``actors`` (each with ``query(bytes) -> bytes`` and ``ping()``),
     kept alive while calls flow and rebuilt after failures.
 
+    ``probe`` is a cheap request every new graph executes once before it serves calls: it
+    checks the graph end to end and registers the driver on every channel (Ray 2.60 aborts
+    the driver process if a graph that never ran is torn down after one of its actors died).
     ``idle`` is the number of seconds without a call after which the graph is torn down
     (``None``: never). ``build`` compiles at once (the caller waits); else the first call
     starts a background build.
     """
 
-    def __init__(self, actors: list[Any], *, idle: float | None = 10.0, build: bool = True) -> None:
+    def __init__(self, actors: list[Any], probe: bytes, *, idle: float | None = 10.0, build: bool = True) -> None:
         self._actors = list(actors)
+        self._probe = probe
         self._idle = idle
         self._graph: Any = None
         self._use = threading.Lock()  # held for one execute + read
@@ -159,6 +163,12 @@ class CompiledScatter:
             graph = dag.experimental_compile()
         except Exception as exc:  # noqa: BLE001 - a shard is down or restarting: retry later
             self.last_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            return False
+        try:
+            self._execute(graph, self._probe, _PING_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001
+            self.last_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            self._teardown(graph)
             return False
         with self._use:
             if self._closed:

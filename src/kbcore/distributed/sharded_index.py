@@ -220,6 +220,7 @@ class ShardedIndex:
         num_cpus: float = 0,
         max_concurrency: int = 4,
         transport: str | None = None,
+        compiled_idle: float | None = 10.0,
         **index_options: Any,
     ) -> None:
         """Creates a new sharded index in the empty (or absent) directory ``path``.
@@ -233,7 +234,9 @@ class ShardedIndex:
         shards: ``"actor"`` (one Ray actor call per shard) or ``"compiled"`` (a Ray Compiled
         Graph over shared-memory channels, falling back to actor calls whenever it is busy,
         torn down or being rebuilt; see ``docs/scale-out.md``); default: the environment
-        variable ``KBCORE_SHARD_TRANSPORT``, else ``"actor"``. Raises :class:`~kbcore.errors.InvalidArgumentError`
+        variable ``KBCORE_SHARD_TRANSPORT``, else ``"actor"``. ``compiled_idle``: seconds
+        without a query after which the compiled graph is torn down (its shards stop polling
+        their channels) and rebuilt on the next query; ``None`` keeps it. Raises :class:`~kbcore.errors.InvalidArgumentError`
         for bad options or a ``path`` that already holds an index (use :meth:`load`).
         """
         shards = _positive("shards", shards)
@@ -272,6 +275,7 @@ class ShardedIndex:
             num_cpus=num_cpus,
             max_concurrency=max_concurrency,
             transport=transport,
+            compiled_idle=compiled_idle,
             create=True,
         )
 
@@ -287,6 +291,7 @@ class ShardedIndex:
         num_cpus: float,
         max_concurrency: int,
         transport: str | None,
+        compiled_idle: float | None,
         create: bool,
     ) -> None:
         self._compiled: CompiledScatter | None = None
@@ -295,6 +300,12 @@ class ShardedIndex:
             transport = os.environ.get("KBCORE_SHARD_TRANSPORT", "actor") or "actor"
         if transport not in _TRANSPORTS:
             raise InvalidArgumentError(f"transport must be 'actor' or 'compiled', got {transport!r}")
+        if compiled_idle is not None and (
+            isinstance(compiled_idle, bool) or not isinstance(compiled_idle, (int, float)) or not compiled_idle > 0
+        ):
+            raise InvalidArgumentError(
+                f"compiled_idle must be a positive number of seconds or None, got {compiled_idle!r}"
+            )
         self._transport = transport
         ray = _ray()
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -373,7 +384,7 @@ class ShardedIndex:
         if transport == "compiled":
             # Built now, so the first query uses it; if that fails, queries take the actor
             # path and the graph is rebuilt in the background.
-            self._compiled = CompiledScatter(self._actors)
+            self._compiled = CompiledScatter(self._actors, _pack_request("size", ()), idle=compiled_idle)
 
     def _node_for(self, shard: int, nodes: list[dict[str, Any]]) -> str:
         ray = _ray()
@@ -405,9 +416,11 @@ class ShardedIndex:
         num_cpus: float = 0,
         max_concurrency: int = 4,
         transport: str | None = None,
+        compiled_idle: float | None = 10.0,
     ) -> ShardedIndex:
         """Opens the sharded index in ``path``: one actor per shard, each recovering its last
-        checkpoint plus its write-ahead log. Raises ``FileNotFoundError`` if there is none and
+        checkpoint plus its write-ahead log (the options as for the constructor). Raises
+        ``FileNotFoundError`` if there is none and
         :class:`~kbcore.errors.FormatError` if its manifest is corrupted or newer."""
         root = os.path.abspath(os.fspath(path))
         mpath = os.path.join(root, MANIFEST)
@@ -440,6 +453,7 @@ class ShardedIndex:
             num_cpus=num_cpus,
             max_concurrency=max_concurrency,
             transport=transport,
+            compiled_idle=compiled_idle,
             create=False,
         )
         return obj
@@ -533,9 +547,7 @@ class ShardedIndex:
                 raise _unwrap(exc) from None
             if answers is not None:
                 return {i: _unpack_reply(a) for i, a in enumerate(answers)}
-        got = self._scatter_method(
-            lambda i: self._actors[i].query.remote(request), shards, allow_partial=allow_partial
-        )
+        got = self._scatter_method(lambda i: self._actors[i].query.remote(request), shards, allow_partial=allow_partial)
         return {i: _unpack_reply(a) for i, a in got.items()}
 
     @staticmethod
