@@ -236,8 +236,9 @@ class ShardedIndex:
         torn down or being rebuilt; see ``docs/scale-out.md``); default: the environment
         variable ``KBCORE_SHARD_TRANSPORT``, else ``"actor"``. ``compiled_idle``: seconds
         without a query after which the compiled graph is torn down (its shards stop polling
-        their channels) and rebuilt on the next query; ``None`` keeps it. Raises :class:`~kbcore.errors.InvalidArgumentError`
-        for bad options or a ``path`` that already holds an index (use :meth:`load`).
+        their channels) and rebuilt on the next query; ``None`` keeps it. Raises
+        :class:`~kbcore.errors.InvalidArgumentError` for bad options or a ``path`` that already
+        holds an index (use :meth:`load`).
         """
         shards = _positive("shards", shards)
         Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
