@@ -571,6 +571,9 @@ def test_compiled_transport_answers_every_query_as_one_index(ray_local, tmp_path
         assert [g.key for g in si.search_groups(qs[0], 5)] == [g.key for g in one.search_groups(qs[0], 5)]
         np.testing.assert_array_equal(si.search_text("w1 w2", 5)[0], one.search_text("w1 w2", 5)[0])
         assert si.count({"lang": "en"}) == one.count({"lang": "en"})
+        # A request and answers larger than the channels' first buffers (1 MB): they grow.
+        big = rng.standard_normal((12_000, DIM)).astype(np.float32)
+        np.testing.assert_array_equal(si.search(big, 10)[0], one.search(big, 10)[0])
         # A shard's own error comes back as the actor path raises it; the graph stays usable.
         with pytest.raises(InvalidArgumentError, match="bogus"):
             si.search(qs[0], 5, where={"lang": {"$bogus": 1}})
