@@ -55,10 +55,11 @@ from benches.datasets import exact_top_k, make_synthetic, scifact_dir  # noqa: E
 
 K = 10
 _TIME_ESTIMATE = """\
-time estimate (2 cores, AVX-512; an estimate from 100k-row builds, not a measurement):
+time estimate (2 cores, AVX-512; extrapolated, not measured: a 20,000-row run on a loaded
+machine ingested ~5,000 rows/s at ef_construction 40, and HNSW inserts slow down with log n):
   SciFact (19,369 rows, ef_construction 200), shards 0,1,2,4, both transports: ~3-5 min.
   --n 1000000 (1M x 384, ef_construction 40): generation + exact ground truth ~1 min, then
-  per shard count one build of 1M rows (~4-5 min each on 2 threads, the shards building in
+  per shard count one build of 1M rows (~4-6 min each on 2 threads, the shards building in
   parallel) + queries (~1 min): ~20-25 min for --shards 0,1,2,4 on top of SciFact.
   Memory: ~1.5 GB of base vectors in the driver + ~1.8 GB per built index (one alive at a
   time); the shards' logs go under --path (~1.6 GB per run, deleted after it).

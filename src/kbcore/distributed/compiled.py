@@ -180,7 +180,11 @@ class CompiledScatter:
         return True
 
     def _run(self) -> None:
+        import ray
+
         while True:
+            if not ray.is_initialized():
+                return  # Ray was shut down under us: nothing to build on (and no auto-init)
             with self._state:
                 tick = _REBUILD_PAUSE if self._idle is None else min(_REBUILD_PAUSE, self._idle / 2)
                 self._state.wait(timeout=tick)
