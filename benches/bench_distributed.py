@@ -280,6 +280,31 @@ def _query_figures(idx: Any, ds: dict[str, Any], truth: np.ndarray, *, sharded: 
     return row
 
 
+def idle_cpu(si: Any, seconds: float = 2.0) -> list[float] | None:
+    """CPU share (1.0 = one core) each shard process uses while no query runs, from
+    /proc/<pid>/stat over ``seconds`` (shards on this machine only; None elsewhere)."""
+    pids = [n["pid"] for n in si.shard_nodes()]
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used() -> list[int] | None:
+        try:
+            out = []
+            for p in pids:
+                with open(f"/proc/{p}/stat", encoding="ascii") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out.append(int(fields[11]) + int(fields[12]))  # utime + stime
+            return out
+        except (OSError, ValueError, IndexError):
+            return None
+
+    a = used()
+    time.sleep(seconds)
+    b = used()
+    if a is None or b is None:
+        return None
+    return [(y - x) / tick / seconds for x, y in zip(a, b)]
+
+
 def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """One data set: the unsharded Index (shard count 0) and a ShardedIndex per shard count,
     each queried over every transport in ``args.transports``."""
@@ -357,7 +382,8 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
                     si._compiled = CompiledScatter(si.shard_actors(), _pack_request("size", ()), idle=None)
                     si._transport = "compiled"
                     compile_s = time.perf_counter() - t0
-                fig = _query_figures(si, ds, truth, sharded=True)
+                fig: dict[str, Any] = {"idle_cpu_per_shard": idle_cpu(si)}
+                fig.update(_query_figures(si, ds, truth, sharded=True))
                 fig["breakdown"] = overhead_breakdown(si, queries, reps, transport)
                 if transport == "compiled":
                     fig["compile_s"] = compile_s
