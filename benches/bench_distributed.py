@@ -2,9 +2,12 @@
 
 Run from the repository root on a quiet machine (needs ``pip install '.[ray]'``)::
 
-    python -m benches.bench_distributed [--data DIR] [--n 1000000] [--shards 1,2,4] [--json OUT]
+    python -m benches.bench_distributed [--data DIR] [--shards 0,1,2,4] [--json OUT]   # SciFact
+    python -m benches.bench_distributed --n 1000000 [--no-scifact]   # opt-in: 1M x 384 synthetic
     python -m benches.bench_distributed --quick          # seconds: a smoke test of the script
     python -m benches.bench_distributed --address auto   # on a running Ray cluster
+
+``--help`` ends with a time and memory estimate.
 
 Data: SciFact chunks (19,369 x 384 from ``$KBCORE_DATA``, grouped by ``doc_id``, with their
 text for BM25) and a synthetic clustered set of ``--n`` vectors (384-d, 20 parts per
@@ -14,13 +17,18 @@ cost of sharding itself, not of a network.
 Per data set and shard count: ingest throughput (rows/s, durable: write-ahead log fsync per
 batch), single-query latency p50/p99 (one query per call), batch QPS (all queries in one
 call), recall@10 against exact brute force, BM25 latency (SciFact), and the scatter-gather
-overhead per query with where it goes: the Ray round trip to every shard (a no-op call), the
-search inside the slowest shard, and the merge on the driver. The unsharded Index is
-measured the same way (direct calls). A small bounded measurement compares the two
+overhead per query with where it goes, for each query path (``--transports``): Ray actor
+calls (``transport="actor"``) and a Ray Compiled Graph (``transport="compiled"``), side by
+side on the same shards: ``submit`` (the request handed to every shard), ``wait`` (until every
+answer is back), ``decode_merge`` (answers decoded, N k candidates merged), the slowest
+shard's own search time, and ``overhead`` = total - that search; for the actor path also a
+no-op round trip to every shard. The unsharded Index (shard count 0) is measured the same
+way (direct calls). A small bounded measurement compares the two
 durability modes per batch (log append + fsync vs saving the whole index).
 
-``os.getloadavg()`` is recorded before and after; a run that starts above 0.5 is flagged,
-as its timings are disturbed by other work.
+``os.getloadavg()`` is recorded before and after the whole script and each run (shard
+count); a run that starts above 0.5 is flagged with a warning, as its timings are disturbed
+by other work.
 """
 
 from __future__ import annotations
@@ -46,6 +54,16 @@ import numpy as np  # noqa: E402
 from benches.datasets import exact_top_k, make_synthetic, scifact_dir  # noqa: E402
 
 K = 10
+_TIME_ESTIMATE = """\
+time estimate (2 cores, AVX-512; extrapolated, not measured: a 20,000-row run on a loaded
+machine ingested ~5,000 rows/s at ef_construction 40, and HNSW inserts slow down with log n):
+  SciFact (19,369 rows, ef_construction 200), shards 0,1,2,4, both transports: ~3-5 min.
+  --n 1000000 (1M x 384, ef_construction 40): generation + exact ground truth ~1 min, then
+  per shard count one build of 1M rows (~4-6 min each on 2 threads, the shards building in
+  parallel) + queries (~1 min): ~20-25 min for --shards 0,1,2,4 on top of SciFact.
+  Memory: ~1.5 GB of base vectors in the driver + ~1.8 GB per built index (one alive at a
+  time); the shards' logs go under --path (~1.6 GB per run, deleted after it).
+"""
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -72,15 +90,25 @@ def load_scifact_chunks(data: str | None, limit: int | None, nq: int | None) -> 
 
 
 def load_synthetic(n: int, nq: int) -> dict[str, Any]:
-    ds = make_synthetic(n, nq)
+    """The seeded clustered set of ``benches.datasets`` (generated block by block into one
+    float32 array, L2-normalised, with exact ground truth): one copy of the base in memory;
+    metadata is made per batch at ingest (see :func:`_batch_meta`)."""
+    ds = make_synthetic(n, nq, k=K)
     return {
         "name": ds.name,
         "base": ds.base,
         "queries": ds.queries,
-        "docs": [f"s{i // 20}" for i in range(n)],
+        "truth": ds.gt_ids,
+        "docs": None,  # document of row i: f"s{i // 20}"
         "texts": None,
         "qtexts": None,
     }
+
+
+def _batch_meta(ds: dict[str, Any], lo: int, hi: int) -> list[dict[str, str]]:
+    if ds["docs"] is not None:
+        return [{"document_id": d} for d in ds["docs"][lo:hi]]
+    return [{"document_id": f"s{i // 20}"} for i in range(lo, hi)]
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
@@ -100,33 +128,70 @@ def bench_single(idx: Any, queries: np.ndarray, *, sharded: bool) -> list[float]
     return lat
 
 
-def overhead_breakdown(si: Any, queries: np.ndarray, reps: int) -> dict[str, float]:
-    """Where the time of one sharded query goes (medians over ``reps`` queries, microseconds)."""
+def _merge(got: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    ids = np.concatenate([g[0] for g in got], axis=1)
+    dist = np.concatenate([g[1] for g in got], axis=1)
+    order = np.lexsort((ids, dist), axis=1)[:, :K]
+    return np.take_along_axis(ids, order, 1)
+
+
+def overhead_breakdown(si: Any, queries: np.ndarray, reps: int, transport: str) -> dict[str, float]:
+    """Where the time of one sharded query goes on ``transport`` (medians over ``reps``
+    queries, microseconds), the way ``ShardedIndex.search`` sends it: one pickled request,
+    raw-bytes answers. ``submit``: the request written to every shard (actor calls
+    submitted / the graph's input channel written); ``wait``: until every answer is back;
+    ``decode_merge``: answers decoded and the N k candidates merged. The shards' own search
+    time comes from a second, timed call of the same query (``search_timed``), and
+    ``overhead`` = total - slowest shard search."""
     import ray
 
+    from kbcore.distributed.sharded_index import _pack_request, _unpack_reply
+
     actors = si.shard_actors()
-    rpc, inside, merge, total = [], [], [], []
+    compiled = si._compiled if transport == "compiled" else None
+    if transport == "compiled" and (compiled is None or not compiled.ready):
+        return {"error": f"no compiled graph: {si.transport_stats()}"}
+    submit, wait, merge, total, inside, noop = [], [], [], [], [], []
     for q in queries[:reps]:
-        t0 = time.perf_counter()
-        ray.get([a.ping.remote() for a in actors])
-        rpc.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        got = ray.get([a.call.remote("search_timed", q.reshape(1, -1), K, None, None, 1) for a in actors])
-        total.append(time.perf_counter() - t0)
-        inside.append(max(g[2] for g in got))
-        t0 = time.perf_counter()
-        ids = np.concatenate([g[0] for g in got], axis=1)
-        dist = np.concatenate([g[1] for g in got], axis=1)
-        order = np.lexsort((ids, dist), axis=1)[:, :K]
-        np.take_along_axis(ids, order, 1)
-        merge.append(time.perf_counter() - t0)
-    med = lambda xs: float(np.median(xs)) * 1e6  # noqa: E731
+        q2 = q.reshape(1, -1)
+        req = _pack_request("search", (q2, K, None, None, 1))
+        timed = _pack_request("search_timed", (q2, K, None, None, 1))
+        if compiled is None:
+            t0 = time.perf_counter()
+            ray.get([a.ping.remote() for a in actors])
+            noop.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            refs = [a.query.remote(req) for a in actors]
+            t1 = time.perf_counter()
+            raw = ray.get(refs)
+            t2 = time.perf_counter()
+            _merge([_unpack_reply(r) for r in raw])
+            t3 = time.perf_counter()
+            inside.append(max(_unpack_reply(r)[2] for r in ray.get([a.query.remote(timed) for a in actors])))
+        else:
+            with compiled._use:  # the graph runs one execution at a time
+                graph = compiled._graph
+                t0 = time.perf_counter()
+                refs = graph.execute(req)
+                t1 = time.perf_counter()
+                raw = [r.get() for r in refs]
+                t2 = time.perf_counter()
+                _merge([_unpack_reply(r) for r in raw])
+                t3 = time.perf_counter()
+                inside.append(max(_unpack_reply(r.get())[2] for r in graph.execute(timed)))
+        submit.append(t1 - t0)
+        wait.append(t2 - t1)
+        merge.append(t3 - t2)
+        total.append(t3 - t0)
+    med = lambda xs: float(np.median(xs)) * 1e6 if xs else float("nan")  # noqa: E731
     return {
-        "noop_round_trip_us": med(rpc),
-        "slowest_shard_search_us": med(inside),
-        "merge_us": med(merge),
+        "submit_us": med(submit),
+        "wait_us": med(wait),
+        "decode_merge_us": med(merge),
         "scatter_gather_total_us": med(total),
-        "overhead_us": med([t - i for t, i in zip(total, inside)]),
+        "slowest_shard_search_us": med(inside),
+        "overhead_us": med(total) - med(inside),
+        "noop_round_trip_us": med(noop),  # actor path only: ray.get of a ping to every shard
     }
 
 
@@ -167,49 +232,39 @@ def bench_durability(dim: int, preload: int, batch: int, batches: int, rng: np.r
     return out
 
 
-def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
-    import kbcore
-    from kbcore.distributed import ShardedIndex
+def _load_row(before: tuple[float, float, float]) -> dict[str, Any]:
+    after = os.getloadavg()
+    if before[0] > 0.5:
+        print(f"    WARNING: load average {before[0]:.2f} > 0.5 at the start of this run", flush=True)
+    return {"loadavg_before": list(before), "loadavg_after": list(after), "started_above_0_5": before[0] > 0.5}
 
-    base, queries = ds["base"], ds["queries"]
-    n, dim = base.shape
+
+def _ingest(idx: Any, ds: dict[str, Any], batch: int, label: str) -> float:
+    """Adds every row in batches of ``batch`` (routed per batch when sharded); seconds."""
+    base, texts = ds["base"], ds["texts"]
+    n = len(base)
     ids = np.arange(n, dtype=np.int64)
-    meta = [{"document_id": d} for d in ds["docs"]]
-    texts = ds["texts"]
-    truth, _ = exact_top_k(
-        base / np.linalg.norm(base, axis=1, keepdims=True), queries / np.linalg.norm(queries, axis=1, keepdims=True), K
-    )
-    opts = {"M": args.M, "ef_construction": args.ef_construction, "ef": args.ef}
-    batch = args.batch
-    res: dict[str, Any] = {
-        "n": n,
-        "dim": dim,
-        "queries": len(queries),
-        "batch_rows": batch,
-        "kind": args.kind,
-        **opts,
-        "runs": [],
-    }
-
-    # The unsharded baseline, the same batches.
-    one = kbcore.Index(dim, "cosine", args.kind, **opts)
+    step = max(n // 10, batch)
     t0 = time.perf_counter()
     for lo in range(0, n, batch):
-        one.add(
-            base[lo : lo + batch],
-            ids[lo : lo + batch],
-            metadata=meta[lo : lo + batch],
-            texts=None if texts is None else texts[lo : lo + batch],
+        hi = min(n, lo + batch)
+        idx.add(
+            base[lo:hi], ids[lo:hi], metadata=_batch_meta(ds, lo, hi), texts=None if texts is None else texts[lo:hi]
         )
-    ingest = time.perf_counter() - t0
-    lat = bench_single(one, queries, sharded=False)
+        if n >= 100_000 and hi % step < batch and hi < n:
+            print(f"    {label}: {hi:,} / {n:,} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    return time.perf_counter() - t0
+
+
+def _query_figures(idx: Any, ds: dict[str, Any], truth: np.ndarray, *, sharded: bool) -> dict[str, Any]:
+    queries = ds["queries"]
+    if sharded:
+        bench_single(idx, queries[: min(20, len(queries))], sharded=True)  # warm up
+    lat = bench_single(idx, queries, sharded=sharded)
     t0 = time.perf_counter()
-    found, _ = one.search(queries, K, threads=0)
+    found, _ = idx.search(queries, K) if sharded else idx.search(queries, K, threads=0)
     batch_s = time.perf_counter() - t0
-    row = {
-        "shards": 0,
-        "label": "kbcore.Index (unsharded, in process)",
-        "ingest_rows_per_s": n / ingest,
+    row: dict[str, Any] = {
         "p50_ms": _pct(lat, 50) * 1e3,
         "p99_ms": _pct(lat, 99) * 1e3,
         "batch_qps": len(queries) / batch_s,
@@ -219,52 +274,125 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
         tl = []
         for qt in ds["qtexts"]:
             t0 = time.perf_counter()
-            one.search_text(qt, K)
+            idx.search_text(qt, K)
             tl.append(time.perf_counter() - t0)
         row["bm25_p50_ms"] = _pct(tl, 50) * 1e3
-    res["runs"].append(row)
-    print(f"  unsharded: {row}", flush=True)
-    del one
-    gc.collect()
+    return row
+
+
+def idle_cpu(si: Any, seconds: float = 2.0) -> list[float] | None:
+    """CPU share (1.0 = one core) each shard process uses while no query runs, from
+    /proc/<pid>/stat over ``seconds`` (shards on this machine only; None elsewhere)."""
+    pids = [n["pid"] for n in si.shard_nodes()]
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used() -> list[int] | None:
+        try:
+            out = []
+            for p in pids:
+                with open(f"/proc/{p}/stat", encoding="ascii") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out.append(int(fields[11]) + int(fields[12]))  # utime + stime
+            return out
+        except (OSError, ValueError, IndexError):
+            return None
+
+    a = used()
+    time.sleep(seconds)
+    b = used()
+    if a is None or b is None:
+        return None
+    return [(y - x) / tick / seconds for x, y in zip(a, b)]
+
+
+def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """One data set: the unsharded Index (shard count 0) and a ShardedIndex per shard count,
+    each queried over every transport in ``args.transports``."""
+    import kbcore
+    from kbcore.distributed import ShardedIndex
+    from kbcore.distributed.compiled import CompiledScatter
+    from kbcore.distributed.sharded_index import _pack_request
+
+    base, queries = ds["base"], ds["queries"]
+    n, dim = base.shape
+    truth = ds.get("truth")
+    if truth is None:
+        truth, _ = exact_top_k(
+            base / np.linalg.norm(base, axis=1, keepdims=True),
+            queries / np.linalg.norm(queries, axis=1, keepdims=True),
+            K,
+        )
+    opts = {"M": args.M, "ef_construction": ds["ef_construction"], "ef": args.ef}
+    batch = args.batch
+    res: dict[str, Any] = {
+        "n": n,
+        "dim": dim,
+        "queries": len(queries),
+        "batch_rows": batch,
+        "kind": args.kind,
+        "checkpoint_bytes": args.checkpoint_mb << 20,
+        **opts,
+        "runs": [],
+    }
+    print(f"  M={args.M} ef_construction={ds['ef_construction']} ef={args.ef}, batches of {batch:,}", flush=True)
 
     for shards in shard_counts:
+        before = os.getloadavg()
+        if shards == 0:  # the unsharded baseline, the same batches, in this process
+            one = kbcore.Index(dim, "cosine", args.kind, **opts)
+            ingest = _ingest(one, ds, batch, "unsharded")
+            row = {
+                "shards": 0,
+                "label": "kbcore.Index (unsharded, in process)",
+                "ingest_rows_per_s": n / ingest,
+                **_query_figures(one, ds, truth, sharded=False),
+            }
+            row.update(_load_row(before))
+            res["runs"].append(row)
+            print(f"  unsharded: {row}", flush=True)
+            del one
+            gc.collect()
+            continue
         root = tempfile.mkdtemp(prefix="kbshard", dir=args.path)
         try:
-            si = ShardedIndex(dim, "cosine", args.kind, shards=shards, path=os.path.join(root, "kb"), **opts)
-            t0 = time.perf_counter()
-            for lo in range(0, n, batch):
-                si.add(
-                    base[lo : lo + batch],
-                    ids[lo : lo + batch],
-                    metadata=meta[lo : lo + batch],
-                    texts=None if texts is None else texts[lo : lo + batch],
-                )
-            ingest = time.perf_counter() - t0
-            bench_single(si, queries[: min(20, len(queries))], sharded=True)  # warm up
-            lat = bench_single(si, queries, sharded=True)
-            t0 = time.perf_counter()
-            found, _ = si.search(queries, K)
-            batch_s = time.perf_counter() - t0
+            si = ShardedIndex(
+                dim,
+                "cosine",
+                args.kind,
+                shards=shards,
+                path=os.path.join(root, "kb"),
+                checkpoint_bytes=args.checkpoint_mb << 20,
+                transport="actor",
+                **opts,
+            )
+            ingest = _ingest(si, ds, batch, f"{shards} shard(s)")
             row = {
                 "shards": shards,
                 "label": f"ShardedIndex, {shards} shard actor(s)",
                 "ingest_rows_per_s": n / ingest,
-                "p50_ms": _pct(lat, 50) * 1e3,
-                "p99_ms": _pct(lat, 99) * 1e3,
-                "batch_qps": len(queries) / batch_s,
-                "recall_at_10": recall_at_k(found, truth),
                 "rows_per_shard": [i["rows"] for i in si.shard_info()],
-                "breakdown": overhead_breakdown(si, queries, min(args.breakdown_reps, len(queries))),
+                "transports": {},
             }
-            if ds["qtexts"]:
-                tl = []
-                for qt in ds["qtexts"]:
+            reps = min(args.breakdown_reps, len(queries))
+            for transport in args.transports:
+                if transport == "compiled":
+                    # Measured after the actor path: while a graph exists its shards poll
+                    # their channels, which would disturb the actor-path figures.
                     t0 = time.perf_counter()
-                    si.search_text(qt, K)
-                    tl.append(time.perf_counter() - t0)
-                row["bm25_p50_ms"] = _pct(tl, 50) * 1e3
+                    si._compiled = CompiledScatter(si.shard_actors(), _pack_request("size", ()), idle=None)
+                    si._transport = "compiled"
+                    compile_s = time.perf_counter() - t0
+                fig: dict[str, Any] = {"idle_cpu_per_shard": idle_cpu(si)}
+                fig.update(_query_figures(si, ds, truth, sharded=True))
+                fig["breakdown"] = overhead_breakdown(si, queries, reps, transport)
+                if transport == "compiled":
+                    fig["compile_s"] = compile_s
+                    fig["transport_stats"] = si.transport_stats()
+                row["transports"][transport] = fig
+                print(f"    {shards} shard(s), {transport}: {fig}", flush=True)
+            row.update(_load_row(before))
             res["runs"].append(row)
-            print(f"  {shards} shard(s): {row}", flush=True)
+            print(f"  {shards} shard(s): ingest {row['ingest_rows_per_s']:,.0f} rows/s", flush=True)
             si.close()
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -273,19 +401,50 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=_TIME_ESTIMATE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--data", default=None, help="SciFact folder or its parent (default $KBCORE_DATA)")
-    ap.add_argument("--n", type=int, default=1_000_000, help="synthetic vectors (default 1,000,000)")
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=0,
+        help="synthetic vectors, opt-in (e.g. 1000000; default 0: no synthetic set). See the time estimate below.",
+    )
     ap.add_argument("--nq", type=int, default=1000, help="synthetic queries")
-    ap.add_argument("--shards", default="1,2,4")
+    ap.add_argument(
+        "--shards",
+        default="0,1,2,4",
+        help="comma-separated shard counts to run; 0 is the unsharded in-process Index (default 0,1,2,4)",
+    )
+    ap.add_argument(
+        "--transports",
+        default="actor,compiled",
+        help="query paths to measure per shard count: actor (Ray actor calls), compiled (Ray Compiled Graph)",
+    )
     ap.add_argument("--kind", default="hnsw", choices=("hnsw", "flat"))
     ap.add_argument("--M", type=int, default=16)
-    ap.add_argument("--ef-construction", type=int, default=200)
+    ap.add_argument("--ef-construction", type=int, default=200, help="HNSW build width for SciFact (default 200)")
+    ap.add_argument(
+        "--synthetic-ef-construction",
+        type=int,
+        default=40,
+        help="HNSW build width for the synthetic set (default 40, lower than SciFact's so that 1M rows x 4 builds "
+        "fit the time estimate; stated in the output)",
+    )
     ap.add_argument("--ef", type=int, default=64)
     ap.add_argument("--batch", type=int, default=10_000, help="rows per add() call")
+    ap.add_argument(
+        "--checkpoint-mb",
+        type=int,
+        default=1024,
+        help="shard checkpoint_bytes in MiB (default 1024: at 1M rows a shard checkpoints a few times, not per 64 MiB)",
+    )
     ap.add_argument("--breakdown-reps", type=int, default=200)
     ap.add_argument("--no-scifact", action="store_true")
-    ap.add_argument("--no-synthetic", action="store_true")
+    ap.add_argument("--no-synthetic", action="store_true", help="skip the synthetic set even with --n")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that the script runs")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument(
@@ -299,9 +458,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.nq, args.batch, args.breakdown_reps = 3000, 30, 1000, 20
-        args.shards = "1,2"
-        args.ef_construction = 40
+        args.shards = "0,1,2"
+        args.ef_construction = args.synthetic_ef_construction = 40
     shard_counts = [int(s) for s in args.shards.split(",") if s]
+    if not shard_counts or any(c < 0 for c in shard_counts):
+        ap.error(f"--shards must list counts >= 0, got {args.shards!r}")
+    args.transports = [t for t in args.transports.split(",") if t]
+    if not args.transports or set(args.transports) - {"actor", "compiled"}:
+        ap.error(f"--transports must be a list of actor, compiled; got {args.transports!r}")
+    if args.n < 0:
+        ap.error("--n must be >= 0")
     if args.address is None:
         # A machine-local instance: loopback only, no auth token (read when Ray is imported).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -339,12 +505,16 @@ def main(argv: list[str] | None = None) -> int:
             folder = scifact_dir(args.data)
             if (folder / "chunk_embeddings.npy").exists():
                 ds = load_scifact_chunks(args.data, 2000 if args.quick else None, 30 if args.quick else None)
+                ds["ef_construction"] = args.ef_construction
                 print(f"{ds['name']}: {len(ds['base'])} x {ds['base'].shape[1]}", flush=True)
                 results["datasets"].append({"name": ds["name"], **run_dataset(ds, shard_counts, args)})
             else:
                 print(f"SciFact not found under {folder}; skipped", flush=True)
-        if not args.no_synthetic:
+        if args.n and not args.no_synthetic:
+            t0 = time.perf_counter()
             ds = load_synthetic(args.n, args.nq)
+            ds["ef_construction"] = args.synthetic_ef_construction
+            print(f"generated {ds['name']} with exact ground truth in {time.perf_counter() - t0:.0f} s", flush=True)
             print(f"{ds['name']}: {len(ds['base'])} x {ds['base'].shape[1]}", flush=True)
             results["datasets"].append({"name": ds["name"], **run_dataset(ds, shard_counts, args)})
     finally:

@@ -476,9 +476,12 @@ def test_sharded_save_and_load_round_trip(ray_local, tmp_path, corpus):
 
 
 @needs_ray
-def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path, corpus):
+@pytest.mark.parametrize("transport", ["actor", "compiled"])
+def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
-    with kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=2, path=tmp_path / "kb", timeout=60) as si:
+    with kbcore.distributed.ShardedIndex(
+        DIM, "cosine", "flat", shards=2, path=tmp_path / "kb", timeout=60, transport=transport
+    ) as si:
         si.add(vectors[:200], ids[:200], metadata=meta[:200], texts=texts[:200])
         si.save()
         si.add(vectors[200:], ids[200:], metadata=meta[200:], texts=texts[200:])  # acknowledged
@@ -503,10 +506,11 @@ def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path
 
 
 @needs_ray
-def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_path, corpus):
+@pytest.mark.parametrize("transport", ["actor", "compiled"])
+def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     si = kbcore.distributed.ShardedIndex(
-        DIM, "cosine", "flat", shards=3, path=tmp_path / "kb", max_restarts=0, timeout=3
+        DIM, "cosine", "flat", shards=3, path=tmp_path / "kb", max_restarts=0, timeout=3, transport=transport
     )
     try:
         si.add(vectors, ids, metadata=meta, texts=texts)
@@ -530,8 +534,108 @@ def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_
         assert complete.missing_shards == (1,)
         with pytest.raises(kbcore.distributed.ShardUnavailableError):
             si.add(vectors[:1], ids[:1], metadata=meta[:1])
+        assert not si.transport_stats()["ready"]  # a dead shard: no compiled graph to rebuild
     finally:
         si.close()
+
+
+def _wait_compiled(si, builds: int, seconds: float = 60) -> dict:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        st = si.transport_stats()
+        if st["ready"] and st["builds"] >= builds:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"no compiled graph #{builds} within {seconds} s: {si.transport_stats()}")
+
+
+@needs_ray
+def test_compiled_transport_answers_every_query_as_one_index(ray_local, tmp_path, corpus):
+    vectors, ids, meta, texts = corpus
+    one = _oracle("flat", corpus)
+    with kbcore.distributed.ShardedIndex(
+        DIM, "cosine", "flat", shards=3, path=tmp_path / "kb", transport="compiled", compiled_idle=None
+    ) as si:
+        si.add(vectors, ids, metadata=meta, texts=texts)
+        assert si.transport == "compiled"
+        start = si.transport_stats()
+        assert start["ready"] and start["builds"] == 1, start
+        rng = np.random.default_rng(9)
+        qs = rng.standard_normal((4, DIM)).astype(np.float32)
+        for q in qs:  # one query per call (the path a RAG request takes)
+            got, want = si.search(q, 10), one.search(q, 10)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+        got, want = si.search(qs, 7, where={"lang": "en"}), one.search(qs, 7, where={"lang": "en"})
+        np.testing.assert_array_equal(got[0], want[0])
+        assert [g.key for g in si.search_groups(qs[0], 5)] == [g.key for g in one.search_groups(qs[0], 5)]
+        np.testing.assert_array_equal(si.search_text("w1 w2", 5)[0], one.search_text("w1 w2", 5)[0])
+        assert si.count({"lang": "en"}) == one.count({"lang": "en"})
+        # A request and answers larger than the channels' first buffers (1 MB): they grow.
+        big = rng.standard_normal((12_000, DIM)).astype(np.float32)
+        np.testing.assert_array_equal(si.search(big, 10)[0], one.search(big, 10)[0])
+        # A shard's own error comes back as the actor path raises it; the graph stays usable.
+        with pytest.raises(InvalidArgumentError, match="bogus"):
+            si.search(qs[0], 5, where={"lang": {"$bogus": 1}})
+        np.testing.assert_array_equal(si.search(qs[0], 10)[0], one.search(qs[0], 10)[0])
+        end = si.transport_stats()
+        assert end["ready"] and end["builds"] == 1 and end["fallbacks"] == 0, end
+
+
+@needs_ray
+def test_compiled_transport_falls_back_and_rebuilds_after_a_restart(ray_local, tmp_path, corpus):
+    vectors, ids, meta, texts = corpus
+    one = _oracle("flat", corpus)
+    q = vectors[17]
+    with kbcore.distributed.ShardedIndex(
+        DIM, "cosine", "flat", shards=2, path=tmp_path / "kb", timeout=60, transport="compiled", compiled_idle=None
+    ) as si:
+        si.add(vectors, ids, metadata=meta, texts=texts)
+        _wait_compiled(si, 1)
+        old = si.shard_nodes()[0]["pid"]
+        ray.kill(si.shard_actors()[0], no_restart=False)
+        deadline = time.monotonic() + 60
+        while si.shard_nodes()[0]["pid"] == old and time.monotonic() < deadline:
+            time.sleep(0.2)  # ray.kill is asynchronous
+        # The graph over the dead process is gone: the query takes the actor path.
+        np.testing.assert_array_equal(si.search(q, 10)[0], one.search(q, 10)[0])
+        st = _wait_compiled(si, 2)  # rebuilt over the restarted shard
+        fallbacks = st["fallbacks"]
+        assert fallbacks >= 1 and st["last_error"], st
+        for row in (3, 250, 599):
+            np.testing.assert_array_equal(si.search(vectors[row], 10)[0], one.search(vectors[row], 10)[0])
+        assert si.transport_stats()["fallbacks"] == fallbacks  # answered by the new graph
+
+
+@needs_ray
+def test_compiled_transport_serves_concurrent_threads_and_idles_down(ray_local, tmp_path, corpus):
+    from concurrent.futures import ThreadPoolExecutor
+
+    vectors, ids, meta, texts = corpus
+    one = _oracle("flat", corpus)
+    with kbcore.distributed.ShardedIndex(
+        DIM, "cosine", "flat", shards=2, path=tmp_path / "kb", transport="compiled", compiled_idle=1.0
+    ) as si:
+        si.add(vectors, ids, metadata=meta, texts=texts)
+        rows = list(range(0, 600, 10))
+        with ThreadPoolExecutor(4) as pool:  # one graph, one execution at a time: others fall back
+            got = list(pool.map(lambda r: si.search(vectors[r], 5)[0], rows))
+        for r, g in zip(rows, got):
+            np.testing.assert_array_equal(g, one.search(vectors[r], 5)[0])
+        deadline = time.monotonic() + 30
+        while si.transport_stats()["ready"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not si.transport_stats()["ready"]  # torn down after 1 s without a query
+        np.testing.assert_array_equal(si.search(vectors[5], 5)[0], one.search(vectors[5], 5)[0])
+        assert _wait_compiled(si, 2)["builds"] >= 2  # that query asked for a new graph
+
+
+@needs_ray
+def test_bad_transport_is_rejected(ray_local, tmp_path):
+    with pytest.raises(InvalidArgumentError, match="transport"):
+        kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb", transport="carrier-pigeon")
+    with pytest.raises(InvalidArgumentError, match="compiled_idle"):
+        kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb2", compiled_idle=0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -556,11 +660,15 @@ _CLUSTER_DRIVER = textwrap.dedent("""
     nodes = [n["node_id"] for n in si.shard_nodes()]
     ips = sorted({n["ip"] for n in si.shard_nodes()})
     si.close()
-    back = ShardedIndex.load(path)
+    # Reopened with a compiled graph, whose channels span both nodes.
+    back = ShardedIndex.load(path, transport="compiled", compiled_idle=None)
     same = same and [n["node_id"] for n in back.shard_nodes()] == nodes
     same = same and bool((back.search(q, 10)[0] == one.search(q, 10)[0]).all()) and len(back) == 400
+    same = same and all(bool((back.search(x, 10)[0] == one.search(x, 10)[0]).all()) for x in q)
+    st = back.transport_stats()
     back.close()
-    print(json.dumps({"same": same, "nodes": len(set(nodes)), "ips": ips, "rows": len(one)}))
+    print(json.dumps({"same": same, "nodes": len(set(nodes)), "ips": ips, "rows": len(one),
+                      "compiled": [st["ready"], st["builds"], st["fallbacks"]]}))
 """)
 
 
@@ -664,7 +772,13 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
         )
         assert out.returncode == 0, out.stderr[-3000:]
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        assert result == {"same": True, "nodes": 2, "ips": ["127.0.0.2", "127.0.0.3"], "rows": 400}
+        assert result == {
+            "same": True,
+            "nodes": 2,
+            "ips": ["127.0.0.2", "127.0.0.3"],
+            "rows": 400,
+            "compiled": [True, 1, 0],
+        }
     finally:
         for p in reversed(procs):
             _stop(p)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from ..errors import (
 )
 from ..index import Group, Index, _as_ids, _as_vectors, _positive, _threads
 from ..storage import atomic_write_bytes
+from .compiled import CompiledScatter
 from .routing import route, shard_of_key
 
 __all__ = ["ShardedIndex", "ShardUnavailableError", "PartialResult", "MANIFEST"]
@@ -35,6 +37,11 @@ MANIFEST = "sharded-index.json"
 _FORMAT_NAME = "kbcore-sharded-index"
 _FORMAT_VERSION = 1
 _RETRY_PAUSE = 0.05  # seconds between calls to a shard that is restarting
+_TRANSPORTS = ("actor", "compiled")
+#: The read-only calls a compiled graph may carry (writes and checkpoints take the actor path).
+_COMPILED_METHODS = frozenset({"search", "search_groups", "text_stats", "search_text", "count"})
+_SEARCH_REPLY = b"S"  # a search answer: rows, cols (int64), ids int64[rows*cols], dists float32[...]
+_PICKLED_REPLY = b"P"  # any other answer: a pickle
 
 
 class ShardUnavailableError(KbcoreError, ConnectionError):
@@ -102,6 +109,12 @@ def _actor_class() -> Any:
                     threading.Timer(0.2, os._exit, args=(1,)).start()
                 raise
 
+        def query(self, request: bytes) -> bytes:
+            """``call`` with the method and arguments in one pickled payload and the answer
+            as bytes (the actor path's ``query.remote`` and the compiled graph both use it)."""
+            method, args = pickle.loads(request)
+            return _pack_reply(method, self.call(method, *args))
+
         def node(self) -> dict[str, Any]:
             ctx = ray.get_runtime_context()
             return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
@@ -113,6 +126,33 @@ def _actor_class() -> Any:
 
     _ACTOR_CLASS = ray.remote(ShardActor)
     return _ACTOR_CLASS
+
+
+def _pack_request(method: str, args: tuple[Any, ...]) -> bytes:
+    """One bytes payload for a call: Ray passes bytes without its per-argument serialisation."""
+    return pickle.dumps((method, args), protocol=5)
+
+
+def _pack_reply(method: str, result: Any) -> bytes:
+    """A shard's answer as bytes; a search answer as raw little arrays (no pickle)."""
+    if method == "search":
+        ids, dist = result
+        ids = np.ascontiguousarray(ids, np.int64)
+        dist = np.ascontiguousarray(dist, np.float32)
+        head = np.array(ids.shape, np.int64).tobytes()
+        return b"".join((_SEARCH_REPLY, head, ids.tobytes(), dist.tobytes()))
+    return _PICKLED_REPLY + pickle.dumps(result, protocol=5)
+
+
+def _unpack_reply(payload: bytes) -> Any:
+    """The inverse of :func:`_pack_reply` (driver side; the shard is trusted, as Ray's own pickles are)."""
+    if payload[:1] == _SEARCH_REPLY:
+        rows, cols = (int(v) for v in np.frombuffer(payload, np.int64, 2, offset=1))
+        n = rows * cols
+        ids = np.frombuffer(payload, np.int64, n, offset=17).reshape(rows, cols)
+        dist = np.frombuffer(payload, np.float32, n, offset=17 + 8 * n).reshape(rows, cols)
+        return ids, dist
+    return pickle.loads(memoryview(payload)[1:])
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -179,6 +219,8 @@ class ShardedIndex:
         start_timeout: float = 300.0,
         num_cpus: float = 0,
         max_concurrency: int = 4,
+        transport: str | None = None,
+        compiled_idle: float | None = 10.0,
         **index_options: Any,
     ) -> None:
         """Creates a new sharded index in the empty (or absent) directory ``path``.
@@ -188,8 +230,15 @@ class ShardedIndex:
         reserved per shard actor) are Ray actor options; ``max_concurrency`` is the number of
         calls one shard serves at once. ``timeout`` bounds how long a call waits for a shard;
         ``start_timeout`` how long the constructor (and :meth:`load`) waits for every shard
-        to start and recover its directory. Raises :class:`~kbcore.errors.InvalidArgumentError`
-        for bad options or a ``path`` that already holds an index (use :meth:`load`).
+        to start and recover its directory. ``transport`` is how read-only queries reach the
+        shards: ``"actor"`` (one Ray actor call per shard) or ``"compiled"`` (a Ray Compiled
+        Graph over shared-memory channels, falling back to actor calls whenever it is busy,
+        torn down or being rebuilt; see ``docs/scale-out.md``); default: the environment
+        variable ``KBCORE_SHARD_TRANSPORT``, else ``"actor"``. ``compiled_idle``: seconds
+        without a query after which the compiled graph is torn down (its shards stop polling
+        their channels) and rebuilt on the next query; ``None`` keeps it. Raises
+        :class:`~kbcore.errors.InvalidArgumentError` for bad options or a ``path`` that already
+        holds an index (use :meth:`load`).
         """
         shards = _positive("shards", shards)
         Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
@@ -226,6 +275,8 @@ class ShardedIndex:
             start_timeout=start_timeout,
             num_cpus=num_cpus,
             max_concurrency=max_concurrency,
+            transport=transport,
+            compiled_idle=compiled_idle,
             create=True,
         )
 
@@ -240,8 +291,23 @@ class ShardedIndex:
         start_timeout: float,
         num_cpus: float,
         max_concurrency: int,
+        transport: str | None,
+        compiled_idle: float | None,
         create: bool,
     ) -> None:
+        self._compiled: CompiledScatter | None = None
+        self._actors: list[Any] = []
+        if transport is None:
+            transport = os.environ.get("KBCORE_SHARD_TRANSPORT", "actor") or "actor"
+        if transport not in _TRANSPORTS:
+            raise InvalidArgumentError(f"transport must be 'actor' or 'compiled', got {transport!r}")
+        if compiled_idle is not None and (
+            isinstance(compiled_idle, bool) or not isinstance(compiled_idle, (int, float)) or not compiled_idle > 0
+        ):
+            raise InvalidArgumentError(
+                f"compiled_idle must be a positive number of seconds or None, got {compiled_idle!r}"
+            )
+        self._transport = transport
         ray = _ray()
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -287,7 +353,6 @@ class ShardedIndex:
             os.makedirs(root, exist_ok=True)
             atomic_write_bytes(os.path.join(root, MANIFEST), json.dumps(manifest, indent=1).encode())
         cls = _actor_class()
-        self._actors: list[Any] = []
         for i in range(self._n):
             options: dict[str, Any] = {
                 "max_restarts": max_restarts,
@@ -317,6 +382,10 @@ class ShardedIndex:
         except BaseException:
             self.close()
             raise
+        if transport == "compiled":
+            # Built now, so the first query uses it; if that fails, queries take the actor
+            # path and the graph is rebuilt in the background.
+            self._compiled = CompiledScatter(self._actors, _pack_request("size", ()), idle=compiled_idle)
 
     def _node_for(self, shard: int, nodes: list[dict[str, Any]]) -> str:
         ray = _ray()
@@ -347,9 +416,12 @@ class ShardedIndex:
         start_timeout: float = 300.0,
         num_cpus: float = 0,
         max_concurrency: int = 4,
+        transport: str | None = None,
+        compiled_idle: float | None = 10.0,
     ) -> ShardedIndex:
         """Opens the sharded index in ``path``: one actor per shard, each recovering its last
-        checkpoint plus its write-ahead log. Raises ``FileNotFoundError`` if there is none and
+        checkpoint plus its write-ahead log (the options as for the constructor). Raises
+        ``FileNotFoundError`` if there is none and
         :class:`~kbcore.errors.FormatError` if its manifest is corrupted or newer."""
         root = os.path.abspath(os.fspath(path))
         mpath = os.path.join(root, MANIFEST)
@@ -381,6 +453,8 @@ class ShardedIndex:
             start_timeout=start_timeout,
             num_cpus=num_cpus,
             max_concurrency=max_concurrency,
+            transport=transport,
+            compiled_idle=compiled_idle,
             create=False,
         )
         return obj
@@ -454,15 +528,28 @@ class ShardedIndex:
         *,
         allow_partial: bool = False,
     ) -> dict[int, Any]:
-        """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``."""
+        """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``.
+
+        The same ``args`` for every shard travel as one pickled payload per call (and, for a
+        read-only query to every shard with ``transport="compiled"``, through the compiled
+        graph when it is free); per-shard ``args`` (writes, large arrays) as Ray arguments.
+        """
         if callable(args):
             make = args
             return self._scatter_method(
                 lambda i: self._actors[i].call.remote(method, *make(i)), shards, allow_partial=allow_partial
             )
-        return self._scatter_method(
-            lambda i: self._actors[i].call.remote(method, *args), shards, allow_partial=allow_partial
-        )
+        request = _pack_request(method, args)
+        compiled = self._compiled
+        if compiled is not None and shards is None and method in _COMPILED_METHODS:
+            try:
+                answers = compiled.call(request, self._timeout)
+            except Exception as exc:  # noqa: BLE001 - a shard's own error, as the actor path raises it
+                raise _unwrap(exc) from None
+            if answers is not None:
+                return {i: _unpack_reply(a) for i, a in enumerate(answers)}
+        got = self._scatter_method(lambda i: self._actors[i].query.remote(request), shards, allow_partial=allow_partial)
+        return {i: _unpack_reply(a) for i, a in got.items()}
 
     @staticmethod
     def _finish(value: Any, missing: Sequence[int], allow_partial: bool) -> Any:
@@ -497,6 +584,25 @@ class ShardedIndex:
     def ef(self) -> int:
         """Default HNSW candidate list size of each shard's search."""
         return self._ef
+
+    @property
+    def transport(self) -> str:
+        """How read-only queries reach the shards: ``"actor"`` or ``"compiled"``."""
+        return self._transport
+
+    def transport_stats(self) -> dict[str, Any]:
+        """The compiled path's state: whether a graph exists now, graphs built, calls that
+        fell back to actor calls, and its last system error (all zero/None for ``"actor"``)."""
+        c = self._compiled
+        if c is None:
+            return {"transport": self._transport, "ready": False, "builds": 0, "fallbacks": 0, "last_error": None}
+        return {
+            "transport": self._transport,
+            "ready": c.ready,
+            "builds": c.builds,
+            "fallbacks": c.fallbacks,
+            "last_error": c.last_error,
+        }
 
     def shard_actors(self) -> list[Any]:
         """The Ray actor handles, one per shard (shard i is element i)."""
@@ -849,7 +955,10 @@ class ShardedIndex:
     def close(self) -> None:
         """Stops the shard actors (their data stays in ``path``; :meth:`load` reopens it)."""
         ray = _ray()
-        for a in self._actors:
+        compiled, self._compiled = getattr(self, "_compiled", None), None
+        if compiled is not None:
+            compiled.close()  # before the actors go, so that no execution loop is left waiting
+        for a in getattr(self, "_actors", []):
             try:
                 ray.kill(a, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
