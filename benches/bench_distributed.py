@@ -145,17 +145,17 @@ def overhead_breakdown(si: Any, queries: np.ndarray, reps: int, transport: str) 
     ``overhead`` = total - slowest shard search."""
     import ray
 
-    from kbcore.distributed.sharded_index import _pack_request, _unpack_reply
+    from kbcore.distributed.transport import pack_request, unpack_reply
 
     actors = si.shard_actors()
-    compiled = si._compiled if transport == "compiled" else None
+    compiled = si._calls.compiled if transport == "compiled" else None
     if transport == "compiled" and (compiled is None or not compiled.ready):
         return {"error": f"no compiled graph: {si.transport_stats()}"}
     submit, wait, merge, total, inside, noop = [], [], [], [], [], []
     for q in queries[:reps]:
         q2 = q.reshape(1, -1)
-        req = _pack_request("search", (q2, K, None, None, 1))
-        timed = _pack_request("search_timed", (q2, K, None, None, 1))
+        req = pack_request("search", (q2, K, None, None, 1))
+        timed = pack_request("search_timed", (q2, K, None, None, 1))
         if compiled is None:
             t0 = time.perf_counter()
             ray.get([a.ping.remote() for a in actors])
@@ -165,9 +165,9 @@ def overhead_breakdown(si: Any, queries: np.ndarray, reps: int, transport: str) 
             t1 = time.perf_counter()
             raw = ray.get(refs)
             t2 = time.perf_counter()
-            _merge([_unpack_reply(r) for r in raw])
+            _merge([unpack_reply(r) for r in raw])
             t3 = time.perf_counter()
-            inside.append(max(_unpack_reply(r)[2] for r in ray.get([a.query.remote(timed) for a in actors])))
+            inside.append(max(unpack_reply(r)[2] for r in ray.get([a.query.remote(timed) for a in actors])))
         else:
             with compiled._use:  # the graph runs one execution at a time
                 graph = compiled._graph
@@ -176,9 +176,9 @@ def overhead_breakdown(si: Any, queries: np.ndarray, reps: int, transport: str) 
                 t1 = time.perf_counter()
                 raw = [r.get() for r in refs]
                 t2 = time.perf_counter()
-                _merge([_unpack_reply(r) for r in raw])
+                _merge([unpack_reply(r) for r in raw])
                 t3 = time.perf_counter()
-                inside.append(max(_unpack_reply(r.get())[2] for r in graph.execute(timed)))
+                inside.append(max(unpack_reply(r.get())[2] for r in graph.execute(timed)))
         submit.append(t1 - t0)
         wait.append(t2 - t1)
         merge.append(t3 - t2)
@@ -311,7 +311,7 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
     import kbcore
     from kbcore.distributed import ShardedIndex
     from kbcore.distributed.compiled import CompiledScatter
-    from kbcore.distributed.sharded_index import _pack_request
+    from kbcore.distributed.transport import pack_request
 
     base, queries = ds["base"], ds["queries"]
     n, dim = base.shape
@@ -379,7 +379,7 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
                     # Measured after the actor path: while a graph exists its shards poll
                     # their channels, which would disturb the actor-path figures.
                     t0 = time.perf_counter()
-                    si._compiled = CompiledScatter(si.shard_actors(), _pack_request("size", ()), idle=None)
+                    si._calls.compiled = CompiledScatter(si.shard_actors(), pack_request("size", ()), idle=None)
                     si._transport = "compiled"
                     compile_s = time.perf_counter() - t0
                 fig: dict[str, Any] = {"idle_cpu_per_shard": idle_cpu(si)}

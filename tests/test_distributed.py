@@ -515,7 +515,9 @@ def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_
     try:
         si.add(vectors, ids, metadata=meta, texts=texts)
         rows = [i["rows"] for i in si.shard_info()]
-        ray.kill(si.shard_actors()[1], no_restart=True)
+        dead = si.shard_actors()[1]
+        ray.kill(dead, no_restart=True)
+        _wait_dead(dead)  # ray.kill is asynchronous: a search right after may still reach it
         t0 = time.monotonic()
         with pytest.raises(kbcore.distributed.ShardUnavailableError, match="shard 1 ") as err:
             si.search(vectors[0], 5)
@@ -537,6 +539,19 @@ def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_
         assert not si.transport_stats()["ready"]  # a dead shard: no compiled graph to rebuild
     finally:
         si.close()
+
+
+def _wait_dead(actor, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"actor {actor} still answers {seconds:g} s after ray.kill")
 
 
 def _wait_compiled(si, builds: int, seconds: float = 60) -> dict:

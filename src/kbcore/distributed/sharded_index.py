@@ -8,9 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pickle
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
@@ -22,37 +20,21 @@ from ..errors import (
     FormatError,
     InvalidArgumentError,
     InvalidTypeError,
-    KbcoreError,
     NotFoundError,
-    StorageError,
 )
-from ..index import Group, Index, _as_ids, _as_vectors, _positive, _threads
+from ..index import Index, _as_ids, _as_vectors, _positive, _threads
 from ..storage import atomic_write_bytes
 from .compiled import CompiledScatter
+from .merge import merge_groups, merge_text, merge_top_k, subset_rows
 from .routing import route, shard_of_key
+from .transport import ShardCalls, ShardUnavailableError, pack_request, spawn
 
 __all__ = ["ShardedIndex", "ShardUnavailableError", "PartialResult", "MANIFEST"]
 
 MANIFEST = "sharded-index.json"
 _FORMAT_NAME = "kbcore-sharded-index"
 _FORMAT_VERSION = 1
-_RETRY_PAUSE = 0.05  # seconds between calls to a shard that is restarting
 _TRANSPORTS = ("actor", "compiled")
-#: The read-only calls a compiled graph may carry (writes and checkpoints take the actor path).
-_COMPILED_METHODS = frozenset({"search", "search_groups", "text_stats", "search_text", "count"})
-_SEARCH_REPLY = b"S"  # a search answer: rows, cols (int64), ids int64[rows*cols], dists float32[...]
-_PICKLED_REPLY = b"P"  # any other answer: a pickle
-
-
-class ShardUnavailableError(KbcoreError, ConnectionError):
-    """One or more shards did not answer within the timeout (dead, or restarting too slowly).
-
-    ``shards`` lists their numbers; the message names them and the last error of each.
-    """
-
-    def __init__(self, shards: Sequence[int], message: str) -> None:
-        super().__init__(message)
-        self.shards = tuple(shards)
 
 
 class PartialResult(NamedTuple):
@@ -61,111 +43,6 @@ class PartialResult(NamedTuple):
 
     value: Any
     missing_shards: tuple[int, ...]
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("kbcore.distributed needs Ray: pip install 'kbcore[ray]'") from exc
-    return ray
-
-
-_ACTOR_CLASS: Any = None
-
-
-def _actor_class() -> Any:
-    """The Ray actor class wrapping a ShardState (built once, on first use)."""
-    global _ACTOR_CLASS
-    if _ACTOR_CLASS is not None:
-        return _ACTOR_CLASS
-    ray = _ray()
-
-    class ShardActor:
-        """Holds one ShardState; Ray re-runs __init__ after a crash, which recovers from disk."""
-
-        def __init__(self, directory: str, options: dict[str, Any]) -> None:
-            from .shard import ShardState
-
-            # A shard that cannot open its directory (corrupted, unreadable) stays up and
-            # answers every call with that error: restarting it would fail the same way.
-            self._error: BaseException | None = None
-            try:
-                self._state = ShardState(directory, **options)
-            except (KbcoreError, OSError) as exc:
-                self._error = exc
-
-        def call(self, method: str, *args: Any) -> Any:
-            if self._error is not None:
-                raise self._error
-            if self._state.broken:  # exiting: answer nothing from memory the disk lacks
-                raise StorageError(errno.EIO, f"shard {self._state.shard} is restarting from disk")
-            try:
-                return getattr(self._state, method)(*args)
-            except Exception:
-                if self._state.broken:
-                    # Memory holds a write the disk lacks: leave, so that Ray restarts this
-                    # shard from disk (without the unacknowledged write).
-                    threading.Timer(0.2, os._exit, args=(1,)).start()
-                raise
-
-        def query(self, request: bytes) -> bytes:
-            """``call`` with the method and arguments in one pickled payload and the answer
-            as bytes (the actor path's ``query.remote`` and the compiled graph both use it)."""
-            method, args = pickle.loads(request)
-            return _pack_reply(method, self.call(method, *args))
-
-        def node(self) -> dict[str, Any]:
-            ctx = ray.get_runtime_context()
-            return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
-
-        def ping(self) -> bool:
-            if self._error is not None:
-                raise self._error
-            return True
-
-    _ACTOR_CLASS = ray.remote(ShardActor)
-    return _ACTOR_CLASS
-
-
-def _pack_request(method: str, args: tuple[Any, ...]) -> bytes:
-    """One bytes payload for a call: Ray passes bytes without its per-argument serialisation."""
-    return pickle.dumps((method, args), protocol=5)
-
-
-def _pack_reply(method: str, result: Any) -> bytes:
-    """A shard's answer as bytes; a search answer as raw little arrays (no pickle)."""
-    if method == "search":
-        ids, dist = result
-        ids = np.ascontiguousarray(ids, np.int64)
-        dist = np.ascontiguousarray(dist, np.float32)
-        head = np.array(ids.shape, np.int64).tobytes()
-        return b"".join((_SEARCH_REPLY, head, ids.tobytes(), dist.tobytes()))
-    return _PICKLED_REPLY + pickle.dumps(result, protocol=5)
-
-
-def _unpack_reply(payload: bytes) -> Any:
-    """The inverse of :func:`_pack_reply` (driver side; the shard is trusted, as Ray's own pickles are)."""
-    if payload[:1] == _SEARCH_REPLY:
-        rows, cols = (int(v) for v in np.frombuffer(payload, np.int64, 2, offset=1))
-        n = rows * cols
-        ids = np.frombuffer(payload, np.int64, n, offset=17).reshape(rows, cols)
-        dist = np.frombuffer(payload, np.float32, n, offset=17 + 8 * n).reshape(rows, cols)
-        return ids, dist
-    return pickle.loads(memoryview(payload)[1:])
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
-
-
-def _subset(metadata: Any, idx: np.ndarray) -> Any:
-    if metadata is None:
-        return None
-    if type(metadata).__module__.split(".")[0] == "pyarrow":
-        return metadata.take(idx)
-    return [metadata[i] for i in idx.tolist()]
 
 
 class ShardedIndex:
@@ -197,6 +74,11 @@ class ShardedIndex:
     Thread safety: searches may run from many threads at once; writes from one
     ``ShardedIndex`` are serialised. Only one ``ShardedIndex`` may write a ``path`` at a time.
     """
+
+    # About 600 lines: the whole Index API (add, remove, search, search_groups, search_text,
+    # search_hybrid, get_metadata, ...), each method its argument checks, one scatter and one
+    # merge. How calls reach the shards is transport.py; merges merge.py; a shard's state
+    # shard.py; its log wal.py.
 
     #: The descriptor of the owner lock a knowledge base holds on its shards' directory
     #: (set and released by kbcore.engine.shards; None for a ShardedIndex used on its own).
@@ -295,8 +177,7 @@ class ShardedIndex:
         compiled_idle: float | None,
         create: bool,
     ) -> None:
-        self._compiled: CompiledScatter | None = None
-        self._actors: list[Any] = []
+        self._calls: ShardCalls | None = None
         if transport is None:
             transport = os.environ.get("KBCORE_SHARD_TRANSPORT", "actor") or "actor"
         if transport not in _TRANSPORTS:
@@ -308,7 +189,6 @@ class ShardedIndex:
                 f"compiled_idle must be a positive number of seconds or None, got {compiled_idle!r}"
             )
         self._transport = transport
-        ray = _ray()
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or not start_timeout > 0:
@@ -322,89 +202,55 @@ class ShardedIndex:
         self._kind = manifest["kind"]
         self._n = int(manifest["shards"])
         self._shard_key = manifest["shard_key"]
-        self._timeout = float(timeout)
-        self._max_restarts = max_restarts
         self._write_lock = threading.Lock()
         self._ef = int(manifest["index_options"].get("ef", 64))
-        if not ray.is_initialized():
-            ray.init()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        nodes = manifest.get("nodes")
-        local = manifest["storage"] == "local"
-        if local and nodes is not None:
-            placement = nodes  # each shard's data is on that node's disk
-        else:
-            # Round-robin over the live nodes that have CPUs (a head kept free with
-            # --num-cpus 0 gets no shard). "local" records this placement for good; "shared"
-            # uses it as a preference (soft), so a restart may land on another node.
-            alive = [n for n in ray.nodes() if n.get("Alive")]
-            alive = sorted(
-                [n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0] or alive, key=lambda n: n["NodeID"]
-            )
-            placement = [
-                {"node_id": alive[i % len(alive)]["NodeID"], "ip": alive[i % len(alive)]["NodeManagerAddress"]}
-                for i in range(self._n)
-            ]
-            if local:
-                nodes = placement
-        if create:
-            manifest["nodes"] = nodes
+        def write_manifest(m: dict[str, Any]) -> None:
             os.makedirs(root, exist_ok=True)
-            atomic_write_bytes(os.path.join(root, MANIFEST), json.dumps(manifest, indent=1).encode())
-        cls = _actor_class()
-        for i in range(self._n):
-            options: dict[str, Any] = {
-                "max_restarts": max_restarts,
-                "max_task_retries": 0,
-                "num_cpus": num_cpus,
-                "max_concurrency": max_concurrency,
-            }
-            if local:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    self._node_for(i, placement), soft=False
-                )
-            else:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(placement[i]["node_id"], soft=True)
-            shard_options = {
-                "shard": i,
-                "dim": self._dim,
-                "metric": self._metric,
-                "kind": self._kind,
-                "index_options": manifest["index_options"],
-                "durability": manifest["durability"],
-                "checkpoint_bytes": manifest["checkpoint_bytes"],
-            }
-            self._actors.append(cls.options(**options).remote(self._shard_dir(i), shard_options))
+            atomic_write_bytes(os.path.join(root, MANIFEST), json.dumps(m, indent=1).encode())
+
+        actors = spawn(
+            root,
+            manifest,
+            max_restarts=max_restarts,
+            num_cpus=num_cpus,
+            max_concurrency=max_concurrency,
+            create=create,
+            write_manifest=write_manifest,
+        )
+        self._calls = ShardCalls(actors, root, float(timeout), max_restarts)
         # Every shard has opened (recovered) its directory before the constructor returns.
         try:
-            self._scatter_method(lambda i: self._actors[i].ping.remote(), timeout=start_timeout)
+            self._scatter_method(lambda i: actors[i].ping.remote(), timeout=start_timeout)
         except BaseException:
             self.close()
             raise
         if transport == "compiled":
             # Built now, so the first query uses it; if that fails, queries take the actor
             # path and the graph is rebuilt in the background.
-            self._compiled = CompiledScatter(self._actors, _pack_request("size", ()), idle=compiled_idle)
+            self._calls.compiled = CompiledScatter(actors, pack_request("size", ()), idle=compiled_idle)
 
-    def _node_for(self, shard: int, nodes: list[dict[str, Any]]) -> str:
-        ray = _ray()
-        want = nodes[shard]
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        for n in alive:
-            if n["NodeID"] == want["node_id"]:
-                return n["NodeID"]
-        same_ip = [n for n in alive if n["NodeManagerAddress"] == want["ip"]]
-        if len(same_ip) == 1:
-            return same_ip[0]["NodeID"]
-        raise ShardUnavailableError(
-            [shard],
-            f"shard {shard} lives on the local disk of node {want['ip']} "
-            f"({want['node_id'][:12]}), which is not (uniquely) in the cluster",
-        )
+    def _scatter_method(
+        self,
+        submit: Callable[[int], Any],
+        shards: Sequence[int] | None = None,
+        *,
+        allow_partial: bool = False,
+        timeout: float | None = None,
+    ) -> dict[int, Any]:
+        """:meth:`ShardCalls.gather`: ``submit(shard)`` on each shard, {shard: result}."""
+        return self._calls.gather(submit, shards, allow_partial=allow_partial, timeout=timeout)
 
-    def _shard_dir(self, i: int) -> str:
-        return os.path.join(self._path, f"shard-{i:04d}")
+    def _scatter(
+        self,
+        method: str,
+        args: Callable[[int], tuple[Any, ...]] | tuple[Any, ...],
+        shards: Sequence[int] | None = None,
+        *,
+        allow_partial: bool = False,
+    ) -> dict[int, Any]:
+        """:meth:`ShardCalls.call`: ShardState.``method`` on each shard, {shard: result}."""
+        return self._calls.call(method, args, shards, allow_partial=allow_partial)
 
     @classmethod
     def load(
@@ -459,98 +305,6 @@ class ShardedIndex:
         )
         return obj
 
-    # -- scatter / gather -----------------------------------------------------------------
-    def _scatter_method(
-        self,
-        submit: Callable[[int], Any],
-        shards: Sequence[int] | None = None,
-        *,
-        allow_partial: bool = False,
-        timeout: float | None = None,
-    ) -> dict[int, Any]:
-        """Runs ``submit(shard)`` (which returns a Ray object ref) on each shard in parallel and returns
-        {shard: result}.
-
-        A shard whose actor is dead or restarting is called again (after a short pause)
-        until the timeout; then :class:`ShardUnavailableError`, or, with ``allow_partial``,
-        the results without it. An error raised by the shard itself is re-raised as is.
-        """
-        ray = _ray()
-        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
-
-        todo = list(range(self._n)) if shards is None else list(shards)
-        timeout = self._timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        refs = {i: submit(i) for i in todo}
-        try:  # the common case: every shard answers
-            values = ray.get([refs[i] for i in todo], timeout=timeout)
-            return dict(zip(todo, values))
-        except (RayActorError, ActorUnavailableError, GetTimeoutError):
-            pass
-        except Exception as exc:  # noqa: BLE001 - a shard's own error (RayTaskError)
-            raise _unwrap(exc) from None
-        results: dict[int, Any] = {}
-        errors: dict[int, str] = {}
-        pending = {refs[i]: i for i in todo}
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=remaining)
-            if not ready:
-                break
-            for ref in ready:
-                i = pending.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                except (RayActorError, ActorUnavailableError) as exc:
-                    errors[i] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
-                    if self._max_restarts != 0 and time.monotonic() + _RETRY_PAUSE < deadline:
-                        time.sleep(_RETRY_PAUSE)
-                        pending[submit(i)] = i
-                except Exception as exc:  # noqa: BLE001
-                    raise _unwrap(exc) from None
-        missing = sorted(set(todo) - results.keys())
-        if missing and not allow_partial:
-            detail = "; ".join(f"shard {i}: {errors.get(i, 'no answer')}" for i in missing)
-            raise ShardUnavailableError(
-                missing,
-                f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                f"of {self._path!r} did not answer within {timeout:g} s ({detail})",
-            )
-        return results
-
-    def _scatter(
-        self,
-        method: str,
-        args: Callable[[int], tuple[Any, ...]] | tuple[Any, ...],
-        shards: Sequence[int] | None = None,
-        *,
-        allow_partial: bool = False,
-    ) -> dict[int, Any]:
-        """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``.
-
-        The same ``args`` for every shard travel as one pickled payload per call (and, for a
-        read-only query to every shard with ``transport="compiled"``, through the compiled
-        graph when it is free); per-shard ``args`` (writes, large arrays) as Ray arguments.
-        """
-        if callable(args):
-            make = args
-            return self._scatter_method(
-                lambda i: self._actors[i].call.remote(method, *make(i)), shards, allow_partial=allow_partial
-            )
-        request = _pack_request(method, args)
-        compiled = self._compiled
-        if compiled is not None and shards is None and method in _COMPILED_METHODS:
-            try:
-                answers = compiled.call(request, self._timeout)
-            except Exception as exc:  # noqa: BLE001 - a shard's own error, as the actor path raises it
-                raise _unwrap(exc) from None
-            if answers is not None:
-                return {i: _unpack_reply(a) for i, a in enumerate(answers)}
-        got = self._scatter_method(lambda i: self._actors[i].query.remote(request), shards, allow_partial=allow_partial)
-        return {i: _unpack_reply(a) for i, a in got.items()}
-
     @staticmethod
     def _finish(value: Any, missing: Sequence[int], allow_partial: bool) -> Any:
         return PartialResult(value, tuple(missing)) if allow_partial else value
@@ -593,7 +347,7 @@ class ShardedIndex:
     def transport_stats(self) -> dict[str, Any]:
         """The compiled path's state: whether a graph exists now, graphs built, calls that
         fell back to actor calls, and its last system error (all zero/None for ``"actor"``)."""
-        c = self._compiled
+        c = self._calls.compiled if self._calls is not None else None
         if c is None:
             return {"transport": self._transport, "ready": False, "builds": 0, "fallbacks": 0, "last_error": None}
         return {
@@ -606,11 +360,12 @@ class ShardedIndex:
 
     def shard_actors(self) -> list[Any]:
         """The Ray actor handles, one per shard (shard i is element i)."""
-        return list(self._actors)
+        return list(self._calls.actors) if self._calls is not None else []
 
     def shard_nodes(self) -> list[dict[str, Any]]:
         """Where each shard's actor runs now: ``{"node_id", "ip", "pid"}`` per shard."""
-        placed = self._scatter_method(lambda i: self._actors[i].node.remote())
+        actors = self.shard_actors()
+        placed = self._scatter_method(lambda i: actors[i].node.remote())
         return [placed[i] for i in range(self._n)]
 
     def shard_info(self) -> list[dict[str, Any]]:
@@ -681,7 +436,7 @@ class ShardedIndex:
             parts[s] = (
                 arr[idx],
                 id_arr[idx],
-                _subset(metadata, idx) if len(idx) else None,
+                subset_rows(metadata, idx) if len(idx) else None,
                 [texts[i] for i in idx.tolist()] if texts is not None and len(idx) else None,
                 id_arr[where != s] if self._n > 1 else np.empty(0, np.int64),
                 bool(defer_graph),
@@ -756,24 +511,7 @@ class ShardedIndex:
         k = _positive("k", k)
         ef_value = None if ef is None else _positive("ef", ef)
         got = self._scatter("search", (arr, k, where, ef_value, _threads(threads)), allow_partial=allow_partial)
-        ids = (
-            np.concatenate([got[s][0] for s in sorted(got)], axis=1)
-            if got
-            else np.full((arr.shape[0], 0), -1, np.int64)
-        )
-        dist = (
-            np.concatenate([got[s][1] for s in sorted(got)], axis=1)
-            if got
-            else np.full((arr.shape[0], 0), np.inf, np.float32)
-        )
-        if ids.shape[1] < k:
-            pad = k - ids.shape[1]
-            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
-            dist = np.pad(dist, ((0, 0), (0, pad)), constant_values=np.inf)
-        # Ties broken by id, so the page does not depend on which shard answered first.
-        order = np.lexsort((ids, dist), axis=1)[:, :k]
-        ids = np.take_along_axis(ids, order, 1)
-        dist = np.take_along_axis(dist, order, 1)
+        ids, dist = merge_top_k([got[s] for s in sorted(got)], k, arr.shape[0])
         value = (ids[0], dist[0]) if one else (ids, dist)
         return self._finish(value, sorted(set(range(self._n)) - got.keys()), allow_partial)
 
@@ -807,14 +545,7 @@ class ShardedIndex:
             (arr, k, group_by, group_size, where, ef_value, _threads(threads)),
             allow_partial=allow_partial,
         )
-        local = group_by == self._shard_key
-        pages: list[list[Group]] = []
-        for q in range(arr.shape[0]):
-            groups = [g for s in sorted(got) for g in got[s][q]]
-            if not local:
-                groups = _merge_same_key(groups, group_size)
-            groups.sort(key=lambda g: (g.distance, g.ids[0]))
-            pages.append(groups[:k])
+        pages = merge_groups([got[s] for s in sorted(got)], k, group_size, arr.shape[0], group_by != self._shard_key)
         value = pages[0] if one else pages
         return self._finish(value, sorted(set(range(self._n)) - got.keys()), allow_partial)
 
@@ -849,10 +580,7 @@ class ShardedIndex:
         else:
             stats, missing = self.text_stats(query), ()
         got = self._scatter("search_text", (query, k, where, stats), allow_partial=allow_partial)
-        ids = np.concatenate([got[s][0] for s in sorted(got)]) if got else np.empty(0, np.int64)
-        scores = np.concatenate([got[s][1] for s in sorted(got)]) if got else np.empty(0, np.float32)
-        order = np.lexsort((ids, -scores))[:k]
-        value = (ids[order], scores[order])
+        value = merge_text([got[s] for s in sorted(got)], k)
         missing = sorted(set(missing) | (set(range(self._n)) - got.keys()))
         return self._finish(value, missing, allow_partial)
 
@@ -954,42 +682,12 @@ class ShardedIndex:
 
     def close(self) -> None:
         """Stops the shard actors (their data stays in ``path``; :meth:`load` reopens it)."""
-        ray = _ray()
-        compiled, self._compiled = getattr(self, "_compiled", None), None
-        if compiled is not None:
-            compiled.close()  # before the actors go, so that no execution loop is left waiting
-        for a in getattr(self, "_actors", []):
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self._actors = []
+        calls = getattr(self, "_calls", None)
+        if calls is not None:
+            calls.close()
 
     def __enter__(self) -> ShardedIndex:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _merge_same_key(groups: list[Group], group_size: int) -> list[Group]:
-    """Merges groups of one key found on several shards (grouping by a non-shard key)."""
-    by_key: dict[Any, list[Group]] = {}
-    for g in groups:
-        by_key.setdefault((type(g.key), g.key), []).append(g)
-    out = []
-    for same in by_key.values():
-        if len(same) == 1:
-            out.append(same[0])
-            continue
-        hits = sorted((d, i) for g in same for i, d in zip(g.ids, g.distances))[:group_size]
-        same.sort(key=lambda g: g.distance)
-        out.append(
-            Group(
-                same[0].key,
-                tuple(i for _, i in hits),
-                tuple(d for d, _ in hits),
-                tuple(dict.fromkeys(i for g in same for i in g.part_ids)),
-            )
-        )
-    return out
