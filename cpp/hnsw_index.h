@@ -280,8 +280,12 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     if (results.size() >= ef && c.dist > results.front().dist) break;
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    // The next candidate's links will be read next: start loading them now.
-    if (!kLocked && !candidates.empty()) prefetch_l1(links(candidates.front().slot, level));
+    // The next candidate's links will be read next: start loading them now. While inserts
+    // run concurrently (kLocked) only level 0's address is safe to form without the lock
+    // (it is arithmetic on links0_; an upper list's pointer may be replaced meanwhile), and
+    // a prefetch reads nothing, so it cannot race with the writer.
+    const bool prefetch_links = !kLocked || level == 0;
+    if (prefetch_links && !candidates.empty()) prefetch_l1(links(candidates.front().slot, level));
     std::size_t count;
     const std::uint32_t* nl = read_links<kLocked>(c.slot, level, local, count);
     // Gather the unvisited neighbours first, prefetching their rows, then score them four
@@ -301,7 +305,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
         candidates.push_back({d, fresh[j]});
         std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
         // Its link list is read if it is expanded: start loading it now.
-        if (!kLocked) prefetch_l1(links(fresh[j], level));
+        if (prefetch_links) prefetch_l1(links(fresh[j], level));
         if (accept(fresh[j])) push_result({d, fresh[j]});
       }
     }
