@@ -120,6 +120,10 @@ class HnswIndex {
                       : &upper_[s][static_cast<std::size_t>(level - 1) * (1 + params_.M)];
   }
   std::size_t capacity(int level) const { return level == 0 ? m0_ : params_.M; }
+  /// Starts loading the whole link list of s at level (count and every id slot) into L1.
+  void prefetch_links(Slot s, int level) const {
+    prefetch_block_l1(links(s, level), (1 + capacity(level)) * sizeof(std::uint32_t));
+  }
   /// Words of s's upper-level lists.
   std::size_t upper_words(Slot s) const { return static_cast<std::size_t>(levels_[s]) * (1 + params_.M); }
   float dist(const Kernels& k, const float* q, Slot s) const {
@@ -284,8 +288,8 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
     // run concurrently (kLocked) only level 0's address is safe to form without the lock
     // (it is arithmetic on links0_; an upper list's pointer may be replaced meanwhile), and
     // a prefetch reads nothing, so it cannot race with the writer.
-    const bool prefetch_links = !kLocked || level == 0;
-    if (prefetch_links && !candidates.empty()) prefetch_l1(links(candidates.front().slot, level));
+    const bool may_prefetch = !kLocked || level == 0;
+    if (may_prefetch && !candidates.empty()) prefetch_links(candidates.front().slot, level);
     std::size_t count;
     const std::uint32_t* nl = read_links<kLocked>(c.slot, level, local, count);
     // Gather the unvisited neighbours first, prefetching their rows, then score them four
@@ -305,7 +309,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
         candidates.push_back({d, fresh[j]});
         std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
         // Its link list is read if it is expanded: start loading it now.
-        if (prefetch_links) prefetch_l1(links(fresh[j], level));
+        if (may_prefetch) prefetch_l1(links(fresh[j], level));
         if (accept(fresh[j])) push_result({d, fresh[j]});
       }
     }
@@ -411,7 +415,7 @@ std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, 
     const Scored c = candidates.front();
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    if (!candidates.empty()) prefetch_l1(links(candidates.front().slot, 0));
+    if (!candidates.empty()) prefetch_links(candidates.front().slot, 0);
     const std::uint32_t* nl = links(c.slot, 0);
     std::size_t m = 0;
     for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {

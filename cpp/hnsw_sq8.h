@@ -96,7 +96,7 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
     if (results.size() >= ef && c.dist > results.front().dist) break;
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    if (!candidates.empty()) g.prefetch_links(candidates.front().slot, 0);
     const std::uint32_t* src = g.links(c.slot, 0);
     const std::size_t count = src[0];
     std::size_t m = 0;
@@ -224,7 +224,7 @@ std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq
     const Scored c = candidates.front();
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    if (!candidates.empty()) g.prefetch_links(candidates.front().slot, 0);
     const std::uint32_t* nl = g.links(c.slot, 0);
     std::size_t m = 0;
     for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
