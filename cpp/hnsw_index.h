@@ -90,6 +90,8 @@ class HnswIndex {
   /// away from the query (anti-correlated) and a filtered traversal would have to cross a
   /// long stretch of failing nodes. O(M^2) bitmap tests.
   double local_selectivity(const float* q, const Bitmap& allowed) const;
+  /// The same measured around a given level-0 entry point (HnswSq8Search finds it on codes).
+  double local_selectivity_at(Slot ep, const Bitmap& allowed) const;
 
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
   /// converges before enough(results) holds (results in heap order, not sorted), until the
