@@ -12,8 +12,8 @@
 //   squared L2:             |q - x|^2 ~= |q - lo|^2 - 2 a * sum_d qi_d c_d + |scale * c|^2
 // The integer sum is exact, so every SIMD level (scalar, AVX2, AVX-512, AVX-512 VNNI) gives
 // bit-identical distances; the int16 range is bounded so that the int32 sum cannot overflow.
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
