@@ -400,6 +400,11 @@ double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const
   const Kernels& kern = active_kernels();
   Scored cur{dist(kern, q, entry_), entry_};
   cur = greedy<false>(q, cur, max_level_, 0, kern);
+  return local_selectivity_at(cur.slot, allowed);
+}
+
+double HnswIndex::local_selectivity_at(Slot ep, const Bitmap& allowed) const {
+  if (entry_ == kNoSlot) return 0.0;
   auto visited = visited_.acquire(levels_.size());
   std::size_t seen = 0, pass = 0;
   const auto visit = [&](Slot s) {
@@ -407,8 +412,8 @@ double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const
     ++seen;
     pass += allowed.test(s) ? 1 : 0;
   };
-  visit(cur.slot);
-  const std::uint32_t* nl = links(cur.slot, 0);
+  visit(ep);
+  const std::uint32_t* nl = links(ep, 0);
   for (std::size_t j = 0; j < nl[0]; ++j) {
     visit(nl[1 + j]);
     const std::uint32_t* nl2 = links(nl[1 + j], 0);

@@ -38,6 +38,10 @@ class HnswSq8Search {
                                     std::size_t ef, std::size_t rerank, const Accept& accept,
                                     std::size_t* evals = nullptr);
 
+  /// HnswIndex::local_selectivity with the greedy descent on codes (the float32 rows, which
+  /// may be on disk, are not read).
+  static double local_selectivity(const HnswIndex& g, const Sq8Codes& codes, const float* q, const Bitmap& allowed);
+
   /// HnswIndex::search_expanding on codes (grouped search, and with `allowed` the two-hop
   /// filtered traversal); every result kept is re-ranked exactly, ascending.
   template <typename Enough>
@@ -96,7 +100,7 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
     if (results.size() >= ef && c.dist > results.front().dist) break;
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    if (!candidates.empty()) g.prefetch_links(candidates.front().slot, 0);
     const std::uint32_t* src = g.links(c.slot, 0);
     const std::size_t count = src[0];
     std::size_t m = 0;
@@ -142,6 +146,14 @@ inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, 
     }
   }
   return cur;
+}
+
+inline double HnswSq8Search::local_selectivity(const HnswIndex& g, const Sq8Codes& codes, const float* q,
+                                               const Bitmap& allowed) {
+  if (g.entry_ == kNoSlot) return 0.0;
+  Sq8Query& pq = search_scratch().sq8_query;
+  codes.prepare(q, pq);
+  return g.local_selectivity_at(descend(g, codes, sq8_active_kernels(), pq).slot, allowed);
 }
 
 template <typename Accept>
@@ -224,7 +236,7 @@ std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq
     const Scored c = candidates.front();
     std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
     candidates.pop_back();
-    if (!candidates.empty()) prefetch_l1(g.links(candidates.front().slot, 0));
+    if (!candidates.empty()) g.prefetch_links(candidates.front().slot, 0);
     const std::uint32_t* nl = g.links(c.slot, 0);
     std::size_t m = 0;
     for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {

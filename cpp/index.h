@@ -196,7 +196,7 @@ class Index {
   /// Codes usable for search: non-null only when quantized and trained.
   const Sq8Codes* search_codes() const { return codes_ && codes_->trained() ? codes_.get() : nullptr; }
   std::size_t rerank_depth(std::size_t ef, std::size_t k) const {
-    return config_.rerank ? config_.rerank : std::max(ef, k);
+    return config_.rerank ? config_.rerank : sq8_default_rerank(ef, k);
   }
 
   IndexConfig config_;

@@ -149,7 +149,12 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
         // is anti-correlated with it), a filtered walk must cross long failing stretches and
         // loses recall; the exact scan is used instead. The cost model chose the graph, so
         // this is the exception, measured per query in O(M^2).
-        if (p.force == Strategy::kAuto && graph_->local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
+        // On codes when quantized: the descent then reads no float32 row.
+        const auto local = [&] {
+          return codes ? HnswSq8Search::local_selectivity(*graph_, *codes, q, allowed)
+                       : graph_->local_selectivity(q, allowed);
+        };
+        if (p.force == Strategy::kAuto && local() < kLocalSelectivityRatio * sel) {
           write(qi, exact(q, passing_rows()));
           return;
         }

@@ -1,6 +1,7 @@
 #pragma once
 // Software prefetch hints. No-ops on compilers without __builtin_prefetch.
 #include <cstddef>
+#include <cstdint>
 
 namespace kbcore {
 
@@ -21,6 +22,15 @@ inline void prefetch_l1(const void* p) { prefetch_hint<3>(p); }
 
 /// Into L2 but not L1 (PREFETCHT1 on x86).
 inline void prefetch_l2(const void* p) { prefetch_hint<2>(p); }
+
+/// Into every level, every cache line that [p, p + bytes) touches: for a small block that is
+/// read right away but need not start on a line (a level-0 link list of 1 + 2M words spans
+/// three lines at M = 16, and its ids past the first line were missed by a one-line prefetch).
+inline void prefetch_block_l1(const void* p, std::size_t bytes) {
+  const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63};
+  const std::uintptr_t last = reinterpret_cast<std::uintptr_t>(p) + bytes - 1;
+  for (std::uintptr_t a = first; a <= last; a += 64) prefetch_l1(reinterpret_cast<const void*>(a));
+}
 
 /// Starts loading a whole vector row of `bytes` into L2. Searches know the rows they will
 /// score a group of up to 2M rows (graph) or a few rows (scans of scattered slots) ahead and

@@ -334,3 +334,30 @@ def test_knowledge_base_created_with_sq8_keeps_it_across_reopening(tmp_path):
     assert [h.id for h in again.retrieve(queries[0], top_k=5)] == want
     with pytest.raises(ValueError, match="quantization"):
         Engine(tmp_path).create_knowledge_base("bad", embedder=False, quantization="pq")
+
+
+def test_auto_filtered_search_on_an_anti_correlated_filter_equals_the_exact_scan_on_codes():
+    # Queries near cluster 0, a filter passing only the two farthest clusters (10% of the rows):
+    # auto measures the local selectivity after a descent on codes (no float32 row read) and
+    # answers each query by the exact scan of the passing rows (codes, then an exact re-rank)
+    # or the two-hop walk; either way the answer must be the forced exact scan's and the
+    # oracle's. (On this data the walk finds the same rows, so this does not tell which ran.)
+    rng = np.random.default_rng(43)
+    n, dim, n_clusters = 4000, 32, 20
+    centers = rng.standard_normal((n_clusters, dim)).astype(np.float32)
+    labels = np.arange(n) % n_clusters
+    data = (centers[labels] + 0.6 * rng.standard_normal((n, dim))).astype(np.float32)
+    queries = (centers[0] + 0.6 * rng.standard_normal((30, dim))).astype(np.float32)
+    far = [int(c) for c in np.argsort(((centers - centers[0]) ** 2).sum(axis=1))[-2:]]
+    ids = np.arange(n, dtype=np.int64) + 7
+    ix = kbcore.Index(dim, "l2", M=16, ef_construction=100, seed=5, quantization="sq8")
+    ix.add(data, ids, metadata=[{"cluster": int(c)} for c in labels], threads=1)
+    where = compile_where({"cluster": {"$in": far}})
+    mask = np.isin(labels, far)
+    auto = ix._native.search(queries, 10, 64, 1, where, "auto")
+    exact = ix._native.search(queries, 10, 64, 1, where, "exact")
+    np.testing.assert_array_equal(auto[0], exact[0])
+    np.testing.assert_array_equal(auto[1], exact[1])
+    assert np.isin(auto[0], ids[mask]).all()
+    assert_distances_are_true(auto[0], auto[1], data[mask], ids[mask], queries, "l2")
+    assert recall_at_k(auto[0], data[mask], ids[mask], queries, 10, "l2") >= 0.99
