@@ -109,9 +109,61 @@ py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
   return out;
 }
 
+// The ranked list of a collapse: ids and values of one length, both 1-D.
+std::size_t ranked_len(const IdArray& ids, const FloatArray& values) {
+  const std::size_t n = ids_len(ids);
+  if (values.ndim() != 1 || static_cast<std::size_t>(values.shape(0)) != n) {
+    throw InvalidArgument("values must be a 1-D array as long as ids (" + std::to_string(n) + ")");
+  }
+  return n;
+}
+
+// collapse_keys: groups of positions in the ranked list, as a page of ids and int keys.
+Index::GroupPage keyed_page(const GroupedSlots& groups, const std::int64_t* ids, const std::int64_t* keys) {
+  Index::GroupPage page;
+  const std::size_t ng = groups.size();
+  page.key_kinds.assign(ng, ValueKind::kInt);
+  page.key_str_end.assign(ng, 0);
+  page.key_ints.resize(ng);
+  for (std::size_t g = 0; g < ng; ++g) page.key_ints[g] = keys[groups.ordinals[g]];
+  page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
+  page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
+  for (const Scored& s : groups.best) {
+    page.ids.push_back(ids[s.slot]);
+    page.distances.push_back(s.dist);
+  }
+  for (const Slot s : groups.parts) page.part_ids.push_back(ids[s]);
+  return page;
+}
+
 }  // namespace
 
 void bind_index(py::module_& m) {
+  m.def(
+      "collapse_keys",
+      [](const IdArray& ids, const FloatArray& values, const IdArray& keys, std::size_t group_size, std::size_t limit,
+         const py::object& group_type) {
+        const std::size_t n = ranked_len(ids, values);
+        if (ids_len(keys) != n) throw InvalidArgument("keys must be as long as ids (" + std::to_string(n) + ")");
+        if (group_size == 0) throw InvalidArgument("group_size must be positive, got 0");
+        if (n >= kNoSlot) throw InvalidArgument("a ranked list holds fewer than 2^32 - 1 hits");
+        PyTypeObject* type = group_tuple_type(group_type);
+        Index::GroupPage page;
+        {
+          py::gil_scoped_release nogil;
+          std::vector<Scored> ranked(n);
+          const float* v = values.data();
+          for (std::size_t i = 0; i < n; ++i) ranked[i] = Scored{v[i], static_cast<Slot>(i)};
+          GroupedSlots groups;
+          collapse_keys(ranked, keys.data(), limit, group_size, groups);
+          page = keyed_page(groups, ids.data(), keys.data());
+        }
+        return groups_to_py(page, type);
+      },
+      py::arg("ids").noconvert(), py::arg("values").noconvert(), py::arg("keys").noconvert(), py::arg("group_size"),
+      py::arg("limit"), py::arg("group_type") = py::none(),
+      "Collapses a ranked list (best first) by given int64 group keys: the first `limit` groups, each "
+      "(key, ids, values, part_ids) with its first group_size hits and every part.");
   py::class_<Index>(m, "Index")
       .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
                        std::size_t ef_construction, std::size_t ef, std::uint64_t seed, const std::string& quantization,
@@ -287,6 +339,21 @@ void bind_index(py::module_& m) {
           py::arg("queries").noconvert(), py::arg("k"), py::arg("group_by"), py::arg("group_size"), py::arg("ef"),
           py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto",
           py::arg("group_type") = py::none())
+      .def(
+          "collapse",
+          [](const Index& self, const IdArray& ids, const FloatArray& values, const std::string& group_by,
+             std::size_t group_size, std::size_t limit, const py::object& group_type) {
+            const std::size_t n = ranked_len(ids, values);
+            PyTypeObject* type = group_tuple_type(group_type);
+            Index::GroupPage page;
+            {
+              py::gil_scoped_release nogil;
+              page = self.collapse(ids.data(), values.data(), n, group_by, group_size, limit);
+            }
+            return groups_to_py(page, type);
+          },
+          py::arg("ids").noconvert(), py::arg("values").noconvert(), py::arg("group_by"), py::arg("group_size"),
+          py::arg("limit"), py::arg("group_type") = py::none())
       .def(
           "count",
           [](const Index& self, const py::object& filter) {

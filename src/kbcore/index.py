@@ -13,7 +13,7 @@ from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
 from .filters import native_filter
 
-__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "check_params"]
+__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "check_params", "collapse_by_key"]
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
@@ -102,6 +102,41 @@ def _positive(name: str, value: int) -> int:
     if value <= 0:
         raise InvalidArgumentError(f"{name} must be positive, got {value}")
     return int(value)
+
+
+def _limit(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"limit must be an integer, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgumentError(f"limit must be non-negative, got {value}")
+    return int(value)
+
+
+def _ranked(ids: npt.ArrayLike, scores: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """A ranked list as the native collapse takes it: int64 ids and float32 scores, 1-D, of one length."""
+    id_arr = _as_ids(ids)
+    values = np.asarray(scores)
+    if values.dtype.kind not in "fiu":
+        raise InvalidTypeError(f"scores must be numbers, got dtype {values.dtype}")
+    if values.ndim != 1 or len(values) != len(id_arr):
+        raise InvalidArgumentError(
+            f"scores must be a 1-D sequence as long as ids ({len(id_arr)}), got shape {list(values.shape)}"
+        )
+    if values.dtype != np.float32 or not values.flags.c_contiguous:
+        values = np.ascontiguousarray(values, dtype=np.float32)
+    return id_arr, values
+
+
+def collapse_by_key(
+    ids: npt.ArrayLike, scores: npt.ArrayLike, keys: npt.ArrayLike, *, group_size: int = 1, limit: int
+) -> list[Group]:
+    """:meth:`Index.collapse` with the group of each hit given (``keys``: one int per id) instead
+    of read from a metadata field: the first ``limit`` groups of the ranked list, natively.
+    Raises InvalidArgumentError / InvalidTypeError for lists of different lengths, a
+    ``group_size`` below 1 or a negative ``limit``."""
+    id_arr, values = _ranked(ids, scores)
+    key_arr = _as_ids(keys, "keys")
+    return _core.collapse_keys(id_arr, values, key_arr, _positive("group_size", group_size), _limit(limit), Group)
 
 
 def _threads(value: int) -> int:
@@ -426,6 +461,31 @@ class Index:
             Group,
         )
         return result[0] if one else result
+
+    def collapse(
+        self,
+        ids: npt.ArrayLike,
+        scores: npt.ArrayLike,
+        *,
+        group_by: str = "document_id",
+        group_size: int = 1,
+        limit: int,
+    ) -> list[Group]:
+        """Groups a ranked list the caller already has (best first, e.g. a fused hybrid list)
+        by the metadata field ``group_by``, by the rule of :meth:`search_groups`: the first
+        ``limit`` groups to appear, each with its first ``group_size`` hits (``distances``
+        holds their given ``scores``) and every part among the list. Rows without a value of
+        the field are skipped. One native call, O(n log n).
+
+        Raises NotFoundError for an id not in the index; InvalidArgumentError for a repeated
+        id, a field no stored row has, lists of different lengths, ``group_size`` below 1 or
+        a negative ``limit``."""
+        id_arr, values = _ranked(ids, scores)
+        if not isinstance(group_by, str) or not group_by:
+            raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
+        return self._native.collapse(
+            id_arr, values, group_by, _positive("group_size", group_size), _limit(limit), Group
+        )
 
     def search_text(
         self,

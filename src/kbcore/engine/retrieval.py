@@ -4,8 +4,9 @@
 Routes: ``vector`` (``Index.search``, or ``Index.search_groups`` over the ``_group`` field
 for ``deduplicate=True``: the native grouping), ``full_text`` (``Index.search_text``) and
 ``hybrid`` (both legs over a window of candidates, fused by :mod:`kbcore.fusion`). A fused
-list is deduplicated in fused order by the chunks' ``_group`` values (read from the
-snapshot's segments), widening the window while too few documents come back.
+list is deduplicated in fused order by the chunks' ``_group`` values, natively
+(:meth:`Index.collapse`, the rule of grouped search), widening the window while too few
+documents come back.
 
 Scores: vector hits map the distance (:mod:`kbcore.engine.scores`); full-text hits score
 ``bm25 / best bm25 of the query``; RRF hits their RRF value over its maximum
@@ -26,7 +27,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
 from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf
-from ..index import Group, Index
+from ..index import Group, Index, collapse_by_key
 from .scores import score_from_distance
 from .state import KbState, StateCell
 from .types import FUSIONS, GROUP_FIELD, SEARCH_TYPES, Hit, SearchOptions, check_choice
@@ -259,7 +260,7 @@ def _retrieve_fused(
             if not opts.deduplicate:
                 cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
                 break
-            cands = _dedup_fused(state, fused, top_k)
+            cands = _dedup_fused(index, state, fused, top_k)
             full = len(tids) == w or len(vec_leg) == w
             if len(cands) >= top_k or not full or w >= n:
                 break
@@ -294,19 +295,20 @@ def _fuse(
     return linear(vec_leg, text_leg, weight)
 
 
-def _dedup_fused(state: KbState, fused: list[tuple[int, float]], top_k: int) -> list[Candidate]:
+def _dedup_fused(index: Any, state: KbState, fused: list[tuple[int, float]], top_k: int) -> list[Candidate]:
     """The best chunk of each (pipeline, document) in fused order, with the ids of every chunk
-    of that document among the fused candidates (best first)."""
+    of that document among the fused candidates (best first): natively, by the rule of grouped
+    search (:meth:`Index.collapse` over the ``_group`` field; a sharded index by the segments'
+    group column through :func:`~kbcore.index.collapse_by_key`)."""
     if not fused:
         return []
-    groups = state.groups_of(np.fromiter((f[0] for f in fused), np.int64, len(fused))).tolist()
-    slot: dict[int, int] = {}
-    out: list[tuple[int, float, list[int]]] = []
-    for (cid, score), g in zip(fused, groups):
-        i = slot.get(g)
-        if i is None:
-            slot[g] = len(out)
-            out.append((cid, score, [cid]))
-        else:
-            out[i][2].append(cid)
-    return out[:top_k]  # type: ignore[return-value]
+    n = len(fused)
+    ids = np.fromiter((f[0] for f in fused), np.int64, n)
+    scores = np.fromiter((f[1] for f in fused), np.float32, n)
+    if isinstance(index, Index):
+        groups = index.collapse(ids, scores, group_by=GROUP_FIELD, limit=top_k)
+    else:
+        groups = collapse_by_key(ids, scores, state.groups_of(ids), limit=top_k)
+    # The fused (float64) score of each best chunk, not the float32 copy the collapse carried.
+    score_of = dict(fused)
+    return [(g.ids[0], score_of[g.ids[0]], g.part_ids) for g in groups]
