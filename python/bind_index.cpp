@@ -378,9 +378,7 @@ void bind_index(py::module_& m) {
               py::gil_scoped_release nogil;
               rows = self.get_metadata(ids.data(), n);
             }
-            py::list out;
-            for (const auto& r : rows) out.append(row_to_py(r));
-            return out;
+            return rows_to_py(rows);
           },
           py::arg("ids").noconvert())
       .def(

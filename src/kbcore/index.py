@@ -66,11 +66,13 @@ def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool
 
 def _as_ids(x: npt.ArrayLike, what: str = "ids") -> np.ndarray:
     arr = np.asarray(x)
+    if arr.dtype == np.int64 and arr.ndim == 1 and arr.flags.c_contiguous:
+        return arr  # hot path: what the engine passes (ids of a result list)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.size == 0:
         return np.empty(0, dtype=np.int64)
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # signed or unsigned int (not bool)
         raise InvalidTypeError(f"{what} must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{what} must be a 1-D sequence, got {arr.ndim} dimensions")
