@@ -201,12 +201,21 @@ void bind_index(py::module_& m) {
               text_rows.emplace();
               text_rows->reserve(n);
               for (py::handle t : texts) {
-                if (t.is_none())
+                if (t.is_none()) {
                   text_rows->emplace_back(std::nullopt);
-                else if (py::isinstance<py::str>(t))
-                  text_rows->emplace_back(t.cast<std::string>());
-                else
-                  throw InvalidArgument("texts must be str or None");
+                } else if (PyUnicode_Check(t.ptr())) {
+                  Py_ssize_t len = 0;
+                  const char* utf8 = PyUnicode_AsUTF8AndSize(t.ptr(), &len);
+                  if (utf8 == nullptr) throw py::error_already_set();
+                  text_rows->emplace_back(std::in_place, utf8, static_cast<std::size_t>(len));
+                } else {
+                  // kbcore.errors.InvalidTypeError (a TypeError): the Python layer leaves this check here
+                  static const py::handle invalid_type =
+                      py::object(py::module_::import("kbcore.errors").attr("InvalidTypeError")).release();
+                  const std::string got = py::str(py::type::handle_of(t).attr("__name__"));
+                  PyErr_SetString(invalid_type.ptr(), ("texts must be str or None, got " + got).c_str());
+                  throw py::error_already_set();
+                }
               }
             }
             py::gil_scoped_release nogil;

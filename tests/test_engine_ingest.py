@@ -327,3 +327,32 @@ def test_progress_bar_is_shown_on_request_and_silent_otherwise(kb, capsys):
     assert "ingest kb" in capsys.readouterr().err  # tqdm writes to stderr
     kb.ingest_many(docs)  # stderr is not a terminal here: no bar
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[[np.nan, 0.0]], [[0.0, np.inf]], [[-np.inf, 1.0]], [[np.inf, 0.0], [-np.inf, 0.0]]],
+    ids=["nan", "inf", "-inf", "inf-inf"],
+)
+def test_pre_embedded_vectors_with_a_non_finite_value_raise_and_store_nothing(engine, bad):
+    kb = engine.create_knowledge_base("finite", embedder=False)
+    rows = len(bad)
+    table = pa.table({"document_id": [f"d{i}" for i in range(rows)], "text": ["t"] * rows})
+    with pytest.raises(InvalidArgumentError, match="NaN or infinite"):
+        kb.ingest_table(table, vectors=np.array(bad, dtype=np.float32))
+    assert kb.stats().chunks == 0
+    big = np.full((2, 2), np.finfo(np.float32).max, dtype=np.float32)  # finite, but a float32 sum overflows
+    table = pa.table({"document_id": ["a", "b"], "text": ["t", "u"]})
+    kb.ingest_table(table, vectors=big)
+    assert kb.stats().chunks == 2
+
+
+def test_index_add_names_a_text_of_the_wrong_type():
+    from kbcore import Index
+
+    index = Index(2, metric="l2", kind="flat")
+    with pytest.raises(InvalidTypeError, match="texts must be str or None, got bytes"):
+        index.add(np.ones((2, 2), np.float32), [1, 2], texts=["ok", b"no"])
+    assert len(index) == 0
+    index.add(np.ones((2, 2), np.float32), [1, 2], texts=["ok", None])
+    assert index.text_documents() == 1

@@ -342,9 +342,7 @@ class Index:
                 raise InvalidTypeError("texts must be a list of str (or None per row)")
             if len(texts) != arr.shape[0]:
                 raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(texts)} texts")
-            bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
-            if bad is not None:
-                raise InvalidTypeError(f"texts must be str or None, got {type(bad).__name__}")
+            # each text's type is checked natively, as it is copied (InvalidTypeError)
         self._native.add(arr, id_arr, _threads(threads), columns, texts, bool(defer_graph))
 
     def build_graph(self, max_rows: int | None = None, *, threads: int = 0) -> int:
