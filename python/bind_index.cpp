@@ -109,6 +109,40 @@ py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
   return out;
 }
 
+// Texts given as the buffers of an Arrow string array (Index.add's fast path): (offsets
+// int64 [n + 1], UTF-8 bytes uint8, validity uint8 [n] or None); copied row by row without a
+// Python str per row. Offsets are checked against the bytes before any is read.
+std::vector<std::optional<std::string>> texts_from_buffers(const py::tuple& t, std::size_t n) {
+  using ByteArray = py::array_t<std::uint8_t, py::array::c_style>;
+  if (t.size() != 3) throw InvalidArgument("texts buffers must be (offsets, data, valid)");
+  const auto off = t[0].cast<IdArray>();
+  const auto data = t[1].cast<ByteArray>();
+  const bool has_valid = !t[2].is_none();
+  ByteArray valid;
+  if (has_valid) valid = t[2].cast<ByteArray>();
+  if (off.ndim() != 1 || static_cast<std::size_t>(off.shape(0)) != n + 1 || data.ndim() != 1 ||
+      (has_valid && (valid.ndim() != 1 || static_cast<std::size_t>(valid.shape(0)) != n))) {
+    throw InvalidArgument("texts buffers have the wrong shapes for " + std::to_string(n) + " rows");
+  }
+  const std::int64_t* o = off.data();
+  const auto bytes = static_cast<std::int64_t>(data.shape(0));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (o[i] < 0 || o[i] > o[i + 1] || o[i + 1] > bytes) throw InvalidArgument("texts offsets are out of range");
+  }
+  const char* d = reinterpret_cast<const char*>(data.data());
+  const std::uint8_t* v = has_valid ? valid.data() : nullptr;
+  std::vector<std::optional<std::string>> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (v != nullptr && v[i] == 0) {
+      out.emplace_back(std::nullopt);
+    } else {
+      out.emplace_back(std::in_place, d + o[i], static_cast<std::size_t>(o[i + 1] - o[i]));
+    }
+  }
+  return out;
+}
+
 // The ranked list of a collapse: ids and values of one length, both 1-D.
 std::size_t ranked_len(const IdArray& ids, const FloatArray& values) {
   const std::size_t n = ids_len(ids);
@@ -197,7 +231,9 @@ void bind_index(py::module_& m) {
             }
             const std::vector<ColumnInput> cols = columns_from_py(columns, n);
             std::optional<std::vector<std::optional<std::string>>> text_rows;
-            if (!texts.is_none()) {
+            if (py::isinstance<py::tuple>(texts)) {
+              text_rows.emplace(texts_from_buffers(texts.cast<py::tuple>(), n));
+            } else if (!texts.is_none()) {
               text_rows.emplace();
               text_rows->reserve(n);
               for (py::handle t : texts) {

@@ -356,3 +356,40 @@ def test_index_add_names_a_text_of_the_wrong_type():
     assert len(index) == 0
     index.add(np.ones((2, 2), np.float32), [1, 2], texts=["ok", None])
     assert index.text_documents() == 1
+
+
+@pytest.mark.parametrize("typ", ["string", "large_string", "chunked"])
+def test_index_add_reads_an_arrow_text_array_like_the_list_of_its_values(typ):
+    from kbcore import Index
+
+    values = ["skip", "alpha beta", None, "beta gamma ünï", "", "gamma alpha alpha"]
+    if typ == "chunked":
+        texts = pa.chunked_array([values[:3], values[3:]], type=pa.large_string())
+        rows = values
+    else:
+        texts = pa.array(values, type=getattr(pa, typ)()).slice(1)  # an offset into the buffers
+        rows = values[1:]
+    n = len(rows)
+    rng = np.random.default_rng(3)
+    vecs = rng.standard_normal((n, 4)).astype(np.float32)
+    fast, slow = Index(4, metric="l2", kind="flat"), Index(4, metric="l2", kind="flat")
+    fast.add(vecs, np.arange(n), texts=texts)
+    slow.add(vecs, np.arange(n), texts=rows)
+    assert fast.text_documents() == slow.text_documents() == sum(t is not None for t in rows)
+    for q in ("alpha", "beta", "gamma alpha", "ünï"):
+        got, want = fast.search_text(q, 10), slow.search_text(q, 10)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+def test_index_add_rejects_arrow_texts_of_another_type_or_length():
+    from kbcore import Index
+
+    index = Index(2, metric="l2", kind="flat")
+    with pytest.raises(InvalidTypeError, match="texts must be strings"):
+        index.add(np.ones((2, 2), np.float32), [1, 2], texts=pa.array([1, 2]))
+    with pytest.raises(InvalidArgumentError, match="2 vectors but 3 texts"):
+        index.add(np.ones((2, 2), np.float32), [1, 2], texts=pa.array(["a", "b", "c"]))
+    bad = (np.array([0, 5, 2], np.int64), np.zeros(4, np.uint8), None)  # decreasing, past the end
+    with pytest.raises(InvalidArgumentError, match="offsets are out of range"):
+        index._native.add(np.ones((2, 2), np.float32), np.array([1, 2], np.int64), 1, [], bad, False)
+    assert len(index) == 0

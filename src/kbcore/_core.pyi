@@ -59,7 +59,9 @@ class Index:
         ids: npt.NDArray[np.int64],
         threads: int,
         columns: list[tuple[Any, ...]] = ...,
-        texts: Sequence[str | None] | None = ...,
+        texts: Sequence[str | None]
+        | tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.uint8] | None]
+        | None = ...,
         defer_graph: bool = ...,
     ) -> None: ...
     def build_graph(self, max_rows: int, threads: int) -> int: ...

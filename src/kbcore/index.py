@@ -98,6 +98,28 @@ def _metadata_columns(metadata: Any, n: int) -> list[tuple[Any, ...]]:
     return _md.columns_from_rows(metadata, n)
 
 
+def _arrow_texts(texts: Any, n: int) -> Any:
+    """A pyarrow string array (or chunked array) of n rows as the native add takes it: its
+    (offsets int64, UTF-8 bytes, validity or None) buffers, without a Python str per row."""
+    import pyarrow as pa
+
+    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    if not isinstance(arr, pa.Array):
+        raise InvalidTypeError(f"texts must be a list of str or a pyarrow string array, got {type(texts).__name__}")
+    if len(arr) != n:
+        raise InvalidArgumentError(f"got {n} vectors but {len(arr)} texts")
+    large = pa.types.is_large_string(arr.type)
+    if not large and not pa.types.is_string(arr.type):
+        raise InvalidTypeError(f"texts must be strings, got an Arrow array of {arr.type}")
+    if n == 0:
+        return []
+    _, offsets, data = arr.buffers()
+    off = np.frombuffer(offsets, np.int64 if large else np.int32, n + 1, arr.offset * (8 if large else 4))
+    raw = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    valid = None if arr.null_count == 0 else np.asarray(arr.is_valid(), dtype=np.uint8)
+    return (np.ascontiguousarray(off, dtype=np.int64), raw, valid)
+
+
 def _positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidTypeError(f"{name} must be an integer, got {type(value).__name__}")
@@ -310,7 +332,7 @@ class Index:
         ids: npt.ArrayLike,
         *,
         metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
-        texts: Sequence[str | None] | None = None,
+        texts: Sequence[str | None] | Any | None = None,
         defer_graph: bool = False,
         threads: int = 0,
     ) -> None:
@@ -325,8 +347,9 @@ class Index:
         scanned exactly) but leaves linking them into the graph to :meth:`build_graph`, so
         the call returns after copying the rows and writers hold the lock only briefly.
 
-        ``texts`` (optional, n str or None) feed the native BM25 index used by
-        :meth:`search_text` and hybrid retrieval; a replaced id gets exactly the new text.
+        ``texts`` (optional, n str or None, or a pyarrow string array of n rows: the fast path,
+        read from its buffers) feed the native BM25 index used by :meth:`search_text` and
+        hybrid retrieval; a replaced id gets exactly the new text.
 
         The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
         under cosine, metadata types); a bad batch changes nothing. ``threads=0`` uses all
@@ -337,7 +360,9 @@ class Index:
         if len(id_arr) != arr.shape[0]:
             raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(id_arr)} ids")
         columns = _metadata_columns(metadata, arr.shape[0])
-        if texts is not None:
+        if texts is not None and type(texts).__module__.split(".")[0] == "pyarrow":
+            texts = _arrow_texts(texts, arr.shape[0])
+        elif texts is not None:
             if isinstance(texts, str) or not isinstance(texts, Sequence):
                 raise InvalidTypeError("texts must be a list of str (or None per row)")
             if len(texts) != arr.shape[0]:
