@@ -360,11 +360,7 @@ def check_vectors(vectors: Any, n: int, dim: int | None, kb_name: str) -> np.nda
 def check_dim(vecs: np.ndarray, dim: int | None, kb_name: str) -> None:
     if dim is not None and vecs.shape[1] != dim:
         raise InvalidArgumentError(f"vectors have dimension {vecs.shape[1]}, knowledge base {kb_name!r} has {dim}")
-    # One pass, no [n, dim] temporary: a float64 sum of float32 values is finite exactly when
-    # every value is (it cannot overflow; NaN and inf propagate, inf - inf gives NaN).
-    with np.errstate(invalid="ignore"):  # inf - inf is the answer here, not a warning
-        total = vecs.sum(dtype=np.float64)
-    if not np.isfinite(total):
+    if not np.isfinite(vecs).all():  # the SIMD loop; cheaper than any one-pass reduction
         raise InvalidArgumentError("vectors contain NaN or infinite values")
 
 
