@@ -41,25 +41,20 @@ void GroupedSlots::clear() {
   parts.clear();
 }
 
-void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& groups, std::size_t k,
-                     std::size_t group_size, GroupedSlots& out) {
-  out.clear();
-  detail::GroupingScratch& sc = search_scratch().grouping;
-  detail::DenseMarks& rank_of = sc.marks;                // group ordinal -> rank among kept groups
-  std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
-  std::vector<std::uint32_t>& count = sc.per_group;      // per kept group: parts met
-  rank_of.begin(groups.size());
-  rank_of_hit.resize(sorted.size());
+namespace {
+
+// The one collapse rule: `rank_of_hit` holds each hit's group ordinal (kNone: no group) on
+// entry; keeps the first k groups to appear in `ranked`'s order (numbered by `rank_of`, a
+// pass over ordinals [0, n_groups) begun by the caller) and, for each, its first group_size
+// hits and every part. `group_id(i)` is what out.ordinals records for the group first met
+// at hit i.
+template <typename GroupId>
+void collapse_ranked(const std::vector<Scored>& ranked, std::vector<std::uint32_t>& rank_of_hit,
+                     detail::DenseMarks& rank_of, std::vector<std::uint32_t>& count, std::size_t k,
+                     std::size_t group_size, GroupId group_id, GroupedSlots& out) {
   count.clear();
-  // Gather every hit's group first: independent loads that overlap their cache misses,
-  // where the ranking loop below would wait for each one in turn.
-  for (std::size_t i = 0; i < sorted.size(); ++i) {
-    const std::uint32_t g = groups.of_slot(sorted[i].slot);
-    rank_of_hit[i] = g;
-    if (g != GroupOrdinals::kNone) rank_of.prefetch(g);
-  }
   // Pass 1: rank the first k groups to appear and count their parts.
-  for (std::size_t i = 0; i < sorted.size(); ++i) {
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
     const std::uint32_t g = rank_of_hit[i];
     std::uint32_t r = kSkip;
     if (g != GroupOrdinals::kNone) {
@@ -68,15 +63,15 @@ void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& gro
       } else if (out.ordinals.size() < k) {
         r = static_cast<std::uint32_t>(out.ordinals.size());
         rank_of.mark(g, r);
-        out.ordinals.push_back(g);
+        out.ordinals.push_back(group_id(i, g));
         count.push_back(0);
       }
     }
     rank_of_hit[i] = r;
     if (r != kSkip) ++count[r];
   }
-  // Pass 2: offsets from the counts, then place every hit; `sorted` order keeps each group's
-  // hits ascending.
+  // Pass 2: offsets from the counts, then place every hit; `ranked` order keeps each group's
+  // hits in rank order.
   const std::size_t ng = out.ordinals.size();
   out.best_end.resize(ng);
   out.parts_end.resize(ng);
@@ -91,13 +86,57 @@ void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& gro
   out.parts.resize(parts_total);
   // Reuse `count` as the number placed so far per group.
   std::fill(count.begin(), count.end(), 0);
-  for (std::size_t i = 0; i < sorted.size(); ++i) {
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
     const std::uint32_t r = rank_of_hit[i];
     if (r == kSkip) continue;
     const std::uint32_t j = count[r]++;
-    out.parts[out.parts_begin(r) + j] = sorted[i].slot;
-    if (j < group_size) out.best[out.best_begin(r) + j] = sorted[i];
+    out.parts[out.parts_begin(r) + j] = ranked[i].slot;
+    if (j < group_size) out.best[out.best_begin(r) + j] = ranked[i];
   }
+}
+
+}  // namespace
+
+void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& groups, std::size_t k,
+                     std::size_t group_size, GroupedSlots& out) {
+  out.clear();
+  detail::GroupingScratch& sc = search_scratch().grouping;
+  detail::DenseMarks& rank_of = sc.marks;                // group ordinal -> rank among kept groups
+  std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;  // per hit: its group, then its rank or kSkip
+  rank_of.begin(groups.size());
+  rank_of_hit.resize(sorted.size());
+  // Gather every hit's group first: independent loads that overlap their cache misses,
+  // where the ranking loop would wait for each one in turn.
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const std::uint32_t g = groups.of_slot(sorted[i].slot);
+    rank_of_hit[i] = g;
+    if (g != GroupOrdinals::kNone) rank_of.prefetch(g);
+  }
+  collapse_ranked(
+      sorted, rank_of_hit, rank_of, sc.per_group, k, group_size, [](std::size_t, std::uint32_t g) { return g; }, out);
+}
+
+void collapse_keys(const std::vector<Scored>& ranked, const std::int64_t* keys, std::size_t k, std::size_t group_size,
+                   GroupedSlots& out) {
+  out.clear();
+  const std::size_t n = ranked.size();
+  detail::GroupingScratch& sc = search_scratch().grouping;
+  // Dense ordinals of the keys met: positions ordered by (key, position), numbered per key.
+  std::vector<std::pair<std::int64_t, std::uint32_t>>& by_key = sc.keyed;
+  by_key.resize(n);
+  for (std::size_t i = 0; i < n; ++i) by_key[i] = {keys[i], static_cast<std::uint32_t>(i)};
+  std::sort(by_key.begin(), by_key.end());
+  std::vector<std::uint32_t>& rank_of_hit = sc.per_hit;
+  rank_of_hit.resize(n);
+  std::uint32_t ordinals = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    if (j > 0 && by_key[j].first != by_key[j - 1].first) ++ordinals;
+    rank_of_hit[by_key[j].second] = ordinals;
+  }
+  sc.marks.begin(n == 0 ? 0 : ordinals + 1);
+  collapse_ranked(
+      ranked, rank_of_hit, sc.marks, sc.per_group, k, group_size,
+      [](std::size_t i, std::uint32_t) { return static_cast<std::uint32_t>(i); }, out);
 }
 
 std::size_t count_groups(const std::vector<Scored>& hits, const GroupOrdinals& groups, std::size_t k) {

@@ -95,16 +95,24 @@ struct GroupingScratch {
   std::vector<Scored> best_of;
   std::vector<std::pair<Scored, std::uint32_t>> ranked;
   std::vector<std::pair<std::uint32_t, Scored>> members;
+  std::vector<std::pair<std::int64_t, std::uint32_t>> keyed;
 };
 
 }  // namespace detail
 
-/// Groups `sorted` (ascending) by their ordinals in `groups` into `out` (cleared first);
-/// keeps the first k groups to appear (the k with the best distances) and, for them, the best
-/// group_size hits and every part met. Slots without a group value are skipped.
-/// O(|sorted|), no allocation in steady state beyond `out`'s growth.
+/// Groups `sorted` (in rank order: ascending distance, or any best-first order) by their
+/// ordinals in `groups` into `out` (cleared first); keeps the first k groups to appear and,
+/// for them, the first group_size hits and every part met. Slots without a group value are
+/// skipped. O(|sorted|), no allocation in steady state beyond `out`'s growth.
 void collapse_sorted(const std::vector<Scored>& sorted, const GroupOrdinals& groups, std::size_t k,
                      std::size_t group_size, GroupedSlots& out);
+
+/// The same rule over hits whose groups are given as int64 keys (keys[i] is the group of
+/// ranked[i]; every hit has one): the first k groups to appear in `ranked`'s order, each with
+/// its first group_size hits and every part. out.ordinals are the positions in `ranked` of
+/// each group's first hit. O(n log n) for n = |ranked|.
+void collapse_keys(const std::vector<Scored>& ranked, const std::int64_t* keys, std::size_t k, std::size_t group_size,
+                   GroupedSlots& out);
 
 /// Number of distinct groups among `hits` (any order), counting stops at `k`. O(|hits|).
 std::size_t count_groups(const std::vector<Scored>& hits, const GroupOrdinals& groups, std::size_t k);

@@ -132,6 +132,14 @@ class Index {
   /// passing rows) groups every passing row. Rows without a group value are never returned.
   /// Throws InvalidArgument if no stored row has the field. Shared lock.
   std::vector<GroupPage> search_groups(const float* queries, std::size_t nq, const GroupParams& params) const;
+  /// Collapses a ranked list (best first; `values` ride along, e.g. fused scores) by the int or
+  /// str metadata field group_by: the first `limit` groups to appear, each with its first
+  /// group_size hits and every part among the list, as one GroupPage (`distances` holds the
+  /// given values). Rows without a group value are skipped. Throws NotFound for an id not in
+  /// the index, InvalidArgument for a repeated id, group_size 0, or a field no stored row has
+  /// (n > 0). Shared lock; O(n log n) (grouping.h: the rule search_groups collapses with).
+  GroupPage collapse(const std::int64_t* ids, const float* values, std::size_t n, const std::string& group_by,
+                     std::size_t group_size, std::size_t limit) const;
   /// BM25 full-text search over the rows' texts: up to k (id, score) pairs per query, score
   /// descending; rows matching no query term are not returned. `stats` (summed text_stats()
   /// of every shard of a corpus) makes the scores those of one index over all shards' rows.
@@ -190,6 +198,8 @@ class Index {
   /// The rows an exact scan reads, ascending: those of `allowed`, or every live row.
   std::vector<Slot> candidate_rows(const Bitmap* allowed, std::size_t passing) const;
   void remove_locked(const std::vector<Slot>& slots, std::size_t threads);
+  /// Copies grouped slots out as ids and keys (field keys from `ordinals`). Shared lock held.
+  void page_of(const GroupedSlots& groups, const GroupOrdinals& ordinals, GroupPage& page) const;
   /// Encodes new slots (training first when the row count reaches kSq8TrainRows).
   void update_codes_locked(const std::vector<Slot>& slots, std::size_t threads);
   void train_codes_locked(std::size_t threads);

@@ -274,6 +274,7 @@ void MetadataStore::assign(const std::vector<Slot>& slots, const std::vector<Col
 std::vector<std::pair<std::string, Value>> MetadataStore::row(Slot s) const {
   std::vector<std::pair<std::string, Value>> out;
   if (s >= slots_) return out;
+  out.reserve(fields_.size());  // one allocation per row, not one per doubling
   for (const auto& fp : fields_) {
     const Field& f = *fp;
     Value v;

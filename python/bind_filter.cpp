@@ -239,35 +239,63 @@ std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n) {
   return out;
 }
 
-py::dict row_to_py(const std::vector<std::pair<std::string, Value>>& row) {
-  py::dict d;
-  for (const auto& [name, v] : row) {
-    py::object o;
-    switch (v.kind) {
-      case ValueKind::kInt:
-        o = py::int_(v.i);
-        break;
-      case ValueKind::kFloat:
-        o = py::float_(v.f);
-        break;
-      case ValueKind::kBool:
-        o = py::bool_(v.b);
-        break;
-      case ValueKind::kStr:
-        o = py::str(v.s);
-        break;
-      case ValueKind::kStrList: {
-        py::list l;
-        for (const auto& s : v.list) l.append(py::str(s));
-        o = l;
-        break;
+namespace {
+
+py::object steal_ref(PyObject* o) {
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(o);
+}
+
+py::object str_of(const std::string& s) {
+  return steal_ref(PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "strict"));
+}
+
+py::object value_to_py(const Value& v) {
+  switch (v.kind) {
+    case ValueKind::kInt:
+      return steal_ref(PyLong_FromLongLong(v.i));
+    case ValueKind::kFloat:
+      return steal_ref(PyFloat_FromDouble(v.f));
+    case ValueKind::kBool:
+      return py::bool_(v.b);
+    case ValueKind::kStr:
+      return str_of(v.s);
+    case ValueKind::kStrList: {
+      py::object l = steal_ref(PyList_New(static_cast<Py_ssize_t>(v.list.size())));
+      for (std::size_t j = 0; j < v.list.size(); ++j) {
+        PyList_SET_ITEM(l.ptr(), static_cast<Py_ssize_t>(j), str_of(v.list[j]).release().ptr());
       }
-      default:
-        continue;
+      return l;
     }
-    d[py::str(name)] = o;
+    default:
+      return py::object();
   }
-  return d;
+}
+
+}  // namespace
+
+py::list rows_to_py(const std::vector<std::vector<std::pair<std::string, Value>>>& rows) {
+  // Rows list their fields in one (sorted) order, so the key objects of the previous row are
+  // reused when the names repeat: a key str is decoded and hashed once per call, not per row.
+  std::vector<std::pair<const std::string*, py::object>> keys;
+  py::list out(rows.size());
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    py::object d = steal_ref(PyDict_New());
+    std::size_t j = 0;
+    for (const auto& [name, v] : rows[r]) {
+      py::object o = value_to_py(v);
+      if (!o) continue;
+      if (j == keys.size()) {
+        keys.emplace_back(&name, str_of(name));
+      } else if (*keys[j].first != name) {
+        keys[j] = {&name, str_of(name)};
+      }
+      if (PyDict_SetItem(d.ptr(), keys[j].second.ptr(), o.ptr()) != 0) throw py::error_already_set();
+      ++j;
+    }
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(r), d.release().ptr());
+  }
+  return out;
 }
 
 }  // namespace kbcore::python

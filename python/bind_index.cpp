@@ -109,9 +109,95 @@ py::list groups_to_py(const Index::GroupPage& page, PyTypeObject* type) {
   return out;
 }
 
+// Texts given as the buffers of an Arrow string array (Index.add's fast path): (offsets
+// int64 [n + 1], UTF-8 bytes uint8, validity uint8 [n] or None); copied row by row without a
+// Python str per row. Offsets are checked against the bytes before any is read.
+std::vector<std::optional<std::string>> texts_from_buffers(const py::tuple& t, std::size_t n) {
+  using ByteArray = py::array_t<std::uint8_t, py::array::c_style>;
+  if (t.size() != 3) throw InvalidArgument("texts buffers must be (offsets, data, valid)");
+  const auto off = t[0].cast<IdArray>();
+  const auto data = t[1].cast<ByteArray>();
+  const bool has_valid = !t[2].is_none();
+  ByteArray valid;
+  if (has_valid) valid = t[2].cast<ByteArray>();
+  if (off.ndim() != 1 || static_cast<std::size_t>(off.shape(0)) != n + 1 || data.ndim() != 1 ||
+      (has_valid && (valid.ndim() != 1 || static_cast<std::size_t>(valid.shape(0)) != n))) {
+    throw InvalidArgument("texts buffers have the wrong shapes for " + std::to_string(n) + " rows");
+  }
+  const std::int64_t* o = off.data();
+  const auto bytes = static_cast<std::int64_t>(data.shape(0));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (o[i] < 0 || o[i] > o[i + 1] || o[i + 1] > bytes) throw InvalidArgument("texts offsets are out of range");
+  }
+  const char* d = reinterpret_cast<const char*>(data.data());
+  const std::uint8_t* v = has_valid ? valid.data() : nullptr;
+  std::vector<std::optional<std::string>> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (v != nullptr && v[i] == 0) {
+      out.emplace_back(std::nullopt);
+    } else {
+      out.emplace_back(std::in_place, d + o[i], static_cast<std::size_t>(o[i + 1] - o[i]));
+    }
+  }
+  return out;
+}
+
+// The ranked list of a collapse: ids and values of one length, both 1-D.
+std::size_t ranked_len(const IdArray& ids, const FloatArray& values) {
+  const std::size_t n = ids_len(ids);
+  if (values.ndim() != 1 || static_cast<std::size_t>(values.shape(0)) != n) {
+    throw InvalidArgument("values must be a 1-D array as long as ids (" + std::to_string(n) + ")");
+  }
+  return n;
+}
+
+// collapse_keys: groups of positions in the ranked list, as a page of ids and int keys.
+Index::GroupPage keyed_page(const GroupedSlots& groups, const std::int64_t* ids, const std::int64_t* keys) {
+  Index::GroupPage page;
+  const std::size_t ng = groups.size();
+  page.key_kinds.assign(ng, ValueKind::kInt);
+  page.key_str_end.assign(ng, 0);
+  page.key_ints.resize(ng);
+  for (std::size_t g = 0; g < ng; ++g) page.key_ints[g] = keys[groups.ordinals[g]];
+  page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
+  page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
+  for (const Scored& s : groups.best) {
+    page.ids.push_back(ids[s.slot]);
+    page.distances.push_back(s.dist);
+  }
+  for (const Slot s : groups.parts) page.part_ids.push_back(ids[s]);
+  return page;
+}
+
 }  // namespace
 
 void bind_index(py::module_& m) {
+  m.def(
+      "collapse_keys",
+      [](const IdArray& ids, const FloatArray& values, const IdArray& keys, std::size_t group_size, std::size_t limit,
+         const py::object& group_type) {
+        const std::size_t n = ranked_len(ids, values);
+        if (ids_len(keys) != n) throw InvalidArgument("keys must be as long as ids (" + std::to_string(n) + ")");
+        if (group_size == 0) throw InvalidArgument("group_size must be positive, got 0");
+        if (n >= kNoSlot) throw InvalidArgument("a ranked list holds fewer than 2^32 - 1 hits");
+        PyTypeObject* type = group_tuple_type(group_type);
+        Index::GroupPage page;
+        {
+          py::gil_scoped_release nogil;
+          std::vector<Scored> ranked(n);
+          const float* v = values.data();
+          for (std::size_t i = 0; i < n; ++i) ranked[i] = Scored{v[i], static_cast<Slot>(i)};
+          GroupedSlots groups;
+          collapse_keys(ranked, keys.data(), limit, group_size, groups);
+          page = keyed_page(groups, ids.data(), keys.data());
+        }
+        return groups_to_py(page, type);
+      },
+      py::arg("ids").noconvert(), py::arg("values").noconvert(), py::arg("keys").noconvert(), py::arg("group_size"),
+      py::arg("limit"), py::arg("group_type") = py::none(),
+      "Collapses a ranked list (best first) by given int64 group keys: the first `limit` groups, each "
+      "(key, ids, values, part_ids) with its first group_size hits and every part.");
   py::class_<Index>(m, "Index")
       .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
                        std::size_t ef_construction, std::size_t ef, std::uint64_t seed, const std::string& quantization,
@@ -145,16 +231,27 @@ void bind_index(py::module_& m) {
             }
             const std::vector<ColumnInput> cols = columns_from_py(columns, n);
             std::optional<std::vector<std::optional<std::string>>> text_rows;
-            if (!texts.is_none()) {
+            if (py::isinstance<py::tuple>(texts)) {
+              text_rows.emplace(texts_from_buffers(texts.cast<py::tuple>(), n));
+            } else if (!texts.is_none()) {
               text_rows.emplace();
               text_rows->reserve(n);
               for (py::handle t : texts) {
-                if (t.is_none())
+                if (t.is_none()) {
                   text_rows->emplace_back(std::nullopt);
-                else if (py::isinstance<py::str>(t))
-                  text_rows->emplace_back(t.cast<std::string>());
-                else
-                  throw InvalidArgument("texts must be str or None");
+                } else if (PyUnicode_Check(t.ptr())) {
+                  Py_ssize_t len = 0;
+                  const char* utf8 = PyUnicode_AsUTF8AndSize(t.ptr(), &len);
+                  if (utf8 == nullptr) throw py::error_already_set();
+                  text_rows->emplace_back(std::in_place, utf8, static_cast<std::size_t>(len));
+                } else {
+                  // kbcore.errors.InvalidTypeError (a TypeError): the Python layer leaves this check here
+                  static const py::handle invalid_type =
+                      py::object(py::module_::import("kbcore.errors").attr("InvalidTypeError")).release();
+                  const std::string got = py::str(py::type::handle_of(t).attr("__name__"));
+                  PyErr_SetString(invalid_type.ptr(), ("texts must be str or None, got " + got).c_str());
+                  throw py::error_already_set();
+                }
               }
             }
             py::gil_scoped_release nogil;
@@ -288,6 +385,21 @@ void bind_index(py::module_& m) {
           py::arg("threads"), py::arg("filter") = py::none(), py::arg("strategy") = "auto",
           py::arg("group_type") = py::none())
       .def(
+          "collapse",
+          [](const Index& self, const IdArray& ids, const FloatArray& values, const std::string& group_by,
+             std::size_t group_size, std::size_t limit, const py::object& group_type) {
+            const std::size_t n = ranked_len(ids, values);
+            PyTypeObject* type = group_tuple_type(group_type);
+            Index::GroupPage page;
+            {
+              py::gil_scoped_release nogil;
+              page = self.collapse(ids.data(), values.data(), n, group_by, group_size, limit);
+            }
+            return groups_to_py(page, type);
+          },
+          py::arg("ids").noconvert(), py::arg("values").noconvert(), py::arg("group_by"), py::arg("group_size"),
+          py::arg("limit"), py::arg("group_type") = py::none())
+      .def(
           "count",
           [](const Index& self, const py::object& filter) {
             const FilterRef node(filter);
@@ -311,9 +423,7 @@ void bind_index(py::module_& m) {
               py::gil_scoped_release nogil;
               rows = self.get_metadata(ids.data(), n);
             }
-            py::list out;
-            for (const auto& r : rows) out.append(row_to_py(r));
-            return out;
+            return rows_to_py(rows);
           },
           py::arg("ids").noconvert())
       .def(

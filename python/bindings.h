@@ -38,7 +38,7 @@ class FilterRef {
 };
 /// Typed metadata columns for n rows as borrowed views (the list must outlive their use).
 std::vector<ColumnInput> columns_from_py(const py::list& cols, std::size_t n);
-/// One stored metadata row as a dict.
-py::dict row_to_py(const std::vector<std::pair<std::string, Value>>& row);
+/// Stored metadata rows as a list of dicts (fields without a value omitted).
+py::list rows_to_py(const std::vector<std::vector<std::pair<std::string, Value>>>& rows);
 
 }  // namespace kbcore::python

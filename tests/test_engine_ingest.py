@@ -327,3 +327,69 @@ def test_progress_bar_is_shown_on_request_and_silent_otherwise(kb, capsys):
     assert "ingest kb" in capsys.readouterr().err  # tqdm writes to stderr
     kb.ingest_many(docs)  # stderr is not a terminal here: no bar
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[[np.nan, 0.0]], [[0.0, np.inf]], [[-np.inf, 1.0]], [[np.inf, 0.0], [-np.inf, 0.0]]],
+    ids=["nan", "inf", "-inf", "inf-inf"],
+)
+def test_pre_embedded_vectors_with_a_non_finite_value_raise_and_store_nothing(engine, bad):
+    kb = engine.create_knowledge_base("finite", embedder=False)
+    rows = len(bad)
+    table = pa.table({"document_id": [f"d{i}" for i in range(rows)], "text": ["t"] * rows})
+    with pytest.raises(InvalidArgumentError, match="NaN or infinite"):
+        kb.ingest_table(table, vectors=np.array(bad, dtype=np.float32))
+    assert kb.stats().chunks == 0
+    big = np.full((2, 2), np.finfo(np.float32).max, dtype=np.float32)  # finite, but a float32 sum overflows
+    table = pa.table({"document_id": ["a", "b"], "text": ["t", "u"]})
+    kb.ingest_table(table, vectors=big)
+    assert kb.stats().chunks == 2
+
+
+def test_index_add_names_a_text_of_the_wrong_type():
+    from kbcore import Index
+
+    index = Index(2, metric="l2", kind="flat")
+    with pytest.raises(InvalidTypeError, match="texts must be str or None, got bytes"):
+        index.add(np.ones((2, 2), np.float32), [1, 2], texts=["ok", b"no"])
+    assert len(index) == 0
+    index.add(np.ones((2, 2), np.float32), [1, 2], texts=["ok", None])
+    assert index.text_documents() == 1
+
+
+@pytest.mark.parametrize("typ", ["string", "large_string", "chunked"])
+def test_index_add_reads_an_arrow_text_array_like_the_list_of_its_values(typ):
+    from kbcore import Index
+
+    values = ["skip", "alpha beta", None, "beta gamma ünï", "", "gamma alpha alpha"]
+    if typ == "chunked":
+        texts = pa.chunked_array([values[:3], values[3:]], type=pa.large_string())
+        rows = values
+    else:
+        texts = pa.array(values, type=getattr(pa, typ)()).slice(1)  # an offset into the buffers
+        rows = values[1:]
+    n = len(rows)
+    rng = np.random.default_rng(3)
+    vecs = rng.standard_normal((n, 4)).astype(np.float32)
+    fast, slow = Index(4, metric="l2", kind="flat"), Index(4, metric="l2", kind="flat")
+    fast.add(vecs, np.arange(n), texts=texts)
+    slow.add(vecs, np.arange(n), texts=rows)
+    assert fast.text_documents() == slow.text_documents() == sum(t is not None for t in rows)
+    for q in ("alpha", "beta", "gamma alpha", "ünï"):
+        got, want = fast.search_text(q, 10), slow.search_text(q, 10)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+def test_index_add_rejects_arrow_texts_of_another_type_or_length():
+    from kbcore import Index
+
+    index = Index(2, metric="l2", kind="flat")
+    with pytest.raises(InvalidTypeError, match="texts must be strings"):
+        index.add(np.ones((2, 2), np.float32), [1, 2], texts=pa.array([1, 2]))
+    with pytest.raises(InvalidArgumentError, match="2 vectors but 3 texts"):
+        index.add(np.ones((2, 2), np.float32), [1, 2], texts=pa.array(["a", "b", "c"]))
+    bad = (np.array([0, 5, 2], np.int64), np.zeros(4, np.uint8), None)  # decreasing, past the end
+    with pytest.raises(InvalidArgumentError, match="offsets are out of range"):
+        index._native.add(np.ones((2, 2), np.float32), np.array([1, 2], np.int64), 1, [], bad, False)
+    assert len(index) == 0

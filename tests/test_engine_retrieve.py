@@ -206,3 +206,40 @@ def test_bad_retrieve_arguments(tmp_path):
         kb.retrieve(np.ones(7, np.float32))
     empty = engine.create_knowledge_base("empty")
     assert empty.retrieve("anything") == [] and empty.retrieve("x", deduplicate=True) == []
+
+
+# -- the per-hit path's fast helpers are the slow ones' equals ------------------------------
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_segment_text_of_reads_each_row_like_arrow(large):
+    from kbcore.engine.segments import Segment
+
+    texts = ["", "a", "ünïcødé ✓ 漢字", "x" * 700, "last"]
+    typ = pa.large_string() if large else pa.string()
+    arr = pa.array(["skipped", *texts], type=typ).slice(1)  # an offset into the buffers
+    seg = object.__new__(Segment)
+    seg.text = arr
+    from kbcore.engine.segments import _string_views
+
+    seg.text_views = _string_views(arr)
+    assert seg.text_views is not None
+    assert [seg.text_of(r) for r in range(len(texts))] == texts
+    with_null = pa.array(["a", None, "c"], type=typ)
+    seg.text, seg.text_views = with_null, _string_views(with_null)
+    assert seg.text_views is None  # nulls: read through Arrow scalars
+    assert [seg.text_of(r) for r in range(3)] == ["a", None, "c"]
+
+
+def test_new_hit_builds_an_ordinary_frozen_hit():
+    import dataclasses
+
+    from kbcore.engine import Hit
+    from kbcore.engine.types import new_hit
+
+    args = (7, "d1", "text", {"k": 1}, 0.25, 0.875, "default", 3, (3, 5))
+    fast, slow = new_hit(*args), Hit(*args)
+    assert type(fast) is Hit and fast == slow and repr(fast) == repr(slow)
+    assert dataclasses.astuple(fast) == args
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.score = 1.0  # type: ignore[misc]

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from conftest import DIST_ATOL, oracle_distances
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kbcore
-from kbcore.errors import InvalidArgumentError
+from kbcore.errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from kbcore.filters import compile_where
+from kbcore.index import collapse_by_key
 
 K = 10
 
@@ -639,3 +642,124 @@ def test_hnsw_groups_collapse_the_ungrouped_candidate_list(corpus, hnsw, group_s
                 assert g.distances == pytest.approx(best, abs=1e-6)
     assert checked >= len(corpus.queries) // 2
     assert matched >= 0.9 * checked, f"{matched} of {checked} pages equal the collapsed list"
+
+
+# --------------------------------------------------------------------------------------------
+# collapsing a ranked list the caller has (Index.collapse, collapse_by_key): the rule of
+# grouped search over a given order, against a plain Python oracle
+
+
+def oracle_collapse(
+    ranked: list[int], key_of: dict[int, object], group_size: int, limit: int
+) -> list[tuple[object, tuple[int, ...], tuple[int, ...]]]:
+    """(key, first group_size ids, every id) of the first ``limit`` keys met in ``ranked``;
+    ids whose key is None are skipped; 1 and "1" are different keys."""
+    order: list[tuple[type, object]] = []
+    members: dict[tuple[type, object], list[int]] = {}
+    for i in ranked:
+        key = key_of[i]
+        if key is None:
+            continue
+        tk = (type(key), key)
+        if tk not in members:
+            if len(order) >= limit:
+                continue
+            order.append(tk)
+            members[tk] = []
+        members[tk].append(i)
+    return [(tk[1], tuple(members[tk][:group_size]), tuple(members[tk])) for tk in order]
+
+
+# a group value: a small int, a str that may spell one of those ints, or none
+_GROUP_VALUES = st.one_of(st.integers(-2, 3), st.sampled_from(["a", "b", "1"]), st.none())
+
+
+@st.composite
+def ranked_lists(draw: st.DrawFn) -> tuple[list[object], list[int], list[float], int, int]:
+    """(group value per row, ranked row ids, their scores with ties, group_size, limit)."""
+    values = draw(st.lists(_GROUP_VALUES, min_size=1, max_size=24))
+    if all(v is None for v in values):
+        values[0] = 0  # the field must exist in some stored row
+    rows = draw(st.permutations(range(len(values))))
+    ranked = rows[: draw(st.integers(0, len(values)))]
+    scores = draw(st.lists(st.sampled_from([1.0, 0.5, 0.5, 0.25, 0.0]), min_size=len(ranked), max_size=len(ranked)))
+    scores.sort(reverse=True)  # rank order; equal scores are ties the collapse keeps in list order
+    return values, ranked, scores, draw(st.integers(1, 3)), draw(st.integers(0, len(values) + 1))
+
+
+def _collapse_index(values: list[object]) -> kbcore.Index:
+    rng = np.random.default_rng(len(values))
+    index = kbcore.Index(2, metric="l2", kind="flat")
+    ids = 100 + np.arange(len(values), dtype=np.int64) * 7  # ids are not slots
+    meta = [{"year": 1} if v is None else {"year": 1, "source": v} for v in values]
+    index.add(rng.standard_normal((len(values), 2)).astype(np.float32), ids, metadata=meta, threads=1)
+    return index
+
+
+@given(case=ranked_lists())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_collapse_keeps_the_first_groups_of_the_given_order_like_the_oracle(case):
+    values, rows, scores, group_size, limit = case
+    index = _collapse_index(values)
+    ids = [100 + 7 * r for r in rows]
+    key_of = {100 + 7 * r: v for r, v in enumerate(values)}
+    got = index.collapse(ids, scores, group_by="source", group_size=group_size, limit=limit)
+    assert [(g.key, g.ids, g.part_ids) for g in got] == oracle_collapse(ids, key_of, group_size, limit)
+    score_of = dict(zip(ids, scores))
+    for g in got:
+        assert type(g.key) is type(key_of[g.ids[0]])
+        assert g.distances == tuple(score_of[i] for i in g.ids)  # the given values ride along
+
+
+@given(case=ranked_lists())
+@settings(max_examples=150, deadline=None)
+def test_collapse_by_key_keeps_the_first_groups_of_the_given_order_like_the_oracle(case):
+    values, rows, scores, group_size, limit = case
+    ints = {v: j for j, v in enumerate(dict.fromkeys(values))}  # every value (None too) as an int key
+    ids = [5000 - r for r in rows]
+    keys = [ints[values[r]] for r in rows]
+    key_of = dict(zip(ids, keys))
+    got = collapse_by_key(ids, scores, keys, group_size=group_size, limit=limit)
+    assert [(g.key, g.ids, g.part_ids) for g in got] == oracle_collapse(ids, key_of, group_size, limit)
+
+
+def test_collapse_of_the_exact_ranking_equals_exact_grouped_search(corpus, flat):
+    """One rule: collapsing the flat index's full ranking gives grouped search's page."""
+    for q in corpus.queries[:10]:
+        ids, dist = flat.search(q, len(flat))
+        for group_size in (1, 2):
+            got = flat.collapse(ids, dist, group_size=group_size, limit=K)
+            want = flat.search_groups(q, K, group_size=group_size)
+            assert [(g.key, g.ids, g.part_ids) for g in got] == [(g.key, g.ids, g.part_ids) for g in want]
+
+
+def test_collapse_names_an_id_that_is_not_in_the_index(flat, corpus):
+    good = corpus.ids[:3].tolist()
+    with pytest.raises(NotFoundError, match=r"id 12345678 \(position 2\) is not in the index"):
+        flat.collapse([*good[:2], 12345678], [3.0, 2.0, 1.0], limit=2)
+    with pytest.raises(KeyError):  # NotFoundError is a KeyError
+        flat.collapse([-1], [0.0], limit=0)  # checked whatever the limit
+
+
+def test_collapse_rejects_a_repeated_id_and_bad_arguments(flat, corpus):
+    i, j = corpus.ids[:2].tolist()
+    with pytest.raises(InvalidArgumentError, match=f"id {i} appears more than once"):
+        flat.collapse([i, j, i], [3.0, 2.0, 1.0], limit=2)
+    with pytest.raises(InvalidArgumentError, match="group_by field 'nope' is not present"):
+        flat.collapse([i], [1.0], group_by="nope", limit=1)
+    with pytest.raises(InvalidArgumentError, match="as long as ids"):
+        flat.collapse([i, j], [1.0], limit=1)
+    with pytest.raises(InvalidArgumentError, match="limit must be non-negative"):
+        flat.collapse([i], [1.0], limit=-1)
+    with pytest.raises(InvalidArgumentError, match="group_size must be positive"):
+        flat.collapse([i], [1.0], group_size=0, limit=1)
+    with pytest.raises(InvalidTypeError, match="scores must be numbers"):
+        flat.collapse([i], ["x"], limit=1)
+    with pytest.raises(InvalidArgumentError, match="keys must be as long as ids"):
+        collapse_by_key([i, j], [1.0, 0.5], [1], limit=1)
+
+
+def test_collapse_with_limit_zero_or_an_empty_list_returns_no_groups(flat, corpus):
+    assert flat.collapse(corpus.ids[:5], np.ones(5), limit=0) == []
+    assert flat.collapse([], [], limit=3) == []
+    assert collapse_by_key([], [], [], limit=3) == []

@@ -27,6 +27,17 @@ class Filter:
 _FilterArg = tuple[Any, ...] | Filter
 _G = TypeVar("_G")
 
+def collapse_keys(
+    ids: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float32],
+    keys: npt.NDArray[np.int64],
+    group_size: int,
+    limit: int,
+    group_type: type[_G] | None = ...,
+) -> list[_G]:
+    """Collapses a ranked list (best first) by given int64 group keys: the first `limit` groups,
+    each (key, ids, values, part_ids) with its first group_size hits and every part."""
+
 class Index:
     def __init__(
         self,
@@ -48,7 +59,9 @@ class Index:
         ids: npt.NDArray[np.int64],
         threads: int,
         columns: list[tuple[Any, ...]] = ...,
-        texts: Sequence[str | None] | None = ...,
+        texts: Sequence[str | None]
+        | tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.uint8] | None]
+        | None = ...,
         defer_graph: bool = ...,
     ) -> None: ...
     def build_graph(self, max_rows: int, threads: int) -> int: ...
@@ -77,6 +90,17 @@ class Index:
     ) -> list[list[_G]]:
         """Per query, a list of (key, ids, distances, part_ids) built as ``group_type``
         instances (a NamedTuple class) when given, else plain tuples."""
+    def collapse(
+        self,
+        ids: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        group_by: str,
+        group_size: int,
+        limit: int,
+        group_type: type[_G] | None = ...,
+    ) -> list[_G]:
+        """The first ``limit`` groups of a ranked list by field ``group_by``, as ``group_type``
+        instances (key, ids, values, part_ids) when given, else plain tuples."""
     def search_text(
         self,
         query: str,

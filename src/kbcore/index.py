@@ -13,7 +13,7 @@ from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
 from .filters import native_filter
 
-__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "QUANTIZATIONS", "check_params"]
+__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "QUANTIZATIONS", "check_params", "collapse_by_key"]
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
@@ -66,11 +66,13 @@ def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool
 
 def _as_ids(x: npt.ArrayLike, what: str = "ids") -> np.ndarray:
     arr = np.asarray(x)
+    if arr.dtype == np.int64 and arr.ndim == 1 and arr.flags.c_contiguous:
+        return arr  # hot path: what the engine passes (ids of a result list)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.size == 0:
         return np.empty(0, dtype=np.int64)
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # signed or unsigned int (not bool)
         raise InvalidTypeError(f"{what} must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{what} must be a 1-D sequence, got {arr.ndim} dimensions")
@@ -96,12 +98,69 @@ def _metadata_columns(metadata: Any, n: int) -> list[tuple[Any, ...]]:
     return _md.columns_from_rows(metadata, n)
 
 
+def _arrow_texts(texts: Any, n: int) -> Any:
+    """A pyarrow string array (or chunked array) of n rows as the native add takes it: its
+    (offsets int64, UTF-8 bytes, validity or None) buffers, without a Python str per row."""
+    import pyarrow as pa
+
+    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    if not isinstance(arr, pa.Array):
+        raise InvalidTypeError(f"texts must be a list of str or a pyarrow string array, got {type(texts).__name__}")
+    if len(arr) != n:
+        raise InvalidArgumentError(f"got {n} vectors but {len(arr)} texts")
+    large = pa.types.is_large_string(arr.type)
+    if not large and not pa.types.is_string(arr.type):
+        raise InvalidTypeError(f"texts must be strings, got an Arrow array of {arr.type}")
+    if n == 0:
+        return []
+    _, offsets, data = arr.buffers()
+    off = np.frombuffer(offsets, np.int64 if large else np.int32, n + 1, arr.offset * (8 if large else 4))
+    raw = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    valid = None if arr.null_count == 0 else np.asarray(arr.is_valid(), dtype=np.uint8)
+    return (np.ascontiguousarray(off, dtype=np.int64), raw, valid)
+
+
 def _positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidTypeError(f"{name} must be an integer, got {type(value).__name__}")
     if value <= 0:
         raise InvalidArgumentError(f"{name} must be positive, got {value}")
     return int(value)
+
+
+def _limit(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"limit must be an integer, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgumentError(f"limit must be non-negative, got {value}")
+    return int(value)
+
+
+def _ranked(ids: npt.ArrayLike, scores: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """A ranked list as the native collapse takes it: int64 ids and float32 scores, 1-D, of one length."""
+    id_arr = _as_ids(ids)
+    values = np.asarray(scores)
+    if values.dtype.kind not in "fiu":
+        raise InvalidTypeError(f"scores must be numbers, got dtype {values.dtype}")
+    if values.ndim != 1 or len(values) != len(id_arr):
+        raise InvalidArgumentError(
+            f"scores must be a 1-D sequence as long as ids ({len(id_arr)}), got shape {list(values.shape)}"
+        )
+    if values.dtype != np.float32 or not values.flags.c_contiguous:
+        values = np.ascontiguousarray(values, dtype=np.float32)
+    return id_arr, values
+
+
+def collapse_by_key(
+    ids: npt.ArrayLike, scores: npt.ArrayLike, keys: npt.ArrayLike, *, group_size: int = 1, limit: int
+) -> list[Group]:
+    """:meth:`Index.collapse` with the group of each hit given (``keys``: one int per id) instead
+    of read from a metadata field: the first ``limit`` groups of the ranked list, natively.
+    Raises InvalidArgumentError / InvalidTypeError for lists of different lengths, a
+    ``group_size`` below 1 or a negative ``limit``."""
+    id_arr, values = _ranked(ids, scores)
+    key_arr = _as_ids(keys, "keys")
+    return _core.collapse_keys(id_arr, values, key_arr, _positive("group_size", group_size), _limit(limit), Group)
 
 
 def _threads(value: int) -> int:
@@ -273,7 +332,7 @@ class Index:
         ids: npt.ArrayLike,
         *,
         metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
-        texts: Sequence[str | None] | None = None,
+        texts: Sequence[str | None] | Any | None = None,
         defer_graph: bool = False,
         threads: int = 0,
     ) -> None:
@@ -288,8 +347,9 @@ class Index:
         scanned exactly) but leaves linking them into the graph to :meth:`build_graph`, so
         the call returns after copying the rows and writers hold the lock only briefly.
 
-        ``texts`` (optional, n str or None) feed the native BM25 index used by
-        :meth:`search_text` and hybrid retrieval; a replaced id gets exactly the new text.
+        ``texts`` (optional, n str or None, or a pyarrow string array of n rows: the fast path,
+        read from its buffers) feed the native BM25 index used by :meth:`search_text` and
+        hybrid retrieval; a replaced id gets exactly the new text.
 
         The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
         under cosine, metadata types); a bad batch changes nothing. ``threads=0`` uses all
@@ -300,14 +360,14 @@ class Index:
         if len(id_arr) != arr.shape[0]:
             raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(id_arr)} ids")
         columns = _metadata_columns(metadata, arr.shape[0])
-        if texts is not None:
+        if texts is not None and type(texts).__module__.split(".")[0] == "pyarrow":
+            texts = _arrow_texts(texts, arr.shape[0])
+        elif texts is not None:
             if isinstance(texts, str) or not isinstance(texts, Sequence):
                 raise InvalidTypeError("texts must be a list of str (or None per row)")
             if len(texts) != arr.shape[0]:
                 raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(texts)} texts")
-            bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
-            if bad is not None:
-                raise InvalidTypeError(f"texts must be str or None, got {type(bad).__name__}")
+            # each text's type is checked natively, as it is copied (InvalidTypeError)
         self._native.add(arr, id_arr, _threads(threads), columns, texts, bool(defer_graph))
 
     def build_graph(self, max_rows: int | None = None, *, threads: int = 0) -> int:
@@ -426,6 +486,31 @@ class Index:
             Group,
         )
         return result[0] if one else result
+
+    def collapse(
+        self,
+        ids: npt.ArrayLike,
+        scores: npt.ArrayLike,
+        *,
+        group_by: str = "document_id",
+        group_size: int = 1,
+        limit: int,
+    ) -> list[Group]:
+        """Groups a ranked list the caller already has (best first, e.g. a fused hybrid list)
+        by the metadata field ``group_by``, by the rule of :meth:`search_groups`: the first
+        ``limit`` groups to appear, each with its first ``group_size`` hits (``distances``
+        holds their given ``scores``) and every part among the list. Rows without a value of
+        the field are skipped. One native call, O(n log n).
+
+        Raises NotFoundError for an id not in the index; InvalidArgumentError for a repeated
+        id, a field no stored row has, lists of different lengths, ``group_size`` below 1 or
+        a negative ``limit``."""
+        id_arr, values = _ranked(ids, scores)
+        if not isinstance(group_by, str) or not group_by:
+            raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
+        return self._native.collapse(
+            id_arr, values, group_by, _positive("group_size", group_size), _limit(limit), Group
+        )
 
     def search_text(
         self,

@@ -206,7 +206,9 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     old_ids = np.concatenate([s.doc_chunk_ids(r) for s, r in replaced]) if replaced else np.empty(0, np.int64)
     ckpt = policy.needs_checkpoint(state.manifest, n)
     name = f"seg-{m['generation']:08d}"
-    texts = batch.text_list if batch.text_list is not None else text_list(batch.texts)
+    texts: Any = batch.text_list
+    if texts is None:  # an Index reads the Arrow array's buffers; a sharded one splits a list
+        texts = text_list(batch.texts) if is_sharded(cfg) else batch.texts
     with _transaction(cell) as txn:
         files = txn.write_segment(name, chunks, doc_table, None if ckpt else vectors, fsync_dir=not ckpt)
         entry = {"name": name, "rows": n, "docs": ndocs, "deleted_docs": [], "files": files}

@@ -17,10 +17,13 @@ class RWLock:
     so taking the lock costs no allocation (a search takes it once per call).
     """
 
-    __slots__ = ("_cond", "_read", "_readers", "_waiting", "_write", "_writer")
+    __slots__ = ("_cond", "_mutex", "_read", "_readers", "_waiting", "_write", "_writer")
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        #: the condition's own lock: readers take it directly (Condition.__enter__ is a Python
+        #: call around the same acquire), and notify only when a writer waits
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer = False
         self._waiting = 0
@@ -55,16 +58,18 @@ class _ReadHold:
 
     def __enter__(self) -> None:  # _acquire_read, inline: a search takes it once per call
         lock = self._lock
-        with lock._cond:
+        with lock._mutex:
             while lock._writer or lock._waiting:
                 lock._cond.wait()
             lock._readers += 1
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         lock = self._lock
-        with lock._cond:
+        with lock._mutex:
             lock._readers -= 1
-            if not lock._readers:
+            # Only writers wait for readers (readers wait for writers, which notify on release);
+            # a waiting writer counted itself in _waiting under this lock before it waited.
+            if not lock._readers and lock._waiting:
                 lock._cond.notify_all()
 
 

@@ -4,8 +4,9 @@
 Routes: ``vector`` (``Index.search``, or ``Index.search_groups`` over the ``_group`` field
 for ``deduplicate=True``: the native grouping), ``full_text`` (``Index.search_text``) and
 ``hybrid`` (both legs over a window of candidates, fused by :mod:`kbcore.fusion`). A fused
-list is deduplicated in fused order by the chunks' ``_group`` values (read from the
-snapshot's segments), widening the window while too few documents come back.
+list is deduplicated in fused order by the chunks' ``_group`` values, natively
+(:meth:`Index.collapse`, the rule of grouped search), widening the window while too few
+documents come back.
 
 Scores: vector hits map the distance (:mod:`kbcore.engine.scores`); full-text hits score
 ``bm25 / best bm25 of the query``; RRF hits their RRF value over its maximum
@@ -26,10 +27,10 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
 from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf
-from ..index import Group, Index
+from ..index import Group, Index, collapse_by_key
 from .scores import score_from_distance
 from .state import KbState, StateCell
-from .types import FUSIONS, GROUP_FIELD, SEARCH_TYPES, Hit, SearchOptions, check_choice
+from .types import FUSIONS, GROUP_FIELD, SEARCH_TYPES, Hit, SearchOptions, check_choice, new_hit
 
 #: (chunk id, distance or fused score, ids of the chunks of its document met) of one result.
 Candidate = tuple[int, float, Sequence[int]]
@@ -85,7 +86,9 @@ def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed
     state = cell.state
     mode, fusion, weight = _search_mode(state, query, opts)
     if opts is not _DEFAULT_OPTIONS:  # checked whatever the search type (the defaults are valid)
-        check_rrf_k(opts.rrf_k, "rrf_k")
+        rrf_k = opts.rrf_k
+        if type(rrf_k) is not int or rrf_k < 0:  # an int >= 0 is valid: no numbers.Real check
+            check_rrf_k(rrf_k, "rrf_k")
         if opts.window is not None:
             check_k(opts.window, "window")
     if opts.query_vector is not None and not isinstance(query, str):
@@ -129,26 +132,37 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     metas = state.index.get_metadata([c[0] for c in cands])  # type: ignore[union-attr]
     hits = []
     locate = state.locate
+    segs = state.segments
+    # One contiguous segment (a compacted knowledge base): a row is the id minus its first id.
+    only = segs[0] if len(segs) == 1 and segs[0].contiguous else None
     for (cid, value, parts), meta in zip(cands, metas):
-        seg, row = locate(cid)
+        if only is not None:
+            seg, row = only, cid - only.min_id
+        else:
+            seg, row = locate(cid)
         del meta[GROUP_FIELD]
-        if len(parts):
+        chunk_index = meta["chunk_index"]
+        if not parts:
+            parts = ()
+        elif len(parts) == 1 and parts[0] == cid:  # met through its best chunk only
+            parts = (chunk_index,)
+        else:
             parts = tuple(int(s.chunk_index[r]) for s, r in map(locate, parts))
         if fused:
             score, dist = value, 1.0 - value
         else:
             score, dist = score_from_distance(value, metric), value
         hits.append(
-            Hit(
+            new_hit(
                 cid,
                 meta["document_id"],
-                seg.text[row].as_py(),
+                seg.text_of(row),
                 meta,
                 dist,
                 score,
                 meta["pipeline_name"],
-                meta["chunk_index"],
-                tuple(parts),
+                chunk_index,
+                parts,
             )
         )
     return hits
@@ -187,6 +201,8 @@ def _where(state: KbState, filters: Mapping[str, Any] | None, pipelines: Sequenc
 
 
 def _query_vector(query: Any, embed_query: EmbedQuery) -> np.ndarray:
+    if type(query) is np.ndarray and query.ndim == 1 and query.dtype.kind == "f":
+        return query  # a 1-D float vector: what a RAG loop passes; the index checks the rest
     if isinstance(query, str):
         if not query.strip():
             raise InvalidArgumentError("the query is empty")
@@ -194,7 +210,7 @@ def _query_vector(query: Any, embed_query: EmbedQuery) -> np.ndarray:
     if isinstance(query, (bytes, bytearray)):
         raise InvalidTypeError("a query is a str or a vector, got bytes")
     q = np.asarray(query)
-    if q.dtype == object or not (np.issubdtype(q.dtype, np.floating) or np.issubdtype(q.dtype, np.integer)):
+    if q.dtype.kind not in "fiu":  # float, signed or unsigned int (not bool, object, str)
         raise InvalidTypeError(f"a query is a str or a float vector, got {type(query).__name__} of dtype {q.dtype}")
     if q.ndim == 2 and q.shape[0] == 1:
         q = q[0]
@@ -259,7 +275,7 @@ def _retrieve_fused(
             if not opts.deduplicate:
                 cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
                 break
-            cands = _dedup_fused(state, fused, top_k)
+            cands = _dedup_fused(index, state, fused, top_k)
             full = len(tids) == w or len(vec_leg) == w
             if len(cands) >= top_k or not full or w >= n:
                 break
@@ -294,19 +310,20 @@ def _fuse(
     return linear(vec_leg, text_leg, weight)
 
 
-def _dedup_fused(state: KbState, fused: list[tuple[int, float]], top_k: int) -> list[Candidate]:
+def _dedup_fused(index: Any, state: KbState, fused: list[tuple[int, float]], top_k: int) -> list[Candidate]:
     """The best chunk of each (pipeline, document) in fused order, with the ids of every chunk
-    of that document among the fused candidates (best first)."""
+    of that document among the fused candidates (best first): natively, by the rule of grouped
+    search (:meth:`Index.collapse` over the ``_group`` field; a sharded index by the segments'
+    group column through :func:`~kbcore.index.collapse_by_key`)."""
     if not fused:
         return []
-    groups = state.groups_of(np.fromiter((f[0] for f in fused), np.int64, len(fused))).tolist()
-    slot: dict[int, int] = {}
-    out: list[tuple[int, float, list[int]]] = []
-    for (cid, score), g in zip(fused, groups):
-        i = slot.get(g)
-        if i is None:
-            slot[g] = len(out)
-            out.append((cid, score, [cid]))
-        else:
-            out[i][2].append(cid)
-    return out[:top_k]  # type: ignore[return-value]
+    n = len(fused)
+    ids = np.fromiter((f[0] for f in fused), np.int64, n)
+    scores = np.fromiter((f[1] for f in fused), np.float32, n)
+    if isinstance(index, Index):
+        groups = index.collapse(ids, scores, group_by=GROUP_FIELD, limit=top_k)
+    else:
+        groups = collapse_by_key(ids, scores, state.groups_of(ids), limit=top_k)
+    # The fused (float64) score of each best chunk, not the float32 copy the collapse carried.
+    score_of = dict(fused)
+    return [(g.ids[0], score_of[g.ids[0]], g.part_ids) for g in groups]

@@ -40,6 +40,7 @@ class Segment:
         "max_id",
         "contiguous",
         "text",
+        "text_views",
         "start",
         "end",
         "chunk_index",
@@ -60,6 +61,7 @@ class Segment:
         self.max_id = int(self.ids[-1]) if len(self.ids) else -1
         self.contiguous = len(self.ids) == 0 or self.max_id - self.min_id + 1 == len(self.ids)
         self.text = combined(chunks.column("__text"))
+        self.text_views = _string_views(self.text)
         self.start = to_numpy(chunks.column("__start"), np.int64)
         self.end = to_numpy(chunks.column("__end"), np.int64)
         self.chunk_index = to_numpy(chunks.column("chunk_index"), np.int64)
@@ -108,6 +110,15 @@ class Segment:
         if self.contiguous:
             return chunk_id - self.min_id
         return int(np.searchsorted(self.ids, chunk_id))
+
+    def text_of(self, row: int) -> str:
+        """The text of one chunk row, read from the Arrow buffers (no Arrow scalar per hit)."""
+        views = self.text_views
+        if views is None:
+            return self.text[row].as_py()
+        offsets, data, base = views
+        i = row + base
+        return str(data[offsets[i] : offsets[i + 1]], "utf-8")
 
     def rows_of(self, chunk_ids: np.ndarray) -> np.ndarray:
         if self.contiguous:
@@ -212,6 +223,23 @@ def combined(col: Any) -> Any:
     if hasattr(col, "combine_chunks"):
         return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     return col
+
+
+def _string_views(arr: Any) -> tuple[memoryview, memoryview, int] | None:
+    """(offsets, UTF-8 bytes, first offset index) of a string array without nulls, as zero-copy
+    memoryviews (indexing a memoryview gives Python ints); None for other arrays."""
+    import pyarrow as pa
+
+    if arr.null_count or len(arr) == 0:
+        return None
+    large = pa.types.is_large_string(arr.type)
+    if not large and not pa.types.is_string(arr.type):
+        return None
+    _, offsets, data = arr.buffers()
+    n = arr.offset + len(arr) + 1
+    raw = memoryview(offsets).cast("B")
+    off = raw[: n * 8].cast("q") if large else raw[: n * 4].cast("i")
+    return off, memoryview(data if data is not None else b"").cast("B"), arr.offset
 
 
 def text_list(arr: Any) -> list[str]:
