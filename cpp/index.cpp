@@ -41,8 +41,9 @@ Quantization parse_quantization(const std::string& name) {
 std::string quantization_name(Quantization q) { return q == Quantization::kSq8 ? "sq8" : "none"; }
 
 Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
-  if (config.dim == 0 || config.dim > 65536) {
-    throw InvalidArgument("dimension must be in [1, 65536], got " + std::to_string(config.dim));
+  if (config.dim == 0 || config.dim > kMaxDim) {
+    throw InvalidArgument("dimension must be in [1, " + std::to_string(kMaxDim) + "], got " +
+                          std::to_string(config.dim));
   }
   if (config.ef_search == 0) throw InvalidArgument("ef must be positive");
   if (config.kind == IndexKind::kHnsw) graph_ = std::make_unique<HnswIndex>(store_, config.metric, config.hnsw);

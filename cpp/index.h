@@ -36,6 +36,9 @@ enum class Quantization : std::uint8_t { kNone = 0, kSq8 = 1 };
 /// float32 rows. retrain_quantizer() trains again from the rows stored now.
 inline constexpr std::size_t kSq8TrainRows = 1000;
 
+/// The largest dimension an index accepts (checked by the constructor and by load).
+inline constexpr std::size_t kMaxDim = 65536;
+
 struct IndexConfig {
   std::size_t dim = 0;
   Metric metric = Metric::kCosine;

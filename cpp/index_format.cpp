@@ -54,7 +54,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk
   c.hnsw.M = r.u64();
   c.hnsw.ef_construction = r.u64();
   c.hnsw.seed = r.u64();
-  if (c.dim == 0 || c.dim > 65536) r.fail("invalid dimension " + std::to_string(c.dim));
+  if (c.dim == 0 || c.dim > kMaxDim) r.fail("invalid dimension " + std::to_string(c.dim));
   if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
   if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
   if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 || c.ef_search > (1u << 30) ||

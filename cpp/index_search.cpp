@@ -239,35 +239,8 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     // Grouped search has one traversal (search_expanding), which scores passing rows only.
     if (strategy == Strategy::kFilteredWalk) strategy = Strategy::kTwoHop;
   }
-  // Slots to ids and group ordinals to keys, copied out under the lock (the caller builds
-  // its objects after the lock is released).
-  const auto convert = [&](const GroupedSlots& groups, GroupPage& page) {
-    const std::size_t ng = groups.size();
-    page.key_kinds.resize(ng);
-    page.key_ints.resize(ng);
-    page.key_str_end.resize(ng);
-    page.best_end.assign(groups.best_end.begin(), groups.best_end.end());
-    page.parts_end.assign(groups.parts_end.begin(), groups.parts_end.end());
-    for (std::size_t g = 0; g < ng; ++g) {
-      const auto& key = field_groups.key(groups.ordinals[g]);
-      page.key_kinds[g] = static_cast<ValueKind>(key.first);
-      if (page.key_kinds[g] == ValueKind::kInt) {
-        page.key_ints[g] = key.second;
-      } else {
-        page.key_ints[g] = 0;
-        page.key_chars += meta_.dict().str(static_cast<std::uint32_t>(key.second));
-      }
-      page.key_str_end[g] = page.key_chars.size();
-    }
-    page.ids.resize(groups.best.size());
-    page.distances.resize(groups.best.size());
-    for (std::size_t i = 0; i < groups.best.size(); ++i) {
-      page.ids[i] = store_.id_of(groups.best[i].slot);
-      page.distances[i] = groups.best[i].dist;
-    }
-    page.part_ids.resize(groups.parts.size());
-    for (std::size_t i = 0; i < groups.parts.size(); ++i) page.part_ids[i] = store_.id_of(groups.parts[i]);
-  };
+  // Slots to ids and group ordinals to keys are copied out under the lock (page_of; the
+  // caller builds its objects after the lock is released).
   // The rows of the exact path, gathered once: up front for the exact strategy, on the first
   // query that needs them for the graph (its fallback).
   std::vector<Slot> rows;
@@ -289,7 +262,7 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
       res = merge_pending(std::move(res), q, allowed_or_all, std::numeric_limits<std::size_t>::max());
       collapse_sorted(res, field_groups, k, p.group_size, groups);
       if (groups.size() >= k) {
-        convert(groups, out[qi]);
+        page_of(groups, field_groups, out[qi]);
         return;
       }
       // The traversal ran out of reachable candidates before k groups: never return a short
@@ -299,7 +272,7 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     std::vector<float> d(scan.size());
     score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
     collapse_exact(scan, d, field_groups, k, p.group_size, groups);
-    convert(groups, out[qi]);
+    page_of(groups, field_groups, out[qi]);
   });
   return out;
 }

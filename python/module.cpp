@@ -7,6 +7,7 @@
 #include "distance.h"
 #include "errors.h"
 #include "hnsw_index.h"
+#include "index.h"
 #include "tokenizer.h"
 
 namespace kbcore::python {
@@ -64,7 +65,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("for_query") = false,
       "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
       "also index single CJK characters).");
-  m.attr("MAX_M") = kMaxM;  // the largest M an index accepts (links per node on upper levels)
+  m.attr("MAX_M") = kMaxM;      // the largest M an index accepts (links per node on upper levels)
+  m.attr("MAX_DIM") = kMaxDim;  // the largest dimension an index accepts
   m.def(
       "checksum64",
       [](py::bytes data) {

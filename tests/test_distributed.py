@@ -797,3 +797,21 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
     finally:
         for p in reversed(procs):
             _stop(p)
+
+
+@needs_ray
+def test_a_closed_sharded_index_says_so(ray_local, tmp_path, corpus):
+    vectors, ids, meta, _ = corpus
+    si = kbcore.distributed.ShardedIndex(DIM, "cosine", "flat", shards=2, path=tmp_path / "kb")
+    si.add(vectors[:10], ids[:10], metadata=meta[:10])
+    si.close()
+    with pytest.raises(InvalidArgumentError, match="is closed; open it with ShardedIndex.load"):
+        si.search(vectors[0], 3)
+    with pytest.raises(InvalidArgumentError, match="is closed"):
+        si.add(vectors[:1], ids[:1], metadata=meta[:1])
+    si.close()  # twice is fine
+    again = kbcore.distributed.ShardedIndex.load(tmp_path / "kb")
+    try:
+        assert len(again) == 10
+    finally:
+        again.close()

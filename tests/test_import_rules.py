@@ -41,7 +41,7 @@ _CORE_LEAVES = {
     # filters.py re-exports the Dify translator "for now" (docs/architecture.md).
     "kbcore.filters": {"kbcore._filter", "kbcore.dify.condition"},
     "kbcore.index": {"kbcore._core", "kbcore.filters", "kbcore.metadata"},
-    "kbcore._manifest_check": {"kbcore.index"},
+    "kbcore._manifest_check": {"kbcore.index", "kbcore.fusion"},
     "kbcore.storage": {"kbcore._manifest_check"},
     "kbcore.chunking": set(),
     "kbcore.parsing": set(),
@@ -56,7 +56,7 @@ _CORE_ALL = set(_CORE_LEAVES) - {"kbcore._core"}
 
 _E = "kbcore.engine."
 _ENGINE = {
-    _E + "types": {"kbcore.chunking"},
+    _E + "types": {"kbcore.chunking", "kbcore.fusion"},
     _E + "scores": set(),
     _E + "locks": set(),
     _E + "segments": {"kbcore.storage", _E + "types"},

@@ -16,7 +16,8 @@ import re
 from typing import Any
 
 from .errors import FormatError
-from .index import KINDS, M_RANGE, METRICS, QUANTIZATIONS
+from .fusion import FUSIONS, SEARCH_TYPES
+from .index import DIM_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -26,11 +27,7 @@ FORMAT_VERSION = 1
 _INT_MAX = (1 << 63) - 1
 _MAX_ROWS = 1 << 40  # chunks or documents in one segment
 _MAX_FILE_BYTES = 1 << 50
-_MAX_DIM = 65536  # as the native index
 _MAX_KNOB = (1 << 31) - 1  # ef, ef_construction, chunk sizes
-# Copies of the engine's choices (the engine imports this module, not the other way round).
-_SEARCH_TYPES = ("vector", "full_text", "hybrid")
-_FUSIONS = ("rrf", "linear")
 _SEG_NAME = re.compile(r"^seg-(\d{1,18})$")
 _INDEX_NAME = re.compile(r"^index-(\d{1,18})\.kbi$")
 _PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -161,9 +158,9 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
     dim = c.get(cfg, "dim", "config.dim", optional=True)
     dim = None if dim is _MISSING else dim
     if dim is not None:
-        c.int_(dim, "config.dim", 1, _MAX_DIM)
+        c.int_(dim, "config.dim", *DIM_RANGE)
     _chunking(c, cfg, "config")
-    for key, choices in (("search_type", _SEARCH_TYPES), ("fusion", _FUSIONS)):
+    for key, choices in (("search_type", SEARCH_TYPES), ("fusion", FUSIONS)):
         v = c.get(cfg, key, f"config.{key}", optional=True)
         if v is not _MISSING:
             c.choice(v, f"config.{key}", choices)
@@ -238,7 +235,7 @@ def _embedder(c: _Check, emb: Any, dim: int | None) -> None:
         return
     edim = c.get(e, "dim", "embedder.dim", optional=kind != "hashing")
     if edim is not _MISSING:
-        c.int_(edim, "embedder.dim", 1, _MAX_DIM)
+        c.int_(edim, "embedder.dim", *DIM_RANGE)
         if dim is not None and edim != dim:
             raise c.fail("embedder.dim", f"is {edim}, config.dim is {dim}")
     if kind == "hashing":

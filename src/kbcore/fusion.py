@@ -27,6 +27,12 @@ from .errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score"]
 
+#: The retrieval routes a knowledge base can be set to (one leg, the other, or both fused),
+#: and the fusions of the hybrid route: the one list (the engine, its manifest check and the
+#: CLI read it).
+SEARCH_TYPES: tuple[str, ...] = ("vector", "full_text", "hybrid")
+FUSIONS: tuple[str, ...] = ("rrf", "linear")
+
 K = TypeVar("K", bound=Hashable)
 
 

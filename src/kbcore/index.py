@@ -25,6 +25,8 @@ METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
 KINDS: tuple[str, ...] = ("hnsw", "flat")
 #: The range of the HNSW parameter M (the top is the native kMaxM, read from the core).
 M_RANGE = (2, _core.MAX_M)
+#: The range of an index's dimension (the top is the native kMaxDim).
+DIM_RANGE = (1, _core.MAX_DIM)
 QUANTIZATIONS: tuple[str, ...] = ("sq8",)  # the codes an HNSW index can walk its graph on
 
 
@@ -211,7 +213,7 @@ class Index:
 
     ``quantization="sq8"`` (hnsw only) stores an 8-bit code per dimension beside each float32
     row and walks the graph on the codes, a quarter of the bytes per visited node; the best
-    ``rerank`` candidates (default: the whole candidate list of ``max(ef, k)``) are then
+    ``rerank`` candidates (default: the best ``min(max(ef, k), max(2k, 16))``) are then
     re-scored exactly from the float32 rows, so returned distances are exact. The codes are
     trained (per-dimension min/max) when the index first holds 1,000 rows; before that a
     quantized index searches the float32 rows. Values outside the trained range clip;
@@ -224,6 +226,9 @@ class Index:
     ``add`` and ``remove`` are exclusive: they wait for running searches and block new ones.
     Native work releases the GIL.
     """
+
+    # About 420 lines: the whole index API (34 methods, most of them argument checks and a
+    # docstring around one native call); the work is in the native core.
 
     __slots__ = ("_native", "_dim")
 
@@ -294,7 +299,8 @@ class Index:
 
     @property
     def rerank(self) -> int | None:
-        """Exact re-rank depth of a quantized search (None: the whole candidate list)."""
+        """Exact re-rank depth of a quantized search (None: the default, the best
+        ``min(max(ef, k), max(2k, 16))`` candidates)."""
         r = int(self._native.rerank)
         return r if r > 0 else None
 

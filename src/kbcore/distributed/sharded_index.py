@@ -239,7 +239,7 @@ class ShardedIndex:
         timeout: float | None = None,
     ) -> dict[int, Any]:
         """:meth:`ShardCalls.gather`: ``submit(shard)`` on each shard, {shard: result}."""
-        return self._calls.gather(submit, shards, allow_partial=allow_partial, timeout=timeout)
+        return self._live_calls().gather(submit, shards, allow_partial=allow_partial, timeout=timeout)
 
     def _scatter(
         self,
@@ -250,7 +250,13 @@ class ShardedIndex:
         allow_partial: bool = False,
     ) -> dict[int, Any]:
         """:meth:`ShardCalls.call`: ShardState.``method`` on each shard, {shard: result}."""
-        return self._calls.call(method, args, shards, allow_partial=allow_partial)
+        return self._live_calls().call(method, args, shards, allow_partial=allow_partial)
+
+    def _live_calls(self) -> ShardCalls:
+        calls = self._calls
+        if calls is None or not calls.actors:
+            raise InvalidArgumentError(f"the sharded index at {self._path!r} is closed; open it with ShardedIndex.load")
+        return calls
 
     @classmethod
     def load(

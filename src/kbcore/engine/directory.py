@@ -16,7 +16,7 @@ from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, NotFoundError
 from ..fusion import check_vector_weight
-from ..index import KINDS, METRICS, check_params, check_quantization
+from ..index import DIM_RANGE, KINDS, METRICS, check_params, check_quantization
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase
 from .shards import check_shards, require_ray
@@ -122,18 +122,7 @@ class Engine:
         shards = check_shards(shards)
         if shards is not None:
             require_ray(name, shards)
-        if embedder is False or embedder == "none":
-            emb = None
-        elif embedder is None:
-            emb = self._embedder if self._embedder is not None else HashingEmbedder()
-        else:
-            emb = as_embedder(embedder)
-        if emb is not None:
-            if dim is not None and dim != emb.dim:
-                raise InvalidArgumentError(f"dim={dim} but the embedder makes {emb.dim}-dimensional vectors")
-            dim = int(emb.dim)
-        elif dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-            raise InvalidArgumentError(f"dim must be a positive integer, got {dim!r}")
+        emb, dim = self._creation_embedder(embedder, dim)
         with self._mutex, self._flock.hold():
             final = os.path.join(self.path, name)
             if os.path.exists(final):
@@ -176,6 +165,22 @@ class Engine:
                 raise
             self._kbs[name] = kb
             return kb
+
+    def _creation_embedder(self, embedder: Any, dim: int | None) -> tuple[Any, int | None]:
+        """The embedder a new knowledge base records (None: vectors only) and its dimension."""
+        if embedder is False or embedder == "none":
+            emb = None
+        elif embedder is None:
+            emb = self._embedder if self._embedder is not None else HashingEmbedder()
+        else:
+            emb = as_embedder(embedder)
+        if emb is not None:
+            if dim is not None and dim != emb.dim:
+                raise InvalidArgumentError(f"dim={dim} but the embedder makes {emb.dim}-dimensional vectors")
+            return emb, int(emb.dim)
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= DIM_RANGE[1]):
+            raise InvalidArgumentError(f"dim must be an integer in [1, {DIM_RANGE[1]}], got {dim!r}")
+        return None, dim
 
     def get_knowledge_base(self, name: str, *, embedder: Any = None) -> KnowledgeBase:
         """Opens a knowledge base (cached: the same object for the same name).

@@ -50,7 +50,7 @@ from .types import (
 class KnowledgeBase:
     """A persistent knowledge base. Get one from :class:`Engine`; do not construct directly."""
 
-    # About 390 lines: the whole public API of a knowledge base (40 methods of 2-30 lines, most
+    # About 480 lines: the whole public API of a knowledge base (46 methods of 2-30 lines, most
     # of it signatures and docstrings); the work is in the modules named in the module docstring.
 
     def __init__(

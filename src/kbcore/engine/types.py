@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .. import fusion as _fusion
 from ..chunking import Chunk
 from ..errors import InvalidArgumentError
 
@@ -23,9 +24,9 @@ RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD}
 INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
 DEFAULT_PIPELINE = "default"
 
-#: ``retrieve``'s search types and hybrid fusions.
-SEARCH_TYPES = ("vector", "full_text", "hybrid")
-FUSIONS = ("rrf", "linear")
+#: ``retrieve``'s search types and hybrid fusions (defined with the fusions).
+SEARCH_TYPES = _fusion.SEARCH_TYPES
+FUSIONS = _fusion.FUSIONS
 #: A knowledge base's search defaults when its manifest predates them.
 SEARCH_DEFAULTS: dict[str, Any] = {"search_type": "vector", "fusion": "rrf", "vector_weight": 0.7}
 
