@@ -783,7 +783,7 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=420,  # a driver, two raylets and four shards on 2 cores; slow under load
         )
         assert out.returncode == 0, out.stderr[-3000:]
         result = json.loads(out.stdout.strip().splitlines()[-1])

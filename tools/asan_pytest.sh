@@ -58,7 +58,7 @@ export PYTHONPATH="$PLUGIN_DIR${PYTHONPATH:+:$PYTHONPATH}"
 # Deselected: a test whose child process gets a clean environment (no LD_PRELOAD), which then
 # cannot load the instrumented extension; it checks Python hashing, not native code. And the
 # two-node Ray cluster test: a driver, two raylets and four instrumented shard processes, whose
-# compiled graph polls on 2 cores, can exceed its 180 s budget under ASan (it did once in CI);
+# compiled graph polls on 2 cores, exceeded its 180 s budget under ASan once in CI;
 # it runs in the plain suite and in the wheel check, and the single-node Ray tests run here.
 python -m pytest -q -p no:cacheprovider -p kbcore_asan_hypothesis \
   --deselect tests/test_embedders.py::test_hashing_is_stable_across_processes \
