@@ -14,7 +14,9 @@ rotating each pass, so a burst of outside load hits every library alike. QPS at 
 and 0.99 is interpolated over the ef grid per pass; the report gives medians, and for each
 library's ratio to kbcore-sq8 the median and min-max over passes. Memory per vector is the RSS
 a build adds (indexes built earlier stay alive). ``os.getloadavg()`` is printed before and
-after, with a warning when the 1-minute load at the start is above 0.5.
+after, with a warning when the 1-minute load at the start is above 0.5. ``kbcore-nohp`` and
+``kbcore-sq8-nohp`` are the same builds with the huge-page switch off (``_core.set_huge_pages``),
+for an interleaved A/B of the page size in one process.
 """
 
 from __future__ import annotations
@@ -83,6 +85,38 @@ class KbcoreSq8Disk(KbcoreHnsw):
             vectors="disk",
         )
         self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
+
+
+def _without_huge_pages(build: Callable[[], None]) -> None:
+    """Runs a kbcore build with the huge-page switch off (cpp/aligned.h), then restores it:
+    the arrays allocated meanwhile keep 4 KiB pages, so "-nohp" libraries A/B the page size
+    against their huge-page twins in one process."""
+    from kbcore import _core
+
+    was = _core.huge_pages()
+    _core.set_huge_pages(False)
+    try:
+        build()
+    finally:
+        _core.set_huge_pages(was)
+
+
+class KbcoreNoHp(KbcoreHnsw):
+    """kbcore float32 with its large arrays on 4 KiB pages (huge pages off while building)."""
+
+    name = "kbcore-nohp"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        _without_huge_pages(lambda: KbcoreHnsw.build(self, x, threads))
+
+
+class KbcoreSq8NoHp(KbcoreSq8):
+    """kbcore sq8 with its large arrays on 4 KiB pages (huge pages off while building)."""
+
+    name = "kbcore-sq8-nohp"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        _without_huge_pages(lambda: KbcoreSq8.build(self, x, threads))
 
 
 class FaissHnswSq8(FaissHnsw):
@@ -182,6 +216,8 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "kbcore": KbcoreHnsw,
     "kbcore-sq8": KbcoreSq8,
     "kbcore-sq8-disk": KbcoreSq8Disk,
+    "kbcore-nohp": KbcoreNoHp,
+    "kbcore-sq8-nohp": KbcoreSq8NoHp,
     "hnswlib": Hnswlib,
     "faiss": FaissHnsw,
     "faiss-sq8": FaissHnswSq8,

@@ -66,8 +66,8 @@ class BinaryReader {
   float f32();
   /// Reads n elements into out (resized); checks n * sizeof(T) against the bytes remaining
   /// before allocating.
-  template <typename T>
-  void array(std::vector<T>& out, std::size_t n) {
+  template <typename T, typename A>
+  void array(std::vector<T, A>& out, std::size_t n) {
     static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "unsupported element size");
     require(n, sizeof(T));
     out.resize(n);

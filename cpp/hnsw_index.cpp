@@ -458,7 +458,7 @@ void HnswIndex::load(BinaryReader& r) {
   if (slots != n) r.fail("graph covers " + std::to_string(slots) + " slots, store has " + std::to_string(n));
   std::vector<std::uint8_t> levels;
   r.array(levels, n);
-  std::vector<std::uint32_t> links0;
+  AlignedVector<std::uint32_t> links0;  // huge-page backed when large (aligned.h)
   r.array(links0, n * (1 + m0_));
   std::vector<std::unique_ptr<std::uint32_t[]>> upper(n);
   for (std::size_t s = 0; s < n; ++s) {

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "aligned.h"
 #include "bitmap.h"
 #include "distance.h"
 #include "prefetch.h"
@@ -199,9 +200,9 @@ class HnswIndex {
   HnswParams params_;
   std::size_t m0_;
   double level_mult_;
-  std::vector<std::uint32_t> links0_;  // slot_count * (1 + m0_): [count, ids...]
-  std::vector<std::uint16_t> core0_;   // per slot: leading level-0 links that are not fill
-  std::vector<std::uint8_t> levels_;   // top level per slot
+  AlignedVector<std::uint32_t> links0_;  // slot_count * (1 + m0_): [count, ids...]; huge pages
+  std::vector<std::uint16_t> core0_;     // per slot: leading level-0 links that are not fill
+  std::vector<std::uint8_t> levels_;     // top level per slot
   // Per slot: levels_[s] lists of [count, ids...] (1 + M each), null at level 0 (most slots):
   // 8 B per slot where a std::vector would take 24.
   std::vector<std::unique_ptr<std::uint32_t[]>> upper_;

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "aligned.h"
+
 namespace kbcore {
 
 /// One visited set over slots [0, capacity). Not thread-safe; owned by one search at a time.
@@ -30,7 +32,7 @@ class VisitedSet {
   bool test(std::uint32_t slot) const { return marks_[slot] == epoch_; }
 
  private:
-  std::vector<std::uint16_t> marks_;
+  AlignedVector<std::uint16_t> marks_;  // huge-page backed from 2M slots (aligned.h)
   std::uint16_t epoch_ = 0;
 };
 

@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned.h"
 #include "binary_io.h"
 #include "bindings.h"
 #include "distance.h"
@@ -46,6 +47,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace kbcore;
   m.doc() = "kbcore native core (C++). Use the kbcore package, not this module.";
   kbcore::python::register_errors(m);
+  (void)huge_pages_enabled();  // reads KBCORE_HUGE_PAGES now, at import
   m.def(
       "simd_level", [] { return simd_level_name(active_simd_level()); },
       "The SIMD level of the distance kernels in use: 'scalar', 'avx2' or 'avx512'.");
@@ -65,6 +67,20 @@ PYBIND11_MODULE(_core, m) {
       py::arg("for_query") = false,
       "The BM25 tokens of a text: lower-cased words; CJK runs as character bigrams (documents "
       "also index single CJK characters).");
+  m.def(
+      "huge_pages", [] { return huge_pages_enabled(); },
+      "Whether large native arrays allocated from now on (SQ8 codes, level-0 links, float32 rows, "
+      "visited sets; each at least 4 MiB) are marked for transparent huge pages. Starts on unless "
+      "the environment variable KBCORE_HUGE_PAGES is 0 / false / off / no when kbcore is imported.");
+  m.def(
+      "set_huge_pages", [](bool on) { set_huge_pages_enabled(on); }, py::arg("on"),
+      "Sets the process-wide huge-page switch for allocations made after the call (including "
+      "the reallocation of an array that grows); existing arrays keep their pages. Off marks new "
+      "arrays MADV_NOHUGEPAGE. No effect outside Linux (huge_pages_supported()).");
+  m.def(
+      "huge_pages_supported", [] { return huge_pages_supported(); },
+      "True if this build maps large arrays for huge pages itself (Linux); elsewhere the switch "
+      "is kept but changes nothing.");
   m.attr("MAX_M") = kMaxM;      // the largest M an index accepts (links per node on upper levels)
   m.attr("MAX_DIM") = kMaxDim;  // the largest dimension an index accepts
   m.def(

@@ -288,3 +288,30 @@ KBCORE_TEST(quantized_index_answers_at_exact_distances) {
     CHECK(got2 == got && dist2 == dist);
   }
 }
+
+// Large AlignedVector blocks are mapped 2 MiB aligned (huge-page eligible) whatever the switch
+// says, keep their contents through growth, and small ones stay cache-line aligned; the
+// switch is process-wide and restored here.
+KBCORE_TEST(large_aligned_arrays_are_huge_page_aligned_through_growth) {
+  const bool was = huge_pages_enabled();
+  for (bool on : {true, false}) {
+    set_huge_pages_enabled(on);
+    CHECK(huge_pages_enabled() == on);
+    AlignedVector<std::uint32_t> v(16);
+    CHECK(reinterpret_cast<std::uintptr_t>(v.data()) % AlignedAllocator<std::uint32_t>::kAlign == 0);
+    for (std::uint32_t i = 0; i < 16; ++i) v[i] = i * 7 + 1;
+    v.resize(kHugeMinBytes / sizeof(std::uint32_t) + 5, 3);  // crosses the threshold
+    if (huge_pages_supported()) CHECK(reinterpret_cast<std::uintptr_t>(v.data()) % kHugePageBytes == 0);
+    for (std::uint32_t i = 0; i < 16; ++i) CHECK(v[i] == i * 7 + 1);
+    CHECK(v.back() == 3);
+    v.resize(v.size() * 2, 9);  // reallocates a large block into a larger one
+    if (huge_pages_supported()) CHECK(reinterpret_cast<std::uintptr_t>(v.data()) % kHugePageBytes == 0);
+    for (std::uint32_t i = 0; i < 16; ++i) CHECK(v[i] == i * 7 + 1);
+    CHECK(v.back() == 9);
+    AlignedVector<std::uint32_t>().swap(v);
+  }
+  set_huge_pages_enabled(was);
+  CHECK(detail::huge_round(1) == kHugePageBytes);
+  CHECK(detail::huge_round(kHugePageBytes) == kHugePageBytes);
+  CHECK(detail::huge_round(kHugePageBytes + 1) == 2 * kHugePageBytes);
+}
