@@ -476,7 +476,7 @@ def test_sharded_save_and_load_round_trip(ray_local, tmp_path, corpus):
 
 
 @needs_ray
-@pytest.mark.parametrize("transport", ["actor", "compiled"])
+@pytest.mark.parametrize("transport", ["actor", "compiled", "socket"])
 def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     with kbcore.distributed.ShardedIndex(
@@ -506,7 +506,7 @@ def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path
 
 
 @needs_ray
-@pytest.mark.parametrize("transport", ["actor", "compiled"])
+@pytest.mark.parametrize("transport", ["actor", "compiled", "socket"])
 def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     si = kbcore.distributed.ShardedIndex(
@@ -536,7 +536,7 @@ def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_
         assert complete.missing_shards == (1,)
         with pytest.raises(kbcore.distributed.ShardUnavailableError):
             si.add(vectors[:1], ids[:1], metadata=meta[:1])
-        assert not si.transport_stats()["ready"]  # a dead shard: no compiled graph to rebuild
+        assert not si.transport_stats()["ready"]  # a dead shard: no graph to rebuild, no address
     finally:
         si.close()
 
@@ -647,7 +647,7 @@ def test_compiled_transport_serves_concurrent_threads_and_idles_down(ray_local, 
 
 @needs_ray
 def test_bad_transport_is_rejected(ray_local, tmp_path):
-    with pytest.raises(InvalidArgumentError, match="transport"):
+    with pytest.raises(InvalidArgumentError, match="'actor', 'compiled' or 'socket'"):
         kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb", transport="carrier-pigeon")
     with pytest.raises(InvalidArgumentError, match="compiled_idle"):
         kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb2", compiled_idle=0)
@@ -682,8 +682,16 @@ _CLUSTER_DRIVER = textwrap.dedent("""
     same = same and all(bool((back.search(x, 10)[0] == one.search(x, 10)[0]).all()) for x in q)
     st = back.transport_stats()
     back.close()
+    # And over sockets: Unix-domain to the shards on the driver's node, TCP to the others.
+    sock = ShardedIndex.load(path, transport="socket")
+    same = same and bool((sock.search(q, 10)[0] == one.search(q, 10)[0]).all())
+    same = same and all(bool((sock.search(x, 10)[0] == one.search(x, 10)[0]).all()) for x in q)
+    families = sorted(f for a in sock.shard_actors() for f in ray.get(a.socket_stats.remote()))
+    ss = sock.transport_stats()
+    sock.close()
     print(json.dumps({"same": same, "nodes": len(set(nodes)), "ips": ips, "rows": len(one),
-                      "compiled": [st["ready"], st["builds"], st["fallbacks"]]}))
+                      "compiled": [st["ready"], st["builds"], st["fallbacks"]],
+                      "socket": [ss["ready"], ss["builds"], ss["fallbacks"]], "families": families}))
 """)
 
 
@@ -793,6 +801,8 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
             "ips": ["127.0.0.2", "127.0.0.3"],
             "rows": 400,
             "compiled": [True, 1, 0],
+            "socket": [True, 4, 0],
+            "families": ["tcp", "tcp", "unix", "unix"],
         }
     finally:
         for p in reversed(procs):

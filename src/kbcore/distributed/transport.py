@@ -20,12 +20,16 @@ import numpy as np
 
 from ..errors import KbcoreError, StorageError
 from .compiled import CompiledScatter
+from .sockets import SocketScatter
 
 __all__ = ["ShardUnavailableError", "ShardCalls", "actor_class", "pack_request", "unpack_reply", "ray_module", "spawn"]
 
 _RETRY_PAUSE = 0.05  # seconds between calls to a shard that is restarting
 #: The read-only calls a compiled graph may carry (writes and checkpoints take the actor path).
 _COMPILED_METHODS = frozenset({"search", "search_groups", "text_stats", "search_text", "count"})
+#: What a shard's socket server answers: those, plus the read-only calls the benchmark and
+#: the tests send (``search_timed``, ``size``).
+_SOCKET_METHODS = _COMPILED_METHODS | {"search_timed", "size"}
 _SEARCH_REPLY = b"S"  # a search answer: rows, cols (int64), ids int64[rows*cols], dists float32[...]
 _PICKLED_REPLY = b"P"  # any other answer: a pickle
 
@@ -69,6 +73,8 @@ def actor_class() -> Any:
             # A shard that cannot open its directory (corrupted, unreadable) stays up and
             # answers every call with that error: restarting it would fail the same way.
             self._error: BaseException | None = None
+            self._servers: dict[str, Any] = {}  # "unix" / "tcp" -> its ShardServer
+            self._servers_lock = threading.Lock()
             try:
                 self._state = ShardState(directory, **options)
             except (KbcoreError, OSError) as exc:
@@ -93,6 +99,37 @@ def actor_class() -> Any:
             as bytes (the actor path's ``query.remote`` and the compiled graph both use it)."""
             method, args = pickle.loads(request)
             return pack_reply(method, self.call(method, *args))
+
+        def serve_socket(self, driver_node: str) -> dict[str, Any]:
+            """Starts (once per family) this shard's socket server and returns how to reach
+            it (:meth:`.sockets.ShardServer.describe`): a Unix-domain socket for a driver on
+            this node (``driver_node``, a Ray node id), else TCP on this node's IP address."""
+            from .sockets import ShardServer
+
+            family = "unix" if driver_node == ray.get_runtime_context().get_node_id() else "tcp"
+            with self._servers_lock:
+                server = self._servers.get(family)
+                if server is None:
+                    server = ShardServer(
+                        self._socket_answer, _SOCKET_METHODS, family=family, host=ray.util.get_node_ip_address()
+                    )
+                    self._servers[family] = server
+            return server.describe()
+
+        def _socket_answer(self, method: str, args: tuple[Any, ...]) -> bytes:
+            # The same path as an actor call (``query``): errors, a broken shard's exit.
+            return pack_reply(method, self.call(method, *args))
+
+        def socket_stats(self) -> dict[str, Any]:
+            """Per family: the socket server's :meth:`~.sockets.ShardServer.stats`."""
+            with self._servers_lock:
+                return {f: s.stats() for f, s in self._servers.items()}
+
+        def stop_socket(self) -> dict[str, Any]:
+            """Stops the socket servers (listeners, connections, threads); returns their stats."""
+            with self._servers_lock:
+                servers, self._servers = self._servers, {}
+            return {f: s.stop() for f, s in servers.items()}
 
         def node(self) -> dict[str, Any]:
             ctx = ray.get_runtime_context()
@@ -269,6 +306,26 @@ class ShardCalls:
         self.timeout = timeout
         self.max_restarts = max_restarts
         self.compiled: CompiledScatter | None = None
+        self.socket: SocketScatter | None = None
+
+    def start_sockets(self) -> SocketScatter:
+        """Connects the socket path (``transport="socket"``): every shard starts its server."""
+        ray = ray_module()
+        node = ray.get_runtime_context().get_node_id()
+
+        def fetch(shards: list[int]) -> dict[int, dict[str, Any]]:
+            refs = {i: self.actors[i].serve_socket.remote(node) for i in shards}
+            deadline = time.monotonic() + self.timeout
+            out: dict[int, dict[str, Any]] = {}
+            for i, ref in refs.items():
+                try:
+                    out[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001))
+                except Exception:  # noqa: BLE001 - down or restarting: the actor path decides
+                    pass
+            return out
+
+        self.socket = SocketScatter(self.n, fetch, timeout=self.timeout)
+        return self.socket
 
     def gather(
         self,
@@ -350,6 +407,11 @@ class ShardCalls:
                 lambda i: self.actors[i].call.remote(method, *make(i)), shards, allow_partial=allow_partial
             )
         request = pack_request(method, args)
+        sock = self.socket
+        if sock is not None and shards is None and method in _COMPILED_METHODS:
+            answers = sock.call(request, self.timeout)  # a shard's own error propagates
+            if answers is not None:
+                return {i: unpack_reply(a) for i, a in enumerate(answers)}
         compiled = self.compiled
         if compiled is not None and shards is None and method in _COMPILED_METHODS:
             try:
@@ -359,15 +421,24 @@ class ShardCalls:
             if answers is not None:
                 return {i: unpack_reply(a) for i, a in enumerate(answers)}
         got = self.gather(lambda i: self.actors[i].query.remote(request), shards, allow_partial=allow_partial)
+        if sock is not None:
+            sock.refresh(got)  # reconnect shards that answered here but lost their socket
         return {i: unpack_reply(a) for i, a in got.items()}
 
     def close(self) -> None:
-        """Stops the compiled graph (first, so that no execution loop is left waiting) and
-        the actors."""
+        """Stops the compiled graph (first, so that no execution loop is left waiting), the
+        socket path (the driver's connections, then every shard's server) and the actors."""
         ray = ray_module()
         compiled, self.compiled = self.compiled, None
         if compiled is not None:
             compiled.close()
+        sock, self.socket = self.socket, None
+        if sock is not None:
+            sock.close()
+            try:  # bounded: a dead shard's server is gone with its process
+                ray.get([a.stop_socket.remote() for a in self.actors], timeout=5)
+            except Exception:  # noqa: BLE001 - a shard is dead or restarting
+                pass
         for a in self.actors:
             try:
                 ray.kill(a, no_restart=True)
