@@ -24,7 +24,7 @@ import kbcore
 import kbcore.distributed
 from kbcore import fusion
 from kbcore.distributed.sockets import NOOP, ShardServer, SocketScatter, connect
-from kbcore.distributed.transport import _COMPILED_METHODS, pack_reply, pack_request, unpack_reply
+from kbcore.distributed.transport import _COMPILED_METHODS, pack_reply, pack_request, unpack_reply, unpack_request
 from kbcore.errors import InvalidArgumentError
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -102,7 +102,7 @@ def _echo_server(family="unix", *, delay=0.0, methods=("search", "count", "searc
         dist = np.repeat(q.sum(axis=1, keepdims=True), 3, axis=1).astype(np.float32)
         return pack_reply("search", (ids, dist))
 
-    return ShardServer(handle, methods, family=family, host="127.0.0.1")
+    return ShardServer(handle, methods, decode=unpack_request, family=family, host="127.0.0.1")
 
 
 @pytest.mark.parametrize("family", ["unix", "tcp"])
@@ -198,7 +198,8 @@ def _closed_by_peer(s) -> bool:
         s.close()
 
 
-_APPLY = b"Q" + pickle.dumps(("apply", (1, 2)), protocol=5)  # a write: never over the socket
+_APPLY = b"QP" + pickle.dumps(("apply", (1, 2)), protocol=5)  # a write: never over the socket
+_SHORT_SEARCH = b"QV" + struct.pack("<qqqqq", 1000, DIM, 10, -1, 1) + b"\0" * 64  # 1000 rows announced, 1 sent
 # Each bad frame, sent after a correct token; the server closes that connection.
 BAD_FRAMES = {
     "oversize": HEADER.pack((1 << 30) + 1) + b"Q",
@@ -206,6 +207,7 @@ BAD_FRAMES = {
     "unknown kind": HEADER.pack(3) + b"Zzz",
     "undecodable request": HEADER.pack(5) + b"Q\x80\x05xx",
     "method not served": HEADER.pack(len(_APPLY)) + _APPLY,
+    "search request shorter than its rows": HEADER.pack(len(_SHORT_SEARCH)) + _SHORT_SEARCH,
 }
 
 
@@ -272,10 +274,13 @@ def _oracle(corpus):
     return one
 
 
+WHERES = (None, {"lang": "de"}, {"year": {"$gte": 2010}, "lang": {"$in": ["en", "fr"]}})
+
+
 def _answers(si, qs):
     """Every read-only query kind, as plain values."""
     out = []
-    for where in (None, {"lang": "de"}, {"year": {"$gte": 2010}, "lang": {"$in": ["en", "fr"]}}):
+    for where in WHERES:
         out.append(si.search(qs, 10, where=where))
     out.append([(g.key, g.ids, g.distances) for g in si.search_groups(qs[0], 6, group_size=2)])
     out.append(si.search_text("w3 w17 w40", 10))
@@ -316,7 +321,7 @@ def test_socket_transport_answers_as_the_actor_path_and_one_index(ray_local, tmp
     np.testing.assert_array_equal(got[4][1], want[4][1])
     assert got[5:] == want[5:]  # BM25 statistics, hybrid pairs, count
     # ... and one index over the same rows.
-    for (gi, gd), where in zip(got[:3], (None, {"lang": "de"}, {"year": {"$gte": 2010}, "lang": {"$in": ["en", "fr"]}})):
+    for (gi, gd), where in zip(got[:3], WHERES):
         full_ids, full_dist = one.search(qs, 600, where=where)
         for q in range(len(qs)):
             keep = full_ids[q] >= 0
@@ -456,9 +461,29 @@ def test_socket_transport_reconnects_after_a_restart_and_close_leaves_nothing(ra
             ray.get(a.socket_stats.remote(), timeout=30)  # and the shard processes are gone
 
 
+def test_requests_round_trip_raw_for_plain_searches_and_pickled_otherwise():
+    q = np.random.default_rng(1).standard_normal((3, DIM)).astype(np.float32)
+    for method in ("search", "search_timed"):
+        for ef in (None, 40):
+            raw = pack_request(method, (q, 7, None, ef, 2))
+            assert raw[:1] in (b"V", b"T") and len(raw) == 41 + q.nbytes  # no pickle
+            got_method, (gq, k, where, gef, threads) = unpack_request(raw)
+            assert (got_method, k, where, gef, threads) == (method, 7, None, ef, 2)
+            np.testing.assert_array_equal(gq, q)
+    for args in ((q, 7, {"lang": "en"}, None, 1), (q[:, :8].copy(order="F"), 7, None, None, 1)):
+        raw = pack_request("search", args)
+        assert raw[:1] == b"P"  # a filter, or an array that is not C-contiguous: pickled
+        np.testing.assert_array_equal(unpack_request(raw)[1][0], args[0])
+    assert unpack_request(pack_request("count", ({"a": 1},))) == ("count", ({"a": 1},))
+    with pytest.raises(ValueError, match="does not hold"):
+        unpack_request(pack_request("search", (q, 7, None, None, 1))[:-4])
+    with pytest.raises(ValueError, match="unknown request kind"):
+        unpack_request(b"Zzz")
+
+
 def test_socket_methods_are_the_read_only_ones():
-    assert _COMPILED_METHODS == {"search", "search_groups", "text_stats", "search_text", "count"}
+    assert {"search", "search_groups", "text_stats", "search_text", "count"} == _COMPILED_METHODS
     from kbcore.distributed.transport import _SOCKET_METHODS
 
-    assert _SOCKET_METHODS - _COMPILED_METHODS == {"search_timed", "size"}
+    assert {"search_timed", "size"} == _SOCKET_METHODS - _COMPILED_METHODS
     assert not _SOCKET_METHODS & {"apply", "discard", "checkpoint", "remove_document", "build_graph"}

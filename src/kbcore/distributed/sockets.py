@@ -90,7 +90,8 @@ class ShardServer:
 
     ``handle(method, args)`` answers one request as bytes (the actor's ``call`` followed by
     ``pack_reply``); it runs on the connection's thread, concurrently with the actor's own
-    calls, exactly as the actor's threaded calls run. ``methods`` are the only ones served.
+    calls, exactly as the actor's threaded calls run. ``methods`` are the only ones served;
+    ``decode`` turns a request's bytes into (method, args) (default: a pickle of them).
     """
 
     def __init__(
@@ -98,6 +99,7 @@ class ShardServer:
         handle: Callable[[str, tuple[Any, ...]], bytes],
         methods: Iterable[str],
         *,
+        decode: Callable[[memoryview], tuple[str, tuple[Any, ...]]] | None = None,
         family: str,
         host: str = "127.0.0.1",
         max_frame: int = MAX_FRAME,
@@ -107,6 +109,7 @@ class ShardServer:
         if family not in ("unix", "tcp"):
             raise ValueError(f"family must be 'unix' or 'tcp', got {family!r}")
         self._handle = handle
+        self._decode = decode if decode is not None else pickle.loads
         self._methods = frozenset(methods)
         self.family = family
         self.max_frame = int(max_frame)
@@ -218,7 +221,7 @@ class ShardServer:
                 if kind != QUERY:
                     raise _ProtocolError(f"unknown frame kind {bytes(kind)!r}")
                 try:
-                    method, args = pickle.loads(body[1:])
+                    method, args = self._decode(body[1:])
                 except Exception as exc:  # noqa: BLE001 - any undecodable request
                     raise _ProtocolError(f"undecodable request ({type(exc).__name__})") from None
                 if method not in self._methods or not isinstance(args, tuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,16 @@ from ..errors import KbcoreError, StorageError
 from .compiled import CompiledScatter
 from .sockets import SocketScatter
 
-__all__ = ["ShardUnavailableError", "ShardCalls", "actor_class", "pack_request", "unpack_reply", "ray_module", "spawn"]
+__all__ = [
+    "ShardUnavailableError",
+    "ShardCalls",
+    "actor_class",
+    "pack_request",
+    "unpack_request",
+    "unpack_reply",
+    "ray_module",
+    "spawn",
+]
 
 _RETRY_PAUSE = 0.05  # seconds between calls to a shard that is restarting
 #: The read-only calls a compiled graph may carry (writes and checkpoints take the actor path).
@@ -30,6 +40,10 @@ _COMPILED_METHODS = frozenset({"search", "search_groups", "text_stats", "search_
 #: What a shard's socket server answers: those, plus the read-only calls the benchmark and
 #: the tests send (``search_timed``, ``size``).
 _SOCKET_METHODS = _COMPILED_METHODS | {"search_timed", "size"}
+_VECTOR_KINDS = {"search": b"V", "search_timed": b"T"}  # request kinds of an unfiltered vector search
+_VECTOR_METHODS = {v: k for k, v in _VECTOR_KINDS.items()}
+_VECTOR_HEAD = struct.Struct("<qqqqq")  # rows, dim, k, ef (-1: None), threads
+_PICKLED_REQUEST = b"P"  # any other request: a pickle of (method, args)
 _SEARCH_REPLY = b"S"  # a search answer: rows, cols (int64), ids int64[rows*cols], dists float32[...]
 _PICKLED_REPLY = b"P"  # any other answer: a pickle
 
@@ -95,9 +109,9 @@ def actor_class() -> Any:
                 raise
 
         def query(self, request: bytes) -> bytes:
-            """``call`` with the method and arguments in one pickled payload and the answer
+            """``call`` with the method and arguments in one payload (:func:`pack_request`) and the answer
             as bytes (the actor path's ``query.remote`` and the compiled graph both use it)."""
-            method, args = pickle.loads(request)
+            method, args = unpack_request(request)
             return pack_reply(method, self.call(method, *args))
 
         def serve_socket(self, driver_node: str) -> dict[str, Any]:
@@ -111,7 +125,11 @@ def actor_class() -> Any:
                 server = self._servers.get(family)
                 if server is None:
                     server = ShardServer(
-                        self._socket_answer, _SOCKET_METHODS, family=family, host=ray.util.get_node_ip_address()
+                        self._socket_answer,
+                        _SOCKET_METHODS,
+                        decode=unpack_request,
+                        family=family,
+                        host=ray.util.get_node_ip_address(),
                     )
                     self._servers[family] = server
             return server.describe()
@@ -145,8 +163,42 @@ def actor_class() -> Any:
 
 
 def pack_request(method: str, args: tuple[Any, ...]) -> bytes:
-    """One bytes payload for a call: Ray passes bytes without its per-argument serialisation."""
-    return pickle.dumps((method, args), protocol=5)
+    """One bytes payload for a call: Ray passes bytes without its per-argument serialisation.
+
+    An unfiltered vector search (the common query) is a 41-byte header plus the raw float32
+    queries, no pickle: ``V`` (``T`` for ``search_timed``), then rows, dim, k, ef (-1: the
+    default) and threads as int64. Anything else is ``P`` + a pickle of (method, args)."""
+    if method in _VECTOR_KINDS and len(args) == 5 and args[2] is None:
+        q, k, _, ef, threads = args
+        if (
+            isinstance(q, np.ndarray)
+            and q.dtype == np.float32
+            and q.ndim == 2
+            and q.flags.c_contiguous
+            and type(k) is int
+            and type(threads) is int
+            and (ef is None or type(ef) is int)
+        ):
+            head = _VECTOR_HEAD.pack(q.shape[0], q.shape[1], k, -1 if ef is None else ef, threads)
+            return b"".join((_VECTOR_KINDS[method], head, q.data))
+    return _PICKLED_REQUEST + pickle.dumps((method, args), protocol=5)
+
+
+def unpack_request(payload: bytes | memoryview) -> tuple[str, tuple[Any, ...]]:
+    """The inverse of :func:`pack_request`: (method, args). A vector search's queries are a
+    read-only view of ``payload``. Raises ``ValueError`` (or pickle's errors) for a payload
+    that is not a request."""
+    kind = bytes(payload[:1])
+    if kind in _VECTOR_METHODS:
+        rows, dim, k, ef, threads = _VECTOR_HEAD.unpack_from(payload, 1)
+        if rows < 0 or dim <= 0 or len(payload) != 1 + _VECTOR_HEAD.size + 4 * rows * dim:
+            raise ValueError(f"a search request of {len(payload)} bytes does not hold {rows} x {dim} float32")
+        q = np.frombuffer(payload, np.float32, rows * dim, offset=1 + _VECTOR_HEAD.size).reshape(rows, dim)
+        return _VECTOR_METHODS[kind], (q, k, None, None if ef == -1 else ef, threads)
+    if kind != _PICKLED_REQUEST:
+        raise ValueError(f"unknown request kind {kind!r}")
+    method, args = pickle.loads(memoryview(payload)[1:])
+    return method, args
 
 
 def pack_reply(method: str, result: Any) -> bytes:
@@ -397,7 +449,8 @@ class ShardCalls:
     ) -> dict[int, Any]:
         """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``.
 
-        The same ``args`` for every shard travel as one pickled payload per call (and, for a
+        The same ``args`` for every shard travel as one payload per call (:func:`pack_request`;
+        and, for a
         read-only query to every shard with ``transport="compiled"``, through the compiled
         graph when it is free); per-shard ``args`` (writes, large arrays) as Ray arguments.
         """
