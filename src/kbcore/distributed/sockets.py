@@ -66,6 +66,7 @@ _MAX_CONNECTIONS = 64  # per server: each holds one thread
 _HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to send its token
 _REFRESH_PAUSE = 1.0  # seconds between two address fetches for one shard
 _MAX_IDLE = 8  # idle connections the driver keeps per shard
+_MAX_OPEN = 32  # connections the driver opens per shard (more concurrent calls: actor path)
 _SCRATCH = 1 << 16  # bytes: the receive buffer of one connection
 _TOKEN_BYTES = 32
 
@@ -474,6 +475,8 @@ class SocketScatter:
                 return None
             if s.idle:
                 return s.idle.pop()
+            if s.open >= _MAX_OPEN:
+                return None  # that many calls at once: this one takes the actor path
             desc = s.desc
             s.open += 1
         try:
