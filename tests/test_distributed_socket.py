@@ -456,9 +456,15 @@ def test_socket_transport_reconnects_after_a_restart_and_close_leaves_nothing(ra
         si.close()
     assert _socket_fds(inodes) == 0  # the driver's connections are closed
     assert not [t for t in threading.enumerate() if t.name.startswith("kbcore")]
-    for a in actors:
-        with pytest.raises((ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
-            ray.get(a.socket_stats.remote(), timeout=30)  # and the shard processes are gone
+
+    def gone(a) -> bool:  # ray.kill is asynchronous
+        try:
+            ray.get(a.socket_stats.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            return True
+        return False
+
+    _wait(lambda: all(gone(a) for a in actors), 30, "the shard processes gone")
 
 
 def test_requests_round_trip_raw_for_plain_searches_and_pickled_otherwise():
