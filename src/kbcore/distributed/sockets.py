@@ -252,13 +252,13 @@ class ShardServer:
                 pickle.loads(reply)  # the driver must be able to rebuild it
             except Exception:  # noqa: BLE001 - an error that does not pickle: ask for the actor path
                 reply, kind = b"", FALLBACK
+        with self._lock:  # counted before the driver can see the answer
+            self.served += 1
         head = _HEADER.pack(1 + len(reply)) + kind
         if len(reply) <= _SCRATCH:
             conn.sendall(head + reply)
         else:
             _send_parts(conn, [head, reply])
-        with self._lock:
-            self.served += 1
 
     # -- stopping and statistics ----------------------------------------------------------
     def stats(self) -> dict[str, Any]:
