@@ -28,6 +28,7 @@ import kbcore.distributed
 from kbcore import fusion
 from kbcore.distributed.routing import route, shard_of_id, shard_of_key
 from kbcore.distributed.shard import ShardState
+from kbcore.distributed.sockets import AVAILABLE as SOCKETS
 from kbcore.distributed.wal import WalRecord, WalWriter, read_log
 from kbcore.errors import (
     FormatError,
@@ -51,6 +52,17 @@ except ImportError:  # pragma: no cover - depends on the environment
 needs_ray = pytest.mark.skipif(
     ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); the sharded index runs on Ray"
 )
+
+TRANSPORTS = [
+    "actor",
+    "compiled",
+    pytest.param(
+        "socket",
+        marks=pytest.mark.skipif(
+            not SOCKETS, reason="the socket transport needs Unix-domain sockets and poll(), which this platform lacks"
+        ),
+    ),
+]
 
 DIM = 16
 WORDS = [f"w{i}" for i in range(60)]
@@ -476,7 +488,7 @@ def test_sharded_save_and_load_round_trip(ray_local, tmp_path, corpus):
 
 
 @needs_ray
-@pytest.mark.parametrize("transport", ["actor", "compiled", "socket"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     with kbcore.distributed.ShardedIndex(
@@ -506,7 +518,7 @@ def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path
 
 
 @needs_ray
-@pytest.mark.parametrize("transport", ["actor", "compiled", "socket"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     si = kbcore.distributed.ShardedIndex(

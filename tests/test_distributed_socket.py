@@ -14,6 +14,7 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -23,7 +24,7 @@ import pytest
 import kbcore
 import kbcore.distributed
 from kbcore import fusion
-from kbcore.distributed.sockets import NOOP, ShardServer, SocketScatter, connect
+from kbcore.distributed.sockets import AVAILABLE, NOOP, ShardServer, SocketScatter, connect, open_fds
 from kbcore.distributed.transport import _COMPILED_METHODS, pack_reply, pack_request, unpack_reply, unpack_request
 from kbcore.errors import InvalidArgumentError
 
@@ -37,6 +38,10 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 needs_ray = pytest.mark.skipif(
     ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); the sharded index runs on Ray"
+)
+
+pytestmark = pytest.mark.skipif(
+    not AVAILABLE, reason="the socket transport needs Unix-domain sockets and poll(), which this platform lacks"
 )
 
 DIM = 16
@@ -71,18 +76,6 @@ def _wait(cond, seconds: float = 30, what: str = "condition"):
             return got
         time.sleep(0.05)
     raise AssertionError(f"{what} not reached within {seconds} s")
-
-
-def _socket_fds(inodes) -> int:
-    n = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:[") and int(target[8:-1]) in set(inodes):
-            n += 1
-    return n
 
 
 # ------------------------------------------------------------------------------------------
@@ -126,10 +119,10 @@ def test_socket_scatter_round_trips_small_and_large_frames(family):
             sc.call(pack_request("count", ("x",)), 10)
         assert sc.fallbacks == 0 and sc.connects == 3  # one connection per shard, kept
         assert all(s.stats()["served"] == 4 for s in servers)
-        inodes = sc.inodes()
-        assert len(inodes) == 3 and _socket_fds(inodes) == 3
+        fds = sc.fds()
+        assert len(fds) == 3 and open_fds(fds) == 3
         sc.close()
-        assert _socket_fds(inodes) == 0
+        assert open_fds(fds) == 0
         assert sc.call(pack_request("search", (q[:1], 3, None, None, 1)), 10) is None  # closed
     finally:
         stats = [s.stop() for s in servers]
@@ -399,7 +392,11 @@ def test_socket_shard_refuses_bad_tokens_and_frames_and_keeps_serving(ray_local,
         si.add(vectors, ids, metadata=meta, texts=texts)
         actor = si.shard_actors()[0]
         desc = ray.get(actor.serve_socket.remote(ray.get_runtime_context().get_node_id()))
-        assert desc["family"] == "unix" and desc["address"].startswith("\0kbcore-shard-")
+        assert desc["family"] == "unix"
+        if sys.platform.startswith("linux"):
+            assert desc["address"].startswith("\0kbcore-shard-")  # the abstract namespace
+        else:  # a socket file in a directory only this user may enter
+            assert os.stat(os.path.dirname(desc["address"])).st_mode & 0o077 == 0
         pid = si.shard_nodes()[0]["pid"]
         one = _oracle(corpus)
 
@@ -441,8 +438,8 @@ def test_socket_transport_reconnects_after_a_restart_and_close_leaves_nothing(ra
         np.testing.assert_array_equal(si.search(vectors[8], 10)[0], one.search(vectors[8], 10)[0])
         np.testing.assert_array_equal(si.search(vectors[9], 10)[0], one.search(vectors[9], 10)[0])
         assert si.transport_stats()["fallbacks"] == 2 and si.transport_stats()["reconnects"] == 2
-        inodes = si._calls.socket.inodes()
-        assert len(inodes) == 2 and _socket_fds(inodes) == 2
+        fds = si._calls.socket.fds()
+        assert len(fds) == 2 and open_fds(fds) == 2
         actors = si.shard_actors()
         _wait(  # one kept connection (one thread beside the listener) per shard
             lambda: all(
@@ -454,7 +451,7 @@ def test_socket_transport_reconnects_after_a_restart_and_close_leaves_nothing(ra
         )
     finally:
         si.close()
-    assert _socket_fds(inodes) == 0  # the driver's connections are closed
+    assert open_fds(fds) == 0  # the driver's connections are closed
     assert not [t for t in threading.enumerate() if t.name.startswith("kbcore")]
 
     def gone(a) -> bool:  # ray.kill is asynchronous
@@ -485,6 +482,13 @@ def test_requests_round_trip_raw_for_plain_searches_and_pickled_otherwise():
         unpack_request(pack_request("search", (q, 7, None, None, 1))[:-4])
     with pytest.raises(ValueError, match="unknown request kind"):
         unpack_request(b"Zzz")
+
+
+def test_a_platform_without_unix_sockets_or_poll_refuses_the_socket_transport(tmp_path, monkeypatch):
+    monkeypatch.setattr("kbcore.distributed.sockets.AVAILABLE", False)
+    with pytest.raises(InvalidArgumentError, match="transport='socket' needs Unix-domain sockets and poll"):
+        kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb", transport="socket")
+    assert not (tmp_path / "kb").exists()  # refused before any shard started
 
 
 def test_socket_methods_are_the_read_only_ones():

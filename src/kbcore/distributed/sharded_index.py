@@ -190,6 +190,13 @@ class ShardedIndex:
             raise InvalidArgumentError(
                 f"compiled_idle must be a positive number of seconds or None, got {compiled_idle!r}"
             )
+        if transport == "socket":
+            from .sockets import AVAILABLE
+
+            if not AVAILABLE:
+                raise InvalidArgumentError(
+                    "transport='socket' needs Unix-domain sockets and poll(), which this platform lacks"
+                )
         self._transport = transport
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")

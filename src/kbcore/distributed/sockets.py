@@ -47,6 +47,7 @@ import secrets
 import select
 import shutil
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -55,7 +56,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["ShardServer", "SocketScatter", "connect", "MAX_FRAME"]
+__all__ = ["ShardServer", "SocketScatter", "connect", "MAX_FRAME", "AVAILABLE", "open_fds"]
+
+#: Whether this platform has what the socket transport needs (Unix-domain sockets, poll).
+AVAILABLE = hasattr(socket, "AF_UNIX") and hasattr(select, "poll")
 
 _log = logging.getLogger(__name__)
 
@@ -78,8 +82,24 @@ def _frame(kind: bytes, body: bytes = b"") -> bytes:
     return _HEADER.pack(1 + len(body)) + kind + body
 
 
-def _inode(sock: socket.socket) -> int:
-    return os.fstat(sock.fileno()).st_ino
+def _fd_id(sock: socket.socket) -> tuple[int, int]:
+    """(descriptor, inode) of an open socket: what :func:`open_fds` checks later."""
+    fd = sock.fileno()
+    return fd, os.fstat(fd).st_ino
+
+
+def open_fds(ids: Iterable[tuple[int, int]]) -> int:
+    """How many of the (descriptor, inode) pairs are still open sockets in this process (a
+    descriptor closed, or reused for another file, does not count)."""
+    n = 0
+    for fd, ino in ids:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if st.st_ino == ino and stat.S_ISSOCK(st.st_mode):
+            n += 1
+    return n
 
 
 class _ProtocolError(Exception):
@@ -117,7 +137,7 @@ class ShardServer:
         self.token = secrets.token_bytes(_TOKEN_BYTES)
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}
-        self._inodes: set[int] = set()  # every socket this server opened (for socket_fds)
+        self._fds: set[tuple[int, int]] = set()  # every socket this server opened (for socket_fds)
         self._closed = False
         self._tmpdir: str | None = None
         self.rejected = 0  # connections closed for a wrong token, peer or bad frame
@@ -140,7 +160,7 @@ class ShardServer:
             self._remove_tmpdir()
             raise
         self._listener = listener
-        self._inodes.add(_inode(listener))
+        self._fds.add(_fd_id(listener))
         self.address: Any = listener.getsockname() if family == "tcp" else address
         if family == "tcp":
             self.address = tuple(self.address[:2])
@@ -187,7 +207,7 @@ class ShardServer:
                     target=self._serve, args=(conn,), name="kbcore-shard-socket-conn", daemon=True
                 )
                 self._conns[conn] = thread
-                self._inodes.add(_inode(conn))
+                self._fds.add(_fd_id(conn))
             thread.start()
 
     def _peer_ok(self, conn: socket.socket) -> bool:
@@ -263,16 +283,16 @@ class ShardServer:
     # -- stopping and statistics ----------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Open connections, live serving threads, sockets of this server still open in this
-        process (from ``/proc/self/fd``; -1 where unavailable), requests served, rejected."""
+        process (:func:`open_fds`), requests served and connections rejected."""
         with self._lock:
             conns = len(self._conns)
-            inodes = set(self._inodes)
+            fds = set(self._fds)
         threads = sum(t.name.startswith("kbcore-shard-socket") for t in threading.enumerate())
         return {
             "listening": not self._closed,
             "connections": conns,
             "threads": threads,
-            "socket_fds": _open_socket_fds(inodes),
+            "socket_fds": open_fds(fds),
             "served": self.served,
             "rejected": self.rejected,
         }
@@ -297,22 +317,6 @@ class ShardServer:
         for _, thread in conns:
             thread.join(timeout)
         return self.stats()
-
-
-def _open_socket_fds(inodes: set[int]) -> int:
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:  # pragma: no cover - no procfs
-        return -1
-    n = 0
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:[") and int(target[8:-1]) in inodes:
-            n += 1
-    return n
 
 
 class _Reader:
@@ -692,10 +696,10 @@ class SocketScatter:
         self.reconnects += len(got)
         self._update(got)
 
-    def inodes(self) -> list[int]:
-        """The inodes of the open connections (for leak tests)."""
+    def fds(self) -> list[tuple[int, int]]:
+        """(descriptor, inode) of each idle connection (for leak tests, :func:`open_fds`)."""
         with self._lock:
-            return [_inode(c.sock) for s in self._shards for c in s.idle]
+            return [_fd_id(c.sock) for s in self._shards for c in s.idle]
 
     def close(self) -> None:
         """Closes every idle connection; connections in use close when their call ends."""
