@@ -2,8 +2,9 @@
 its answer travel as, where the actors are placed, and the scatter/gather of one call over all
 of them (retries while a shard restarts, the timeout, partial answers).
 
-The compiled-graph path (:mod:`.compiled`) is an optional fast lane for read-only queries;
-everything else, and every fallback, goes through :meth:`ShardCalls.gather`.
+The compiled-graph path (:mod:`.compiled`) and the socket path (:mod:`.sockets`) are optional
+fast lanes for read-only queries; everything else, and every fallback, goes through
+:meth:`ShardCalls.gather`.
 """
 
 from __future__ import annotations
