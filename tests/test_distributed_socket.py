@@ -130,6 +130,30 @@ def test_socket_scatter_round_trips_small_and_large_frames(family):
     assert not [t for t in threading.enumerate() if t.name.startswith("kbcore-shard-socket")]
 
 
+def test_frame_reader_splits_pipelined_frames_across_its_buffer():
+    from kbcore.distributed.sockets import _ProtocolError, _Reader
+
+    rng = np.random.default_rng(12)
+    sizes = [1, 9, 40_000, 65_530, 3, 200_000, 70_000, 17, 65_536 - 8, 5]
+    bodies = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    a, b = socket.socketpair()
+    try:
+        stream = b"".join(HEADER.pack(len(x)) + x for x in bodies)
+        sender = threading.Thread(target=a.sendall, args=(stream,))
+        sender.start()
+        reader = _Reader(b, 1 << 20)
+        got = [bytes(reader.frame()) for _ in bodies]
+        sender.join()
+        assert got == bodies
+        a.sendall(HEADER.pack(10) + b"short")
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(_ProtocolError, match="cut short"):
+            reader.frame()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_socket_scatter_times_out_and_fetches_the_address_again():
     slow = _echo_server(delay=1.5)
     fetched = []
