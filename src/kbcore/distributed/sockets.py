@@ -56,6 +56,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..errors import InvalidArgumentError
+
 __all__ = ["ShardServer", "SocketScatter", "connect", "MAX_FRAME", "AVAILABLE", "open_fds"]
 
 #: Whether this platform has what the socket transport needs (Unix-domain sockets, poll).
@@ -126,9 +128,10 @@ class ShardServer:
         max_frame: int = MAX_FRAME,
     ) -> None:
         """Binds the socket and starts the listener. ``family`` is ``"unix"`` or ``"tcp"``
-        (on ``host``). Raises ``OSError`` if the socket cannot be bound."""
+        (on ``host``). Raises ``OSError`` if the socket cannot be bound and
+        :class:`~kbcore.errors.InvalidArgumentError` for another ``family``."""
         if family not in ("unix", "tcp"):
-            raise ValueError(f"family must be 'unix' or 'tcp', got {family!r}")
+            raise InvalidArgumentError(f"family must be 'unix' or 'tcp', got {family!r}")
         self._handle = handle
         self._decode = decode if decode is not None else pickle.loads
         self._methods = frozenset(methods)
@@ -207,6 +210,8 @@ class ShardServer:
                     target=self._serve, args=(conn,), name="kbcore-shard-socket-conn", daemon=True
                 )
                 self._conns[conn] = thread
+                if len(self._fds) > 4 * _MAX_CONNECTIONS:  # forget the sockets closed since
+                    self._fds = {p for p in self._fds if open_fds([p])}
                 self._fds.add(_fd_id(conn))
             thread.start()
 
@@ -421,7 +426,7 @@ class _Shard:
 class _Conn:
     """One connection plus the receive state of the call using it."""
 
-    __slots__ = ("sock", "fd", "buf", "got", "need", "out", "sent")
+    __slots__ = ("sock", "fd", "buf", "got", "need", "out")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -429,14 +434,7 @@ class _Conn:
         self.buf = bytearray(_SCRATCH)
         self.got = 0
         self.need = 0
-        self.out: memoryview | None = None
-        self.sent = 0
-
-
-class _ShardError(Exception):
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+        self.out: memoryview | None = None  # what is left to send of the request
 
 
 class SocketScatter:
