@@ -123,6 +123,25 @@ def test_routing_is_stable_and_keeps_a_document_on_one_shard():
         route(ids[:1], [{"document_id": 1.5}], "document_id", 3)
 
 
+def test_merge_of_one_query_equals_its_row_of_a_batch_merge():
+    from kbcore.distributed.merge import merge_top_k
+
+    rng = np.random.default_rng(31)
+    for _ in range(300):  # ties (few distinct distances), fewer candidates than k (padding)
+        k, cols, n = int(rng.integers(1, 12)), int(rng.integers(0, 8)), int(rng.integers(0, 5))
+        parts = [
+            (rng.integers(0, 40, (2, cols)).astype(np.int64), rng.integers(0, 4, (2, cols)).astype(np.float32))
+            for _ in range(n)
+        ]
+        batch_ids, batch_dist = merge_top_k(parts, k, 2)
+        for row in (0, 1):
+            ids, dist = merge_top_k([(p[0][row : row + 1], p[1][row : row + 1]) for p in parts], k, 1)
+            assert ids.shape == (1, k) and ids.dtype == np.int64 and dist.dtype == np.float32
+            np.testing.assert_array_equal(ids[0], batch_ids[row])
+            np.testing.assert_array_equal(dist[0], batch_dist[row])
+            assert (np.diff(dist[0][np.isfinite(dist[0])]) >= 0).all()
+
+
 def _record(rng, n=5, seq=1):
     v = rng.standard_normal((n, DIM)).astype(np.float32)
     return WalRecord(
