@@ -46,6 +46,7 @@ _VECTOR_METHODS = {v: k for k, v in _VECTOR_KINDS.items()}
 _VECTOR_HEAD = struct.Struct("<qqqqq")  # rows, dim, k, ef (-1: None), threads
 _PICKLED_REQUEST = b"P"  # any other request: a pickle of (method, args)
 _SEARCH_REPLY = b"S"  # a search answer: rows, cols (int64), ids int64[rows*cols], dists float32[...]
+_SEARCH_HEAD = struct.Struct("<qq")  # a search answer's rows, cols
 _PICKLED_REPLY = b"P"  # any other answer: a pickle
 
 
@@ -208,15 +209,15 @@ def pack_reply(method: str, result: Any) -> bytes:
         ids, dist = result
         ids = np.ascontiguousarray(ids, np.int64)
         dist = np.ascontiguousarray(dist, np.float32)
-        head = np.array(ids.shape, np.int64).tobytes()
-        return b"".join((_SEARCH_REPLY, head, ids.tobytes(), dist.tobytes()))
+        head = _SEARCH_HEAD.pack(*ids.shape)
+        return b"".join((_SEARCH_REPLY, head, ids.data, dist.data))
     return _PICKLED_REPLY + pickle.dumps(result, protocol=5)
 
 
 def unpack_reply(payload: bytes) -> Any:
     """The inverse of :func:`pack_reply` (driver side; the shard is trusted, as Ray's own pickles are)."""
     if payload[:1] == _SEARCH_REPLY:
-        rows, cols = (int(v) for v in np.frombuffer(payload, np.int64, 2, offset=1))
+        rows, cols = _SEARCH_HEAD.unpack_from(payload, 1)
         n = rows * cols
         ids = np.frombuffer(payload, np.int64, n, offset=17).reshape(rows, cols)
         dist = np.frombuffer(payload, np.float32, n, offset=17 + 8 * n).reshape(rows, cols)
