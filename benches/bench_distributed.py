@@ -18,11 +18,12 @@ Per data set and shard count: ingest throughput (rows/s, durable: write-ahead lo
 batch), single-query latency p50/p99 (one query per call), batch QPS (all queries in one
 call), recall@10 against exact brute force, BM25 latency (SciFact), and the scatter-gather
 overhead per query with where it goes, for each query path (``--transports``): Ray actor
-calls (``transport="actor"``) and a Ray Compiled Graph (``transport="compiled"``), side by
-side on the same shards: ``submit`` (the request handed to every shard), ``wait`` (until every
-answer is back), ``decode_merge`` (answers decoded, N k candidates merged), the slowest
-shard's own search time, and ``overhead`` = total - that search; for the actor path also a
-no-op round trip to every shard. The unsharded Index (shard count 0) is measured the same
+calls (``transport="actor"``), a Ray Compiled Graph (``transport="compiled"``) and a socket
+per shard (``transport="socket"``), one after the other on the same shards: ``submit`` (the
+request handed to every shard), ``wait`` (until every answer is back), ``decode_merge``
+(answers decoded, N k candidates merged), the slowest shard's own search time, and
+``overhead`` = total - that search; for the actor and socket paths also a no-op round trip
+to every shard. The unsharded Index (shard count 0) is measured the same
 way (direct calls). A small bounded measurement compares the two
 durability modes per batch (log append + fsync vs saving the whole index).
 
@@ -57,7 +58,7 @@ K = 10
 _TIME_ESTIMATE = """\
 time estimate (2 cores, AVX-512; extrapolated, not measured: a 20,000-row run on a loaded
 machine ingested ~5,000 rows/s at ef_construction 40, and HNSW inserts slow down with log n):
-  SciFact (19,369 rows, ef_construction 200), shards 0,1,2,4, both transports: ~3-5 min.
+  SciFact (19,369 rows, ef_construction 200), shards 0,1,2,4, the three transports: ~4-6 min.
   --n 1000000 (1M x 384, ef_construction 40): generation + exact ground truth ~1 min, then
   per shard count one build of 1M rows (~4-6 min each on 2 threads, the shards building in
   parallel) + queries (~1 min): ~20-25 min for --shards 0,1,2,4 on top of SciFact.
@@ -139,24 +140,46 @@ def overhead_breakdown(si: Any, queries: np.ndarray, reps: int, transport: str) 
     """Where the time of one sharded query goes on ``transport`` (medians over ``reps``
     queries, microseconds), the way ``ShardedIndex.search`` sends it: one pickled request,
     raw-bytes answers. ``submit``: the request written to every shard (actor calls
-    submitted / the graph's input channel written); ``wait``: until every answer is back;
-    ``decode_merge``: answers decoded and the N k candidates merged. The shards' own search
-    time comes from a second, timed call of the same query (``search_timed``), and
-    ``overhead`` = total - slowest shard search."""
+    submitted / the graph's input channel written / a frame written to every socket);
+    ``wait``: until every answer is back; ``decode_merge``: answers decoded and the N k
+    candidates merged. The shards' own search time comes from a second, timed call of the
+    same query (``search_timed``), and ``overhead`` = total - slowest shard search."""
     import ray
 
+    from kbcore.distributed.sockets import NOOP
     from kbcore.distributed.transport import pack_request, unpack_reply
 
     actors = si.shard_actors()
     compiled = si._calls.compiled if transport == "compiled" else None
+    sock = si._calls.socket if transport == "socket" else None
     if transport == "compiled" and (compiled is None or not compiled.ready):
         return {"error": f"no compiled graph: {si.transport_stats()}"}
+    if transport == "socket" and (sock is None or not sock.ready):
+        return {"error": f"no socket addresses: {si.transport_stats()}"}
     submit, wait, merge, total, inside, noop = [], [], [], [], [], []
     for q in queries[:reps]:
         q2 = q.reshape(1, -1)
         req = pack_request("search", (q2, K, None, None, 1))
         timed = pack_request("search_timed", (q2, K, None, None, 1))
-        if compiled is None:
+        if sock is not None:
+            t0 = time.perf_counter()
+            if sock.call(b"", 30, kind=NOOP) is None:
+                return {"error": f"the socket path fell back: {si.transport_stats()}"}
+            noop.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            conns = sock.begin(req)
+            t1 = time.perf_counter()
+            raw = sock.finish(conns, 30) if conns is not None else None
+            t2 = time.perf_counter()
+            if raw is None:
+                return {"error": f"the socket path fell back: {si.transport_stats()}"}
+            _merge([unpack_reply(r) for r in raw])
+            t3 = time.perf_counter()
+            timed_raw = sock.call(timed, 30)
+            if timed_raw is None:
+                return {"error": f"the socket path fell back: {si.transport_stats()}"}
+            inside.append(max(unpack_reply(r)[2] for r in timed_raw))
+        elif compiled is None:
             t0 = time.perf_counter()
             ray.get([a.ping.remote() for a in actors])
             noop.append(time.perf_counter() - t0)
@@ -191,8 +214,33 @@ def overhead_breakdown(si: Any, queries: np.ndarray, reps: int, transport: str) 
         "scatter_gather_total_us": med(total),
         "slowest_shard_search_us": med(inside),
         "overhead_us": med(total) - med(inside),
-        "noop_round_trip_us": med(noop),  # actor path only: ray.get of a ping to every shard
+        # a ping to every shard: ray.get of actor calls ("actor"), a no-op frame ("socket");
+        # not measured for "compiled"
+        "noop_round_trip_us": med(noop),
     }
+
+
+def use_transport(si: Any, transport: str) -> float:
+    """Switches ``si``'s read-only queries to ``transport`` (the others' state torn down
+    first: a compiled graph's shards poll their channels, which would disturb the others);
+    returns the seconds it took to set up."""
+    from kbcore.distributed.compiled import CompiledScatter
+    from kbcore.distributed.transport import pack_request
+
+    calls = si._calls
+    if calls.compiled is not None:
+        calls.compiled.close()
+        calls.compiled = None
+    if calls.socket is not None:
+        calls.socket.close()
+        calls.socket = None
+    t0 = time.perf_counter()
+    if transport == "compiled":
+        calls.compiled = CompiledScatter(si.shard_actors(), pack_request("size", ()), idle=None)
+    elif transport == "socket":
+        calls.start_sockets()
+    si._transport = transport
+    return time.perf_counter() - t0
 
 
 def bench_durability(dim: int, preload: int, batch: int, batches: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -310,8 +358,6 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
     each queried over every transport in ``args.transports``."""
     import kbcore
     from kbcore.distributed import ShardedIndex
-    from kbcore.distributed.compiled import CompiledScatter
-    from kbcore.distributed.transport import pack_request
 
     base, queries = ds["base"], ds["queries"]
     n, dim = base.shape
@@ -375,18 +421,14 @@ def run_dataset(ds: dict[str, Any], shard_counts: list[int], args: argparse.Name
             }
             reps = min(args.breakdown_reps, len(queries))
             for transport in args.transports:
-                if transport == "compiled":
-                    # Measured after the actor path: while a graph exists its shards poll
-                    # their channels, which would disturb the actor-path figures.
-                    t0 = time.perf_counter()
-                    si._calls.compiled = CompiledScatter(si.shard_actors(), pack_request("size", ()), idle=None)
-                    si._transport = "compiled"
-                    compile_s = time.perf_counter() - t0
+                setup_s = use_transport(si, transport)
                 fig: dict[str, Any] = {"idle_cpu_per_shard": idle_cpu(si)}
                 fig.update(_query_figures(si, ds, truth, sharded=True))
                 fig["breakdown"] = overhead_breakdown(si, queries, reps, transport)
                 if transport == "compiled":
-                    fig["compile_s"] = compile_s
+                    fig["compile_s"] = setup_s
+                if transport != "actor":
+                    fig["setup_s"] = setup_s
                     fig["transport_stats"] = si.transport_stats()
                 row["transports"][transport] = fig
                 print(f"    {shards} shard(s), {transport}: {fig}", flush=True)
@@ -421,8 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--transports",
-        default="actor,compiled",
-        help="query paths to measure per shard count: actor (Ray actor calls), compiled (Ray Compiled Graph)",
+        default="actor,compiled,socket",
+        help="query paths to measure per shard count, in this order: actor (Ray actor calls), compiled (Ray "
+        "Compiled Graph), socket (a socket per shard)",
     )
     ap.add_argument("--kind", default="hnsw", choices=("hnsw", "flat"))
     ap.add_argument("--M", type=int, default=16)
@@ -464,8 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     if not shard_counts or any(c < 0 for c in shard_counts):
         ap.error(f"--shards must list counts >= 0, got {args.shards!r}")
     args.transports = [t for t in args.transports.split(",") if t]
-    if not args.transports or set(args.transports) - {"actor", "compiled"}:
-        ap.error(f"--transports must be a list of actor, compiled; got {args.transports!r}")
+    if not args.transports or set(args.transports) - {"actor", "compiled", "socket"}:
+        ap.error(f"--transports must be a list of actor, compiled, socket; got {args.transports!r}")
     if args.n < 0:
         ap.error("--n must be >= 0")
     if args.address is None:

@@ -28,6 +28,7 @@ import kbcore.distributed
 from kbcore import fusion
 from kbcore.distributed.routing import route, shard_of_id, shard_of_key
 from kbcore.distributed.shard import ShardState
+from kbcore.distributed.sockets import AVAILABLE as SOCKETS
 from kbcore.distributed.wal import WalRecord, WalWriter, read_log
 from kbcore.errors import (
     FormatError,
@@ -51,6 +52,17 @@ except ImportError:  # pragma: no cover - depends on the environment
 needs_ray = pytest.mark.skipif(
     ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); the sharded index runs on Ray"
 )
+
+TRANSPORTS = [
+    "actor",
+    "compiled",
+    pytest.param(
+        "socket",
+        marks=pytest.mark.skipif(
+            not SOCKETS, reason="the socket transport needs Unix-domain sockets and poll(), which this platform lacks"
+        ),
+    ),
+]
 
 DIM = 16
 WORDS = [f"w{i}" for i in range(60)]
@@ -109,6 +121,25 @@ def test_routing_is_stable_and_keeps_a_document_on_one_shard():
     assert shard_of_key(5, 1000) != shard_of_key("5", 1000) or shard_of_key(6, 1000) != shard_of_key("6", 1000)
     with pytest.raises(InvalidTypeError, match="int or str"):
         route(ids[:1], [{"document_id": 1.5}], "document_id", 3)
+
+
+def test_merge_of_one_query_equals_its_row_of_a_batch_merge():
+    from kbcore.distributed.merge import merge_top_k
+
+    rng = np.random.default_rng(31)
+    for _ in range(300):  # ties (few distinct distances), fewer candidates than k (padding)
+        k, cols, n = int(rng.integers(1, 12)), int(rng.integers(0, 8)), int(rng.integers(0, 5))
+        parts = [
+            (rng.integers(0, 40, (2, cols)).astype(np.int64), rng.integers(0, 4, (2, cols)).astype(np.float32))
+            for _ in range(n)
+        ]
+        batch_ids, batch_dist = merge_top_k(parts, k, 2)
+        for row in (0, 1):
+            ids, dist = merge_top_k([(p[0][row : row + 1], p[1][row : row + 1]) for p in parts], k, 1)
+            assert ids.shape == (1, k) and ids.dtype == np.int64 and dist.dtype == np.float32
+            np.testing.assert_array_equal(ids[0], batch_ids[row])
+            np.testing.assert_array_equal(dist[0], batch_dist[row])
+            assert (np.diff(dist[0][np.isfinite(dist[0])]) >= 0).all()
 
 
 def _record(rng, n=5, seq=1):
@@ -476,7 +507,7 @@ def test_sharded_save_and_load_round_trip(ray_local, tmp_path, corpus):
 
 
 @needs_ray
-@pytest.mark.parametrize("transport", ["actor", "compiled"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     with kbcore.distributed.ShardedIndex(
@@ -506,7 +537,7 @@ def test_killed_shard_restarts_with_every_acknowledged_write(ray_local, tmp_path
 
 
 @needs_ray
-@pytest.mark.parametrize("transport", ["actor", "compiled"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_path, corpus, transport):
     vectors, ids, meta, texts = corpus
     si = kbcore.distributed.ShardedIndex(
@@ -536,7 +567,7 @@ def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_
         assert complete.missing_shards == (1,)
         with pytest.raises(kbcore.distributed.ShardUnavailableError):
             si.add(vectors[:1], ids[:1], metadata=meta[:1])
-        assert not si.transport_stats()["ready"]  # a dead shard: no compiled graph to rebuild
+        assert not si.transport_stats()["ready"]  # a dead shard: no graph to rebuild, no address
     finally:
         si.close()
 
@@ -647,7 +678,7 @@ def test_compiled_transport_serves_concurrent_threads_and_idles_down(ray_local, 
 
 @needs_ray
 def test_bad_transport_is_rejected(ray_local, tmp_path):
-    with pytest.raises(InvalidArgumentError, match="transport"):
+    with pytest.raises(InvalidArgumentError, match="'actor', 'compiled' or 'socket'"):
         kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb", transport="carrier-pigeon")
     with pytest.raises(InvalidArgumentError, match="compiled_idle"):
         kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb2", compiled_idle=0)
@@ -682,8 +713,16 @@ _CLUSTER_DRIVER = textwrap.dedent("""
     same = same and all(bool((back.search(x, 10)[0] == one.search(x, 10)[0]).all()) for x in q)
     st = back.transport_stats()
     back.close()
+    # And over sockets: Unix-domain to the shards on the driver's node, TCP to the others.
+    sock = ShardedIndex.load(path, transport="socket")
+    same = same and bool((sock.search(q, 10)[0] == one.search(q, 10)[0]).all())
+    same = same and all(bool((sock.search(x, 10)[0] == one.search(x, 10)[0]).all()) for x in q)
+    families = sorted(f for a in sock.shard_actors() for f in ray.get(a.socket_stats.remote()))
+    ss = sock.transport_stats()
+    sock.close()
     print(json.dumps({"same": same, "nodes": len(set(nodes)), "ips": ips, "rows": len(one),
-                      "compiled": [st["ready"], st["builds"], st["fallbacks"]]}))
+                      "compiled": [st["ready"], st["builds"], st["fallbacks"]],
+                      "socket": [ss["ready"], ss["builds"], ss["fallbacks"]], "families": families}))
 """)
 
 
@@ -793,6 +832,8 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
             "ips": ["127.0.0.2", "127.0.0.3"],
             "rows": 400,
             "compiled": [True, 1, 0],
+            "socket": [True, 4, 0],
+            "families": ["tcp", "tcp", "unix", "unix"],
         }
     finally:
         for p in reversed(procs):

@@ -31,6 +31,9 @@ def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int, rows: in
         pad = k - ids.shape[1]
         ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
         dist = np.pad(dist, ((0, 0), (0, pad)), constant_values=np.inf)
+    if ids.shape[0] == 1:  # one query (a RAG request): plain indexing, no take_along_axis
+        order = np.lexsort((ids[0], dist[0]))[:k]
+        return ids[0, order][None], dist[0, order][None]
     order = np.lexsort((ids, dist), axis=1)[:, :k]
     return np.take_along_axis(ids, order, 1), np.take_along_axis(dist, order, 1)
 

@@ -34,7 +34,7 @@ __all__ = ["ShardedIndex", "ShardUnavailableError", "PartialResult", "MANIFEST"]
 MANIFEST = "sharded-index.json"
 _FORMAT_NAME = "kbcore-sharded-index"
 _FORMAT_VERSION = 1
-_TRANSPORTS = ("actor", "compiled")
+_TRANSPORTS = ("actor", "compiled", "socket")
 
 
 class PartialResult(NamedTuple):
@@ -115,7 +115,9 @@ class ShardedIndex:
         to start and recover its directory. ``transport`` is how read-only queries reach the
         shards: ``"actor"`` (one Ray actor call per shard) or ``"compiled"`` (a Ray Compiled
         Graph over shared-memory channels, falling back to actor calls whenever it is busy,
-        torn down or being rebuilt; see ``docs/scale-out.md``); default: the environment
+        torn down or being rebuilt; see ``docs/scale-out.md``) or ``"socket"`` (each shard
+        serves them on its own Unix-domain socket, TCP from another node, with a token; any
+        failure falls back to actor calls); default: the environment
         variable ``KBCORE_SHARD_TRANSPORT``, else ``"actor"``. ``compiled_idle``: seconds
         without a query after which the compiled graph is torn down (its shards stop polling
         their channels) and rebuilt on the next query; ``None`` keeps it. Raises
@@ -181,13 +183,20 @@ class ShardedIndex:
         if transport is None:
             transport = os.environ.get("KBCORE_SHARD_TRANSPORT", "actor") or "actor"
         if transport not in _TRANSPORTS:
-            raise InvalidArgumentError(f"transport must be 'actor' or 'compiled', got {transport!r}")
+            raise InvalidArgumentError(f"transport must be 'actor', 'compiled' or 'socket', got {transport!r}")
         if compiled_idle is not None and (
             isinstance(compiled_idle, bool) or not isinstance(compiled_idle, (int, float)) or not compiled_idle > 0
         ):
             raise InvalidArgumentError(
                 f"compiled_idle must be a positive number of seconds or None, got {compiled_idle!r}"
             )
+        if transport == "socket":
+            from .sockets import AVAILABLE
+
+            if not AVAILABLE:
+                raise InvalidArgumentError(
+                    "transport='socket' needs Unix-domain sockets and poll(), which this platform lacks"
+                )
         self._transport = transport
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -229,6 +238,10 @@ class ShardedIndex:
             # Built now, so the first query uses it; if that fails, queries take the actor
             # path and the graph is rebuilt in the background.
             self._calls.compiled = CompiledScatter(actors, pack_request("size", ()), idle=compiled_idle)
+        elif transport == "socket":
+            # Every shard starts its server now; a shard that cannot is reached by actor
+            # calls, and its address is fetched again after one of them succeeds.
+            self._calls.start_sockets()
 
     def _scatter_method(
         self,
@@ -347,12 +360,24 @@ class ShardedIndex:
 
     @property
     def transport(self) -> str:
-        """How read-only queries reach the shards: ``"actor"`` or ``"compiled"``."""
+        """How read-only queries reach the shards: ``"actor"``, ``"compiled"`` or ``"socket"``."""
         return self._transport
 
     def transport_stats(self) -> dict[str, Any]:
-        """The compiled path's state: whether a graph exists now, graphs built, calls that
-        fell back to actor calls, and its last system error (all zero/None for ``"actor"``)."""
+        """The fast path's state: whether a graph exists now (``"socket"``: every shard's
+        address is known), graphs built (``"socket"``: connections opened), calls that fell
+        back to actor calls, and its last system error (all zero/None for ``"actor"``);
+        ``"socket"`` adds ``reconnects`` (shard addresses fetched again after a failure)."""
+        sock = self._calls.socket if self._calls is not None else None
+        if sock is not None:
+            return {
+                "transport": self._transport,
+                "ready": sock.ready,
+                "builds": sock.connects,
+                "fallbacks": sock.fallbacks,
+                "last_error": sock.last_error,
+                "reconnects": sock.reconnects,
+            }
         c = self._calls.compiled if self._calls is not None else None
         if c is None:
             return {"transport": self._transport, "ready": False, "builds": 0, "fallbacks": 0, "last_error": None}

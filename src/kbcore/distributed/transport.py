@@ -2,8 +2,9 @@
 its answer travel as, where the actors are placed, and the scatter/gather of one call over all
 of them (retries while a shard restarts, the timeout, partial answers).
 
-The compiled-graph path (:mod:`.compiled`) is an optional fast lane for read-only queries;
-everything else, and every fallback, goes through :meth:`ShardCalls.gather`.
+The compiled-graph path (:mod:`.compiled`) and the socket path (:mod:`.sockets`) are optional
+fast lanes for read-only queries; everything else, and every fallback, goes through
+:meth:`ShardCalls.gather`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,13 +22,31 @@ import numpy as np
 
 from ..errors import KbcoreError, StorageError
 from .compiled import CompiledScatter
+from .sockets import SocketScatter
 
-__all__ = ["ShardUnavailableError", "ShardCalls", "actor_class", "pack_request", "unpack_reply", "ray_module", "spawn"]
+__all__ = [
+    "ShardUnavailableError",
+    "ShardCalls",
+    "actor_class",
+    "pack_request",
+    "unpack_request",
+    "unpack_reply",
+    "ray_module",
+    "spawn",
+]
 
 _RETRY_PAUSE = 0.05  # seconds between calls to a shard that is restarting
 #: The read-only calls a compiled graph may carry (writes and checkpoints take the actor path).
 _COMPILED_METHODS = frozenset({"search", "search_groups", "text_stats", "search_text", "count"})
+#: What a shard's socket server answers: those, plus the read-only calls the benchmark and
+#: the tests send (``search_timed``, ``size``).
+_SOCKET_METHODS = _COMPILED_METHODS | {"search_timed", "size"}
+_VECTOR_KINDS = {"search": b"V", "search_timed": b"T"}  # request kinds of an unfiltered vector search
+_VECTOR_METHODS = {v: k for k, v in _VECTOR_KINDS.items()}
+_VECTOR_HEAD = struct.Struct("<qqqqq")  # rows, dim, k, ef (-1: None), threads
+_PICKLED_REQUEST = b"P"  # any other request: a pickle of (method, args)
 _SEARCH_REPLY = b"S"  # a search answer: rows, cols (int64), ids int64[rows*cols], dists float32[...]
+_SEARCH_HEAD = struct.Struct("<qq")  # a search answer's rows, cols
 _PICKLED_REPLY = b"P"  # any other answer: a pickle
 
 
@@ -69,6 +89,8 @@ def actor_class() -> Any:
             # A shard that cannot open its directory (corrupted, unreadable) stays up and
             # answers every call with that error: restarting it would fail the same way.
             self._error: BaseException | None = None
+            self._servers: dict[str, Any] = {}  # "unix" / "tcp" -> its ShardServer
+            self._servers_lock = threading.Lock()
             try:
                 self._state = ShardState(directory, **options)
             except (KbcoreError, OSError) as exc:
@@ -89,10 +111,45 @@ def actor_class() -> Any:
                 raise
 
         def query(self, request: bytes) -> bytes:
-            """``call`` with the method and arguments in one pickled payload and the answer
+            """``call`` with the method and arguments in one payload (:func:`pack_request`) and the answer
             as bytes (the actor path's ``query.remote`` and the compiled graph both use it)."""
-            method, args = pickle.loads(request)
+            method, args = unpack_request(request)
             return pack_reply(method, self.call(method, *args))
+
+        def serve_socket(self, driver_node: str) -> dict[str, Any]:
+            """Starts (once per family) this shard's socket server and returns how to reach
+            it (:meth:`.sockets.ShardServer.describe`): a Unix-domain socket for a driver on
+            this node (``driver_node``, a Ray node id), else TCP on this node's IP address."""
+            from .sockets import ShardServer
+
+            family = "unix" if driver_node == ray.get_runtime_context().get_node_id() else "tcp"
+            with self._servers_lock:
+                server = self._servers.get(family)
+                if server is None:
+                    server = ShardServer(
+                        self._socket_answer,
+                        _SOCKET_METHODS,
+                        decode=unpack_request,
+                        family=family,
+                        host=ray.util.get_node_ip_address(),
+                    )
+                    self._servers[family] = server
+            return server.describe()
+
+        def _socket_answer(self, method: str, args: tuple[Any, ...]) -> bytes:
+            # The same path as an actor call (``query``): errors, a broken shard's exit.
+            return pack_reply(method, self.call(method, *args))
+
+        def socket_stats(self) -> dict[str, Any]:
+            """Per family: the socket server's :meth:`~.sockets.ShardServer.stats`."""
+            with self._servers_lock:
+                return {f: s.stats() for f, s in self._servers.items()}
+
+        def stop_socket(self) -> dict[str, Any]:
+            """Stops the socket servers (listeners, connections, threads); returns their stats."""
+            with self._servers_lock:
+                servers, self._servers = self._servers, {}
+            return {f: s.stop() for f, s in servers.items()}
 
         def node(self) -> dict[str, Any]:
             ctx = ray.get_runtime_context()
@@ -108,8 +165,42 @@ def actor_class() -> Any:
 
 
 def pack_request(method: str, args: tuple[Any, ...]) -> bytes:
-    """One bytes payload for a call: Ray passes bytes without its per-argument serialisation."""
-    return pickle.dumps((method, args), protocol=5)
+    """One bytes payload for a call: Ray passes bytes without its per-argument serialisation.
+
+    An unfiltered vector search (the common query) is a 41-byte header plus the raw float32
+    queries, no pickle: ``V`` (``T`` for ``search_timed``), then rows, dim, k, ef (-1: the
+    default) and threads as int64. Anything else is ``P`` + a pickle of (method, args)."""
+    if method in _VECTOR_KINDS and len(args) == 5 and args[2] is None:
+        q, k, _, ef, threads = args
+        if (
+            isinstance(q, np.ndarray)
+            and q.dtype == np.float32
+            and q.ndim == 2
+            and q.flags.c_contiguous
+            and type(k) is int
+            and type(threads) is int
+            and (ef is None or type(ef) is int)
+        ):
+            head = _VECTOR_HEAD.pack(q.shape[0], q.shape[1], k, -1 if ef is None else ef, threads)
+            return b"".join((_VECTOR_KINDS[method], head, q.data))
+    return _PICKLED_REQUEST + pickle.dumps((method, args), protocol=5)
+
+
+def unpack_request(payload: bytes | memoryview) -> tuple[str, tuple[Any, ...]]:
+    """The inverse of :func:`pack_request`: (method, args). A vector search's queries are a
+    read-only view of ``payload``. Raises ``ValueError`` (or pickle's errors) for a payload
+    that is not a request."""
+    kind = bytes(payload[:1])
+    if kind in _VECTOR_METHODS:
+        rows, dim, k, ef, threads = _VECTOR_HEAD.unpack_from(payload, 1)
+        if rows < 0 or dim <= 0 or len(payload) != 1 + _VECTOR_HEAD.size + 4 * rows * dim:
+            raise ValueError(f"a search request of {len(payload)} bytes does not hold {rows} x {dim} float32")
+        q = np.frombuffer(payload, np.float32, rows * dim, offset=1 + _VECTOR_HEAD.size).reshape(rows, dim)
+        return _VECTOR_METHODS[kind], (q, k, None, None if ef == -1 else ef, threads)
+    if kind != _PICKLED_REQUEST:
+        raise ValueError(f"unknown request kind {kind!r}")
+    method, args = pickle.loads(memoryview(payload)[1:])
+    return method, args
 
 
 def pack_reply(method: str, result: Any) -> bytes:
@@ -118,15 +209,15 @@ def pack_reply(method: str, result: Any) -> bytes:
         ids, dist = result
         ids = np.ascontiguousarray(ids, np.int64)
         dist = np.ascontiguousarray(dist, np.float32)
-        head = np.array(ids.shape, np.int64).tobytes()
-        return b"".join((_SEARCH_REPLY, head, ids.tobytes(), dist.tobytes()))
+        head = _SEARCH_HEAD.pack(*ids.shape)
+        return b"".join((_SEARCH_REPLY, head, ids.data, dist.data))
     return _PICKLED_REPLY + pickle.dumps(result, protocol=5)
 
 
 def unpack_reply(payload: bytes) -> Any:
     """The inverse of :func:`pack_reply` (driver side; the shard is trusted, as Ray's own pickles are)."""
     if payload[:1] == _SEARCH_REPLY:
-        rows, cols = (int(v) for v in np.frombuffer(payload, np.int64, 2, offset=1))
+        rows, cols = _SEARCH_HEAD.unpack_from(payload, 1)
         n = rows * cols
         ids = np.frombuffer(payload, np.int64, n, offset=17).reshape(rows, cols)
         dist = np.frombuffer(payload, np.float32, n, offset=17 + 8 * n).reshape(rows, cols)
@@ -269,6 +360,26 @@ class ShardCalls:
         self.timeout = timeout
         self.max_restarts = max_restarts
         self.compiled: CompiledScatter | None = None
+        self.socket: SocketScatter | None = None
+
+    def start_sockets(self) -> SocketScatter:
+        """Connects the socket path (``transport="socket"``): every shard starts its server."""
+        ray = ray_module()
+        node = ray.get_runtime_context().get_node_id()
+
+        def fetch(shards: list[int]) -> dict[int, dict[str, Any]]:
+            refs = {i: self.actors[i].serve_socket.remote(node) for i in shards}
+            deadline = time.monotonic() + self.timeout
+            out: dict[int, dict[str, Any]] = {}
+            for i, ref in refs.items():
+                try:
+                    out[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001))
+                except Exception:  # noqa: BLE001 - down or restarting: the actor path decides
+                    pass
+            return out
+
+        self.socket = SocketScatter(self.n, fetch, timeout=self.timeout)
+        return self.socket
 
     def gather(
         self,
@@ -340,7 +451,8 @@ class ShardCalls:
     ) -> dict[int, Any]:
         """Calls ShardState.``method`` on each shard: with ``args``, or ``args(shard)``.
 
-        The same ``args`` for every shard travel as one pickled payload per call (and, for a
+        The same ``args`` for every shard travel as one payload per call (:func:`pack_request`;
+        and, for a
         read-only query to every shard with ``transport="compiled"``, through the compiled
         graph when it is free); per-shard ``args`` (writes, large arrays) as Ray arguments.
         """
@@ -350,6 +462,11 @@ class ShardCalls:
                 lambda i: self.actors[i].call.remote(method, *make(i)), shards, allow_partial=allow_partial
             )
         request = pack_request(method, args)
+        sock = self.socket
+        if sock is not None and shards is None and method in _COMPILED_METHODS:
+            answers = sock.call(request, self.timeout)  # a shard's own error propagates
+            if answers is not None:
+                return {i: unpack_reply(a) for i, a in enumerate(answers)}
         compiled = self.compiled
         if compiled is not None and shards is None and method in _COMPILED_METHODS:
             try:
@@ -359,15 +476,24 @@ class ShardCalls:
             if answers is not None:
                 return {i: unpack_reply(a) for i, a in enumerate(answers)}
         got = self.gather(lambda i: self.actors[i].query.remote(request), shards, allow_partial=allow_partial)
+        if sock is not None:
+            sock.refresh(got)  # reconnect shards that answered here but lost their socket
         return {i: unpack_reply(a) for i, a in got.items()}
 
     def close(self) -> None:
-        """Stops the compiled graph (first, so that no execution loop is left waiting) and
-        the actors."""
+        """Stops the compiled graph (first, so that no execution loop is left waiting), the
+        socket path (the driver's connections, then every shard's server) and the actors."""
         ray = ray_module()
         compiled, self.compiled = self.compiled, None
         if compiled is not None:
             compiled.close()
+        sock, self.socket = self.socket, None
+        if sock is not None:
+            sock.close()
+            try:  # bounded: a dead shard's server is gone with its process
+                ray.get([a.stop_socket.remote() for a in self.actors], timeout=5)
+            except Exception:  # noqa: BLE001 - a shard is dead or restarting
+                pass
         for a in self.actors:
             try:
                 ray.kill(a, no_restart=True)
