@@ -115,38 +115,77 @@ void Sq8Codes::decode(std::uint32_t s, float* out) const {
   for (std::size_t d = 0; d < dim_; ++d) out[d] = lo_[d] + scale_[d] * static_cast<float>(c[d]);
 }
 
+namespace {
+
+// Lanes of the per-query reductions below: eight independent float accumulators (two SSE
+// registers at the portable baseline), so that the loops vectorise without -ffast-math. The
+// order is fixed: element d goes to lane d % kLanes, and the lanes are summed 0..kLanes-1.
+constexpr std::size_t kLanes = 8;
+
+float sum_lanes(const float (&acc)[kLanes]) {
+  float s = 0;
+  for (std::size_t l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// The query folded with the quantizer: (q - lo) * scale for L2, q * scale otherwise. Returns
+// the constant term (|q - lo|^2 for L2, sum q * lo otherwise) and the largest |folded| value.
+template <bool kL2>
+void fold_query(const float* q, const float* lo, const float* scale, std::size_t dim, float* folded, float& constant,
+                float& amax) {
+  float acc[kLanes] = {};
+  float mx[kLanes] = {};
+  std::size_t d = 0;
+  const auto step = [&](std::size_t i, std::size_t l) {
+    const float shifted = kL2 ? q[i] - lo[i] : q[i];
+    acc[l] += kL2 ? shifted * shifted : q[i] * lo[i];
+    const float f = shifted * scale[i];
+    folded[i] = f;
+    const float af = std::fabs(f);
+    mx[l] = mx[l] < af ? af : mx[l];
+  };
+  for (; d + kLanes <= dim; d += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) step(d + l, l);
+  }
+  for (std::size_t l = 0; d < dim; ++d, ++l) step(d, l);
+  constant = sum_lanes(acc);
+  amax = 0;
+  for (std::size_t l = 0; l < kLanes; ++l) amax = std::max(amax, mx[l]);
+}
+
+}  // namespace
+
 void Sq8Codes::prepare(const float* q, Sq8Query& out) const {
-  // Two passes over q instead of a folded copy: no allocation per query once out.qi has
-  // grown to the stride (callers keep one Sq8Query per thread).
+  // The folded query goes into qi's own storage first (stride int16 = stride / 2 floats is
+  // too small), so it uses a per-thread float buffer: no allocation per query once grown.
   out.qi.resize(stride_);
+  out.folded.resize(dim_);
   const bool l2 = metric_ == Metric::kL2;
-  const auto folded = [&](std::size_t d) { return (l2 ? q[d] - lo_[d] : q[d]) * scale_[d]; };
-  double bias = 0, qnorm = 0;
-  float amax = 0;
-  for (std::size_t d = 0; d < dim_; ++d) {
-    if (l2) {
-      const double shifted = static_cast<double>(q[d]) - lo_[d];
-      qnorm += shifted * shifted;
-    } else {
-      bias += static_cast<double>(q[d]) * lo_[d];
-    }
-    amax = std::max(amax, std::fabs(folded(d)));
+  float constant = 0, amax = 0;
+  float* folded = out.folded.data();
+  if (l2) {
+    fold_query<true>(q, lo_.data(), scale_.data(), dim_, folded, constant, amax);
+  } else {
+    fold_query<false>(q, lo_.data(), scale_.data(), dim_, folded, constant, amax);
   }
   const std::int32_t limit = sq8_query_limit(stride_);
   const float a = amax > 0 ? amax / static_cast<float>(limit) : 0.0f;
   const float inv = a > 0 ? 1.0f / a : 0.0f;
+  const float flim = static_cast<float>(limit);
+  std::int16_t* qi = out.qi.data();
   for (std::size_t d = 0; d < dim_; ++d) {
-    float v = folded(d) * inv;
-    v = round_small(std::min(std::max(v, -static_cast<float>(limit)), static_cast<float>(limit)));
-    out.qi[d] = static_cast<std::int16_t>(v);
+    float v = folded[d] * inv;
+    v = v < -flim ? -flim : v;
+    v = v > flim ? flim : v;
+    qi[d] = static_cast<std::int16_t>(static_cast<std::int32_t>(round_small(v)));
   }
   std::fill(out.qi.begin() + static_cast<std::ptrdiff_t>(dim_), out.qi.end(), std::int16_t{0});
   if (l2) {
-    out.c0 = static_cast<float>(qnorm);
+    out.c0 = constant;
     out.c1 = -2.0f * a;
     out.c2 = 1.0f;
   } else {
-    out.c0 = 1.0f - static_cast<float>(bias);
+    out.c0 = 1.0f - constant;
     out.c1 = -a;
     out.c2 = 0.0f;
   }

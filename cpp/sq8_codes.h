@@ -62,6 +62,7 @@ inline std::size_t sq8_stride(std::size_t dim) { return (dim + kSq8Align - 1) / 
 /// A query prepared for one quantizer: distance(code, term) = c0 + c1 * dot(qi, code) + c2 * term.
 struct Sq8Query {
   AlignedVector<std::int16_t> qi;  ///< stride entries, zero-padded
+  std::vector<float> folded;       ///< prepare's scratch: the query folded with the scales
   float c0 = 0, c1 = 0, c2 = 0;
 };
 
