@@ -59,13 +59,20 @@ class HnswSq8Search {
   static std::vector<Scored> layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
                                     const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
                                     VisitedSet& visited, std::size_t* evals);
-  /// Scores slots[0..m) into out. slots and out hold m rounded up to four: the last slot is
-  /// repeated into the padding, so every block goes through the 4-row kernel.
+  /// Scores slots[0..m) into out. slots and out hold m rounded up to four. Blocks of four go
+  /// through the 4-row kernel; a last block of two or three too (the last slot repeated into
+  /// the padding), a single last slot through the 1-row kernel, which reads a quarter of the
+  /// block. Both give the same distance for a slot.
   static void score(const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq, std::uint32_t* slots,
                     std::size_t m, float* out) {
-    if (m == 0) return;
-    for (std::size_t t = m; t % 4 != 0; ++t) slots[t] = slots[m - 1];
-    for (std::size_t j = 0; j < m; j += 4) codes.distance4(kern, pq, slots + j, out + j);
+    std::size_t j = 0;
+    for (; j + 4 <= m; j += 4) codes.distance4(kern, pq, slots + j, out + j);
+    if (m - j == 1) {
+      out[j] = codes.distance(kern, pq, slots[j]);
+    } else if (m > j) {
+      for (std::size_t t = m; t < j + 4; ++t) slots[t] = slots[m - 1];
+      codes.distance4(kern, pq, slots + j, out + j);
+    }
   }
 };
 
@@ -104,7 +111,8 @@ inline void min_heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
 template <typename Accept>
 std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
                                           const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
-                                          VisitedSet& visited, std::size_t* evals) {
+                                          VisitedSet& visited_set, std::size_t* evals) {
+  const VisitedSet::View visited = visited_set.view();
   std::vector<Scored>& candidates = search_scratch().sq8_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();
   std::vector<Scored> results;  // a max-heap of at most ef
@@ -171,7 +179,8 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
 }
 
 inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
-                                     const Sq8Query& pq, VisitedSet& visited) {
+                                     const Sq8Query& pq, VisitedSet& visited_set) {
+  const VisitedSet::View visited = visited_set.view();
   Scored cur{codes.distance(kern, pq, g.entry_), g.entry_};
   visited.test_and_set(g.entry_);
   std::uint32_t fresh[4 + kMaxLinks];
