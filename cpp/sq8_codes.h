@@ -109,7 +109,11 @@ class Sq8Codes {
     const std::uint8_t* rows[4] = {code(slots[0]), code(slots[1]), code(slots[2]), code(slots[3])};
     std::int32_t dots[4];
     k.dot4(q.qi.data(), rows, stride_, dots);
-    for (int j = 0; j < 4; ++j) out[j] = q.c0 + q.c1 * static_cast<float>(dots[j]) + q.c2 * term(slots[j]);
+    if (metric_ == Metric::kL2) {
+      for (int j = 0; j < 4; ++j) out[j] = q.c0 + q.c1 * static_cast<float>(dots[j]) + q.c2 * terms_[slots[j]];
+    } else {  // term() is 0 (and c2 too): the same sum, without a term per row
+      for (int j = 0; j < 4; ++j) out[j] = q.c0 + q.c1 * static_cast<float>(dots[j]) + q.c2 * 0.0f;
+    }
   }
 
   /// Bytes held (codes, terms, parameters).
