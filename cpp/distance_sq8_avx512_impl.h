@@ -69,8 +69,8 @@ void dot4_sq8(const std::int16_t* q, const std::uint8_t* const* codes, std::size
   // The four horizontal sums at once (integer sums, exact in any order): each accumulator
   // folded to 256 bits, then per 128-bit half hadd(hadd(a0, a1), hadd(a2, a3)); the halves
   // add up to the four sums.
-  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(fold512(a0), fold512(a1)),
-                                      _mm256_hadd_epi32(fold512(a2), fold512(a3)));
+  const __m256i h =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(fold512(a0), fold512(a1)), _mm256_hadd_epi32(fold512(a2), fold512(a3)));
   const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
 }
