@@ -32,6 +32,9 @@ inline __m512i step(const std::int16_t* q, const std::uint8_t* c, std::size_t i,
   }
 }
 
+// The stride is a multiple of kSq8Align (64): one cache line of codes per iteration.
+static_assert(kSq8Align % 64 == 0, "the kernels step 64 codes at a time");
+
 template <bool kVnni>
 std::int32_t dot_sq8(const std::int16_t* q, const std::uint8_t* c, std::size_t stride) {
   __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
@@ -42,20 +45,34 @@ std::int32_t dot_sq8(const std::int16_t* q, const std::uint8_t* c, std::size_t s
   return hsum512(_mm512_add_epi32(a0, a1));
 }
 
+// 512 -> 256 bits: the two halves added (an exact integer sum).
+inline __m256i fold512(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
 template <bool kVnni>
 void dot4_sq8(const std::int16_t* q, const std::uint8_t* const* codes, std::size_t stride, std::int32_t* out) {
+  const std::uint8_t* c0 = codes[0];
+  const std::uint8_t* c1 = codes[1];
+  const std::uint8_t* c2 = codes[2];
+  const std::uint8_t* c3 = codes[3];
   __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
   __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
-  for (std::size_t i = 0; i < stride; i += 32) {
-    a0 = step<kVnni>(q, codes[0], i, a0);
-    a1 = step<kVnni>(q, codes[1], i, a1);
-    a2 = step<kVnni>(q, codes[2], i, a2);
-    a3 = step<kVnni>(q, codes[3], i, a3);
+  for (std::size_t i = 0; i < stride; i += 64) {
+    for (std::size_t o = 0; o < 64; o += 32) {
+      a0 = step<kVnni>(q, c0, i + o, a0);
+      a1 = step<kVnni>(q, c1, i + o, a1);
+      a2 = step<kVnni>(q, c2, i + o, a2);
+      a3 = step<kVnni>(q, c3, i + o, a3);
+    }
   }
-  out[0] = hsum512(a0);
-  out[1] = hsum512(a1);
-  out[2] = hsum512(a2);
-  out[3] = hsum512(a3);
+  // The four horizontal sums at once (integer sums, exact in any order): each accumulator
+  // folded to 256 bits, then per 128-bit half hadd(hadd(a0, a1), hadd(a2, a3)); the halves
+  // add up to the four sums.
+  const __m256i h =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(fold512(a0), fold512(a1)), _mm256_hadd_epi32(fold512(a2), fold512(a3)));
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
 }
 
 }  // namespace

@@ -49,45 +49,85 @@ class HnswSq8Search {
                                               const Bitmap* allowed, Enough enough, std::size_t* evals = nullptr);
 
  private:
-  /// Greedy descent through the upper levels on codes; the level-0 entry point.
-  static Scored descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq);
+  /// Greedy descent through the upper levels on codes; the level-0 entry point. `visited`
+  /// (fresh) marks the nodes scored: a node scored once cannot beat the current node again
+  /// (the current distance only decreases), so it is not scored twice; the entry point is the
+  /// one a descent re-scoring every list would reach.
+  static Scored descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq,
+                        VisitedSet& visited);
   template <typename Accept>
   static std::vector<Scored> layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
                                     const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
-                                    std::size_t* evals);
-  static void score(const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq, const std::uint32_t* slots,
+                                    VisitedSet& visited, std::size_t* evals);
+  /// Scores slots[0..m) into out. slots and out hold m rounded up to four. Blocks of four go
+  /// through the 4-row kernel; a last block of two or three too (the last slot repeated into
+  /// the padding), a single last slot through the 1-row kernel, which reads a quarter of the
+  /// block. Both give the same distance for a slot.
+  static void score(const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq, std::uint32_t* slots,
                     std::size_t m, float* out) {
-    for (std::size_t j = 0; j < m; j += 4) {
-      const std::size_t last = m - 1;
-      const std::uint32_t four[4] = {slots[j], slots[std::min(j + 1, last)], slots[std::min(j + 2, last)],
-                                     slots[std::min(j + 3, last)]};
-      float d[4];
-      codes.distance4(kern, pq, four, d);
-      for (std::size_t t = j; t < std::min(m, j + 4); ++t) out[t] = d[t - j];
+    std::size_t j = 0;
+    for (; j + 4 <= m; j += 4) codes.distance4(kern, pq, slots + j, out + j);
+    if (m - j == 1) {
+      out[j] = codes.distance(kern, pq, slots[j]);
+    } else if (m > j) {
+      for (std::size_t t = m; t < j + 4; ++t) slots[t] = slots[m - 1];
+      codes.distance4(kern, pq, slots + j, out + j);
     }
   }
 };
+
+namespace detail {
+/// Replaces the top (largest) of a max-heap h[0..n) by s, which must not be larger than it,
+/// and sifts it down: what push_heap then pop_heap of the largest would leave, in one pass.
+inline void heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
+  std::size_t i = 0;
+  for (;;) {
+    std::size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && h[c] < h[c + 1]) ++c;
+    if (!(s < h[c])) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = s;
+}
+/// The same for the min-heap of ScoredGreater: replaces the smallest by s (not smaller).
+inline void min_heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
+  std::size_t i = 0;
+  for (;;) {
+    std::size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && h[c + 1] < h[c]) ++c;
+    if (!(h[c] < s)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = s;
+}
+}  // namespace detail
 
 // ---- template implementation -------------------------------------------------------------
 
 template <typename Accept>
 std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
                                           const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
-                                          std::size_t* evals) {
-  auto visited = g.visited_.acquire(g.levels_.size());
-  std::vector<Scored>& candidates = search_scratch().sq8_candidates;
+                                          VisitedSet& visited_set, std::size_t* evals) {
+  const VisitedSet::View visited = visited_set.view();
+  std::vector<Scored>& candidates = search_scratch().sq8_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();
-  std::vector<Scored> results;
-  results.reserve(ef + 1);
+  std::vector<Scored> results;  // a max-heap of at most ef
+  results.reserve(ef);
+  // Admits s (better than the worst when the list is full): a full list replaces its worst
+  // in one sift, the same set push + pop would keep.
   const auto push_result = [&](const Scored& s) {
-    results.push_back(s);
-    std::push_heap(results.begin(), results.end());
-    if (results.size() > ef) {
-      std::pop_heap(results.begin(), results.end());
-      results.pop_back();
+    if (results.size() < ef) {
+      results.push_back(s);
+      std::push_heap(results.begin(), results.end());
+    } else {
+      detail::heap_replace_top(results.data(), results.size(), s);
     }
   };
-  visited->test_and_set(ep.slot);
+  visited.test_and_set(ep.slot);
   candidates.push_back(ep);
   if (accept(ep.slot)) push_result(ep);
   const std::size_t stride = codes.stride();
@@ -98,15 +138,18 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
   while (!candidates.empty()) {
     const Scored c = candidates.front();
     if (results.size() >= ef && c.dist > results.front().dist) break;
-    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-    candidates.pop_back();
-    if (!candidates.empty()) g.prefetch_links(candidates.front().slot, 0);
+    // c stays at the root until the first neighbour admitted replaces it (one sift instead of
+    // a pop and a push); it is popped only if none is. The pop order is that of popping first:
+    // the order is total (distance, then slot) and c is the smallest either way.
+    const std::size_t nc = candidates.size();
+    if (nc > 1) g.prefetch_links(candidates[nc > 2 && candidates[2] < candidates[1] ? 2 : 1].slot, 0);
+    bool top_open = true;
     const std::uint32_t* src = g.links(c.slot, 0);
     const std::size_t count = src[0];
     std::size_t m = 0;
     for (std::size_t j = 0; j < count; ++j) {
       const Slot n = src[1 + j];
-      if (visited->test_and_set(n)) continue;
+      if (visited.test_and_set(n)) continue;
       prefetch_row_l2(codes.code(n), stride);
       fresh[m++] = n;
     }
@@ -115,31 +158,51 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
     for (std::size_t j = 0; j < m; ++j) {
       const float d = dists[j];
       if (results.size() < ef || d < results.front().dist) {
-        candidates.push_back({d, fresh[j]});
-        std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        const Scored e{d, fresh[j]};
+        if (top_open) {
+          detail::min_heap_replace_top(candidates.data(), candidates.size(), e);
+          top_open = false;
+        } else {
+          candidates.push_back(e);
+          std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        }
         prefetch_l1(g.links(fresh[j], 0));
-        if (accept(fresh[j])) push_result({d, fresh[j]});
+        if (accept(fresh[j])) push_result(e);
       }
+    }
+    if (top_open) {
+      std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+      candidates.pop_back();
     }
   }
   return results;  // heap order; the caller re-ranks
 }
 
 inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
-                                     const Sq8Query& pq) {
+                                     const Sq8Query& pq, VisitedSet& visited_set) {
+  const VisitedSet::View visited = visited_set.view();
   Scored cur{codes.distance(kern, pq, g.entry_), g.entry_};
+  visited.test_and_set(g.entry_);
+  std::uint32_t fresh[4 + kMaxLinks];
   float d[4 + kMaxLinks];
+  const std::size_t stride = codes.stride();
   for (int level = g.max_level_; level > 0; --level) {
     bool changed = true;
     while (changed) {
       changed = false;
       const std::uint32_t* src = g.links(cur.slot, level);
       const std::size_t count = src[0];
-      for (std::size_t j = 0; j < count; ++j) prefetch_row_l2(codes.code(src[1 + j]), codes.stride());
-      score(codes, kern, pq, src + 1, count, d);
+      std::size_t m = 0;
       for (std::size_t j = 0; j < count; ++j) {
+        const Slot n = src[1 + j];
+        if (visited.test_and_set(n)) continue;
+        prefetch_row_l2(codes.code(n), stride);
+        fresh[m++] = n;
+      }
+      score(codes, kern, pq, fresh, m, d);
+      for (std::size_t j = 0; j < m; ++j) {
         if (d[j] < cur.dist) {
-          cur = {d[j], src[1 + j]};
+          cur = {d[j], fresh[j]};
           changed = true;
         }
       }
@@ -153,7 +216,12 @@ inline double HnswSq8Search::local_selectivity(const HnswIndex& g, const Sq8Code
   if (g.entry_ == kNoSlot) return 0.0;
   Sq8Query& pq = search_scratch().sq8_query;
   codes.prepare(q, pq);
-  return g.local_selectivity_at(descend(g, codes, sq8_active_kernels(), pq).slot, allowed);
+  Slot ep;
+  {
+    auto visited = g.visited_.acquire(g.levels_.size());  // given back before the next acquire
+    ep = descend(g, codes, sq8_active_kernels(), pq, *visited).slot;
+  }
+  return g.local_selectivity_at(ep, allowed);
 }
 
 template <typename Accept>
@@ -164,9 +232,11 @@ std::vector<Scored> HnswSq8Search::search(const HnswIndex& g, const Sq8Codes& co
   const Sq8Kernels& kern = sq8_active_kernels();
   Sq8Query& pq = search_scratch().sq8_query;
   codes.prepare(q, pq);
-  const Scored cur = descend(g, codes, kern, pq);
+  auto visited = g.visited_.acquire(g.levels_.size());
+  const Scored cur = descend(g, codes, kern, pq, *visited);
+  visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
   const std::size_t depth = std::max(rerank, k);
-  std::vector<Scored> res = layer0(g, codes, kern, pq, cur, std::max({ef, k, depth}), accept, evals);
+  std::vector<Scored> res = layer0(g, codes, kern, pq, cur, std::max({ef, k, depth}), accept, *visited, evals);
   return rerank_exact(g.store_, g.metric_, q, std::move(res), depth, k);
 }
 
@@ -185,8 +255,9 @@ std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq
   const std::size_t limit = std::max<std::size_t>(g.store_.size(), 1);
   ef = std::min(std::max<std::size_t>(ef, 1), limit);
   const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
-  const Scored cur = descend(g, codes, kern, pq);
   auto visited = g.visited_.acquire(g.levels_.size());
+  const Scored cur = descend(g, codes, kern, pq, *visited);
+  visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
   std::vector<Scored>& candidates = scratch.expand_candidates;
   candidates.clear();
   std::vector<Scored> results;

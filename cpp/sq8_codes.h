@@ -62,6 +62,7 @@ inline std::size_t sq8_stride(std::size_t dim) { return (dim + kSq8Align - 1) / 
 /// A query prepared for one quantizer: distance(code, term) = c0 + c1 * dot(qi, code) + c2 * term.
 struct Sq8Query {
   AlignedVector<std::int16_t> qi;  ///< stride entries, zero-padded
+  std::vector<float> folded;       ///< prepare's scratch: the query folded with the scales
   float c0 = 0, c1 = 0, c2 = 0;
 };
 
@@ -108,7 +109,11 @@ class Sq8Codes {
     const std::uint8_t* rows[4] = {code(slots[0]), code(slots[1]), code(slots[2]), code(slots[3])};
     std::int32_t dots[4];
     k.dot4(q.qi.data(), rows, stride_, dots);
-    for (int j = 0; j < 4; ++j) out[j] = q.c0 + q.c1 * static_cast<float>(dots[j]) + q.c2 * term(slots[j]);
+    if (metric_ == Metric::kL2) {
+      for (int j = 0; j < 4; ++j) out[j] = q.c0 + q.c1 * static_cast<float>(dots[j]) + q.c2 * terms_[slots[j]];
+    } else {  // term() is 0 (and c2 too): the same sum, without a term per row
+      for (int j = 0; j < 4; ++j) out[j] = q.c0 + q.c1 * static_cast<float>(dots[j]) + q.c2 * 0.0f;
+    }
   }
 
   /// Bytes held (codes, terms, parameters).

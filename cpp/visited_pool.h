@@ -31,6 +31,20 @@ class VisitedSet {
   }
   bool test(std::uint32_t slot) const { return marks_[slot] == epoch_; }
 
+  /// The marks and epoch as plain locals for a hot loop: through the set, the compiler must
+  /// reload epoch_ after every store to a mark (both are uint16, so they may alias). Valid
+  /// until the next reset().
+  struct View {
+    std::uint16_t* marks;
+    std::uint16_t epoch;
+    bool test_and_set(std::uint32_t slot) const {
+      const bool seen = marks[slot] == epoch;
+      marks[slot] = epoch;
+      return seen;
+    }
+  };
+  View view() { return View{marks_.data(), epoch_}; }
+
  private:
   AlignedVector<std::uint16_t> marks_;  // huge-page backed from 2M slots (aligned.h)
   std::uint16_t epoch_ = 0;
