@@ -118,7 +118,8 @@ class ShardedIndex:
         torn down or being rebuilt; see ``docs/scale-out.md``) or ``"socket"`` (each shard
         serves them on its own Unix-domain socket, TCP from another node, with a token; any
         failure falls back to actor calls); default: the environment
-        variable ``KBCORE_SHARD_TRANSPORT``, else ``"actor"``. ``compiled_idle``: seconds
+        variable ``KBCORE_SHARD_TRANSPORT``, else ``"socket"`` where the platform has Unix-domain
+        sockets and ``poll()`` (Linux, macOS), else ``"actor"``. ``compiled_idle``: seconds
         without a query after which the compiled graph is torn down (its shards stop polling
         their channels) and rebuilt on the next query; ``None`` keeps it. Raises
         :class:`~kbcore.errors.InvalidArgumentError` for bad options or a ``path`` that already
@@ -181,7 +182,10 @@ class ShardedIndex:
     ) -> None:
         self._calls: ShardCalls | None = None
         if transport is None:
-            transport = os.environ.get("KBCORE_SHARD_TRANSPORT", "actor") or "actor"
+            from .sockets import AVAILABLE
+
+            fallback = "socket" if AVAILABLE else "actor"
+            transport = os.environ.get("KBCORE_SHARD_TRANSPORT", fallback) or fallback
         if transport not in _TRANSPORTS:
             raise InvalidArgumentError(f"transport must be 'actor', 'compiled' or 'socket', got {transport!r}")
         if compiled_idle is not None and (
