@@ -547,8 +547,12 @@ def test_dead_shard_fails_with_its_name_or_a_marked_partial_page(ray_local, tmp_
         si.add(vectors, ids, metadata=meta, texts=texts)
         rows = [i["rows"] for i in si.shard_info()]
         dead = si.shard_actors()[1]
+        pid = si.shard_nodes()[1]["pid"]
         ray.kill(dead, no_restart=True)
         _wait_dead(dead)  # ray.kill is asynchronous: a search right after may still reach it
+        # Ray reports the actor dead before its process has exited; until then the process's
+        # socket server may still answer (with everything the shard held). Wait for the exit.
+        _wait_process_gone(pid)
         t0 = time.monotonic()
         with pytest.raises(kbcore.distributed.ShardUnavailableError, match="shard 1 ") as err:
             si.search(vectors[0], 5)
@@ -583,6 +587,29 @@ def _wait_dead(actor, seconds: float = 30) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"actor {actor} still answers {seconds:g} s after ray.kill")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not reaped yet) holds no sockets
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _wait_process_gone(pid: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _process_alive(pid):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"shard process {pid} still runs {seconds:g} s after ray.kill")
 
 
 def _wait_compiled(si, builds: int, seconds: float = 60) -> dict:
