@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+from ray_support import local_ray, needs_ray, ray
 
 import kbcore
 import kbcore.distributed
@@ -36,21 +37,6 @@ from kbcore.errors import (
     InvalidTypeError,
     NotFoundError,
     StorageError,
-)
-
-# Keep every Ray address on loopback (Ray otherwise picks the machine's interface address)
-# and leave the cluster unauthenticated (it is reachable from this machine only). Both are
-# read when Ray is imported.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-try:
-    import ray
-except ImportError:  # pragma: no cover - depends on the environment
-    ray = None
-
-needs_ray = pytest.mark.skipif(
-    ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); the sharded index runs on Ray"
 )
 
 TRANSPORTS = [
@@ -288,15 +274,8 @@ def test_text_stats_hook_scores_parts_as_one_index(rng):
 
 @pytest.fixture(scope="module")
 def ray_local():
-    if ray is None:
-        pytest.skip("ray is not installed (pip install 'kbcore[ray]')")
-    if ray.is_initialized():
-        ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ip = ctx.address_info["node_ip_address"]
-    assert ip.startswith("127."), f"Ray must run on loopback here, got {ip}"
-    yield ctx
-    ray.shutdown()
+    with local_ray() as ctx:
+        yield ctx
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from ray_support import local_ray, needs_ray, ray
 
 import kbcore
 import kbcore.distributed
@@ -27,18 +28,6 @@ from kbcore import fusion
 from kbcore.distributed.sockets import AVAILABLE, NOOP, ShardServer, SocketScatter, connect, open_fds
 from kbcore.distributed.transport import _COMPILED_METHODS, pack_reply, pack_request, unpack_reply, unpack_request
 from kbcore.errors import InvalidArgumentError
-
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-try:
-    import ray
-except ImportError:  # pragma: no cover - depends on the environment
-    ray = None
-
-needs_ray = pytest.mark.skipif(
-    ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); the sharded index runs on Ray"
-)
 
 pytestmark = pytest.mark.skipif(
     not AVAILABLE, reason="the socket transport needs Unix-domain sockets and poll(), which this platform lacks"
@@ -269,14 +258,8 @@ def test_bad_token_and_malformed_frames_close_only_that_connection():
 
 @pytest.fixture(scope="module")
 def ray_local():
-    if ray is None:
-        pytest.skip("ray is not installed (pip install 'kbcore[ray]')")
-    if ray.is_initialized():
-        ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    assert ctx.address_info["node_ip_address"].startswith("127.")
-    yield ctx
-    ray.shutdown()
+    with local_ray() as ctx:
+        yield ctx
 
 
 @pytest.fixture(scope="module")

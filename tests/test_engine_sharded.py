@@ -23,22 +23,13 @@ import time
 
 import numpy as np
 import pytest
-
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-try:
-    import ray
-except ImportError:  # pragma: no cover - depends on the environment
-    ray = None
+from ray_support import local_ray, ray, ray_mark, skip_without_ray
 
 from kbcore import Engine
 from kbcore.engine import SearchOptions
 from kbcore.errors import InvalidArgumentError, InvalidTypeError
 
-pytestmark = pytest.mark.skipif(
-    ray is None, reason="ray is not installed (pip install 'kbcore[ray]'); sharded knowledge bases run on Ray"
-)
+pytestmark = [ray_mark, skip_without_ray]
 
 WORDS = [f"term{i}" for i in range(40)] + ["pump", "noise", "heat", "valve", "leak", "filter"]
 TEAMS = ["infra", "data", "web"]
@@ -47,11 +38,8 @@ QUERIES = ["heat pump noise", "valve leak term3 term7", "filter term12 term5 pum
 
 @pytest.fixture(scope="module")
 def ray_address():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    with local_ray():
+        yield ray.get_runtime_context().gcs_address
 
 
 def corpus(seed: int, n: int) -> list[dict]:

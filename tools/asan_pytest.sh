@@ -56,10 +56,12 @@ settings.load_profile("kbcore-asan")
 PY
 export PYTHONPATH="$PLUGIN_DIR${PYTHONPATH:+:$PYTHONPATH}"
 # Deselected: a test whose child process gets a clean environment (no LD_PRELOAD), which then
-# cannot load the instrumented extension; it checks Python hashing, not native code. And the
-# two-node Ray cluster test: a driver, two raylets and four instrumented shard processes, whose
-# compiled graph polls on 2 cores, exceeded its 180 s budget under ASan once in CI;
-# it runs in the plain suite and in the wheel check, and the single-node Ray tests run here.
-python -m pytest -q -p no:cacheprovider -p kbcore_asan_hypothesis \
-  --deselect tests/test_embedders.py::test_hashing_is_stable_across_processes \
-  --deselect tests/test_distributed.py::test_two_node_cluster_places_shards_on_both_nodes "$@"
+# cannot load the instrumented extension; it checks Python hashing, not native code. And the Ray
+# tests (marker `ray`): under the preloaded sanitizer runtime every Ray process (GCS, raylet,
+# workers) starts instrumented, and on 2 cores they once exceeded their budget (the two-node
+# test) and once stopped CI's progress for 80 minutes without a trace (stop 20, at the first Ray
+# test of test_distributed_socket.py). Their shards run the same native calls that the rest of
+# this suite makes in one process; the Ray tests themselves run in the plain suite and in both
+# runs of the wheel check. The socket transport's own tests (no Ray) run here.
+python -m pytest -q -p no:cacheprovider -p kbcore_asan_hypothesis -m "not ray" \
+  --deselect tests/test_embedders.py::test_hashing_is_stable_across_processes "$@"
