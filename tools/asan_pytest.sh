@@ -61,7 +61,7 @@ export PYTHONPATH="$PLUGIN_DIR${PYTHONPATH:+:$PYTHONPATH}"
 # workers) starts instrumented, and on 2 cores they once exceeded their budget (the two-node
 # test) and once stopped CI's progress for 80 minutes without a trace (stop 20, at the first Ray
 # test of test_distributed_socket.py). Their shards run the same native calls that the rest of
-# this suite makes in one process; the Ray tests themselves run in the plain suite and in both
-# runs of the wheel check. The socket transport's own tests (no Ray) run here.
+# this suite makes in one process; the Ray tests themselves run in the plain suite and in the
+# wheel check's full run. The socket transport's own tests (no Ray) run here.
 python -m pytest -q -p no:cacheprovider -p kbcore_asan_hypothesis -m "not ray" \
   --deselect tests/test_embedders.py::test_hashing_is_stable_across_processes "$@"
