@@ -87,6 +87,47 @@ class KbcoreSq8Disk(KbcoreHnsw):
         self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
 
 
+class KbcoreRabitq(KbcoreHnsw):
+    """kbcore on RaBitQ codes of ``bits`` bits per dimension (the error bound limits the re-rank)."""
+
+    name = "kbcore-rabitq"
+    bits = 4
+    vectors = "memory"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.kbcore.Index(
+            x.shape[1],
+            metric="cosine",
+            kind="hnsw",
+            M=M,
+            ef_construction=EF_CONSTRUCTION,
+            quantization="rabitq",
+            bits=self.bits,
+            vectors=self.vectors,
+        )
+        self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
+
+
+class KbcoreRabitq1(KbcoreRabitq):
+    name = "kbcore-rabitq1"
+    bits = 1
+
+
+class KbcoreRabitq2(KbcoreRabitq):
+    name = "kbcore-rabitq2"
+    bits = 2
+
+
+class KbcoreRabitq8(KbcoreRabitq):
+    name = "kbcore-rabitq8"
+    bits = 8
+
+
+class KbcoreRabitqDisk(KbcoreRabitq):
+    name = "kbcore-rabitq-disk"
+    vectors = "disk"
+
+
 def _without_huge_pages(build: Callable[[], None]) -> None:
     """Runs a kbcore build with the huge-page switch off (cpp/aligned.h), then restores it:
     the arrays allocated meanwhile keep 4 KiB pages, so "-nohp" libraries A/B the page size
@@ -218,6 +259,11 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "kbcore-sq8-disk": KbcoreSq8Disk,
     "kbcore-nohp": KbcoreNoHp,
     "kbcore-sq8-nohp": KbcoreSq8NoHp,
+    "kbcore-rabitq": KbcoreRabitq,
+    "kbcore-rabitq1": KbcoreRabitq1,
+    "kbcore-rabitq2": KbcoreRabitq2,
+    "kbcore-rabitq8": KbcoreRabitq8,
+    "kbcore-rabitq-disk": KbcoreRabitqDisk,
     "hnswlib": Hnswlib,
     "faiss": FaissHnsw,
     "faiss-sq8": FaissHnswSq8,

@@ -91,7 +91,7 @@ class HnswIndex {
   /// away from the query (anti-correlated) and a filtered traversal would have to cross a
   /// long stretch of failing nodes. O(M^2) bitmap tests.
   double local_selectivity(const float* q, const Bitmap& allowed) const;
-  /// The same measured around a given level-0 entry point (HnswSq8Search finds it on codes).
+  /// The same measured around a given level-0 entry point (HnswCodeSearch finds it on codes).
   double local_selectivity_at(Slot ep, const Bitmap& allowed) const;
 
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
@@ -109,7 +109,7 @@ class HnswIndex {
   void load(BinaryReader& r);
 
  private:
-  friend class HnswSq8Search;  // graph traversal on SQ8 codes (hnsw_sq8.h)
+  friend class HnswCodeSearch;  // graph traversal on SQ8 codes (hnsw_codes.h)
   using Lock = std::mutex;
   static constexpr std::size_t kLockStripes = 4096;
   static constexpr int kMaxLevel = 32;

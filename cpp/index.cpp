@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "errors.h"
-#include "hnsw_sq8.h"
+#include "hnsw_codes.h"
 #include "parallel.h"
 #include "vector_checks.h"
 
@@ -36,9 +36,12 @@ std::string kind_name(IndexKind k) { return k == IndexKind::kHnsw ? "hnsw" : "fl
 Quantization parse_quantization(const std::string& name) {
   if (name == "none") return Quantization::kNone;
   if (name == "sq8") return Quantization::kSq8;
-  throw InvalidArgument("unknown quantization '" + name + "'; expected None or 'sq8'");
+  if (name == "rabitq") return Quantization::kRabitq;
+  throw InvalidArgument("unknown quantization '" + name + "'; expected None, 'sq8' or 'rabitq'");
 }
-std::string quantization_name(Quantization q) { return q == Quantization::kSq8 ? "sq8" : "none"; }
+std::string quantization_name(Quantization q) {
+  return q == Quantization::kSq8 ? "sq8" : q == Quantization::kRabitq ? "rabitq" : "none";
+}
 
 Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
   if (config.dim == 0 || config.dim > kMaxDim) {
@@ -51,12 +54,17 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
     if (config.kind != IndexKind::kHnsw) {
       throw InvalidArgument("quantization applies to kind 'hnsw' only (a flat index scans float32 rows exactly)");
     }
-    codes_ = std::make_unique<Sq8Codes>(config.dim, config.metric);
+    if (config.quantization == Quantization::kSq8) {
+      codes_ = std::make_unique<Sq8Codes>(config.dim, config.metric);
+    } else {
+      rabitq_ = std::make_unique<RabitqCodes>(config.dim, config.metric, config.rabitq_bits, config.hnsw.seed);
+    }
   }
   if (config.rerank > (1u << 30)) throw InvalidArgument("rerank must be at most 2^30");
   if (config.vectors_on_disk) {
-    if (!codes_) {
-      throw InvalidArgument("vectors='disk' needs quantization='sq8' (a float32 graph reads every row it visits)");
+    if (!quantized()) {
+      throw InvalidArgument(
+          "vectors='disk' needs quantization='sq8' or 'rabitq' (a float32 graph reads every row it visits)");
     }
     store_.use_disk_rows();
   }
@@ -148,7 +156,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   meta_.assign(slots, columns);
   text_.grow(store_.slot_count());
   if (text_batch) text_.set_batch(*text_batch, slots, threads);
-  if (codes_) update_codes_locked(slots, threads);
+  if (quantized()) update_codes_locked(slots, threads);
   if (graph_) {
     if (defer_graph) {
       graph_->add_pending(slots);
@@ -173,31 +181,35 @@ void Index::train_codes_locked(std::size_t threads) {
     const Slot s = live[i * live.size() / n];
     std::memcpy(sample.data() + i * dim, store_.vector(s), dim * sizeof(float));
   }
-  codes_->train(sample.data(), n, n);
-  codes_->resize(store_.slot_count());
-  parallel_for(
-      live.size(), threads, [&](std::size_t i, std::size_t) { codes_->encode(live[i], store_.vector(live[i])); }, 256);
+  for_quantizer([&](auto& codes) {
+    codes.train(sample.data(), n, n);
+    codes.resize(store_.slot_count());
+    parallel_for(
+        live.size(), threads, [&](std::size_t i, std::size_t) { codes.encode(live[i], store_.vector(live[i])); }, 256);
+  });
 }
 
 void Index::update_codes_locked(const std::vector<Slot>& slots, std::size_t threads) {
-  if (!codes_->trained()) {
+  if (!codes_trained()) {
     if (store_.size() >= kSq8TrainRows) train_codes_locked(threads);
     return;
   }
-  codes_->resize(store_.slot_count());
-  parallel_for(
-      slots.size(), threads, [&](std::size_t i, std::size_t) { codes_->encode(slots[i], store_.vector(slots[i])); },
-      256);
+  for_quantizer([&](auto& codes) {
+    codes.resize(store_.slot_count());
+    parallel_for(
+        slots.size(), threads, [&](std::size_t i, std::size_t) { codes.encode(slots[i], store_.vector(slots[i])); },
+        256);
+  });
 }
 
 bool Index::quantizer_trained() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return search_codes() != nullptr;
+  return static_cast<bool>(search_codes());
 }
 
 void Index::retrain_quantizer(std::size_t threads) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  if (!codes_) throw InvalidArgument("this index has no quantization to retrain");
+  if (!quantized()) throw InvalidArgument("this index has no quantization to retrain");
   train_codes_locked(threads);
   store_.release_resident_rows();
 }
@@ -291,7 +303,7 @@ std::vector<std::int64_t> Index::ids() const {
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() + text_.memory_bytes() +
-         (codes_ ? codes_->memory_bytes() : 0);
+         (codes_ ? codes_->memory_bytes() : 0) + (rabitq_ ? rabitq_->memory_bytes() : 0);
 }
 
 }  // namespace kbcore

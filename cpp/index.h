@@ -18,6 +18,7 @@
 #include "grouping.h"
 #include "hnsw_index.h"
 #include "metadata_store.h"
+#include "rabitq_codes.h"
 #include "search_plan.h"
 #include "sq8_codes.h"
 #include "vector_store.h"
@@ -27,9 +28,23 @@ namespace kbcore {
 /// hnsw: approximate graph search; flat: exact scan.
 enum class IndexKind : std::uint8_t { kHnsw = 0, kFlat = 1 };
 
-/// kNone: the graph is searched on the float32 rows. kSq8: on 8-bit codes (sq8_codes.h),
-/// the best candidates re-ranked exactly from the float32 rows (hnsw kind only).
-enum class Quantization : std::uint8_t { kNone = 0, kSq8 = 1 };
+/// kNone: the graph is searched on the float32 rows. kSq8: on 8-bit codes (sq8_codes.h), kRabitq:
+/// on RaBitQ codes of 1 to 8 bits per dimension (rabitq_codes.h); either way the best candidates
+/// are re-ranked exactly from the float32 rows (hnsw kind only).
+enum class Quantization : std::uint8_t { kNone = 0, kSq8 = 1, kRabitq = 2 };
+
+/// The codes a quantized search reads: at most one of the two is set (both null: none, or
+/// not trained yet). visit() calls f with the one that is set.
+struct CodesRef {
+  const Sq8Codes* sq8 = nullptr;
+  const RabitqCodes* rabitq = nullptr;
+  explicit operator bool() const { return sq8 != nullptr || rabitq != nullptr; }
+  template <typename F>
+  decltype(auto) visit(F&& f) const {
+    if (sq8 != nullptr) return f(*sq8);
+    return f(*rabitq);
+  }
+};
 
 /// A quantized index trains its codes when it first holds this many rows (the first add()
 /// that reaches it, from a sample of the rows then stored); before that it searches the
@@ -46,9 +61,11 @@ struct IndexConfig {
   HnswParams hnsw;
   std::size_t ef_search = 64;  ///< default level-0 candidate list size of search()
   Quantization quantization = Quantization::kNone;
-  /// Candidates re-ranked exactly per query of a quantized search; 0 = the whole candidate
-  /// list (max(ef, k)), which keeps recall at the float32 index's for the same ef.
+  /// Candidates re-ranked exactly per query of a quantized search; 0 = the default of the
+  /// quantization (sq8_default_rerank, rabitq_default_rerank).
   std::size_t rerank = 0;
+  /// Bits per dimension of RaBitQ codes (kRabitq only), in [1, 8].
+  unsigned rabitq_bits = kRabitqDefaultBits;
   /// Float32 rows in a memory-mapped temporary file, dropped from the resident set after
   /// every change (quantized indexes only: the re-rank is then the only reader of rows).
   bool vectors_on_disk = false;
@@ -60,7 +77,7 @@ std::string metric_name(Metric m);
 /// Parses "hnsw" | "flat"; throws InvalidArgument otherwise.
 IndexKind parse_kind(const std::string& name);
 std::string kind_name(IndexKind k);
-/// Parses "none" | "sq8"; throws InvalidArgument otherwise.
+/// Parses "none" | "sq8" | "rabitq"; throws InvalidArgument otherwise.
 Quantization parse_quantization(const std::string& name);
 std::string quantization_name(Quantization q);
 
@@ -179,10 +196,12 @@ class Index {
   /// `vectors_on_disk` keeps the loaded rows in a mapped file (quantized files only).
   static std::unique_ptr<Index> load(const std::string& path, bool vectors_on_disk = false);
 
-  /// Version of files without quantization (byte-identical to earlier releases); a quantized
-  /// index writes kFormatVersionQuantized, which adds a trailing SQ8 section.
+  /// Version of files without quantization (byte-identical to earlier releases); an SQ8 index
+  /// writes kFormatVersionQuantized, which adds a trailing SQ8 section, and a RaBitQ index
+  /// kFormatVersionRabitq, whose trailing section holds RaBitQ codes instead.
   static constexpr std::uint32_t kFormatVersion = 1;
   static constexpr std::uint32_t kFormatVersionQuantized = 2;
+  static constexpr std::uint32_t kFormatVersionRabitq = 3;
 
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
@@ -206,16 +225,31 @@ class Index {
   /// Encodes new slots (training first when the row count reaches kSq8TrainRows).
   void update_codes_locked(const std::vector<Slot>& slots, std::size_t threads);
   void train_codes_locked(std::size_t threads);
-  /// Codes usable for search: non-null only when quantized and trained.
-  const Sq8Codes* search_codes() const { return codes_ && codes_->trained() ? codes_.get() : nullptr; }
+  /// Codes usable for search: set only when quantized and trained.
+  CodesRef search_codes() const {
+    CodesRef c;
+    if (codes_ && codes_->trained()) c.sq8 = codes_.get();
+    if (rabitq_ && rabitq_->trained()) c.rabitq = rabitq_.get();
+    return c;
+  }
+  bool quantized() const { return codes_ != nullptr || rabitq_ != nullptr; }
+  bool codes_trained() const { return codes_ ? codes_->trained() : rabitq_ && rabitq_->trained(); }
+  /// Calls f on the quantizer (either type) of a quantized index.
+  template <typename F>
+  void for_quantizer(F&& f) {
+    if (codes_) f(*codes_);
+    if (rabitq_) f(*rabitq_);
+  }
   std::size_t rerank_depth(std::size_t ef, std::size_t k) const {
-    return config_.rerank ? config_.rerank : sq8_default_rerank(ef, k);
+    if (config_.rerank) return config_.rerank;
+    return rabitq_ ? rabitq_default_rerank(ef, k) : sq8_default_rerank(ef, k);
   }
 
   IndexConfig config_;
   VectorStore store_;
   std::unique_ptr<HnswIndex> graph_;  // null for flat
-  std::unique_ptr<Sq8Codes> codes_;   // null without quantization
+  std::unique_ptr<Sq8Codes> codes_;      // null unless kSq8
+  std::unique_ptr<RabitqCodes> rabitq_;  // null unless kRabitq
   MetadataStore meta_;
   Bm25Index text_;
   // Measured graph work of recent unfiltered searches, feeding the filtered-search cost model.

@@ -6,6 +6,7 @@
 
 #include "binary_io.h"
 #include "errors.h"
+#include "rabitq_codes.h"
 #include "sq8_codes.h"
 #include "vector_checks.h"
 
@@ -18,7 +19,7 @@ constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
 
 void Index::save(const std::string& path) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  BinaryWriter w(path, kMagic, codes_ ? kFormatVersionQuantized : kFormatVersion);
+  BinaryWriter w(path, kMagic, codes_ ? kFormatVersionQuantized : rabitq_ ? kFormatVersionRabitq : kFormatVersion);
   w.u64(config_.dim);
   w.u8(static_cast<std::uint8_t>(config_.metric));
   w.u8(static_cast<std::uint8_t>(config_.kind));
@@ -34,18 +35,23 @@ void Index::save(const std::string& path) const {
   if (graph_) graph_->save(w);
   meta_.save(w, store_);
   text_.save(w);
-  if (codes_) {
-    // Version 2 only: the quantization section (kind, re-rank depth, quantizer and codes).
+  if (quantized()) {
+    // Versions 2 (SQ8) and 3 (RaBitQ): the quantization section (kind, re-rank depth,
+    // quantizer and codes).
     w.u8(static_cast<std::uint8_t>(config_.quantization));
     w.u64(config_.rerank);
-    codes_->save(w);
+    if (codes_) codes_->save(w);
+    if (rabitq_) {
+      w.u8(static_cast<std::uint8_t>(config_.rabitq_bits));  // read first: it shapes the codes object
+      rabitq_->save(w);
+    }
   }
   w.commit();
   store_.release_resident_rows();
 }
 
 std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk) {
-  BinaryReader r(path, kMagic, kFormatVersionQuantized);
+  BinaryReader r(path, kMagic, kFormatVersionRabitq);
   IndexConfig c;
   c.dim = r.u64();
   const std::uint8_t metric = r.u8();
@@ -87,7 +93,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk
   if (vectors_on_disk) {
     // Known only once the trailing section is read: rows go to the file now, and the load
     // fails below unless the file is quantized.
-    if (c.kind != IndexKind::kHnsw) throw InvalidArgument("vectors='disk' needs quantization='sq8'");
+    if (c.kind != IndexKind::kHnsw) throw InvalidArgument("vectors='disk' needs quantization='sq8' or 'rabitq'");
     index->store_.use_disk_rows();
     index->config_.vectors_on_disk = true;
   }
@@ -103,24 +109,43 @@ std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk
   index->meta_.load(r, index->store_);
   index->text_.load(r, index->store_);
   if (r.version() >= kFormatVersionQuantized) {
-    // The quantization section: its kind, re-rank depth and codes must be ones save() writes,
-    // and the code count must match the rows (all of them once trained, none before).
+    // The quantization section: its kind (SQ8 in version 2, RaBitQ in version 3), re-rank depth
+    // and codes must be ones save() writes, and the code count must match the rows (all of
+    // them once trained, none before).
     const std::uint8_t q = r.u8();
     const std::uint64_t rerank = r.u64();
-    if (q != static_cast<std::uint8_t>(Quantization::kSq8)) r.fail("invalid quantization code " + std::to_string(q));
+    const Quantization expected = r.version() == kFormatVersionQuantized ? Quantization::kSq8 : Quantization::kRabitq;
+    if (q != static_cast<std::uint8_t>(expected)) {
+      r.fail("invalid quantization code " + std::to_string(q) + " for format version " + std::to_string(r.version()));
+    }
     if (!index->graph_) r.fail("quantization section in a flat index");
     if (rerank > (1u << 30)) r.fail("invalid re-rank depth " + std::to_string(rerank));
-    index->config_.quantization = Quantization::kSq8;
+    index->config_.quantization = expected;
     index->config_.rerank = rerank;
-    index->codes_ = std::make_unique<Sq8Codes>(c.dim, c.metric);
-    index->codes_->load(r);
-    if (index->codes_->trained() ? index->codes_->slot_count() != slots : index->store_.size() >= kSq8TrainRows) {
-      r.fail("sq8 section: code count does not match the rows");
+    std::size_t codes_held = 0;
+    bool trained = false;
+    if (expected == Quantization::kSq8) {
+      index->codes_ = std::make_unique<Sq8Codes>(c.dim, c.metric);
+      index->codes_->load(r);
+      codes_held = index->codes_->slot_count();
+      trained = index->codes_->trained();
+    } else {
+      const unsigned bits = r.u8();
+      if (bits < kRabitqMinBits || bits > kRabitqMaxBits) r.fail("rabitq section: invalid bits " + std::to_string(bits));
+      index->config_.rabitq_bits = bits;
+      index->rabitq_ = std::make_unique<RabitqCodes>(c.dim, c.metric, bits, c.hnsw.seed);
+      index->rabitq_->load(r);
+      codes_held = index->rabitq_->slot_count();
+      trained = index->rabitq_->trained();
+    }
+    if (trained ? codes_held != slots : index->store_.size() >= kSq8TrainRows) {
+      r.fail(std::string(expected == Quantization::kSq8 ? "sq8" : "rabitq") +
+             " section: code count does not match the rows");
     }
   }
   r.expect_end();
-  if (vectors_on_disk && !index->codes_) {
-    throw InvalidArgument("vectors='disk' needs a quantized index file (quantization='sq8')");
+  if (vectors_on_disk && !index->quantized()) {
+    throw InvalidArgument("vectors='disk' needs a quantized index file (quantization='sq8' or 'rabitq')");
   }
   return index;
 }

@@ -11,7 +11,7 @@
 
 #include "errors.h"
 #include "flat_index.h"
-#include "hnsw_sq8.h"
+#include "hnsw_codes.h"
 #include "index.h"
 #include "parallel.h"
 #include "search_scratch.h"
@@ -127,9 +127,12 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     };
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
     // The exact answer over the passing rows: on codes with an exact re-rank when quantized.
-    const Sq8Codes* codes = search_codes();
+    const CodesRef codes = search_codes();
+    const std::size_t depth = rerank_depth(ef, k);
     const auto exact = [&](const float* q, const std::vector<Slot>& rows) {
-      return codes ? scan_slots_sq8(store_, *codes, config_.metric, q, rows, k, rerank_depth(ef, k))
+      return codes ? codes.visit([&](const auto& c) {
+        return scan_slots_codes(store_, c, config_.metric, q, rows, k, depth);
+      })
                    : scan_slots(store_, config_.metric, q, rows, k);
     };
     // A graph answer is completed with the exact scan of rows not linked yet; a traversal
@@ -151,7 +154,9 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
         // this is the exception, measured per query in O(M^2).
         // On codes when quantized: the descent then reads no float32 row.
         const auto local = [&] {
-          return codes ? HnswSq8Search::local_selectivity(*graph_, *codes, q, allowed)
+          return codes ? codes.visit([&](const auto& c) {
+            return HnswCodeSearch::local_selectivity(*graph_, c, q, allowed);
+          })
                        : graph_->local_selectivity(q, allowed);
         };
         if (p.force == Strategy::kAuto && local() < kLocalSelectivityRatio * sel) {
@@ -160,8 +165,10 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
         }
         std::vector<Scored> res;
         if (codes) {
-          res = HnswSq8Search::search_expanding(*graph_, *codes, q, std::max(ef, k), &allowed,
-                                                [](const std::vector<Scored>&) { return true; });
+          res = codes.visit([&](const auto& c) {
+            return HnswCodeSearch::search_expanding(*graph_, c, q, std::max(ef, k), &allowed,
+                                                    [](const std::vector<Scored>&) { return true; });
+          });
           if (res.size() > k) res.resize(k);
         } else {
           res = graph_->search_filtered(q, k, ef, allowed);
@@ -172,7 +179,9 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       if (strategy == Strategy::kFilteredWalk) {
         const auto accept = [&allowed](Slot s) { return allowed.test(s); };
         finish_graph(qi, q,
-                     codes ? HnswSq8Search::search(*graph_, *codes, q, k, ef, rerank_depth(ef, k), accept)
+                     codes ? codes.visit([&](const auto& c) {
+                       return HnswCodeSearch::search(*graph_, c, q, k, ef, depth, accept);
+                     })
                            : graph_->search_with(q, k, ef, accept));
         return;
       }
@@ -182,13 +191,15 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   }
   if (graph_) {
     std::atomic<std::uint64_t> evals{0};
-    const Sq8Codes* codes = search_codes();
+    const CodesRef codes = search_codes();
+    const std::size_t depth = rerank_depth(ef, k);
     parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
       std::size_t e = 0;
       const float* q = prepared.data() + qi * dim;
-      std::vector<Scored> res =
-          codes ? HnswSq8Search::search(*graph_, *codes, q, k, ef, rerank_depth(ef, k), AcceptAll{}, &e)
-                : graph_->search_with(q, k, ef, AcceptAll{}, &e);
+      std::vector<Scored> res = codes ? codes.visit([&](const auto& c) {
+        return HnswCodeSearch::search(*graph_, c, q, k, ef, depth, AcceptAll{}, &e);
+      })
+                                      : graph_->search_with(q, k, ef, AcceptAll{}, &e);
       // Rows whose graph insertion is deferred are scanned exactly.
       write(qi, merge_pending(std::move(res), q, nullptr, k));
       evals.fetch_add(e, std::memory_order_relaxed);
@@ -250,14 +261,16 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     return rows;
   };
   if (strategy == Strategy::kExact) all_rows();
-  const Sq8Codes* codes = search_codes();
+  const CodesRef codes = search_codes();
   parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
     const float* q = prepared.data() + qi * dim;
     GroupedSlots& groups = search_scratch().groups;  // per thread, reused across queries
     if (strategy == Strategy::kTwoHop) {
       // The candidate list in any order: counting distinct groups needs no sort.
       const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, field_groups, k) >= k; };
-      std::vector<Scored> res = codes ? HnswSq8Search::search_expanding(*graph_, *codes, q, ef, allowed_or_all, enough)
+      std::vector<Scored> res = codes ? codes.visit([&](const auto& c) {
+        return HnswCodeSearch::search_expanding(*graph_, c, q, ef, allowed_or_all, enough);
+      })
                                       : graph_->search_expanding(q, ef, allowed_or_all, enough);
       res = merge_pending(std::move(res), q, allowed_or_all, std::numeric_limits<std::size_t>::max());
       collapse_sorted(res, field_groups, k, p.group_size, groups);

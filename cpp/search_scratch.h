@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "grouping.h"
+#include "rabitq_codes.h"
 #include "slot.h"
 #include "sq8_codes.h"
 #include "topk.h"
@@ -17,18 +18,19 @@ namespace kbcore {
 struct SearchScratch {
   std::vector<Scored> layer_candidates;    // HnswIndex::search_layer: the frontier (a min-heap)
   std::vector<std::uint32_t> layer_links;  // HnswIndex::search_layer: a list copied under its lock
-  std::vector<Scored> expand_candidates;   // HnswIndex / HnswSq8Search::search_expanding: the frontier
+  std::vector<Scored> expand_candidates;   // HnswIndex / HnswCodeSearch::search_expanding: the frontier
   std::vector<Scored> expand_deferred;     // ... nodes scored but not admitted yet
   std::vector<Scored> expand_again;        // ... the deferred nodes being re-offered
   detail::GroupingScratch grouping;        // collapse_sorted, count_groups, collapse_exact
   GroupedSlots groups;                     // Index::search_groups: one query's groups
   std::vector<float> bm25_acc;             // Bm25Index::search: score per slot, 0 = untouched
   std::vector<Slot> bm25_touched;          // Bm25Index::search: the slots with a score
-  Sq8Query sq8_query;                      // HnswSq8Search::search / search_expanding, scan_slots_sq8
+  Sq8Query sq8_query;                      // HnswCodeSearch::search / search_expanding, scan_slots_codes
                                            // (none calls another while it holds the query)
-  std::vector<Scored> sq8_candidates;      // HnswSq8Search::layer0: the frontier
-  std::vector<Slot> sq8_rerank_slots;      // rerank_exact: the candidates' slots
-  std::vector<float> sq8_rerank_dists;     // rerank_exact: their exact distances
+  RabitqQuery rabitq_query;                // the same for RaBitQ codes
+  std::vector<Scored> sq8_candidates;      // HnswCodeSearch::layer0: the frontier
+  std::vector<Slot> sq8_rerank_slots;      // rerank_exact / rerank_bounded: the candidates' slots
+  std::vector<float> sq8_rerank_dists;     // rerank_exact / rerank_bounded: their exact distances
 };
 
 /// This thread's SearchScratch.

@@ -201,7 +201,7 @@ void bind_index(py::module_& m) {
   py::class_<Index>(m, "Index")
       .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
                        std::size_t ef_construction, std::size_t ef, std::uint64_t seed, const std::string& quantization,
-                       std::size_t rerank, const std::string& vectors) {
+                       std::size_t rerank, const std::string& vectors, unsigned bits) {
              IndexConfig c;
              c.dim = dim;
              c.metric = parse_metric(metric);
@@ -212,6 +212,15 @@ void bind_index(py::module_& m) {
              c.ef_search = ef;
              c.quantization = parse_quantization(quantization);
              c.rerank = rerank;
+             if (bits != 0) {
+               if (c.quantization != Quantization::kRabitq) {
+                 throw InvalidArgument("bits applies to quantization='rabitq' only");
+               }
+               if (bits < kRabitqMinBits || bits > kRabitqMaxBits) {
+                 throw InvalidArgument("bits must be in [1, 8], got " + std::to_string(bits));
+               }
+               c.rabitq_bits = bits;
+             }
              if (vectors != "memory" && vectors != "disk") {
                throw InvalidArgument("unknown vectors '" + vectors + "'; expected 'memory' or 'disk'");
              }
@@ -219,7 +228,8 @@ void bind_index(py::module_& m) {
              return std::make_unique<Index>(c);
            }),
            py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"), py::arg("ef"),
-           py::arg("seed"), py::arg("quantization") = "none", py::arg("rerank") = 0, py::arg("vectors") = "memory")
+           py::arg("seed"), py::arg("quantization") = "none", py::arg("rerank") = 0, py::arg("vectors") = "memory",
+           py::arg("bits") = 0)
       .def(
           "add",
           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads, const py::list& columns,
@@ -470,6 +480,11 @@ void bind_index(py::module_& m) {
       .def_property_readonly("quantization",
                              [](const Index& self) { return quantization_name(self.config().quantization); })
       .def_property_readonly("rerank", [](const Index& self) { return self.config().rerank; })
+      .def_property_readonly("bits",
+                             [](const Index& self) {
+                               return self.config().quantization == Quantization::kRabitq ? self.config().rabitq_bits
+                                                                                           : 0u;
+                             })
       .def_property_readonly("quantizer_trained", &Index::quantizer_trained)
       .def(
           "retrain_quantizer",

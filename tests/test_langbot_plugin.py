@@ -248,7 +248,7 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
     assert creation["chunk_size"]["default"] == 500 and creation["chunk_overlap"]["default"] == 50
     assert {o["name"] for o in creation["metric"]["options"]} == {"cosine", "ip", "l2"}
     assert {o["name"] for o in creation["index_kind"]["options"]} == {"hnsw", "flat"}
-    assert {o["name"] for o in creation["quantization"]["options"]} == {"none", "sq8"}
+    assert {o["name"] for o in creation["quantization"]["options"]} == {"none", "sq8", "rabitq"}
     assert creation["quantization"]["default"] == "none"
     retrieval_fields = {f["name"]: f for f in ke.spec["retrieval_schema"]}
     assert set(retrieval_fields) == {"top_k", "score_threshold", "deduplicate", "ef"}
@@ -647,14 +647,16 @@ def test_bad_creation_settings_are_rejected(loaded):
         run(component.on_knowledge_base_create("kb-x", {"quantization": "sq8", "index_kind": "flat"}))
 
 
-def test_the_quantization_setting_creates_an_sq8_knowledge_base(loaded):
+@pytest.mark.parametrize("quantization", ["sq8", "rabitq"])
+def test_the_quantization_setting_creates_a_quantized_knowledge_base(loaded, quantization):
     _, _, component, _, _ = loaded
-    settings = {**HOST_SETTINGS, "index_kind": "hnsw", "quantization": "sq8"}
-    out = ingest(component, ingestion("kb-sq8", "doc-1", "kb/search.txt", settings=settings))
+    settings = {**HOST_SETTINGS, "index_kind": "hnsw", "quantization": quantization}
+    name = f"kb-{quantization}"
+    out = ingest(component, ingestion(name, "doc-1", "kb/search.txt", settings=settings))
     assert out["status"] == "completed"
-    kb = component.engine().get_knowledge_base("kb-sq8")
-    assert kb.info()["index"] == "hnsw" and kb.index.quantization == "sq8"
-    top = retrieve(component, retrieval("kb-sq8", "rotate signing keys every ninety days", creation=settings))
+    kb = component.engine().get_knowledge_base(name)
+    assert kb.info()["index"] == "hnsw" and kb.index.quantization == quantization
+    top = retrieve(component, retrieval(name, "rotate signing keys every ninety days", creation=settings))
     assert top.results and top.results[0].metadata["document_id"] == "doc-1"
 
 

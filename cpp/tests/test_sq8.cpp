@@ -223,7 +223,7 @@ KBCORE_TEST(persistence_round_trips_and_rejects_corruption) {
 
 // A quantized Index (graph walked on codes, exact re-rank) against brute force: every returned
 // distance is the exact one, recall stays high, through removals, slot reuse, the exact filtered
-// scan and a save/load round trip (under ASan in CI, this covers hnsw_sq8.h's memory accesses).
+// scan and a save/load round trip (under ASan in CI, this covers hnsw_codes.h's memory accesses).
 KBCORE_TEST(quantized_index_answers_at_exact_distances) {
   const std::size_t dim = 40, n = 2500, nq = 20, k = 10;
   for (Metric metric : {Metric::kL2, Metric::kIp, Metric::kCosine}) {

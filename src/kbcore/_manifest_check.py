@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import FormatError
 from .fusion import FUSIONS, SEARCH_TYPES
-from .index import DIM_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS
+from .index import DIM_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -152,6 +152,11 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         c.choice(q, "config.quantization", QUANTIZATIONS)
         if kind != "hnsw":
             raise c.fail("config.quantization", f"is {q!r}, but quantization needs an hnsw index, not {kind!r}")
+    bits = c.get(cfg, "bits", "config.bits", optional=True)
+    if bits is not _MISSING and bits is not None:
+        c.int_(bits, "config.bits", *RABITQ_BITS)
+        if q != "rabitq":
+            raise c.fail("config.bits", f"is {bits!r}, but bits needs quantization 'rabitq', not {q!r}")
     c.int_(c.get(cfg, "M", "config.M"), "config.M", *M_RANGE)
     c.int_(c.get(cfg, "ef_construction", "config.ef_construction"), "config.ef_construction", 1, _MAX_KNOB)
     c.int_(c.get(cfg, "ef", "config.ef"), "config.ef", 1, _MAX_KNOB)

@@ -176,6 +176,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             index=args.index,
             shards=args.shards,
             quantization=args.quantization,
+            bits=args.bits,
         )
         used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
@@ -282,7 +283,13 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         "--quantization",
         default=None,
         choices=QUANTIZATIONS,
-        help="for a new hnsw knowledge base: walk the graph on 8-bit codes",
+        help="for a new hnsw knowledge base: walk the graph on compressed codes (sq8: 8-bit; rabitq: --bits)",
+    )
+    ing.add_argument(
+        "--bits",
+        type=int,
+        default=None,
+        help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
     )
     add_embedder_arguments(ing)
     ing.add_argument(

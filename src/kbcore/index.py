@@ -17,7 +17,7 @@ __all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "QUANTIZATION
 
 Metric = Literal["cosine", "ip", "l2"]
 Kind = Literal["hnsw", "flat"]
-Quantization = Literal["sq8"]
+Quantization = Literal["sq8", "rabitq"]
 Vectors = Literal["memory", "disk"]
 
 #: The metric and index kind names (the one list; the engine and its integrations use it).
@@ -27,7 +27,10 @@ KINDS: tuple[str, ...] = ("hnsw", "flat")
 M_RANGE = (2, _core.MAX_M)
 #: The range of an index's dimension (the top is the native kMaxDim).
 DIM_RANGE = (1, _core.MAX_DIM)
-QUANTIZATIONS: tuple[str, ...] = ("sq8",)  # the codes an HNSW index can walk its graph on
+QUANTIZATIONS: tuple[str, ...] = ("sq8", "rabitq")  # the codes an HNSW index can walk its graph on
+#: Bits per dimension of RaBitQ codes: the range, and the default.
+RABITQ_BITS = (1, 8)
+RABITQ_DEFAULT_BITS = 4
 
 
 class Group(NamedTuple):
@@ -194,11 +197,27 @@ def check_quantization(quantization: str | None, kind: str) -> None:
         raise InvalidArgumentError("quantization applies to kind='hnsw' only")
 
 
+def check_bits(bits: int | None, quantization: str | None) -> int | None:
+    """Validates RaBitQ's bits per dimension (None: the default of 4); raises
+    InvalidArgumentError for bits without ``quantization="rabitq"`` or out of [1, 8]."""
+    if bits is None:
+        return None
+    if quantization != "rabitq":
+        raise InvalidArgumentError("bits applies to quantization='rabitq' only")
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
+        raise InvalidArgumentError(f"bits must be an integer, got {bits!r}")
+    if not RABITQ_BITS[0] <= bits <= RABITQ_BITS[1]:
+        raise InvalidArgumentError(f"bits must be in [{RABITQ_BITS[0]}, {RABITQ_BITS[1]}], got {bits}")
+    return int(bits)
+
+
 def _check_vectors(vectors: str, quantization: str | None) -> None:
     if vectors not in ("memory", "disk"):
         raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
     if vectors == "disk" and quantization is None:
-        raise InvalidArgumentError("vectors='disk' needs quantization='sq8' (a float32 graph reads every row)")
+        raise InvalidArgumentError(
+            "vectors='disk' needs quantization='sq8' or 'rabitq' (a float32 graph reads every row)"
+        )
 
 
 class Index:
@@ -217,7 +236,14 @@ class Index:
     re-scored exactly from the float32 rows, so returned distances are exact. The codes are
     trained (per-dimension min/max) when the index first holds 1,000 rows; before that a
     quantized index searches the float32 rows. Values outside the trained range clip;
-    :meth:`retrain_quantizer` trains again from the rows stored now. With ``vectors="disk"``
+    :meth:`retrain_quantizer` trains again from the rows stored now.
+
+    ``quantization="rabitq"`` stores RaBitQ codes (Gao & Long 2024, and its multi-bit
+    extension) of ``bits`` bits per dimension (1 to 8, default 4) after a seeded random
+    rotation: an unbiased distance estimate with a per-row error bound. Its re-rank reads, in
+    order of lower bound, only the candidates that can still enter the top k (default depth:
+    the whole candidate list). The centroid is trained at 1,000 rows like SQ8's ranges.
+    With ``vectors="disk"``
     (quantized only) the float32 rows live in a memory-mapped temporary file whose pages are
     dropped from the resident set after every change, so resident memory is the codes, the
     graph and the rows recently re-ranked (see docs/quantization.md).
@@ -245,6 +271,7 @@ class Index:
         quantization: Quantization | None = None,
         rerank: int | None = None,
         vectors: Vectors = "memory",
+        bits: int | None = None,
     ) -> None:
         """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
         quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
@@ -253,13 +280,24 @@ class Index:
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
         check_quantization(quantization, kind)
+        bits = check_bits(bits, quantization)
         if rerank is not None:
             if quantization is None:
-                raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8')")
+                raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8' or 'rabitq')")
             rerank = _positive("rerank", rerank)
         _check_vectors(vectors, quantization)
         self._native = _core.Index(
-            dim, metric, kind, M, ef_construction, ef, int(seed), quantization or "none", rerank or 0, vectors
+            dim,
+            metric,
+            kind,
+            M,
+            ef_construction,
+            ef,
+            int(seed),
+            quantization or "none",
+            rerank or 0,
+            vectors,
+            bits or 0,
         )
         self._dim = int(self._native.dim)
 
@@ -293,16 +331,23 @@ class Index:
 
     @property
     def quantization(self) -> Quantization | None:
-        """``"sq8"`` for a quantized index, else None."""
+        """``"sq8"`` or ``"rabitq"`` for a quantized index, else None."""
         q = self._native.quantization
         return None if q == "none" else q  # type: ignore[return-value]
 
     @property
     def rerank(self) -> int | None:
-        """Exact re-rank depth of a quantized search (None: the default, the best
-        ``min(max(ef, k), max(2k, 16))`` candidates)."""
+        """Exact re-rank depth of a quantized search (None: the default, for SQ8 the best
+        ``min(max(ef, k), max(2k, 16))`` candidates, for RaBitQ the whole list pruned by the
+        error bound)."""
         r = int(self._native.rerank)
         return r if r > 0 else None
+
+    @property
+    def bits(self) -> int | None:
+        """Bits per dimension of a RaBitQ index's codes, else None."""
+        b = int(self._native.bits)
+        return b if b > 0 else None
 
     @property
     def vectors(self) -> Vectors:
@@ -315,7 +360,8 @@ class Index:
         return bool(self._native.quantizer_trained)
 
     def retrain_quantizer(self, *, threads: int = 0) -> None:
-        """Trains the SQ8 ranges again from the rows stored now and re-encodes every row.
+        """Trains the quantizer again (SQ8's ranges, RaBitQ's centroid) from the rows stored now
+        and re-encodes every row.
 
         Use after the data drifted outside the trained range (such values clip). Raises
         InvalidArgumentError for an index without quantization or without rows.
@@ -598,6 +644,7 @@ class Index:
             f"kbcore.Index(dim={self.dim}, metric={self.metric!r}, kind={self.kind!r}, "
             f"M={self.M}, ef_construction={self.ef_construction}, ef={self.ef}, "
             + (f"quantization={self.quantization!r}, " if self.quantization else "")
+            + (f"bits={self.bits}, " if self.bits else "")
             + f"size={len(self)})"
         )
 

@@ -16,7 +16,7 @@ from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, NotFoundError
 from ..fusion import check_vector_weight
-from ..index import DIM_RANGE, KINDS, METRICS, check_params, check_quantization
+from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_quantization
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase
 from .shards import check_shards, require_ray
@@ -90,6 +90,7 @@ class Engine:
         vector_weight: float = 0.7,
         shards: int | None = None,
         quantization: str | None = None,
+        bits: int | None = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
@@ -97,7 +98,8 @@ class Engine:
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
         ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
-        (None or ``"sq8"``, hnsw only: see :class:`kbcore.Index`) configure the native index.
+        (None, ``"sq8"`` or ``"rabitq"``, hnsw only) and ``bits`` (RaBitQ's bits per dimension,
+        1 to 8, default 4) configure the native index (see :class:`kbcore.Index`).
         ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
@@ -119,6 +121,7 @@ class Engine:
             raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS}")
         M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
         check_quantization(quantization, index)
+        bits = check_bits(bits, quantization)
         shards = check_shards(shards)
         if shards is not None:
             require_ray(name, shards)
@@ -148,6 +151,8 @@ class Engine:
                 config["shards"] = shards
             if quantization is not None:
                 config["quantization"] = quantization
+            if bits is not None:
+                config["bits"] = bits
             spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
             m = manifest.initial(name, config, spec, description)
             try:

@@ -123,6 +123,7 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
                 ef_construction=cfg["ef_construction"],
                 ef=cfg["ef"],
                 **({"quantization": cfg["quantization"]} if cfg.get("quantization") else {}),
+                **({"bits": cfg["bits"]} if cfg.get("bits") else {}),
             )
         else:
             index = ShardedIndex.load(root)

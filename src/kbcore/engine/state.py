@@ -238,6 +238,7 @@ def new_index(cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: 
         ef_construction=cfg["ef_construction"],
         ef=cfg["ef"],
         quantization=cfg.get("quantization"),
+        bits=cfg.get("bits"),
     )
 
 

@@ -1,51 +1,86 @@
 #pragma once
-// Graph search on SQ8 codes (sq8_codes.h) with an exact float32 re-rank.
+// Graph search on compressed codes (SQ8, sq8_codes.h, or RaBitQ, rabitq_codes.h) with an exact
+// float32 re-rank.
 //
 // The graph is the float32 index's graph (construction and repair run on the float32 rows,
 // so a quantized index links exactly the nodes a float32 one would). A query walks the upper
-// levels and level 0 scoring each visited node from its code (stride bytes, a quarter of the
-// float32 row), keeps the usual candidate list of ef, and then re-scores the best `rerank`
-// of that list exactly from the float32 rows: the rows it reads are few and the order it
-// returns is the exact one.
+// levels and level 0 scoring each visited node from its code row (a quarter of the float32
+// row for SQ8, a sixth or less for RaBitQ), keeps the usual candidate list of ef, and then
+// re-scores the best `rerank` of that list exactly from the float32 rows: the rows it reads
+// are few and the order it returns is the exact one. RaBitQ's per-row error bound lets the
+// re-rank skip the candidates that cannot enter the top k.
+//
+// The traversal is written once for both code types through CodeTraits: the prepared query
+// type, the kernels, and where the thread's prepared query lives.
 #include <algorithm>
 #include <vector>
 
 #include "flat_index.h"
 #include "hnsw_index.h"
+#include "rabitq_codes.h"
 #include "search_scratch.h"
 #include "sq8_codes.h"
 
 namespace kbcore {
+
+template <typename Codes>
+struct CodeTraits;
+template <>
+struct CodeTraits<Sq8Codes> {
+  using Query = Sq8Query;
+  using Kernels = Sq8Kernels;
+  static const Kernels& kernels(const Sq8Codes&) { return sq8_active_kernels(); }
+  static Query& query(SearchScratch& s) { return s.sq8_query; }
+  static constexpr bool kBounded = false;
+};
+template <>
+struct CodeTraits<RabitqCodes> {
+  using Query = RabitqQuery;
+  using Kernels = RabitqKernels;
+  static const Kernels& kernels(const RabitqCodes& c) { return c.kernels(); }
+  static Query& query(SearchScratch& s) { return s.rabitq_query; }
+  static constexpr bool kBounded = true;
+};
 
 /// Exact distances of the first min(depth, cands.size()) candidates (any order), sorted
 /// ascending and cut to k. O(depth * dim).
 std::vector<Scored> rerank_exact(const VectorStore& store, Metric metric, const float* q, std::vector<Scored> cands,
                                  std::size_t depth, std::size_t k);
 
-/// The k nearest of `slots` by an SQ8 scan of their codes, re-ranked exactly over the best
+/// rerank_exact for RaBitQ: the candidates (estimated distances) are read in ascending order of
+/// their lower bound (estimate - error bound) and the scan stops at the first whose lower bound
+/// exceeds the k-th exact distance found: the rows skipped could not enter the top k (but for
+/// the bound's small failure rate). At most min(depth, cands.size()) rows are read.
+std::vector<Scored> rerank_bounded(const VectorStore& store, const RabitqCodes& codes, const RabitqQuery& pq,
+                                   Metric metric, const float* q, std::vector<Scored> cands, std::size_t depth,
+                                   std::size_t k);
+
+/// The k nearest of `slots` by a scan of their codes, re-ranked exactly over the best
 /// max(rerank, k) of them. O(|slots| * stride + rerank * dim).
-std::vector<Scored> scan_slots_sq8(const VectorStore& store, const Sq8Codes& codes, Metric metric, const float* q,
-                                   const std::vector<Slot>& slots, std::size_t k, std::size_t rerank);
+template <typename Codes>
+std::vector<Scored> scan_slots_codes(const VectorStore& store, const Codes& codes, Metric metric, const float* q,
+                                     const std::vector<Slot>& slots, std::size_t k, std::size_t rerank);
 
 /// Traversal of an HnswIndex on codes (a friend of HnswIndex: it reads the link lists).
-class HnswSq8Search {
+class HnswCodeSearch {
  public:
   /// k nearest slots to q (prepared: normalised for cosine), ascending by exact distance.
   /// The level-0 candidate list holds max(ef, k, rerank); its best max(rerank, k) are re-ranked.
   /// `accept` admits slots to the results (the walk strategy of filtered search).
-  template <typename Accept>
-  static std::vector<Scored> search(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t k,
+  template <typename Codes, typename Accept>
+  static std::vector<Scored> search(const HnswIndex& g, const Codes& codes, const float* q, std::size_t k,
                                     std::size_t ef, std::size_t rerank, const Accept& accept,
                                     std::size_t* evals = nullptr);
 
   /// HnswIndex::local_selectivity with the greedy descent on codes (the float32 rows, which
   /// may be on disk, are not read).
-  static double local_selectivity(const HnswIndex& g, const Sq8Codes& codes, const float* q, const Bitmap& allowed);
+  template <typename Codes>
+  static double local_selectivity(const HnswIndex& g, const Codes& codes, const float* q, const Bitmap& allowed);
 
   /// HnswIndex::search_expanding on codes (grouped search, and with `allowed` the two-hop
   /// filtered traversal); every result kept is re-ranked exactly, ascending.
-  template <typename Enough>
-  static std::vector<Scored> search_expanding(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t ef,
+  template <typename Codes, typename Enough>
+  static std::vector<Scored> search_expanding(const HnswIndex& g, const Codes& codes, const float* q, std::size_t ef,
                                               const Bitmap* allowed, Enough enough, std::size_t* evals = nullptr);
 
  private:
@@ -53,18 +88,20 @@ class HnswSq8Search {
   /// (fresh) marks the nodes scored: a node scored once cannot beat the current node again
   /// (the current distance only decreases), so it is not scored twice; the entry point is the
   /// one a descent re-scoring every list would reach.
-  static Scored descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq,
+  template <typename Codes, typename Kernels, typename Query>
+  static Scored descend(const HnswIndex& g, const Codes& codes, const Kernels& kern, const Query& pq,
                         VisitedSet& visited);
-  template <typename Accept>
-  static std::vector<Scored> layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
-                                    const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
-                                    VisitedSet& visited, std::size_t* evals);
+  template <typename Codes, typename Kernels, typename Query, typename Accept>
+  static std::vector<Scored> layer0(const HnswIndex& g, const Codes& codes, const Kernels& kern, const Query& pq,
+                                    Scored ep, std::size_t ef, const Accept& accept, VisitedSet& visited,
+                                    std::size_t* evals);
   /// Scores slots[0..m) into out. slots and out hold m rounded up to four. Blocks of four go
   /// through the 4-row kernel; a last block of two or three too (the last slot repeated into
   /// the padding), a single last slot through the 1-row kernel, which reads a quarter of the
   /// block. Both give the same distance for a slot.
-  static void score(const Sq8Codes& codes, const Sq8Kernels& kern, const Sq8Query& pq, std::uint32_t* slots,
-                    std::size_t m, float* out) {
+  template <typename Codes, typename Kernels, typename Query>
+  static void score(const Codes& codes, const Kernels& kern, const Query& pq, std::uint32_t* slots, std::size_t m,
+                    float* out) {
     std::size_t j = 0;
     for (; j + 4 <= m; j += 4) codes.distance4(kern, pq, slots + j, out + j);
     if (m - j == 1) {
@@ -108,10 +145,10 @@ inline void min_heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
 
 // ---- template implementation -------------------------------------------------------------
 
-template <typename Accept>
-std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
-                                          const Sq8Query& pq, Scored ep, std::size_t ef, const Accept& accept,
-                                          VisitedSet& visited_set, std::size_t* evals) {
+template <typename Codes, typename Kernels, typename Query, typename Accept>
+std::vector<Scored> HnswCodeSearch::layer0(const HnswIndex& g, const Codes& codes, const Kernels& kern,
+                                           const Query& pq, Scored ep, std::size_t ef, const Accept& accept,
+                                           VisitedSet& visited_set, std::size_t* evals) {
   const VisitedSet::View visited = visited_set.view();
   std::vector<Scored>& candidates = search_scratch().sq8_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();
@@ -178,8 +215,9 @@ std::vector<Scored> HnswSq8Search::layer0(const HnswIndex& g, const Sq8Codes& co
   return results;  // heap order; the caller re-ranks
 }
 
-inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, const Sq8Kernels& kern,
-                                     const Sq8Query& pq, VisitedSet& visited_set) {
+template <typename Codes, typename Kernels, typename Query>
+Scored HnswCodeSearch::descend(const HnswIndex& g, const Codes& codes, const Kernels& kern, const Query& pq,
+                               VisitedSet& visited_set) {
   const VisitedSet::View visited = visited_set.view();
   Scored cur{codes.distance(kern, pq, g.entry_), g.entry_};
   visited.test_and_set(g.entry_);
@@ -211,45 +249,50 @@ inline Scored HnswSq8Search::descend(const HnswIndex& g, const Sq8Codes& codes, 
   return cur;
 }
 
-inline double HnswSq8Search::local_selectivity(const HnswIndex& g, const Sq8Codes& codes, const float* q,
-                                               const Bitmap& allowed) {
+template <typename Codes>
+double HnswCodeSearch::local_selectivity(const HnswIndex& g, const Codes& codes, const float* q,
+                                         const Bitmap& allowed) {
   if (g.entry_ == kNoSlot) return 0.0;
-  Sq8Query& pq = search_scratch().sq8_query;
+  auto& pq = CodeTraits<Codes>::query(search_scratch());
   codes.prepare(q, pq);
   Slot ep;
   {
     auto visited = g.visited_.acquire(g.levels_.size());  // given back before the next acquire
-    ep = descend(g, codes, sq8_active_kernels(), pq, *visited).slot;
+    ep = descend(g, codes, CodeTraits<Codes>::kernels(codes), pq, *visited).slot;
   }
   return g.local_selectivity_at(ep, allowed);
 }
 
-template <typename Accept>
-std::vector<Scored> HnswSq8Search::search(const HnswIndex& g, const Sq8Codes& codes, const float* q, std::size_t k,
-                                          std::size_t ef, std::size_t rerank, const Accept& accept,
-                                          std::size_t* evals) {
+template <typename Codes, typename Accept>
+std::vector<Scored> HnswCodeSearch::search(const HnswIndex& g, const Codes& codes, const float* q, std::size_t k,
+                                           std::size_t ef, std::size_t rerank, const Accept& accept,
+                                           std::size_t* evals) {
   if (g.entry_ == kNoSlot || k == 0) return {};
-  const Sq8Kernels& kern = sq8_active_kernels();
-  Sq8Query& pq = search_scratch().sq8_query;
+  const auto& kern = CodeTraits<Codes>::kernels(codes);
+  auto& pq = CodeTraits<Codes>::query(search_scratch());
   codes.prepare(q, pq);
   auto visited = g.visited_.acquire(g.levels_.size());
   const Scored cur = descend(g, codes, kern, pq, *visited);
   visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
   const std::size_t depth = std::max(rerank, k);
   std::vector<Scored> res = layer0(g, codes, kern, pq, cur, std::max({ef, k, depth}), accept, *visited, evals);
-  return rerank_exact(g.store_, g.metric_, q, std::move(res), depth, k);
+  if constexpr (CodeTraits<Codes>::kBounded) {
+    return rerank_bounded(g.store_, codes, pq, g.metric_, q, std::move(res), depth, k);
+  } else {
+    return rerank_exact(g.store_, g.metric_, q, std::move(res), depth, k);
+  }
 }
 
-template <typename Enough>
-std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq8Codes& codes, const float* q,
-                                                    std::size_t ef, const Bitmap* allowed, Enough enough,
-                                                    std::size_t* evals) {
+template <typename Codes, typename Enough>
+std::vector<Scored> HnswCodeSearch::search_expanding(const HnswIndex& g, const Codes& codes, const float* q,
+                                                     std::size_t ef, const Bitmap* allowed, Enough enough,
+                                                     std::size_t* evals) {
   // HnswIndex::search_expanding with every distance taken from the codes (same traversal,
   // same two-hop expansion through failing neighbours), then an exact re-rank of the results.
   if (g.entry_ == kNoSlot) return {};
-  const Sq8Kernels& kern = sq8_active_kernels();
+  const auto& kern = CodeTraits<Codes>::kernels(codes);
   SearchScratch& scratch = search_scratch();
-  Sq8Query& pq = scratch.sq8_query;
+  auto& pq = CodeTraits<Codes>::query(scratch);
   codes.prepare(q, pq);
   const std::size_t stride = codes.stride();
   const std::size_t limit = std::max<std::size_t>(g.store_.size(), 1);
@@ -342,6 +385,40 @@ std::vector<Scored> HnswSq8Search::search_expanding(const HnswIndex& g, const Sq
   // Exact distances for every result kept, ascending (the caller cuts or groups them).
   const std::size_t n = results.size();
   return rerank_exact(g.store_, g.metric_, q, std::move(results), n, n);
+}
+
+template <typename Codes>
+std::vector<Scored> scan_slots_codes(const VectorStore& store, const Codes& codes, Metric metric, const float* q,
+                                     const std::vector<Slot>& slots, std::size_t k, std::size_t rerank) {
+  const std::size_t depth = std::max(rerank, k);
+  if (slots.size() <= depth) return scan_slots(store, metric, q, slots, k);
+  const auto& kern = CodeTraits<Codes>::kernels(codes);
+  auto& pq = CodeTraits<Codes>::query(search_scratch());
+  codes.prepare(q, pq);
+  TopK heap(depth);
+  constexpr std::size_t kAhead = 16;
+  const std::size_t stride = codes.stride();
+  const std::size_t n = slots.size();
+  for (std::size_t j = 0; j < std::min(kAhead, n); ++j) prefetch_row_l2(codes.code(slots[j]), stride);
+  std::size_t i = 0;
+  float d[4];
+  for (; i + 4 <= n; i += 4) {
+    for (std::size_t j = i + kAhead; j < std::min(n, i + kAhead + 4); ++j)
+      prefetch_row_l2(codes.code(slots[j]), stride);
+    codes.distance4(kern, pq, slots.data() + i, d);
+    for (std::size_t t = 0; t < 4; ++t) {
+      if (d[t] <= heap.worst()) heap.push(d[t], slots[i + t]);
+    }
+  }
+  for (; i < n; ++i) {
+    const float e = codes.distance(kern, pq, slots[i]);
+    if (e <= heap.worst()) heap.push(e, slots[i]);
+  }
+  if constexpr (CodeTraits<Codes>::kBounded) {
+    return rerank_bounded(store, codes, pq, metric, q, heap.take_sorted(), depth, k);
+  } else {
+    return rerank_exact(store, metric, q, heap.take_sorted(), depth, k);
+  }
 }
 
 }  // namespace kbcore
