@@ -25,9 +25,13 @@ constexpr unsigned kRounds = 4;
 constexpr std::size_t kRowConstants = 3;
 constexpr std::size_t kConstantBytes = kRowConstants * sizeof(float);
 // Coarse grid and refinement of the code scale search (encode).
-constexpr int kCoarseSteps = 40;
-constexpr float kCoarseRange = 1.25f;  // the grid spans (0, 1.25 t_max]: a little clipping can pay
+// The grid spans (0, 3 t_max] (t_max: the largest coordinate reaches the top code): at few bits
+// the best codes clip (2 bits: near 1.5 t_max, the uniform quantizer of a Gaussian).
+// A finer grid (kFineSteps points) spans two steps of the coarser one around a point.
+constexpr int kCoarseSteps = 32;
+constexpr float kCoarseRange = 3.0f;
 constexpr int kFineSteps = 16;
+constexpr int kCandidates = 3;
 
 std::size_t pow2_floor(std::size_t n) {
   std::size_t b = 1;
@@ -94,27 +98,39 @@ float scaled_ip(const float* o, std::size_t n, float t, int half) {
 }
 
 // The scale t of the codes of unit vector o that maximises <y, o> / |y|. Gao et al. (2025) find
-// it exactly by enumerating the scales where a code changes; here a coarse grid up to a little
-// beyond the scale at which the largest coordinate reaches the top code, then a finer grid
-// around the best point (56 evaluations of O(D) each).
+// it exactly by enumerating the scales where a code changes (O(D 2^bits log D)); here a coarse
+// grid, then finer ones around the best points (92 evaluations of O(D) each).
 float best_scale(const float* o, std::size_t n, int half) {
   float amax = 0;
   for (std::size_t d = 0; d < n; ++d) amax = std::max(amax, std::fabs(o[d]));
   const float t_max = static_cast<float>(half) / amax;
   const float step = kCoarseRange * t_max / kCoarseSteps;
-  float best_t = step, best = -1;
+  // The objective is piecewise constant with several local maxima: the finer grids search
+  // around the kCandidates best coarse points, the last one around the best point so far.
+  float cand_t[kCandidates] = {}, cand_ip[kCandidates];
+  std::fill(cand_ip, cand_ip + kCandidates, -1.0f);
   for (int k = 1; k <= kCoarseSteps; ++k) {
     const float t = step * static_cast<float>(k);
-    const float ip = scaled_ip(o, n, t, half);
-    if (ip > best) best = ip, best_t = t;
+    float ip = scaled_ip(o, n, t, half);
+    float tt = t;
+    for (int c = 0; c < kCandidates; ++c) {  // insertion into the descending list
+      if (ip > cand_ip[c]) std::swap(ip, cand_ip[c]), std::swap(tt, cand_t[c]);
+    }
   }
-  const float lo = best_t - step, fine = 2 * step / kFineSteps;
-  for (int k = 1; k < kFineSteps; ++k) {
-    const float t = lo + fine * static_cast<float>(k);
-    if (!(t > 0)) continue;
-    const float ip = scaled_ip(o, n, t, half);
-    if (ip > best) best = ip, best_t = t;
+  float best_t = cand_t[0], best = cand_ip[0];
+  const auto refine = [&](float centre, float width) {
+    const float fine = 2 * width / kFineSteps;
+    for (int k = 1; k < kFineSteps; ++k) {
+      const float t = centre - width + fine * static_cast<float>(k);
+      if (!(t > 0)) continue;
+      const float ip = scaled_ip(o, n, t, half);
+      if (ip > best) best = ip, best_t = t;
+    }
+  };
+  for (int c = 0; c < kCandidates; ++c) {
+    if (cand_ip[c] >= 0) refine(cand_t[c], step);
   }
+  refine(best_t, 2 * step / kFineSteps);
   return best_t;
 }
 

@@ -167,6 +167,68 @@ KBCORE_TEST(decode_inverts_the_rotation) {
   }
 }
 
+// <y, o> / |y| of the codes u_d = clamp(floor(t o_d) + half, 0, 2 half - 1) (the header's rule).
+double scaled_ip_oracle(const std::vector<double>& o, double t, int half) {
+  double yo = 0, yy = 0;
+  for (double v : o) {
+    const double u = std::min(std::max(std::floor(t * v) + half, 0.0), 2.0 * half - 1);
+    const double y = u + 0.5 - half;
+    yo += y * v;
+    yy += y * y;
+  }
+  return yo / std::sqrt(yy);
+}
+
+// For L2, prepare(x) leaves r = P(x - c) in rotated: the stored code and constants against
+// their definitions, and the encoder's scale against a brute-force search over 3,000 scales
+// up to 4 t_max (t_max: the largest coordinate at the top code).
+KBCORE_TEST(encode_stores_the_documented_code_and_constants) {
+  for (std::size_t dim : {100u, 384u}) {
+    const auto rows = gaussian_rows(12, dim, 13, false);
+    for (unsigned bits = kRabitqMinBits; bits <= kRabitqMaxBits; ++bits) {
+      const auto codes = trained_codes(dim, Metric::kL2, bits, rows);
+      const unsigned container = rabitq_container_bits(bits);
+      const std::size_t padded = codes.padded_dim(), cb = code_bytes(container, padded);
+      const int half = 1 << (bits - 1);
+      double worst_gap = 0, mean_ip = 0;
+      RabitqQuery p;
+      for (std::uint32_t s = 0; s < 12; ++s) {
+        codes.prepare(rows.data() + s * dim, p);
+        double n2 = 0;
+        for (float v : p.rotated) n2 += static_cast<double>(v) * v;
+        std::vector<double> o(padded);
+        for (std::size_t d = 0; d < padded; ++d) o[d] = p.rotated[d] / std::sqrt(n2);
+        const std::uint8_t* row = codes.code(s);
+        double yo = 0, yy = 0;
+        for (std::size_t d = 0; d < padded; ++d) {
+          const unsigned u = reference_code(row, container, d);
+          CHECK(u < (1u << bits));
+          if (bits == 1) CHECK(u == (o[d] >= 0 ? 1u : 0u));
+          const double y = u + 0.5 - half;
+          yo += y * o[d];
+          yy += y * y;
+        }
+        const double ip = yo / std::sqrt(yy);
+        float c[3];
+        std::memcpy(c, row + cb, sizeof(c));
+        CHECK(std::fabs(c[0] - std::sqrt(n2) / yo) <= 1e-4 * c[0]);
+        CHECK(std::fabs(c[1] - n2) <= 1e-5 * n2);
+        const double e = std::sqrt(n2) * std::sqrt(1 - ip * ip) / ip;
+        CHECK(std::fabs(c[2] - e) <= 1e-3 * e + 1e-6 * std::sqrt(n2));
+        double amax = 0;
+        for (double v : o) amax = std::max(amax, std::fabs(v));
+        double best = 0;
+        for (int k = 1; k <= 3000; ++k) best = std::max(best, scaled_ip_oracle(o, 4.0 * half / amax * k / 3000, half));
+        worst_gap = std::max(worst_gap, best - ip);
+        mean_ip += ip / 12;
+      }
+      std::printf("  dim %zu bits %u: mean <y, o> / |y| %.6f, worst shortfall from the brute-force optimum %.2e\n", dim,
+                  bits, mean_ip, worst_gap);
+      CHECK(worst_gap < 2e-5);  // measured: at most 3e-6 (dim 100, 7 bits)
+    }
+  }
+}
+
 KBCORE_TEST(kernels_equal_reference_at_every_level_and_container) {
   std::mt19937_64 rng(7);
   for (unsigned container : {1u, 4u, 8u}) {
@@ -210,11 +272,11 @@ KBCORE_TEST(kernels_equal_reference_at_every_level_and_container) {
 // 2,000 Gaussian rows (non-zero mean) x 20 queries per dimension, metric and bits. Measured
 // (error = estimate - exact; "outside" = share of rows with |error| > error_bound):
 //   |mean error| <= 0.032 std everywhere (largest: dim 384 inner product 1 bit, +0.57 at std 18.0);
-//   std, dim 384 L2 (mean exact 765):  1 bit 29.7, 2 bits 15.2, 4 bits 4.12, 8 bits 0.274;
-//   std, dim 100 L2 (mean exact 201):  1 bit 13.3, 2 bits 6.59, 4 bits 1.77, 8 bits 0.109;
-//   std, dim 384 cosine (mean 0.668):  1 bit 0.0316, 2 bits 0.0162, 4 bits 0.0044, 8 bits 0.0003;
-//   outside the bound: 0.19% to 0.29% in every configuration (at epsilon_0 = 2.6: 0.78% to
-//   1.03%, at 1.9: 5.3% to 6.0%), the tails of a Gaussian error.
+//   std, dim 384 L2 (mean exact 765):  1 bit 29.7, 2 bits 14.3, 4 bits 4.11, 8 bits 0.275;
+//   std, dim 100 L2 (mean exact 201):  1 bit 13.3, 2 bits 6.41, 4 bits 1.76, 8 bits 0.109;
+//   std, dim 384 cosine (mean 0.668):  1 bit 0.0316, 2 bits 0.0153, 4 bits 0.0044, 8 bits 0.0003;
+//   outside the bound: 0.18% to 0.31% in every configuration (at epsilon_0 = 2.6: 0.78% to
+//   1.03%, at 1.9: 5.4% to 6.0%), the tails of a Gaussian error.
 KBCORE_TEST(estimator_is_unbiased_shrinks_with_bits_and_stays_in_its_bound) {
   const std::size_t n = 2000, nq = 20;
   for (std::size_t dim : {100u, 384u}) {
@@ -476,7 +538,7 @@ KBCORE_TEST(persistence_round_trips_and_rejects_corruption) {
   const auto expect_into = [&](const Section& s, const char* part, std::size_t dim_into, unsigned bits_into) {
     write_section(path, s);
     RabitqCodes into(dim_into, Metric::kL2, bits_into, 5);
-    into.train(rows.data(), n);
+    into.train(rows.data(), rows.size() / dim_into);
     into.resize(3);
     const std::string msg = load_error(path, into);
     if (!contains(msg, part)) std::fprintf(stderr, "  expected '%s', got '%s'\n", part, msg.c_str());
