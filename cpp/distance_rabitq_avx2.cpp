@@ -97,8 +97,7 @@ std::int32_t dot_nibble_avx2(const std::int16_t* q, const std::uint8_t* c, std::
   return hsum(a);
 }
 
-void dot4_nibble_avx2(const std::int16_t* q, const std::uint8_t* const* codes, std::size_t padded,
-                      std::int32_t* out) {
+void dot4_nibble_avx2(const std::int16_t* q, const std::uint8_t* const* codes, std::size_t padded, std::int32_t* out) {
   __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
   __m256i a2 = _mm256_setzero_si256(), a3 = _mm256_setzero_si256();
   for (std::size_t i = 0, b = 0; i < padded; i += 64, b += 32) {

@@ -60,8 +60,7 @@ std::int32_t dot_bits_avx512(const std::int16_t* q, const std::uint8_t* c, std::
   return hsum512(_mm512_add_epi32(a0, a1));
 }
 
-void dot4_bits_avx512(const std::int16_t* q, const std::uint8_t* const* codes, std::size_t padded,
-                      std::int32_t* out) {
+void dot4_bits_avx512(const std::int16_t* q, const std::uint8_t* const* codes, std::size_t padded, std::int32_t* out) {
   const __m512i ones = _mm512_set1_epi16(1);
   __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
   __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
@@ -80,8 +79,8 @@ inline __m512i nibble_block(const std::int16_t* q, const std::uint8_t* c, std::s
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
   const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(v, mask));
   const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
-  const __m512i s =
-      _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(q + i), lo), _mm512_madd_epi16(_mm512_loadu_si512(q + i + 32), hi));
+  const __m512i s = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(q + i), lo),
+                                     _mm512_madd_epi16(_mm512_loadu_si512(q + i + 32), hi));
   return _mm512_add_epi32(acc, s);
 }
 

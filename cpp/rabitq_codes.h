@@ -92,10 +92,10 @@ const RabitqKernels& rabitq_avx512_kernels(unsigned container_bits);
 struct RabitqQuery {
   AlignedVector<std::int16_t> qi;  ///< padded_dim entries
   std::vector<float> rotated;      ///< prepare's scratch: the rotated query
-  float c0 = 0;   ///< 1 - <c, q> (IP / cosine) or |q'|^2 (L2)
-  float c1 = 0;   ///< -a (IP / cosine) or -2a (L2): multiplies F_x * dot
-  float c2 = 0;   ///< -kappa * sum q' (IP / cosine) or -2 kappa * sum q' (L2): multiplies F_x
-  float err = 0;  ///< error bound of row x = err * E_x
+  float c0 = 0;                    ///< 1 - <c, q> (IP / cosine) or |q'|^2 (L2)
+  float c1 = 0;                    ///< -a (IP / cosine) or -2a (L2): multiplies F_x * dot
+  float c2 = 0;                    ///< -kappa * sum q' (IP / cosine) or -2 kappa * sum q' (L2): multiplies F_x
+  float err = 0;                   ///< error bound of row x = err * E_x
 };
 
 /// The quantizer (centroid, rotation) and the code rows of every slot.
@@ -158,12 +158,12 @@ class RabitqCodes {
   std::size_t code_bytes_;  // bytes of the code part of a row
   std::size_t stride_;
   bool trained_ = false;
-  std::vector<float> centroid_;        // dim entries once trained
+  std::vector<float> centroid_;  // dim entries once trained
   // The rotation's per-round factors (kRounds x padded_ floats): the random sign (+-1), times
   // 1 / sqrt(block) inside the round's Walsh-Hadamard block (the transform's normalisation).
   std::vector<float> signs_;
   std::size_t slots_ = 0;
-  AlignedVector<std::uint8_t> rows_;   // slots_ * stride_
+  AlignedVector<std::uint8_t> rows_;  // slots_ * stride_
 
   void rotate(float* v) const;          // v <- P v (padded_ floats, in place)
   void rotate_inverse(float* v) const;  // v <- P^T v

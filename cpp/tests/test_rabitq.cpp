@@ -309,8 +309,10 @@ KBCORE_TEST(estimator_is_unbiased_shrinks_with_bits_and_stays_in_its_bound) {
         const double m = static_cast<double>(n * nq);
         const double mean = sum / m, sd = std::sqrt(std::max(0.0, sum2 / m - mean * mean));
         const double share = static_cast<double>(viol) / m;
-        std::printf("  dim %zu metric %d bits %u: mean err %+.5f std %.5f (mean |exact| %.4f) outside %.3f%% (at 1.9: %.3f%%)\n",
-                    dim, static_cast<int>(metric), bits, mean, sd, scale / m, 100 * share, 100.0 * viol_19 / m);
+        std::printf(
+            "  dim %zu metric %d bits %u: mean err %+.5f std %.5f (mean |exact| %.4f) outside %.3f%% (at 1.9: "
+            "%.3f%%)\n",
+            dim, static_cast<int>(metric), bits, mean, sd, scale / m, 100 * share, 100.0 * viol_19 / m);
         CHECK(std::fabs(mean) < 0.1 * sd);
         CHECK(sd < prev_std);
         CHECK(share < 0.01);
@@ -392,7 +394,8 @@ KBCORE_TEST(centroid_row_is_exact_and_small_dims_work) {
         float c[3];
         std::memcpy(c, row + code_bytes(rabitq_container_bits(bits), codes.padded_dim()), sizeof(c));
         CHECK(c[0] == 0 && c[1] == 0 && c[2] == 0);
-        for (std::size_t i = code_bytes(rabitq_container_bits(bits), codes.padded_dim()) + 12; i < codes.stride(); ++i) {
+        for (std::size_t i = code_bytes(rabitq_container_bits(bits), codes.padded_dim()) + 12; i < codes.stride();
+             ++i) {
           CHECK(row[i] == 0);
         }
         CHECK(codes.stride() % 64 == 0);
@@ -597,7 +600,13 @@ KBCORE_TEST(byte_container_rejects_codes_above_their_bits) {
   const std::string path = "/tmp/kbcore_rabitq_test_b_" + std::to_string(::getpid()) + ".bin";
   for (unsigned bits : {5u, 8u}) {
     const auto codes = trained_codes(dim, Metric::kIp, bits, rows);
-    Section s{dim,  64, static_cast<std::uint8_t>(bits), 99, 1, codes.centroid(), n,
+    Section s{dim,
+              64,
+              static_cast<std::uint8_t>(bits),
+              99,
+              1,
+              codes.centroid(),
+              n,
               std::vector<std::uint8_t>(codes.code(0), codes.code(0) + n * codes.stride())};
     s.rows[codes.stride() + 9] = 32;  // 2^5: above 5 bits, valid at 8
     write_section(path, s);
