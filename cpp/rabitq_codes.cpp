@@ -1,0 +1,480 @@
+// RaBitQ rotation, training, encoding, query preparation, distances, error bounds, persistence
+// and kernel dispatch (rabitq_codes.h).
+#include "rabitq_codes.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "binary_io.h"
+#include "errors.h"
+
+namespace kbcore {
+namespace {
+
+// Rounds of the rotation: sign flip, then a Walsh-Hadamard transform of a power-of-two block
+// (the start of the vector in even rounds, its end in odd ones), then (when the padded dimension
+// is not a power of two) a butterfly of the two halves. The block covers more than half of the
+// vector, so after three rounds every output depends on every input; the fourth brings the
+// transform closer to a uniformly random rotation (the FHT-Kac construction of the RaBitQ
+// library; a dense Gaussian rotation would cost D^2 per vector).
+constexpr unsigned kRounds = 4;
+// The three float constants after a row's code: F_x, |r|^2, E_x.
+constexpr std::size_t kRowConstants = 3;
+constexpr std::size_t kConstantBytes = kRowConstants * sizeof(float);
+// Coarse grid and refinement of the code scale search (encode).
+// The grid spans (0, 3 t_max] (t_max: the largest coordinate reaches the top code): at few bits
+// the best codes clip (2 bits: near 1.5 t_max, the uniform quantizer of a Gaussian).
+// A finer grid (kFineSteps points) spans two steps of the coarser one around a point.
+constexpr int kCoarseSteps = 32;
+constexpr float kCoarseRange = 3.0f;
+constexpr int kFineSteps = 16;
+constexpr int kCandidates = 3;
+
+std::size_t pow2_floor(std::size_t n) {
+  std::size_t b = 1;
+  while (b * 2 <= n) b *= 2;
+  return b;
+}
+
+// Unnormalised in-place Walsh-Hadamard transform of n (a power of two) floats; the 1 / sqrt(n)
+// is folded into the round's sign factors.
+void fwht(float* v, std::size_t n) {
+  for (std::size_t h = 1; h < n; h *= 2) {
+    for (std::size_t i = 0; i < n; i += 2 * h) {
+      float* a = v + i;
+      float* b = v + i + h;
+      for (std::size_t j = 0; j < h; ++j) {
+        const float x = a[j], y = b[j];
+        a[j] = x + y;
+        b[j] = x - y;
+      }
+    }
+  }
+}
+
+// ((a + b) / sqrt 2, (a - b) / sqrt 2) of the two halves: orthogonal, symmetric, its own inverse.
+void butterfly(float* v, std::size_t n) {
+  const std::size_t h = n / 2;
+  const float s = static_cast<float>(1.0 / std::sqrt(2.0));
+  for (std::size_t i = 0; i < h; ++i) {
+    const float x = v[i], y = v[i + h];
+    v[i] = (x + y) * s;
+    v[i + h] = (x - y) * s;
+  }
+}
+
+// Round to nearest, ties to even, for |v| <= 2^22 (as in sq8_codes.cpp): inline, where
+// std::nearbyint is a libm call at the portable baseline.
+inline float round_small(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// floor(v) clamped to [lo, hi], for |v| < 2^31; truncation then a correction (vectorises at the
+// SSE2 baseline, where std::floor may not).
+inline int floor_clamp(float v, int lo, int hi) {
+  int i = static_cast<int>(v);
+  i -= v < static_cast<float>(i) ? 1 : 0;
+  return i < lo ? lo : i > hi ? hi : i;
+}
+
+// <y, o> / |y| for the codes u_d = clamp(floor(t o_d) + half, 0, 2 half - 1), y_d = u_d + 1/2 - half.
+float scaled_ip(const float* o, std::size_t n, float t, int half) {
+  constexpr std::size_t kLanes = 8;
+  float yo[kLanes] = {}, yy[kLanes] = {};
+  for (std::size_t d = 0; d < n; d += kLanes) {  // n is a multiple of 64
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      const float y = static_cast<float>(floor_clamp(t * o[d + l], -half, half - 1)) + 0.5f;
+      yo[l] += y * o[d + l];
+      yy[l] += y * y;
+    }
+  }
+  float syo = 0, syy = 0;
+  for (std::size_t l = 0; l < kLanes; ++l) syo += yo[l], syy += yy[l];
+  return syy > 0 ? syo / std::sqrt(syy) : 0.0f;
+}
+
+// The scale t of the codes of unit vector o that maximises <y, o> / |y|. Gao et al. (2025) find
+// it exactly by enumerating the scales where a code changes (O(D 2^bits log D)); here a coarse
+// grid, then finer ones around the best points (92 evaluations of O(D) each).
+float best_scale(const float* o, std::size_t n, int half) {
+  float amax = 0;
+  for (std::size_t d = 0; d < n; ++d) amax = std::max(amax, std::fabs(o[d]));
+  const float t_max = static_cast<float>(half) / amax;
+  const float step = kCoarseRange * t_max / kCoarseSteps;
+  // The objective is piecewise constant with several local maxima: the finer grids search
+  // around the kCandidates best coarse points, the last one around the best point so far.
+  float cand_t[kCandidates] = {}, cand_ip[kCandidates];
+  std::fill(cand_ip, cand_ip + kCandidates, -1.0f);
+  for (int k = 1; k <= kCoarseSteps; ++k) {
+    const float t = step * static_cast<float>(k);
+    float ip = scaled_ip(o, n, t, half);
+    float tt = t;
+    for (int c = 0; c < kCandidates; ++c) {  // insertion into the descending list
+      if (ip > cand_ip[c]) std::swap(ip, cand_ip[c]), std::swap(tt, cand_t[c]);
+    }
+  }
+  float best_t = cand_t[0], best = cand_ip[0];
+  const auto refine = [&](float centre, float width) {
+    const float fine = 2 * width / kFineSteps;
+    for (int k = 1; k < kFineSteps; ++k) {
+      const float t = centre - width + fine * static_cast<float>(k);
+      if (!(t > 0)) continue;
+      const float ip = scaled_ip(o, n, t, half);
+      if (ip > best) best = ip, best_t = t;
+    }
+  };
+  for (int c = 0; c < kCandidates; ++c) {
+    if (cand_ip[c] >= 0) refine(cand_t[c], step);
+  }
+  refine(best_t, 2 * step / kFineSteps);
+  return best_t;
+}
+
+// Code value of dimension d in a row of the container.
+inline unsigned code_at(const std::uint8_t* row, unsigned container, std::size_t d) {
+  switch (container) {
+    case 1:
+      return (row[d / 8] >> (d % 8)) & 1u;
+    case 4: {
+      const std::uint8_t b = row[d / 64 * 32 + d % 32];
+      return d % 64 < 32 ? b & 15u : b >> 4;
+    }
+    default:
+      return row[d];
+  }
+}
+
+// Stores code u of dimension d into a zeroed row of the container.
+inline void put_code(std::uint8_t* row, unsigned container, std::size_t d, unsigned u) {
+  switch (container) {
+    case 1:
+      row[d / 8] = static_cast<std::uint8_t>(row[d / 8] | (u << (d % 8)));
+      break;
+    case 4:
+      row[d / 64 * 32 + d % 32] = static_cast<std::uint8_t>(row[d / 64 * 32 + d % 32] | (u << (d % 64 < 32 ? 0 : 4)));
+      break;
+    default:
+      row[d] = static_cast<std::uint8_t>(u);
+  }
+}
+
+std::size_t code_bytes_for(unsigned container, std::size_t padded) {
+  return container == 1 ? padded / 8 : container == 4 ? padded / 2 : padded;
+}
+
+}  // namespace
+
+const RabitqKernels& rabitq_kernels_for(unsigned container_bits, SimdLevel level) {
+  if (container_bits != 1 && container_bits != 4 && container_bits != 8) {
+    throw InvalidArgument("rabitq: code container must be 1, 4 or 8 bits, got " + std::to_string(container_bits));
+  }
+  switch (level) {
+#if defined(KBCORE_HAVE_X86_KERNELS)
+    case SimdLevel::kAvx2:
+      return detail::rabitq_avx2_kernels(container_bits);
+    case SimdLevel::kAvx512:
+      return detail::rabitq_avx512_kernels(container_bits);
+#endif
+    default:
+      return detail::rabitq_scalar_kernels(container_bits);
+  }
+}
+
+RabitqCodes::RabitqCodes(std::size_t dim, Metric metric, unsigned bits, std::uint64_t seed)
+    : dim_(dim), padded_(rabitq_padded_dim(dim)), bits_(bits), metric_(metric), seed_(seed) {
+  if (dim == 0) throw InvalidArgument("rabitq: dim must be positive");
+  if (bits < kRabitqMinBits || bits > kRabitqMaxBits) {
+    throw InvalidArgument("rabitq: bits must be in [" + std::to_string(kRabitqMinBits) + ", " +
+                          std::to_string(kRabitqMaxBits) + "], got " + std::to_string(bits));
+  }
+  code_bytes_ = code_bytes_for(rabitq_container_bits(bits), padded_);
+  stride_ = (code_bytes_ + kConstantBytes + kRabitqAlign - 1) / kRabitqAlign * kRabitqAlign;
+  // The signs come from the raw engine output (its top bit), which the standard fixes for every
+  // platform, not from a distribution (whose algorithm is the library's choice).
+  std::mt19937_64 rng(seed);
+  const std::size_t block = pow2_floor(padded_);
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
+  signs_.resize(kRounds * padded_);
+  for (unsigned r = 0; r < kRounds; ++r) {
+    const std::size_t start = r % 2 ? padded_ - block : 0;
+    for (std::size_t d = 0; d < padded_; ++d) {
+      const float sign = (rng() >> 63) ? -1.0f : 1.0f;
+      signs_[r * padded_ + d] = d >= start && d < start + block ? sign * norm : sign;
+    }
+  }
+}
+
+void RabitqCodes::rotate(float* v) const {
+  const std::size_t block = pow2_floor(padded_);
+  for (unsigned r = 0; r < kRounds; ++r) {
+    const float* f = signs_.data() + r * padded_;
+    for (std::size_t d = 0; d < padded_; ++d) v[d] *= f[d];
+    fwht(v + (r % 2 ? padded_ - block : 0), block);
+    if (block != padded_ && r + 1 < kRounds) butterfly(v, padded_);
+  }
+}
+
+void RabitqCodes::rotate_inverse(float* v) const {
+  // Each step is orthogonal; the transpose of H diag(f) (H unnormalised, f holding H's
+  // 1 / sqrt(block)) is diag(f) H, so the steps run backwards with the same tables.
+  const std::size_t block = pow2_floor(padded_);
+  for (unsigned r = kRounds; r-- > 0;) {
+    if (block != padded_ && r + 1 < kRounds) butterfly(v, padded_);
+    fwht(v + (r % 2 ? padded_ - block : 0), block);
+    const float* f = signs_.data() + r * padded_;
+    for (std::size_t d = 0; d < padded_; ++d) v[d] *= f[d];
+  }
+}
+
+void RabitqCodes::train(const float* rows, std::size_t n, std::size_t max_sample) {
+  if (n == 0) throw InvalidArgument("rabitq: cannot train the quantizer on zero rows");
+  const std::size_t sample = std::max<std::size_t>(1, std::min(n, max_sample));
+  std::vector<double> sum(dim_, 0.0);
+  for (std::size_t i = 0; i < sample; ++i) {
+    const std::size_t row = sample == n ? i : i * (n / sample);
+    const float* x = rows + row * dim_;
+    for (std::size_t d = 0; d < dim_; ++d) {
+      if (!std::isfinite(x[d])) throw InvalidArgument("rabitq: training rows contain NaN or infinity");
+      sum[d] += x[d];
+    }
+  }
+  std::vector<float> c(dim_);
+  for (std::size_t d = 0; d < dim_; ++d) c[d] = static_cast<float>(sum[d] / static_cast<double>(sample));
+  centroid_ = std::move(c);
+  trained_ = true;
+}
+
+void RabitqCodes::resize(std::size_t slots) {
+  rows_.resize(slots * stride_, 0);
+  slots_ = slots;
+}
+
+void RabitqCodes::encode(std::uint32_t s, const float* x) {
+  if (!trained_) throw InvalidArgument("rabitq: the quantizer is not trained");
+  if (s >= slots_) throw InvalidArgument("rabitq: slot out of range");
+  // Per-thread scratch: encode runs concurrently for distinct slots.
+  thread_local std::vector<float> scratch;
+  scratch.resize(padded_);
+  float* r = scratch.data();
+  for (std::size_t d = 0; d < dim_; ++d) r[d] = x[d] - centroid_[d];
+  std::fill(r + dim_, r + padded_, 0.0f);
+  rotate(r);
+  double n2 = 0;
+  for (std::size_t d = 0; d < padded_; ++d) n2 += static_cast<double>(r[d]) * r[d];
+  if (!std::isfinite(n2)) throw InvalidArgument("rabitq: the encoded vector contains NaN or infinity");
+
+  std::uint8_t* row = rows_.data() + static_cast<std::size_t>(s) * stride_;
+  std::memset(row, 0, stride_);
+  const unsigned container = rabitq_container_bits(bits_);
+  const int half = 1 << (bits_ - 1);
+  float constants[kRowConstants] = {0, 0, 0};
+  if (n2 == 0) {
+    // x is the centroid: F_x = 0 makes the estimate exact (c0, plus |r|^2 = 0 for L2) whatever
+    // the code; the code is the middle value, y = +1/2.
+    for (std::size_t d = 0; d < padded_; ++d) put_code(row, container, d, static_cast<unsigned>(half));
+    std::memcpy(row + code_bytes_, constants, kConstantBytes);
+    return;
+  }
+  const double norm = std::sqrt(n2);
+  const float inv = static_cast<float>(1.0 / norm);
+  for (std::size_t d = 0; d < padded_; ++d) r[d] *= inv;  // o = r / |r|
+  const float t = bits_ == 1 ? 1.0f : best_scale(r, padded_, half);
+  double yo = 0, yy = 0;
+  for (std::size_t d = 0; d < padded_; ++d) {
+    // One bit: the sign (o_d >= 0 -> 1), the same as the scaled rule at any t.
+    const int u = bits_ == 1 ? (r[d] >= 0 ? 1 : 0) : floor_clamp(t * r[d], -half, half - 1) + half;
+    put_code(row, container, d, static_cast<unsigned>(u));
+    const double y = static_cast<double>(u - half) + 0.5;
+    yo += y * r[d];
+    yy += y * y;
+  }
+  // Each y_d has the sign of o_d (or o_d = 0), so <y, o> > 0 for a unit o.
+  const double ip = std::min(1.0, yo / std::sqrt(yy));
+  const double f = yo > 0 ? norm / yo : 0.0;
+  const double e = ip > 0 ? norm * std::sqrt(std::max(0.0, 1.0 - ip * ip)) / ip : 0.0;
+  constants[0] = static_cast<float>(f);
+  constants[1] = static_cast<float>(n2);
+  constants[2] = static_cast<float>(e);
+  for (float& v : constants) {
+    if (!std::isfinite(v)) throw InvalidArgument("rabitq: the encoded vector is too large to quantize");
+  }
+  std::memcpy(row + code_bytes_, constants, kConstantBytes);
+}
+
+void RabitqCodes::decode(std::uint32_t s, float* out) const {
+  const std::uint8_t* row = code(s);
+  float f = 0;
+  std::memcpy(&f, row + code_bytes_, sizeof(float));
+  const unsigned container = rabitq_container_bits(bits_);
+  const float kappa = 0.5f - static_cast<float>(1u << (bits_ - 1));
+  std::vector<float> v(padded_);
+  for (std::size_t d = 0; d < padded_; ++d) v[d] = f * (static_cast<float>(code_at(row, container, d)) + kappa);
+  rotate_inverse(v.data());
+  for (std::size_t d = 0; d < dim_; ++d) out[d] = (trained_ ? centroid_[d] : 0.0f) + v[d];
+}
+
+void RabitqCodes::prepare(const float* q, RabitqQuery& out) const {
+  out.qi.resize(padded_);
+  out.rotated.resize(padded_);
+  const bool l2 = metric_ == Metric::kL2;
+  float* v = out.rotated.data();
+  const float* c = centroid_.data();
+  const bool has_c = trained_;
+  double constant = 0;  // |q - c|^2 (L2) or <c, q>
+  for (std::size_t d = 0; d < dim_; ++d) {
+    const float cd = has_c ? c[d] : 0.0f;
+    if (l2) {
+      v[d] = q[d] - cd;
+      constant += static_cast<double>(v[d]) * v[d];
+    } else {
+      v[d] = q[d];
+      constant += static_cast<double>(cd) * q[d];
+    }
+  }
+  std::fill(v + dim_, v + padded_, 0.0f);
+  rotate(v);
+  float amax = 0, n2 = 0;
+  for (std::size_t d = 0; d < padded_; ++d) {
+    amax = std::max(amax, std::fabs(v[d]));
+    n2 += v[d] * v[d];
+  }
+  const std::int32_t limit = rabitq_query_limit(rabitq_container_bits(bits_), padded_);
+  const float flim = static_cast<float>(limit);
+  float a = amax > 0 ? amax / flim : 0.0f;
+  float inv = a > 0 ? 1.0f / a : 0.0f;
+  if (!std::isfinite(inv)) a = 0.0f, inv = 0.0f;
+  std::int16_t* qi = out.qi.data();
+  std::int64_t sum = 0;
+  for (std::size_t d = 0; d < padded_; ++d) {
+    float x = v[d] * inv;
+    x = x < -flim ? -flim : x;
+    x = x > flim ? flim : x;
+    qi[d] = static_cast<std::int16_t>(static_cast<std::int32_t>(round_small(x)));
+    sum += qi[d];
+  }
+  // sum q' as a * sum qi, consistent with the integer dot (whose query is a * qi too).
+  const float kappa = 0.5f - static_cast<float>(1u << (bits_ - 1));
+  const float qsum = a * static_cast<float>(sum);
+  const float err = kRabitqEpsilon0 * std::sqrt(n2) / std::sqrt(static_cast<float>(padded_ - 1));
+  if (l2) {
+    out.c0 = static_cast<float>(constant);
+    out.c1 = -2.0f * a;
+    out.c2 = -2.0f * kappa * qsum;
+    out.err = 2.0f * err;
+  } else {
+    out.c0 = 1.0f - static_cast<float>(constant);
+    out.c1 = -a;
+    out.c2 = -kappa * qsum;
+    out.err = err;
+  }
+}
+
+inline float RabitqCodes::estimate(std::int32_t dot, const RabitqQuery& q, const std::uint8_t* row) const {
+  float f[2];
+  std::memcpy(f, row + code_bytes_, sizeof(f));
+  const float d = q.c0 + f[0] * (q.c1 * static_cast<float>(dot) + q.c2);
+  return metric_ == Metric::kL2 ? d + f[1] : d;
+}
+
+float RabitqCodes::distance(const RabitqKernels& k, const RabitqQuery& q, std::uint32_t s) const {
+  const std::uint8_t* row = code(s);
+  return estimate(k.dot(q.qi.data(), row, padded_), q, row);
+}
+
+void RabitqCodes::distance4(const RabitqKernels& k, const RabitqQuery& q, const std::uint32_t* slots,
+                            float* out) const {
+  const std::uint8_t* rows[4] = {code(slots[0]), code(slots[1]), code(slots[2]), code(slots[3])};
+  std::int32_t dots[4];
+  k.dot4(q.qi.data(), rows, padded_, dots);
+  for (int j = 0; j < 4; ++j) out[j] = estimate(dots[j], q, rows[j]);
+}
+
+float RabitqCodes::error_bound(const RabitqQuery& q, std::uint32_t s) const {
+  float e = 0;
+  std::memcpy(&e, code(s) + code_bytes_ + 2 * sizeof(float), sizeof(float));
+  return q.err * e;
+}
+
+std::size_t RabitqCodes::memory_bytes() const {
+  return rows_.capacity() + (centroid_.capacity() + signs_.capacity()) * sizeof(float);
+}
+
+void RabitqCodes::save(BinaryWriter& w) const {
+  w.u64(dim_);
+  w.u64(padded_);
+  w.u8(static_cast<std::uint8_t>(bits_));
+  w.u64(seed_);
+  w.u8(trained_ ? 1 : 0);
+  if (trained_) w.array(centroid_.data(), dim_);
+  w.u64(slots_);
+  // Rows as raw bytes: the float constants inside are in native byte order (little-endian on
+  // every platform the kernels build for).
+  w.array(rows_.data(), slots_ * stride_);
+}
+
+void RabitqCodes::load(BinaryReader& r) {
+  const std::uint64_t dim = r.u64();
+  const std::uint64_t padded = r.u64();
+  if (dim != dim_ || padded != padded_) {
+    r.fail("rabitq section: dimension " + std::to_string(dim) + " / padded " + std::to_string(padded) +
+           " does not match the index's " + std::to_string(dim_) + " / " + std::to_string(padded_));
+  }
+  const std::uint8_t bits = r.u8();
+  if (bits != bits_) {
+    r.fail("rabitq section: codes of " + std::to_string(bits) + " bits, the index is configured with " +
+           std::to_string(bits_));
+  }
+  const std::uint64_t seed = r.u64();
+  const std::uint8_t trained_flag = r.u8();
+  if (trained_flag > 1) r.fail("rabitq section: trained flag is not 0 or 1");
+  RabitqCodes fresh(dim_, metric_, bits_, seed);
+  if (trained_flag) {
+    r.array(fresh.centroid_, dim_);
+    for (float v : fresh.centroid_) {
+      if (!std::isfinite(v)) r.fail("rabitq section: centroid is NaN or infinite");
+    }
+    fresh.trained_ = true;
+  }
+  const std::uint64_t slots = r.u64();
+  if (slots > r.remaining() / stride_) r.fail("rabitq section: row count exceeds the file");
+  if (!trained_flag && slots != 0) r.fail("rabitq section: rows stored for an untrained quantizer");
+  fresh.resize(slots);
+  r.array_into(fresh.rows_.data(), slots * stride_);
+  const unsigned container = rabitq_container_bits(bits_);
+  // Every dimension of the padded code carries data (the rotation mixes the zero padding of x
+  // in), so the check per code value is only that it uses no more than its bits.
+  const unsigned limit = 1u << bits_;
+  for (std::size_t s = 0; s < slots; ++s) {
+    const std::uint8_t* row = fresh.code(static_cast<std::uint32_t>(s));
+    if (container == 4 && bits_ < 4) {
+      for (std::size_t i = 0; i < fresh.code_bytes_; ++i) {
+        if ((row[i] & 15u) >= limit || (row[i] >> 4) >= limit) {
+          r.fail("rabitq section: code value above " + std::to_string(bits_) + " bits in row " + std::to_string(s));
+        }
+      }
+    } else if (container == 8 && bits_ < 8) {
+      for (std::size_t i = 0; i < fresh.code_bytes_; ++i) {
+        if (row[i] >= limit) {
+          r.fail("rabitq section: code value above " + std::to_string(bits_) + " bits in row " + std::to_string(s));
+        }
+      }
+    }
+    float constants[kRowConstants];
+    std::memcpy(constants, row + fresh.code_bytes_, kConstantBytes);
+    for (float v : constants) {
+      if (!std::isfinite(v) || v < 0) {
+        r.fail("rabitq section: row constant is negative, NaN or infinite in row " + std::to_string(s));
+      }
+    }
+    for (std::size_t i = fresh.code_bytes_ + kConstantBytes; i < stride_; ++i) {
+      if (row[i] != 0) r.fail("rabitq section: nonzero padding byte in row " + std::to_string(s));
+    }
+  }
+  *this = std::move(fresh);
+}
+
+}  // namespace kbcore
