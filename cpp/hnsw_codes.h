@@ -55,8 +55,9 @@ std::vector<Scored> rerank_bounded(const VectorStore& store, const RabitqCodes& 
                                    Metric metric, const float* q, std::vector<Scored> cands, std::size_t depth,
                                    std::size_t k);
 
-/// The k nearest of `slots` by a scan of their codes, re-ranked exactly over the best
-/// max(rerank, k) of them. O(|slots| * stride + rerank * dim).
+/// The k nearest of `slots` by a scan of their codes, re-ranked exactly: SQ8 over the best
+/// max(rerank, k) estimates, RaBitQ over the rows its error bound cannot rule out (at most
+/// max(rerank, k) of them; rerank 0: no cap). O(|slots| * stride + re-ranked rows * dim).
 template <typename Codes>
 std::vector<Scored> scan_slots_codes(const VectorStore& store, const Codes& codes, Metric metric, const float* q,
                                      const std::vector<Slot>& slots, std::size_t k, std::size_t rerank);
@@ -390,32 +391,50 @@ std::vector<Scored> HnswCodeSearch::search_expanding(const HnswIndex& g, const C
 template <typename Codes>
 std::vector<Scored> scan_slots_codes(const VectorStore& store, const Codes& codes, Metric metric, const float* q,
                                      const std::vector<Slot>& slots, std::size_t k, std::size_t rerank) {
+  constexpr bool kBounded = CodeTraits<Codes>::kBounded;
   const std::size_t depth = std::max(rerank, k);
-  if (slots.size() <= depth) return scan_slots(store, metric, q, slots, k);
+  // Few rows: read them exactly. (With bounds, the test is against k: the bounded scan below
+  // reads only the rows that can still enter the top k, however many pass.)
+  if (slots.size() <= (kBounded ? k : depth)) return scan_slots(store, metric, q, slots, k);
   const auto& kern = CodeTraits<Codes>::kernels(codes);
   auto& pq = CodeTraits<Codes>::query(search_scratch());
   codes.prepare(q, pq);
-  TopK heap(depth);
   constexpr std::size_t kAhead = 16;
   const std::size_t stride = codes.stride();
   const std::size_t n = slots.size();
   for (std::size_t j = 0; j < std::min(kAhead, n); ++j) prefetch_row_l2(codes.code(slots[j]), stride);
+  // SQ8: the best `depth` estimates. RaBitQ: every row whose lower bound (estimate - bound) is
+  // within the k-th smallest upper bound seen so far, a superset of the rows that can be in the
+  // exact top k (but for the bound's failure rate); the re-rank reads them best bound first.
+  TopK heap(kBounded ? k : depth);
+  std::vector<Scored> kept;
+  const auto offer = [&](float e, Slot s) {
+    if constexpr (kBounded) {
+      const float err = codes.error_bound(pq, s);
+      if (e - err <= heap.worst()) kept.push_back({e, s});
+      heap.push(e + err, s);
+    } else {
+      if (e <= heap.worst()) heap.push(e, s);
+    }
+  };
   std::size_t i = 0;
   float d[4];
   for (; i + 4 <= n; i += 4) {
     for (std::size_t j = i + kAhead; j < std::min(n, i + kAhead + 4); ++j)
       prefetch_row_l2(codes.code(slots[j]), stride);
     codes.distance4(kern, pq, slots.data() + i, d);
-    for (std::size_t t = 0; t < 4; ++t) {
-      if (d[t] <= heap.worst()) heap.push(d[t], slots[i + t]);
+    for (std::size_t t = 0; t < 4; ++t) offer(d[t], slots[i + t]);
+  }
+  for (; i < n; ++i) offer(codes.distance(kern, pq, slots[i]), slots[i]);
+  if constexpr (kBounded) {
+    const float cut = heap.worst();
+    std::size_t m = 0;
+    for (const Scored& c : kept) {
+      if (c.dist - codes.error_bound(pq, c.slot) <= cut) kept[m++] = c;
     }
-  }
-  for (; i < n; ++i) {
-    const float e = codes.distance(kern, pq, slots[i]);
-    if (e <= heap.worst()) heap.push(e, slots[i]);
-  }
-  if constexpr (CodeTraits<Codes>::kBounded) {
-    return rerank_bounded(store, codes, pq, metric, q, heap.take_sorted(), depth, k);
+    kept.resize(m);
+    const std::size_t cap = rerank == 0 ? m : depth;
+    return rerank_bounded(store, codes, pq, metric, q, std::move(kept), cap, k);
   } else {
     return rerank_exact(store, metric, q, heap.take_sorted(), depth, k);
   }

@@ -129,9 +129,11 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     // The exact answer over the passing rows: on codes with an exact re-rank when quantized.
     const CodesRef codes = search_codes();
     const std::size_t depth = rerank_depth(ef, k);
+    // RaBitQ's scan re-ranks whatever its bound cannot rule out unless a depth is configured.
+    const std::size_t scan_depth = codes.rabitq != nullptr && config_.rerank == 0 ? 0 : depth;
     const auto exact = [&](const float* q, const std::vector<Slot>& rows) {
       return codes ? codes.visit([&](const auto& c) {
-        return scan_slots_codes(store_, c, config_.metric, q, rows, k, depth);
+        return scan_slots_codes(store_, c, config_.metric, q, rows, k, scan_depth);
       })
                    : scan_slots(store_, config_.metric, q, rows, k);
     };

@@ -170,9 +170,11 @@ class RabitqCodes {
   float estimate(std::int32_t dot, const RabitqQuery& q, const std::uint8_t* row) const;
 };
 
-/// Re-rank depth of a RaBitQ search when none is configured: the whole candidate list
-/// (max(ef, k)), of which only the rows whose lower bound (estimate - error bound) can still
-/// beat the k-th exact distance are read.
-inline std::size_t rabitq_default_rerank(std::size_t ef, std::size_t k) { return ef > k ? ef : k; }
+/// Re-rank depth of a RaBitQ search when none is configured: the whole candidate list, of which
+/// only the rows whose lower bound (estimate - error bound) can still beat the k-th exact
+/// distance are read. The list is at least 2k long (max(ef, 2k)): at ef = k a list of coarse
+/// estimates has no slack for their ordering errors (4-bit codes at 48 dimensions lost up to 0.09
+/// recall@10 against float32 at ef = k = 10; with 2k, the bound still reads about k rows).
+inline std::size_t rabitq_default_rerank(std::size_t ef, std::size_t k) { return ef > 2 * k ? ef : 2 * k; }
 
 }  // namespace kbcore
