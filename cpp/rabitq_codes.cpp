@@ -284,14 +284,27 @@ RabitqCodes::RabitqCodes(std::size_t dim, Metric metric, unsigned bits, std::uin
   }
 }
 
+namespace {
+using FwhtFn = void (*)(float*, const float*, std::size_t);
+// The transform of the active SIMD level: the same floats at every level, so codes written at
+// one level and queries prepared at another agree.
+FwhtFn active_fwht() {
+#if defined(KBCORE_HAVE_X86_KERNELS)
+  if (active_simd_level() != SimdLevel::kScalar) return detail::rabitq_fwht_avx2;
+#endif
+  return fwht;
+}
+}  // namespace
+
 void RabitqCodes::rotate(float* v) const {
   const std::size_t block = pow2_floor(padded_);
+  const FwhtFn transform = active_fwht();
   for (unsigned r = 0; r < kRounds; ++r) {
     const float* f = signs_.data() + r * padded_;
     const std::size_t start = r % 2 ? padded_ - block : 0;
     for (std::size_t d = 0; d < start; ++d) v[d] *= f[d];  // the signs outside the block
     for (std::size_t d = start + block; d < padded_; ++d) v[d] *= f[d];
-    fwht(v + start, f + start, block);
+    transform(v + start, f + start, block);
     if (block != padded_ && r + 1 < kRounds) butterfly(v, padded_);
   }
 }
