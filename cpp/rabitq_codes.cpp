@@ -29,10 +29,10 @@ constexpr unsigned kRounds = 4;
 // The three float constants after a row's code: F_x, |r|^2, E_x.
 constexpr std::size_t kRowConstants = 3;
 constexpr std::size_t kConstantBytes = kRowConstants * sizeof(float);
-// Coarse grid and refinement of the code scale search (encode).
-// The grid spans (0, 3 t_max] (t_max: the largest coordinate reaches the top code): at few bits
-// the best codes clip (2 bits: near 1.5 t_max, the uniform quantizer of a Gaussian).
-// A finer grid (kFineSteps points) spans two steps of the coarser one around a point.
+// The code scale search of encode: a coarse grid of kCoarseSteps points over (0, 3 t_max]
+// (t_max: the largest coordinate reaches the top code; at few bits the best codes clip, 2 bits
+// near 1.5 t_max as the uniform quantizer of a Gaussian), then finer grids of kFineSteps points
+// over two coarse steps around each of the kCandidates best points.
 constexpr int kCoarseSteps = 32;
 constexpr float kCoarseRange = 3.0f;
 constexpr int kFineSteps = 16;
