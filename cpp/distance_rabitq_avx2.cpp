@@ -4,9 +4,11 @@
 //           its bit (and + compare), the mask selects the query entry, madd with ones sums pairs
 //   nibble: one 64-dimension block of 32 bytes per step; low and high nibbles widen separately
 //   byte:   the SQ8 AVX2 kernels
-// The sums are exact, so they equal the scalar kernels bit for bit.
+// The sums are exact, so they equal the scalar kernels bit for bit. The file also holds the
+// AVX2 Walsh-Hadamard transform of the rotation (used at the AVX2 and AVX-512 levels).
 #include <immintrin.h>
 
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -112,6 +114,47 @@ void dot4_nibble_avx2(const std::int16_t* q, const std::uint8_t* const* codes, s
 }  // namespace
 
 namespace detail {
+// The sign factors and the first three levels (h = 1, 2, 4) inside one register of eight, then
+// two levels per pass; each output is the same sequence of operations as in the portable
+// transform (x + (-y) is x - y exactly), so the floats are the same.
+void rabitq_fwht_avx2(float* v, const float* f, std::size_t n) {
+  const __m256 neg1 = _mm256_castsi256_ps(_mm256_setr_epi32(0, INT_MIN, 0, INT_MIN, 0, INT_MIN, 0, INT_MIN));
+  const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, INT_MIN, INT_MIN, 0, 0, INT_MIN, INT_MIN));
+  const __m256 neg4 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, INT_MIN, INT_MIN, INT_MIN, INT_MIN));
+  for (std::size_t i = 0; i < n; i += 8) {
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(v + i), _mm256_loadu_ps(f + i));
+    x = _mm256_add_ps(_mm256_xor_ps(x, neg1), _mm256_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+    x = _mm256_add_ps(_mm256_xor_ps(x, neg2), _mm256_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+    x = _mm256_add_ps(_mm256_xor_ps(x, neg4), _mm256_permute2f128_ps(x, x, 0x01));
+    _mm256_storeu_ps(v + i, x);
+  }
+  std::size_t h = 8;
+  for (; h * 4 <= n; h *= 4) {
+    for (std::size_t i = 0; i < n; i += 4 * h) {
+      float* a = v + i;
+      for (std::size_t j = 0; j < h; j += 8) {
+        const __m256 x0 = _mm256_loadu_ps(a + j), x1 = _mm256_loadu_ps(a + j + h);
+        const __m256 x2 = _mm256_loadu_ps(a + j + 2 * h), x3 = _mm256_loadu_ps(a + j + 3 * h);
+        const __m256 a1 = _mm256_add_ps(x0, x1), b1 = _mm256_sub_ps(x0, x1);
+        const __m256 c1 = _mm256_add_ps(x2, x3), d1 = _mm256_sub_ps(x2, x3);
+        _mm256_storeu_ps(a + j, _mm256_add_ps(a1, c1));
+        _mm256_storeu_ps(a + j + h, _mm256_add_ps(b1, d1));
+        _mm256_storeu_ps(a + j + 2 * h, _mm256_sub_ps(a1, c1));
+        _mm256_storeu_ps(a + j + 3 * h, _mm256_sub_ps(b1, d1));
+      }
+    }
+  }
+  for (; h < n; h *= 2) {  // the last level when their count is odd
+    for (std::size_t i = 0; i < n; i += 2 * h) {
+      for (std::size_t j = i; j < i + h; j += 8) {
+        const __m256 x = _mm256_loadu_ps(v + j), y = _mm256_loadu_ps(v + j + h);
+        _mm256_storeu_ps(v + j, _mm256_add_ps(x, y));
+        _mm256_storeu_ps(v + j + h, _mm256_sub_ps(x, y));
+      }
+    }
+  }
+}
+
 const RabitqKernels& rabitq_avx2_kernels(unsigned container_bits) {
   static const RabitqKernels bits{dot_bits_avx2, dot4_bits_avx2, "avx2"};
   static const RabitqKernels nibble{dot_nibble_avx2, dot4_nibble_avx2, "avx2"};

@@ -3,10 +3,15 @@
 #include "rabitq_codes.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "binary_io.h"
 #include "errors.h"
@@ -24,10 +29,10 @@ constexpr unsigned kRounds = 4;
 // The three float constants after a row's code: F_x, |r|^2, E_x.
 constexpr std::size_t kRowConstants = 3;
 constexpr std::size_t kConstantBytes = kRowConstants * sizeof(float);
-// Coarse grid and refinement of the code scale search (encode).
-// The grid spans (0, 3 t_max] (t_max: the largest coordinate reaches the top code): at few bits
-// the best codes clip (2 bits: near 1.5 t_max, the uniform quantizer of a Gaussian).
-// A finer grid (kFineSteps points) spans two steps of the coarser one around a point.
+// The code scale search of encode: a coarse grid of kCoarseSteps points over (0, 3 t_max]
+// (t_max: the largest coordinate reaches the top code; at few bits the best codes clip, 2 bits
+// near 1.5 t_max as the uniform quantizer of a Gaussian), then finer grids of kFineSteps points
+// over two coarse steps around each of the kCandidates best points.
 constexpr int kCoarseSteps = 32;
 constexpr float kCoarseRange = 3.0f;
 constexpr int kFineSteps = 16;
@@ -39,10 +44,55 @@ std::size_t pow2_floor(std::size_t n) {
   return b;
 }
 
-// Unnormalised in-place Walsh-Hadamard transform of n (a power of two) floats; the 1 / sqrt(n)
-// is folded into the round's sign factors.
-void fwht(float* v, std::size_t n) {
-  for (std::size_t h = 1; h < n; h *= 2) {
+// v <- H diag(f) v for n (a power of two, >= 64) floats, H the unnormalised Walsh-Hadamard
+// transform (the 1 / sqrt(n) is folded into f). Every output is the same sequence of
+// multiplications, additions and subtractions whichever path runs (x + (-y) is x - y exactly),
+// so the result does not depend on the build.
+void fwht(float* v, const float* f, std::size_t n) {
+  std::size_t h = 1;
+#if defined(__SSE2__)
+  // The sign factors and the first two levels (h = 1, 2) inside one register of four.
+  const __m128 neg_odd = _mm_castsi128_ps(_mm_setr_epi32(0, INT_MIN, 0, INT_MIN));
+  const __m128 neg_high = _mm_castsi128_ps(_mm_setr_epi32(0, 0, INT_MIN, INT_MIN));
+  for (std::size_t i = 0; i < n; i += 4) {
+    __m128 x = _mm_mul_ps(_mm_loadu_ps(v + i), _mm_loadu_ps(f + i));
+    x = _mm_add_ps(_mm_xor_ps(x, neg_odd), _mm_shuffle_ps(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
+    x = _mm_add_ps(_mm_xor_ps(x, neg_high), _mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
+    _mm_storeu_ps(v + i, x);
+  }
+  // Two levels per pass (half the loads and stores of one level per pass).
+  for (h = 4; h * 4 <= n; h *= 4) {
+    for (std::size_t i = 0; i < n; i += 4 * h) {
+      float* a = v + i;
+      for (std::size_t j = 0; j < h; j += 4) {
+        const __m128 x0 = _mm_loadu_ps(a + j), x1 = _mm_loadu_ps(a + j + h);
+        const __m128 x2 = _mm_loadu_ps(a + j + 2 * h), x3 = _mm_loadu_ps(a + j + 3 * h);
+        const __m128 a1 = _mm_add_ps(x0, x1), b1 = _mm_sub_ps(x0, x1);
+        const __m128 c1 = _mm_add_ps(x2, x3), d1 = _mm_sub_ps(x2, x3);
+        _mm_storeu_ps(a + j, _mm_add_ps(a1, c1));
+        _mm_storeu_ps(a + j + h, _mm_add_ps(b1, d1));
+        _mm_storeu_ps(a + j + 2 * h, _mm_sub_ps(a1, c1));
+        _mm_storeu_ps(a + j + 3 * h, _mm_sub_ps(b1, d1));
+      }
+    }
+  }
+#else
+  for (std::size_t i = 0; i < n; ++i) v[i] *= f[i];
+  for (; h * 4 <= n; h *= 4) {
+    for (std::size_t i = 0; i < n; i += 4 * h) {
+      float* a = v + i;
+      for (std::size_t j = 0; j < h; ++j) {
+        const float a1 = a[j] + a[j + h], b1 = a[j] - a[j + h];
+        const float c1 = a[j + 2 * h] + a[j + 3 * h], d1 = a[j + 2 * h] - a[j + 3 * h];
+        a[j] = a1 + c1;
+        a[j + h] = b1 + d1;
+        a[j + 2 * h] = a1 - c1;
+        a[j + 3 * h] = b1 - d1;
+      }
+    }
+  }
+#endif
+  for (; h < n; h *= 2) {  // the last level when their count is odd
     for (std::size_t i = 0; i < n; i += 2 * h) {
       float* a = v + i;
       float* b = v + i + h;
@@ -82,16 +132,42 @@ inline int floor_clamp(float v, int lo, int hi) {
 }
 
 // <y, o> / |y| for the codes u_d = clamp(floor(t o_d) + half, 0, 2 half - 1), y_d = u_d + 1/2 - half.
+// Element d goes to lane d % 8 and the lanes are summed in order, on either path (the same
+// floats: the floor and clamp are exact on these small integers).
 float scaled_ip(const float* o, std::size_t n, float t, int half) {
   constexpr std::size_t kLanes = 8;
   float yo[kLanes] = {}, yy[kLanes] = {};
+#if defined(__SSE2__)
+  const __m128 tv = _mm_set1_ps(t), lo = _mm_set1_ps(static_cast<float>(-half));
+  const __m128 hi = _mm_set1_ps(static_cast<float>(half - 1)), one = _mm_set1_ps(1.0f), mid = _mm_set1_ps(0.5f);
+  __m128 yo0 = _mm_setzero_ps(), yo1 = _mm_setzero_ps(), yy0 = _mm_setzero_ps(), yy1 = _mm_setzero_ps();
+  const auto code = [&](__m128 ov) {
+    const __m128 x = _mm_mul_ps(tv, ov);
+    __m128 f = _mm_cvtepi32_ps(_mm_cvttps_epi32(x));
+    f = _mm_sub_ps(f, _mm_and_ps(_mm_cmplt_ps(x, f), one));  // floor
+    return _mm_add_ps(_mm_min_ps(_mm_max_ps(f, lo), hi), mid);
+  };
   for (std::size_t d = 0; d < n; d += kLanes) {  // n is a multiple of 64
+    const __m128 o0 = _mm_loadu_ps(o + d), o1 = _mm_loadu_ps(o + d + 4);
+    const __m128 y0 = code(o0), y1 = code(o1);
+    yo0 = _mm_add_ps(yo0, _mm_mul_ps(y0, o0));
+    yo1 = _mm_add_ps(yo1, _mm_mul_ps(y1, o1));
+    yy0 = _mm_add_ps(yy0, _mm_mul_ps(y0, y0));
+    yy1 = _mm_add_ps(yy1, _mm_mul_ps(y1, y1));
+  }
+  _mm_storeu_ps(yo, yo0);
+  _mm_storeu_ps(yo + 4, yo1);
+  _mm_storeu_ps(yy, yy0);
+  _mm_storeu_ps(yy + 4, yy1);
+#else
+  for (std::size_t d = 0; d < n; d += kLanes) {
     for (std::size_t l = 0; l < kLanes; ++l) {
       const float y = static_cast<float>(floor_clamp(t * o[d + l], -half, half - 1)) + 0.5f;
       yo[l] += y * o[d + l];
       yy[l] += y * y;
     }
   }
+#endif
   float syo = 0, syy = 0;
   for (std::size_t l = 0; l < kLanes; ++l) syo += yo[l], syy += yy[l];
   return syy > 0 ? syo / std::sqrt(syy) : 0.0f;
@@ -208,12 +284,27 @@ RabitqCodes::RabitqCodes(std::size_t dim, Metric metric, unsigned bits, std::uin
   }
 }
 
+namespace {
+using FwhtFn = void (*)(float*, const float*, std::size_t);
+// The transform of the active SIMD level: the same floats at every level, so codes written at
+// one level and queries prepared at another agree.
+FwhtFn active_fwht() {
+#if defined(KBCORE_HAVE_X86_KERNELS)
+  if (active_simd_level() != SimdLevel::kScalar) return detail::rabitq_fwht_avx2;
+#endif
+  return fwht;
+}
+}  // namespace
+
 void RabitqCodes::rotate(float* v) const {
   const std::size_t block = pow2_floor(padded_);
+  const FwhtFn transform = active_fwht();
   for (unsigned r = 0; r < kRounds; ++r) {
     const float* f = signs_.data() + r * padded_;
-    for (std::size_t d = 0; d < padded_; ++d) v[d] *= f[d];
-    fwht(v + (r % 2 ? padded_ - block : 0), block);
+    const std::size_t start = r % 2 ? padded_ - block : 0;
+    for (std::size_t d = 0; d < start; ++d) v[d] *= f[d];  // the signs outside the block
+    for (std::size_t d = start + block; d < padded_; ++d) v[d] *= f[d];
+    transform(v + start, f + start, block);
     if (block != padded_ && r + 1 < kRounds) butterfly(v, padded_);
   }
 }
@@ -222,9 +313,10 @@ void RabitqCodes::rotate_inverse(float* v) const {
   // Each step is orthogonal; the transpose of H diag(f) (H unnormalised, f holding H's
   // 1 / sqrt(block)) is diag(f) H, so the steps run backwards with the same tables.
   const std::size_t block = pow2_floor(padded_);
+  std::vector<float> unit(block, 1.0f);
   for (unsigned r = kRounds; r-- > 0;) {
     if (block != padded_ && r + 1 < kRounds) butterfly(v, padded_);
-    fwht(v + (r % 2 ? padded_ - block : 0), block);
+    fwht(v + (r % 2 ? padded_ - block : 0), unit.data(), block);
     const float* f = signs_.data() + r * padded_;
     for (std::size_t d = 0; d < padded_; ++d) v[d] *= f[d];
   }
@@ -324,23 +416,77 @@ void RabitqCodes::prepare(const float* q, RabitqQuery& out) const {
   float* v = out.rotated.data();
   const float* c = centroid_.data();
   const bool has_c = trained_;
-  double constant = 0;  // |q - c|^2 (L2) or <c, q>
-  for (std::size_t d = 0; d < dim_; ++d) {
+  // Reductions in kLanes independent float accumulators (element d in lane d % kLanes, summed
+  // in lane order), so that they vectorise without reassociation; the SSE2 paths compute the
+  // same lanes with the same operations.
+  constexpr std::size_t kLanes = 8;
+  float cacc[kLanes] = {};  // |q - c|^2 (L2) or <c, q>
+  const auto step = [&](std::size_t d, std::size_t l) {
     const float cd = has_c ? c[d] : 0.0f;
-    if (l2) {
-      v[d] = q[d] - cd;
-      constant += static_cast<double>(v[d]) * v[d];
-    } else {
-      v[d] = q[d];
-      constant += static_cast<double>(cd) * q[d];
+    v[d] = l2 ? q[d] - cd : q[d];
+    cacc[l] += l2 ? v[d] * v[d] : cd * q[d];
+  };
+  std::size_t d0 = 0;
+#if defined(__SSE2__)
+  if (has_c) {
+    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
+    for (; d0 + kLanes <= dim_; d0 += kLanes) {
+      const __m128 q0 = _mm_loadu_ps(q + d0), q1 = _mm_loadu_ps(q + d0 + 4);
+      const __m128 k0 = _mm_loadu_ps(c + d0), k1 = _mm_loadu_ps(c + d0 + 4);
+      if (l2) {
+        const __m128 s0 = _mm_sub_ps(q0, k0), s1 = _mm_sub_ps(q1, k1);
+        _mm_storeu_ps(v + d0, s0);
+        _mm_storeu_ps(v + d0 + 4, s1);
+        a0 = _mm_add_ps(a0, _mm_mul_ps(s0, s0));
+        a1 = _mm_add_ps(a1, _mm_mul_ps(s1, s1));
+      } else {
+        _mm_storeu_ps(v + d0, q0);
+        _mm_storeu_ps(v + d0 + 4, q1);
+        a0 = _mm_add_ps(a0, _mm_mul_ps(k0, q0));
+        a1 = _mm_add_ps(a1, _mm_mul_ps(k1, q1));
+      }
     }
+    _mm_storeu_ps(cacc, a0);
+    _mm_storeu_ps(cacc + 4, a1);
   }
+#endif
+  for (; d0 + kLanes <= dim_; d0 += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) step(d0 + l, l);
+  }
+  for (std::size_t l = 0; d0 < dim_; ++d0, ++l) step(d0, l);
   std::fill(v + dim_, v + padded_, 0.0f);
   rotate(v);
-  float amax = 0, n2 = 0;
-  for (std::size_t d = 0; d < padded_; ++d) {
-    amax = std::max(amax, std::fabs(v[d]));
-    n2 += v[d] * v[d];
+  float macc[kLanes] = {}, nacc[kLanes] = {};
+#if defined(__SSE2__)
+  {
+    const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    __m128 m0 = _mm_setzero_ps(), m1 = _mm_setzero_ps(), n0 = _mm_setzero_ps(), n1 = _mm_setzero_ps();
+    for (std::size_t d = 0; d < padded_; d += kLanes) {
+      const __m128 x0 = _mm_loadu_ps(v + d), x1 = _mm_loadu_ps(v + d + 4);
+      m0 = _mm_max_ps(m0, _mm_and_ps(x0, abs_mask));
+      m1 = _mm_max_ps(m1, _mm_and_ps(x1, abs_mask));
+      n0 = _mm_add_ps(n0, _mm_mul_ps(x0, x0));
+      n1 = _mm_add_ps(n1, _mm_mul_ps(x1, x1));
+    }
+    _mm_storeu_ps(macc, m0);
+    _mm_storeu_ps(macc + 4, m1);
+    _mm_storeu_ps(nacc, n0);
+    _mm_storeu_ps(nacc + 4, n1);
+  }
+#else
+  for (std::size_t d = 0; d < padded_; d += kLanes) {
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      const float x = v[d + l], ax = std::fabs(x);
+      macc[l] = macc[l] < ax ? ax : macc[l];
+      nacc[l] += x * x;
+    }
+  }
+#endif
+  float constant = 0, amax = 0, n2 = 0;
+  for (std::size_t l = 0; l < kLanes; ++l) {
+    constant += cacc[l];
+    amax = std::max(amax, macc[l]);
+    n2 += nacc[l];
   }
   const std::int32_t limit = rabitq_query_limit(rabitq_container_bits(bits_), padded_);
   const float flim = static_cast<float>(limit);
@@ -348,7 +494,26 @@ void RabitqCodes::prepare(const float* q, RabitqQuery& out) const {
   float inv = a > 0 ? 1.0f / a : 0.0f;
   if (!std::isfinite(inv)) a = 0.0f, inv = 0.0f;
   std::int16_t* qi = out.qi.data();
-  std::int64_t sum = 0;
+  // |sum qi| <= padded * limit < 2^31 (the limit bounds the dot product of the largest code).
+  std::int32_t sum = 0;
+#if defined(__SSE2__)
+  {
+    // _mm_cvtps_epi32 rounds to nearest even (the default mode, which nothing here changes),
+    // as round_small does.
+    const __m128 iv = _mm_set1_ps(inv), lo = _mm_set1_ps(-flim), hi = _mm_set1_ps(flim);
+    __m128i acc = _mm_setzero_si128();
+    for (std::size_t d = 0; d < padded_; d += kLanes) {
+      const __m128 x0 = _mm_min_ps(_mm_max_ps(_mm_mul_ps(_mm_loadu_ps(v + d), iv), lo), hi);
+      const __m128 x1 = _mm_min_ps(_mm_max_ps(_mm_mul_ps(_mm_loadu_ps(v + d + 4), iv), lo), hi);
+      const __m128i i0 = _mm_cvtps_epi32(x0), i1 = _mm_cvtps_epi32(x1);
+      acc = _mm_add_epi32(acc, _mm_add_epi32(i0, i1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qi + d), _mm_packs_epi32(i0, i1));
+    }
+    std::int32_t lanes[4];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), acc);
+    sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  }
+#else
   for (std::size_t d = 0; d < padded_; ++d) {
     float x = v[d] * inv;
     x = x < -flim ? -flim : x;
@@ -356,17 +521,18 @@ void RabitqCodes::prepare(const float* q, RabitqQuery& out) const {
     qi[d] = static_cast<std::int16_t>(static_cast<std::int32_t>(round_small(x)));
     sum += qi[d];
   }
+#endif
   // sum q' as a * sum qi, consistent with the integer dot (whose query is a * qi too).
   const float kappa = 0.5f - static_cast<float>(1u << (bits_ - 1));
   const float qsum = a * static_cast<float>(sum);
   const float err = kRabitqEpsilon0 * std::sqrt(n2) / std::sqrt(static_cast<float>(padded_ - 1));
   if (l2) {
-    out.c0 = static_cast<float>(constant);
+    out.c0 = constant;
     out.c1 = -2.0f * a;
     out.c2 = -2.0f * kappa * qsum;
     out.err = 2.0f * err;
   } else {
-    out.c0 = 1.0f - static_cast<float>(constant);
+    out.c0 = 1.0f - constant;
     out.c1 = -a;
     out.c2 = -kappa * qsum;
     out.err = err;

@@ -85,6 +85,9 @@ const RabitqKernels& rabitq_scalar_kernels(unsigned container_bits);
 #if defined(KBCORE_HAVE_X86_KERNELS)
 const RabitqKernels& rabitq_avx2_kernels(unsigned container_bits);
 const RabitqKernels& rabitq_avx512_kernels(unsigned container_bits);
+/// v <- H diag(f) v (H the unnormalised Walsh-Hadamard transform of n >= 64 floats, a power of
+/// two) in AVX2; the same floats as the portable transform in rabitq_codes.cpp.
+void rabitq_fwht_avx2(float* v, const float* f, std::size_t n);
 #endif
 }  // namespace detail
 

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "binary_io.h"
@@ -615,6 +616,64 @@ KBCORE_TEST(byte_container_rejects_codes_above_their_bits) {
     CHECK(bits == 5 ? contains(msg, "rabitq section: code value above 5 bits in row 1") : msg.empty());
   }
   std::remove(path.c_str());
+}
+
+// The rotation runs at the active SIMD level (rows encoded at one level are searched at
+// another, and every level must give the same floats): rows, prepared queries and decodes are
+// byte-identical at every supported level.
+KBCORE_TEST(every_simd_level_encodes_and_prepares_identically) {
+  const SimdLevel saved = active_simd_level();
+  for (std::size_t dim : {1u, 100u, 384u, 1000u}) {
+    const auto rows = gaussian_rows(30, dim, 71, false);
+    for (Metric metric : {Metric::kL2, Metric::kIp}) {
+      set_simd_level(SimdLevel::kScalar);
+      const auto ref = trained_codes(dim, metric, 4, rows);
+      RabitqQuery pref;
+      ref.prepare(rows.data() + dim, pref);
+      std::vector<float> dref(dim);
+      ref.decode(2, dref.data());
+      for (SimdLevel level : supported_simd_levels()) {
+        set_simd_level(level);
+        const auto codes = trained_codes(dim, metric, 4, rows);
+        CHECK(std::memcmp(codes.code(0), ref.code(0), 30 * ref.stride()) == 0);
+        RabitqQuery p;
+        codes.prepare(rows.data() + dim, p);
+        CHECK(p.rotated == pref.rotated && p.qi == pref.qi);
+        CHECK(p.c0 == pref.c0 && p.c1 == pref.c1 && p.c2 == pref.c2 && p.err == pref.err);
+        std::vector<float> d(dim);
+        codes.decode(2, d.data());
+        CHECK(d == dref);
+      }
+    }
+  }
+  set_simd_level(saved);
+}
+
+// encode's scratch is per thread: distinct slots encoded from four threads give the rows of a
+// serial encoding, byte for byte (and ASan / TSan-clean). prepare reuses its grown buffers.
+KBCORE_TEST(concurrent_encode_equals_serial_and_prepare_reuses_buffers) {
+  const std::size_t dim = 200, n = 400;
+  const auto rows = gaussian_rows(n, dim, 61, false);
+  const auto serial = trained_codes(dim, Metric::kL2, 4, rows);
+  RabitqCodes parallel(dim, Metric::kL2, 4, 99);
+  parallel.train(rows.data(), n);
+  parallel.resize(n);
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::uint32_t s = t; s < n; s += 4) parallel.encode(s, rows.data() + s * dim);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(std::memcmp(parallel.code(0), serial.code(0), n * serial.stride()) == 0);
+  RabitqQuery p;
+  serial.prepare(rows.data(), p);
+  const std::int16_t* qi = p.qi.data();
+  const float* rot = p.rotated.data();
+  for (std::size_t i = 1; i < 20; ++i) {
+    serial.prepare(rows.data() + i * dim, p);
+    CHECK(p.qi.data() == qi && p.rotated.data() == rot);
+  }
 }
 
 KBCORE_TEST(memory_bytes_counts_rows_centroid_and_rotation) {
