@@ -54,7 +54,7 @@ TARGET_RECALL = 0.95
 DEFAULT_EFS = (16, 32, 64, 128, 256, 512, 1024)
 ANCHORS = ("hnswlib", "faiss", "usearch", "numpy")
 # kbcore variants: name -> quantization (None is the float32 index).
-KBCORE_VARIANTS = {"kbcore": None, "kbcore-sq8": "sq8"}
+KBCORE_VARIANTS = {"kbcore": None, "kbcore-sq8": "sq8", "kbcore-rabitq": "rabitq"}
 ALL_LIBS = tuple(KBCORE_VARIANTS) + ANCHORS
 TIE_EPS = 1e-5
 ATTR_SEED = 20240603

@@ -70,5 +70,4 @@ std::vector<Scored> rerank_bounded(const VectorStore& store, const RabitqCodes& 
   return best;
 }
 
-
 }  // namespace kbcore

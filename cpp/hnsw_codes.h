@@ -147,9 +147,9 @@ inline void min_heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
 // ---- template implementation -------------------------------------------------------------
 
 template <typename Codes, typename Kernels, typename Query, typename Accept>
-std::vector<Scored> HnswCodeSearch::layer0(const HnswIndex& g, const Codes& codes, const Kernels& kern,
-                                           const Query& pq, Scored ep, std::size_t ef, const Accept& accept,
-                                           VisitedSet& visited_set, std::size_t* evals) {
+std::vector<Scored> HnswCodeSearch::layer0(const HnswIndex& g, const Codes& codes, const Kernels& kern, const Query& pq,
+                                           Scored ep, std::size_t ef, const Accept& accept, VisitedSet& visited_set,
+                                           std::size_t* evals) {
   const VisitedSet::View visited = visited_set.view();
   std::vector<Scored>& candidates = search_scratch().sq8_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();

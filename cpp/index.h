@@ -247,7 +247,7 @@ class Index {
 
   IndexConfig config_;
   VectorStore store_;
-  std::unique_ptr<HnswIndex> graph_;  // null for flat
+  std::unique_ptr<HnswIndex> graph_;     // null for flat
   std::unique_ptr<Sq8Codes> codes_;      // null unless kSq8
   std::unique_ptr<RabitqCodes> rabitq_;  // null unless kRabitq
   MetadataStore meta_;

@@ -131,7 +131,8 @@ std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk
       trained = index->codes_->trained();
     } else {
       const unsigned bits = r.u8();
-      if (bits < kRabitqMinBits || bits > kRabitqMaxBits) r.fail("rabitq section: invalid bits " + std::to_string(bits));
+      if (bits < kRabitqMinBits || bits > kRabitqMaxBits)
+        r.fail("rabitq section: invalid bits " + std::to_string(bits));
       index->config_.rabitq_bits = bits;
       index->rabitq_ = std::make_unique<RabitqCodes>(c.dim, c.metric, bits, c.hnsw.seed);
       index->rabitq_->load(r);

@@ -156,9 +156,8 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
         // this is the exception, measured per query in O(M^2).
         // On codes when quantized: the descent then reads no float32 row.
         const auto local = [&] {
-          return codes ? codes.visit([&](const auto& c) {
-            return HnswCodeSearch::local_selectivity(*graph_, c, q, allowed);
-          })
+          return codes ? codes.visit(
+                             [&](const auto& c) { return HnswCodeSearch::local_selectivity(*graph_, c, q, allowed); })
                        : graph_->local_selectivity(q, allowed);
         };
         if (p.force == Strategy::kAuto && local() < kLocalSelectivityRatio * sel) {

@@ -483,7 +483,7 @@ void bind_index(py::module_& m) {
       .def_property_readonly("bits",
                              [](const Index& self) {
                                return self.config().quantization == Quantization::kRabitq ? self.config().rabitq_bits
-                                                                                           : 0u;
+                                                                                          : 0u;
                              })
       .def_property_readonly("quantizer_trained", &Index::quantizer_trained)
       .def(

@@ -16,12 +16,13 @@ DIM = 64
 PARAMS = dict(M=8, ef_construction=64, seed=5)
 
 
+@pytest.mark.parametrize("quantization", ["sq8", "rabitq"])
 @pytest.mark.parametrize("metric", ["cosine", "l2"])
-def test_disk_rows_give_the_in_memory_answers_through_changes_and_reloading(tmp_path, metric):
+def test_disk_rows_give_the_in_memory_answers_through_changes_and_reloading(tmp_path, metric, quantization):
     data, queries = make_clustered(91, 3000, DIM, n_queries=30)
     ids = np.arange(len(data), dtype=np.int64)
-    mem = kbcore.Index(DIM, metric, **PARAMS, quantization="sq8")
-    disk = kbcore.Index(DIM, metric, **PARAMS, quantization="sq8", vectors="disk")
+    mem = kbcore.Index(DIM, metric, **PARAMS, quantization=quantization)
+    disk = kbcore.Index(DIM, metric, **PARAMS, quantization=quantization, vectors="disk")
     assert (mem.vectors, disk.vectors) == ("memory", "disk")
     for ix in (mem, disk):
         ix.add(data[:2000], ids[:2000], threads=1)
@@ -56,21 +57,24 @@ data = np.random.default_rng(3).standard_normal((n, dim)).astype(np.float32)
 ids = np.arange(n, dtype=np.int64)
 kw = dict(vectors="disk") if sys.argv[1] == "disk" else dict()
 before = anon_kib()
-ix = kbcore.Index(dim, "l2", M=8, ef_construction=32, quantization="sq8", **kw)
+ix = kbcore.Index(dim, "l2", M=8, ef_construction=32, quantization=sys.argv[2], **kw)
 ix.add(data, ids, threads=1)
 print(anon_kib() - before)
 """
 
 
-def _anon_growth_kib(vectors: str) -> int:
-    res = subprocess.run([sys.executable, "-c", _RSS_PROBE, vectors], capture_output=True, text=True, check=True)
+def _anon_growth_kib(vectors: str, quantization: str) -> int:
+    res = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, vectors, quantization], capture_output=True, text=True, check=True
+    )
     return int(res.stdout)
 
 
-def test_disk_rows_leave_the_resident_set_after_a_build():
+@pytest.mark.parametrize("quantization", ["sq8", "rabitq"])
+def test_disk_rows_leave_the_resident_set_after_a_build(quantization):
     # Each build in a fresh interpreter: in one process, memory freed by the first build (or
     # held by a sanitizer's quarantine) would be reused by the second and hide its growth.
-    disk_kib, mem_kib = _anon_growth_kib("disk"), _anon_growth_kib("memory")
+    disk_kib, mem_kib = _anon_growth_kib("disk", quantization), _anon_growth_kib("memory", quantization)
     rows_kib = 20000 * 256 * 4 // 1024
     # The in-memory index holds the rows; the disk one holds codes and graph only.
     assert mem_kib - disk_kib >= 0.8 * rows_kib, (mem_kib, disk_kib, rows_kib)
