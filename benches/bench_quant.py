@@ -1,4 +1,5 @@
-"""Quantized graph search side by side (issue 13): kbcore float32 and SQ8 against hnswlib,
+"""Quantized graph search side by side (issue 13): kbcore float32, SQ8 and RaBitQ (``kbcore-rabitq``:
+4 bits; ``-rabitq1/2/8``: other bit counts; ``-disk``: rows in a mapped file) against hnswlib,
 faiss IndexHNSWFlat and IndexHNSWSQ (8-bit), usearch (f32, i8) and zvec (fp32, INT8).
 
 Run from the repository root on a quiet machine::
@@ -12,7 +13,7 @@ one query per call. One timing is one pass over the whole query set at one ef; e
 library) is timed ``--passes`` times (>= 5), passes interleaved across libraries with the order
 rotating each pass, so a burst of outside load hits every library alike. QPS at recall@10 0.95
 and 0.99 is interpolated over the ef grid per pass; the report gives medians, and for each
-library's ratio to kbcore-sq8 the median and min-max over passes. Memory per vector is the RSS
+library's ratio to ``--reference`` (kbcore-sq8) the median and min-max over passes. Memory per vector is the RSS
 a build adds (indexes built earlier stay alive). ``os.getloadavg()`` is printed before and
 after, with a warning when the 1-minute load at the start is above 0.5. ``kbcore-nohp`` and
 ``kbcore-sq8-nohp`` are the same builds with the huge-page switch off (``_core.set_huge_pages``),
@@ -253,6 +254,8 @@ class ZvecInt8(Zvec):
     quantize = "INT8"
 
 
+#: The A/B variants (huge pages off, other RaBitQ bit counts) run only when named in --libs.
+AB_VARIANTS = ("kbcore-nohp", "kbcore-sq8-nohp", "kbcore-rabitq1", "kbcore-rabitq2", "kbcore-rabitq8")
 ADAPTERS: dict[str, type[Adapter]] = {
     "kbcore": KbcoreHnsw,
     "kbcore-sq8": KbcoreSq8,
@@ -272,6 +275,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "zvec": Zvec,
     "zvec-int8": ZvecInt8,
 }
+DEFAULT_LIBS = tuple(name for name in ADAPTERS if name not in AB_VARIANTS)
 
 
 def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[str, dict]]:
@@ -330,7 +334,7 @@ def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: 
     return out
 
 
-def summarise(res: dict[str, dict], nq: int) -> dict[str, Any]:
+def summarise(res: dict[str, dict], nq: int, reference: str = REFERENCE) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for name, r in res.items():
         per_pass = {t: [] for t in TARGETS}
@@ -342,9 +346,10 @@ def summarise(res: dict[str, dict], nq: int) -> dict[str, Any]:
             "qps_per_pass": {str(t): v for t, v in per_pass.items()},
             "qps_median": {str(t): _median(v) for t, v in per_pass.items()},
         }
-    ref = summary.get(REFERENCE)
+    ref = summary.get(reference)
     if ref is not None:
         for s in summary.values():
+            s["reference"] = reference
             s["ratio_of_reference"] = {}
             for t in map(str, TARGETS):
                 ratios = [a / b for a, b in zip(ref["qps_per_pass"][t], s["qps_per_pass"][t]) if a is not None and b]
@@ -359,10 +364,10 @@ def _median(v: Sequence[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def table(name: str, summary: dict[str, Any], info: dict[str, dict]) -> str:
+def table(name: str, summary: dict[str, Any], info: dict[str, dict], reference: str = REFERENCE) -> str:
     lines = [
-        f"\n{name}: QPS at recall@10 (median over passes); {REFERENCE} / library (median, min-max)",
-        f"{'library':15s} {'@0.95':>9s} {'@0.99':>9s} {'sq8/x @0.95':>22s} {'sq8/x @0.99':>22s}"
+        f"\n{name}: QPS at recall@10 (median over passes); {reference} / library (median, min-max)",
+        f"{'library':18s} {'@0.95':>9s} {'@0.99':>9s} {'ref/x @0.95':>22s} {'ref/x @0.99':>22s}"
         f" {'B/vector':>9s} {'build s':>8s}",
     ]
     for lib, s in summary.items():
@@ -371,7 +376,7 @@ def table(name: str, summary: dict[str, Any], info: dict[str, dict]) -> str:
             r = s.get("ratio_of_reference", {}).get(t)
             cells.append("n/a" if r is None else f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
         lines.append(
-            f"{lib:15s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
+            f"{lib:18s} {fmt(s['qps_median']['0.95'], '.0f'):>9s} {fmt(s['qps_median']['0.99'], '.0f'):>9s}"
             f" {cells[0]:>22s} {cells[1]:>22s} {info[lib]['rss_bytes_per_vector']:9.0f}"
             f" {info[lib]['build_s']:8.2f}"
         )
@@ -386,8 +391,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--nq", type=int, default=1000, help="synthetic queries")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)))
-    p.add_argument("--libs", default=",".join(ADAPTERS))
+    p.add_argument(
+        "--libs",
+        default=",".join(DEFAULT_LIBS),
+        help=f"default: every library but the A/B variants; known: {','.join(ADAPTERS)}",
+    )
     p.add_argument("--json", default=None)
+    p.add_argument("--reference", default=REFERENCE, help="the library every ratio is taken against")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
     p.add_argument(
         "--recall-only",
@@ -437,9 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"\n== {ds.name}: {ds.n} x {ds.dim}, {ds.nq} queries")
         adapters, info = build_all(libs, ds)
         res = sweep(adapters, ds, efs, passes)
-        summary = summarise(res, ds.nq) if passes else {}
+        summary = summarise(res, ds.nq, args.reference) if passes else {}
         if passes:
-            log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}))
+            log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}, args.reference))
         results["datasets"][ds.name] = {
             "n": ds.n,
             "dim": ds.dim,

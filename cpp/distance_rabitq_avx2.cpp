@@ -10,9 +10,7 @@
 
 #include <climits>
 #include <cstring>
-#include <string>
 
-#include "errors.h"
 #include "rabitq_codes.h"
 #include "sq8_codes.h"
 
@@ -159,16 +157,7 @@ const RabitqKernels& rabitq_avx2_kernels(unsigned container_bits) {
   static const RabitqKernels bits{dot_bits_avx2, dot4_bits_avx2, "avx2"};
   static const RabitqKernels nibble{dot_nibble_avx2, dot4_nibble_avx2, "avx2"};
   static const RabitqKernels byte{sq8_avx2_kernels().dot, sq8_avx2_kernels().dot4, "avx2"};
-  switch (container_bits) {
-    case 1:
-      return bits;
-    case 4:
-      return nibble;
-    case 8:
-      return byte;
-    default:
-      throw InvalidArgument("rabitq: code container must be 1, 4 or 8 bits, got " + std::to_string(container_bits));
-  }
+  return rabitq_pick_container(container_bits, bits, nibble, byte);
 }
 }  // namespace detail
 

@@ -9,9 +9,7 @@
 #include <immintrin.h>
 
 #include <cstring>
-#include <string>
 
-#include "errors.h"
 #include "rabitq_codes.h"
 #include "sq8_codes.h"
 
@@ -111,16 +109,7 @@ const RabitqKernels& rabitq_avx512_kernels(unsigned container_bits) {
   static const RabitqKernels nibble{dot_nibble_avx512, dot4_nibble_avx512, "avx512"};
   static const RabitqKernels byte{sq8_kernels_for(SimdLevel::kAvx512).dot, sq8_kernels_for(SimdLevel::kAvx512).dot4,
                                   "avx512"};
-  switch (container_bits) {
-    case 1:
-      return bits;
-    case 4:
-      return nibble;
-    case 8:
-      return byte;
-    default:
-      throw InvalidArgument("rabitq: code container must be 1, 4 or 8 bits, got " + std::to_string(container_bits));
-  }
+  return rabitq_pick_container(container_bits, bits, nibble, byte);
 }
 }  // namespace detail
 

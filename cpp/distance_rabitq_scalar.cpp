@@ -4,9 +4,7 @@
 //   nibble: in each 64-dimension block of 32 bytes, byte j holds dimension j in its low nibble
 //           and dimension j + 32 in its high one
 //   byte:   one byte per dimension (the SQ8 kernels: the same signature and math)
-#include <string>
 
-#include "errors.h"
 #include "rabitq_codes.h"
 #include "sq8_codes.h"
 
@@ -49,16 +47,7 @@ const RabitqKernels& rabitq_scalar_kernels(unsigned container_bits) {
   static const RabitqKernels bits{dot_bits_scalar, dot4_scalar<dot_bits_scalar>, "scalar"};
   static const RabitqKernels nibble{dot_nibble_scalar, dot4_scalar<dot_nibble_scalar>, "scalar"};
   static const RabitqKernels byte{sq8_scalar_kernels().dot, sq8_scalar_kernels().dot4, "scalar"};
-  switch (container_bits) {
-    case 1:
-      return bits;
-    case 4:
-      return nibble;
-    case 8:
-      return byte;
-    default:
-      throw InvalidArgument("rabitq: code container must be 1, 4 or 8 bits, got " + std::to_string(container_bits));
-  }
+  return rabitq_pick_container(container_bits, bits, nibble, byte);
 }
 }  // namespace detail
 

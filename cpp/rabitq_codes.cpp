@@ -244,6 +244,22 @@ std::size_t code_bytes_for(unsigned container, std::size_t padded) {
 
 }  // namespace
 
+namespace detail {
+const RabitqKernels& rabitq_pick_container(unsigned container_bits, const RabitqKernels& bits,
+                                           const RabitqKernels& nibble, const RabitqKernels& byte) {
+  switch (container_bits) {
+    case 1:
+      return bits;
+    case 4:
+      return nibble;
+    case 8:
+      return byte;
+    default:
+      throw InvalidArgument("rabitq: code container must be 1, 4 or 8 bits, got " + std::to_string(container_bits));
+  }
+}
+}  // namespace detail
+
 const RabitqKernels& rabitq_kernels_for(unsigned container_bits, SimdLevel level) {
   if (container_bits != 1 && container_bits != 4 && container_bits != 8) {
     throw InvalidArgument("rabitq: code container must be 1, 4 or 8 bits, got " + std::to_string(container_bits));

@@ -80,6 +80,10 @@ inline std::int32_t rabitq_query_limit(unsigned container_bits, std::size_t padd
 }
 
 namespace detail {
+/// Of one level's three kernel sets, the one for a container (1: `bits`, 4: `nibble`, 8:
+/// `byte`); throws InvalidArgument for any other container.
+const RabitqKernels& rabitq_pick_container(unsigned container_bits, const RabitqKernels& bits,
+                                           const RabitqKernels& nibble, const RabitqKernels& byte);
 /// The kernels of one level for a container (1, 4 or 8); rabitq_kernels_for dispatches.
 const RabitqKernels& rabitq_scalar_kernels(unsigned container_bits);
 #if defined(KBCORE_HAVE_X86_KERNELS)
