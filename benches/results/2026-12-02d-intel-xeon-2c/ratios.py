@@ -1,14 +1,21 @@
 """Ratios of each kbcore quantized variant to each anchor from a bench_quant JSON (per-pass QPS)."""
-import json, statistics, sys
-r = json.load(open(sys.argv[1]))
+
+import json
+import statistics
+import sys
+
+with open(sys.argv[1]) as fh:
+    r = json.load(fh)
 mine = [x for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else ["kbcore-sq8", "kbcore-rabitq"]
 print("load start", r["load_start"], "end", r.get("load_end"))
 for dname, d in r["datasets"].items():
     s = d["summary"]
     print(f"\n== {dname}")
     for lib, b in d["build"].items():
-        print(f"  {lib:20s} build {b.get('build_s', 0):7.1f} s  RSS {b.get('rss_bytes_per_vector', 0):7.0f} B  "
-              + "  ".join(f"@{t} {s[lib]['qps_median'][t] or 0:8.0f}" for t in ("0.95", "0.99")))
+        print(
+            f"  {lib:20s} build {b.get('build_s', 0):7.1f} s  RSS {b.get('rss_bytes_per_vector', 0):7.0f} B  "
+            + "  ".join(f"@{t} {s[lib]['qps_median'][t] or 0:8.0f}" for t in ("0.95", "0.99"))
+        )
     anchors = [x for x in s if not x.startswith("kbcore")]
     for t in ("0.95", "0.99"):
         best = max((a for a in anchors if s[a]["qps_median"][t]), key=lambda a: s[a]["qps_median"][t], default=None)
