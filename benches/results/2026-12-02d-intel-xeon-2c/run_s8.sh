@@ -3,7 +3,7 @@
 # test). Usage: run_s8.sh quant | quant1m | filter | drift
 set -u
 export KBCORE_DATA=/work/shared/data OPENBLAS_NUM_THREADS=1
-OUT=/work/bench/s8
+OUT=${OUT:-/work/bench/s8}
 mkdir -p $OUT
 PY=/work/venv/bin/python
 load() { python3 -c "import os, time; print(time.strftime('%H:%M:%S'), '$1 loadavg', os.getloadavg(), flush=True)"; }
