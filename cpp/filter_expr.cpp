@@ -14,52 +14,9 @@ void set_all(Bitmap& out, Entries<K> entries) {
   for (const auto& e : entries) out.set(e.second);
 }
 
-// Consecutive entries of one sorted index: the rows of a leaf come as a few runs.
-struct Run {
-  Entries<std::int64_t> i64;
-  Entries<double> f64;
-  Entries<std::uint32_t> u32;  // exactly one of the three is non-empty
-};
-
-template <typename Fn>
-void for_each_slot(const Run& r, Fn&& fn) {
-  for (const auto& e : r.i64) fn(e.second);
-  for (const auto& e : r.f64) fn(e.second);
-  for (const auto& e : r.u32) fn(e.second);
+void set_into(const LeafRuns& runs, Bitmap& out) {
+  runs.for_each_slot([&](Slot s) { out.set(s); });
 }
-
-// The runs a leaf reads. Distinct runs never share a slot: a slot holds one value per field,
-// and a string list holds each dictionary id once.
-struct Runs {
-  std::vector<Run> runs;
-  std::size_t total = 0;  // entries over all runs
-
-  void add(Entries<std::int64_t> e) {
-    Run r;
-    r.i64 = e;
-    push(r, e.size());
-  }
-  void add(Entries<double> e) {
-    Run r;
-    r.f64 = e;
-    push(r, e.size());
-  }
-  void add(Entries<std::uint32_t> e) {
-    Run r;
-    r.u32 = e;
-    push(r, e.size());
-  }
-  void set_into(Bitmap& out) const {
-    for (const Run& r : runs) for_each_slot(r, [&](Slot s) { out.set(s); });
-  }
-
- private:
-  void push(const Run& r, std::size_t n) {
-    if (n == 0) return;
-    runs.push_back(r);
-    total += n;
-  }
-};
 
 constexpr double kTwo63 = 9223372036854775808.0;
 constexpr std::int64_t kMinI = std::numeric_limits<std::int64_t>::min();
@@ -160,7 +117,7 @@ double double_upper(const Operand& o, bool incl) {
 
 // Rows whose numeric value (int or float row) lies between the bounds; a null bound is
 // open. Int and float rows are compared with the operand exactly, never through a rounding.
-void numeric_range(Runs& out, const FieldIndex& f, const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
+void numeric_range(LeafRuns& out, const FieldIndex& f, const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
   if (f.has_floats()) {
     const double flo = lo ? double_lower(*lo, lo_incl) : -kInfD;
     const double fhi = hi ? double_upper(*hi, hi_incl) : kInfD;
@@ -174,7 +131,7 @@ void numeric_range(Runs& out, const FieldIndex& f, const Operand* lo, bool lo_in
   }
 }
 
-void eq_value(Runs& out, const FieldIndex& f, const Operand& v, const StringDict& dict) {
+void eq_value(LeafRuns& out, const FieldIndex& f, const Operand& v, const StringDict& dict) {
   switch (v.kind) {
     case ValueKind::kInt:
     case ValueKind::kFloat:
@@ -193,7 +150,7 @@ void eq_value(Runs& out, const FieldIndex& f, const Operand& v, const StringDict
 
 // Rows whose str value satisfies pred(dictionary id).
 template <typename Pred>
-void str_where(Runs& out, const FieldIndex& f, Pred pred) {
+void str_where(LeafRuns& out, const FieldIndex& f, Pred pred) {
   for (const StrRun& run : f.str_runs()) {
     if (pred(run.id)) out.add(run.rows);
   }
@@ -207,19 +164,19 @@ void present(Bitmap& out, const Field& f) {
 }
 
 // Rows of a value test ($eq / $in, and the complement of $ne / $nin).
-void value_runs(Runs& out, const FilterNode& n, const FieldIndex& f, const StringDict& dict) {
+void value_runs(LeafRuns& out, const FilterNode& n, const FieldIndex& f, const StringDict& dict) {
   for (const Operand& o : n.operands) eq_value(out, f, o, dict);
 }
 
 // Rows whose str value contains the operand, or whose string list holds it.
-void contains_runs(Runs& out, const FieldIndex& f, const std::string& v, const StringDict& dict) {
+void contains_runs(LeafRuns& out, const FieldIndex& f, const std::string& v, const StringDict& dict) {
   str_where(out, f, [&](std::uint32_t id) { return dict.str(id).find(v) != std::string::npos; });
   if (const auto id = dict.find(v)) out.add(f.list_entries(*id));
 }
 
 // The runs of a leaf that passes exactly the rows of some index entries; false for the
 // leaves that need a complement or a per-slot pass (negations, exists, empty).
-bool leaf_runs(Runs& out, const FilterNode& n, const FieldIndex& f, const StringDict& dict) {
+bool leaf_runs(LeafRuns& out, const FilterNode& n, const FieldIndex& f, const StringDict& dict) {
   const Operand& v = n.operands[0];
   switch (n.op) {
     case FilterOp::kEq:
@@ -279,16 +236,16 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
   const StringDict& dict = meta.dict();
   const Operand& v = n.operands[0];
   const FieldIndex& idx = f->index();
-  Runs runs;
+  LeafRuns runs;
   if (leaf_runs(runs, n, idx, dict)) {
-    runs.set_into(out);
+    set_into(runs, out);
     return out;
   }
   switch (n.op) {
     case FilterOp::kNe:
     case FilterOp::kNin: {
       value_runs(runs, n, idx, dict);
-      runs.set_into(out);
+      set_into(runs, out);
       Bitmap all = live;
       all.subtract(out);
       return all;
@@ -297,7 +254,7 @@ Bitmap eval_cmp(const FilterNode& n, const MetadataStore& meta, const Bitmap& li
       // Present as a string or a list, and not containing.
       contains_runs(runs, idx, v.s, dict);
       Bitmap hit(live.size());
-      runs.set_into(hit);
+      set_into(runs, hit);
       set_all(out, idx.all_strs());
       const std::vector<std::uint8_t>& kinds = f->kinds();
       for (std::size_t s = 0; s < kinds.size(); ++s) {
@@ -430,30 +387,116 @@ Bitmap evaluate_filter(const FilterNode& node, const MetadataStore& meta, const 
   return out;
 }
 
-const std::vector<Slot>& FilterMatches::ensure_rows() {
-  if (!has_rows) {
-    rows = bitmap.to_slots(count);
-    has_rows = true;
+void LeafRuns::add(Entries<std::int64_t> e) {
+  if (e.empty()) return;
+  runs.push_back(IndexRun{e, {}, {}});
+  total += e.size();
+}
+
+void LeafRuns::add(Entries<double> e) {
+  if (e.empty()) return;
+  runs.push_back(IndexRun{{}, e, {}});
+  total += e.size();
+}
+
+void LeafRuns::add(Entries<std::uint32_t> e) {
+  if (e.empty()) return;
+  runs.push_back(IndexRun{{}, {}, e});
+  total += e.size();
+}
+
+bool compile_predicate(const FilterNode& n, const MetadataStore& meta, const Bitmap* live, SlotPredicate& out) {
+  if (n.type != FilterNode::Type::kCmp || n.operands.size() != 1) return false;
+  const Field* f = present_field(n, meta);
+  if (f == nullptr) return false;
+  const Operand& v = n.operands[0];
+  SlotPredicate p;
+  p.kinds_ = f->kinds().data();
+  p.payload_ = f->payloads().data();
+  p.live_ = live;
+  const bool number = v.kind == ValueKind::kInt || v.kind == ValueKind::kFloat;
+  // The numeric bounds exactly as numeric_range derives them for the index.
+  const auto range = [&](const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
+    p.float_lo_ = lo ? double_lower(*lo, lo_incl) : -kInfD;
+    p.float_hi_ = hi ? double_upper(*hi, hi_incl) : kInfD;
+    p.floats_ = p.float_lo_ <= p.float_hi_;
+    IntBounds b;
+    if (lo) int_lower(b, *lo, lo_incl);
+    if (hi) int_upper(b, *hi, hi_incl);
+    p.ints_ = !b.empty && b.lo <= b.hi;
+    p.int_lo_ = b.lo;
+    p.int_hi_ = b.hi;
+  };
+  switch (n.op) {
+    case FilterOp::kEq:
+    case FilterOp::kIn:
+      if (number) {
+        range(&v, true, &v, true);
+      } else if (v.kind == ValueKind::kBool) {
+        p.bools_ = true;
+        p.bool_value_ = v.b ? 1 : 0;
+      } else if (v.kind == ValueKind::kStr) {
+        const auto id = meta.dict().find(v.s);
+        p.strs_ = id.has_value();  // a string no row holds passes nothing
+        p.str_id_ = id ? *id : 0;
+      } else {
+        return false;
+      }
+      break;
+    case FilterOp::kGt:
+      range(&v, false, nullptr, true);
+      break;
+    case FilterOp::kGte:
+      range(&v, true, nullptr, true);
+      break;
+    case FilterOp::kLt:
+      range(nullptr, true, &v, false);
+      break;
+    case FilterOp::kLte:
+      range(nullptr, true, &v, true);
+      break;
+    default:
+      return false;
   }
+  out = p;
+  return true;
+}
+
+const std::vector<Slot>& FilterMatches::ensure_rows() {
+  if (has_rows) return rows;
+  if (has_bitmap) {
+    rows = bitmap.to_slots(count);
+  } else {
+    rows.clear();
+    rows.reserve(count);
+    runs.for_each_slot([&](Slot s) {
+      if (live == nullptr || live->test(s)) rows.push_back(s);
+    });
+  }
+  has_rows = true;
   return rows;
 }
 
 const Bitmap& FilterMatches::ensure_bitmap() {
-  if (!has_bitmap) {
-    bitmap = Bitmap(slots);
+  if (has_bitmap) return bitmap;
+  bitmap = Bitmap(slots);
+  if (has_rows) {
     for (Slot s : rows) bitmap.set(s);
-    has_bitmap = true;
+  } else {
+    set_into(runs, bitmap);
+    if (live != nullptr) bitmap &= *live;
   }
+  has_bitmap = true;
   return bitmap;
 }
 
 FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, const Bitmap& live,
-                           std::size_t rows_up_to, bool all_live) {
+                           std::size_t rows_up_to, bool all_live, bool allow_predicate) {
   FilterMatches m;
   m.slots = live.size();
   Bitmap bits;
   const Field* f = node.type == FilterNode::Type::kCmp ? present_field(node, meta) : nullptr;
-  Runs runs;
+  LeafRuns runs;
   if (f != nullptr && leaf_runs(runs, node, f->index(), meta.dict())) {
     if (runs.total <= rows_up_to) {
       // Few matches: the list comes straight out of the index, O(matches) with no pass over
@@ -465,23 +508,37 @@ FilterMatches match_filter(const FilterNode& node, const MetadataStore& meta, co
       m.rows.resize(runs.total);
       Slot* out = m.rows.data();
       std::size_t kept = 0;
-      for (const Run& r : runs.runs) {
-        if (all_live) {
-          for_each_slot(r, [&](Slot s) { out[kept++] = s; });
-        } else {
-          for_each_slot(r, [&](Slot s) {
-            out[kept] = s;
-            kept += live.test(s) ? 1 : 0;
-          });
-        }
+      if (all_live) {
+        runs.for_each_slot([&](Slot s) { out[kept++] = s; });
+      } else {
+        runs.for_each_slot([&](Slot s) {
+          out[kept] = s;
+          kept += live.test(s) ? 1 : 0;
+        });
       }
       m.rows.resize(kept);
       m.count = kept;
       m.has_rows = true;
       return m;
     }
+    const Bitmap* live_or_all = all_live ? nullptr : &live;
+    if (allow_predicate && compile_predicate(node, meta, live_or_all, m.predicate)) {
+      // Many matches: the count, and a predicate for the walk; no bitmap of them all.
+      if (all_live) {
+        m.count = runs.total;
+      } else {
+        std::size_t c = 0;
+        runs.for_each_slot([&](Slot s) { c += live.test(s) ? 1 : 0; });
+        m.count = c;
+      }
+      m.runs = std::move(runs);
+      m.live = live_or_all;
+      m.has_predicate = true;
+      if (m.count <= rows_up_to) m.ensure_rows();
+      return m;
+    }
     bits = Bitmap(live.size());
-    runs.set_into(bits);
+    set_into(runs, bits);
   } else {
     bits = eval(node, meta, live);
   }

@@ -214,8 +214,10 @@ class Index {
   std::vector<float> prepare_queries(const float* queries, std::size_t nq, std::size_t k,
                                      const FilterNode* filter) const;
   /// res (ascending) completed with the exact scan of the rows whose graph insertion is
-  /// deferred (those passing `allowed`, if given), keeping the `keep` best. Shared lock held.
-  std::vector<Scored> merge_pending(std::vector<Scored> res, const float* q, const Bitmap* allowed,
+  /// deferred (those `accept(slot)` admits), keeping the `keep` best. Shared lock held.
+  /// Defined in index_search.cpp, its only user.
+  template <typename Accept>
+  std::vector<Scored> merge_pending(std::vector<Scored> res, const float* q, const Accept& accept,
                                     std::size_t keep) const;
   /// The rows an exact scan reads, ascending: those of `allowed`, or every live row.
   std::vector<Slot> candidate_rows(const Bitmap* allowed, std::size_t passing) const;

@@ -21,10 +21,12 @@ namespace kbcore {
 namespace {
 
 // The rows passing `filter` as a filtered search first needs them: the list of passing rows
-// when few pass, else the bitmap (the other form is derived once the strategy is known).
+// when few pass, else the bitmap, or for a simple leaf only its count and a per-slot
+// predicate (the form the strategy needs is derived once it is known).
 FilterMatches match_for_search(const FilterNode& filter, const MetadataStore& meta, const VectorStore& store) {
   const auto rows_up_to = static_cast<std::size_t>(kRowsListFraction * static_cast<double>(store.size()));
-  return match_filter(filter, meta, store.live_bitmap(), rows_up_to, store.size() == store.slot_count());
+  return match_filter(filter, meta, store.live_bitmap(), rows_up_to, store.size() == store.slot_count(),
+                      /*allow_predicate=*/true);
 }
 
 void pad(std::int64_t* ids, float* dist, std::size_t from, std::size_t k) {
@@ -67,20 +69,18 @@ std::vector<float> Index::prepare_queries(const float* queries, std::size_t nq, 
   return prepared;
 }
 
-std::vector<Scored> Index::merge_pending(std::vector<Scored> res, const float* q, const Bitmap* allowed,
+template <typename Accept>
+std::vector<Scored> Index::merge_pending(std::vector<Scored> res, const float* q, const Accept& accept,
                                          std::size_t keep) const {
   const std::vector<Slot>& pending = graph_->pending();
   if (pending.empty()) return res;
-  const std::vector<Slot>* rows = &pending;
   std::vector<Slot> passing;
-  if (allowed != nullptr) {
-    for (Slot s : pending) {
-      if (allowed->test(s)) passing.push_back(s);
-    }
-    rows = &passing;
+  passing.reserve(pending.size());
+  for (Slot s : pending) {
+    if (accept(s)) passing.push_back(s);
   }
-  const std::size_t take = std::min(keep, rows->size());
-  return merge_topk(std::move(res), scan_slots(store_, config_.metric, q, *rows, take), keep);
+  const std::size_t take = std::min(keep, passing.size());
+  return merge_topk(std::move(res), scan_slots(store_, config_.metric, q, passing, take), keep);
 }
 
 std::vector<Slot> Index::candidate_rows(const Bitmap* allowed, std::size_t passing) const {
@@ -117,9 +117,14 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     const Strategy strategy = !graph_                      ? Strategy::kExact
                               : p.force != Strategy::kAuto ? p.force
                                                            : choose_strategy(passing, store_.size(), std::max(ef, k));
-    // The graph traversals test the bitmap; the exact scan reads the list of passing rows.
-    if (strategy != Strategy::kExact) matches.ensure_bitmap();
+    // The graph traversals test the bitmap, or the walk the leaf's predicate (it tests only the
+    // nodes it admits: at 50 % passing, building the bitmap cost a third of a walk); the exact
+    // scan reads the list of passing rows.
+    const bool by_predicate = strategy == Strategy::kFilteredWalk && matches.has_predicate;
+    if (strategy != Strategy::kExact && !by_predicate) matches.ensure_bitmap();
     const Bitmap& allowed = matches.bitmap;
+    const SlotPredicate& predicate = matches.predicate;
+    const auto admits = [&](Slot s) { return by_predicate ? predicate(s) : allowed.test(s); };
     std::once_flag rows_once;
     const auto passing_rows = [&]() -> const std::vector<Slot>& {
       std::call_once(rows_once, [&] { matches.ensure_rows(); });
@@ -140,7 +145,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     // A graph answer is completed with the exact scan of rows not linked yet; a traversal
     // that could not reach k passing rows is replaced by the exact answer.
     const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
-      res = merge_pending(std::move(res), q, &allowed, k);
+      res = merge_pending(std::move(res), q, admits, k);
       if (res.size() >= std::min(k, passing)) {
         write(qi, res);
       } else {
@@ -178,12 +183,11 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
         return;
       }
       if (strategy == Strategy::kFilteredWalk) {
-        const auto accept = [&allowed](Slot s) { return allowed.test(s); };
         finish_graph(qi, q,
                      codes ? codes.visit([&](const auto& c) {
-                       return HnswCodeSearch::search(*graph_, c, q, k, ef, depth, accept);
+                       return HnswCodeSearch::search(*graph_, c, q, k, ef, depth, admits);
                      })
-                           : graph_->search_with(q, k, ef, accept));
+                           : graph_->search_with(q, k, ef, admits));
         return;
       }
       write(qi, exact(q, passing_rows()));
@@ -202,7 +206,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       })
                                       : graph_->search_with(q, k, ef, AcceptAll{}, &e);
       // Rows whose graph insertion is deferred are scanned exactly.
-      write(qi, merge_pending(std::move(res), q, nullptr, k));
+      write(qi, merge_pending(std::move(res), q, AcceptAll{}, k));
       evals.fetch_add(e, std::memory_order_relaxed);
     });
     evals_.record(evals.load(), nq, std::max(ef, k));
@@ -273,7 +277,8 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
         return HnswCodeSearch::search_expanding(*graph_, c, q, ef, allowed_or_all, enough);
       })
                                       : graph_->search_expanding(q, ef, allowed_or_all, enough);
-      res = merge_pending(std::move(res), q, allowed_or_all, std::numeric_limits<std::size_t>::max());
+      const auto admits = [&](Slot s) { return allowed_or_all == nullptr || allowed_or_all->test(s); };
+      res = merge_pending(std::move(res), q, admits, std::numeric_limits<std::size_t>::max());
       collapse_sorted(res, field_groups, k, p.group_size, groups);
       if (groups.size() >= k) {
         page_of(groups, field_groups, out[qi]);

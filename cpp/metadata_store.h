@@ -138,6 +138,9 @@ class Field {
   bool present(Slot s) const { return kinds_[s] != 0; }
   /// The kind byte (a ValueKind) of every slot. O(1), no copy.
   const std::vector<std::uint8_t>& kinds() const { return kinds_; }
+  /// The 8-byte payload of every slot, read by its kind byte (int64, double bits, bool 0 / 1,
+  /// dictionary id, list index). O(1), no copy.
+  const std::vector<std::int64_t>& payloads() const { return payload_; }
   /// The dictionary id of slot s's value; s must hold a kStr. O(1).
   std::uint32_t str_id(Slot s) const { return static_cast<std::uint32_t>(payload_[s]); }
   /// The dictionary ids of slot s's list; s must hold a kStrList. O(1), no copy.

@@ -848,6 +848,57 @@ def test_filtered_search_with_fewer_passing_rows_than_k_returns_all_of_them(clus
     assert (got_ids == -1).all()
 
 
+@pytest.mark.parametrize("quantization", [None, "sq8"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"bucket": {"$lt": 50}},  # an int range
+        {"score": {"$gte": 0.5}},  # a float range over int and float rows
+        {"tenant": {"$in": ["t1"]}},  # one string
+        {"even": True},  # a bool
+    ],
+)
+def test_walk_on_a_wide_leaf_filter_skips_removed_and_admits_only_passing_rows(quantization, where):
+    """A wide single-field filter is tested per node by the walk (no bitmap of every passing
+    row): with rows removed, slots reused, and rows whose graph insertion is deferred, every
+    strategy returns passing live rows only, the count is exact and recall holds."""
+    rng = np.random.default_rng(17)
+    n, dim = 3000, 24
+    data = rng.standard_normal((n, dim)).astype(np.float32)
+    queries = rng.standard_normal((30, dim)).astype(np.float32)
+
+    def row(i: int) -> dict:
+        # "score" is an int on some rows and a float on others, as JSON metadata can be.
+        score = int(i % 2) if i % 3 == 0 else float(rng.random())
+        return {"bucket": int(rng.integers(100)), "score": score, "tenant": f"t{i % 2}", "even": i % 2 == 0}
+
+    rows = [row(i) for i in range(n)]
+    ids = np.arange(n, dtype=np.int64)
+    index = kbcore.Index(dim=dim, metric="l2", kind="hnsw", M=16, ef_construction=80, seed=3, quantization=quantization)
+    index.add(data[:2500], ids[:2500], metadata=rows[:2500])
+    gone = rng.choice(2500, size=400, replace=False)
+    index.remove(gone.tolist())
+    # 500 new rows, some in the removed rows' slots, not linked into the graph yet.
+    index.add(data[2500:], ids[2500:], metadata=rows[2500:], defer_graph=True)
+    assert index.pending == 500
+    # Then rows removed from the graph and from the pending queue leave dead slots behind.
+    gone_too = np.concatenate([rng.choice(np.setdiff1d(np.arange(2500), gone), 200, replace=False), ids[2500:2600]])
+    index.remove(gone_too.tolist())
+    assert index.pending == 400
+    live = np.ones(n, dtype=bool)
+    live[gone] = False
+    live[gone_too] = False
+    mask = _passing_mask(where, rows) & live
+    assert 0.3 * n < mask.sum() < 0.7 * n, "the filter must be wide enough for the walk"
+    assert index.count(where) == mask.sum()
+    ir = compile_where(where)
+    for strategy in ("auto", "walk", "graph", "exact"):
+        got_ids, got_dist = index._native.search(queries, 10, 64, 1, ir, strategy)
+        _assert_filtered_approx(got_ids, got_dist, data, ids, queries, mask, 10)
+        recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "l2")
+        assert recall >= (0.999 if strategy == "exact" else 0.9), f"{strategy}: recall@10 {recall:.3f}"
+
+
 # --------------------------------------------------------------------------------------------
 # metadata lifecycle: persistence, upsert, remove, Arrow input, get_metadata
 

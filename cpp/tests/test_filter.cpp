@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -128,16 +130,28 @@ KBCORE_TEST(match_filter_agrees_with_oracle) {
         }
         CHECK(evaluate_filter(c.f, meta, live).count() == want.size());
         for (const std::size_t up_to : {std::size_t{0}, want.size() ? want.size() - 1 : 0, want.size(), n}) {
-          FilterMatches m = match_filter(c.f, meta, live, up_to, /*all_live=*/live.count() == n);
-          CHECK(m.count == want.size());
-          CHECK(m.has_rows || m.has_bitmap);
-          if (up_to >= want.size()) CHECK(m.has_rows);
-          std::vector<Slot> rows = m.ensure_rows();
-          std::sort(rows.begin(), rows.end());
-          CHECK(rows == want);  // each passing row exactly once
-          const Bitmap& b = m.ensure_bitmap();
-          CHECK(b.size() == n && b.count() == want.size());
-          for (Slot s : want) CHECK(b.test(s));
+          for (const bool allow_predicate : {false, true}) {
+            FilterMatches m = match_filter(c.f, meta, live, up_to, /*all_live=*/live.count() == n, allow_predicate);
+            CHECK(m.count == want.size());
+            CHECK(m.has_rows || m.has_bitmap || m.has_predicate);
+            if (up_to >= want.size()) CHECK(m.has_rows);
+            if (!allow_predicate) CHECK(!m.has_predicate);
+            if (m.has_predicate) {
+              // The predicate agrees with the oracle on every slot, dead ones included.
+              std::size_t hits = 0;
+              for (std::size_t i = 0; i < n; ++i) hits += m.predicate(static_cast<Slot>(i)) ? 1 : 0;
+              CHECK(hits == want.size());
+              for (Slot s : want) CHECK(m.predicate(s));
+            }
+            // Derive the bitmap first on odd thresholds, the rows first on even ones.
+            if (up_to % 2 == 1) m.ensure_bitmap();
+            std::vector<Slot> rows = m.ensure_rows();
+            std::sort(rows.begin(), rows.end());
+            CHECK(rows == want);  // each passing row exactly once
+            const Bitmap& b = m.ensure_bitmap();
+            CHECK(b.size() == n && b.count() == want.size());
+            for (Slot s : want) CHECK(b.test(s));
+          }
         }
       }
       // ne: rows lacking the field pass too.
@@ -158,4 +172,129 @@ KBCORE_TEST(match_filter_agrees_with_oracle) {
   CHECK(b.to_slots(b.count()) == want);
   CHECK(b.to_slots(3).size() == 3);
   CHECK(b.to_slots(0).empty());
+}
+
+// compile_predicate against the index evaluation on a field holding every scalar kind (int,
+// float, bool, str and missing rows), with operands at the int64 / double boundaries: for each
+// slot, the predicate passes exactly the slots evaluate_filter passes, dead ones excluded.
+KBCORE_TEST(slot_predicate_agrees_with_index_evaluation) {
+  using namespace kbcore;
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  const std::size_t n = 3000;
+  std::mt19937 rng(11);
+  const std::vector<std::int64_t> int_pool = {-5, -1, 0, 2, 3, 5, kMin, kMax, kMax - 1};
+  const std::vector<double> float_pool = {-2.5, 2.0, 2.5, 3.0, 1e19, -1e19, 9223372036854775808.0, -0.0};
+  const std::vector<std::string> str_pool = {"a", "b", "c", ""};
+  std::vector<std::uint8_t> vi(n), vf(n), vb(n), vs(n), bools(n);
+  std::vector<std::int64_t> ints(n), offsets = {0};
+  std::vector<double> floats(n);
+  std::string chars;
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned kind = rng() % 5;  // 0 missing, 1 int, 2 float, 3 bool, 4 str
+    vi[i] = kind == 1;
+    vf[i] = kind == 2;
+    vb[i] = kind == 3;
+    vs[i] = kind == 4;
+    ints[i] = int_pool[rng() % int_pool.size()];
+    floats[i] = float_pool[rng() % float_pool.size()];
+    bools[i] = rng() % 2;
+    if (kind == 4) chars += str_pool[rng() % str_pool.size()];
+    offsets.push_back(static_cast<std::int64_t>(chars.size()));
+  }
+  ColumnInput ci;
+  ci.name = "x";
+  ci.kind = ValueKind::kInt;
+  ci.valid = vi.data();
+  ci.ints = ints.data();
+  ColumnInput cf = ci;
+  cf.kind = ValueKind::kFloat;
+  cf.valid = vf.data();
+  cf.ints = nullptr;
+  cf.floats = floats.data();
+  ColumnInput cb = ci;
+  cb.kind = ValueKind::kBool;
+  cb.valid = vb.data();
+  cb.ints = nullptr;
+  cb.bools = bools.data();
+  ColumnInput cs = ci;
+  cs.kind = ValueKind::kStr;
+  cs.valid = vs.data();
+  cs.ints = nullptr;
+  cs.offsets = offsets.data();
+  cs.data = reinterpret_cast<const std::uint8_t*>(chars.data());
+  cs.data_len = chars.size();
+  MetadataStore::validate({ci, cf, cb, cs}, n);
+  MetadataStore meta;
+  meta.grow(n);
+  std::vector<Slot> slots(n);
+  for (std::size_t i = 0; i < n; ++i) slots[i] = static_cast<Slot>(i);
+  meta.assign(slots, {ci, cf, cb, cs});
+  Bitmap dead_some(n, true);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (rng() % 5 == 0) dead_some.reset(i);
+  }
+  const Bitmap all_live(n, true);
+  const Bitmap& some_dead = dead_some;
+  std::vector<Operand> operands;
+  for (std::int64_t x : {std::int64_t{2}, std::int64_t{3}, std::int64_t{-1}, kMin, kMax, kMax - 1}) {
+    Operand o;
+    o.kind = ValueKind::kInt;
+    o.i = x;
+    operands.push_back(o);
+  }
+  for (double x : {2.0, 2.5, -2.5, 9223372036854775807.0, -9223372036854775808.0, 1e19, -0.0, 0.0}) {
+    Operand o;
+    o.kind = ValueKind::kFloat;
+    o.f = x;
+    operands.push_back(o);
+  }
+  for (bool x : {false, true}) {
+    Operand o;
+    o.kind = ValueKind::kBool;
+    o.b = x;
+    operands.push_back(o);
+  }
+  for (const char* x : {"b", "", "zz"}) {
+    Operand o;
+    o.kind = ValueKind::kStr;
+    o.s = x;
+    operands.push_back(o);
+  }
+  std::size_t compiled = 0;
+  for (const Operand& o : operands) {
+    const bool number = o.kind == ValueKind::kInt || o.kind == ValueKind::kFloat;
+    for (FilterOp op : {FilterOp::kEq, FilterOp::kIn, FilterOp::kGt, FilterOp::kGte, FilterOp::kLt, FilterOp::kLte}) {
+      const bool range = op != FilterOp::kEq && op != FilterOp::kIn;
+      if (range && !number) continue;  // validate_filter rejects a range on a bool or a string
+      FilterNode f;
+      f.field = "x";
+      f.op = op;
+      f.operands = {o};
+      validate_filter(f);
+      for (const Bitmap* live : {&some_dead, &all_live}) {
+        const Bitmap want = evaluate_filter(f, meta, *live);
+        SlotPredicate p;
+        CHECK(compile_predicate(f, meta, live == &all_live ? nullptr : live, p));
+        ++compiled;
+        for (std::size_t i = 0; i < n; ++i) CHECK(p(static_cast<Slot>(i)) == want.test(i));
+      }
+    }
+  }
+  CHECK(compiled > 60);
+  // Filters it does not cover are refused, leaving the evaluation to the bitmap.
+  FilterNode ne;
+  ne.field = "x";
+  ne.op = FilterOp::kNe;
+  ne.operands = {operands[0]};
+  SlotPredicate p;
+  CHECK(!compile_predicate(ne, meta, nullptr, p));
+  FilterNode absent = ne;
+  absent.op = FilterOp::kEq;
+  absent.field = "no such field";
+  CHECK(!compile_predicate(absent, meta, nullptr, p));
+  FilterNode two = ne;
+  two.op = FilterOp::kIn;
+  two.operands = {operands[0], operands[1]};
+  CHECK(!compile_predicate(two, meta, nullptr, p));
 }
