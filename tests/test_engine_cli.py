@@ -60,3 +60,27 @@ def test_errors_exit_1_with_a_message(tmp_path, capsys, monkeypatch, argv, match
     Engine(tmp_path).create_knowledge_base("kb")
     assert main(argv) == 1
     assert match in capsys.readouterr().err
+
+
+def test_a_closed_stdout_pipe_ends_the_command_quietly():
+    """``kbcore demo | head -1``: the reader goes away; the command stops with the SIGPIPE
+    status and no traceback on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)  # no reader from the start: the first write fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kbcore", "demo", "--top-k", "1"],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(w)
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert proc.returncode == 141, (proc.returncode, stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -379,10 +380,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe surfaces here, inside the handler below
+        return status
     except (KbcoreError, FileNotFoundError, ImportError) as exc:
         print(f"kbcore {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader closed the pipe (``kbcore demo | head``): stop quietly, as a shell tool
+        # killed by SIGPIPE would. stdout goes to /dev/null so the interpreter's final flush
+        # does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + 13  # 141, the status a shell reports for SIGPIPE
 
 
 # -- the embedder options (ingest, serve) ---------------------------------------------------
