@@ -117,7 +117,8 @@ double double_upper(const Operand& o, bool incl) {
 
 // Rows whose numeric value (int or float row) lies between the bounds; a null bound is
 // open. Int and float rows are compared with the operand exactly, never through a rounding.
-void numeric_range(LeafRuns& out, const FieldIndex& f, const Operand* lo, bool lo_incl, const Operand* hi, bool hi_incl) {
+void numeric_range(LeafRuns& out, const FieldIndex& f, const Operand* lo, bool lo_incl, const Operand* hi,
+                   bool hi_incl) {
   if (f.has_floats()) {
     const double flo = lo ? double_lower(*lo, lo_incl) : -kInfD;
     const double fhi = hi ? double_upper(*hi, hi_incl) : kInfD;

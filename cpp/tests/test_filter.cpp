@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "filter_expr.h"
