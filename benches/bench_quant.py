@@ -1,6 +1,9 @@
 """Quantized graph search side by side (issue 13): kbcore float32, SQ8 and RaBitQ (``kbcore-rabitq``:
 4 bits; ``-rabitq1/2/8``: other bit counts; ``-disk``: rows in a mapped file) against hnswlib,
-faiss IndexHNSWFlat and IndexHNSWSQ (8-bit), usearch (f32, i8) and zvec (fp32, INT8).
+faiss IndexHNSWFlat, IndexHNSWSQ (8-bit) alone and under a float32 refine stage
+(``faiss-sq8-refine``) and an IVF over 4-bit PQ fast-scan codes with a refine stage
+(``faiss-ivfpq-fs``, nprobe swept with ef), usearch (f32, i8) and zvec (fp32, INT8 alone and
+with its float32 refiner, ``zvec-int8-refine``).
 
 Run from the repository root on a quiet machine::
 
@@ -58,6 +61,8 @@ DEFAULT_EFS = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TARGETS = (0.95, 0.99)
 REFERENCE = "kbcore-sq8"
 LOAD_WARN = 0.5
+# faiss's refine stage re-ranks k_factor * k candidates exactly (faiss-sq8-refine, faiss-ivfpq-fs).
+REFINE_K_FACTOR = 4
 
 
 class KbcoreSq8(KbcoreHnsw):
@@ -174,6 +179,54 @@ class FaissHnswSq8(FaissHnsw):
         faiss.omp_set_num_threads(1)
 
 
+class FaissHnswSq8Refine(FaissHnswSq8):
+    """faiss IndexHNSWSQ (8-bit) under an IndexRefineFlat: the graph walk on 8-bit codes, then the
+    best ``REFINE_K_FACTOR * k`` candidates re-ranked with exact float32 distances (faiss's own
+    form of kbcore's sq8 + re-rank)."""
+
+    name = "faiss-sq8-refine"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        faiss = self.faiss
+        faiss.omp_set_num_threads(threads)
+        self.base = faiss.IndexHNSWSQ(x.shape[1], faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
+        self.base.hnsw.efConstruction = EF_CONSTRUCTION
+        self.base.train(x)
+        self.index = faiss.IndexRefineFlat(self.base)  # self.base stays referenced: faiss borrows it
+        self.index.k_factor = REFINE_K_FACTOR
+        self.index.add(x)
+        faiss.omp_set_num_threads(1)
+
+    def set_ef(self, ef: int) -> None:
+        self.faiss.omp_set_num_threads(1)
+        self.base.hnsw.efSearch = ef
+
+
+class FaissIvfPqFastScan(FaissHnsw):
+    """faiss's fast-scan form: an IVF over 4-bit PQ codes scanned with SIMD lookup tables
+    (``IVF{nlist},PQ{d/2}x4fs``, two dimensions per sub-quantizer), under an IndexRefineFlat.
+    Not a graph: nlist = 4 sqrt(n), and the sweep's ef sets ``nprobe = max(1, ef // 8)`` (1 to 32
+    lists over the default grid; clustered data reaches recall 0.95 within a few lists)."""
+
+    name = "faiss-ivfpq-fs"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        faiss = self.faiss
+        faiss.omp_set_num_threads(threads)
+        n, d = x.shape
+        nlist = max(16, int(4 * np.sqrt(n)))
+        self.index = faiss.index_factory(d, f"IVF{nlist},PQ{d // 2}x4fs,RFlat", faiss.METRIC_INNER_PRODUCT)
+        self.index.train(x)
+        self.index.add(x)
+        self.index.k_factor = REFINE_K_FACTOR
+        self.ivf = faiss.extract_index_ivf(self.index)
+        faiss.omp_set_num_threads(1)
+
+    def set_ef(self, ef: int) -> None:
+        self.faiss.omp_set_num_threads(1)
+        self.ivf.nprobe = max(1, ef // 8)
+
+
 class UsearchI8(Usearch):
     name = "usearch-i8"
 
@@ -254,6 +307,18 @@ class ZvecInt8(Zvec):
     quantize = "INT8"
 
 
+class ZvecInt8Refine(ZvecInt8):
+    """zvec INT8 with its refiner: the graph walk on int8 codes, the candidates re-scored with
+    the float32 vectors zvec keeps beside them (``HnswQueryParam(is_using_refiner=True)``)."""
+
+    name = "zvec-int8-refine"
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        zv, search, ef = self.zvec, self.index.query_internal_ids, self.ef
+        param = zv.HnswQueryParam(ef=ef, is_using_refiner=True)
+        return lambda q: search(zv.Query("v", vector=q, param=param), topk=K)
+
+
 #: The A/B variants (huge pages off, other RaBitQ bit counts) run only when named in --libs.
 AB_VARIANTS = ("kbcore-nohp", "kbcore-sq8-nohp", "kbcore-rabitq1", "kbcore-rabitq2", "kbcore-rabitq8")
 ADAPTERS: dict[str, type[Adapter]] = {
@@ -270,10 +335,13 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "hnswlib": Hnswlib,
     "faiss": FaissHnsw,
     "faiss-sq8": FaissHnswSq8,
+    "faiss-sq8-refine": FaissHnswSq8Refine,
+    "faiss-ivfpq-fs": FaissIvfPqFastScan,
     "usearch": Usearch,
     "usearch-i8": UsearchI8,
     "zvec": Zvec,
     "zvec-int8": ZvecInt8,
+    "zvec-int8-refine": ZvecInt8Refine,
 }
 DEFAULT_LIBS = tuple(name for name in ADAPTERS if name not in AB_VARIANTS)
 

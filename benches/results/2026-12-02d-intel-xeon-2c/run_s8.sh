@@ -5,7 +5,7 @@ set -u
 export KBCORE_DATA=/work/shared/data OPENBLAS_NUM_THREADS=1
 OUT=${OUT:-/work/bench/s8}
 mkdir -p $OUT
-PY=/work/venv/bin/python
+PY=${PY:-/work/venv/bin/python}
 load() { python3 -c "import os, time; print(time.strftime('%H:%M:%S'), '$1 loadavg', os.getloadavg(), flush=True)"; }
 quiet() {  # wait (at most 300 s) for the 1-minute load to fall below 0.5
   for i in $(seq 1 60); do
