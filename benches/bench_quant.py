@@ -169,14 +169,19 @@ class KbcoreSq8NoHp(KbcoreSq8):
 class FaissHnswSq8(FaissHnsw):
     name = "faiss-sq8"
 
-    def build(self, x: np.ndarray, threads: int) -> None:
+    def trained_graph(self, x: np.ndarray) -> Any:
+        """An empty IndexHNSWSQ (8-bit) with the quantizer trained on x."""
         faiss = self.faiss
-        faiss.omp_set_num_threads(threads)
-        self.index = faiss.IndexHNSWSQ(x.shape[1], faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
-        self.index.hnsw.efConstruction = EF_CONSTRUCTION
-        self.index.train(x)
+        index = faiss.IndexHNSWSQ(x.shape[1], faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = EF_CONSTRUCTION
+        index.train(x)
+        return index
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.faiss.omp_set_num_threads(threads)
+        self.index = self.trained_graph(x)
         self.index.add(x)
-        faiss.omp_set_num_threads(1)
+        self.faiss.omp_set_num_threads(1)
 
 
 class FaissHnswSq8Refine(FaissHnswSq8):
@@ -187,15 +192,12 @@ class FaissHnswSq8Refine(FaissHnswSq8):
     name = "faiss-sq8-refine"
 
     def build(self, x: np.ndarray, threads: int) -> None:
-        faiss = self.faiss
-        faiss.omp_set_num_threads(threads)
-        self.base = faiss.IndexHNSWSQ(x.shape[1], faiss.ScalarQuantizer.QT_8bit, M, faiss.METRIC_INNER_PRODUCT)
-        self.base.hnsw.efConstruction = EF_CONSTRUCTION
-        self.base.train(x)
-        self.index = faiss.IndexRefineFlat(self.base)  # self.base stays referenced: faiss borrows it
+        self.faiss.omp_set_num_threads(threads)
+        self.base = self.trained_graph(x)
+        self.index = self.faiss.IndexRefineFlat(self.base)  # self.base stays referenced: faiss borrows it
         self.index.k_factor = REFINE_K_FACTOR
         self.index.add(x)
-        faiss.omp_set_num_threads(1)
+        self.faiss.omp_set_num_threads(1)
 
     def set_ef(self, ef: int) -> None:
         self.faiss.omp_set_num_threads(1)
