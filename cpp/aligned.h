@@ -6,13 +6,17 @@
 // Huge pages: a graph search touches a few hundred scattered rows, codes and link lists per
 // query; over a working set of tens of MB with 4 KiB pages nearly every touch misses the STLB
 // (1.5k entries reach 6 MB) and pays a page walk. An allocation of at least kHugeMinBytes is
-// therefore mapped directly (mmap), 2 MiB aligned and rounded up to whole 2 MiB pages, and
-// marked MADV_HUGEPAGE, so that a kernel whose THP mode is "madvise" (or "always") backs it with
-// 2 MiB pages. The process-wide switch (huge_pages_enabled / set_huge_pages_enabled) decides at
-// allocation time: off marks new mappings MADV_NOHUGEPAGE instead (so an A/B in one process
-// compares 4 KiB with 2 MiB pages even under "always"). A madvise that fails changes nothing but
-// the page size. The mapping's size depends only on the byte count, so deallocate (given the same
-// count) knows how the block was made whatever the switch says by then.
+// therefore mapped directly (mmap), 2 MiB aligned and rounded up to whole 2 MiB pages, and its
+// whole 2 MiB pages are marked MADV_HUGEPAGE, so that a kernel whose THP mode is "madvise" (or
+// "always") backs them with 2 MiB pages. The last, partly used 2 MiB of the mapping is marked
+// MADV_NOHUGEPAGE: only its 4 KiB pages that are touched become resident, instead of a whole
+// huge page (on 100k x 384 SQ8 the float32 rows, codes and links ended 1.5 MB each short of a
+// page boundary: 45 B per vector of resident memory that held nothing). The process-wide
+// switch (huge_pages_enabled / set_huge_pages_enabled) decides at allocation time: off marks
+// new mappings MADV_NOHUGEPAGE instead (so an A/B in one process compares 4 KiB with 2 MiB pages
+// even under "always"). A madvise that fails changes nothing but the page size. The mapping's
+// size depends only on the byte count, so deallocate (given the same count) knows how the block
+// was made whatever the switch says by then.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -85,7 +89,13 @@ inline void* huge_map(std::size_t bytes) {
   void* p = reinterpret_cast<void*>(aligned);
   // Before the first touch, so that the first fault of each 2 MiB range can take a huge page.
   // A kernel without THP (or with it "never") rejects or ignores this: 4 KiB pages then.
-  (void)::madvise(p, len, huge_pages_enabled() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  const std::size_t whole = bytes / kHugePageBytes * kHugePageBytes;  // >= 2 MiB: bytes >= kHugeMinBytes
+  if (huge_pages_enabled() && whole != 0) {
+    (void)::madvise(p, whole, MADV_HUGEPAGE);
+    if (len > whole) (void)::madvise(static_cast<char*>(p) + whole, len - whole, MADV_NOHUGEPAGE);
+  } else {
+    (void)::madvise(p, len, MADV_NOHUGEPAGE);
+  }
   return p;
 }
 inline void huge_unmap(void* p, std::size_t bytes) noexcept { ::munmap(p, huge_round(bytes)); }

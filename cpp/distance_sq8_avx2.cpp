@@ -61,7 +61,7 @@ void dot4_sq8_avx2(const std::int16_t* q, const std::uint8_t* const* codes, std:
 
 namespace detail {
 const Sq8Kernels& sq8_avx2_kernels() {
-  static const Sq8Kernels k{dot_sq8_avx2, dot4_sq8_avx2, "avx2"};
+  static const Sq8Kernels k{dot_sq8_avx2, dot4_sq8_avx2, "avx2", nullptr, nullptr};
   return k;
 }
 }  // namespace detail

@@ -3,7 +3,7 @@
 
 namespace kbcore::detail {
 const Sq8Kernels& sq8_avx512_kernels() {
-  static const Sq8Kernels k{dot_sq8<false>, dot4_sq8<false>, "avx512"};
+  static const Sq8Kernels k{dot_sq8<false>, dot4_sq8<false>, "avx512", nullptr, nullptr};
   return k;
 }
 }  // namespace kbcore::detail

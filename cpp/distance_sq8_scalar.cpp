@@ -24,7 +24,7 @@ void dot4_sq8_scalar(const std::int16_t* q, const std::uint8_t* const* codes, st
 
 namespace detail {
 const Sq8Kernels& sq8_scalar_kernels() {
-  static const Sq8Kernels k{dot_sq8_scalar, dot4_sq8_scalar, "scalar"};
+  static const Sq8Kernels k{dot_sq8_scalar, dot4_sq8_scalar, "scalar", nullptr, nullptr};
   return k;
 }
 }  // namespace detail

@@ -198,7 +198,7 @@ void Sq8Codes::prepare(const float* q, Sq8Query& out) const {
   } else {
     fold_query<false>(q, lo_.data(), scale_.data(), dim_, folded, constant, amax);
   }
-  const std::int32_t limit = sq8_query_limit(stride_);
+  const std::int32_t limit = std::min(kSq8QueryMax, sq8_query_limit(stride_));
   const float a = amax > 0 ? amax / static_cast<float>(limit) : 0.0f;
   const float inv = a > 0 ? 1.0f / a : 0.0f;
   const float flim = static_cast<float>(limit);
@@ -210,6 +210,8 @@ void Sq8Codes::prepare(const float* q, Sq8Query& out) const {
     qi[d] = static_cast<std::int16_t>(static_cast<std::int32_t>(round_small(v)));
   }
   std::fill(out.qi.begin() + static_cast<std::ptrdiff_t>(dim_), out.qi.end(), std::int16_t{0});
+  out.q8.resize(stride_);
+  for (std::size_t d = 0; d < stride_; ++d) out.q8[d] = static_cast<std::int8_t>(qi[d]);
   if (l2) {
     out.c0 = constant;
     out.c1 = -2.0f * a;

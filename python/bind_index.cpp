@@ -364,6 +364,33 @@ void bind_index(py::module_& m) {
           py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"), py::arg("threads"),
           py::arg("filter") = py::none(), py::arg("strategy") = "auto")
       .def(
+          "search_one",
+          // One query, [dim] (converted if it is not C-contiguous float32): the loop of single
+          // queries a RAG request runs, without the batch call's 2-D views, keyword arguments
+          // and strategy string. Returns 1-D (ids [k], distances [k]).
+          [](const Index& self, const FloatArray& query, std::size_t k, std::size_t ef, const py::object& filter) {
+            if (query.ndim() != 1 || static_cast<std::size_t>(query.shape(0)) != self.dim()) {
+              throw InvalidArgument("query must be a 1-D array of the index's dimension " + std::to_string(self.dim()));
+            }
+            if (k == 0) throw InvalidArgument("k must be positive, got 0");
+            const FilterRef node(filter);
+            SearchParams params;
+            params.k = k;
+            params.ef = ef;
+            params.threads = 1;
+            params.filter = node.get();
+            IdArray ids(static_cast<py::ssize_t>(k));
+            FloatArray dist(static_cast<py::ssize_t>(k));
+            {
+              std::int64_t* pi = ids.mutable_data();
+              float* pd = dist.mutable_data();
+              py::gil_scoped_release nogil;
+              self.search(query.data(), 1, params, pi, pd);
+            }
+            return py::make_tuple(ids, dist);
+          },
+          py::arg("query"), py::arg("k"), py::arg("ef"), py::arg("filter"))
+      .def(
           "search_groups",
           [](const Index& self, const FloatArray& queries, std::size_t k, const std::string& group_by,
              std::size_t group_size, std::size_t ef, std::size_t threads, const py::object& filter,

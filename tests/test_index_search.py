@@ -323,3 +323,31 @@ def test_integer_ids_of_other_dtypes_and_lists_are_accepted(clustered):
     assert sorted(index.ids().tolist()) == list(range(30))
     ids, dist = index.search(queries, k=5)
     assert_search_matches_oracle(ids, dist, data, np.arange(30), queries, 5, "l2")
+
+
+@pytest.mark.parametrize("quantization", [None, "sq8", "rabitq"])
+def test_single_query_path_equals_the_batch_row(clustered, quantization):
+    # One 1-D float32 query takes the binding's single-query path (search_one); it must give
+    # the batch answer's row exactly: with and without a filter, padded when k exceeds what
+    # passes, and the query array left as it was.
+    data, queries = clustered(600, 16, 24, n_queries=12)
+    index = kbcore.Index(24, metric="cosine", kind="hnsw", M=8, ef_construction=64, seed=3, quantization=quantization)
+    index.add(data, np.arange(len(data), dtype=np.int64) * 5, metadata=[{"g": i % 7} for i in range(len(data))])
+    where = {"g": {"$in": [1, 2]}}
+    for kwargs in ({}, {"where": where}, {"where": {"g": 3}, "k": 200}):
+        k = kwargs.pop("k", 10)
+        b_ids, b_dist = index.search(queries, k=k, ef=40, **kwargs)
+        for i, q in enumerate(queries):
+            before = q.copy()
+            ids, dist = index.search(q, k=k, ef=40, **kwargs)
+            assert ids.shape == (k,) and dist.shape == (k,) and ids.dtype == np.int64 and dist.dtype == np.float32
+            np.testing.assert_array_equal(ids, b_ids[i])
+            np.testing.assert_array_equal(dist.view(np.uint32), b_dist[i].view(np.uint32))
+            np.testing.assert_array_equal(q, before)
+        if "where" in kwargs and k == 200:
+            passing = sum(1 for i in range(len(data)) if i % 7 == 3)
+            assert (b_ids[:, passing:] == -1).all() and (b_ids[:, :passing] >= 0).all()
+    with pytest.raises(ValueError, match="dimension"):
+        index.search(np.zeros(23, dtype=np.float32), k=3)
+    with pytest.raises(ValueError):
+        index.search(queries[0], k=0)

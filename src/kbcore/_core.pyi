@@ -81,6 +81,13 @@ class Index:
         filter: _FilterArg | None = ...,
         strategy: str = ...,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+    def search_one(
+        self,
+        query: npt.NDArray[np.float32],
+        k: int,
+        ef: int,
+        filter: _FilterArg | None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
     def search_groups(
         self,
         queries: npt.NDArray[np.float32],

@@ -13,6 +13,9 @@ from . import _core
 from .errors import InvalidArgumentError, InvalidTypeError
 from .filters import native_filter
 
+# numpy's float32 dtype (a singleton: `dtype is _FLOAT32` is the cheapest exact test).
+_FLOAT32 = np.dtype(np.float32)
+
 __all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "QUANTIZATIONS", "check_params", "collapse_by_key"]
 
 Metric = Literal["cosine", "ip", "l2"]
@@ -471,10 +474,9 @@ class Index:
         """
         if (
             type(queries) is np.ndarray
+            and queries.dtype is _FLOAT32
             and queries.ndim == 1
-            and queries.dtype == np.float32
             and queries.shape[0] == self._dim
-            and queries.flags.c_contiguous
             and type(k) is int
             and k > 0
             and (ef is None or (type(ef) is int and ef > 0))
@@ -483,10 +485,9 @@ class Index:
         ):
             # Hot path of a loop of single queries (what a RAG request runs): nothing to
             # convert or check but the filter (one query runs on one thread whatever `threads`
-            # says).
-            nf = None if where is None else native_filter(where)
-            ids, dist = self._native.search(queries.reshape(1, -1), k, ef or 0, 1, nf)
-            return ids[0], dist[0]
+            # says; a strided view is copied by the binding). Half the overhead of the batch
+            # call with a [1, dim] view: it is a tenth of a query's time on SciFact.
+            return self._native.search_one(queries, k, ef or 0, None if where is None else native_filter(where))
         arr, one = _as_vectors(queries, self._dim, "queries")
         k = _positive("k", k)
         ef_value = 0 if ef is None else _positive("ef", ef)
