@@ -12,9 +12,16 @@
 namespace kbcore {
 namespace {
 
-// Horizontal sum by halves, without the extract intrinsics that make GCC 12 warn.
+// 512 -> 256 bits: the two halves added (an exact integer sum). The zero-masked extracts with
+// a full mask are the plain ones; GCC 12's plain extract and cast intrinsics start from an
+// undefined register and warn (-Wuninitialized).
+inline __m256i fold512(__m512i v) {
+  return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xff, v, 0), _mm512_maskz_extracti64x4_epi64(0xff, v, 1));
+}
+
+// Horizontal sum: folded to 256 bits, then by halves.
 inline std::int32_t hsum512(__m512i v) {
-  const __m256i h = _mm512_castsi512_si256(_mm512_add_epi32(v, _mm512_shuffle_i64x2(v, v, 0x4e)));
+  const __m256i h = fold512(v);
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
@@ -43,11 +50,6 @@ std::int32_t dot_sq8(const std::int16_t* q, const std::uint8_t* c, std::size_t s
     a1 = step<kVnni>(q, c, i + 32, a1);
   }
   return hsum512(_mm512_add_epi32(a0, a1));
-}
-
-// 512 -> 256 bits: the two halves added (an exact integer sum).
-inline __m256i fold512(__m512i v) {
-  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
 template <bool kVnni>
