@@ -28,6 +28,16 @@ inline std::int32_t hsum512(__m512i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// The four horizontal sums at once (integer sums, exact in any order): each accumulator folded
+// to 256 bits, then per 128-bit half hadd(hadd(a0, a1), hadd(a2, a3)); the halves add up to the
+// four sums, stored to out[0..3].
+inline void hsum4(__m512i a0, __m512i a1, __m512i a2, __m512i a3, std::int32_t* out) {
+  const __m256i h =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(fold512(a0), fold512(a1)), _mm256_hadd_epi32(fold512(a2), fold512(a3)));
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
+}
+
 template <bool kVnni>
 inline __m512i step(const std::int16_t* q, const std::uint8_t* c, std::size_t i, __m512i acc) {
   const __m512i cv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i)));
@@ -68,13 +78,7 @@ void dot4_sq8(const std::int16_t* q, const std::uint8_t* const* codes, std::size
       a3 = step<kVnni>(q, c3, i + o, a3);
     }
   }
-  // The four horizontal sums at once (integer sums, exact in any order): each accumulator
-  // folded to 256 bits, then per 128-bit half hadd(hadd(a0, a1), hadd(a2, a3)); the halves
-  // add up to the four sums.
-  const __m256i h =
-      _mm256_hadd_epi32(_mm256_hadd_epi32(fold512(a0), fold512(a1)), _mm256_hadd_epi32(fold512(a2), fold512(a3)));
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
+  hsum4(a0, a1, a2, a3, out);
 }
 
 }  // namespace

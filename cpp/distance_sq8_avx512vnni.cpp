@@ -38,10 +38,7 @@ void dot4_sq8_i8(const std::int8_t* q, const std::uint8_t* const* codes, std::si
     a2 = _mm512_dpbusd_epi32(a2, load64(c2 + i), qv);
     a3 = _mm512_dpbusd_epi32(a3, load64(c3 + i), qv);
   }
-  const __m256i h =
-      _mm256_hadd_epi32(_mm256_hadd_epi32(fold512(a0), fold512(a1)), _mm256_hadd_epi32(fold512(a2), fold512(a3)));
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
+  hsum4(a0, a1, a2, a3, out);
 }
 
 }  // namespace
