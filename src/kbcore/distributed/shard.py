@@ -127,7 +127,10 @@ class ShardState:
         valid = 0
         if wal is not None:
             path = os.path.join(self.directory, wal)
-            records, valid = read_log(path)
+            try:
+                records, valid = read_log(path)
+            except FormatError as exc:  # nothing is truncated: the operator decides
+                raise FormatError(exc.errno or errno.EIO, f"shard {self.shard}: {exc.strerror or exc}") from exc
             for rec in records:
                 if rec.seq <= self.seq:
                     continue
