@@ -399,13 +399,14 @@ class _NoBar:
 
 
 def as_table(data: Any) -> Any:
-    """A pyarrow Table from a Table, a RecordBatch or a Parquet / Arrow IPC file path."""
+    """A pyarrow Table from a Table, a RecordBatch or a Parquet / Arrow IPC file path, fully
+    validated before any of it is used (see :func:`validate_table`)."""
     import pyarrow as pa
 
     if isinstance(data, pa.Table):
-        return data
+        return validate_table(data, "the table")
     if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
+        return validate_table(pa.Table.from_batches([validate_table(data, "the record batch")]), "the record batch")
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
         if not os.path.exists(path):
@@ -413,16 +414,44 @@ def as_table(data: Any) -> Any:
         if path.lower().endswith((".arrow", ".feather", ".ipc")):
             import pyarrow.feather as feather
 
-            return feather.read_table(path)
+            try:
+                # Read, not memory-mapped: a file changed under a mapping is SIGBUS at a touch.
+                table = feather.read_table(path, memory_map=False)
+            except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, OverflowError) as exc:
+                raise InvalidArgumentError(f"{path!r} is not a readable Arrow IPC / Feather file: {exc}") from None
+            return validate_table(table, repr(path))
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(path)
-        except pa.ArrowInvalid as exc:
+            table = pq.read_table(path, memory_map=False)
+        except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, OverflowError) as exc:
             raise InvalidArgumentError(f"{path!r} is not a Parquet file: {exc}") from None
+        return validate_table(table, repr(path))
     raise InvalidTypeError(
         f"expected a pyarrow Table / RecordBatch or a Parquet / Arrow file path, got {type(data).__name__}"
     )
+
+
+def validate_table(table: Any, source: str) -> Any:
+    """``table`` (a pyarrow Table or RecordBatch) after a full validation of every column
+    (``validate(full=True)``: offsets within their data and increasing, lengths, child arrays,
+    dictionary indices, UTF-8), then of the whole (equal column lengths). Arrow input may
+    come from a crafted file or a memory-mapped one someone else wrote; native kernels trust
+    what they are given, so nothing is computed on it before this. Raises
+    InvalidArgumentError naming the column."""
+    import pyarrow as pa
+
+    errors = (pa.ArrowException, ValueError, TypeError, IndexError, OverflowError)
+    for name, column in zip(table.schema.names, table.columns):
+        try:
+            column.validate(full=True)
+        except errors as exc:
+            raise InvalidArgumentError(f"column {name!r} of {source} is not valid Arrow data: {exc}") from None
+    try:
+        table.validate(full=True)
+    except errors as exc:
+        raise InvalidArgumentError(f"{source} is not a valid Arrow table: {exc}") from None
+    return table
 
 
 def _table_vectors(table: Any, vectors: Any, vector_column: str, dim: int | None, kb_name: str) -> np.ndarray:
