@@ -14,11 +14,11 @@ from typing import Any
 from .. import storage
 from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
-from ..errors import InvalidArgumentError, NotFoundError
+from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_quantization
 from . import commit, manifest
-from .knowledge_base import KnowledgeBase
+from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
 from .types import FUSIONS, SEARCH_TYPES, check_choice, check_name, is_valid_name
 
@@ -126,6 +126,30 @@ class Engine:
         if shards is not None:
             require_ray(name, shards)
         emb, dim = self._creation_embedder(embedder, dim)
+        config = {
+            "metric": metric,
+            "index": index,
+            "M": M,
+            "ef_construction": ef_construction,
+            "ef": ef,
+            "dim": dim,
+            "chunk_size": chunk_size,
+            "chunk_overlap": chunk_overlap,
+            "search_type": search_type,
+            "fusion": fusion,
+            "vector_weight": vector_weight,
+        }
+        if shards is not None:
+            config["shards"] = shards
+        if quantization is not None:
+            config["quantization"] = quantization
+        if bits is not None:
+            config["bits"] = bits
+        if not isinstance(description, str):
+            raise InvalidTypeError(f"description must be a str, got {type(description).__name__}")
+        spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
+        m = manifest.initial(name, config, spec, description)
+        check_settings(m, name)  # every value against what the file format holds, before any disk
         with self._mutex, self._flock.hold():
             final = os.path.join(self.path, name)
             if os.path.exists(final):
@@ -134,29 +158,9 @@ class Engine:
                 raise InvalidArgumentError(f"knowledge base {name!r} already exists in {self.path!r}")
             tmp = os.path.join(self.path, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
             os.makedirs(tmp)
-            config = {
-                "metric": metric,
-                "index": index,
-                "M": M,
-                "ef_construction": ef_construction,
-                "ef": ef,
-                "dim": dim,
-                "chunk_size": chunk_size,
-                "chunk_overlap": chunk_overlap,
-                "search_type": search_type,
-                "fusion": fusion,
-                "vector_weight": vector_weight,
-            }
-            if shards is not None:
-                config["shards"] = shards
-            if quantization is not None:
-                config["quantization"] = quantization
-            if bits is not None:
-                config["bits"] = bits
-            spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
-            m = manifest.initial(name, config, spec, description)
             try:
                 commit.write_new(tmp, m)
+                storage.load_manifest(tmp)  # what every open checks: it reads back
                 os.rename(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -165,8 +169,15 @@ class Engine:
             try:
                 kb = self._open(name, final, emb)
             except BaseException:
-                if shards is not None:  # e.g. Ray did not start: no half-made knowledge base
-                    shutil.rmtree(final, ignore_errors=True)
+                # e.g. Ray did not start, the index refused its parameters: no half-made
+                # knowledge base stays listed (renamed away first, so the removal is atomic).
+                self._kbs.pop(name, None)
+                trash = os.path.join(self.path, f".trash-{name}-{uuid.uuid4().hex[:8]}")
+                try:
+                    os.rename(final, trash)
+                    storage.fsync_dir(self.path)
+                finally:
+                    shutil.rmtree(trash, ignore_errors=True)
                 raise
             self._kbs[name] = kb
             return kb
@@ -207,14 +218,22 @@ class Engine:
             return self._open(name, path, as_embedder(embedder) if embedder is not None else None)
 
     def delete_knowledge_base(self, name: str) -> None:
-        """Deletes a knowledge base and its directory (atomically: it is gone or intact)."""
+        """Deletes a knowledge base and its directory (atomically: it is gone or intact).
+
+        A write racing the delete (an ingest in another thread of this process) either
+        completes before it or raises :class:`~kbcore.errors.InvalidArgumentError` ("is
+        closed: it was deleted"), as does every later call on the deleted
+        :class:`KnowledgeBase`; a writer in another process gets
+        :class:`~kbcore.errors.NotFoundError` ("was deleted")."""
         with self._mutex, self._flock.hold():
             path = os.path.join(self.path, name) if is_valid_name(name) else None
             if path is None or not os.path.isfile(os.path.join(path, storage.MANIFEST)):
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r}")
             kb = self._kbs.pop(name, None)
             if kb is not None:
-                kb._detach()  # stops its graph builder: no thread keeps linking a deleted index
+                # Waits for its write in progress, stops its graph builder; later calls on it
+                # raise InvalidArgumentError, so nothing in this process writes the directory.
+                kb._detach(deleted=True)
             trash = os.path.join(self.path, f".trash-{name}-{uuid.uuid4().hex[:8]}")
             lock = storage.FileLock(os.path.join(path, storage.LOCK))
             with lock.hold():  # wait for a writer in another process to finish

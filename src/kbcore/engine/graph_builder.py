@@ -30,35 +30,47 @@ class GraphBuilder:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._retired = False
+        #: serialises start / stop / retire: a thread is created and started, or stopped and
+        #: joined, as one step (a stop never sees a thread that is created but not started)
+        self._lifecycle = threading.Lock()
         #: the builder linked rows since the index was last saved (checkpoint it at close)
         self.unsaved = False
 
     def start(self) -> None:
-        """Starts the thread if there are rows to link and it is not running."""
-        if self._retired:
-            return
-        index = self._current_index()
-        if index is None or index.kind != "hnsw" or index.pending == 0:
-            return
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        _LIVE.add(self)
-        self._thread = threading.Thread(target=self._run, name=f"kbcore-graph-{self._name}", daemon=True)
-        self._thread.start()
+        """Starts the thread if there are rows to link and it is not running (never after
+        :meth:`retire`)."""
+        with self._lifecycle:
+            if self._retired:
+                return
+            index = self._current_index()
+            if index is None or index.kind != "hnsw" or index.pending == 0:
+                return
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            _LIVE.add(self)
+            thread = threading.Thread(target=self._run, name=f"kbcore-graph-{self._name}", daemon=True)
+            thread.start()
+            self._thread = thread
 
     def stop(self) -> None:
         """Stops the thread after its current batch and waits for it."""
+        with self._lifecycle:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
         self._stop.set()
         thread = self._thread
         if thread is not None:
-            thread.join()
+            thread.join()  # the thread never takes _lifecycle: no deadlock
             self._thread = None
 
     def retire(self) -> None:
-        """Stops the thread for good (the knowledge base is closed or deleted)."""
-        self._retired = True
-        self.stop()
+        """Stops the thread for good (the knowledge base is closed or deleted); no
+        :meth:`start` after it (even one that was already waiting) starts a thread."""
+        with self._lifecycle:
+            self._retired = True
+            self._stop_locked()
 
     def mark_saved(self) -> None:
         """The index is about to be saved with every link made so far."""

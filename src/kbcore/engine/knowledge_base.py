@@ -68,6 +68,7 @@ class KnowledgeBase:
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
+        self._deleted = False
         self._cell = StateCell(self._load())
         self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder, default_embedder)
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
@@ -171,13 +172,18 @@ class KnowledgeBase:
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
-        """Holds the writer (thread RLock, then the FileLock) on a state synced with the disk."""
+        """Holds the writer (thread RLock, then the FileLock) on a state synced with the disk.
+        Checked open again once the RLock is held: a delete (or close) that got it first wins."""
         self._check_open()
-        with self._wmutex, self._flock.hold():
-            self._sync()
-            yield
+        with self._wmutex:
+            self._check_open()
+            with self._flock.hold():
+                self._sync()
+                yield
 
     def _check_open(self) -> None:
+        if self._deleted:
+            raise InvalidArgumentError(f"knowledge base {self.name!r} is closed: it was deleted")
         if self._closed:
             raise InvalidArgumentError(f"knowledge base {self.name!r} is closed")
 
@@ -198,9 +204,12 @@ class KnowledgeBase:
         with self._writing():
             if name in self._cell.state.manifest["pipelines"]:
                 raise InvalidArgumentError(f"pipeline {name!r} already exists in {self.name!r}")
-            commit.update_manifest(
-                self._cell, lambda m: m["pipelines"].__setitem__(name, {"chunk_size": size, "chunk_overlap": overlap})
-            )
+
+            def change(m: dict[str, Any]) -> None:
+                m["pipelines"][name] = {"chunk_size": size, "chunk_overlap": overlap}
+                check_settings(m, self.name)  # before it is written: a bad one never opens
+
+            commit.update_manifest(self._cell, change)
 
     def delete_pipeline(self, name: str) -> int:
         """Removes a pipeline and every document ingested through it; returns chunks removed."""
@@ -512,13 +521,17 @@ class KnowledgeBase:
         self.close()
 
     # -- hooks of Engine (the directory) ---------------------------------------------------------
-    def _detach(self) -> None:
-        """Stops the graph builder and marks the knowledge base closed, without touching its
-        files (Engine calls it when it deletes the knowledge base)."""
-        self._builder.retire()
-        self._closed = True
-        self._close_shards()
-        if self._on_close is not None:
+    def _detach(self, *, deleted: bool = False) -> None:
+        """Stops the graph builder and marks the knowledge base closed (``deleted``: every
+        later call says so in its InvalidArgumentError), without touching its files. Engine calls it with
+        ``deleted=True`` before it deletes the knowledge base: it waits for a write in progress
+        in this process (the writer RLock) to finish, and no write starts after it."""
+        with self._wmutex:
+            self._deleted = self._deleted or deleted
+            self._closed = True
+            self._builder.retire()
+            self._close_shards()
+        if self._on_close is not None:  # outside the RLock: Engine's mutex is taken after it
             self._on_close(self)
 
     def _close_shards(self) -> None:
@@ -530,6 +543,17 @@ class KnowledgeBase:
     def _attach_embedder(self, embedder: Embedder) -> None:
         """Makes ``embedder`` the first candidate to rebuild the knowledge base's embedder from."""
         self._embedder.attach(embedder)
+
+
+def check_settings(m: dict[str, Any], name: str) -> None:
+    """Checks a manifest about to be written against what the format holds (every field's
+    type and range, e.g. chunk sizes and ``ef`` up to 2^31 - 1); InvalidArgumentError naming
+    the field. Creation and configuration changes call it before touching the disk."""
+    framed = dict(m, format=storage.FORMAT_NAME, version=storage.FORMAT_VERSION, checksum=0)
+    try:
+        storage.validate_manifest(framed, f"knowledge base {name!r}")
+    except FormatError as exc:
+        raise InvalidArgumentError(exc.strerror or str(exc)) from None
 
 
 def _disk_bytes(path: str) -> int:
