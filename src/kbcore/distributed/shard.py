@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InvalidArgumentError, StorageError
+from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, StorageError
 from ..index import Index
 from ..storage import atomic_write_bytes, fsync_dir
 from .wal import WalRecord, WalWriter, read_log
@@ -134,7 +134,13 @@ class ShardState:
             for rec in records:
                 if rec.seq <= self.seq:
                     continue
-                self._apply_record(rec)
+                try:
+                    self._apply_record(rec)
+                except (InvalidArgumentError, InvalidTypeError, ValueError, TypeError) as exc:
+                    raise FormatError(
+                        errno.EIO,
+                        f"shard {self.shard}: record {rec.seq} of write-ahead log {path!r} cannot be replayed: {exc}",
+                    ) from exc
                 self.seq = rec.seq
                 self.replayed += 1
         if self.durability == "wal" and wal is not None:

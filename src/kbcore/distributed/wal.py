@@ -125,11 +125,13 @@ def _decode(header: bytes, payload: bytes, path: str) -> WalRecord:
         h = json.loads(header)
         n, dim, nd, mb = int(h["n"]), int(h["dim"]), int(h["discard"]), int(h["meta_bytes"])
         op, seq, meta_kind, texts = h["op"], int(h["seq"]), h["meta"], h["texts"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: bad record header") from exc
     if min(n, dim, nd, mb) < 0 or op not in ("add", "remove") or n * dim * 4 + n * 8 + nd * 8 + mb != len(payload):
         raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record sizes disagree")
-    if texts is not None and (not isinstance(texts, list) or len(texts) != n):
+    if texts is not None and (
+        not isinstance(texts, list) or len(texts) != n or not all(t is None or isinstance(t, str) for t in texts)
+    ):
         raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record texts disagree")
     at = 0
     vectors = np.frombuffer(payload, "<f4", n * dim, at).reshape(n, dim).astype(np.float32)
@@ -140,13 +142,20 @@ def _decode(header: bytes, payload: bytes, path: str) -> WalRecord:
     at += nd * 8
     metadata: Any = None
     if meta_kind == "json":
-        metadata = json.loads(payload[at:])
-        if not isinstance(metadata, list) or len(metadata) != n:
+        try:
+            metadata = json.loads(payload[at:])
+        except (ValueError, RecursionError) as exc:
+            raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record metadata is not JSON") from exc
+        if not isinstance(metadata, list) or len(metadata) != n or not all(isinstance(m, dict) for m in metadata):
             raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record metadata disagrees")
     elif meta_kind == "arrow":
         import pyarrow as pa
 
-        metadata = pa.ipc.open_stream(pa.py_buffer(payload[at:])).read_all()
+        try:  # validated in full before any native use (offsets, lengths, UTF-8)
+            metadata = pa.ipc.open_stream(pa.py_buffer(payload[at:])).read_all()
+            metadata.validate(full=True)
+        except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, OverflowError) as exc:
+            raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record metadata is not valid Arrow") from exc
         if metadata.num_rows != n:
             raise FormatError(errno.EINVAL, f"write-ahead log {path!r}: record metadata disagrees")
     elif meta_kind != "none":
