@@ -406,7 +406,7 @@ def as_table(data: Any) -> Any:
     if isinstance(data, pa.Table):
         return validate_table(data, "the table")
     if isinstance(data, pa.RecordBatch):
-        return validate_table(pa.Table.from_batches([validate_table(data, "the record batch")]), "the record batch")
+        return pa.Table.from_batches([validate_table(data, "the record batch")])
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
         if not os.path.exists(path):
