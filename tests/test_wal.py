@@ -85,23 +85,24 @@ def test_every_header_bit_flip_replays_all_or_raises(tmp_path):
     spans = _header_spans(good)
     assert len(spans) == 3
     errors = 0
-    for start, end in spans:
-        for byte in range(start, end):
-            for bit in range(8):
-                bad = bytearray(good)
-                bad[byte] ^= 1 << bit
-                with open(path, "wb") as f:
-                    f.write(bad)
-                try:
-                    got, valid = read_log(path)
-                except FormatError as exc:
-                    assert "byte" in str(exc)
-                    errors += 1
-                else:
-                    assert len(got) == len(RECS) and valid == len(good), (byte, bit)
-                    assert all(_same(a, b) for a, b in zip(got, RECS))
-                with open(path, "rb") as f:
-                    assert f.read() == bad  # reading never changes the file
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for start, end in spans:
+            for byte in range(start, end):
+                for bit in range(8):
+                    os.pwrite(fd, bytes([good[byte] ^ (1 << bit)]), byte)  # one flipped bit
+                    try:
+                        got, valid = read_log(path)
+                    except FormatError as exc:
+                        assert "byte" in str(exc)
+                        errors += 1
+                    else:
+                        assert len(got) == len(RECS) and valid == len(good), (byte, bit)
+                        assert all(_same(a, b) for a, b in zip(got, RECS))
+                    assert os.fstat(fd).st_size == len(good)  # reading never truncates
+                    os.pwrite(fd, good[byte : byte + 1], byte)
+    finally:
+        os.close(fd)
     assert errors == sum(8 * (e - s) for s, e in spans)  # every flip is caught by a checksum
 
 
