@@ -77,15 +77,16 @@ class GraphBuilder:
         self.unsaved = False
 
     def wait(self, timeout: float | None, pending: Callable[[], int]) -> bool:
-        """Waits until ``pending()`` is 0; False if ``timeout`` seconds passed first."""
+        """Waits until ``pending()`` is 0; False if ``timeout`` seconds passed first or the
+        builder is retired with rows left unlinked."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending():
             thread = self._thread
             if thread is None or not thread.is_alive():
                 self.start()
                 thread = self._thread
-                if thread is None:
-                    break
+                if thread is None:  # nothing to link with (retired: closed or deleted)
+                    return pending() == 0
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(timeout=0.05 if remaining is None else min(0.05, remaining))
             if deadline is not None and time.monotonic() >= deadline:
