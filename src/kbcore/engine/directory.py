@@ -176,8 +176,9 @@ class Engine:
                 try:
                     os.rename(final, trash)
                     storage.fsync_dir(self.path)
-                finally:
-                    shutil.rmtree(trash, ignore_errors=True)
+                except OSError:  # keep the first error; remove in place instead
+                    trash = final
+                shutil.rmtree(trash, ignore_errors=True)
                 raise
             self._kbs[name] = kb
             return kb
