@@ -1,0 +1,147 @@
+"""The structure of text formats: Markdown and HTML headings, PDF pages.
+
+- **markdown**: ATX headings (``#`` to ``######``, outside code fences and front matter) start
+  sections; each section (its heading line included) is cleaned by the Markdown cleaner of
+  :mod:`kbcore.parsing`, and its path is the titles of the enclosing headings. Setext
+  (underlined) headings are plain text. A file without a heading has no sections.
+- **html**: ``<h1>`` to ``<h6>`` start sections. The headings' visible text is collected here
+  and found, in order, as whole lines of the visible text that :mod:`kbcore.parsing` extracts;
+  a heading that is not found there (hidden, say) starts no section.
+- **pdf**: one section per page with text, ``page`` the 1-based page number.
+
+The cleaners are passed in, so this module does not import :mod:`kbcore.parsing`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from html.parser import HTMLParser
+
+from ..sections import PATH_SEPARATOR, Part
+
+__all__ = ["markdown_parts", "html_parts", "pdf_parts", "MAX_HEADINGS"]
+
+#: Headings beyond this many in one file start no further section (bounds the search).
+MAX_HEADINGS = 10_000
+
+_ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]|$)")
+_FENCE = re.compile(r"[ \t]*(```|~~~)")
+
+
+class _Path:
+    """The heading path: a stack of (level, title)."""
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[int, str]] = []
+
+    def push(self, level: int, title: str) -> str:
+        while self.heads and self.heads[-1][0] >= level:
+            self.heads.pop()
+        self.heads.append((level, title))
+        return PATH_SEPARATOR.join(t for _, t in self.heads if t)
+
+
+def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
+    """The sections of a Markdown file, or None when it has no heading."""
+    lines = raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    i = 0
+    if lines and lines[0].strip() == "---":  # front matter: skip to its closing line
+        for j in range(1, len(lines)):
+            if lines[j].strip() == "---":
+                i = j + 1
+                break
+    blocks: list[tuple[int, int, list[str]]] = [(0, 0, lines[:i])]  # (level, line, lines)
+    fence: str | None = None
+    for line in lines[i:]:
+        f = _FENCE.match(line)
+        if f:
+            fence = None if fence == f.group(1) else (fence or f.group(1))
+        m = None if fence or f else _ATX.match(line)
+        if m and len(blocks) <= MAX_HEADINGS:
+            blocks.append((len(m.group(1)), 0, [line]))
+        else:
+            blocks[-1][2].append(line)
+    if len(blocks) == 1:
+        return None
+    parts: list[Part] = []
+    path = _Path()
+    current = ""
+    for level, _, block in blocks:
+        if level:
+            title = " ".join(clean(block[0]).split())
+            current = path.push(level, title)
+        text = clean("\n".join(block))
+        if text.strip():
+            parts.append(Part(text, current))
+    return parts
+
+
+class _Headings(HTMLParser):
+    """The visible text of every ``<h1>``-``<h6>`` (scripts, styles and hidden elements aside)."""
+
+    _SKIP = frozenset({"script", "style", "noscript", "template", "svg", "head", "title"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[int, str]] = []
+        self._level = 0
+        self._text: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._SKIP or any(k == "hidden" for k, _ in attrs):
+            self._skip += 1
+        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456" and not self._skip:
+            self._level, self._text = int(tag[1]), []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIP and self._skip:
+            self._skip -= 1
+        elif self._level and tag == f"h{self._level}":
+            title = " ".join("".join(self._text).split())
+            if title and len(self.found) < MAX_HEADINGS:
+                self.found.append((self._level, title))
+            self._level = 0
+
+    def handle_data(self, data: str) -> None:
+        if self._level and not self._skip:
+            self._text.append(data)
+
+
+def _line_at(text: str, title: str, pos: int) -> int:
+    """The first index >= pos where ``title`` is a whole line of ``text``, else -1."""
+    i = text.find(title, pos)
+    while i >= 0:
+        end = i + len(title)
+        if (i == 0 or text[i - 1] == "\n") and (end == len(text) or text[end] == "\n"):
+            return i
+        i = text.find(title, i + 1)
+    return -1
+
+
+def html_parts(raw: str, text: str) -> list[Part] | None:
+    """The sections of an HTML page whose visible text is ``text``, or None without headings."""
+    collector = _Headings()
+    collector.feed(raw)
+    collector.close()
+    cuts: list[tuple[int, int, str]] = []
+    pos = 0
+    for level, title in collector.found:
+        i = _line_at(text, title, pos)
+        if i >= 0:
+            cuts.append((i, level, title))
+            pos = i + len(title)
+    if not cuts:
+        return None
+    parts = [Part(text[: cuts[0][0]])]
+    path = _Path()
+    for k, (i, level, title) in enumerate(cuts):
+        end = cuts[k + 1][0] if k + 1 < len(cuts) else len(text)
+        parts.append(Part(text[i:end], path.push(level, title)))
+    return parts
+
+
+def pdf_parts(pages: list[str]) -> list[Part]:
+    """One section per page (1-based ``page``)."""
+    return [Part(p, page=n) for n, p in enumerate(pages, 1)]
