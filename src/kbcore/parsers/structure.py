@@ -51,7 +51,7 @@ def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
             if lines[j].strip() == "---":
                 i = j + 1
                 break
-    blocks: list[tuple[int, int, list[str]]] = [(0, 0, lines[:i])]  # (level, line, lines)
+    blocks: list[tuple[int, list[str]]] = [(0, [])]  # (heading level, lines); front matter dropped
     fence: str | None = None
     for line in lines[i:]:
         f = _FENCE.match(line)
@@ -59,15 +59,15 @@ def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
             fence = None if fence == f.group(1) else (fence or f.group(1))
         m = None if fence or f else _ATX.match(line)
         if m and len(blocks) <= MAX_HEADINGS:
-            blocks.append((len(m.group(1)), 0, [line]))
+            blocks.append((len(m.group(1)), [line]))
         else:
-            blocks[-1][2].append(line)
+            blocks[-1][1].append(line)
     if len(blocks) == 1:
         return None
     parts: list[Part] = []
     path = _Path()
     current = ""
-    for level, _, block in blocks:
+    for level, block in blocks:
         if level:
             title = " ".join(clean(block[0]).split())
             current = path.push(level, title)
