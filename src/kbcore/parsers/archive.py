@@ -3,9 +3,10 @@
 :func:`check_zip` opens a zip (a ``.zip``, or the container of a ``.docx`` / ``.xlsx`` /
 ``.pptx``) and refuses it before anything is unpacked when it is not a zip, or when its
 directory declares more than :data:`MAX_MEMBERS` members, more than :data:`MAX_UNPACKED`
-bytes unpacked in total, or a member larger than 1 MiB compressed more than
-:data:`MAX_RATIO` times (a zip bomb). Python's :mod:`zipfile` stops every member at its
-declared size and checks its CRC, so the declared sizes bound what is unpacked.
+bytes unpacked in total (:data:`MAX_OFFICE_UNPACKED` for an office file), or a member
+larger than 1 MiB compressed more than :data:`MAX_RATIO` times (a zip bomb). Python's
+:mod:`zipfile` stops every member at its declared size and checks its CRC, so the declared
+sizes bound what is unpacked.
 
 :func:`parse_archive` parses the members of a ``.zip``: every member whose extension is a
 supported format becomes its own document, named by its path inside the archive. Directories,
@@ -28,12 +29,23 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["MAX_MEMBERS", "MAX_UNPACKED", "MAX_RATIO", "ArchiveMember", "ParsedArchive", "check_zip", "parse_archive"]
+__all__ = [
+    "MAX_MEMBERS",
+    "MAX_UNPACKED",
+    "MAX_OFFICE_UNPACKED",
+    "MAX_RATIO",
+    "ArchiveMember",
+    "ParsedArchive",
+    "check_zip",
+    "parse_archive",
+]
 
 #: The most members a zip may declare.
 MAX_MEMBERS = 5000
 #: The most bytes all members of a zip may declare unpacked (256 MiB).
 MAX_UNPACKED = 256 << 20
+#: The same for the zip inside a .docx / .xlsx / .pptx (64 MiB): their XML is parsed whole.
+MAX_OFFICE_UNPACKED = 64 << 20
 #: The largest unpacked / compressed ratio of a member over 1 MiB unpacked.
 MAX_RATIO = 100
 _RATIO_FLOOR = 1 << 20
@@ -59,8 +71,11 @@ def _name(filename: str | None) -> str:
     return repr(filename) if filename else "the input"
 
 
-def check_zip(data: bytes, filename: str | None, what: str = "zip archive") -> zipfile.ZipFile:
-    """The open zip of ``data`` after the limits above were checked on its directory."""
+def check_zip(
+    data: bytes, filename: str | None, what: str = "zip archive", max_unpacked: int = MAX_UNPACKED
+) -> zipfile.ZipFile:
+    """The open zip of ``data`` after the limits above (``max_unpacked`` for the total) were
+    checked on its directory."""
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
@@ -78,9 +93,9 @@ def check_zip(data: bytes, filename: str | None, what: str = "zip archive") -> z
                 f"{_name(filename)}: member {info.filename!r} unpacks {info.file_size} bytes from "
                 f"{info.compress_size} (more than {MAX_RATIO}x): refused as a likely zip bomb"
             )
-    if total > MAX_UNPACKED:
+    if total > max_unpacked:
         raise InvalidArgumentError(
-            f"{_name(filename)}: the {what} unpacks to {total} bytes, more than the limit of {MAX_UNPACKED}"
+            f"{_name(filename)}: the {what} unpacks to {total} bytes, more than the limit of {max_unpacked}"
         )
     return zf
 

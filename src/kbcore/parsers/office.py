@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..sections import PATH_SEPARATOR, Part
-from .archive import check_zip
+from .archive import MAX_OFFICE_UNPACKED, check_zip
 
 __all__ = ["docx_parts", "pptx_parts"]
 
@@ -81,7 +81,7 @@ def _is_list(paragraph: Any, style: str) -> bool:
 def docx_parts(data: bytes, filename: str | None) -> list[Part]:
     """The sections of a ``.docx`` file (see the module docstring)."""
     docx = _load("docx", "python-docx", "Word document", filename)
-    check_zip(data, filename, "Word document (.docx is a zip)")
+    check_zip(data, filename, "Word document (.docx is a zip)", MAX_OFFICE_UNPACKED)
     try:
         document = docx.Document(io.BytesIO(data))
         blocks = list(document.iter_inner_content())
@@ -153,7 +153,7 @@ def _shape_lines(shape: Any, out: list[str]) -> None:
 def pptx_parts(data: bytes, filename: str | None) -> list[Part]:
     """One section per slide of a ``.pptx`` file, with its notes (see the module docstring)."""
     pptx = _load("pptx", "python-pptx", "PowerPoint presentation", filename)
-    check_zip(data, filename, "PowerPoint presentation (.pptx is a zip)")
+    check_zip(data, filename, "PowerPoint presentation (.pptx is a zip)", MAX_OFFICE_UNPACKED)
     parts: list[Part] = []
     try:
         deck = pptx.Presentation(io.BytesIO(data))

@@ -11,7 +11,9 @@ between rows and repeats the header on every chunk, so a chunk never holds half 
   streaming read-only mode, after the zip limits of :func:`~kbcore.parsers.archive.check_zip`.
   Needs ``pip install 'kbcore[office]'``.
 
-A table whose text would exceed :data:`MAX_TABLE_CHARS` characters is refused (split the file).
+A table whose text would exceed :data:`MAX_TABLE_CHARS` characters, or with more than
+:data:`MAX_EMPTY_RUN` empty rows in a row, is refused with a message saying so (nothing is
+dropped silently).
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..sections import Part
-from .archive import check_zip
+from .archive import MAX_OFFICE_UNPACKED, check_zip
 
 __all__ = ["MAX_TABLE_CHARS", "csv_parts", "xlsx_parts", "render_rows"]
 
 #: The most characters the rendered tables of one file may hold (64 Mi).
 MAX_TABLE_CHARS = 64 << 20
+#: The most consecutive empty rows a table may have (beyond: refused, see render_rows).
+MAX_EMPTY_RUN = 10_000
 
 
 def _name(filename: str | None) -> str:
@@ -48,15 +52,27 @@ def _cell(value: Any) -> str:
 
 def render_rows(rows: Iterable[Iterable[Any]], path: str, filename: str | None, budget: list[int]) -> Part | None:
     """The table part of ``rows`` (the first non-empty one is the header), or None when every
-    row is empty. ``budget`` holds the characters left for this file (updated)."""
+    row is empty. ``budget`` holds the characters left for this file (updated). More than
+    :data:`MAX_EMPTY_RUN` empty rows in a row raise (a sheet padded with empty rows would
+    otherwise cost time without end); lines are joined in blocks, so the memory is about the
+    text's size, not a Python object per row."""
+    blocks: list[str] = []
     lines: list[str] = []
     header: str | None = None
-    for row in rows:
+    empty = 0
+    for n, row in enumerate(rows, 1):
         cells = [_cell(v) for v in row]
         while cells and not cells[-1]:
             cells.pop()
         if not cells:
+            empty += 1
+            if empty > MAX_EMPTY_RUN:
+                raise InvalidArgumentError(
+                    f"{_name(filename)}: table {path!r} has more than {MAX_EMPTY_RUN} empty rows in a row "
+                    f"(from row {n - empty + 1}); delete the empty rows and ingest the file again"
+                )
             continue
+        empty = 0
         line = "| " + " | ".join(cells) + " |"
         budget[0] -= len(line) + 1
         if budget[0] < 0:
@@ -65,23 +81,35 @@ def render_rows(rows: Iterable[Iterable[Any]], path: str, filename: str | None, 
             )
         if header is None:
             header = line + "\n|" + " --- |" * len(cells)
-            lines.append(header)
-        else:
-            lines.append(line)
+            line = header
+        lines.append(line)
+        if len(lines) == 1024:
+            blocks.append("\n".join(lines))
+            lines.clear()
     if header is None:
         return None
-    if len(lines) == 1:  # a header alone is a one-line text, not a table
-        return Part(lines[0].split("\n", 1)[0], path)
-    return Part("\n".join(lines), path, kind="table", header=header)
+    if lines:
+        blocks.append("\n".join(lines))
+    if blocks == [header]:  # a header alone is a one-line text, not a table
+        return Part(header.split("\n", 1)[0], path)
+    return Part("\n".join(blocks), path, kind="table", header=header)
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` with their line ends, one at a time (csv.reader's input)."""
+    pos, n = 0, len(text)
+    while pos < n:
+        nl = text.find("\n", pos)
+        end = n if nl < 0 else nl + 1
+        yield text[pos:end]
+        pos = end
 
 
 def csv_parts(text: str, filename: str | None, delimiter: str) -> list[Part]:
     """The table part of a decoded CSV / TSV file."""
     name = (filename or "table").rsplit("/", 1)[-1]
     try:
-        part = render_rows(
-            csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), name, filename, [MAX_TABLE_CHARS]
-        )
+        part = render_rows(csv.reader(_lines(text), delimiter=delimiter), name, filename, [MAX_TABLE_CHARS])
     except csv.Error as exc:
         raise InvalidArgumentError(f"{_name(filename)}: not valid CSV ({exc})") from None
     return [part] if part is not None else []
@@ -101,7 +129,7 @@ def _openpyxl(filename: str | None) -> Any:
 def xlsx_parts(data: bytes, filename: str | None) -> list[Part]:
     """One table part per non-empty worksheet of an ``.xlsx`` workbook."""
     openpyxl = _openpyxl(filename)
-    check_zip(data, filename, "Excel workbook (.xlsx is a zip)")
+    check_zip(data, filename, "Excel workbook (.xlsx is a zip)", MAX_OFFICE_UNPACKED)
     parts: list[Part] = []
     budget = [MAX_TABLE_CHARS]
     try:
