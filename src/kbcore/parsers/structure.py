@@ -87,17 +87,21 @@ class _Headings(HTMLParser):
         self.found: list[tuple[int, str]] = []
         self._level = 0
         self._text: list[str] = []
-        self._skip = 0
+        self._skip: list[str] = []  # open tags whose content is invisible
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in self._SKIP or any(k == "hidden" for k, _ in attrs):
-            self._skip += 1
-        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456" and not self._skip:
+        if self._skip:
+            if tag == self._skip[-1]:
+                self._skip.append(tag)
+        elif tag in self._SKIP or any(k == "hidden" for k, _ in attrs):
+            self._skip.append(tag)
+        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456":
             self._level, self._text = int(tag[1]), []
 
     def handle_endtag(self, tag: str) -> None:
-        if tag in self._SKIP and self._skip:
-            self._skip -= 1
+        if self._skip:
+            if tag == self._skip[-1]:
+                self._skip.pop()
         elif self._level and tag == f"h{self._level}":
             title = " ".join("".join(self._text).split())
             if title and len(self.found) < MAX_HEADINGS:
