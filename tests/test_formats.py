@@ -222,6 +222,23 @@ def test_markdown_and_html_headings_give_heading_paths():
     assert parse(b"no headings here", filename="a.md").sections == ()
 
 
+def test_pdf_pages_carry_the_outline_path():
+    pypdf = pytest.importorskip("pypdf", reason="the pdf extra (pypdf) is not installed")
+    from test_parsing import _minimal_pdf
+
+    writer = pypdf.PdfWriter()
+    for text in ("Welcome to the survey", "How we measured", "Where we sampled"):
+        writer.append(pypdf.PdfReader(io.BytesIO(_minimal_pdf(text))))
+    writer.add_outline_item(title="Intro", page_number=0)
+    methods = writer.add_outline_item(title="Methods", page_number=1)
+    writer.add_outline_item(title="Sampling", page_number=2, parent=methods)
+    out = io.BytesIO()
+    writer.write(out)
+    doc = parse(out.getvalue(), filename="s.pdf")
+    assert [(s.path, s.page) for s in doc.sections] == [("Intro", 1), ("Methods", 2), ("Methods > Sampling", 3)]
+    assert "Where we sampled" in doc.text[doc.sections[2].start : doc.sections[2].end]
+
+
 # -- the engine -------------------------------------------------------------------------------
 
 

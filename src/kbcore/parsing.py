@@ -350,7 +350,7 @@ def _jsonl(text: str, filename: str | None) -> str:
 # -- pdf -----------------------------------------------------------------------------------
 
 
-def _pdf(data: bytes, filename: str | None) -> list[str]:
+def _pdf(data: bytes, filename: str | None) -> tuple[list[str], list[tuple[int, int, str]]]:
     try:
         import pypdf
     except ImportError:
@@ -372,7 +372,9 @@ def _pdf(data: bytes, filename: str | None) -> list[str]:
         pages = [page.extract_text() or "" for page in reader.pages]
     except Exception as exc:  # noqa: BLE001 - pypdf's errors are not one hierarchy
         raise InvalidArgumentError(f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})") from None
-    return [_normalise(p) for p in pages]
+    from .parsers.structure import pdf_outline
+
+    return [_normalise(p) for p in pages], pdf_outline(reader)
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -397,7 +399,7 @@ def parse(data: bytes, *, filename: str | None = None, format: str | None = None
     if fmt == "pdf":
         from .parsers.structure import pdf_parts
 
-        parts = pdf_parts(_pdf(data, filename))
+        parts = pdf_parts(*_pdf(data, filename))
     elif fmt in _STRUCTURED:
         parts = _STRUCTURED[fmt](data, filename)
     else:

@@ -7,7 +7,9 @@
 - **html**: ``<h1>`` to ``<h6>`` start sections. The headings' visible text is collected here
   and found, in order, as whole lines of the visible text that :mod:`kbcore.parsing` extracts;
   a heading that is not found there (hidden, say) starts no section.
-- **pdf**: one section per page with text, ``page`` the 1-based page number.
+- **pdf**: one section per page with text, ``page`` the 1-based page number; when the PDF
+  has an outline (bookmarks), a page's path is the outline path in force on it (the path of
+  its first bookmark, else the one before the page).
 
 The cleaners are passed in, so this module does not import :mod:`kbcore.parsing`.
 """
@@ -15,12 +17,13 @@ The cleaners are passed in, so this module does not import :mod:`kbcore.parsing`
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from html.parser import HTMLParser
+from typing import Any
 
 from ..sections import PATH_SEPARATOR, Part
 
-__all__ = ["markdown_parts", "html_parts", "pdf_parts", "MAX_HEADINGS"]
+__all__ = ["markdown_parts", "html_parts", "pdf_parts", "pdf_outline", "MAX_HEADINGS"]
 
 #: Headings beyond this many in one file start no further section (bounds the search).
 MAX_HEADINGS = 10_000
@@ -146,6 +149,46 @@ def html_parts(raw: str, text: str) -> list[Part] | None:
     return parts
 
 
-def pdf_parts(pages: list[str]) -> list[Part]:
-    """One section per page (1-based ``page``)."""
-    return [Part(p, page=n) for n, p in enumerate(pages, 1)]
+def pdf_outline(reader: Any) -> list[tuple[int, int, str]]:
+    """(0-based page, level from 1, title) of a pypdf reader's outline entries, in outline
+    order; empty when the PDF has none or it cannot be read."""
+    marks: list[tuple[int, int, str]] = []
+
+    def walk(items: Any, level: int) -> None:
+        for item in items:
+            if len(marks) >= MAX_HEADINGS:
+                return
+            if isinstance(item, list):
+                walk(item, level + 1)
+                continue
+            try:
+                page = reader.get_destination_page_number(item)
+            except Exception:  # noqa: BLE001 - a broken bookmark names no page
+                continue
+            title = " ".join(str(getattr(item, "title", "") or "").split())
+            if page is not None and page >= 0 and title:
+                marks.append((page, level, title))
+
+    try:
+        walk(reader.outline, 1)
+    except Exception:  # noqa: BLE001 - pypdf's errors are not one hierarchy; no outline then
+        return []
+    return marks
+
+
+def pdf_parts(pages: list[str], outline: Sequence[tuple[int, int, str]] = ()) -> list[Part]:
+    """One section per page (1-based ``page``), with the outline's path in force on it."""
+    by_page: dict[int, list[tuple[int, str]]] = {}
+    for page, level, title in sorted(outline, key=lambda m: m[0]):
+        by_page.setdefault(page, []).append((level, title))
+    path = _Path()
+    current = ""
+    parts = []
+    for n, text in enumerate(pages):
+        marks = by_page.get(n, [])
+        first = ""
+        for level, title in marks:
+            current = path.push(level, title)
+            first = first or current
+        parts.append(Part(text, first or current, page=n + 1))
+    return parts
