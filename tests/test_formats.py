@@ -344,6 +344,15 @@ def test_zip_member_escaping_the_archive_refuses_it_and_stores_nothing(kb, name)
     assert len(kb) == 0
 
 
+def test_an_encrypted_member_refuses_the_archive():
+    data = bytearray(_zip({"a.txt": b"fine", "secret.txt": b"hidden"}, zipfile.ZIP_STORED))
+    for sig, flag_at in ((rb"PK\x03\x04", 6), (rb"PK\x01\x02", 8)):  # set the "encrypted" flag bit
+        for m in re.finditer(sig, bytes(data)):
+            data[m.start() + flag_at] |= 1
+    with pytest.raises(InvalidArgumentError, match=r"member 'a.txt' cannot be unpacked .*encrypted"):
+        parse_archive(bytes(data), filename="enc.zip")
+
+
 def test_nested_zips_are_not_followed():
     inner = _zip({"deep.txt": b"deep text"})
     parsed = parse_archive(_zip({"top.txt": b"top text", "in/inner.zip": inner}), filename="n.zip")

@@ -153,7 +153,8 @@ def parse_archive(
             seen.add(path)
             try:
                 body = zf.read(info)
-            except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+            except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
+                # RuntimeError: an encrypted member (zipfile asks for a password)
                 raise InvalidArgumentError(
                     f"{_name(filename)}: member {path!r} cannot be unpacked ({exc}); the archive was not ingested"
                 ) from None
