@@ -6,7 +6,8 @@
   (underlined) headings are plain text. A file without a heading has no sections.
 - **html**: ``<h1>`` to ``<h6>`` start sections. The headings' visible text is collected here
   and found, in order, as whole lines of the visible text that :mod:`kbcore.parsing` extracts;
-  a heading that is not found there (hidden, say) starts no section.
+  a heading that is not found there (hidden, say) starts no section (after 64 such, the
+  search stops: each costs a scan of the text).
 - **pdf**: one section per page with text, ``page`` the 1-based page number; when the PDF
   has an outline (bookmarks), a page's path is the outline path in force on it (the path of
   its first bookmark, else the one before the page).
@@ -27,6 +28,8 @@ __all__ = ["markdown_parts", "html_parts", "pdf_parts", "pdf_outline", "MAX_HEAD
 
 #: Headings beyond this many in one file start no further section (bounds the search).
 MAX_HEADINGS = 10_000
+# HTML headings not found in the visible text before the search for more stops.
+_MAX_MISSES = 64
 
 _ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]|$)")
 _FENCE = re.compile(r"[ \t]*(```|~~~)")
@@ -133,12 +136,16 @@ def html_parts(raw: str, text: str) -> list[Part] | None:
     collector.feed(raw)
     collector.close()
     cuts: list[tuple[int, int, str]] = []
-    pos = 0
+    pos, misses = 0, 0
     for level, title in collector.found:
         i = _line_at(text, title, pos)
         if i >= 0:
             cuts.append((i, level, title))
             pos = i + len(title)
+        else:
+            misses += 1  # each miss scans the rest of the text: a few only
+            if misses > _MAX_MISSES:
+                break
     if not cuts:
         return None
     parts = [Part(text[: cuts[0][0]])]
