@@ -88,7 +88,7 @@ def test_xlsx_sheets_are_table_sections_with_their_header():
     doc = parse(_read("inventory.xlsx"), filename="inventory.xlsx")
     assert [(s.path, s.kind) for s in doc.sections] == [("Fruit", "table"), ("Tools", "table")]
     assert "| Banana | yellow | 1.25 |" in doc.text and "| Kiwi | brown | 4 |" in doc.text
-    chunks = chunk_sections(doc.text, doc.sections, chunk_size=80, chunk_overlap=10)
+    chunks = chunk_sections(doc.text, doc.sections, chunk_size=110, chunk_overlap=10)
     fruit = [c for c in chunks if c.section == "Fruit"]
     _table_rows_are_whole(
         fruit, doc.sections[0].header, ["| Apple | red | 2.5 |", "| Banana | yellow | 1.25 |", "| Kiwi | brown | 4 |"]
@@ -148,6 +148,19 @@ def test_a_long_docx_table_is_cut_between_rows_with_the_header_repeated():
     _table_rows_are_whole(chunks, table.header, ["| " + " | ".join(r) + " |" for r in rows[1:]])
     assert all(len(c.text) <= 150 for c in chunks)
     assert {c.section for c in chunks} == {"Report"}
+
+
+def test_a_header_wider_than_half_a_chunk_is_not_repeated_and_rows_stay_whole():
+    header_cells = [f"column number {i}" for i in range(8)]
+    rows = [header_cells] + [[f"r{r}c{c}" for c in range(8)] for r in range(30)]
+    csv_text = "\n".join(",".join(r) for r in rows)
+    doc = parse(csv_text.encode(), filename="wide.csv")
+    table = doc.sections[0]
+    assert len(table.header) > 100
+    chunks = chunk_sections(doc.text, doc.sections, chunk_size=200, chunk_overlap=0)
+    assert all(len(c.text) <= 200 and c.text == doc.text[c.start : c.end] for c in chunks)
+    lines = [line for c in chunks for line in c.text.split("\n")]
+    assert lines == doc.text.split("\n")  # every row whole, once, in order
 
 
 def test_csv_and_tsv_keep_quoted_cells_and_rows_whole():

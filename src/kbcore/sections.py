@@ -15,7 +15,8 @@ number when the format has pages, and for tables the header line(s) to repeat on
 - a table is cut between rows: each chunk is the header followed by as many whole rows as fit
   in ``chunk_size`` (at least one); no overlap, so a row is in exactly one chunk. A single row
   longer than ``chunk_size`` is cut by ``chunk_text`` and the header repeated on each piece
-  (the only case where a chunk holds part of a row).
+  (the only case where a chunk holds part of a row). A header longer than half of
+  ``chunk_size`` is not repeated: the table (header first) is cut into whole rows only.
 
 Every chunk is a :class:`SectionChunk` (a :class:`~kbcore.chunking.Chunk` with ``section``
 and ``page``). ``start`` / ``end`` are the chunk's span of the document text; the chunk text
@@ -104,24 +105,24 @@ def _shifted(chunks: list[Chunk], offset: int, header: str | None) -> list[tuple
     return [(prefix + c.text, c.start + offset, c.end + offset) for c in chunks]
 
 
-def _table_chunks(text: str, sec: Section, size: int) -> list[tuple[str, int, int]]:
-    assert sec.header is not None
-    header = sec.header
-    room = size - len(header) - 1  # characters left for rows after the header and its newline
+def _table_chunks(text: str, start: int, end: int, header: str | None, size: int) -> list[tuple[str, int, int]]:
+    """Chunks of whole rows (the lines of ``text[start:end]``), each after ``header`` when given."""
+    prefix = header + "\n" if header is not None else ""
+    room = size - len(prefix)  # characters left for rows after the header and its newline
     out: list[tuple[str, int, int]] = []
     rows: list[tuple[int, int]] = []
-    pos = sec.body
-    while pos < sec.end:
-        nl = text.find("\n", pos, sec.end)
-        e = sec.end if nl < 0 else nl
+    pos = start
+    while pos < end:
+        nl = text.find("\n", pos, end)
+        e = end if nl < 0 else nl
         if e > pos:
             rows.append((pos, e))
         pos = e + 1
     i = 0
     while i < len(rows):
         s, e = rows[i]
-        if e - s > max(room, 1):  # one row too long for a chunk: cut it, header on each piece
-            piece = chunk_text(text[s:e], chunk_size=max(room, 1), chunk_overlap=0)
+        if e - s > room:  # one row too long for a chunk: cut it, header on each piece
+            piece = chunk_text(text[s:e], chunk_size=room, chunk_overlap=0)
             out.extend(_shifted(piece, s, header))
             i += 1
             continue
@@ -129,7 +130,7 @@ def _table_chunks(text: str, sec: Section, size: int) -> list[tuple[str, int, in
         while j + 1 < len(rows) and rows[j + 1][1] - s <= room:
             j += 1
         e = rows[j][1]
-        out.append((header + "\n" + text[s:e], s, e))
+        out.append((prefix + text[s:e], s, e))
         i = j + 1
     return out
 
@@ -174,7 +175,10 @@ def chunk_sections(
         first = run[0]
         label = max(run, key=lambda sec: sec.end - sec.start)
         if first.kind == "table" and first.header is not None and first.body >= 0:
-            pieces = _table_chunks(text, first, size)
+            if len(first.header) + 1 <= size // 2:
+                pieces = _table_chunks(text, first.body, first.end, first.header, size)
+            else:  # a header wider than half a chunk is not repeated: whole rows only
+                pieces = _table_chunks(text, first.start, first.end, None, size)
         else:
             s, e = first.start, run[-1].end
             pieces = _shifted(chunk_text(text[s:e], chunk_size=size, chunk_overlap=overlap), s, None)
