@@ -230,7 +230,8 @@ class KnowledgeBase:
         ``source`` is a path, or the file's content as bytes (or str) with ``filename=`` giving
         its type (the type also comes from the content: PDF and HTML are recognised); ``text``
         is already extracted text. Bad input (missing or empty file, bytes that do not decode,
-        an unsupported type) raises before anything is stored.
+        an unsupported type) raises before anything is stored. A ``.zip`` stores one document
+        per supported member (see :meth:`ingest_many` and docs/formats.md).
         """
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
