@@ -266,6 +266,13 @@ def test_section_and_page_are_chunk_metadata_filterable_with_where(kb):
     deck = kb.retrieve("flood plan", top_k=20, filters={"page": {"$eq": 2}})
     assert deck and all(h.document_id == "deck" and h.metadata["page"] == 2 for h in deck)
     assert "insurer" in deck[0].content
+    page = (
+        b"<html><body><h1>Oncall</h1><p>Pages go to the primary.</p><h2>Escalation</h2>"
+        b"<p>After ten minutes the secondary is paged.</p></body></html>"
+    )
+    kb.ingest(page, filename="oncall.html", document_id="web")
+    web = kb.retrieve("secondary paged", top_k=5, filters={"section": {"$eq": "Oncall > Escalation"}})
+    assert [h.document_id for h in web] == ["web"] and "ten minutes" in web[0].content
 
 
 def test_a_zip_ingests_one_document_per_member_and_deletes_as_a_group(kb):
