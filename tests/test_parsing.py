@@ -82,7 +82,9 @@ def test_format_detection_from_name_and_content():
         (b"\xff\xfe\xfa\x00garbage", "a.txt", "not a multiple of 2 bytes"),
         (b"abc\x00def", "a.txt", "NUL bytes"),
         (b"<html><script>x</script></html>", "a.html", "contains no text"),
-        (b"PK\x03\x04", "a.docx", "unsupported file type '.docx'"),
+        (b"PK\x03\x04", "a.docx", "not a valid Word document"),
+        (b"\xd0\xcf\x11\xe0 legacy", "a.doc", "convert the file to .docx"),
+        (b"x", "a.odp", "unsupported file type '.odp'"),
     ],
 )
 def test_bad_input_raises_a_clear_error(data, filename, match):
@@ -92,7 +94,7 @@ def test_bad_input_raises_a_clear_error(data, filename, match):
 
 def test_unknown_format_argument_raises():
     with pytest.raises(InvalidArgumentError, match="unknown format"):
-        parse(b"x", format="docx")
+        parse(b"x", format="odt")
 
 
 def _minimal_pdf(text: str) -> bytes:

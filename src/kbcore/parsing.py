@@ -18,6 +18,13 @@ naming the file and the problem. PDF needs the optional extra ``pip install 'kbc
   else ``page_content``) is the text, prefixed by its ``title`` if it has one. The records are
   joined as paragraphs of one document.
 - **pdf**: the text of every page (pypdf), pages separated by blank lines.
+
+Structured formats also return :class:`~kbcore.sections.Section` s (``ParsedDocument.sections``,
+see :mod:`kbcore.sections` and ``docs/formats.md``): Markdown and HTML headings, PDF pages, and
+the office formats of :mod:`kbcore.parsers` (``.docx``, ``.pptx``, ``.xlsx`` with the extra
+``kbcore[office]``; ``.csv`` / ``.tsv`` with the standard library). A ``.zip`` holds several
+documents: :func:`parse_archive` parses it. Legacy ``.doc`` / ``.xls`` / ``.ppt`` are refused
+with a message saying to convert them.
 """
 
 from __future__ import annotations
@@ -31,11 +38,12 @@ from html.parser import HTMLParser
 from typing import Any
 
 from .errors import InvalidArgumentError
+from .sections import Part, Section, join_parts
 
-__all__ = ["ParsedDocument", "parse", "detect_format", "FORMATS", "EXTENSIONS"]
+__all__ = ["ParsedDocument", "parse", "parse_archive", "detect_format", "FORMATS", "EXTENSIONS", "LEGACY"]
 
-#: The formats :func:`parse` understands.
-FORMATS = ("text", "markdown", "html", "jsonl", "pdf")
+#: The formats :func:`parse` understands (``zip``: :func:`parse_archive`).
+FORMATS = ("text", "markdown", "html", "jsonl", "pdf", "docx", "pptx", "xlsx", "csv", "tsv", "zip")
 
 #: File extensions (lower case, with the dot) and their format.
 EXTENSIONS = {
@@ -53,16 +61,28 @@ EXTENSIONS = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".pdf": "pdf",
+    ".docx": "docx",
+    ".pptx": "pptx",
+    ".xlsx": "xlsx",
+    ".xlsm": "xlsx",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".zip": "zip",
 }
+
+#: Legacy binary Office extensions, refused, with the modern format to convert them to.
+LEGACY = {".doc": ".docx", ".xls": ".xlsx", ".ppt": ".pptx"}
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedDocument:
-    """The text of one parsed file, its format and (when the file has one) its title."""
+    """The text of one parsed file, its format, (when the file has one) its title and (for
+    structured formats) its sections, spans of ``text`` in order."""
 
     text: str
     format: str
     title: str | None = None
+    sections: tuple[Section, ...] = ()
 
 
 def _name(filename: str | None) -> str:
@@ -75,6 +95,11 @@ def detect_format(filename: str | None, data: bytes) -> str:
         ext = os.path.splitext(filename)[1].lower()
         if ext:
             fmt = EXTENSIONS.get(ext)
+            if fmt is None and ext in LEGACY:
+                raise InvalidArgumentError(
+                    f"{_name(filename)}: the legacy binary {ext} format is not supported; "
+                    f"convert the file to {LEGACY[ext]} (e.g. Save As in Office or LibreOffice) and ingest that"
+                )
             if fmt is None:
                 known = ", ".join(sorted(EXTENSIONS))
                 raise InvalidArgumentError(
@@ -325,7 +350,7 @@ def _jsonl(text: str, filename: str | None) -> str:
 # -- pdf -----------------------------------------------------------------------------------
 
 
-def _pdf(data: bytes, filename: str | None) -> str:
+def _pdf(data: bytes, filename: str | None) -> tuple[list[str], list[tuple[int, int, str]]]:
     try:
         import pypdf
     except ImportError:
@@ -347,7 +372,9 @@ def _pdf(data: bytes, filename: str | None) -> str:
         pages = [page.extract_text() or "" for page in reader.pages]
     except Exception as exc:  # noqa: BLE001 - pypdf's errors are not one hierarchy
         raise InvalidArgumentError(f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})") from None
-    return _normalise("\n\n".join(p.strip() for p in pages if p.strip()))
+    from .parsers.structure import pdf_outline
+
+    return [_normalise(p) for p in pages], pdf_outline(reader)
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -364,18 +391,74 @@ def parse(data: bytes, *, filename: str | None = None, format: str | None = None
     if not data.strip():
         raise InvalidArgumentError(f"{_name(filename)} is empty: there is nothing to ingest")
     title = None
+    parts: list[Part] | None = None
+    if fmt == "zip":
+        raise InvalidArgumentError(
+            f"{_name(filename)} is a zip archive, which holds several documents: parse it with parse_archive()"
+        )
     if fmt == "pdf":
-        text = _pdf(data, filename)
+        from .parsers.structure import pdf_parts
+
+        parts = pdf_parts(*_pdf(data, filename))
+    elif fmt in _STRUCTURED:
+        parts = _STRUCTURED[fmt](data, filename)
     else:
         raw = _decode(data, filename, fmt)
         if fmt == "markdown":
-            text = _markdown(raw)
+            from .parsers.structure import markdown_parts
+
+            parts = markdown_parts(raw, _markdown)
+            text = _markdown(raw) if parts is None else ""
         elif fmt == "html":
+            from .parsers.structure import html_parts
+
             text, title = _html(raw)
+            parts = html_parts(raw, text)
         elif fmt == "jsonl":
             text = _jsonl(raw, filename)
+        elif fmt in ("csv", "tsv"):
+            from .parsers.tables import csv_parts
+
+            parts = csv_parts(raw, filename, "," if fmt == "csv" else "\t")
         else:
             text = _normalise(raw)
+    sections: tuple[Section, ...] = ()
+    if parts is not None:
+        text, sections = join_parts(parts)
     if not text.strip():
         raise InvalidArgumentError(f"{_name(filename)} ({fmt}) contains no text: there is nothing to ingest")
-    return ParsedDocument(text, fmt, title)
+    return ParsedDocument(text, fmt, title, sections)
+
+
+def _docx(data: bytes, filename: str | None) -> list[Part]:
+    from .parsers.office import docx_parts
+
+    return docx_parts(data, filename)
+
+
+def _pptx(data: bytes, filename: str | None) -> list[Part]:
+    from .parsers.office import pptx_parts
+
+    return pptx_parts(data, filename)
+
+
+def _xlsx(data: bytes, filename: str | None) -> list[Part]:
+    from .parsers.tables import xlsx_parts
+
+    return xlsx_parts(data, filename)
+
+
+_STRUCTURED = {"docx": _docx, "pptx": _pptx, "xlsx": _xlsx}
+
+
+def parse_archive(data: bytes, *, filename: str | None = None) -> Any:
+    """The documents of a ``.zip`` archive: a :class:`kbcore.parsers.archive.ParsedArchive`
+    (its members parsed by :func:`parse`, each with its path inside the archive, and the
+    skipped members with the reason). Refuses the whole archive on a bad member."""
+    from .parsers.archive import parse_archive as _parse_archive
+
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"expected bytes, got {type(data).__name__}")
+    if not data:
+        raise InvalidArgumentError(f"{_name(filename)} is empty: there is nothing to ingest")
+    return _parse_archive(bytes(data), filename, parse, EXTENSIONS, LEGACY)

@@ -23,7 +23,8 @@ import numpy as np
 from ..chunking import chunk_text
 from ..embedders import check_embeddings
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..parsing import parse
+from ..parsing import detect_format, parse, parse_archive
+from ..sections import chunk_sections
 from .segments import combined, to_numpy
 from .types import RESERVED, RESERVED_METADATA, Document, PreparedDocument
 
@@ -82,7 +83,7 @@ class ChunkBatch:
             starts=np.fromiter((c.start for p in docs for c in p.chunks), np.int64, n),
             ends=np.fromiter((c.end for p in docs for c in p.chunks), np.int64, n),
             chunk_index=np.fromiter((c.index for p in docs for c in p.chunks), np.int64, n),
-            user=user_metadata_table([p.metadata for p in docs], doc_of_row),
+            user=_with_structure(user_metadata_table([p.metadata for p in docs], doc_of_row), docs),
             text_list=texts,
         )
 
@@ -177,8 +178,94 @@ def prepare(
     doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
 ) -> PreparedDocument:
     """Reads, parses and chunks one document and checks its metadata (``extra_meta`` first,
-    the document's own on top). Raises on bad input before anything is stored."""
+    the document's own on top). Raises on bad input before anything is stored; a ``.zip``
+    (several documents) raises: :func:`prepare_documents` takes it."""
+    docs, _ = prepare_documents(doc, pipeline, chunk_size, chunk_overlap, extra_meta)
+    if len(docs) != 1 or docs[0].archive is not None:
+        raise InvalidArgumentError(
+            f"{docs[0].archive!r} is a zip archive, which holds several documents: ingest it with ingest() "
+            "or ingest_many()"
+        )
+    return docs[0]
+
+
+def prepare_documents(
+    doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
+) -> tuple[list[PreparedDocument], tuple[tuple[str, str], ...]]:
+    """(the prepared documents of one input, its skipped archive members): one document, or
+    for a ``.zip`` one per supported member, with id ``<archive id>/<path inside>``, filename
+    ``<archive file name>/<path inside>`` and the metadata ``archive`` (the archive's id, unless
+    the metadata sets it). A bad member refuses the whole archive."""
     data, text, filename, path = read_source(doc)
+    if text is None:
+        assert data is not None
+        fmt = doc.format or (detect_format(filename, data) if data.strip() else None)
+        if fmt == "zip":
+            return _prepare_archive(doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta)
+    return [_prepare_one(doc, data, text, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta)], ()
+
+
+def _prepare_archive(
+    doc: Document,
+    data: bytes,
+    filename: str | None,
+    path: str | None,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+) -> tuple[list[PreparedDocument], tuple[tuple[str, str], ...]]:
+    archive = parse_archive(data, filename=filename)
+    archive_id = doc.document_id or doc.filename or path or hashlib.sha256(data).hexdigest()[:16]
+    if not isinstance(archive_id, str) or not archive_id:
+        raise InvalidArgumentError(f"document_id must be a non-empty str, got {archive_id!r}")
+    metadata = check_metadata(extra_meta)
+    metadata.update(check_metadata(doc.metadata))
+    metadata.setdefault("archive", archive_id)
+    out = []
+    for member in archive.members:
+        p = member.parsed
+        member_id = f"{archive_id}/{member.path}"
+        chunks = _chunks(p.text, p.sections, chunk_size, chunk_overlap, member_id)
+        out.append(
+            PreparedDocument(
+                member_id,
+                pipeline,
+                f"{filename or archive_id}/{member.path}",
+                p.text,
+                p.format,
+                dict(metadata),
+                tuple(chunks),
+                archive=archive_id,
+            )
+        )
+    return out, archive.skipped
+
+
+def _chunks(text: str, sections: Any, chunk_size: int, chunk_overlap: int, document_id: str) -> list[Any]:
+    if sections:
+        chunks: list[Any] = chunk_sections(
+            text, sections, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id
+        )
+    else:
+        chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
+    if not chunks:
+        raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
+    return chunks
+
+
+def _prepare_one(
+    doc: Document,
+    data: bytes | None,
+    text: str | None,
+    filename: str | None,
+    path: str | None,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+) -> PreparedDocument:
+    sections: Any = ()
     if text is not None:
         fmt = "text"
         if not text.strip():
@@ -186,7 +273,7 @@ def prepare(
     else:
         assert data is not None
         parsed = parse(data, filename=filename, format=doc.format)
-        text, fmt = parsed.text, parsed.format
+        text, fmt, sections = parsed.text, parsed.format, parsed.sections
     document_id = doc.document_id
     if document_id is None:
         document_id = (
@@ -196,26 +283,33 @@ def prepare(
         raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
     metadata = check_metadata(extra_meta)
     metadata.update(check_metadata(doc.metadata))
-    chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
-    if not chunks:
-        raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
+    chunks = _chunks(text, sections, chunk_size, chunk_overlap, document_id)
     return PreparedDocument(document_id, pipeline, filename, text, fmt, metadata, tuple(chunks))
 
 
 def prepare_all(
     items: Iterable[Any], pipeline: str, pcfg: Mapping[str, int], extra_meta: Mapping[str, Any] | None
-) -> list[PreparedDocument]:
-    """Every document prepared (so that bad input raises before anything is stored); a
-    document id given twice raises."""
+) -> tuple[list[PreparedDocument], dict[str, tuple[tuple[str, str], ...]]]:
+    """(every document prepared, the skipped members of each archive by its id), so that bad
+    input raises before anything is stored; a document id given twice raises."""
     prepared: list[PreparedDocument] = []
+    skipped: dict[str, tuple[tuple[str, str], ...]] = {}
     seen: set[str] = set()
     for item in items:
-        prep = prepare(as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta)
-        if prep.document_id in seen:
-            raise InvalidArgumentError(f"document id {prep.document_id!r} appears twice in one ingest call")
-        seen.add(prep.document_id)
-        prepared.append(prep)
-    return prepared
+        docs, skips = prepare_documents(
+            as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta
+        )
+        for prep in docs:
+            if prep.document_id in seen:
+                raise InvalidArgumentError(f"document id {prep.document_id!r} appears twice in one ingest call")
+            seen.add(prep.document_id)
+            prepared.append(prep)
+        if docs and docs[0].archive is not None:
+            if docs[0].archive in seen:
+                raise InvalidArgumentError(f"document id {docs[0].archive!r} appears twice in one ingest call")
+            seen.add(docs[0].archive)
+            skipped[docs[0].archive] = skips
+    return prepared, skipped
 
 
 def commit_groups(docs: list[PreparedDocument]) -> Iterator[list[PreparedDocument]]:
@@ -339,6 +433,33 @@ def user_metadata_table(metas: list[dict[str, Any]], doc_of_row: np.ndarray) -> 
             continue
         cols[k] = arr.take(take)
     return pa.table(cols) if cols else None
+
+
+def _with_structure(user: Any, docs: Sequence[PreparedDocument]) -> Any:
+    """``user`` plus the chunks' ``section`` (heading path) and ``page`` columns when a parser
+    found them; a document's own ``section`` / ``page`` metadata takes precedence."""
+    import pyarrow as pa
+
+    for key, typ in (("section", pa.string()), ("page", pa.int64())):
+        found = [getattr(c, key, None) for p in docs for c in p.chunks]
+        if all(v is None for v in found):
+            continue
+        own = [key in p.metadata for p in docs for _ in p.chunks]
+        if user is not None and key in user.column_names:
+            values = user.column(key).to_pylist()
+            found = [u if mine else f for u, f, mine in zip(values, found, own, strict=True)]
+            try:
+                arr = pa.array(found)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                raise InvalidArgumentError(
+                    f"metadata {key!r} is set by a document and found by the parser with another type; "
+                    "use one type or another key"
+                ) from None
+            user = user.set_column(user.column_names.index(key), key, arr)
+        else:
+            arr = pa.array(found, typ)
+            user = pa.table({key: arr}) if user is None else user.append_column(key, arr)
+    return user
 
 
 # -- vectors ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -238,7 +239,8 @@ class KnowledgeBase:
         ``source`` is a path, or the file's content as bytes (or str) with ``filename=`` giving
         its type (the type also comes from the content: PDF and HTML are recognised); ``text``
         is already extracted text. Bad input (missing or empty file, bytes that do not decode,
-        an unsupported type) raises before anything is stored.
+        an unsupported type) raises before anything is stored. A ``.zip`` stores one document
+        per supported member (see :meth:`ingest_many` and docs/formats.md).
         """
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
@@ -257,11 +259,17 @@ class KnowledgeBase:
         is stored. Chunks are then embedded and committed in batches (each batch atomic and
         durable). ``metadata`` is added to each document's own metadata. ``progress`` shows a
         bar (None: when stderr is a terminal).
+
+        A ``.zip`` becomes one document per supported member, with id ``<archive id>/<path
+        inside>`` and the metadata ``archive`` = the archive's id; its result lists them in
+        ``members`` and the skipped ones in ``skipped``. Re-ingesting the archive replaces its
+        members and then deletes the members it no longer holds; ``delete_document(archive
+        id)`` deletes them all (docs/formats.md).
         """
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
         embedder = self._embedder.require("ingest text")
-        prepared = ingest.prepare_all(documents, pipeline, pcfg, metadata)
+        prepared, skipped = ingest.prepare_all(documents, pipeline, pcfg, metadata)
         results: list[IngestResult] = []
         bar = ingest.progress(sum(len(p.chunks) for p in prepared), f"ingest {self.name}", progress)
         try:
@@ -270,7 +278,57 @@ class KnowledgeBase:
                 results.extend(self._commit_prepared(part, pipeline, vectors))
         finally:
             bar.close()
-        return results
+        if not skipped:
+            return results
+        return self._archive_results(prepared, results, skipped, pipeline)
+
+    def _archive_results(
+        self,
+        prepared: list[PreparedDocument],
+        results: list[IngestResult],
+        skipped: dict[str, tuple[tuple[str, str], ...]],
+        pipeline: str,
+    ) -> list[IngestResult]:
+        """One result per input: an archive's members folded into the archive's result, after
+        deleting the members a re-ingested archive no longer holds."""
+        out: list[IngestResult] = []
+        members: dict[str, list[IngestResult]] = {}
+        for prep, res in zip(prepared, results, strict=True):
+            if prep.archive is None:
+                out.append(res)
+                continue
+            if prep.archive not in members:
+                members[prep.archive] = []
+                out.append(IngestResult(prep.archive, pipeline, 0, False, "zip"))
+            members[prep.archive].append(res)
+        for archive_id, group in members.items():
+            kept = {r.document_id for r in group}
+            stale = [k for k in self._archive_keys(archive_id, pipeline) if k[1] not in kept]
+            if stale:
+                with self._writing():
+                    live = [k for k in stale if self._cell.state.doc(k) is not None]
+                    if live:
+                        commit.delete(self._cell, live, self._builder.mark_saved)
+        return [
+            replace(
+                r,
+                chunks=sum(m.chunks for m in members[r.document_id]),
+                replaced=any(m.replaced for m in members[r.document_id]),
+                members=tuple(members[r.document_id]),
+                skipped=skipped.get(r.document_id, ()),
+            )
+            if r.format == "zip" and r.document_id in members
+            else r
+            for r in out
+        ]
+
+    def _archive_keys(self, archive_id: str, pipeline: str | None) -> list[tuple[str, str]]:
+        """The (pipeline, document id) keys of the stored members of an archive."""
+        return [
+            (d.pipeline_name, d.document_id)
+            for d in self.documents(pipeline=pipeline)
+            if d.metadata.get("archive") == archive_id and d.document_id.startswith(archive_id + "/")
+        ]
 
     def prepare(
         self,
@@ -375,7 +433,7 @@ class KnowledgeBase:
             state = self._cell.state
             if pipeline is not None:
                 state.pipeline(pipeline)
-            keys = state.keys_of(document_id, pipeline)
+            keys = state.keys_of(document_id, pipeline) or self._archive_keys(document_id, pipeline)
             if not keys:
                 if missing_ok:
                     return 0

@@ -157,6 +157,10 @@ class IngestResult:
     chunks: int
     replaced: bool
     format: str | None = None
+    #: For a ``.zip``: the result of each member ingested (``document_id`` is
+    #: ``<archive id>/<path inside>``) and the members skipped, as (path, reason).
+    members: tuple[IngestResult, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +235,8 @@ class PreparedDocument:
     format: str
     metadata: dict[str, Any]
     chunks: tuple[Chunk, ...]
+    #: The id of the ``.zip`` this document is a member of, else None.
+    archive: str | None = None
 
     @property
     def texts(self) -> list[str]:

@@ -1,0 +1,201 @@
+"""The structure of text formats: Markdown and HTML headings, PDF pages.
+
+- **markdown**: ATX headings (``#`` to ``######``, outside code fences and front matter) start
+  sections; each section (its heading line included) is cleaned by the Markdown cleaner of
+  :mod:`kbcore.parsing`, and its path is the titles of the enclosing headings. Setext
+  (underlined) headings are plain text. A file without a heading has no sections.
+- **html**: ``<h1>`` to ``<h6>`` start sections. The headings' visible text is collected here
+  and found, in order, as whole lines of the visible text that :mod:`kbcore.parsing` extracts;
+  a heading that is not found there (hidden, say) starts no section (after 64 such, the
+  search stops: each costs a scan of the text).
+- **pdf**: one section per page with text, ``page`` the 1-based page number; when the PDF
+  has an outline (bookmarks), a page's path is the outline path in force on it (the path of
+  its first bookmark, else the one before the page).
+
+The cleaners are passed in, so this module does not import :mod:`kbcore.parsing`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from html.parser import HTMLParser
+from typing import Any
+
+from ..sections import PATH_SEPARATOR, Part
+
+__all__ = ["markdown_parts", "html_parts", "pdf_parts", "pdf_outline", "MAX_HEADINGS"]
+
+#: Headings beyond this many in one file start no further section (bounds the search).
+MAX_HEADINGS = 10_000
+# HTML headings not found in the visible text before the search for more stops.
+_MAX_MISSES = 64
+
+_ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]|$)")
+_FENCE = re.compile(r"[ \t]*(```|~~~)")
+
+
+class _Path:
+    """The heading path: a stack of (level, title)."""
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[int, str]] = []
+
+    def push(self, level: int, title: str) -> str:
+        while self.heads and self.heads[-1][0] >= level:
+            self.heads.pop()
+        self.heads.append((level, title))
+        return PATH_SEPARATOR.join(t for _, t in self.heads if t)
+
+
+def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
+    """The sections of a Markdown file, or None when it has no heading."""
+    lines = raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    i = 0
+    if lines and lines[0].strip() == "---":  # front matter: skip to its closing line
+        for j in range(1, len(lines)):
+            if lines[j].strip() == "---":
+                i = j + 1
+                break
+    blocks: list[tuple[int, list[str]]] = [(0, [])]  # (heading level, lines); front matter dropped
+    fence: str | None = None
+    for line in lines[i:]:
+        f = _FENCE.match(line)
+        if f:
+            fence = None if fence == f.group(1) else (fence or f.group(1))
+        m = None if fence or f else _ATX.match(line)
+        if m and len(blocks) <= MAX_HEADINGS:
+            blocks.append((len(m.group(1)), [line]))
+        else:
+            blocks[-1][1].append(line)
+    if len(blocks) == 1:
+        return None
+    parts: list[Part] = []
+    path = _Path()
+    current = ""
+    for level, block in blocks:
+        if level:
+            title = " ".join(clean(block[0]).split())
+            current = path.push(level, title)
+        text = clean("\n".join(block))
+        if text.strip():
+            parts.append(Part(text, current))
+    return parts
+
+
+class _Headings(HTMLParser):
+    """The visible text of every ``<h1>``-``<h6>`` (scripts, styles and hidden elements aside)."""
+
+    _SKIP = frozenset({"script", "style", "noscript", "template", "svg", "head", "title"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[int, str]] = []
+        self._level = 0
+        self._text: list[str] = []
+        self._skip: list[str] = []  # open tags whose content is invisible
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._skip:
+            if tag == self._skip[-1]:
+                self._skip.append(tag)
+        elif tag in self._SKIP or any(k == "hidden" for k, _ in attrs):
+            self._skip.append(tag)
+        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456":
+            self._level, self._text = int(tag[1]), []
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skip:
+            if tag == self._skip[-1]:
+                self._skip.pop()
+        elif self._level and tag == f"h{self._level}":
+            title = " ".join("".join(self._text).split())
+            if title and len(self.found) < MAX_HEADINGS:
+                self.found.append((self._level, title))
+            self._level = 0
+
+    def handle_data(self, data: str) -> None:
+        if self._level and not self._skip:
+            self._text.append(data)
+
+
+def _line_at(text: str, title: str, pos: int) -> int:
+    """The first index >= pos where ``title`` is a whole line of ``text``, else -1."""
+    i = text.find(title, pos)
+    while i >= 0:
+        end = i + len(title)
+        if (i == 0 or text[i - 1] == "\n") and (end == len(text) or text[end] == "\n"):
+            return i
+        i = text.find(title, i + 1)
+    return -1
+
+
+def html_parts(raw: str, text: str) -> list[Part] | None:
+    """The sections of an HTML page whose visible text is ``text``, or None without headings."""
+    collector = _Headings()
+    collector.feed(raw)
+    collector.close()
+    cuts: list[tuple[int, int, str]] = []
+    pos, misses = 0, 0
+    for level, title in collector.found:
+        i = _line_at(text, title, pos)
+        if i >= 0:
+            cuts.append((i, level, title))
+            pos = i + len(title)
+        else:
+            misses += 1  # each miss scans the rest of the text: a few only
+            if misses > _MAX_MISSES:
+                break
+    if not cuts:
+        return None
+    parts = [Part(text[: cuts[0][0]])]
+    path = _Path()
+    for k, (i, level, title) in enumerate(cuts):
+        end = cuts[k + 1][0] if k + 1 < len(cuts) else len(text)
+        parts.append(Part(text[i:end], path.push(level, title)))
+    return parts
+
+
+def pdf_outline(reader: Any) -> list[tuple[int, int, str]]:
+    """(0-based page, level from 1, title) of a pypdf reader's outline entries, in outline
+    order; empty when the PDF has none or it cannot be read."""
+    marks: list[tuple[int, int, str]] = []
+
+    def walk(items: Any, level: int) -> None:
+        for item in items:
+            if len(marks) >= MAX_HEADINGS:
+                return
+            if isinstance(item, list):
+                walk(item, level + 1)
+                continue
+            try:
+                page = reader.get_destination_page_number(item)
+            except Exception:  # noqa: BLE001 - a broken bookmark names no page
+                continue
+            title = " ".join(str(getattr(item, "title", "") or "").split())
+            if page is not None and page >= 0 and title:
+                marks.append((page, level, title))
+
+    try:
+        walk(reader.outline, 1)
+    except Exception:  # noqa: BLE001 - pypdf's errors are not one hierarchy; no outline then
+        return []
+    return marks
+
+
+def pdf_parts(pages: list[str], outline: Sequence[tuple[int, int, str]] = ()) -> list[Part]:
+    """One section per page (1-based ``page``), with the outline's path in force on it."""
+    by_page: dict[int, list[tuple[int, str]]] = {}
+    for page, level, title in sorted(outline, key=lambda m: m[0]):
+        by_page.setdefault(page, []).append((level, title))
+    path = _Path()
+    current = ""
+    parts = []
+    for n, text in enumerate(pages):
+        marks = by_page.get(n, [])
+        first = ""
+        for level, title in marks:
+            current = path.push(level, title)
+            first = first or current
+        parts.append(Part(text, first or current, page=n + 1))
+    return parts
