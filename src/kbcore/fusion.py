@@ -1,4 +1,5 @@
-"""Rank fusion for hybrid search: reciprocal rank fusion (RRF) and linear score fusion.
+"""Fusion for hybrid search: z-score fusion (the default), reciprocal rank fusion (RRF) and
+linear score fusion.
 
 Pure functions over ranked lists of ``(key, score)`` pairs, one list per retrieval *leg*
 (for example the vector leg and the BM25 leg). Every leg is ranked best first and its scores
@@ -25,13 +26,15 @@ from typing import TypeVar
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score"]
+__all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score", "zscore"]
 
 #: The retrieval routes a knowledge base can be set to (one leg, the other, or both fused),
 #: and the fusions of the hybrid route: the one list (the engine, its manifest check and the
 #: CLI read it).
 SEARCH_TYPES: tuple[str, ...] = ("vector", "full_text", "hybrid")
-FUSIONS: tuple[str, ...] = ("rrf", "linear")
+FUSIONS: tuple[str, ...] = ("zscore", "rrf", "linear")
+#: The fusion of a knowledge base created without one (``docs/hybrid.md`` has the measurements).
+DEFAULT_FUSION = "zscore"
 
 K = TypeVar("K", bound=Hashable)
 
@@ -231,3 +234,82 @@ def linear(
     for entry in acc.values():  # guard against 0.7 * 1 + 0.3 * 1 rounding above 1
         entry[0] = min(entry[0], 1.0)
     return _sorted(acc)
+
+
+def _z_scores(leg: Sequence[tuple[K, float]], what: str) -> tuple[dict[K, tuple[float, int]], float]:
+    """First occurrence of each key -> (z-score over the leg, 1-based rank), and the leg's
+    lowest z-score (the value of a key the leg did not return)."""
+    first: dict[K, float] = {}  # insertion order = rank order
+    for key, score in leg:
+        if key not in first:
+            s = float(score)
+            if not math.isfinite(s):
+                raise InvalidArgumentError(f"{what} scores must be finite, got {score!r} for {key!r}")
+            first[key] = s
+    keys = list(first)
+    n = len(keys)
+    if n == 0:
+        return {}, 0.0
+    mean = math.fsum(first.values()) / n
+    sd = math.sqrt(math.fsum((s - mean) ** 2 for s in first.values()) / n)
+    if not sd > 0.0:  # one candidate, or every score equal: the leg orders nothing
+        return {key: (0.0, rank) for rank, key in enumerate(keys, start=1)}, 0.0
+    out = {key: ((first[key] - mean) / sd, rank) for rank, key in enumerate(keys, start=1)}
+    return out, min(z for z, _ in out.values())
+
+
+def zscore(
+    legs: Sequence[Sequence[tuple[K, float]]],
+    weights: Sequence[float] | None = None,
+) -> list[tuple[K, float]]:
+    """Z-score fusion: each leg's scores standardised over its own candidates, then averaged.
+
+    The zero-mean unit-variance normalisation of Montague & Aslam ("Relevance score
+    normalization for metasearch", CIKM 2001) followed by a weighted mean (CombSUM). For
+    each leg ``i`` with candidate scores ``s`` (higher is better, finite), over the leg's
+    distinct keys::
+
+        z_i(d) = (s_i(d) - mean_i) / std_i        (population std; 0 when std_i == 0)
+
+    a key the leg did not return gets the leg's lowest z (it ranked below every candidate),
+    and with ``w_i`` the leg's weight (default 1) over the legs that returned something::
+
+        fused(d) = sum_i w_i * z_i(d) / sum_i w_i
+        score(d) = Phi(fused(d)) = (1 + erf(fused(d) / sqrt(2))) / 2      in (0, 1)
+
+    So each query weighs its legs by their own score distributions: a leg whose best hits
+    stand far above its other candidates (a confident leg) moves the fused order more than
+    a leg whose candidates all score alike, whatever the legs' scales. ``score`` 0.5 is an
+    average candidate, 0.84 one standard deviation above. Each leg's normalisation is an
+    increasing affine map of its scores, so among keys with equal standing in the other
+    legs a better score in one leg always ranks higher; raising one candidate's score also
+    moves its leg's mean and deviation, so its rank against keys of the other leg is not
+    monotone in it (as for min-max fusion's bounds).
+
+    An empty leg (or one of weight 0) is skipped: one leg alone keeps its own order. Returns
+    every key of every leg, ordered by ``fused`` descending (ties: the better best rank over
+    the legs, then the smaller key), with ``score``. No legs give ``[]``.
+    """
+    ws = _check_weights(weights, len(legs))
+    parts: list[tuple[dict[K, tuple[float, int]], float, float]] = []
+    for i, (leg, w) in enumerate(zip(legs, ws)):
+        if w == 0.0:
+            continue
+        z, floor = _z_scores(leg, f"leg {i}")
+        if z:
+            parts.append((z, floor, w))
+    if not parts:
+        return []
+    total_w = math.fsum(w for _, _, w in parts)
+    keys: dict[K, int] = {}
+    for z, _, _ in parts:
+        for key, (_, rank) in z.items():
+            best = keys.get(key)
+            if best is None or rank < best:
+                keys[key] = rank
+    acc: dict[K, list] = {}
+    for key, rank in keys.items():
+        terms = [w * z[key][0] if key in z else w * floor for z, floor, w in parts]
+        acc[key] = [math.fsum(terms) / total_w, rank]
+    inv_sqrt2 = 1.0 / math.sqrt(2.0)
+    return [(key, 0.5 * math.erfc(-f * inv_sqrt2)) for key, f in _sorted(acc)]
