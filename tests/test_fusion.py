@@ -425,3 +425,36 @@ def test_zscore_rejects_bad_inputs():
         zscore([[(1, 1.0)]], weights=[1.0, 1.0])
     with pytest.raises(errors.InvalidTypeError):
         zscore([[(1, 1.0)]], weights="1")
+
+
+def test_zscore_floor_counts_the_keys_a_complete_leg_did_not_return():
+    # A BM25 leg that matched one document of a window of five: four more score 0.
+    vec = [(k, s) for k, s in zip("aebcd", (0.9, 0.6, 0.5, 0.45, 0.4))]
+    txt = [("e", 7.0)]
+    plain = dict(zscore([vec, txt]))  # a lone candidate: the text leg orders nothing
+    assert max(plain, key=plain.get) == "a"
+    got = zscore([vec, txt], floors=[None, (0.0, 4)])
+    t = [7.0, 0, 0, 0, 0]
+    mean, sd = sum(t) / 5, math.sqrt(sum((x - 1.4) ** 2 for x in t) / 5)
+    v = [0.9, 0.5, 0.45, 0.4, 0.6]
+    vm, vsd = sum(v) / 5, math.sqrt(sum((x - sum(v) / 5) ** 2 for x in v) / 5)
+    want = {k: ((x - vm) / vsd + ((7.0 if k == "e" else 0.0) - mean) / sd) / 2 for k, x in zip("abcde", v)}
+    assert [k for k, _ in got] == sorted(want, key=want.get, reverse=True)
+    assert got[0][0] == "e"
+    for key, score in got:
+        assert score == pytest.approx(_phi(want[key]), rel=1e-12)
+
+
+def test_zscore_rejects_bad_floors():
+    leg = [[(1, 1.0), (2, 0.5)]]
+    for floors, err in (
+        ([(0.0, 0)], errors.InvalidArgumentError),
+        ([(float("nan"), 2)], errors.InvalidArgumentError),
+        ([(0.0, 1.5)], errors.InvalidArgumentError),
+        ([0.0], errors.InvalidTypeError),
+        ([None, None], errors.InvalidArgumentError),
+        ("0", errors.InvalidTypeError),
+    ):
+        with pytest.raises(err):
+            zscore(leg, floors=floors)
+    assert zscore(leg, floors=[None]) == zscore(leg)

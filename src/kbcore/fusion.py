@@ -236,9 +236,12 @@ def linear(
     return _sorted(acc)
 
 
-def _z_scores(leg: Sequence[tuple[K, float]], what: str) -> tuple[dict[K, tuple[float, int]], float]:
-    """First occurrence of each key -> (z-score over the leg, 1-based rank), and the leg's
-    lowest z-score (the value of a key the leg did not return)."""
+def _z_scores(
+    leg: Sequence[tuple[K, float]], floor: tuple[float, int] | None, what: str
+) -> tuple[dict[K, tuple[float, int]], float]:
+    """First occurrence of each key -> (z-score over the leg, 1-based rank), and the z-score of
+    a key the leg did not return: that of the floor's score when the leg knows it (its keys
+    counted in the mean and deviation), else the leg's lowest z-score."""
     first: dict[K, float] = {}  # insertion order = rank order
     for key, score in leg:
         if key not in first:
@@ -247,20 +250,52 @@ def _z_scores(leg: Sequence[tuple[K, float]], what: str) -> tuple[dict[K, tuple[
                 raise InvalidArgumentError(f"{what} scores must be finite, got {score!r} for {key!r}")
             first[key] = s
     keys = list(first)
-    n = len(keys)
-    if n == 0:
+    if not keys:
         return {}, 0.0
-    mean = math.fsum(first.values()) / n
-    sd = math.sqrt(math.fsum((s - mean) ** 2 for s in first.values()) / n)
+    n = len(keys)
+    total = math.fsum(first.values())
+    if floor is not None:
+        n += floor[1]
+        total += floor[0] * floor[1]
+    mean = total / n
+    sq = math.fsum((s - mean) ** 2 for s in first.values())
+    if floor is not None:
+        sq += floor[1] * (floor[0] - mean) ** 2
+    sd = math.sqrt(sq / n)
     if not sd > 0.0:  # one candidate, or every score equal: the leg orders nothing
         return {key: (0.0, rank) for rank, key in enumerate(keys, start=1)}, 0.0
     out = {key: ((first[key] - mean) / sd, rank) for rank, key in enumerate(keys, start=1)}
-    return out, min(z for z, _ in out.values())
+    missing = min(z for z, _ in out.values()) if floor is None else (floor[0] - mean) / sd
+    return out, missing
+
+
+def _check_floors(floors: Sequence[tuple[float, int] | None] | None, n_legs: int) -> list[tuple[float, int] | None]:
+    if floors is None:
+        return [None] * n_legs
+    if isinstance(floors, (str, bytes)) or not isinstance(floors, Sequence):
+        raise InvalidTypeError(f"floors must be a sequence of (score, count) or None, got {type(floors).__name__}")
+    if len(floors) != n_legs:
+        raise InvalidArgumentError(f"got {n_legs} legs but {len(floors)} floors")
+    out: list[tuple[float, int] | None] = []
+    for f in floors:
+        if f is None:
+            out.append(None)
+            continue
+        if not isinstance(f, Sequence) or len(f) != 2:
+            raise InvalidTypeError(f"a floor is a (score, count) pair or None, got {f!r}")
+        score, count = f
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+            raise InvalidArgumentError(f"a floor's score must be a finite number, got {score!r}")
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+            raise InvalidArgumentError(f"a floor's count must be an integer >= 1, got {count!r}")
+        out.append((float(score), int(count)))
+    return out
 
 
 def zscore(
     legs: Sequence[Sequence[tuple[K, float]]],
     weights: Sequence[float] | None = None,
+    floors: Sequence[tuple[float, int] | None] | None = None,
 ) -> list[tuple[K, float]]:
     """Z-score fusion: each leg's scores standardised over its own candidates, then averaged.
 
@@ -271,8 +306,12 @@ def zscore(
 
         z_i(d) = (s_i(d) - mean_i) / std_i        (population std; 0 when std_i == 0)
 
-    a key the leg did not return gets the leg's lowest z (it ranked below every candidate),
-    and with ``w_i`` the leg's weight (default 1) over the legs that returned something::
+    A key the leg did not return gets the leg's lowest z (it ranked below every candidate),
+    unless ``floors[i]`` is a ``(score, count)`` pair: ``count`` (>= 1) further keys are known
+    to have ``score`` (a BM25 leg that returned every match within a window of ``w``:
+    ``(0.0, w - len(leg))``). They count in the mean and deviation, and a missing key gets
+    their z; so a leg with a single match still lifts it. With ``w_i`` the leg's weight
+    (default 1), over the legs that returned something::
 
         fused(d) = sum_i w_i * z_i(d) / sum_i w_i
         score(d) = Phi(fused(d)) = (1 + erf(fused(d) / sqrt(2))) / 2      in (0, 1)
@@ -291,13 +330,14 @@ def zscore(
     the legs, then the smaller key), with ``score``. No legs give ``[]``.
     """
     ws = _check_weights(weights, len(legs))
+    fl = _check_floors(floors, len(legs))
     parts: list[tuple[dict[K, tuple[float, int]], float, float]] = []
-    for i, (leg, w) in enumerate(zip(legs, ws)):
+    for i, (leg, w, floor) in enumerate(zip(legs, ws, fl)):
         if w == 0.0:
             continue
-        z, floor = _z_scores(leg, f"leg {i}")
+        z, missing = _z_scores(leg, floor, f"leg {i}")
         if z:
-            parts.append((z, floor, w))
+            parts.append((z, missing, w))
     if not parts:
         return []
     total_w = math.fsum(w for _, _, w in parts)
@@ -309,7 +349,7 @@ def zscore(
                 keys[key] = rank
     acc: dict[K, list] = {}
     for key, rank in keys.items():
-        terms = [w * z[key][0] if key in z else w * floor for z, floor, w in parts]
+        terms = [w * z[key][0] if key in z else w * missing for z, missing, w in parts]
         acc[key] = [math.fsum(terms) / total_w, rank]
     inv_sqrt2 = 1.0 / math.sqrt(2.0)
     return [(key, 0.5 * math.erfc(-f * inv_sqrt2)) for key, f in _sorted(acc)]
