@@ -453,6 +453,25 @@ def test_knowledge_base_search_defaults(tmp_path):
     assert kb.retrieve("rotate")[0].score == kb.retrieve("rotate", search_type="hybrid")[0].score
 
 
+def test_manifest_records_zscore_and_older_knowledge_bases_keep_their_fusion(tmp_path):
+    engine, kb = _kb(tmp_path, "new")
+    query, qvec = next(_queries(9, 1))
+    m = storage.load_manifest(kb.path)
+    assert m["config"]["fusion"] == "zscore" and storage.validate_manifest(m) is m
+    _, old = _kb(tmp_path, "old", fusion="rrf")
+    _, older = _kb(tmp_path, "older")
+    m = storage.load_manifest(older.path)
+    del m["config"]["fusion"]  # written before the search defaults existed
+    storage.save_manifest(older.path, m)
+    engine.close()
+    engine = Engine(tmp_path)
+    for name, fusion in (("new", "zscore"), ("old", "rrf"), ("older", "rrf")):
+        kb = engine.get_knowledge_base(name)
+        assert kb.search_defaults["fusion"] == fusion
+        hits = kb.retrieve(query, 10, search_type="hybrid", query_vector=qvec)
+        _check(hits, _expected(kb, "hybrid", fusion, query, qvec, 10))
+
+
 def test_bad_search_arguments_raise(tmp_path):
     engine = Engine(tmp_path)
     kb = engine.create_knowledge_base("kb", index="flat")
