@@ -357,6 +357,14 @@ def test_zscore_does_not_depend_on_a_legs_scale_or_offset():
         assert a == pytest.approx(b, rel=1e-9)
 
 
+def test_zscore_of_huge_scores_is_that_of_the_scaled_scores():
+    big = zscore([[(1, 1.7e308), (2, 1e308), (3, -1.7e308)], [(4, 1e301), (2, 1e300)]], floors=[None, (0.0, 2)])
+    small = zscore([[(1, 1.7), (2, 1.0), (3, -1.7)], [(4, 1e-7), (2, 1e-8)]], floors=[None, (0.0, 2)])
+    assert [k for k, _ in big] == [k for k, _ in small] and len(big) == 4
+    for (_, a), (_, b) in zip(big, small):
+        assert a == pytest.approx(b, rel=1e-9)
+
+
 def test_zscore_a_confident_leg_outweighs_a_flat_one():
     # The text leg's top hit stands 3 sigma out; the vector leg's candidates all score alike.
     vec = [(i, 0.80 - 0.001 * i) for i in range(20)]

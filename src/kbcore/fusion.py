@@ -238,35 +238,35 @@ def linear(
 
 def _z_scores(
     leg: Sequence[tuple[K, float]], floor: tuple[float, int] | None, what: str
-) -> tuple[dict[K, tuple[float, int]], float]:
-    """First occurrence of each key -> (z-score over the leg, 1-based rank), and the z-score of
-    a key the leg did not return: that of the floor's score when the leg knows it (its keys
+) -> tuple[list[K], list[float], float]:
+    """The leg's distinct keys in rank order, their z-scores over the leg, and the z-score of a
+    key the leg did not return: that of the floor's score when the leg knows it (its keys
     counted in the mean and deviation), else the leg's lowest z-score."""
     first: dict[K, float] = {}  # insertion order = rank order
     for key, score in leg:
         if key not in first:
-            s = float(score)
-            if not math.isfinite(s):
-                raise InvalidArgumentError(f"{what} scores must be finite, got {score!r} for {key!r}")
-            first[key] = s
+            first[key] = float(score)
     keys = list(first)
     if not keys:
-        return {}, 0.0
-    n = len(keys)
-    total = math.fsum(first.values())
-    if floor is not None:
-        n += floor[1]
-        total += floor[0] * floor[1]
-    mean = total / n
-    sq = math.fsum((s - mean) ** 2 for s in first.values())
-    if floor is not None:
-        sq += floor[1] * (floor[0] - mean) ** 2
+        return keys, [], 0.0
+    vals = list(first.values())
+    if not all(map(math.isfinite, vals)):
+        bad = next(k for k, v in first.items() if not math.isfinite(v))
+        raise InvalidArgumentError(f"{what} scores must be finite, got {first[bad]!r} for {bad!r}")
+    fv, fn = (0.0, 0) if floor is None else floor  # the floor's score, and how many keys have it
+    hi = max(max(map(abs, vals)), abs(fv))
+    if hi > 1e100:  # z-scores do not depend on the scale: keep the squares finite
+        vals = [v / hi for v in vals]
+        fv /= hi
+    n = len(vals) + fn
+    mean = (math.fsum(vals) + fv * fn) / n
+    sq = math.fsum([(v - mean) * (v - mean) for v in vals]) + fn * (fv - mean) * (fv - mean)
     sd = math.sqrt(sq / n)
     if not sd > 0.0:  # one candidate, or every score equal: the leg orders nothing
-        return {key: (0.0, rank) for rank, key in enumerate(keys, start=1)}, 0.0
-    out = {key: ((first[key] - mean) / sd, rank) for rank, key in enumerate(keys, start=1)}
-    missing = min(z for z, _ in out.values()) if floor is None else (floor[0] - mean) / sd
-    return out, missing
+        return keys, [0.0] * len(keys), 0.0
+    inv = 1.0 / sd
+    zs = [(v - mean) * inv for v in vals]
+    return keys, zs, (min(zs) if floor is None else (fv - mean) * inv)
 
 
 def _check_floors(floors: Sequence[tuple[float, int] | None] | None, n_legs: int) -> list[tuple[float, int] | None]:
@@ -331,25 +331,39 @@ def zscore(
     """
     ws = _check_weights(weights, len(legs))
     fl = _check_floors(floors, len(legs))
-    parts: list[tuple[dict[K, tuple[float, int]], float, float]] = []
+    parts: list[tuple[list[K], list[float], float, float]] = []
     for i, (leg, w, floor) in enumerate(zip(legs, ws, fl)):
         if w == 0.0:
             continue
-        z, missing = _z_scores(leg, floor, f"leg {i}")
-        if z:
-            parts.append((z, missing, w))
+        keys, zs, missing = _z_scores(leg, floor, f"leg {i}")
+        if keys:
+            parts.append((keys, zs, missing, w))
     if not parts:
         return []
-    total_w = math.fsum(w for _, _, w in parts)
-    keys: dict[K, int] = {}
-    for z, _, _ in parts:
-        for key, (_, rank) in z.items():
-            best = keys.get(key)
-            if best is None or rank < best:
-                keys[key] = rank
+    total_w = math.fsum(w for *_, w in parts)
+    # fused(d) = (sum_i w_i * missing_i + sum_{i returning d} w_i * (z_i(d) - missing_i)) / W:
+    # the first sum is shared by every key. Two terms add exactly commutatively; for more legs
+    # a correctly rounded sum makes the result independent of the legs' order.
+    base = math.fsum(w * m for _, _, m, w in parts)
     acc: dict[K, list] = {}
-    for key, rank in keys.items():
-        terms = [w * z[key][0] if key in z else w * missing for z, missing, w in parts]
-        acc[key] = [math.fsum(terms) / total_w, rank]
+    terms: dict[K, list[float]] | None = {} if len(parts) > 2 else None
+    for keys, zs, missing, w in parts:
+        for rank, (key, z) in enumerate(zip(keys, zs), start=1):
+            c = w * (z - missing)
+            entry = acc.get(key)
+            if entry is None:
+                acc[key] = [c, rank]
+            else:
+                entry[0] += c
+                if rank < entry[1]:
+                    entry[1] = rank
+            if terms is not None:
+                terms.setdefault(key, []).append(c)
+    if terms is not None:
+        for key, cs in terms.items():
+            acc[key][0] = math.fsum(cs)
+    for entry in acc.values():
+        entry[0] = (base + entry[0]) / total_w
     inv_sqrt2 = 1.0 / math.sqrt(2.0)
-    return [(key, 0.5 * math.erfc(-f * inv_sqrt2)) for key, f in _sorted(acc)]
+    erfc = math.erfc
+    return [(key, 0.5 * erfc(-f * inv_sqrt2)) for key, f in _sorted(acc)]
