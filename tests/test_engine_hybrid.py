@@ -110,7 +110,7 @@ def _expected(
         fused = sorted(((i, s / top) for i, s in acc.items()), key=lambda t: (-t[1], best[t[0]], t[0]))
     elif fusion == "zscore":
         acc, best, legs = {}, {}, []
-        zeros = min(window, len(kb)) - len(text)  # every match returned: the rest of the window scores 0
+        zeros = max(len(vec) - len(text), 0)  # every match returned: the window's other chunks score 0
         for leg, pad in ((vec, 0), (text, zeros)):
             if not leg:
                 continue

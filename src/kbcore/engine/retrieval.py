@@ -273,9 +273,9 @@ def _retrieve_fused(
             tids, tscores = index.search_text(query, w, where=nf)
             tids, tscores = _by_id_on_ties(tids, -tscores)
             text_leg = list(zip(tids.tolist(), (-tscores).tolist()))
-            # A text leg shorter than the window returned every match: the rest of its window
-            # scores 0 (z-score fusion counts them).
-            fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k, w - len(tids))
+            # A text leg shorter than the window returned every match: the vector leg's other
+            # candidates (the chunks of the window BM25 did not match) score 0 there.
+            fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k, len(vec_leg) - len(tids))
             if not opts.deduplicate:
                 cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
                 break
