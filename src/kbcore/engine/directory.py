@@ -103,7 +103,8 @@ class Engine:
         ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base); hybrid search fuses by ``"zscore"`` unless ``fusion`` says ``"rrf"`` or
-        ``"linear"`` (``docs/hybrid.md``). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+        ``"linear"`` (``docs/hybrid.md``). A name already in use raises
+        ``InvalidArgumentError`` unless ``exist_ok``.
 
         ``shards=N`` makes a sharded knowledge base: its index is a
         :class:`~kbcore.distributed.ShardedIndex` of N Ray actors stored in ``<kb>/shards``
