@@ -310,6 +310,26 @@ def test_dedup_after_fusion_gives_one_hit_per_document(tmp_path, search_type, fu
                 assert len(set(h.part_ids)) == len(h.part_ids)
 
 
+@pytest.mark.parametrize("fusion", ["zscore", "rrf", "linear"])
+def test_score_threshold_keeps_the_fused_hits_at_or_above_it(tmp_path, fusion):
+    _, kb = _kb(tmp_path)
+    for query, qvec in _queries(6, 3):
+        for dedup in (False, True):
+            every = kb.retrieve(query, 40, search_type="hybrid", fusion=fusion, query_vector=qvec, deduplicate=dedup)
+            scores = sorted({h.score for h in every})
+            for thr in (scores[0], scores[len(scores) // 2], scores[-1], 0.5, 1.01):
+                kept = kb.retrieve(
+                    query,
+                    40,
+                    search_type="hybrid",
+                    fusion=fusion,
+                    query_vector=qvec,
+                    deduplicate=dedup,
+                    score_threshold=thr,
+                )
+                assert [h.id for h in kept] == [h.id for h in every if h.score >= thr]
+
+
 def test_dedup_widens_the_window_until_top_k_documents(tmp_path):
     engine = Engine(tmp_path)
     kb = engine.create_knowledge_base("kb", embedder=False, index="flat")
