@@ -55,7 +55,7 @@ WORDS = [
     "lemon",
     "mango",
 ]
-SEARCHES = [("vector", "rrf"), ("full_text", "rrf"), ("hybrid", "rrf"), ("hybrid", "linear")]
+SEARCHES = [("vector", "rrf"), ("full_text", "rrf"), ("hybrid", "zscore"), ("hybrid", "rrf"), ("hybrid", "linear")]
 
 
 def _corpus(seed: int = 0, n_docs: int = 30):
@@ -108,6 +108,23 @@ def _expected(
                 best[i] = min(best.get(i, rank), rank)
         top = 2.0 / (rrf_k + 1)
         fused = sorted(((i, s / top) for i, s in acc.items()), key=lambda t: (-t[1], best[t[0]], t[0]))
+    elif fusion == "zscore":
+        acc, best, legs = {}, {}, []
+        zeros = max(len(vec) - len(text), 0)  # every match returned: the window's other chunks score 0
+        for leg, pad in ((vec, 0), (text, zeros)):
+            if not leg:
+                continue
+            s = np.array([x for _, x in leg] + [0.0] * pad)
+            sd = s.std()
+            z = (s - s.mean()) / sd if sd > 0 else np.zeros(len(s))
+            missing = float(z[-1]) if pad else float(z.min())
+            legs.append((dict(zip((i for i, _ in leg), z.tolist())), missing))
+            for rank, (i, _) in enumerate(leg, start=1):
+                best[i] = min(best.get(i, rank), rank)
+        for i in best:
+            acc[i] = sum(z.get(i, floor) for z, floor in legs) / len(legs)
+        order = sorted(acc.items(), key=lambda t: (-t[1], best[t[0]], t[0]))
+        fused = [(i, 0.5 * (1.0 + math.erf(m / math.sqrt(2.0)))) for i, m in order]
     else:
         acc, best = {}, {}
         for leg, w in ((vec, vector_weight), (text, 1.0 - vector_weight)):
@@ -164,7 +181,7 @@ def test_linear_weight_and_rrf_k_are_used(tmp_path):
         for w in (0.0, 0.3, 1.0):
             hits = kb.retrieve(query, 10, search_type="hybrid", fusion="linear", vector_weight=w, query_vector=qvec)
             _check(hits, _expected(kb, "hybrid", "linear", query, qvec, 10, vector_weight=w))
-        hits = kb.retrieve(query, 10, search_type="hybrid", rrf_k=0, query_vector=qvec)
+        hits = kb.retrieve(query, 10, search_type="hybrid", fusion="rrf", rrf_k=0, query_vector=qvec)
         _check(hits, _expected(kb, "hybrid", "rrf", query, qvec, 10, rrf_k=0))
 
 
@@ -244,9 +261,17 @@ def test_japanese_query_finds_japanese_document_by_full_text(tmp_path):
     kb.ingest(text="東京タワーは東京都港区にある電波塔です。", document_id="tower")
     kb.ingest(text="大阪城は大阪市中央区にある城です。", document_id="castle")
     kb.ingest(text="Signing keys rotate every ninety days.", document_id="keys")
-    for st in ("full_text", "hybrid"):
-        assert kb.retrieve("東京タワー", 1, search_type=st)[0].document_id == "tower"
-        assert kb.retrieve("大阪城", 1, search_type=st)[0].document_id == "castle"
+    for st, fusion in (("full_text", None), ("hybrid", "rrf")):
+        assert kb.retrieve("東京タワー", 1, search_type=st, fusion=fusion)[0].document_id == "tower"
+        assert kb.retrieve("大阪城", 1, search_type=st, fusion=fusion)[0].document_id == "castle"
+    # Z-score fusion estimates each leg's spread from its candidates: three are too few to tell
+    # the hashing embedder's noise on Japanese from a match (docs/hybrid.md); a few dozen are not.
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        kb.ingest(text=" ".join(rng.choice(WORDS, 8)), document_id=f"filler{i}")
+    for fusion in ("zscore", "rrf"):
+        assert kb.retrieve("東京タワー", 1, search_type="hybrid", fusion=fusion)[0].document_id == "tower"
+        assert kb.retrieve("大阪城", 1, search_type="hybrid", fusion=fusion)[0].document_id == "castle"
 
 
 # -- filters and dedup -----------------------------------------------------------------------
@@ -283,6 +308,26 @@ def test_dedup_after_fusion_gives_one_hit_per_document(tmp_path, search_type, fu
             for h in hits:
                 assert h.part_ids and h.part_ids[0] == h.chunk_index
                 assert len(set(h.part_ids)) == len(h.part_ids)
+
+
+@pytest.mark.parametrize("fusion", ["zscore", "rrf", "linear"])
+def test_score_threshold_keeps_the_fused_hits_at_or_above_it(tmp_path, fusion):
+    _, kb = _kb(tmp_path)
+    for query, qvec in _queries(6, 3):
+        for dedup in (False, True):
+            every = kb.retrieve(query, 40, search_type="hybrid", fusion=fusion, query_vector=qvec, deduplicate=dedup)
+            scores = sorted({h.score for h in every})
+            for thr in (scores[0], scores[len(scores) // 2], scores[-1], 0.5, 1.01):
+                kept = kb.retrieve(
+                    query,
+                    40,
+                    search_type="hybrid",
+                    fusion=fusion,
+                    query_vector=qvec,
+                    deduplicate=dedup,
+                    score_threshold=thr,
+                )
+                assert [h.id for h in kept] == [h.id for h in every if h.score >= thr]
 
 
 def test_dedup_widens_the_window_until_top_k_documents(tmp_path):
@@ -414,7 +459,7 @@ def test_knowledge_base_search_defaults(tmp_path):
     kb = engine.create_knowledge_base("kb", index="flat", search_type="full_text")
     kb.ingest(text="Signing keys rotate every ninety days.", document_id="keys")
     kb.ingest(text="Lunch is at noon.", document_id="lunch")
-    assert kb.search_defaults == {"search_type": "full_text", "fusion": "rrf", "vector_weight": 0.7}
+    assert kb.search_defaults == {"search_type": "full_text", "fusion": "zscore", "vector_weight": 0.7}
     assert kb.info()["search_type"] == "full_text"
     assert [h.document_id for h in kb.retrieve("rotate")] == ["keys"]  # full text: one match
     assert len(kb.retrieve("rotate", search_type="vector")) == 2
@@ -423,9 +468,28 @@ def test_knowledge_base_search_defaults(tmp_path):
     kb.set_search_defaults(search_type="hybrid", vector_weight=0.2)
     engine.close()
     kb = Engine(tmp_path)["kb"]
-    assert kb.search_defaults == {"search_type": "hybrid", "fusion": "rrf", "vector_weight": 0.2}
+    assert kb.search_defaults == {"search_type": "hybrid", "fusion": "zscore", "vector_weight": 0.2}
     assert len(kb.retrieve("rotate")) == 2
     assert kb.retrieve("rotate")[0].score == kb.retrieve("rotate", search_type="hybrid")[0].score
+
+
+def test_manifest_records_zscore_and_older_knowledge_bases_keep_their_fusion(tmp_path):
+    engine, kb = _kb(tmp_path, "new")
+    query, qvec = next(_queries(9, 1))
+    m = storage.load_manifest(kb.path)
+    assert m["config"]["fusion"] == "zscore" and storage.validate_manifest(m) is m
+    _, old = _kb(tmp_path, "old", fusion="rrf")
+    _, older = _kb(tmp_path, "older")
+    m = storage.load_manifest(older.path)
+    del m["config"]["fusion"]  # written before the search defaults existed
+    storage.save_manifest(older.path, m)
+    engine.close()
+    engine = Engine(tmp_path)
+    for name, fusion in (("new", "zscore"), ("old", "rrf"), ("older", "rrf")):
+        kb = engine.get_knowledge_base(name)
+        assert kb.search_defaults["fusion"] == fusion
+        hits = kb.retrieve(query, 10, search_type="hybrid", query_vector=qvec)
+        _check(hits, _expected(kb, "hybrid", fusion, query, qvec, 10))
 
 
 def test_bad_search_arguments_raise(tmp_path):
@@ -467,7 +531,9 @@ def test_bad_search_arguments_raise(tmp_path):
     assert [h.document_id for h in bare.retrieve("find", 3, search_type="full_text")] == ["x"]
     with pytest.raises(InvalidArgumentError, match="query_vector"):
         bare.retrieve("find", 3, search_type="hybrid")
-    assert bare.retrieve("find", 3, search_type="hybrid", query_vector=np.ones(4))[0].score == 1.0
+    assert bare.retrieve("find", 3, search_type="hybrid", fusion="rrf", query_vector=np.ones(4))[0].score == 1.0
+    # z-score fusion: a lone candidate stands at its legs' mean
+    assert bare.retrieve("find", 3, search_type="hybrid", query_vector=np.ones(4))[0].score == 0.5
     empty = engine.create_knowledge_base("empty")
     for st in ("vector", "full_text", "hybrid"):
         assert empty.retrieve("anything", search_type=st) == []

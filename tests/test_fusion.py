@@ -1,4 +1,4 @@
-"""Fusion math for hybrid search (kbcore.fusion): RRF and linear min-max fusion.
+"""Fusion math for hybrid search (kbcore.fusion): RRF, linear min-max and z-score fusion.
 
 Every expected value is computed by hand here or by a naive reference written in this file.
 """
@@ -11,7 +11,7 @@ import random
 import pytest
 
 from kbcore import errors
-from kbcore.fusion import linear, normalize_rrf, rrf, rrf_max_score
+from kbcore.fusion import linear, normalize_rrf, rrf, rrf_max_score, zscore
 
 
 def naive_rrf(legs, k=60, weights=None):
@@ -303,3 +303,166 @@ def test_numpy_scalars_are_accepted_as_keys_weights_and_k():
     assert [int(key) for key, _ in got] == [2, 4]
     assert got[0][1] == pytest.approx(0.5 / 62 + 1.0 / 61)
     assert [int(key) for key, _ in linear(vec, txt, vector_weight=np.float32(0.7))] == [4, 2]
+
+
+# ----------------------------------------------------------------------------------------
+# z-score fusion
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def naive_zscore(legs, weights=None):
+    """Reference z-score fusion: dict key -> fused mean z (before the normal CDF)."""
+    weights = weights or [1.0] * len(legs)
+    per_leg = []
+    for leg, w in zip(legs, weights):
+        first: dict = {}
+        for key, s in leg:
+            first.setdefault(key, s)
+        if w == 0 or not first:
+            continue
+        vals = list(first.values())
+        mean = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        z = {k: (v - mean) / sd if sd > 0 else 0.0 for k, v in first.items()}
+        per_leg.append((z, min(z.values()), w))
+    keys = {k for z, _, _ in per_leg for k in z}
+    total = sum(w for _, _, w in per_leg)
+    return {k: sum(w * z.get(k, floor) for z, floor, w in per_leg) / total for k in keys}
+
+
+def test_zscore_standardises_each_leg_and_averages_through_the_normal_cdf():
+    vec = [("a", 0.9), ("b", 0.8), ("c", 0.1)]
+    txt = [("c", 12.0), ("a", 3.0)]
+    sd_v = math.sqrt((0.3**2 + 0.2**2 + 0.5**2) / 3)  # mean 0.6
+    z_v = {"a": 0.3 / sd_v, "b": 0.2 / sd_v, "c": -0.5 / sd_v}
+    z_t = {"c": 1.0, "a": -1.0}  # mean 7.5, sd 4.5; "b" is missing: the leg's lowest z, -1
+    want = {k: (z_v[k] + z_t.get(k, -1.0)) / 2 for k in "abc"}
+    got = zscore([vec, txt])
+    assert [k for k, _ in got] == ["a", "c", "b"]
+    for key, score in got:
+        assert score == pytest.approx(_phi(want[key]), abs=0, rel=1e-12)
+
+
+def test_zscore_does_not_depend_on_a_legs_scale_or_offset():
+    rng = random.Random(7)
+    vec = [(i, rng.random()) for i in range(30)]
+    txt = [(i, rng.random() * 20) for i in range(15, 45)]
+    base = zscore([vec, txt])
+    moved = zscore([[(k, 3.0 * s - 1.0) for k, s in vec], [(k, 0.01 * s + 100.0) for k, s in txt]])
+    assert [k for k, _ in moved] == [k for k, _ in base]
+    for (_, a), (_, b) in zip(base, moved):
+        assert a == pytest.approx(b, rel=1e-9)
+
+
+def test_zscore_of_huge_scores_is_that_of_the_scaled_scores():
+    big = zscore([[(1, 1.7e308), (2, 1e308), (3, -1.7e308)], [(4, 1e301), (2, 1e300)]], floors=[None, (0.0, 2)])
+    small = zscore([[(1, 1.7), (2, 1.0), (3, -1.7)], [(4, 1e-7), (2, 1e-8)]], floors=[None, (0.0, 2)])
+    assert [k for k, _ in big] == [k for k, _ in small] and len(big) == 4
+    for (_, a), (_, b) in zip(big, small):
+        assert a == pytest.approx(b, rel=1e-9)
+
+
+def test_zscore_a_confident_leg_outweighs_a_flat_one():
+    # The text leg's top hit stands 3 sigma out; the vector leg's candidates all score alike.
+    vec = [(i, 0.80 - 0.001 * i) for i in range(20)]
+    txt = [(50, 30.0)] + [(i, 5.0 - 0.01 * i) for i in range(20, 39)]
+    assert zscore([vec, txt])[0][0] == 50
+    assert rrf([vec, txt])[0][0] == 0  # rank fusion cannot see the gap: both firsts tie
+
+
+def test_zscore_is_monotone_in_each_leg_among_keys_equal_in_the_other():
+    rng = random.Random(11)
+    for _ in range(200):
+        n = rng.randint(2, 12)
+        vec = [(i, rng.random()) for i in range(n)]
+        other = rng.random()
+        txt = [(i, other) for i in range(n)] + [(100 + i, rng.random()) for i in range(rng.randint(0, 5))]
+        order = [k for k, _ in zscore([vec, txt]) if k < 100]
+        expect = [k for k, _ in sorted(vec, key=lambda kv: (-kv[1], kv[0]))]
+        assert order == expect
+
+
+def test_zscore_ties_break_by_best_rank_then_key():
+    vec = [("x", 2.0), ("y", 1.0)]
+    txt = [("y", 2.0), ("x", 1.0)]
+    assert zscore([vec, txt]) == [("x", 0.5), ("y", 0.5)]  # x and y tie at z 0: best ranks 1 and 1
+    got = zscore([[("b", 1.0), ("a", 1.0)]])  # a constant leg orders nothing: ranks decide
+    assert got == [("b", 0.5), ("a", 0.5)]
+
+
+def test_zscore_with_one_leg_keeps_that_legs_order_and_skips_empty_legs():
+    leg = [(5, 0.9), (3, 0.7), (9, 0.65), (1, 0.1)]
+    for legs in ([leg], [leg, []], [[], leg]):
+        assert [k for k, _ in zscore(legs)] == [5, 3, 9, 1]
+    assert zscore([]) == [] and zscore([[], []]) == []
+    assert zscore([[(4, 0.3)], []]) == [(4, 0.5)]
+
+
+def test_zscore_counts_only_the_first_occurrence_of_a_key_in_a_leg():
+    assert zscore([[(1, 3.0), (2, 2.0), (1, -50.0), (3, 1.0)]]) == zscore([[(1, 3.0), (2, 2.0), (3, 1.0)]])
+
+
+def test_zscore_weights_and_leg_order():
+    rng = random.Random(3)
+    for _ in range(50):
+        legs = [[(rng.randrange(40), rng.gauss(0, 1)) for _ in range(rng.randint(0, 25))] for _ in range(3)]
+        weights = [rng.choice([0.0, 0.5, 1.0, 2.0]) for _ in legs]
+        if not any(weights):
+            weights[0] = 1.0
+        got = zscore(legs, weights)
+        ref = naive_zscore(legs, weights)
+        assert {k for k, _ in got} == set(ref)
+        for key, score in got:
+            assert score == pytest.approx(_phi(ref[key]), rel=1e-9, abs=1e-12)
+            assert 0.0 < score < 1.0 or math.isclose(score, 1.0)
+        assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+        assert zscore(legs[::-1], weights[::-1]) == got
+
+
+def test_zscore_rejects_bad_inputs():
+    with pytest.raises(errors.InvalidArgumentError, match="finite"):
+        zscore([[(1, float("nan"))]])
+    with pytest.raises(errors.InvalidArgumentError, match="finite"):
+        zscore([[(1, 1.0)], [(2, float("inf"))]])
+    with pytest.raises(errors.InvalidArgumentError):
+        zscore([[(1, 1.0)]], weights=[0.0])
+    with pytest.raises(errors.InvalidArgumentError):
+        zscore([[(1, 1.0)]], weights=[1.0, 1.0])
+    with pytest.raises(errors.InvalidTypeError):
+        zscore([[(1, 1.0)]], weights="1")
+
+
+def test_zscore_floor_counts_the_keys_a_complete_leg_did_not_return():
+    # A BM25 leg that matched one document of a window of five: four more score 0.
+    vec = [(k, s) for k, s in zip("aebcd", (0.9, 0.6, 0.5, 0.45, 0.4))]
+    txt = [("e", 7.0)]
+    plain = dict(zscore([vec, txt]))  # a lone candidate: the text leg orders nothing
+    assert max(plain, key=plain.get) == "a"
+    got = zscore([vec, txt], floors=[None, (0.0, 4)])
+    t = [7.0, 0, 0, 0, 0]
+    mean, sd = sum(t) / 5, math.sqrt(sum((x - 1.4) ** 2 for x in t) / 5)
+    v = [0.9, 0.5, 0.45, 0.4, 0.6]
+    vm, vsd = sum(v) / 5, math.sqrt(sum((x - sum(v) / 5) ** 2 for x in v) / 5)
+    want = {k: ((x - vm) / vsd + ((7.0 if k == "e" else 0.0) - mean) / sd) / 2 for k, x in zip("abcde", v)}
+    assert [k for k, _ in got] == sorted(want, key=want.get, reverse=True)
+    assert got[0][0] == "e"
+    for key, score in got:
+        assert score == pytest.approx(_phi(want[key]), rel=1e-12)
+
+
+def test_zscore_rejects_bad_floors():
+    leg = [[(1, 1.0), (2, 0.5)]]
+    for floors, err in (
+        ([(0.0, 0)], errors.InvalidArgumentError),
+        ([(float("nan"), 2)], errors.InvalidArgumentError),
+        ([(0.0, 1.5)], errors.InvalidArgumentError),
+        ([0.0], errors.InvalidTypeError),
+        ([None, None], errors.InvalidArgumentError),
+        ("0", errors.InvalidTypeError),
+    ):
+        with pytest.raises(err):
+            zscore(leg, floors=floors)
+    assert zscore(leg, floors=[None]) == zscore(leg)

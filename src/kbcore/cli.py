@@ -324,8 +324,8 @@ def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         "--fusion",
         default=None,
         choices=FUSIONS,
-        help="hybrid fusion: rrf (reciprocal rank fusion) or linear (weighted min-max scores); "
-        "default: the knowledge base's",
+        help="hybrid fusion: zscore (each leg's scores standardised per query, averaged), rrf "
+        "(reciprocal rank fusion) or linear (weighted min-max scores); default: the knowledge base's",
     )
     q.add_argument(
         "--vector-weight",

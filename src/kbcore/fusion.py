@@ -1,4 +1,5 @@
-"""Rank fusion for hybrid search: reciprocal rank fusion (RRF) and linear score fusion.
+"""Fusion for hybrid search: z-score fusion (the default), reciprocal rank fusion (RRF) and
+linear score fusion.
 
 Pure functions over ranked lists of ``(key, score)`` pairs, one list per retrieval *leg*
 (for example the vector leg and the BM25 leg). Every leg is ranked best first and its scores
@@ -25,13 +26,15 @@ from typing import TypeVar
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score"]
+__all__ = ["linear", "normalize_rrf", "rrf", "rrf_max_score", "zscore"]
 
 #: The retrieval routes a knowledge base can be set to (one leg, the other, or both fused),
 #: and the fusions of the hybrid route: the one list (the engine, its manifest check and the
 #: CLI read it).
 SEARCH_TYPES: tuple[str, ...] = ("vector", "full_text", "hybrid")
-FUSIONS: tuple[str, ...] = ("rrf", "linear")
+FUSIONS: tuple[str, ...] = ("zscore", "rrf", "linear")
+#: The fusion of a knowledge base created without one (``docs/hybrid.md`` has the measurements).
+DEFAULT_FUSION = "zscore"
 
 K = TypeVar("K", bound=Hashable)
 
@@ -231,3 +234,136 @@ def linear(
     for entry in acc.values():  # guard against 0.7 * 1 + 0.3 * 1 rounding above 1
         entry[0] = min(entry[0], 1.0)
     return _sorted(acc)
+
+
+def _z_scores(
+    leg: Sequence[tuple[K, float]], floor: tuple[float, int] | None, what: str
+) -> tuple[list[K], list[float], float]:
+    """The leg's distinct keys in rank order, their z-scores over the leg, and the z-score of a
+    key the leg did not return: that of the floor's score when the leg knows it (its keys
+    counted in the mean and deviation), else the leg's lowest z-score."""
+    first: dict[K, float] = {}  # insertion order = rank order
+    for key, score in leg:
+        if key not in first:
+            first[key] = float(score)
+    keys = list(first)
+    if not keys:
+        return keys, [], 0.0
+    vals = list(first.values())
+    if not all(map(math.isfinite, vals)):
+        bad = next(k for k, v in first.items() if not math.isfinite(v))
+        raise InvalidArgumentError(f"{what} scores must be finite, got {first[bad]!r} for {bad!r}")
+    fv, fn = (0.0, 0) if floor is None else floor  # the floor's score, and how many keys have it
+    hi = max(max(map(abs, vals)), abs(fv))
+    if hi > 1e100:  # z-scores do not depend on the scale: keep the squares finite
+        vals = [v / hi for v in vals]
+        fv /= hi
+    n = len(vals) + fn
+    mean = (math.fsum(vals) + fv * fn) / n
+    sq = math.fsum([(v - mean) * (v - mean) for v in vals]) + fn * (fv - mean) * (fv - mean)
+    sd = math.sqrt(sq / n)
+    if not sd > 0.0:  # one candidate, or every score equal: the leg orders nothing
+        return keys, [0.0] * len(keys), 0.0
+    inv = 1.0 / sd
+    zs = [(v - mean) * inv for v in vals]
+    return keys, zs, (min(zs) if floor is None else (fv - mean) * inv)
+
+
+def _check_floors(floors: Sequence[tuple[float, int] | None] | None, n_legs: int) -> list[tuple[float, int] | None]:
+    if floors is None:
+        return [None] * n_legs
+    if isinstance(floors, (str, bytes)) or not isinstance(floors, Sequence):
+        raise InvalidTypeError(f"floors must be a sequence of (score, count) or None, got {type(floors).__name__}")
+    if len(floors) != n_legs:
+        raise InvalidArgumentError(f"got {n_legs} legs but {len(floors)} floors")
+    out: list[tuple[float, int] | None] = []
+    for f in floors:
+        if f is None:
+            out.append(None)
+            continue
+        if not isinstance(f, Sequence) or len(f) != 2:
+            raise InvalidTypeError(f"a floor is a (score, count) pair or None, got {f!r}")
+        score, count = f
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+            raise InvalidArgumentError(f"a floor's score must be a finite number, got {score!r}")
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+            raise InvalidArgumentError(f"a floor's count must be an integer >= 1, got {count!r}")
+        out.append((float(score), int(count)))
+    return out
+
+
+def zscore(
+    legs: Sequence[Sequence[tuple[K, float]]],
+    weights: Sequence[float] | None = None,
+    floors: Sequence[tuple[float, int] | None] | None = None,
+) -> list[tuple[K, float]]:
+    """Z-score fusion: each leg's scores standardised over its own candidates, then averaged.
+
+    The zero-mean unit-variance normalisation of Montague & Aslam ("Relevance score
+    normalization for metasearch", CIKM 2001) followed by a weighted mean (CombSUM). For
+    each leg ``i`` with candidate scores ``s`` (higher is better, finite), over the leg's
+    distinct keys::
+
+        z_i(d) = (s_i(d) - mean_i) / std_i        (population std; 0 when std_i == 0)
+
+    A key the leg did not return gets the leg's lowest z (it ranked below every candidate),
+    unless ``floors[i]`` is a ``(score, count)`` pair: ``count`` (>= 1) further keys are known
+    to have ``score`` (a BM25 leg that returned every match within a window of ``w``:
+    ``(0.0, w - len(leg))``). They count in the mean and deviation, and a missing key gets
+    their z; so a leg with a single match still lifts it. With ``w_i`` the leg's weight
+    (default 1), over the legs that returned something::
+
+        fused(d) = sum_i w_i * z_i(d) / sum_i w_i
+        score(d) = Phi(fused(d)) = (1 + erf(fused(d) / sqrt(2))) / 2      in (0, 1)
+
+    So each query weighs its legs by their own score distributions: a leg whose best hits
+    stand far above its other candidates (a confident leg) moves the fused order more than
+    a leg whose candidates all score alike, whatever the legs' scales. ``score`` 0.5 is an
+    average candidate, 0.84 one standard deviation above. Each leg's normalisation is an
+    increasing affine map of its scores, so among keys with equal standing in the other
+    legs a better score in one leg always ranks higher; raising one candidate's score also
+    moves its leg's mean and deviation, so its rank against keys of the other leg is not
+    monotone in it (as for min-max fusion's bounds).
+
+    An empty leg (or one of weight 0) is skipped: one leg alone keeps its own order. Returns
+    every key of every leg, ordered by ``fused`` descending (ties: the better best rank over
+    the legs, then the smaller key), with ``score``. No legs give ``[]``.
+    """
+    ws = _check_weights(weights, len(legs))
+    fl = _check_floors(floors, len(legs))
+    parts: list[tuple[list[K], list[float], float, float]] = []
+    for i, (leg, w, floor) in enumerate(zip(legs, ws, fl)):
+        if w == 0.0:
+            continue
+        keys, zs, missing = _z_scores(leg, floor, f"leg {i}")
+        if keys:
+            parts.append((keys, zs, missing, w))
+    if not parts:
+        return []
+    total_w = math.fsum(w for *_, w in parts)
+    # fused(d) = (sum_i w_i * missing_i + sum_{i returning d} w_i * (z_i(d) - missing_i)) / W:
+    # the first sum is shared by every key. Two terms add exactly commutatively; for more legs
+    # a correctly rounded sum makes the result independent of the legs' order.
+    base = math.fsum(w * m for _, _, m, w in parts)
+    acc: dict[K, list] = {}
+    terms: dict[K, list[float]] | None = {} if len(parts) > 2 else None
+    for keys, zs, missing, w in parts:
+        for rank, (key, z) in enumerate(zip(keys, zs), start=1):
+            c = w * (z - missing)
+            entry = acc.get(key)
+            if entry is None:
+                acc[key] = [c, rank]
+            else:
+                entry[0] += c
+                if rank < entry[1]:
+                    entry[1] = rank
+            if terms is not None:
+                terms.setdefault(key, []).append(c)
+    if terms is not None:
+        for key, cs in terms.items():
+            acc[key][0] = math.fsum(cs)
+    for entry in acc.values():
+        entry[0] = (base + entry[0]) / total_w
+    inv_sqrt2 = 1.0 / math.sqrt(2.0)
+    erfc = math.erfc
+    return [(key, 0.5 * erfc(-f * inv_sqrt2)) for key, f in _sorted(acc)]

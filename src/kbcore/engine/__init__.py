@@ -25,7 +25,9 @@ keeps hits whose score is at least the threshold.
 Search types (``retrieve(search_type=...)``, default per knowledge base): ``"vector"``;
 ``"full_text"``, BM25 over the chunk text held by the index beside the vectors, scored
 ``bm25 / best bm25 of the query`` (the best match scores 1); ``"hybrid"``, both legs over a
-candidate window each, fused by reciprocal rank fusion (score: the RRF value over its maximum
+candidate window each, fused by z-score fusion (the default of new knowledge bases: each leg
+standardised over its candidates, averaged; score: the normal CDF of the mean z, see
+``docs/hybrid.md``), by reciprocal rank fusion (score: the RRF value over its maximum
 ``2 / (rrf_k + 1)``, 1 = first in both legs) or linearly (``vector_weight`` times the min-max
 normalised vector score plus the rest times the min-max normalised BM25 score). For full-text
 and hybrid hits ``distance`` is ``1 - score``. See ``docs/engine.md``.

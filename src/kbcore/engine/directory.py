@@ -15,7 +15,7 @@ from .. import storage
 from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
-from ..fusion import check_vector_weight
+from ..fusion import DEFAULT_FUSION, check_vector_weight
 from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_quantization
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase, check_settings
@@ -86,7 +86,7 @@ class Engine:
         description: str = "",
         exist_ok: bool = False,
         search_type: str = "vector",
-        fusion: str = "rrf",
+        fusion: str = DEFAULT_FUSION,
         vector_weight: float = 0.7,
         shards: int | None = None,
         quantization: str | None = None,
@@ -102,7 +102,9 @@ class Engine:
         1 to 8, default 4) configure the native index (see :class:`kbcore.Index`).
         ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
-        base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+        base); hybrid search fuses by ``"zscore"`` unless ``fusion`` says ``"rrf"`` or
+        ``"linear"`` (``docs/hybrid.md``). A name already in use raises
+        ``InvalidArgumentError`` unless ``exist_ok``.
 
         ``shards=N`` makes a sharded knowledge base: its index is a
         :class:`~kbcore.distributed.ShardedIndex` of N Ray actors stored in ``<kb>/shards``

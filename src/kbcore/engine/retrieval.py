@@ -9,7 +9,9 @@ list is deduplicated in fused order by the chunks' ``_group`` values, natively
 documents come back.
 
 Scores: vector hits map the distance (:mod:`kbcore.engine.scores`); full-text hits score
-``bm25 / best bm25 of the query``; RRF hits their RRF value over its maximum
+``bm25 / best bm25 of the query``; z-score fusion ``Phi(mean of the legs' z-scores)`` (the
+normal CDF; each leg standardised over its own candidates, :func:`kbcore.fusion.zscore`,
+equal weights); RRF hits their RRF value over its maximum
 ``2 / (rrf_k + 1)``; linear fusion ``vector_weight * minmax(vector score) + (1 - vector_weight)
 * minmax(bm25)``. For full-text and hybrid hits ``distance`` is ``1 - score``.
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
-from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf
+from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf, zscore
 from ..index import Group, Index, collapse_by_key
 from .scores import score_from_distance
 from .state import KbState, StateCell
@@ -271,7 +273,9 @@ def _retrieve_fused(
             tids, tscores = index.search_text(query, w, where=nf)
             tids, tscores = _by_id_on_ties(tids, -tscores)
             text_leg = list(zip(tids.tolist(), (-tscores).tolist()))
-            fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k)
+            # A text leg shorter than the window returned every match: the vector leg's other
+            # candidates (the chunks of the window BM25 did not match) score 0 there.
+            fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k, len(vec_leg) - len(tids))
             if not opts.deduplicate:
                 cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
                 break
@@ -301,10 +305,13 @@ def _fuse(
     text_leg: list[tuple[int, float]],
     weight: float,
     rrf_k: float,
+    text_unmatched: int,
 ) -> list[tuple[int, float]]:
     if mode == "full_text":
         top = text_leg[0][1] if text_leg else 0.0
         return [(i, min(1.0, s / top) if top > 0.0 else 0.0) for i, s in text_leg]
+    if fusion == "zscore":
+        return zscore([vec_leg, text_leg], floors=[None, (0.0, text_unmatched) if text_unmatched > 0 else None])
     if fusion == "rrf":
         return normalize_rrf(rrf([vec_leg, text_leg], k=rrf_k), 2, rrf_k)
     return linear(vec_leg, text_leg, weight)

@@ -255,9 +255,11 @@ class SearchOptions(NamedTuple):
     - ``search_type`` (None: the knowledge base's default): ``"vector"`` (nearest neighbours
       of the query's embedding), ``"full_text"`` (BM25 over the chunks' text; needs a str
       query, no embedder) or ``"hybrid"`` (both legs, each over ``window`` candidates, default
-      ``max(4 * top_k, 50)``, under the same filters, fused by ``fusion``: ``"rrf"``,
-      reciprocal rank fusion with 1-based ranks and constant ``rrf_k``, or ``"linear"``,
-      ``vector_weight * minmax(vector score) + (1 - vector_weight) * minmax(BM25)``);
+      ``max(4 * top_k, 50)``, under the same filters, fused by ``fusion``: ``"zscore"``,
+      each leg's scores standardised over its candidates and averaged (the default of new
+      knowledge bases), ``"rrf"``, reciprocal rank fusion with 1-based ranks and constant
+      ``rrf_k``, or ``"linear"``, ``vector_weight * minmax(vector score) + (1 -
+      vector_weight) * minmax(BM25)``);
     - ``query_vector``: the vector leg's query for a str query (a knowledge base without
       embedder, or a precomputed embedding).
 
