@@ -164,6 +164,8 @@ def _handlers(deadline: _Deadline, endpoint: str, error: type[KbcoreError]) -> l
         max_redirections = _MAX_REDIRECTS
 
         def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            if origin(newurl) != origin(req.full_url) or code not in (307, 308):
+                fp.close()  # refused: release the connection now
             if origin(newurl) != origin(req.full_url):
                 raise error(
                     f"{endpoint} redirected (HTTP {code}) to another origin, {_origin_text(newurl)}; "
@@ -354,6 +356,7 @@ def post_json(
         except urllib.error.HTTPError as exc:
             status = int(exc.code)
             detail = clean(_error_detail(exc))
+            exc.close()
             last, last_status = f"HTTP {status}{': ' + detail if detail else ''}", status
             if status not in RETRY_STATUSES:
                 raise error(f"{where} failed: {last}", endpoint=url, status=status) from None
