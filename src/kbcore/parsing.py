@@ -139,37 +139,183 @@ def _decode(data: bytes, filename: str | None, fmt: str) -> str:
     return text
 
 
+_BLANK_LINES = re.compile(r"\n{3,}")  # a run matches once from its first newline: linear
+
+
 def _normalise(text: str) -> str:
     """Unix newlines, no trailing spaces on lines, at most one blank line in a row."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[^\S\n]+\n", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text)
+    # Per-line rstrip, not re.sub(r"[^\S\n]+\n"): that pattern rescans a long run of spaces
+    # from each of its positions (quadratic; str.rstrip strips the same str.isspace set).
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = _BLANK_LINES.sub("\n\n", text)
     return text.strip()
 
 
 # -- markdown ------------------------------------------------------------------------------
 
-_FRONT_MATTER = re.compile(r"\A---\n.*?\n---\n", re.DOTALL)
-_MD_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_MD_IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
-_MD_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
-_MD_REF_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:[ \t]+\S+.*$", re.MULTILINE)
-_MD_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$", re.MULTILINE)
-_MD_FENCE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)
-_MD_EMPHASIS = re.compile(r"(\*\*|__|\*|_|~~)(?=\S)(.+?)(?<=\S)\1")
-_MD_CODE = re.compile(r"`([^`\n]+)`")
+# Every pattern and scan here is linear in the text: no pattern can rescan an unbounded span
+# from many start positions (the regexes they replace, e.g. ``<!--.*?-->``, ``\[([^\]]+)\]``
+# or the lazy heading group, took quadratic or cubic time on unclosed or long constructs).
+_FRONT_MATTER = re.compile(r"\A---\n.*?\n---\n", re.DOTALL)  # anchored: one start, one scan
+_MD_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+", re.MULTILINE)  # the prefix; the rest is per line
+_MD_FENCE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)  # backtracks within one line only
+_MD_CODE = re.compile(r"`([^`\n]+)`")  # a failed scan stops at the next backtick or newline
+_MD_REF_START = re.compile(r"^ {0,3}\[", re.MULTILINE)
+_MD_MARKER = re.compile(r"[*_~]")
+_NEWLINE = re.compile(r"\n")
+_MD_EMPHASIS_MARKERS = ("**", "__", "*", "_", "~~")  # tried in this order at one position
+_MD_CLOSERS = {m: re.compile(r"(?<=\S)(?=" + re.escape(m) + ")") for m in _MD_EMPHASIS_MARKERS}
+
+
+class _NextFrom:
+    """``text.find(needle, start)`` for non-decreasing ``start``, in linear total time."""
+
+    def __init__(self, text: str, needle: str) -> None:
+        self.text, self.needle = text, needle
+        self.start = 0
+        self.found = -2  # nothing looked up yet
+
+    def __call__(self, start: int) -> int:
+        if self.found == -1 or (self.found >= start and self.start <= start):
+            return self.found
+        self.start, self.found = start, self.text.find(self.needle, start)
+        return self.found
+
+
+def _strip_comments(text: str) -> str:
+    """``<!--.*?-->`` (DOTALL) removed; one forward scan."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        i = text.find("<!--", pos)
+        j = text.find("-->", i + 4) if i >= 0 else -1
+        if j < 0:
+            out.append(text[pos:])
+            return "".join(out)
+        out.append(text[pos:i])
+        pos = j + 3
+
+
+def _strip_bracketed(text: str, opener: str, min_label: int) -> str:
+    r"""``OPENER([^\]]*)\]\([^)]*\)`` replaced by its label (images: ``![``, links: ``[``)."""
+    out: list[str] = []
+    pos = 0
+    close_bracket = _NextFrom(text, "]")
+    close_paren = _NextFrom(text, ")")
+    i = text.find(opener)
+    while i >= 0:
+        start = i + len(opener)
+        j = close_bracket(start)
+        if j < 0:
+            break  # no "]" left: no later opener can match either
+        if j - start >= min_label and text.startswith("(", j + 1):
+            k = close_paren(j + 2)
+            if k < 0:
+                break  # no ")" left after this "](": nor after any later one
+            out.append(text[pos:i])
+            out.append(text[start:j])
+            pos = k + 1
+            i = text.find(opener, pos)
+            continue
+        i = text.find(opener, i + 1)
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _strip_ref_definitions(text: str) -> str:
+    r"""``^ {0,3}\[[^\]]+\]:[ \t]+\S+.*$`` (MULTILINE) removed; one forward scan."""
+    out: list[str] = []
+    pos = 0
+    close_bracket = _NextFrom(text, "]")
+    n = len(text)
+    failed = -1  # a "]:" already known to lack a target (starts on many lines may share it)
+    for m in _MD_REF_START.finditer(text):
+        if m.start() < pos:
+            continue
+        j = close_bracket(m.end())
+        if j < 0:
+            break  # no "]" left: no later line can hold a definition
+        if j == m.end() or j == failed or not text.startswith(":", j + 1):
+            continue
+        k = j + 2
+        while k < n and text[k] in " \t":
+            k += 1
+        if k == j + 2 or k == n or text[k].isspace():
+            failed = j
+            continue
+        eol = text.find("\n", k)
+        out.append(text[pos : m.start()])
+        pos = n if eol < 0 else eol
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _strip_headings(text: str) -> str:
+    r"""``^ {0,3}#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$`` (MULTILINE) replaced by the heading text."""
+    out: list[str] = []
+    pos = 0
+    for m in _MD_HEADING.finditer(text):
+        eol = text.find("\n", m.end())
+        eol = len(text) if eol < 0 else eol
+        out.append(text[pos : m.start()])
+        out.append(text[m.end() : eol].rstrip(" \t").rstrip("#").rstrip(" \t"))
+        pos = eol
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _strip_emphasis(text: str) -> str:
+    r"""``(\*\*|__|\*|_|~~)(?=\S)(.+?)(?<=\S)\1`` replaced by the emphasised text.
+
+    The same leftmost, first-alternative, shortest matches as that pattern, found with sorted
+    closer positions instead of a scan to the end of the line from every unclosed marker."""
+    import bisect
+
+    closers = {m: [c.start() for c in rx.finditer(text)] for m, rx in _MD_CLOSERS.items()}
+    newlines = [m.start() for m in _NEWLINE.finditer(text)]
+    n = len(text)
+    out: list[str] = []
+    pos = 0
+    live = [m for m in _MD_EMPHASIS_MARKERS if closers[m]]
+    candidates = _MD_MARKER
+    at = candidates.search(text)
+    while at is not None and live:
+        i = at.start()
+        nxt = i + 1
+        for marker in live:
+            k = i + len(marker)
+            if not text.startswith(marker, i) or k >= n or text[k].isspace():
+                continue
+            found = closers[marker]
+            c = bisect.bisect_left(found, k + 1)
+            if c == len(found):  # no closer left: this marker matches nowhere after here
+                live = [m for m in live if m != marker]
+                candidates = re.compile("[" + re.escape("".join({m[0] for m in live}) or "*") + "]")
+                continue
+            j = found[c]
+            line_end = bisect.bisect_left(newlines, k)
+            if line_end < len(newlines) and newlines[line_end] < j:
+                continue
+            out.append(text[pos:i])
+            out.append(text[k:j])
+            pos = nxt = j + len(marker)
+            break
+        at = candidates.search(text, nxt)
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _markdown(text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _FRONT_MATTER.sub("", text)
-    text = _MD_COMMENT.sub("", text)
-    text = _MD_IMAGE.sub(r"\1", text)
-    text = _MD_LINK.sub(r"\1", text)
-    text = _MD_REF_DEF.sub("", text)
-    text = _MD_HEADING.sub(r"\1", text)
+    text = _strip_comments(text)
+    text = _strip_bracketed(text, "![", 0)
+    text = _strip_bracketed(text, "[", 1)
+    text = _strip_ref_definitions(text)
+    text = _strip_headings(text)
     text = _MD_FENCE.sub("", text)
-    text = _MD_EMPHASIS.sub(r"\2", text)
+    text = _strip_emphasis(text)
     text = _MD_CODE.sub(r"\1", text)
     return _normalise(text)
 
