@@ -17,7 +17,10 @@ naming the file and the problem. PDF needs the optional extra ``pip install 'kbc
 - **jsonl**: one JSON value per line: a string, or an object whose ``text`` (else ``content``,
   else ``page_content``) is the text, prefixed by its ``title`` if it has one. The records are
   joined as paragraphs of one document.
-- **pdf**: the text of every page (pypdf), pages separated by blank lines.
+- **pdf**: the text of every page (pypdf), pages separated by blank lines, within a parse
+  budget of decoded page content and time (see :func:`parse`).
+
+Every parser takes time linear in its input (tests/test_parsing_linear.py).
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["ParsedDocument", "parse", "detect_format", "FORMATS", "EXTENSIONS"]
+__all__ = [
+    "ParsedDocument",
+    "parse",
+    "detect_format",
+    "FORMATS",
+    "EXTENSIONS",
+    "DEFAULT_PDF_MAX_CONTENT_BYTES",
+    "DEFAULT_PDF_TIME_LIMIT",
+]
 
 #: The formats :func:`parse` understands.
 FORMATS = ("text", "markdown", "html", "jsonl", "pdf")
@@ -471,7 +482,37 @@ def _jsonl(text: str, filename: str | None) -> str:
 # -- pdf -----------------------------------------------------------------------------------
 
 
-def _pdf(data: bytes, filename: str | None) -> str:
+#: Decoded bytes of page content one PDF may make the text extractor read, summed over its
+#: pages (a content stream shared by many pages counts once per page, as it is read per page).
+DEFAULT_PDF_MAX_CONTENT_BYTES = 128 * 1024 * 1024
+#: Seconds the text extraction of one PDF may take.
+DEFAULT_PDF_TIME_LIMIT = 60.0
+_PDF_CHECK_EVERY = 256  # content-stream operators between two looks at the clock
+
+
+class _PdfBudgetError(Exception):
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+def _page_content_bytes(page: Any) -> int:
+    """Decoded bytes of a page's content streams (pypdf decodes and caches each stream once)."""
+    contents = page.get("/Contents")
+    if contents is None:
+        return 0
+    contents = contents.get_object()
+    items = contents if isinstance(contents, list) else [contents]
+    total = 0
+    for item in items:
+        obj = item.get_object()
+        get_data = getattr(obj, "get_data", None)
+        if get_data is not None:
+            total += len(get_data())
+    return total
+
+
+def _pdf(data: bytes, filename: str | None, max_content_bytes: int, time_limit: float) -> str:
     try:
         import pypdf
     except ImportError:
@@ -481,8 +522,20 @@ def _pdf(data: bytes, filename: str | None) -> str:
         ) from None
     import io
     import logging
+    import time
 
     logging.getLogger("pypdf").setLevel(logging.ERROR)
+    end = time.monotonic() + time_limit
+    calls = 0
+
+    def check_time(*_: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls % _PDF_CHECK_EVERY == 0 and time.monotonic() > end:
+            raise _PdfBudgetError(f"its text extraction took more than pdf_time_limit={time_limit:g} s")
+
+    content = 0
+    pages: list[str] = []
     try:
         reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
@@ -490,7 +543,24 @@ def _pdf(data: bytes, filename: str | None) -> str:
                 reader.decrypt("")
             except Exception:  # noqa: BLE001 - pypdf raises several types here
                 pass
-        pages = [page.extract_text() or "" for page in reader.pages]
+        for number, page in enumerate(reader.pages, 1):  # sizes first: refuse before extracting
+            content += _page_content_bytes(page)
+            if content > max_content_bytes:
+                raise _PdfBudgetError(
+                    f"the content of its pages 1-{number} decodes to {content:,} bytes, more than "
+                    f"pdf_max_content_bytes={max_content_bytes:,}"
+                )
+            if time.monotonic() > end:
+                raise _PdfBudgetError(f"reading it took more than pdf_time_limit={time_limit:g} s")
+        for page in reader.pages:
+            if time.monotonic() > end:
+                raise _PdfBudgetError(f"its text extraction took more than pdf_time_limit={time_limit:g} s")
+            pages.append(page.extract_text(visitor_operand_before=check_time) or "")
+    except _PdfBudgetError as exc:
+        raise InvalidArgumentError(
+            f"{_name(filename)}: the PDF exceeds its parse budget: {exc.what} (a PDF crafted to be costly, "
+            "or raise the limit: parse(..., pdf_max_content_bytes=..., pdf_time_limit=...))"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - pypdf's errors are not one hierarchy
         raise InvalidArgumentError(f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})") from None
     return _normalise("\n\n".join(p.strip() for p in pages if p.strip()))
@@ -499,11 +569,36 @@ def _pdf(data: bytes, filename: str | None) -> str:
 # -- entry point ---------------------------------------------------------------------------
 
 
-def parse(data: bytes, *, filename: str | None = None, format: str | None = None) -> ParsedDocument:
-    """Parses the bytes of one file into text (see the module docstring)."""
+def parse(
+    data: bytes,
+    *,
+    filename: str | None = None,
+    format: str | None = None,
+    pdf_max_content_bytes: int = DEFAULT_PDF_MAX_CONTENT_BYTES,
+    pdf_time_limit: float = DEFAULT_PDF_TIME_LIMIT,
+) -> ParsedDocument:
+    """Parses the bytes of one file into text (see the module docstring).
+
+    A PDF has a parse budget: its pages' content may decode to at most
+    ``pdf_max_content_bytes`` bytes in total (default 128 MiB; a stream shared by many pages
+    counts for each) and its text extraction may take at most ``pdf_time_limit`` seconds
+    (default 60); beyond either, InvalidArgumentError naming the file and the limit."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
+    if (
+        isinstance(pdf_max_content_bytes, bool)
+        or not isinstance(pdf_max_content_bytes, int)
+        or pdf_max_content_bytes < 1
+    ):
+        raise InvalidArgumentError(f"pdf_max_content_bytes must be a positive integer, got {pdf_max_content_bytes!r}")
+    if (
+        isinstance(pdf_time_limit, bool)
+        or not isinstance(pdf_time_limit, (int, float))
+        or not pdf_time_limit > 0
+        or pdf_time_limit == float("inf")
+    ):
+        raise InvalidArgumentError(f"pdf_time_limit must be a positive number of seconds, got {pdf_time_limit!r}")
     if format is not None and format not in FORMATS:
         raise InvalidArgumentError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     fmt = format or detect_format(filename, data)
@@ -511,7 +606,7 @@ def parse(data: bytes, *, filename: str | None = None, format: str | None = None
         raise InvalidArgumentError(f"{_name(filename)} is empty: there is nothing to ingest")
     title = None
     if fmt == "pdf":
-        text = _pdf(data, filename)
+        text = _pdf(data, filename, pdf_max_content_bytes, float(pdf_time_limit))
     else:
         raw = _decode(data, filename, fmt)
         if fmt == "markdown":
