@@ -26,7 +26,8 @@ from kbcore import parsing
 from kbcore.chunking import chunk_text
 from kbcore.parsing import parse
 
-#: Seconds one 1 MB input may take (KBCORE_PARSE_BOUND overrides, e.g. under ASan).
+#: Seconds one 1 MB input may take, twice that for HTML (KBCORE_PARSE_BOUND overrides, e.g.
+#: under ASan).
 BOUND = float(os.environ.get("KBCORE_PARSE_BOUND", "2.0"))
 MB = 1_000_000
 
@@ -51,6 +52,17 @@ CASES = {
     "bold and italic mixed": ("a.md", _rep(b"**a *")),
     "unclosed code": ("a.md", _rep(b"`a")),
     "fences": ("a.md", _rep(b" " * 50 + b"``\n")),
+    # html (the standard library's html.parser, before CPython's CVE-2025-6069 fix, rescans
+    # unclosed constructs from each "<"; kbcore turns constructs that can never close into text)
+    "html unclosed tags": ("a.html", _rep(b"<a ")),
+    "html unclosed end tags": ("a.html", _rep(b"</")),
+    "html unclosed declarations": ("a.html", _rep(b"<!")),
+    "html unclosed processing instructions": ("a.html", _rep(b"<?")),
+    "html lone angle brackets": ("a.html", _rep(b"<")),
+    "html unclosed comments": ("a.html", _rep(b"<!--")),
+    "html unclosed comments among tags": ("a.html", _rep(b"<!--a>")),
+    "html brackets then one close": ("a.html", _rep(b"< ", b"", b">")),
+    "html many tags": ("a.html", _rep(b"<p>a</p>")),
     # every format's whitespace normalisation
     "text with a long space run": ("a.txt", _rep(b" ", b"a", b"a")),
     "text with mixed blank lines": ("a.txt", _rep(b" \t\n\n\n")),
@@ -68,7 +80,8 @@ def test_parsing_a_1mb_adversarial_input_takes_linear_time(case):
     except ValueError:  # some inputs hold no text: an error is fine, a long wait is not
         pass
     took = time.perf_counter() - t0
-    assert took < BOUND, f"{case}: {took:.2f} s for {len(data):,} bytes"
+    bound = 2 * BOUND if filename.endswith(".html") else BOUND  # html.parser: ~1 us per construct
+    assert took < bound, f"{case}: {took:.2f} s for {len(data):,} bytes"
 
 
 CHUNK_CASES = {
@@ -78,6 +91,15 @@ CHUNK_CASES = {
     "sentences": "Ab. " * (MB // 4),
     "one long word": "x" * MB,
 }
+
+
+def test_html_parsing_past_its_time_limit_is_a_clear_error():
+    # the backstop for whatever html.parser may still rescan: its time is bounded as well
+    data = _rep(b"<p>a</p>")
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"'slow.html': the HTML exceeds its parse budget.*time_limit=0.01 s"):
+        parse(data, filename="slow.html", time_limit=0.01)
+    assert time.perf_counter() - t0 < BOUND
 
 
 @pytest.mark.parametrize("case", sorted(CHUNK_CASES))

@@ -76,8 +76,8 @@ def test_one_page_repeating_a_stream_in_its_contents_array_counts_every_referenc
 def test_the_time_limit_stops_a_slow_extraction_mid_document():
     data = shared_stream_pdf(pages=30, content_bytes=1 << 20)
     t0 = time.monotonic()
-    with pytest.raises(InvalidArgumentError, match=r"took more than pdf_time_limit=0.5 s") as info:
-        parse(data, filename="slow.pdf", pdf_time_limit=0.5)
+    with pytest.raises(InvalidArgumentError, match=r"took more than time_limit=0.5 s") as info:
+        parse(data, filename="slow.pdf", time_limit=0.5)
     assert time.monotonic() - t0 < 8.0  # 0.5 s, plus at most 256 operators and the reading
     assert "'slow.pdf'" in str(info.value)
 
@@ -95,8 +95,8 @@ def test_a_pdf_within_its_budget_is_read_whole():
     [
         {"pdf_max_content_bytes": 0},
         {"pdf_max_content_bytes": 1.5},
-        {"pdf_time_limit": 0},
-        {"pdf_time_limit": float("nan")},
+        {"time_limit": 0},
+        {"time_limit": float("nan")},
     ],
 )
 def test_bad_budgets_are_refused(kwargs):

@@ -42,7 +42,7 @@ __all__ = [
     "FORMATS",
     "EXTENSIONS",
     "DEFAULT_PDF_MAX_CONTENT_BYTES",
-    "DEFAULT_PDF_TIME_LIMIT",
+    "DEFAULT_TIME_LIMIT",
 ]
 
 #: The formats :func:`parse` understands.
@@ -162,6 +162,13 @@ def _normalise(text: str) -> str:
     text = _BLANK_LINES.sub("\n\n", text)
     return text.strip()
 
+
+#: Decoded bytes of page content one PDF may make the text extractor read, summed over its
+#: pages (a content stream shared by many pages counts once per page, as it is read per page).
+DEFAULT_PDF_MAX_CONTENT_BYTES = 128 * 1024 * 1024
+#: Seconds the parsing of one PDF or HTML document may take (the other formats are linear
+#: and fast: 1 MB in well under a second).
+DEFAULT_TIME_LIMIT = 60.0
 
 # -- markdown ------------------------------------------------------------------------------
 
@@ -375,16 +382,49 @@ _BLOCK = {
 }
 
 
+_SPACES = re.compile(r"\s+")
+_COMMENT_END = re.compile(r"--\s*>")  # html.parser's comment end; a failed try stops at the next non-space
+
+
+class _TimeLimitError(Exception):
+    """Internal: a parser ran past its ``time_limit`` (turned into InvalidArgumentError)."""
+
+
 class _VisibleText(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, time_limit: float = DEFAULT_TIME_LIMIT) -> None:
         super().__init__(convert_charrefs=True)
+        import time
+
+        self._clock = time.monotonic
+        self._time_limit = time_limit
+        self._end = time.monotonic() + time_limit
         self.parts: list[str] = []
         self.title: list[str] = []
         self._skip: list[str] = []  # open tags whose content is invisible
         self._in_title = False
         self._pre = 0
 
+    def _tick(self) -> None:
+        # html.parser (before CPython's fix of CVE-2025-6069) rescans unclosed constructs
+        # from each "<": quadratic on crafted input, so the time is bounded here, where every
+        # construct it reports passes.
+        if self._clock() > self._end:
+            raise _TimeLimitError(f"parsing took more than time_limit={self._time_limit:g} s")
+
+    def handle_comment(self, data: str) -> None:
+        self._tick()
+
+    def handle_decl(self, decl: str) -> None:
+        self._tick()
+
+    def handle_pi(self, data: str) -> None:
+        self._tick()
+
+    def unknown_decl(self, data: str) -> None:
+        self._tick()
+
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._tick()
         if tag == "title":
             self._in_title = True
             return
@@ -409,12 +449,14 @@ class _VisibleText(HTMLParser):
             self._pre += 1
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._tick()
         if not self._skip and tag == "br":
             self.parts.append("\n")
         elif not self._skip and tag in _BLOCK:
             self.parts.append("\n\n")
 
     def handle_endtag(self, tag: str) -> None:
+        self._tick()
         if tag == "title":
             self._in_title = False
             return
@@ -428,16 +470,33 @@ class _VisibleText(HTMLParser):
             self._pre -= 1
 
     def handle_data(self, data: str) -> None:
+        self._tick()
         if self._in_title:
             self.title.append(data)
         elif not self._skip:
-            self.parts.append(data if self._pre else re.sub(r"\s+", " ", data))
+            self.parts.append(data if self._pre else _SPACES.sub(" ", data))
 
 
-def _html(text: str) -> tuple[str, str | None]:
-    parser = _VisibleText()
-    parser.feed(text)
-    parser.close()
+def _html(text: str, filename: str | None = None, time_limit: float = DEFAULT_TIME_LIMIT) -> tuple[str, str | None]:
+    # Every "<" after the last ">" starts a construct that never closes: html.parser shows it
+    # as text, after rescanning to the end from each one (quadratic); as "&lt;" it is the
+    # same text, found in one pass.
+    last = text.rfind(">")
+    if "<" in text[last + 1 :]:
+        text = text[: last + 1] + text[last + 1 :].replace("<", "&lt;")
+    # Likewise every "<!--" after the last comment end ("--", spaces, ">") never closes.
+    close = max((m.end() for m in _COMMENT_END.finditer(text)), default=0)
+    if "<!--" in text[close:]:
+        text = text[:close] + text[close:].replace("<!--", "&lt;!--")
+    parser = _VisibleText(time_limit)
+    try:
+        parser.feed(text)
+        parser.close()
+    except _TimeLimitError as exc:
+        raise InvalidArgumentError(
+            f"{_name(filename)}: the HTML exceeds its parse budget: {exc} (a document crafted to be "
+            "costly, or raise the limit: parse(..., time_limit=...))"
+        ) from None
     body = "".join(parser.parts)
     body = "\n".join(line.strip() for line in body.replace("\r", "").split("\n"))
     body = _normalise(body)
@@ -482,11 +541,6 @@ def _jsonl(text: str, filename: str | None) -> str:
 # -- pdf -----------------------------------------------------------------------------------
 
 
-#: Decoded bytes of page content one PDF may make the text extractor read, summed over its
-#: pages (a content stream shared by many pages counts once per page, as it is read per page).
-DEFAULT_PDF_MAX_CONTENT_BYTES = 128 * 1024 * 1024
-#: Seconds the text extraction of one PDF may take.
-DEFAULT_PDF_TIME_LIMIT = 60.0
 _PDF_CHECK_EVERY = 256  # content-stream operators between two looks at the clock
 
 
@@ -532,7 +586,7 @@ def _pdf(data: bytes, filename: str | None, max_content_bytes: int, time_limit: 
         nonlocal calls
         calls += 1
         if calls % _PDF_CHECK_EVERY == 0 and time.monotonic() > end:
-            raise _PdfBudgetError(f"its text extraction took more than pdf_time_limit={time_limit:g} s")
+            raise _PdfBudgetError(f"its text extraction took more than time_limit={time_limit:g} s")
 
     content = 0
     pages: list[str] = []
@@ -551,15 +605,15 @@ def _pdf(data: bytes, filename: str | None, max_content_bytes: int, time_limit: 
                     f"pdf_max_content_bytes={max_content_bytes:,}"
                 )
             if time.monotonic() > end:
-                raise _PdfBudgetError(f"reading it took more than pdf_time_limit={time_limit:g} s")
+                raise _PdfBudgetError(f"reading it took more than time_limit={time_limit:g} s")
         for page in reader.pages:
             if time.monotonic() > end:
-                raise _PdfBudgetError(f"its text extraction took more than pdf_time_limit={time_limit:g} s")
+                raise _PdfBudgetError(f"its text extraction took more than time_limit={time_limit:g} s")
             pages.append(page.extract_text(visitor_operand_before=check_time) or "")
     except _PdfBudgetError as exc:
         raise InvalidArgumentError(
             f"{_name(filename)}: the PDF exceeds its parse budget: {exc.what} (a PDF crafted to be costly, "
-            "or raise the limit: parse(..., pdf_max_content_bytes=..., pdf_time_limit=...))"
+            "or raise the limit: parse(..., pdf_max_content_bytes=..., time_limit=...))"
         ) from None
     except Exception as exc:  # noqa: BLE001 - pypdf's errors are not one hierarchy
         raise InvalidArgumentError(f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})") from None
@@ -575,14 +629,14 @@ def parse(
     filename: str | None = None,
     format: str | None = None,
     pdf_max_content_bytes: int = DEFAULT_PDF_MAX_CONTENT_BYTES,
-    pdf_time_limit: float = DEFAULT_PDF_TIME_LIMIT,
+    time_limit: float = DEFAULT_TIME_LIMIT,
 ) -> ParsedDocument:
     """Parses the bytes of one file into text (see the module docstring).
 
     A PDF has a parse budget: its pages' content may decode to at most
     ``pdf_max_content_bytes`` bytes in total (default 128 MiB; a stream shared by many pages
-    counts for each) and its text extraction may take at most ``pdf_time_limit`` seconds
-    (default 60); beyond either, InvalidArgumentError naming the file and the limit."""
+    counts for each); the parsing of a PDF or HTML document may take at most ``time_limit``
+    seconds (default 60); beyond either, InvalidArgumentError naming the file and the limit."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -593,12 +647,12 @@ def parse(
     ):
         raise InvalidArgumentError(f"pdf_max_content_bytes must be a positive integer, got {pdf_max_content_bytes!r}")
     if (
-        isinstance(pdf_time_limit, bool)
-        or not isinstance(pdf_time_limit, (int, float))
-        or not pdf_time_limit > 0
-        or pdf_time_limit == float("inf")
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, (int, float))
+        or not time_limit > 0
+        or time_limit == float("inf")
     ):
-        raise InvalidArgumentError(f"pdf_time_limit must be a positive number of seconds, got {pdf_time_limit!r}")
+        raise InvalidArgumentError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if format is not None and format not in FORMATS:
         raise InvalidArgumentError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     fmt = format or detect_format(filename, data)
@@ -606,13 +660,13 @@ def parse(
         raise InvalidArgumentError(f"{_name(filename)} is empty: there is nothing to ingest")
     title = None
     if fmt == "pdf":
-        text = _pdf(data, filename, pdf_max_content_bytes, float(pdf_time_limit))
+        text = _pdf(data, filename, pdf_max_content_bytes, float(time_limit))
     else:
         raw = _decode(data, filename, fmt)
         if fmt == "markdown":
             text = _markdown(raw)
         elif fmt == "html":
-            text, title = _html(raw)
+            text, title = _html(raw, filename, float(time_limit))
         elif fmt == "jsonl":
             text = _jsonl(raw, filename)
         else:
