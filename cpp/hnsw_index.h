@@ -190,6 +190,15 @@ class HnswIndex {
   /// distance evaluation (figures in benches/README.md). core0_ keeps the core count of level-0 lists so that
   /// connect_back can settle most new links without re-running the heuristic.
   std::size_t select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
+  /// The invariants of a graph that load() checks (levels in range, free and pending slots
+  /// unlinked, every link to a linked live slot with a list at that level, not to the node
+  /// itself and at most once per list, counts within capacity, a valid entry point). Returns
+  /// the first violation (load's FormatError text) or null. save() runs it on the graph in
+  /// memory, so it never writes a file load() refuses. O(n + links).
+  static const char* check_graph(const VectorStore& store, std::size_t m, std::size_t m0,
+                                 const std::vector<std::uint8_t>& levels, const std::uint32_t* links0,
+                                 const std::vector<std::unique_ptr<std::uint32_t[]>>& upper,
+                                 const std::vector<std::uint8_t>& pending, Slot entry, int max_level);
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
   /// O(n * M) for the check; runs after parallel inserts and after removals.
