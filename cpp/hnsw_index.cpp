@@ -20,7 +20,10 @@ HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
   if (params.M < 2 || params.M > kMaxM) {
     throw InvalidArgument("M must be in [2, " + std::to_string(kMaxM) + "], got " + std::to_string(params.M));
   }
-  if (params.ef_construction < 1) throw InvalidArgument("ef_construction must be positive");
+  if (params.ef_construction < 1 || params.ef_construction > kMaxEf) {
+    throw InvalidArgument("ef_construction must be in [1, 2^30 = " + std::to_string(kMaxEf) + "], got " +
+                          std::to_string(params.ef_construction));
+  }
   grow();
 }
 

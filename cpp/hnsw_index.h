@@ -32,6 +32,11 @@ inline constexpr std::size_t kMaxM = 256;
 /// The longest link list (level 0 holds 2M links): the size of the search stack buffers.
 inline constexpr std::size_t kMaxLinks = 2 * kMaxM;
 static_assert(kMaxLinks <= 0xFFFF, "core0_ counts level-0 links in 16 bits");
+/// The largest ef_construction, search ef, re-rank depth and search k an index accepts: one
+/// limit, checked by the constructors, set_ef_search, search and load alike, so that every
+/// value a constructor takes is one a saved file can hold and load accepts. Work buffers are
+/// bounded by the rows that exist whatever the value (docs/index.md, "Limits").
+inline constexpr std::size_t kMaxEf = std::size_t{1} << 30;
 
 /// Construction parameters. M: links per node on upper levels (2M on level 0);
 /// ef_construction: candidate list size while inserting; seed: level assignment.
@@ -278,7 +283,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
   std::vector<std::uint32_t>& local = scratch.layer_links;
   candidates.clear();
   std::vector<Scored> results;
-  results.reserve(ef + 1);
+  results.reserve(std::min(ef, levels_.size()) + 1);  // it never holds more than the slots
   const auto push_result = [&](const Scored& s) {
     results.push_back(s);
     std::push_heap(results.begin(), results.end());
