@@ -96,6 +96,24 @@ def test_manifest_refuses_an_ef_the_index_cannot_hold(field):
         validate_manifest(m)
 
 
+@pytest.mark.parametrize("param", ["ef", "ef_construction"])
+def test_knowledge_base_at_the_limit_reopens_and_beyond_it_is_refused_up_front(tmp_path, param):
+    from kbcore import Engine
+
+    engine = Engine(tmp_path / "e")
+    for bad in (MAX + 1, 2**31):
+        with pytest.raises(errors.InvalidArgumentError, match=param):
+            engine.create_knowledge_base("bad", embedder=False, **{param: bad})
+        assert "bad" not in engine.knowledge_bases()
+    kb = engine.create_knowledge_base("kb", embedder=False, metric="l2", **{param: MAX})
+    vecs = np.random.default_rng(2).standard_normal((20, 8)).astype(np.float32)
+    pa = pytest.importorskip("pyarrow", reason="ingest_table takes an Arrow table")
+    kb.ingest_table(pa.table({"document_id": [f"d{i}" for i in range(20)], "text": ["x"] * 20}), vectors=vecs)
+    engine.close()
+    again = Engine(tmp_path / "e").get_knowledge_base("kb")  # used to raise FormatError at 2^30 + 1
+    assert [h.document_id for h in again.retrieve(vecs[4], top_k=1)] == ["d4"]
+
+
 def _minimal_manifest() -> dict:
     return {
         "format": "kbcore-knowledge-base",
@@ -270,3 +288,32 @@ def test_retrieve_with_a_huge_top_k_answers_every_row_with_bounded_memory(tmp_pa
         """
     )
     assert out.strip() == "bounded"
+
+
+# --------------------------------------------------------------------------------------------
+# beyond the list: `threads` is a size taken from the user too
+
+
+def test_more_threads_than_the_system_grants_never_crashes():
+    # A thread the system refuses (here: no address space left for its stack) used to leave
+    # joinable threads behind an exception: std::terminate, the process aborted (SIGABRT).
+    out = _run_capped(
+        """
+        data = rng.standard_normal((3000, 8)).astype(np.float32)
+        flat = kbcore.Index(8, "l2", kind="flat")
+        flat.add(data, np.arange(3000), threads=1)
+        hnsw = kbcore.Index(8, "l2", M=8, ef_construction=32)
+        import resource
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[0])
+        limit = pages * resource.getpagesize() + (400 << 20)  # room for a few 8 MiB stacks only
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        ids, _ = flat.search(data[:2000], k=1, threads=2000)
+        assert (ids[:, 0] == np.arange(2000)).all()
+        hnsw.add(data, np.arange(3000), texts=["t %d" % i for i in range(3000)], threads=10**6)
+        ids, _ = hnsw.search(data[:500], k=1, threads=500)
+        assert (ids[:, 0] == np.arange(500)).mean() > 0.95
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
