@@ -112,3 +112,37 @@ KBCORE_TEST(two_thread_builds_of_duplicate_vectors_save_files_that_load) {
   }
   std::remove(path.c_str());
 }
+
+// One limit (kMaxEf) for the constructor, set_ef_search, search and load: a value the
+// constructor accepts is one a saved file holds and load accepts; beyond it, InvalidArgument.
+KBCORE_TEST(parameters_beyond_the_shared_limit_are_refused_at_construction) {
+  const auto make = [](std::size_t efc, std::size_t ef, std::size_t rerank) {
+    kbcore::IndexConfig c = config(4, kbcore::IndexKind::kHnsw);
+    c.hnsw.ef_construction = efc;
+    c.ef_search = ef;
+    c.quantization = kbcore::Quantization::kSq8;
+    c.rerank = rerank;
+    return std::make_unique<kbcore::Index>(c);
+  };
+  CHECK(throws<kbcore::InvalidArgument>([&] { make(kbcore::kMaxEf + 1, 64, 0); }));
+  CHECK(throws<kbcore::InvalidArgument>([&] { make(64, kbcore::kMaxEf + 1, 0); }));
+  CHECK(throws<kbcore::InvalidArgument>([&] { make(64, 64, kbcore::kMaxEf + 1); }));
+  auto index = make(kbcore::kMaxEf, kbcore::kMaxEf, kbcore::kMaxEf);
+  CHECK(throws<kbcore::InvalidArgument>([&] { index->set_ef_search(kbcore::kMaxEf + 1); }));
+  std::vector<float> v = {1, 2, 3, 4, 2, 3, 4, 5};
+  std::vector<std::int64_t> ids = {1, 2};
+  index->add(v.data(), ids.data(), 2, 1);
+  std::vector<std::int64_t> out(2);
+  std::vector<float> d(2);
+  CHECK(throws<kbcore::InvalidArgument>(
+      [&] { index->search(v.data(), 1, params(kbcore::kMaxEf + 1, 0, 1), out.data(), d.data()); }));
+  CHECK(throws<kbcore::InvalidArgument>(
+      [&] { index->search(v.data(), 1, params(2, kbcore::kMaxEf + 1, 1), out.data(), d.data()); }));
+  // At the limit: searches are bounded by the two rows; the file loads.
+  index->search(v.data(), 1, params(2, kbcore::kMaxEf, 1), out.data(), d.data());
+  CHECK(out[0] == 1 && out[1] == 2);
+  const std::string path = "kbcore_test_limits.bin";
+  index->save(path);
+  CHECK(kbcore::Index::load(path)->ef_search() == kbcore::kMaxEf);
+  std::remove(path.c_str());
+}
