@@ -104,7 +104,8 @@ def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed
         index = state.index
         if index is None or len(index) == 0:
             return []
-        cands = vector_candidates(index, q, top_k, where, opts.deduplicate, opts.ef)
+        # No more hits than rows: a huge top_k must not size the result arrays.
+        cands = vector_candidates(index, q, min(top_k, len(index)), where, opts.deduplicate, opts.ef)
         metric = state.config["metric"]
         if threshold > 0.0:
             cands = [c for c in cands if score_from_distance(c[1], metric) >= threshold]
@@ -258,6 +259,7 @@ def _retrieve_fused(
             nf = where  # a ShardedIndex sends the filter to its shards: the where, not a native object
         metric = state.config["metric"]
         n = len(index)
+        top_k = min(top_k, n)  # no more hits than rows (window was sized from the request)
         if mode == "full_text" and not opts.deduplicate:
             window = min(window, top_k)  # one leg, no collapse: top_k candidates suffice
         while True:
