@@ -410,10 +410,8 @@ std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, st
 
 double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const {
   if (entry_ == kNoSlot) return 0.0;
-  const Kernels& kern = active_kernels();
-  Scored cur{dist(kern, q, entry_), entry_};
-  cur = greedy<false>(q, cur, max_level_, 0, kern);
-  return local_selectivity_at(cur.slot, allowed);
+  const Slot ep = GraphSearch::entry_point(*this, RowScorer(store_, metric_, active_kernels(), q));
+  return local_selectivity_at(ep, allowed);
 }
 
 double HnswIndex::local_selectivity_at(Slot ep, const Bitmap& allowed) const {

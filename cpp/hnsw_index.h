@@ -17,6 +17,7 @@
 #include "bitmap.h"
 #include "distance.h"
 #include "prefetch.h"
+#include "row_scorer.h"
 #include "search_scratch.h"
 #include "topk.h"
 #include "vector_store.h"
@@ -114,7 +115,8 @@ class HnswIndex {
   void load(BinaryReader& r);
 
  private:
-  friend class HnswCodeSearch;  // graph traversal on SQ8 codes (hnsw_codes.h)
+  friend class GraphSearch;     // the search walk (graph_search.h)
+  friend class HnswCodeSearch;  // searches on codes (hnsw_codes.h)
   using Lock = std::mutex;
   static constexpr std::size_t kLockStripes = 4096;
   static constexpr int kMaxLevel = 32;
@@ -138,9 +140,7 @@ class HnswIndex {
     return distance(k, metric_, q, store_.vector(s), store_.dim());
   }
   Lock& lock_for(Slot s) const { return locks_[s % kLockStripes]; }
-  /// Distances from q to m slots into out, four rows at a time (independent dot products
-  /// keep the FMA units busy); a tail of 1-3 rows is padded by repeating its last row, so
-  /// every row goes through the same four-row kernel. Callers prefetch the rows first.
+  /// Distances from q to m slots into out (RowScorer::block): the walks of construction.
   void score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m, float* out) const;
   /// True if some slot lies closer to v than d (four rows per kernel call, first hit stops).
   bool any_closer(const Kernels& k, const float* v, const std::uint32_t* slots, std::size_t n, float d) const;
@@ -157,7 +157,8 @@ class HnswIndex {
   /// Links s (whose own level is set) into levels [0, level]; used by insert and repair.
   void link(Slot s, int level, Slot ep, int top, const Kernels& k, bool locked);
   void connect_back(Slot n, Slot s, float d, int level, const Kernels& k, bool locked);
-  /// Candidate search on one level from entry points; results ascending, at most ef.
+  /// Candidate search on one level from entry points; results ascending, at most ef. The
+  /// walk of construction (locked reads, any level); searches use graph_search.h.
   template <bool kLocked, typename Accept>
   std::vector<Scored> search_layer(const float* q, const std::vector<Scored>& eps, std::size_t ef, int level,
                                    const Kernels& k, const Accept& accept, std::size_t* evals = nullptr) const;
@@ -257,19 +258,7 @@ inline bool HnswIndex::any_closer(const Kernels& k, const float* v, const std::u
 
 inline void HnswIndex::score(const Kernels& k, const float* q, const std::uint32_t* slots, std::size_t m,
                              float* out) const {
-  const std::size_t dim = store_.dim();
-  for (std::size_t j = 0; j < m; j += 4) {
-    const std::size_t last = m - 1;
-    const float* rows[4] = {store_.vector(slots[j]), store_.vector(slots[std::min(j + 1, last)]),
-                            store_.vector(slots[std::min(j + 2, last)]), store_.vector(slots[std::min(j + 3, last)])};
-    if (j + 4 <= m) {
-      distance4(k, metric_, q, rows, dim, out + j);
-    } else {
-      float tail[4];
-      distance4(k, metric_, q, rows, dim, tail);
-      for (std::size_t t = j; t < m; ++t) out[t] = tail[t - j];
-    }
-  }
+  RowScorer(store_, metric_, k, q).block(slots, m, out);
 }
 
 template <bool kLocked, typename Accept>
@@ -364,114 +353,8 @@ Scored HnswIndex::greedy(const float* q, Scored cur, int from_level, int to_leve
   return cur;
 }
 
-template <typename Accept>
-std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
-                                           std::size_t* evals) const {
-  if (entry_ == kNoSlot || k == 0) return {};
-  const Kernels& kern = active_kernels();
-  Scored cur{dist(kern, q, entry_), entry_};
-  cur = greedy<false>(q, cur, max_level_, 0, kern);
-  std::vector<Scored> res = search_layer<false>(q, std::vector<Scored>{cur}, std::max(ef, k), 0, kern, accept, evals);
-  if (res.size() > k) res.resize(k);
-  return res;
-}
-
-template <typename Enough>
-std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
-                                                std::size_t* evals) const {
-  if (entry_ == kNoSlot) return {};
-  const Kernels& kern = active_kernels();
-  const std::size_t limit = std::max<std::size_t>(store_.size(), 1);
-  ef = std::min(std::max<std::size_t>(ef, 1), limit);
-  const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
-  // Upper levels are walked without the filter: they only find the region of the query.
-  Scored cur{dist(kern, q, entry_), entry_};
-  cur = greedy<false>(q, cur, max_level_, 0, kern);
-  auto visited = visited_.acquire(levels_.size());
-  SearchScratch& scratch = search_scratch();
-  std::vector<Scored>& candidates = scratch.expand_candidates;
-  candidates.clear();
-  std::vector<Scored> results;
-  results.reserve(ef + 1);
-  visited->test_and_set(cur.slot);
-  candidates.push_back(cur);
-  if (passes(cur.slot)) results.push_back(cur);
-  const std::size_t cap = m0_;  // at most kMaxLinks
-  std::uint32_t fresh[4 + kMaxLinks];
-  float dists[4 + kMaxLinks];
-  static_assert(sizeof(dists) / sizeof(dists[0]) >= kMaxLinks + 3, "dists must hold a full list");
-  std::size_t n_evals = 0;
-  // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
-  // that resuming with a larger ef loses nothing a fresh search with that ef would find.
-  // Kept per thread so that steady-state searches do not regrow it: most searches never
-  // resume and only ever append here.
-  std::vector<Scored>& deferred = scratch.expand_deferred;
-  std::vector<Scored>& again = scratch.expand_again;
-  deferred.clear();
-  const auto offer = [&](const Scored& e) {
-    if (results.size() < ef || e.dist < results.front().dist) {
-      candidates.push_back(e);
-      std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-      results.push_back(e);
-      std::push_heap(results.begin(), results.end());
-      if (results.size() > ef) {
-        std::pop_heap(results.begin(), results.end());
-        deferred.push_back(results.back());
-        results.pop_back();
-      }
-    } else {
-      deferred.push_back(e);
-    }
-  };
-  for (;;) {
-    const bool converged =
-        candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
-    if (converged) {
-      if (ef >= limit || (candidates.empty() && deferred.empty())) break;
-      if (enough(results)) break;
-      ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
-      again.clear();
-      again.swap(deferred);
-      for (const Scored& e : again) offer(e);
-      continue;
-    }
-    const Scored c = candidates.front();
-    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
-    candidates.pop_back();
-    if (!candidates.empty()) prefetch_links(candidates.front().slot, 0);
-    const std::uint32_t* nl = links(c.slot, 0);
-    std::size_t m = 0;
-    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
-      const Slot n = nl[1 + j];
-      if (!passes(n) || visited->test_and_set(n)) continue;
-      prefetch_row(n);
-      fresh[m++] = n;
-    }
-    // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.
-    if (allowed != nullptr) {
-      for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
-        const Slot n = nl[1 + j];
-        if (allowed->test(n) || visited->test_and_set(n)) continue;
-        const std::uint32_t* nl2 = links(n, 0);
-        for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
-          const Slot n2 = nl2[1 + t];
-          if (!allowed->test(n2) || visited->test_and_set(n2)) continue;
-          prefetch_row(n2);
-          fresh[m++] = n2;
-        }
-      }
-    }
-    score(kern, q, fresh, m, dists);
-    n_evals += m;
-    for (std::size_t j = 0; j < m; ++j) offer({dists[j], fresh[j]});
-  }
-  if (evals != nullptr) *evals += n_evals;
-  // Do not keep the memory of an exhaustive expansion for the life of the thread.
-  constexpr std::size_t kKeepScratch = std::size_t{1} << 16;
-  if (deferred.capacity() > kKeepScratch) std::vector<Scored>().swap(deferred);
-  if (again.capacity() > kKeepScratch) std::vector<Scored>().swap(again);
-  std::sort_heap(results.begin(), results.end());
-  return results;
-}
-
 }  // namespace kbcore
+
+// The searches of HnswIndex are written on the one walk of graph_search.h, which needs the
+// class complete: included last (either header may be included first).
+#include "graph_search.h"  // IWYU pragma: export

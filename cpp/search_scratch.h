@@ -16,9 +16,9 @@
 namespace kbcore {
 
 struct SearchScratch {
-  std::vector<Scored> layer_candidates;    // HnswIndex::search_layer: the frontier (a min-heap)
+  std::vector<Scored> layer_candidates;    // HnswIndex::search_layer (construction): the frontier
   std::vector<std::uint32_t> layer_links;  // HnswIndex::search_layer: a list copied under its lock
-  std::vector<Scored> expand_candidates;   // HnswIndex / HnswCodeSearch::search_expanding: the frontier
+  std::vector<Scored> expand_candidates;   // GraphSearch::expanding: the frontier
   std::vector<Scored> expand_deferred;     // ... nodes scored but not admitted yet
   std::vector<Scored> expand_again;        // ... the deferred nodes being re-offered
   detail::GroupingScratch grouping;        // collapse_sorted, count_groups, collapse_exact
@@ -28,7 +28,7 @@ struct SearchScratch {
   Sq8Query sq8_query;                      // HnswCodeSearch::search / search_expanding, scan_slots_codes
                                            // (none calls another while it holds the query)
   RabitqQuery rabitq_query;                // the same for RaBitQ codes
-  std::vector<Scored> sq8_candidates;      // HnswCodeSearch::layer0: the frontier
+  std::vector<Scored> walk_candidates;     // GraphSearch::layer0: the frontier
   std::vector<Slot> sq8_rerank_slots;      // rerank_exact / rerank_bounded: the candidates' slots
   std::vector<float> sq8_rerank_dists;     // rerank_exact / rerank_bounded: their exact distances
 };

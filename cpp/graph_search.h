@@ -1,0 +1,328 @@
+#pragma once
+// The HNSW search walk, written once for every row representation: the greedy descent through
+// the upper levels and the level-0 beam search (Malkov & Yashunin 2018, Algorithms 2 and 5),
+// and the expanding level-0 search of grouped search, which with a bitmap is the two-hop
+// filtered traversal (ACORN-1, Patel et al., SIGMOD 2024). Construction keeps its own locked
+// walk (HnswIndex::greedy / search_layer); every search goes through here.
+//
+// The walk is a template over a Scorer (faiss's DistanceComputer, as a compile-time concept so
+// that the hot loop makes no virtual call): a query-bound object providing
+//   float one(Slot s) const;                        the distance of one slot
+//   void block(std::uint32_t* slots, std::size_t m, float* out) const;
+//                                                   the distances of slots[0..m) into out;
+//                                                   slots and out hold m rounded up to four
+//                                                   (block may write the padding of slots)
+//   void prefetch(Slot s) const;                    starts loading what scoring s reads
+// Its adapters: RowScorer (float32 rows, row_scorer.h) and CodeScorer<Codes> (hnsw_codes.h).
+// Results come back in heap order with the scorer's distances; the caller sorts them (float32)
+// or re-ranks them exactly (codes).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "bitmap.h"
+#include "hnsw_index.h"
+#include "search_scratch.h"
+#include "topk.h"
+#include "visited_pool.h"
+
+namespace kbcore {
+
+namespace detail {
+/// Replaces the top (largest) of a max-heap h[0..n) by s, which must not be larger than it,
+/// and sifts it down: what push_heap then pop_heap of the largest would leave, in one pass.
+inline void heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
+  std::size_t i = 0;
+  for (;;) {
+    std::size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && h[c] < h[c + 1]) ++c;
+    if (!(s < h[c])) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = s;
+}
+/// The same for the min-heap of ScoredGreater: replaces the smallest by s (not smaller).
+inline void min_heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
+  std::size_t i = 0;
+  for (;;) {
+    std::size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && h[c + 1] < h[c]) ++c;
+    if (!(h[c] < s)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = s;
+}
+}  // namespace detail
+
+/// The search walk over an HnswIndex (a friend: it reads the link lists). Every function is
+/// thread-safe against other searches (per-thread scratch, pooled visited sets).
+class GraphSearch {
+ public:
+  /// The level-0 entry point of a query: the greedy descent through the upper levels.
+  /// The graph must not be empty. O(levels * M) distances.
+  template <typename Scorer>
+  static Slot entry_point(const HnswIndex& g, const Scorer& sc) {
+    auto visited = g.visited_.acquire(g.levels_.size());
+    return descend(g, sc, *visited).slot;
+  }
+
+  /// Descent, then the level-0 search with a candidate list of ef; `accept` admits slots to
+  /// the results (the walk still crosses rejected nodes). The graph must not be empty.
+  /// Returns at most ef results in heap order. O(ef log ef * M) distances typical.
+  template <typename Scorer, typename Accept>
+  static std::vector<Scored> search(const HnswIndex& g, const Scorer& sc, std::size_t ef, const Accept& accept,
+                                    std::size_t* evals) {
+    auto visited = g.visited_.acquire(g.levels_.size());
+    const Scored ep = descend(g, sc, *visited);
+    visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
+    return layer0(g, sc, ep, ef, accept, *visited, evals);
+  }
+
+  /// Descent, then a level-0 search whose candidate list starts at ef (clamped to [1, rows])
+  /// and doubles whenever the search converges before enough(results) holds (results in heap
+  /// order), until the reachable graph is exhausted. With `allowed`, only passing slots are
+  /// scored, and a failing neighbour's own neighbours are (two hops, at most 2M per
+  /// expansion). The graph must not be empty. Returns every result kept, in heap order.
+  template <typename Scorer, typename Enough>
+  static std::vector<Scored> expanding(const HnswIndex& g, const Scorer& sc, std::size_t ef, const Bitmap* allowed,
+                                       Enough enough, std::size_t* evals);
+
+ private:
+  /// Greedy descent through the upper levels; the level-0 entry point. `visited` (fresh)
+  /// marks the nodes scored: a node scored once cannot beat the current node again (the
+  /// current distance only decreases), so it is not scored twice; the entry point is the one
+  /// a descent re-scoring every list would reach.
+  template <typename Scorer>
+  static Scored descend(const HnswIndex& g, const Scorer& sc, VisitedSet& visited);
+  template <typename Scorer, typename Accept>
+  static std::vector<Scored> layer0(const HnswIndex& g, const Scorer& sc, Scored ep, std::size_t ef,
+                                    const Accept& accept, VisitedSet& visited, std::size_t* evals);
+};
+
+// ---- template implementation -------------------------------------------------------------
+
+template <typename Scorer>
+Scored GraphSearch::descend(const HnswIndex& g, const Scorer& sc, VisitedSet& visited_set) {
+  const VisitedSet::View visited = visited_set.view();
+  Scored cur{sc.one(g.entry_), g.entry_};
+  visited.test_and_set(g.entry_);
+  std::uint32_t fresh[4 + kMaxLinks];
+  float d[4 + kMaxLinks];
+  for (int level = g.max_level_; level > 0; --level) {
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      const std::uint32_t* src = g.links(cur.slot, level);
+      const std::size_t count = src[0];
+      std::size_t m = 0;
+      for (std::size_t j = 0; j < count; ++j) {
+        const Slot n = src[1 + j];
+        if (visited.test_and_set(n)) continue;
+        sc.prefetch(n);
+        fresh[m++] = n;
+      }
+      sc.block(fresh, m, d);
+      for (std::size_t j = 0; j < m; ++j) {
+        if (d[j] < cur.dist) {
+          cur = {d[j], fresh[j]};
+          changed = true;
+        }
+      }
+    }
+  }
+  return cur;
+}
+
+template <typename Scorer, typename Accept>
+std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, const Scorer& sc, Scored ep, std::size_t ef,
+                                        const Accept& accept, VisitedSet& visited_set, std::size_t* evals) {
+  const VisitedSet::View visited = visited_set.view();
+  std::vector<Scored>& candidates = search_scratch().walk_candidates;  // a min-heap (ScoredGreater)
+  candidates.clear();
+  std::vector<Scored> results;                      // a max-heap of at most ef
+  results.reserve(std::min(ef, g.levels_.size()));  // it never holds more than the slots
+  // Admits s (better than the worst when the list is full): a full list replaces its worst
+  // in one sift, the same set push + pop would keep.
+  const auto push_result = [&](const Scored& s) {
+    if (results.size() < ef) {
+      results.push_back(s);
+      std::push_heap(results.begin(), results.end());
+    } else {
+      detail::heap_replace_top(results.data(), results.size(), s);
+    }
+  };
+  visited.test_and_set(ep.slot);
+  candidates.push_back(ep);
+  if (accept(ep.slot)) push_result(ep);
+  // A list holds at most kMaxLinks links; block() writes whole blocks of four.
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(fresh) / sizeof(fresh[0]) >= kMaxLinks + 3, "fresh must hold a full list");
+  while (!candidates.empty()) {
+    const Scored c = candidates.front();
+    if (results.size() >= ef && c.dist > results.front().dist) break;
+    // c stays at the root until the first neighbour admitted replaces it (one sift instead of
+    // a pop and a push); it is popped only if none is. The pop order is that of popping first:
+    // the order is total (distance, then slot) and c is the smallest either way.
+    const std::size_t nc = candidates.size();
+    if (nc > 1) g.prefetch_links(candidates[nc > 2 && candidates[2] < candidates[1] ? 2 : 1].slot, 0);
+    bool top_open = true;
+    const std::uint32_t* src = g.links(c.slot, 0);
+    const std::size_t count = src[0];
+    std::size_t m = 0;
+    // Gather the unvisited neighbours first, prefetching them, then score them in blocks.
+    for (std::size_t j = 0; j < count; ++j) {
+      const Slot n = src[1 + j];
+      if (visited.test_and_set(n)) continue;
+      sc.prefetch(n);
+      fresh[m++] = n;
+    }
+    sc.block(fresh, m, dists);
+    if (evals != nullptr) *evals += m;
+    for (std::size_t j = 0; j < m; ++j) {
+      const float d = dists[j];
+      if (results.size() < ef || d < results.front().dist) {
+        const Scored e{d, fresh[j]};
+        if (top_open) {
+          detail::min_heap_replace_top(candidates.data(), candidates.size(), e);
+          top_open = false;
+        } else {
+          candidates.push_back(e);
+          std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+        }
+        // Its link list is read if it is expanded: start loading it now.
+        prefetch_l1(g.links(fresh[j], 0));
+        if (accept(fresh[j])) push_result(e);
+      }
+    }
+    if (top_open) {
+      std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+      candidates.pop_back();
+    }
+  }
+  return results;
+}
+
+template <typename Scorer, typename Enough>
+std::vector<Scored> GraphSearch::expanding(const HnswIndex& g, const Scorer& sc, std::size_t ef, const Bitmap* allowed,
+                                           Enough enough, std::size_t* evals) {
+  const std::size_t limit = std::max<std::size_t>(g.store_.size(), 1);
+  ef = std::min(std::max<std::size_t>(ef, 1), limit);
+  const auto passes = [allowed](Slot s) { return allowed == nullptr || allowed->test(s); };
+  // Upper levels are walked without the filter: they only find the region of the query.
+  auto visited = g.visited_.acquire(g.levels_.size());
+  const Scored cur = descend(g, sc, *visited);
+  visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& candidates = scratch.expand_candidates;
+  candidates.clear();
+  std::vector<Scored> results;
+  results.reserve(ef + 1);
+  visited->test_and_set(cur.slot);
+  candidates.push_back(cur);
+  if (passes(cur.slot)) results.push_back(cur);
+  const std::size_t cap = g.m0_;  // at most kMaxLinks
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(dists) / sizeof(dists[0]) >= kMaxLinks + 3, "dists must hold a full list");
+  std::size_t n_evals = 0;
+  // Nodes scored but not admitted while the list was shorter; re-offered when it grows, so
+  // that resuming with a larger ef loses nothing a fresh search with that ef would find.
+  // Kept per thread so that steady-state searches do not regrow it: most searches never
+  // resume and only ever append here.
+  std::vector<Scored>& deferred = scratch.expand_deferred;
+  std::vector<Scored>& again = scratch.expand_again;
+  deferred.clear();
+  const auto offer = [&](const Scored& e) {
+    if (results.size() < ef || e.dist < results.front().dist) {
+      candidates.push_back(e);
+      std::push_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+      results.push_back(e);
+      std::push_heap(results.begin(), results.end());
+      if (results.size() > ef) {
+        std::pop_heap(results.begin(), results.end());
+        deferred.push_back(results.back());
+        results.pop_back();
+      }
+    } else {
+      deferred.push_back(e);
+    }
+  };
+  for (;;) {
+    const bool converged =
+        candidates.empty() || (results.size() >= ef && candidates.front().dist > results.front().dist);
+    if (converged) {
+      if (ef >= limit || (candidates.empty() && deferred.empty())) break;
+      if (enough(results)) break;
+      ef = std::min(limit, ef * 2);  // resume from the same frontier with a longer list
+      again.clear();
+      again.swap(deferred);
+      for (const Scored& e : again) offer(e);
+      continue;
+    }
+    const Scored c = candidates.front();
+    std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
+    candidates.pop_back();
+    if (!candidates.empty()) g.prefetch_links(candidates.front().slot, 0);
+    const std::uint32_t* nl = g.links(c.slot, 0);
+    std::size_t m = 0;
+    for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+      const Slot n = nl[1 + j];
+      if (!passes(n) || visited->test_and_set(n)) continue;
+      sc.prefetch(n);
+      fresh[m++] = n;
+    }
+    // Two hops through failing neighbours (ACORN-1), until the expansion holds 2M candidates.
+    if (allowed != nullptr) {
+      for (std::size_t j = 0; j < nl[0] && m < cap; ++j) {
+        const Slot n = nl[1 + j];
+        if (allowed->test(n) || visited->test_and_set(n)) continue;
+        const std::uint32_t* nl2 = g.links(n, 0);
+        for (std::size_t t = 0; t < nl2[0] && m < cap; ++t) {
+          const Slot n2 = nl2[1 + t];
+          if (!allowed->test(n2) || visited->test_and_set(n2)) continue;
+          sc.prefetch(n2);
+          fresh[m++] = n2;
+        }
+      }
+    }
+    sc.block(fresh, m, dists);
+    n_evals += m;
+    for (std::size_t j = 0; j < m; ++j) offer({dists[j], fresh[j]});
+  }
+  if (evals != nullptr) *evals += n_evals;
+  // Do not keep the memory of an exhaustive expansion for the life of the thread.
+  constexpr std::size_t kKeepScratch = std::size_t{1} << 16;
+  if (deferred.capacity() > kKeepScratch) std::vector<Scored>().swap(deferred);
+  if (again.capacity() > kKeepScratch) std::vector<Scored>().swap(again);
+  return results;
+}
+
+// ---- the float32 searches of HnswIndex (declared in hnsw_index.h) ----------------------------
+
+template <typename Accept>
+std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                                           std::size_t* evals) const {
+  if (entry_ == kNoSlot || k == 0) return {};
+  const RowScorer sc(store_, metric_, active_kernels(), q);
+  std::vector<Scored> res = GraphSearch::search(*this, sc, std::max(ef, k), accept, evals);
+  std::sort_heap(res.begin(), res.end());
+  if (res.size() > k) res.resize(k);
+  return res;
+}
+
+template <typename Enough>
+std::vector<Scored> HnswIndex::search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
+                                                std::size_t* evals) const {
+  if (entry_ == kNoSlot) return {};
+  const RowScorer sc(store_, metric_, active_kernels(), q);
+  std::vector<Scored> res = GraphSearch::expanding(*this, sc, ef, allowed, enough, evals);
+  std::sort_heap(res.begin(), res.end());
+  return res;
+}
+
+}  // namespace kbcore
