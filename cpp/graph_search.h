@@ -14,6 +14,8 @@
 //                                                   (block may write the padding of slots)
 //   void prefetch(Slot s) const;                    starts loading what scoring s reads
 // Its adapters: RowScorer (float32 rows, row_scorer.h) and CodeScorer<Codes> (hnsw_codes.h).
+// The walk takes the scorer by value (a few pointers): a local copy stays in registers across
+// the kernel calls, where members reached through a reference are reloaded after each.
 // Results come back in heap order with the scorer's distances; the caller sorts them (float32)
 // or re-ranks them exactly (codes).
 #include <algorithm>
@@ -65,7 +67,7 @@ class GraphSearch {
   /// The level-0 entry point of a query: the greedy descent through the upper levels.
   /// The graph must not be empty. O(levels * M) distances.
   template <typename Scorer>
-  static Slot entry_point(const HnswIndex& g, const Scorer& sc) {
+  static Slot entry_point(const HnswIndex& g, Scorer sc) {
     auto visited = g.visited_.acquire(g.levels_.size());
     return descend(g, sc, *visited).slot;
   }
@@ -74,7 +76,7 @@ class GraphSearch {
   /// the results (the walk still crosses rejected nodes). The graph must not be empty.
   /// Returns at most ef results in heap order. O(ef log ef * M) distances typical.
   template <typename Scorer, typename Accept>
-  static std::vector<Scored> search(const HnswIndex& g, const Scorer& sc, std::size_t ef, const Accept& accept,
+  static std::vector<Scored> search(const HnswIndex& g, Scorer sc, std::size_t ef, const Accept& accept,
                                     std::size_t* evals) {
     auto visited = g.visited_.acquire(g.levels_.size());
     const Scored ep = descend(g, sc, *visited);
@@ -88,7 +90,7 @@ class GraphSearch {
   /// scored, and a failing neighbour's own neighbours are (two hops, at most 2M per
   /// expansion). The graph must not be empty. Returns every result kept, in heap order.
   template <typename Scorer, typename Enough>
-  static std::vector<Scored> expanding(const HnswIndex& g, const Scorer& sc, std::size_t ef, const Bitmap* allowed,
+  static std::vector<Scored> expanding(const HnswIndex& g, Scorer sc, std::size_t ef, const Bitmap* allowed,
                                        Enough enough, std::size_t* evals);
 
  private:
@@ -97,16 +99,16 @@ class GraphSearch {
   /// current distance only decreases), so it is not scored twice; the entry point is the one
   /// a descent re-scoring every list would reach.
   template <typename Scorer>
-  static Scored descend(const HnswIndex& g, const Scorer& sc, VisitedSet& visited);
+  static Scored descend(const HnswIndex& g, Scorer sc, VisitedSet& visited);
   template <typename Scorer, typename Accept>
-  static std::vector<Scored> layer0(const HnswIndex& g, const Scorer& sc, Scored ep, std::size_t ef,
-                                    const Accept& accept, VisitedSet& visited, std::size_t* evals);
+  static std::vector<Scored> layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
+                                    VisitedSet& visited, std::size_t* evals);
 };
 
 // ---- template implementation -------------------------------------------------------------
 
 template <typename Scorer>
-Scored GraphSearch::descend(const HnswIndex& g, const Scorer& sc, VisitedSet& visited_set) {
+Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_set) {
   const VisitedSet::View visited = visited_set.view();
   Scored cur{sc.one(g.entry_), g.entry_};
   visited.test_and_set(g.entry_);
@@ -138,8 +140,8 @@ Scored GraphSearch::descend(const HnswIndex& g, const Scorer& sc, VisitedSet& vi
 }
 
 template <typename Scorer, typename Accept>
-std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, const Scorer& sc, Scored ep, std::size_t ef,
-                                        const Accept& accept, VisitedSet& visited_set, std::size_t* evals) {
+std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
+                                        VisitedSet& visited_set, std::size_t* evals) {
   const VisitedSet::View visited = visited_set.view();
   std::vector<Scored>& candidates = search_scratch().walk_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();
@@ -208,7 +210,7 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, const Scorer& sc, Sc
 }
 
 template <typename Scorer, typename Enough>
-std::vector<Scored> GraphSearch::expanding(const HnswIndex& g, const Scorer& sc, std::size_t ef, const Bitmap* allowed,
+std::vector<Scored> GraphSearch::expanding(const HnswIndex& g, Scorer sc, std::size_t ef, const Bitmap* allowed,
                                            Enough enough, std::size_t* evals) {
   const std::size_t limit = std::max<std::size_t>(g.store_.size(), 1);
   ef = std::min(std::max<std::size_t>(ef, 1), limit);
