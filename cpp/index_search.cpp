@@ -8,6 +8,7 @@
 #include <iterator>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 
 #include "errors.h"
 #include "flat_index.h"
@@ -44,6 +45,71 @@ std::vector<Scored> merge_topk(std::vector<Scored> a, const std::vector<Scored>&
   std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
   if (out.size() > k) out.resize(k);
   return out;
+}
+
+// The executors of a search plan: the same operations on the float32 rows and on codes, so
+// that the planner (Index::search, Index::search_groups) is written once for both. Each is a
+// thin adapter over graph_search.h's walk (HnswIndex's float32 searches, HnswCodeSearch).
+//   walk:      descent and level-0 search admitting `accept`, ascending, at most k
+//   expanding: the expanding (with `allowed`, two-hop) walk, every result kept, ascending
+//   local_selectivity, exact: the per-query check of two-hop search and the exact scan
+struct RowExecutor {
+  const HnswIndex* graph;  // null for a flat index (exact only)
+  const VectorStore& store;
+  Metric metric;
+
+  template <typename Accept>
+  std::vector<Scored> walk(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                           std::size_t* evals = nullptr) const {
+    return graph->search_with(q, k, ef, accept, evals);
+  }
+  template <typename Enough>
+  std::vector<Scored> expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough) const {
+    return graph->search_expanding(q, ef, allowed, enough);
+  }
+  double local_selectivity(const float* q, const Bitmap& allowed) const { return graph->local_selectivity(q, allowed); }
+  std::vector<Scored> exact(const float* q, const std::vector<Slot>& rows, std::size_t k) const {
+    return scan_slots(store, metric, q, rows, k);
+  }
+};
+
+template <typename Codes>
+struct CodeExecutor {
+  const HnswIndex* graph;
+  const Codes& codes;
+  const VectorStore& store;
+  Metric metric;
+  std::size_t depth;       // re-rank depth of the walk
+  std::size_t scan_depth;  // and of the exact scan (0: whatever RaBitQ's bound keeps)
+
+  template <typename Accept>
+  std::vector<Scored> walk(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
+                           std::size_t* evals = nullptr) const {
+    return HnswCodeSearch::search(*graph, codes, q, k, ef, depth, accept, evals);
+  }
+  template <typename Enough>
+  std::vector<Scored> expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough) const {
+    return HnswCodeSearch::search_expanding(*graph, codes, q, ef, allowed, enough);
+  }
+  double local_selectivity(const float* q, const Bitmap& allowed) const {
+    return HnswCodeSearch::local_selectivity(*graph, codes, q, allowed);
+  }
+  std::vector<Scored> exact(const float* q, const std::vector<Slot>& rows, std::size_t k) const {
+    return scan_slots_codes(store, codes, metric, q, rows, k, scan_depth);
+  }
+};
+
+/// Runs run(executor): a CodeExecutor when `codes` are set, else a RowExecutor.
+template <typename Run>
+void with_executor(const CodesRef& codes, const HnswIndex* graph, const VectorStore& store, Metric metric,
+                   std::size_t depth, std::size_t scan_depth, const Run& run) {
+  if (codes) {
+    codes.visit([&](const auto& c) {
+      run(CodeExecutor<std::decay_t<decltype(c)>>{graph, c, store, metric, depth, scan_depth});
+    });
+  } else {
+    run(RowExecutor{graph, store, metric});
+  }
 }
 
 }  // namespace
@@ -117,6 +183,13 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   // the rows, whatever the caller asked (docs/index.md, "Limits").
   const std::size_t k = std::min(width, store_.size());
   const std::size_t ef = std::min(p.ef == 0 ? config_.ef_search : p.ef, store_.size());
+  // The plan: a strategy (exact scan, graph walk, two-hop walk; for filtered searches chosen
+  // by the cost model of search_plan.h) run by one executor, on codes when the index is
+  // quantized and trained, else on the float32 rows.
+  const CodesRef codes = search_codes();
+  const std::size_t depth = std::min(rerank_depth(ef, k), store_.size());
+  // RaBitQ's scan re-ranks whatever its bound cannot rule out unless a depth is configured.
+  const std::size_t scan_depth = codes.rabitq != nullptr && config_.rerank == 0 ? 0 : depth;
   if (p.filter != nullptr) {
     FilterMatches matches = match_for_search(*p.filter, meta_, store_);
     const std::size_t passing = matches.count;
@@ -137,83 +210,54 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       return matches.rows;
     };
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
-    // The exact answer over the passing rows: on codes with an exact re-rank when quantized.
-    const CodesRef codes = search_codes();
-    const std::size_t depth = std::min(rerank_depth(ef, k), store_.size());
-    // RaBitQ's scan re-ranks whatever its bound cannot rule out unless a depth is configured.
-    const std::size_t scan_depth = codes.rabitq != nullptr && config_.rerank == 0 ? 0 : depth;
-    const auto exact = [&](const float* q, const std::vector<Slot>& rows) {
-      return codes ? codes.visit([&](const auto& c) {
-        return scan_slots_codes(store_, c, config_.metric, q, rows, k, scan_depth);
-      })
-                   : scan_slots(store_, config_.metric, q, rows, k);
-    };
-    // A graph answer is completed with the exact scan of rows not linked yet; a traversal
-    // that could not reach k passing rows is replaced by the exact answer.
-    const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
-      res = merge_pending(std::move(res), q, admits, k);
-      if (res.size() >= std::min(k, passing)) {
-        write(qi, res);
-      } else {
-        write(qi, exact(q, passing_rows()));
-      }
-    };
-    parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
-      const float* q = prepared.data() + qi * dim;
-      if (strategy == Strategy::kTwoHop) {
-        // Per query: where the passing rows are scarce around the query itself (the filter
-        // is anti-correlated with it), a filtered walk must cross long failing stretches and
-        // loses recall; the exact scan is used instead. The cost model chose the graph, so
-        // this is the exception, measured per query in O(M^2).
-        // On codes when quantized: the descent then reads no float32 row.
-        const auto local = [&] {
-          return codes ? codes.visit(
-                             [&](const auto& c) { return HnswCodeSearch::local_selectivity(*graph_, c, q, allowed); })
-                       : graph_->local_selectivity(q, allowed);
-        };
-        if (p.force == Strategy::kAuto && local() < kLocalSelectivityRatio * sel) {
-          write(qi, exact(q, passing_rows()));
+    with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {
+      // A graph answer is completed with the exact scan of rows not linked yet; a traversal
+      // that could not reach k passing rows is replaced by the exact answer.
+      const auto finish_graph = [&](std::size_t qi, const float* q, std::vector<Scored> res) {
+        res = merge_pending(std::move(res), q, admits, k);
+        if (res.size() >= std::min(k, passing)) {
+          write(qi, res);
+        } else {
+          write(qi, ex.exact(q, passing_rows(), k));
+        }
+      };
+      parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
+        const float* q = prepared.data() + qi * dim;
+        if (strategy == Strategy::kTwoHop) {
+          // Per query: where the passing rows are scarce around the query itself (the filter
+          // is anti-correlated with it), a filtered walk must cross long failing stretches and
+          // loses recall; the exact scan is used instead. The cost model chose the graph, so
+          // this is the exception, measured per query in O(M^2) (on codes when quantized: the
+          // descent then reads no float32 row).
+          if (p.force == Strategy::kAuto && ex.local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
+            write(qi, ex.exact(q, passing_rows(), k));
+            return;
+          }
+          std::vector<Scored> res =
+              ex.expanding(q, std::max(ef, k), &allowed, [](const std::vector<Scored>&) { return true; });
+          if (res.size() > k) res.resize(k);
+          finish_graph(qi, q, std::move(res));
           return;
         }
-        std::vector<Scored> res;
-        if (codes) {
-          res = codes.visit([&](const auto& c) {
-            return HnswCodeSearch::search_expanding(*graph_, c, q, std::max(ef, k), &allowed,
-                                                    [](const std::vector<Scored>&) { return true; });
-          });
-          if (res.size() > k) res.resize(k);
-        } else {
-          res = graph_->search_filtered(q, k, ef, allowed);
+        if (strategy == Strategy::kFilteredWalk) {
+          finish_graph(qi, q, ex.walk(q, k, ef, admits));
+          return;
         }
-        finish_graph(qi, q, std::move(res));
-        return;
-      }
-      if (strategy == Strategy::kFilteredWalk) {
-        finish_graph(qi, q,
-                     codes ? codes.visit([&](const auto& c) {
-                       return HnswCodeSearch::search(*graph_, c, q, k, ef, depth, admits);
-                     })
-                           : graph_->search_with(q, k, ef, admits));
-        return;
-      }
-      write(qi, exact(q, passing_rows()));
+        write(qi, ex.exact(q, passing_rows(), k));
+      });
     });
     return;
   }
   if (graph_) {
     std::atomic<std::uint64_t> evals{0};
-    const CodesRef codes = search_codes();
-    const std::size_t depth = std::min(rerank_depth(ef, k), store_.size());
-    parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
-      std::size_t e = 0;
-      const float* q = prepared.data() + qi * dim;
-      std::vector<Scored> res = codes ? codes.visit([&](const auto& c) {
-        return HnswCodeSearch::search(*graph_, c, q, k, ef, depth, AcceptAll{}, &e);
-      })
-                                      : graph_->search_with(q, k, ef, AcceptAll{}, &e);
-      // Rows whose graph insertion is deferred are scanned exactly.
-      write(qi, merge_pending(std::move(res), q, AcceptAll{}, k));
-      evals.fetch_add(e, std::memory_order_relaxed);
+    with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {
+      parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
+        std::size_t e = 0;
+        const float* q = prepared.data() + qi * dim;
+        // Rows whose graph insertion is deferred are scanned exactly.
+        write(qi, merge_pending(ex.walk(q, k, ef, AcceptAll{}, &e), q, AcceptAll{}, k));
+        evals.fetch_add(e, std::memory_order_relaxed);
+      });
     });
     evals_.record(evals.load(), nq, std::max(ef, k));
     return;
@@ -276,32 +320,33 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     return rows;
   };
   if (strategy == Strategy::kExact) all_rows();
-  const CodesRef codes = search_codes();
-  parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
-    const float* q = prepared.data() + qi * dim;
-    GroupedSlots& groups = search_scratch().groups;  // per thread, reused across queries
-    if (strategy == Strategy::kTwoHop) {
-      // The candidate list in any order: counting distinct groups needs no sort.
-      const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, field_groups, k) >= k; };
-      std::vector<Scored> res = codes ? codes.visit([&](const auto& c) {
-        return HnswCodeSearch::search_expanding(*graph_, c, q, ef, allowed_or_all, enough);
-      })
-                                      : graph_->search_expanding(q, ef, allowed_or_all, enough);
-      const auto admits = [&](Slot s) { return allowed_or_all == nullptr || allowed_or_all->test(s); };
-      res = merge_pending(std::move(res), q, admits, std::numeric_limits<std::size_t>::max());
-      collapse_sorted(res, field_groups, k, p.group_size, groups);
-      if (groups.size() >= k) {
-        page_of(groups, field_groups, out[qi]);
-        return;
+  // The graph strategy runs on codes when quantized; the exact one scores the float32 rows,
+  // quantized or not: grouping every passing row needs every row's exact distance (a scan of
+  // codes would re-rank only the best few, and a page may need rows from anywhere).
+  with_executor(search_codes(), graph_.get(), store_, config_.metric, 0, 0, [&](const auto& ex) {
+    parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
+      const float* q = prepared.data() + qi * dim;
+      GroupedSlots& groups = search_scratch().groups;  // per thread, reused across queries
+      if (strategy == Strategy::kTwoHop) {
+        // The candidate list in any order: counting distinct groups needs no sort.
+        const auto enough = [&](const std::vector<Scored>& hits) { return count_groups(hits, field_groups, k) >= k; };
+        std::vector<Scored> res = ex.expanding(q, ef, allowed_or_all, enough);
+        const auto admits = [&](Slot s) { return allowed_or_all == nullptr || allowed_or_all->test(s); };
+        res = merge_pending(std::move(res), q, admits, std::numeric_limits<std::size_t>::max());
+        collapse_sorted(res, field_groups, k, p.group_size, groups);
+        if (groups.size() >= k) {
+          page_of(groups, field_groups, out[qi]);
+          return;
+        }
+        // The traversal ran out of reachable candidates before k groups: never return a short
+        // page when more groups may exist; answer this query exactly instead.
       }
-      // The traversal ran out of reachable candidates before k groups: never return a short
-      // page when more groups may exist; answer this query exactly instead.
-    }
-    const std::vector<Slot>& scan = all_rows();
-    std::vector<float> d(scan.size());
-    score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
-    collapse_exact(scan, d, field_groups, k, p.group_size, groups);
-    page_of(groups, field_groups, out[qi]);
+      const std::vector<Slot>& scan = all_rows();
+      std::vector<float> d(scan.size());
+      score_slots(store_, config_.metric, q, scan.data(), scan.size(), d.data());
+      collapse_exact(scan, d, field_groups, k, p.group_size, groups);
+      page_of(groups, field_groups, out[qi]);
+    });
   });
   return out;
 }
