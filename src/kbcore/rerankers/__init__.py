@@ -159,6 +159,7 @@ def score_scale(reranker: Any) -> str:
     scale = getattr(reranker, "score_scale", "probability")
     if scale not in SCORE_SCALES:
         raise InvalidArgumentError(
-            f"reranker {getattr(reranker, 'name', reranker)!r} has score_scale {scale!r}; expected one of {SCORE_SCALES}"
+            f"reranker {getattr(reranker, 'name', reranker)!r} has score_scale {scale!r}; "
+            f"expected one of {SCORE_SCALES}"
         )
     return scale

@@ -84,7 +84,9 @@ def check_scores(out: Any, n: int, who: str, endpoint: str | None = None) -> np.
     try:
         arr = np.asarray(out)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is the reranker's fault
-        raise RerankerError(f"{who} returned something that is not an array of scores: {exc}", endpoint=endpoint) from None
+        raise RerankerError(
+            f"{who} returned something that is not an array of scores: {exc}", endpoint=endpoint
+        ) from None
     if arr.dtype == object or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
         raise RerankerError(f"{who} must return numbers, got dtype {arr.dtype}", endpoint=endpoint)
     if arr.ndim == 2 and arr.shape[1] == 1:
