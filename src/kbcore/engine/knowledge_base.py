@@ -432,7 +432,9 @@ class KnowledgeBase:
             return retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
         top_k = retrieval.check_k(top_k, "top_k")
         depth = reranking.check_depth(opts.rerank_depth, top_k)
-        first = retrieval.retrieve(self._cell, query, depth, opts._replace(score_threshold=0.0), self._embed_query)
+        # The threshold applies to the reranked scores, not the first stage's.
+        first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
+        first = retrieval.retrieve(self._cell, query, depth, first_opts, self._embed_query)
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
 
     def _embed_query(self, text: str, what: str) -> np.ndarray:

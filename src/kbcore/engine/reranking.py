@@ -5,7 +5,7 @@ hybrid, with filters and dedup, see :mod:`.retrieval`) returns ``max(rerank_dept
 hits without a score threshold; the reranker scores their texts against the query; the hits
 are ordered by that score (ties keep the first stage's order), then ``score_threshold`` and
 ``top_k`` apply. A reranked hit's ``score`` is the reranker's relevance mapped to [0, 1]
-(:func:`kbcore.rerankers.to_unit_scores`: clipped for a ``/rerank`` API's relevance_score,
+(:func:`kbcore.rerankers.unit_score`: clipped for a ``/rerank`` API's relevance_score,
 the sigmoid of a cross-encoder's logit); its ``distance`` stays the first stage's.
 
 Nothing here takes a lock of the knowledge base: the reranker (often a network call) runs
@@ -22,8 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidTypeError, KbcoreError, RerankerError
-from ..rerankers import as_reranker, check_scores, reranker_from_spec, reranker_spec, score_scale, to_unit_scores
-from .types import Hit, new_hit
+from ..rerankers import as_reranker, check_scores, reranker_from_spec, reranker_spec, score_scale, unit_score
+from .types import Hit
+
+# The first stage's hits are this call's own (no one else holds them): a reranked Hit gets its
+# new score in place through the slot's descriptor (a frozen dataclass refuses setattr), far
+# cheaper than a copy per hit.
+_set_score = Hit.__dict__["score"].__set__
 
 #: ``rerank_depth`` when not given: the first stage's candidates per reranked query. Chosen
 #: from benches/bench_rerank.py (docs/rerankers.md): recall@50 is within a few points of
@@ -124,44 +129,37 @@ def apply(reranker: Any, query: str, hits: list[Hit], top_k: int, threshold: Any
         raise InvalidTypeError(f"score_threshold must be a number, got {type(threshold).__name__}")
     if not hits:
         return []
-    name = getattr(reranker, "name", None) or type(reranker).__name__
     try:
         scale = score_scale(reranker)
         raw = reranker.rerank(query, [h.content for h in hits])
-        scores = check_scores(raw, len(hits), f"reranker {name}", getattr(reranker, "endpoint", None))
+        scores = check_scores(raw, len(hits), reranker, getattr(reranker, "endpoint", None))
     except RerankerError as exc:
         exc.first_stage = _first_stage(hits, top_k, threshold)  # type: ignore[attr-defined]
         raise
     except KbcoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - a user's reranker failed: say so, keep the cause
-        err = RerankerError(f"reranker {name} failed: {type(exc).__name__}: {exc}")
+        err = RerankerError(f"reranker {_name(reranker)} failed: {type(exc).__name__}: {exc}")
         err.first_stage = _first_stage(hits, top_k, threshold)  # type: ignore[attr-defined]
         raise err from exc
-    unit = to_unit_scores(scores, scale)
-    order = np.argsort(-scores, kind="stable")
+    raw_scores = scores.tolist()
     out: list[Hit] = []
-    for i in order.tolist():
-        s = float(unit[i])
+    keep, set_score = out.append, _set_score
+    logit = scale == "logit"
+    for i in (-scores).argsort(kind="stable")[:top_k].tolist():
+        r = raw_scores[i]
+        # unit_score, inlined for the common case (this loop is the per-hit cost of a rerank)
+        s = unit_score(r, scale) if logit else 0.0 if r < 0.0 else 1.0 if r > 1.0 else r
         if s < threshold:
             break  # the mapping is monotone: every later hit scores lower
         h = hits[i]
-        out.append(
-            new_hit(
-                h.id,
-                h.document_id,
-                h.content,
-                h.metadata,
-                h.distance,
-                s,
-                h.pipeline_name,
-                h.chunk_index,
-                h.part_ids,
-            )
-        )
-        if len(out) == top_k:
-            break
+        set_score(h, s)
+        keep(h)
     return out
+
+
+def _name(reranker: Any) -> str:
+    return getattr(reranker, "name", None) or type(reranker).__name__
 
 
 def _first_stage(hits: list[Hit], top_k: int, threshold: float) -> list[Hit]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidArgumentError, InvalidTypeError
-from .base import SCORE_SCALES, BaseReranker, Reranker, check_scores, to_unit_scores
+from .base import SCORE_SCALES, BaseReranker, Reranker, check_scores, to_unit_scores, unit_score
 from .cross_encoder import DEFAULT_CROSS_ENCODER, CrossEncoderReranker
 from .function import CallableReranker
 from .http import API_FORMATS, HttpReranker
@@ -42,6 +42,7 @@ __all__ = [
     "reranker_spec",
     "score_scale",
     "to_unit_scores",
+    "unit_score",
 ]
 
 _REGISTRY: dict[str, Callable[[dict[str, Any]], Any]] = {}

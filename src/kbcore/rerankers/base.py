@@ -7,6 +7,7 @@ fetches ``rerank_depth`` candidates and the reranker orders them (docs/rerankers
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,6 +22,7 @@ __all__ = [
     "check_scores",
     "check_rerank_input",
     "to_unit_scores",
+    "unit_score",
     "positive_int",
 ]
 
@@ -28,6 +30,7 @@ __all__ = [
 #: relevance in [0, 1], e.g. a ``/rerank`` API's ``relevance_score``: clipped to [0, 1]) or
 #: ``"logit"`` (a raw cross-encoder output: the logistic sigmoid ``1 / (1 + exp(-x))``).
 SCORE_SCALES = ("probability", "logit")
+_F64 = np.dtype(np.float64)
 
 
 @runtime_checkable
@@ -78,9 +81,16 @@ def check_rerank_input(query: Any, texts: Any) -> list[str]:
     return out
 
 
-def check_scores(out: Any, n: int, who: str, endpoint: str | None = None) -> np.ndarray:
-    """A reranker's answer as float64 [n], finite; RerankerError naming ``who`` otherwise (the
-    caller's arguments were fine: the reranker failed)."""
+def check_scores(out: Any, n: int, who: Any, endpoint: str | None = None) -> np.ndarray:
+    """A reranker's answer as float64 [n], finite; RerankerError naming ``who`` (a name, or a
+    reranker whose ``name`` is used) otherwise: the caller's arguments were fine, the reranker
+    failed."""
+    # The common case, cheaply: a sum is finite only if every term is (NaN and inf propagate);
+    # a sum that overflows takes the exact path below.
+    if type(out) is np.ndarray and out.dtype is _F64 and out.shape == (n,) and math.isfinite(np.add.reduce(out)):
+        return out
+    if not isinstance(who, str):
+        who = f"reranker {getattr(who, 'name', None) or type(who).__name__}"
     try:
         arr = np.asarray(out)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is the reranker's fault
@@ -111,6 +121,16 @@ def to_unit_scores(scores: np.ndarray, scale: str) -> np.ndarray:
         out[~pos] = e / (1.0 + e)
         return out
     return np.clip(scores, 0.0, 1.0)
+
+
+def unit_score(score: float, scale: str) -> float:
+    """One score in [0, 1] by :data:`SCORE_SCALES`' rule (:func:`to_unit_scores` for a float)."""
+    if scale == "logit":
+        if score >= 0.0:
+            return 1.0 / (1.0 + math.exp(-score))
+        e = math.exp(score)
+        return e / (1.0 + e)
+    return 0.0 if score < 0.0 else 1.0 if score > 1.0 else score
 
 
 class BaseReranker:
