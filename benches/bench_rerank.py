@@ -112,19 +112,29 @@ def load_set(root: Path, name: str) -> dict:
 
 
 class Oracle:
-    """Knows the qrels: a text's score is the relevance of its document for ``qid``."""
+    """Knows the qrels: a candidate's score is the relevance of its document for the query.
+
+    A reranker sees texts only, and chunk texts repeat across documents (ArguAna), so the
+    oracle is told the first stage's documents in order (``expect``: the same retrieve without
+    rerank, which is deterministic) and checks that the texts it gets are theirs."""
 
     name = "oracle"
     score_scale = "probability"
 
-    def __init__(self, doc_of_text: dict[str, str], qrels: dict) -> None:
-        self.doc_of_text = doc_of_text
-        self.qrels = qrels
-        self.qid = ""
+    def __init__(self) -> None:
+        self.rel: dict[str, int] = {}
+        self.docs: list[str] = []
+        self.texts: list[str] = []
+
+    def expect(self, rel: dict[str, int], hits: list) -> None:
+        self.rel = rel
+        self.docs = [h.document_id for h in hits]
+        self.texts = [h.content for h in hits]
 
     def rerank(self, query: str, texts: list[str]) -> np.ndarray:
-        rel = self.qrels.get(self.qid, {})
-        return np.array([float(rel.get(self.doc_of_text.get(t, ""), 0)) for t in texts])
+        if list(texts) != self.texts:
+            raise AssertionError("the reranker was not given the first stage's candidates")
+        return np.array([float(self.rel.get(d, 0)) for d in self.docs])
 
     def spec(self) -> dict:
         return {"kind": "custom", "name": self.name}
@@ -155,20 +165,19 @@ def ndcg_at_10(docs: list[str], rel: dict[str, int]) -> float:
 
 def quality(kb, data: dict, search_type: str) -> dict:
     """recall@depth of the first stage; the oracle's recall@10 against its ceiling, nDCG@10."""
-    table = data["table"]
-    doc_of_text = dict(zip(table.column("text").to_pylist(), table.column("document_id").to_pylist()))
-    oracle = Oracle(doc_of_text, data["qrels"])
+    oracle = Oracle()
     out: dict = {}
     for depth in DEPTHS:
         recall, first_ndcg, oracle_ndcg, oracle_recall, ceiling, misses = [], [], [], [], [], 0
         for q, v in zip(data["queries"], data["qvec"]):
             rel = data["qrels"][q["id"]]
             opts = {"query_vector": v, "search_type": search_type, "deduplicate": True}
-            cands = [h.document_id for h in kb.retrieve(q["text"], top_k=depth, rerank=False, **opts)]
+            first = kb.retrieve(q["text"], top_k=depth, rerank=False, **opts)
+            cands = [h.document_id for h in first]
             found = len(set(cands) & set(rel))
             recall.append(found / len(rel))
             first_ndcg.append(ndcg_at_10(cands, rel))
-            oracle.qid = q["id"]
+            oracle.expect(rel, first)
             top = [
                 h.document_id for h in kb.retrieve(q["text"], top_k=TOP_K, rerank=oracle, rerank_depth=depth, **opts)
             ]
