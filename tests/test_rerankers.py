@@ -278,7 +278,8 @@ def test_bad_arguments_are_refused_at_construction(kwargs, what):
 
 
 class _FakeCrossEncoder:
-    """Predicts a logit per (query, text) pair; records the keywords it was called with."""
+    """Predicts a logit per (query, text) pair, through its activation (the sigmoid unless
+    ``activation_fn`` is given, as sentence-transformers does); records its calls."""
 
     def __init__(self, name, device=None, max_length=None):
         self.model_name_or_path = name
@@ -287,7 +288,9 @@ class _FakeCrossEncoder:
 
     def predict(self, pairs, batch_size=32, show_progress_bar=None, convert_to_numpy=True, activation_fn=None):
         self.calls.append({"n": len(pairs), "batch_size": batch_size})
-        return np.array([4.0 * relevance(q, t) - 2.0 for q, t in pairs], dtype=np.float32)
+        logits = np.array([4.0 * relevance(q, t) - 2.0 for q, t in pairs], dtype=np.float32)
+        # like sentence-transformers for one label: the sigmoid unless told another activation
+        return activation_fn(logits) if activation_fn is not None else 1.0 / (1.0 + np.exp(-logits))
 
 
 def test_cross_encoder_scores_are_logits_mapped_by_the_sigmoid(monkeypatch):

@@ -111,19 +111,20 @@ class CrossEncoderReranker(BaseReranker):
         return np.asarray(out, dtype=np.float64).reshape(len(texts), -1)[:, 0] if len(texts) else out
 
 
+def _identity(logits: Any) -> Any:
+    """The activation that leaves the model's logits as they are."""
+    return logits
+
+
 def _identity_option(model: Any) -> dict[str, Any]:
     """The ``predict`` keyword that returns raw logits: ``activation_fn`` (sentence-transformers
-    4+) or ``activation_fct`` (2-3); none when ``predict`` takes neither."""
+    4+) or ``activation_fct`` (2-3), either a callable on the logits tensor; none when
+    ``predict`` takes neither (then the model's own activation applies)."""
     try:
         params = inspect.signature(model.predict).parameters
     except (TypeError, ValueError):
         return {}
     for name in ("activation_fn", "activation_fct"):
         if name in params:
-            try:
-                import torch
-
-                return {name: torch.nn.Identity()}
-            except ImportError:  # a stand-in model without torch: its own activation
-                return {}
+            return {name: _identity}
     return {}

@@ -149,7 +149,8 @@ class HttpReranker(BaseReranker):
             raise InvalidArgumentError(f"max_retries must be a non-negative integer, got {max_retries!r}")
         self.model = model
         self.base_url = base_url.strip() if isinstance(base_url, str) else base_url
-        self.endpoint = _endpoint(self.base_url)
+        self._url = _endpoint(self.base_url)
+        self.endpoint = self._url
         self.api_format = api_format
         self.api_key_env = api_key_env or None
         default_batch = _DEFAULT_BATCH.get(api_format, _DEFAULT_BATCH_OTHER)
@@ -233,7 +234,7 @@ class HttpReranker(BaseReranker):
             headers["Authorization"] = f"Bearer {key}"
         n = len(texts)
         answer = post_json(
-            self.endpoint,
+            self._url,
             self._payload(query, texts),
             headers=headers,
             timeout=self.timeout,
