@@ -292,6 +292,8 @@ def test_the_source_follows_the_import_rules():
         ),
         ("src/kbcore/engine/directory.py", "from .commit import ingest", "takes only ['write_new']"),
         ("src/kbcore/engine/shards.py", "from ..distributed import ShardedIndex", "only inside a function"),
+        ("src/kbcore/rerankers/base.py", "from ..engine import Engine", "may not import kbcore.engine"),
+        ("src/kbcore/rerankers/cross_encoder.py", "import sentence_transformers", "at module level"),
     ],
 )
 def test_a_planted_violation_is_caught(tmp_path, file, line, expected):
