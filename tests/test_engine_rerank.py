@@ -214,7 +214,7 @@ def test_a_custom_default_works_until_reopen_then_asks_for_it(tmp_path):
     with Engine(data) as engine:
         kb = engine["kb"]
         assert kb.reranker_spec == {"kind": "custom", "name": "mine"}
-        with pytest.raises(InvalidArgumentError, match="'mine' is a custom one"):
+        with pytest.raises(RerankerError, match="'mine' is a custom one"):
             kb.retrieve("alpha", top_k=3)
         assert _triples(kb.retrieve("alpha", top_k=3, rerank=False)) == _triples(first[:3])
         kb.set_reranker(rr)

@@ -66,3 +66,21 @@ def test_dify_answers_reranked_then_falls_back_to_the_first_stage_when_the_reran
                 assert [r["content"] for r in _post(url)["records"]] == [r["content"] for r in ok]  # healthy again
         finally:
             engine.close()
+
+
+def test_a_default_that_cannot_be_built_here_answers_the_first_stage(tmp_path):
+    data = tmp_path / "data"
+    with Engine(data) as engine:
+        kb = engine.create_knowledge_base("kb", index="flat", reranker=lambda q, texts: [0.0] * len(texts))
+        for i, t in enumerate(TEXTS):
+            kb.ingest(text=t, document_id=f"d{i}")
+        first = kb.retrieve(QUERY, top_k=4, rerank=False)
+    engine = Engine(data)  # reopened: the function is recorded by name only
+    try:
+        with running(create_app(engine, [KEY])) as (url, log):
+            records = _post(url)["records"]
+            assert [r["content"] for r in records] == [h.content for h in first]
+            assert all(r["metadata"]["reranked"] is False for r in records)
+            assert "cannot be built here" in records[0]["metadata"]["rerank_error"]
+    finally:
+        engine.close()

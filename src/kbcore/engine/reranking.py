@@ -70,7 +70,10 @@ class KbReranker:
             self._built = None
 
     def default(self) -> Any:
-        """The default reranker; InvalidArgumentError when there is none or it cannot be rebuilt."""
+        """The default reranker. InvalidArgumentError when there is none; RerankerError when
+        it cannot be built here (a custom one after a reopen, a cross-encoder without
+        sentence-transformers or whose model does not load): the failure is remembered for
+        that spec, so every retrieve fails alike and fast."""
         spec = self._spec_of()
         if spec is None:
             raise InvalidArgumentError(
@@ -81,19 +84,22 @@ class KbReranker:
         with self._lock:
             built = self._built
             if built is not None and built[0] == key:
-                return built[1]
-            attached = self._attached
-            if attached is not None and json.dumps(reranker_spec(attached), sort_keys=True) == key:
-                obj = attached
+                obj = built[1]
+            elif self._attached is not None and json.dumps(reranker_spec(self._attached), sort_keys=True) == key:
+                obj = self._attached
+                self._built = (key, obj)
             else:
                 try:
                     obj = reranker_from_spec(spec)
-                except InvalidArgumentError as exc:
-                    raise InvalidArgumentError(
-                        f"knowledge base {self._kb_name!r}'s default reranker: {exc} (or pass rerank=False)"
-                    ) from None
-            self._built = (key, obj)
-            return obj
+                except Exception as exc:  # noqa: BLE001 - any failure to build is the same answer
+                    obj = RerankerError(
+                        f"knowledge base {self._kb_name!r}'s default reranker ({spec.get('kind')!r}) cannot be "
+                        f"built here: {type(exc).__name__}: {exc} (pass rerank=False, or another reranker)"
+                    )
+                self._built = (key, obj)
+        if isinstance(obj, RerankerError):
+            raise RerankerError(str(obj))
+        return obj
 
     def choose(self, rerank: Any, query: Any) -> Any:
         """The reranker of one retrieve, or None: ``rerank`` None (the default reranker, for a
