@@ -59,6 +59,12 @@ _READ_CHUNK = 64 * 1024
 _MAX_REDIRECTS = 5
 
 
+def _new(cls: type[KbcoreError], message: str, *, endpoint: str, status: int | None = None) -> KbcoreError:
+    """``cls(message, endpoint=, status=)``: the error classes callers pass take these (like
+    :class:`~kbcore.errors.EmbedderError`), which the base class does not declare."""
+    return cls(message, endpoint=endpoint, status=status)  # type: ignore[call-arg]
+
+
 def origin(url: str) -> tuple[str, str, int | None]:
     """``(scheme, host, port)`` of ``url``, with the scheme's default port filled in."""
     parts = urlsplit(url)
@@ -144,13 +150,13 @@ def _handlers(deadline: _Deadline, endpoint: str, error: type[KbcoreError]) -> l
         def connect(self) -> None:
             self.timeout = deadline.op_timeout()
             super().connect()
-            self.sock = _DeadlineSocket(self.sock, deadline)  # type: ignore[assignment]
+            self.sock = _DeadlineSocket(self.sock, deadline)
 
     class HTTPSConnection(http.client.HTTPSConnection):
         def connect(self) -> None:
             self.timeout = deadline.op_timeout()
             super().connect()
-            self.sock = _DeadlineSocket(self.sock, deadline)  # type: ignore[assignment]
+            self.sock = _DeadlineSocket(self.sock, deadline)
 
     class HTTPHandler(urllib.request.HTTPHandler):
         def http_open(self, req: Any) -> Any:
@@ -158,14 +164,17 @@ def _handlers(deadline: _Deadline, endpoint: str, error: type[KbcoreError]) -> l
 
     class HTTPSHandler(urllib.request.HTTPSHandler):
         def https_open(self, req: Any) -> Any:
-            return self.do_open(HTTPSConnection, req, context=self._context)
+            return self.do_open(HTTPSConnection, req, context=getattr(self, "_context", None))
 
     class RedirectHandler(urllib.request.HTTPRedirectHandler):
         max_redirections = _MAX_REDIRECTS
 
         def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            if origin(newurl) != origin(req.full_url) or code not in (307, 308):
+                fp.close()  # refused: release the connection now
             if origin(newurl) != origin(req.full_url):
-                raise error(
+                raise _new(
+                    error,
                     f"{endpoint} redirected (HTTP {code}) to another origin, {_origin_text(newurl)}; "
                     "not followed, so that credentials never leave the configured origin "
                     "(set the base URL to where the service really is)",
@@ -173,7 +182,8 @@ def _handlers(deadline: _Deadline, endpoint: str, error: type[KbcoreError]) -> l
                     status=code,
                 )
             if code not in (307, 308):
-                raise error(
+                raise _new(
+                    error,
                     f"{endpoint} redirected (HTTP {code}) to {newurl}, which would turn the POST into "
                     "a GET; not followed (set the base URL to where the service really is)",
                     endpoint=endpoint,
@@ -255,7 +265,8 @@ def _error_detail(exc: Any) -> str:
 def _read_capped(resp: Any, cap: int, endpoint: str, error: type[KbcoreError]) -> bytes:
     length = resp.headers.get("Content-Length")
     if length is not None and length.strip().isdigit() and int(length) > cap:
-        raise error(
+        raise _new(
+            error,
             f"the answer of {endpoint} announces {int(length):,} bytes, more than max_response_bytes={cap:,}",
             endpoint=endpoint,
             status=resp.status,
@@ -268,7 +279,8 @@ def _read_capped(resp: Any, cap: int, endpoint: str, error: type[KbcoreError]) -
             return b"".join(chunks)
         total += len(chunk)
         if total > cap:
-            raise error(
+            raise _new(
+                error,
                 f"the answer of {endpoint} is larger than max_response_bytes={cap:,}",
                 endpoint=endpoint,
                 status=resp.status,
@@ -281,11 +293,11 @@ def parse_json(raw: bytes, endpoint: str, error: type[KbcoreError]) -> object:
     try:
         return json.loads(raw)
     except RecursionError:
-        raise error(f"invalid response from {endpoint}: JSON nested too deeply", endpoint=endpoint) from None
+        raise _new(error, f"invalid response from {endpoint}: JSON nested too deeply", endpoint=endpoint) from None
     except ValueError:
         snippet = " ".join(raw[:120].decode("utf-8", "replace").split())
-        raise error(
-            f"invalid response from {endpoint}: not JSON (starts with {snippet!r})", endpoint=endpoint
+        raise _new(
+            error, f"invalid response from {endpoint}: not JSON (starts with {snippet!r})", endpoint=endpoint
         ) from None
 
 
@@ -354,12 +366,14 @@ def post_json(
         except urllib.error.HTTPError as exc:
             status = int(exc.code)
             detail = clean(_error_detail(exc))
+            exc.close()
             last, last_status = f"HTTP {status}{': ' + detail if detail else ''}", status
             if status not in RETRY_STATUSES:
-                raise error(f"{where} failed: {last}", endpoint=url, status=status) from None
+                raise _new(error, f"{where} failed: {last}", endpoint=url, status=status) from None
             wait = _retry_after(exc.headers)
             if wait is not None and wait > max_retry_after:
-                raise unavailable(
+                raise _new(
+                    unavailable,
                     f"{where} failed: {last}; the service asks to retry after {wait:.0f} s, "
                     f"more than max_retry_after={max_retry_after:g} s",
                     endpoint=url,
@@ -390,7 +404,7 @@ def post_json(
     tries = f"{done} attempt{'s' if done != 1 else ''}"
     if done < attempts:
         tries += f" (deadline={deadline:g} s reached)"
-    raise unavailable(f"{where} failed after {tries}: {last}", endpoint=url, status=last_status)
+    raise _new(unavailable, f"{where} failed after {tries}: {last}", endpoint=url, status=last_status)
 
 
 def _timeout_text(limit: _Deadline) -> str:
