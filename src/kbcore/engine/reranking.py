@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -138,7 +139,7 @@ def apply(reranker: Any, query: str, hits: list[Hit], top_k: int, threshold: Any
     try:
         scale = score_scale(reranker)
         raw = reranker.rerank(query, [h.content for h in hits])
-        scores = check_scores(raw, len(hits), reranker, getattr(reranker, "endpoint", None))
+        scores = check_scores(raw, len(hits), reranker)
     except RerankerError as exc:
         exc.first_stage = _first_stage(hits, top_k, threshold)  # type: ignore[attr-defined]
         raise
@@ -148,19 +149,16 @@ def apply(reranker: Any, query: str, hits: list[Hit], top_k: int, threshold: Any
         err = RerankerError(f"reranker {_name(reranker)} failed: {type(exc).__name__}: {exc}")
         err.first_stage = _first_stage(hits, top_k, threshold)  # type: ignore[attr-defined]
         raise err from exc
-    raw_scores = scores.tolist()
-    out: list[Hit] = []
-    keep, set_score = out.append, _set_score
-    logit = scale == "logit"
-    for i in (-scores).argsort(kind="stable")[:top_k].tolist():
-        r = raw_scores[i]
-        # unit_score, inlined for the common case (this loop is the per-hit cost of a rerank)
-        s = unit_score(r, scale) if logit else 0.0 if r < 0.0 else 1.0 if r > 1.0 else r
-        if s < threshold:
-            break  # the mapping is monotone: every later hit scores lower
-        h = hits[i]
-        set_score(h, s)
-        keep(h)
+    order = (-scores).argsort(kind="stable")[:top_k]
+    top = scores[order].tolist()
+    if scale == "logit":
+        units = [unit_score(r, scale) for r in top]
+    else:  # unit_score's clip, inlined: this is the per-hit cost of a rerank
+        units = [0.0 if r < 0.0 else 1.0 if r > 1.0 else r for r in top]
+    if threshold > 0.0 and units and units[-1] < threshold:
+        units = [u for u in units if u >= threshold]  # descending: a prefix
+    out = [hits[i] for i in order[: len(units)].tolist()]
+    deque(map(_set_score, out, units), maxlen=0)
     return out
 
 

@@ -83,13 +83,15 @@ def check_rerank_input(query: Any, texts: Any) -> list[str]:
 
 def check_scores(out: Any, n: int, who: Any, endpoint: str | None = None) -> np.ndarray:
     """A reranker's answer as float64 [n], finite; RerankerError naming ``who`` (a name, or a
-    reranker whose ``name`` is used) otherwise: the caller's arguments were fine, the reranker
-    failed."""
+    reranker whose ``name`` and ``endpoint`` are used) otherwise: the caller's arguments were
+    fine, the reranker failed."""
     # The common case, cheaply: a sum is finite only if every term is (NaN and inf propagate);
     # a sum that overflows takes the exact path below.
     if type(out) is np.ndarray and out.dtype is _F64 and out.shape == (n,) and math.isfinite(np.add.reduce(out)):
         return out
     if not isinstance(who, str):
+        if endpoint is None:
+            endpoint = getattr(who, "endpoint", None)
         who = f"reranker {getattr(who, 'name', None) or type(who).__name__}"
     try:
         arr = np.asarray(out)
