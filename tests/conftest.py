@@ -6,10 +6,6 @@ oracle for each metric, so a test compares the index to ground truth, never to i
 
 from __future__ import annotations
 
-import faulthandler
-import os
-import signal
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,64 +19,38 @@ DIST_ATOL = 1e-4
 
 
 # --------------------------------------------------------------------------------------------
-# a stuck test fails instead of hanging the run
+# test tiers
 
-#: Seconds one phase of a test (setup, call or teardown) may take before it counts as stuck:
-#: ``KBCORE_TEST_TIMEOUT`` (0 turns the guard off). The slowest test takes about a minute under
-#: ASan on 2 cores; a hang in CI otherwise runs into the job's own limit with no trace at all.
-TEST_TIMEOUT = float(os.environ.get("KBCORE_TEST_TIMEOUT", "600"))
-#: After the timeout, the seconds left for the test to unwind before the process is ended (for a
-#: thread stuck where a signal cannot reach it); every thread's stack is printed first.
-_TIMEOUT_GRACE = 60.0
-_GUARD = TEST_TIMEOUT > 0 and hasattr(signal, "setitimer")
+#: The tier of every test in a module (markers registered in pyproject.toml). A bare
+#: ``python -m pytest -q`` runs the fast tier, what is in no tier; ``-m ""`` runs every tier.
+#: Assigned here, by module, so that a new test lands in its module's tier without a decorator.
+MODULE_TIERS: dict[str, str] = {
+    "test_langbot_plugin": "langbot",
+}
 
+#: Single tests in a fast module that take seconds (``--durations``), as ``module::test`` (a class
+#: test: ``module::Class::test``) without the parameters, so that every parameter goes with it.
+SLOW_TESTS: frozenset[str] = frozenset()
 
-class PhaseTimeout(BaseException):
-    """Raised in the main thread when a test phase exceeds TEST_TIMEOUT (a BaseException, so
-    that the code under test cannot swallow it in an ``except Exception``)."""
-
-
-def _on_timeout(signum, frame):  # noqa: ARG001 - the signal handler's signature
-    sys.stderr.write(f"\n*** test phase exceeded KBCORE_TEST_TIMEOUT={TEST_TIMEOUT:g} s; every thread:\n")
-    faulthandler.dump_traceback(all_threads=True)
-    raise PhaseTimeout(f"this test phase ran longer than KBCORE_TEST_TIMEOUT={TEST_TIMEOUT:g} s (stuck?)")
+#: The fixtures that start or join a Ray instance (tests/ray_support.py).
+RAY_FIXTURES = frozenset({"ray_local", "ray_address"})
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    yield from _guarded()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    yield from _guarded()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    yield from _guarded()
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """A test that uses a Ray fixture is a Ray test even if its decorator was forgotten."""
+    """Marks each test with its tier before ``-m`` selects: by its module (MODULE_TIERS), by
+    name (SLOW_TESTS), and ``ray`` for a test that uses a Ray fixture even if its decorator was
+    forgotten."""
     for item in items:
-        if {"ray_local", "ray_address"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.ray)
-
-
-def _guarded():
-    if not _GUARD:
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, _on_timeout)
-    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
-    faulthandler.dump_traceback_later(TEST_TIMEOUT + _TIMEOUT_GRACE, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        path, _, name = item.nodeid.split("[", 1)[0].partition("::")
+        module = path.rsplit("/", 1)[-1].removesuffix(".py")
+        tier = MODULE_TIERS.get(module)
+        if tier is not None:
+            item.add_marker(tier)
+        if f"{module}::{name}" in SLOW_TESTS:
+            item.add_marker("slow")
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("ray")
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,9 +23,9 @@ fi
 . "$VENV/bin/activate"
 python -m pip install -q scikit-build-core pybind11 numpy
 # One build with the sanitizers on, without isolation (the build folder is kept, so a rerun
-# recompiles only what changed), with the [test] dependencies.
+# recompiles only what changed), with every tier's test dependencies.
 CMAKE_BUILD_PARALLEL_LEVEL=2 python -m pip install -q --no-build-isolation \
-  -Cbuild-dir=build/asan-ext -Ccmake.build-type=RelWithDebInfo -Ccmake.define.KBCORE_SANITIZE=ON ".[test]"
+  -Cbuild-dir=build/asan-ext -Ccmake.build-type=RelWithDebInfo -Ccmake.define.KBCORE_SANITIZE=ON ".[test-all]"
 ASAN_RT="$(g++ -print-file-name=libasan.so)"
 UBSAN_RT="$(g++ -print-file-name=libubsan.so)"
 for rt in "$ASAN_RT" "$UBSAN_RT"; do
