@@ -91,11 +91,30 @@ def test_a_bare_run_is_the_fast_tier_and_an_empty_mark_expression_runs_every_tie
     import conftest
 
     langbot_module = next(m for m, tier in conftest.MODULE_TIERS.items() if tier == "langbot")
+    slow_module, slow_test = sorted(conftest.SLOW_TESTS)[0].split("::")
+    first_module, first_test = sorted(conftest.FIRST_CASE_FAST)[0].split("::")
+    param_module, slow_ids = sorted(conftest.SLOW_PARAMS.items())[0]
+    assert len({langbot_module, slow_module, first_module, param_module}) == 4
     suite = _suite(
         tmp_path,
         {
             "test_plain.py": "def test_fast():\n    pass\n",
             f"{langbot_module}.py": "def test_in_the_langbot_tier():\n    pass\n",
+            f"{slow_module}.py": f"def {slow_test}():\n    pass\n",
+            f"{first_module}.py": f"""
+            import pytest
+
+            @pytest.mark.parametrize("case", ["one", "two", "three"])
+            def {first_test}(case):
+                pass
+            """,
+            f"{param_module}.py": f"""
+            import pytest
+
+            @pytest.mark.parametrize("kind", ["kept", {sorted(slow_ids)[0]!r}])
+            def test_by_parameter(kind):
+                pass
+            """,
             "test_ray_fixture.py": """
             import pytest
 
@@ -117,10 +136,17 @@ def test_a_bare_run_is_the_fast_tier_and_an_empty_mark_expression_runs_every_tie
         },
     )
     code, out = _pytest(suite, "-q", "-rA")
-    assert code == 0 and "1 passed, 4 deselected" in out, out
-    assert "PASSED test_plain.py::test_fast" in out, out
+    assert code == 0 and "3 passed, 8 deselected" in out, out
+    passed = {line.split()[1] for line in out.splitlines() if line.startswith("PASSED ")}
+    assert passed == {
+        "test_plain.py::test_fast",
+        f"{first_module}.py::{first_test}[one]",
+        f"{param_module}.py::test_by_parameter[kept]",
+    }, out
     code, out = _pytest(suite, "-q", "-m", "")
-    assert code == 0 and "5 passed" in out and "deselected" not in out, out
+    assert code == 0 and "11 passed" in out and "deselected" not in out, out
     code, out = _pytest(suite, "-q", "-rA", "-m", "ray or langbot")
-    assert code == 0 and "2 passed, 3 deselected" in out, out
+    assert code == 0 and "2 passed, 9 deselected" in out, out
     assert "test_uses_ray" in out and "test_in_the_langbot_tier" in out, out
+    code, out = _pytest(suite, "-q", "-m", "slow")
+    assert code == 0 and "5 passed, 6 deselected" in out, out  # 2 later cases, 1 parameter, 1 test, 1 mark

@@ -9,7 +9,7 @@
 # itself is not instrumented: libasan and libubsan are preloaded so that the instrumented
 # extension can load, leak detection is off (the interpreter's own allocations at exit are not
 # ours), and UBSan stops at the first report (-fno-sanitize-recover in CMakeLists.txt).
-# Needs g++ (for the runtime paths) and the [test] dependencies. On 2 cores the first build takes
+# Needs g++ (for the runtime paths) and the [test-all] dependencies. On 2 cores the first build takes
 # about 10 minutes (later runs rebuild only what changed) and the suite about 7.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

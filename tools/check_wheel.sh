@@ -33,5 +33,5 @@ fi
 "$WORK/test-venv/bin/python" -c "import kbcore; print('wheel imports; SIMD', kbcore.simd_level())"
 # Every tier (-m ""), Ray and LangBot included.
 "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider -m "" "$ROOT/tests"
-KBCORE_SIMD=scalar "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider \
+KBCORE_SIMD=scalar "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider -m "" \
   "$ROOT/tests/test_simd.py" "$ROOT/tests/test_index_search.py" "$ROOT/tests/test_grouping.py"
