@@ -178,6 +178,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             shards=args.shards,
             quantization=args.quantization,
             bits=args.bits,
+            vectors=args.vectors,
         )
         used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
@@ -269,7 +270,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
-    from .index import KINDS, QUANTIZATIONS
+    from .index import KINDS, QUANTIZATIONS, VECTORS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
     ing.add_argument("paths", nargs="+", metavar="PATH")
@@ -291,6 +292,13 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         type=int,
         default=None,
         help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
+    )
+    ing.add_argument(
+        "--vectors",
+        default="memory",
+        choices=VECTORS,
+        help="for a new knowledge base with --quantization: keep the float32 rows in RAM (memory) or "
+        "in the mapped index file, out of anonymous memory (disk); stored, every reopen keeps it",
     )
     add_embedder_arguments(ing)
     ing.add_argument(
