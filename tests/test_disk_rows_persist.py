@@ -173,6 +173,7 @@ def test_a_knowledge_base_created_with_disk_rows_reopens_with_them(tmp_path, qua
     kb.ingest_table(table, vectors=vecs)
     kb.wait_until_indexed(timeout=120)
     kb.checkpoint()
+    assert kb.vectors == "disk" and kb.index.vectors == "disk"  # through commits
     queries = vecs[:20] + 0.01
     want = [[h.id for h in kb.retrieve(q, 5)] for q in queries]
     engine.close()

@@ -178,6 +178,7 @@ class KbState:
             docs,
             self.index if index is None else index,
             self.stale_text if stale_text is None else stale_text,
+            self.vectors,
         )
 
     def with_manifest(self, m: dict[str, Any]) -> KbState:
