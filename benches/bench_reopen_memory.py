@@ -57,7 +57,7 @@ def _emit(obj: dict) -> None:
 
 
 # -- children: each runs in its own fresh interpreter ---------------------------------------------
-def child_build_kb(work: str, quantization: str, n: int) -> None:
+def child_build_kb(work: str, quantization: str, n: int, per_doc: int) -> None:
     """Builds knowledge base ``quantization`` (rows on disk) from the synthetic base and closes it."""
     import pyarrow as pa
 
@@ -65,8 +65,8 @@ def child_build_kb(work: str, quantization: str, n: int) -> None:
     from kbcore.engine import Engine
 
     ds = make_synthetic(n, 1000)
-    np.save(os.path.join(work, "queries.npy"), ds.queries)
-    np.save(os.path.join(work, "gt.npy"), ds.gt_ids)
+    np.save(os.path.join(work, quantization + ".queries.npy"), ds.queries)
+    np.save(os.path.join(work, quantization + ".gt.npy"), ds.gt_ids)
     engine = Engine(work)
     kb = engine.create_knowledge_base(
         quantization,
@@ -79,7 +79,7 @@ def child_build_kb(work: str, quantization: str, n: int) -> None:
         vectors="disk",
     )
     t0 = time.perf_counter()
-    table = pa.table({"document_id": [f"d{i}" for i in range(ds.n)], "text": [""] * ds.n})
+    table = pa.table({"document_id": [f"d{i // per_doc}" for i in range(ds.n)], "text": [""] * ds.n})
     kb.ingest_table(table, vectors=ds.base)
     kb.wait_until_indexed()
     kb.checkpoint()
@@ -91,8 +91,8 @@ def child_build_kb(work: str, quantization: str, n: int) -> None:
 
 def child_open_kb(work: str, name: str, vectors: str | None) -> None:
     """Opens knowledge base ``name`` and runs every query once; reports RssAnon growth."""
-    queries = np.load(os.path.join(work, "queries.npy"))
-    gt = np.load(os.path.join(work, "gt.npy"))
+    queries = np.load(os.path.join(work, name + ".queries.npy"))
+    gt = np.load(os.path.join(work, name + ".gt.npy"))
     import kbcore  # noqa: F401  (the native module's own memory is not the knowledge base's)
     from kbcore.engine import Engine
 
@@ -116,6 +116,24 @@ def child_open_kb(work: str, name: str, vectors: str | None) -> None:
             "anon_total_mib": anon1 / 1024,
         }
     )
+
+
+def child_open_index(work: str, name: str) -> None:
+    """Loads only the knowledge base's index checkpoint (kbcore.Index.load, as saved) and
+    searches it with every query; reports RssAnon growth (the native part of a reopen)."""
+    queries = np.load(os.path.join(work, name + ".queries.npy"))
+    import kbcore
+
+    with open(os.path.join(work, name, "manifest.json")) as fh:
+        ckpt = os.path.join(work, name, json.load(fh)["index"]["path"])
+    _settle()
+    anon0 = _status_kib("RssAnon")
+    index = kbcore.Index.load(ckpt)
+    for q in queries:
+        index.search(q, 10)
+    _settle()
+    anon1 = _status_kib("RssAnon")
+    _emit({"n": len(index), "vectors": index.vectors, "anon_bytes_per_vector": (anon1 - anon0) * 1024 / len(index)})
 
 
 def child_hnswlib(n: int) -> None:
@@ -149,13 +167,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--quantization", default="sq8,rabitq")
+    ap.add_argument("--chunks-per-doc", type=int, default=1, help="chunks of one document (1: every row its own)")
     ap.add_argument("--work", default=None, help="directory for the knowledge bases (default: a temp dir)")
+    ap.add_argument(
+        "--hnswlib-rss", type=float, default=None, help="hnswlib's B/vector from an earlier run (skips its build)"
+    )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, *rest = args.child
         if kind == "build-kb":
-            child_build_kb(rest[0], rest[1], int(rest[2]))
+            child_build_kb(rest[0], rest[1], int(rest[2]), int(rest[3]))
+        elif kind == "open-index":
+            child_open_index(rest[0], rest[1])
         elif kind == "open-kb":
             child_open_kb(rest[0], rest[1], None if rest[2] == "saved" else rest[2])
         elif kind == "hnswlib":
@@ -163,17 +187,30 @@ def main() -> None:
         return
     if not sys.platform.startswith("linux"):
         raise SystemExit("reads RssAnon from /proc/self/status: Linux only")
-    print(f"load average before: {os.getloadavg()}", flush=True)
+    print(
+        f"load average before: {os.getloadavg()}; {args.n} x 384, {args.chunks_per_doc} chunk(s) per document",
+        flush=True,
+    )
     work = args.work or tempfile.mkdtemp(prefix="kbcore-reopen-")
     try:
-        hn = _run("hnswlib", str(args.n))
+        if args.hnswlib_rss is not None:
+            hn = {"rss_bytes_per_vector": args.hnswlib_rss, "build_s": float("nan")}
+        else:
+            hn = _run("hnswlib", str(args.n))
         print(
             f"hnswlib M={M} efC={EF_CONSTRUCTION}: RSS {hn['rss_bytes_per_vector']:.0f} B/vector "
             f"(build {hn['build_s']:.0f} s)",
             flush=True,
         )
         for q in [x for x in args.quantization.split(",") if x]:
-            built = _run("build-kb", work, q, str(args.n))
+            built = _run("build-kb", work, q, str(args.n), str(args.chunks_per_doc))
+            native = _run("open-index", work, q)
+            print(
+                f"kbcore {q:6s} index checkpoint alone (Index.load): RssAnon +{native['anon_bytes_per_vector']:.0f} "
+                f"B/vector = {native['anon_bytes_per_vector'] / hn['rss_bytes_per_vector']:.2f}x hnswlib; "
+                f"vectors={native['vectors']}",
+                flush=True,
+            )
             disk = _run("open-kb", work, q, "saved")
             mem = _run("open-kb", work, q, "memory")
             for label, r in (("as saved (disk)", disk), ("override memory", mem)):

@@ -96,7 +96,7 @@ def _disk_file(tmp_path: Path) -> tuple[Path, int]:
     ix.add(data, ids, threads=1)
     path = tmp_path / "d.kbi"
     ix.save(path)
-    header, params, vectors_byte = 32, 8 + 1 + 1 + 5 * 8, 1
+    header, params, vectors_byte = 32, 8 + 1 + 1 + 4 * 8, 1  # dim, metric, kind, ef, M, efC, seed
     live_end = header + params + vectors_byte + 8 + 300 * 9
     return path, (live_end + 63) // 64 * 64
 
