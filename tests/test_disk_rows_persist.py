@@ -284,23 +284,36 @@ except kbcore.errors.StorageError as e:
 """
 
 
-def _small_tmpfs(tmp_path: Path) -> Path:
+def _run_on_a_full_tmpfs(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter whose TMPDIR is a 1 MiB tmpfs: mounted directly as
+    root, else in an unprivileged user and mount namespace (``unshare -rm``); skips, saying
+    why, where neither is allowed."""
     mnt = tmp_path / "full"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"a 1 MiB tmpfs cannot be mounted here (needs root): {res.stderr.decode().strip()}")
-    return mnt
+    if os.geteuid() == 0:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+        if res.returncode != 0:
+            pytest.skip(f"a 1 MiB tmpfs cannot be mounted here: {res.stderr.decode().strip()}")
+        try:
+            return subprocess.run(
+                [sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(mnt)}, capture_output=True
+            )
+        finally:
+            subprocess.run(["umount", str(mnt)], check=False)
+    script = 'mount -t tmpfs -o size=1m tmpfs "$1" || exit 97; TMPDIR="$1" exec "$2" -c "$3"'
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(mnt), sys.executable, code]
+    try:
+        res = subprocess.run(cmd, capture_output=True)
+    except FileNotFoundError:
+        pytest.skip("neither root nor unshare(1): no 1 MiB tmpfs to fill")
+    if res.returncode == 97 or (res.returncode == 1 and b"unshare" in res.stderr):
+        pytest.skip(f"no unprivileged tmpfs mount here: {res.stderr.decode().strip()}")
+    return res
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mounts a tmpfs (Linux)")
 def test_a_full_temp_folder_is_a_storage_error_not_sigbus(tmp_path):
-    mnt = _small_tmpfs(tmp_path)
-    try:
-        env = {**os.environ, "TMPDIR": str(mnt)}
-        res = subprocess.run([sys.executable, "-c", textwrap.dedent(_FULL_DISK)], env=env, capture_output=True)
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+    res = _run_on_a_full_tmpfs(tmp_path, textwrap.dedent(_FULL_DISK))
     # Before the space was reserved, the first write to a sparse page past the 1 MiB killed
     # the process with SIGBUS (return code -7).
     assert res.returncode == 0, (res.returncode, res.stderr.decode()[-500:])
