@@ -81,13 +81,10 @@ int seek64(std::FILE* f, std::int64_t off, int whence) {
   return fseeko(f, static_cast<off_t>(off), whence);
 #endif
 }
-std::int64_t tell64(std::FILE* f) {
 #if defined(_WIN32)
-  return _ftelli64(f);
-#else
-  return static_cast<std::int64_t>(ftello(f));
+// Only FileBytes' read fallback (no mmap) needs the file size from the stream.
+std::int64_t tell64(std::FILE* f) { return _ftelli64(f); }
 #endif
-}
 
 }  // namespace
 
