@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import FormatError
 from .fusion import FUSIONS, SEARCH_TYPES
-from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS
+from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS, VECTORS
 from .rerankers.http import API_FORMATS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
@@ -157,6 +157,11 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         c.choice(q, "config.quantization", QUANTIZATIONS)
         if kind != "hnsw":
             raise c.fail("config.quantization", f"is {q!r}, but quantization needs an hnsw index, not {kind!r}")
+    vectors = c.get(cfg, "vectors", "config.vectors", optional=True)
+    if vectors is not _MISSING and vectors is not None:
+        c.choice(vectors, "config.vectors", VECTORS)
+        if vectors == "disk" and (q is _MISSING or q is None):
+            raise c.fail("config.vectors", "is 'disk', but disk-resident rows need quantization 'sq8' or 'rabitq'")
     bits = c.get(cfg, "bits", "config.bits", optional=True)
     if bits is not _MISSING and bits is not None:
         c.int_(bits, "config.bits", *RABITQ_BITS)

@@ -183,6 +183,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             quantization=args.quantization,
             bits=args.bits,
             reranker=reranker,
+            vectors=args.vectors,
         )
         if reranker is not None:
             print(f"default reranker: {kb.reranker_spec}")
@@ -291,7 +292,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
-    from .index import KINDS, QUANTIZATIONS
+    from .index import KINDS, QUANTIZATIONS, VECTORS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
     ing.add_argument("paths", nargs="+", metavar="PATH")
@@ -313,6 +314,13 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         type=int,
         default=None,
         help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
+    )
+    ing.add_argument(
+        "--vectors",
+        default="memory",
+        choices=VECTORS,
+        help="for a new knowledge base with --quantization: keep the float32 rows in RAM (memory) or "
+        "in the mapped index file, out of anonymous memory (disk); stored, every reopen keeps it",
     )
     add_embedder_arguments(ing)
     add_reranker_argument(ing, default_of="the knowledge base (in its manifest; kbcore query and serve use it)")

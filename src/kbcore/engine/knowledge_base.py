@@ -63,10 +63,12 @@ class KnowledgeBase:
         *,
         default_embedder: Embedder | None = None,
         on_close: Callable[[KnowledgeBase], None] | None = None,
+        vectors: str | None = None,
     ) -> None:
         self.name = name
         self.path = path
         self._on_close = on_close
+        self._vectors = vectors  # override of the configuration's vectors (None: as saved)
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
@@ -85,6 +87,12 @@ class KnowledgeBase:
     @property
     def dim(self) -> int | None:
         return self._cell.state.config.get("dim")
+
+    @property
+    def vectors(self) -> str:
+        """Where this process keeps the float32 rows: "memory", or "disk" (a quantized
+        knowledge base created or opened with ``vectors="disk"``; see docs/quantization.md)."""
+        return self._cell.state.vectors
 
     @property
     def embedder(self) -> Embedder | None:
@@ -176,9 +184,9 @@ class KnowledgeBase:
         """KbState.load; for a sharded knowledge base under the writer lock (opening re-syncs
         the shards with the manifest, which writes them: :mod:`kbcore.engine.shards`)."""
         if not shards.is_sharded(storage.load_manifest(self.path)["config"]):
-            return KbState.load(self.name, self.path)
+            return KbState.load(self.name, self.path, self._vectors)
         with self._wmutex, self._flock.hold():
-            return KbState.load(self.name, self.path)
+            return KbState.load(self.name, self.path, self._vectors)
 
     def _sync(self) -> None:
         try:
@@ -189,7 +197,7 @@ class KnowledgeBase:
             raise
         if current != self._cell.state.generation:
             self._close_shards()  # the reload opens the shards again (one owner at a time)
-            state = KbState.load(self.name, self.path)
+            state = KbState.load(self.name, self.path, self._vectors)
             with self._cell.rw.write():
                 self._cell.state = state
 
