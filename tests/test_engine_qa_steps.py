@@ -236,3 +236,24 @@ def test_a_step_returning_no_text_stores_nothing(kb):
     with pytest.raises(InvalidArgumentError, match="step 's' must return a non-empty str"):
         kb.ingest(text="some text", document_id="d", pipeline="p")
     assert len(kb) == 0
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_ingest_qa_then_query(tmp_path, capsys, monkeypatch):
+    from kbcore.cli import main
+
+    monkeypatch.setenv("KBCORE_HOME", str(tmp_path / "home"))
+    faq = tmp_path / "faq.tsv"
+    faq.write_bytes(_csv(FAQ, ("Frage", "Antwort"), "\t"))
+    argv = ["ingest", "--qa", str(faq), "--kb", "help", "--question-column", "frage", "--answer-column", "antwort"]
+    assert main(argv) == 0
+    assert "3 question-answer pairs" in capsys.readouterr().out
+    assert main(["query", "refund window", "--kb", "help", "--top-k", "1", "--json"]) == 0
+    hit = json.loads(capsys.readouterr().out)[0]
+    assert (hit["content"], hit["metadata"]["question"]) == (FAQ[1][1], FAQ[1][0])
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(_csv([FAQ[0], ("", "x")]))
+    assert main(["ingest", "--qa", str(bad), "--kb", "help"]) == 1
+    assert "row 3: the question ('question') is empty" in capsys.readouterr().err
