@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import re
 
 import pytest
 
@@ -257,3 +259,70 @@ def test_cli_ingest_qa_then_query(tmp_path, capsys, monkeypatch):
     bad.write_bytes(_csv([FAQ[0], ("", "x")]))
     assert main(["ingest", "--qa", str(bad), "--kb", "help"]) == 1
     assert "row 3: the question ('question') is empty" in capsys.readouterr().err
+
+
+def test_qa_prepared_with_vectors_from_elsewhere(kb):
+    prepared = kb.prepare_qa(_csv(FAQ), filename="faq.csv")
+    assert prepared.texts == [q for q, _ in FAQ]
+    assert prepared.contents == tuple(a for _, a in FAQ)
+    vectors = kb.embedder.embed(prepared.texts)
+    assert kb.ingest_prepared(prepared, vectors).chunks == 3
+    hit = kb.retrieve("Which currencies are accepted?", 1)[0]
+    assert (hit.content, hit.metadata["question"]) == (FAQ[2][1], FAQ[2][0])
+
+
+# -- validation of what is stored --------------------------------------------------------------------
+
+BAD_STEPS = [
+    ("not a list", "pipelines.default.steps"),
+    ([], "pipelines.default.steps"),
+    ([{"name": "chunk"}], "pipelines.default.steps[0].intermediate"),
+    ([{"name": "chunk", "intermediate": "yes"}], "pipelines.default.steps[0].intermediate"),
+    ([{"name": "chunk", "intermediate": False}] * 2, "pipelines.default.steps[1].name"),
+    ([{"name": "s", "intermediate": False}, {"name": "chunk", "intermediate": False}], "steps[0].name"),
+    ([{"name": "chunk", "intermediate": False}, {"name": "parse", "intermediate": False}], "steps[1].name"),
+    ([{"name": "parse", "intermediate": False}], "pipelines.default.steps"),
+    ([{"name": "../x", "intermediate": False}], "steps[0].name"),
+]
+
+
+@pytest.mark.parametrize(("steps", "field"), BAD_STEPS)
+def test_crafted_pipeline_steps_raise_format_error_naming_the_field(tmp_path, steps, field):
+    from test_fuzz_kb_load import build_base_kb, write_crafted
+
+    from kbcore import storage
+    from kbcore.errors import FormatError
+
+    base = build_base_kb(str(tmp_path / "base" / "data"))
+    m = storage.load_manifest(base)
+    m["pipelines"]["default"]["steps"] = steps
+    d = write_crafted(base, str(tmp_path / "w"), m)
+    with pytest.raises(FormatError, match=re.escape(field)):
+        Engine(os.path.dirname(d)).get_knowledge_base("kb")
+
+
+@pytest.mark.parametrize("column", ["__content", "__steps"])
+def test_crafted_optional_chunk_column_of_the_wrong_type_raises_format_error(tmp_path, column):
+    import pyarrow as pa
+    from test_fuzz_kb_load import write_crafted
+
+    from kbcore import storage
+    from kbcore.errors import FormatError
+
+    engine = Engine(str(tmp_path / "base" / "data"))
+    kb = engine.create_knowledge_base("kb")
+    kb.ingest_qa(_csv(FAQ), filename="faq.csv")
+    engine.close()
+    base = os.path.join(str(tmp_path / "base" / "data"), "kb")
+    m = storage.load_manifest(base)
+    name = m["segments"][0]["files"]["chunks"]["path"]
+    with open(os.path.join(base, name), "rb") as f, pa.ipc.open_file(pa.py_buffer(f.read())) as r:
+        table = r.read_all()
+    table = table.drop_columns([c for c in ("__content", "__steps") if c in table.column_names])
+    table = table.append_column(column, pa.array(range(table.num_rows), pa.int64()))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    d = write_crafted(base, str(tmp_path / "w"), m, {name: sink.getvalue().to_pybytes()})
+    with pytest.raises(FormatError, match=f"column {column!r} has type int64"):
+        Engine(os.path.dirname(d)).get_knowledge_base("kb")

@@ -395,6 +395,34 @@ class KnowledgeBase:
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         return self._run_steps(ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None))
 
+    def prepare_qa(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        question_column: str = "question",
+        answer_column: str = "answer",
+        document_id: str | None = None,
+        filename: str | None = None,
+        format: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> PreparedDocument:
+        """Reads question-answer pairs as :meth:`ingest_qa` would, without embedding or
+        storing them: embed ``prepared.texts`` (the questions) elsewhere and store them with
+        :meth:`ingest_prepared`. Raises as :meth:`ingest_qa` on bad input; needs no embedder."""
+        self._check_open()
+        self._cell.state.pipeline(pipeline)
+        return ingest.prepare_qa(
+            source,
+            pipeline,
+            filename=filename,
+            format=format,
+            question_column=question_column,
+            answer_column=answer_column,
+            document_id=document_id,
+            metadata=metadata,
+        )
+
     def ingest_qa(
         self,
         source: str | os.PathLike[str] | bytes,
@@ -415,18 +443,16 @@ class KnowledgeBase:
         object keys for JSON lines). A bad row (missing column, empty question or answer)
         raises InvalidArgumentError naming it, and nothing is stored; re-ingesting the
         document id replaces it atomically (docs/qa.md)."""
-        self._check_open()
-        self._cell.state.pipeline(pipeline)
         embedder = self._embedder.require("ingest text")
-        prepared = ingest.prepare_qa(
+        prepared = self.prepare_qa(
             source,
-            pipeline,
-            filename=filename,
-            format=format,
             question_column=question_column,
             answer_column=answer_column,
             document_id=document_id,
+            filename=filename,
+            format=format,
             metadata=metadata,
+            pipeline=pipeline,
         )
         bar = ingest.progress(len(prepared.chunks), f"ingest {self.name}", None)
         try:
