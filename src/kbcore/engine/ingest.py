@@ -365,7 +365,9 @@ def prepare_qa(
     meta = check_metadata(metadata)
     if "question" in meta:
         raise InvalidArgumentError("metadata key 'question' is reserved in QA pairs: a hit carries its question there")
-    blocks, chunks, pos = [], [], 0
+    blocks: list[str] = []
+    chunks: list[Chunk] = []
+    pos = 0
     for i, pair in enumerate(pairs):
         block = f"Q: {pair.question}\nA: {pair.answer}"
         if blocks:

@@ -241,15 +241,20 @@ class KnowledgeBase:
     def set_step_function(self, pipeline: str, step: str, fn: Callable[[str], str]) -> None:
         """Gives the function of a user step of ``pipeline`` in this process (functions are
         not stored: after reopening a knowledge base, give them again before ingesting)."""
-        steps = self._cell.state.pipeline(pipeline).get("steps") or []
+        steps = self._steps_of(pipeline)
         if not any(s["name"] == step for s in steps) or step in ("parse", "chunk"):
             raise NotFoundError(f"pipeline {pipeline!r} has no user step {step!r}")
         if not callable(fn):
             raise InvalidTypeError(f"fn must be a callable (text) -> text, got {type(fn).__name__}")
         self._step_fns[(pipeline, step)] = fn
 
+    def _steps_of(self, pipeline: str) -> list[dict[str, Any]]:
+        """A pipeline's steps as the manifest records them ([] without steps)."""
+        cfg: dict[str, Any] = dict(self._cell.state.pipeline(pipeline))
+        return list(cfg.get("steps") or [])
+
     def _run_steps(self, prepared: PreparedDocument) -> PreparedDocument:
-        steps = self._cell.state.pipeline(prepared.pipeline).get("steps")
+        steps = self._steps_of(prepared.pipeline)
         if not steps:
             return prepared
         fns = {s: f for (p, s), f in self._step_fns.items() if p == prepared.pipeline}
