@@ -326,3 +326,24 @@ def test_crafted_optional_chunk_column_of_the_wrong_type_raises_format_error(tmp
     d = write_crafted(base, str(tmp_path / "w"), m, {name: sink.getvalue().to_pybytes()})
     with pytest.raises(FormatError, match=f"column {column!r} has type int64"):
         Engine(os.path.dirname(d)).get_knowledge_base("kb")
+
+
+def test_qa_xlsx_bad_row_is_named_by_its_sheet_row(kb):
+    openpyxl = pytest.importorskip("openpyxl", reason="xlsx QA needs the office extra (openpyxl)")
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append([None])  # an empty first row: the header is row 2
+    ws.append(["Question", "Answer"])
+    ws.append([FAQ[0][0], FAQ[0][1]])
+    ws.append([42, "numbers are text too"])
+    ws.append(["an unanswered question", None])
+    buf = io.BytesIO()
+    wb.save(buf)
+    with pytest.raises(InvalidArgumentError, match=r"'faq\.xlsx' row 5: the answer \('answer'\) is empty"):
+        kb.ingest_qa(buf.getvalue(), filename="faq.xlsx")
+    assert len(kb) == 0
+    ws.delete_rows(5)
+    buf = io.BytesIO()
+    wb.save(buf)
+    kb.ingest_qa(buf.getvalue(), filename="faq.xlsx")
+    assert kb.retrieve("42", 1, search_type="full_text")[0].content == "numbers are text too"
