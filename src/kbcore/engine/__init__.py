@@ -62,7 +62,9 @@ from .types import (
     KbStats,
     KeyResult,
     PreparedDocument,
+    ReembedReport,
     SearchOptions,
+    SyncReport,
     TextResult,
     is_valid_name,
 )
@@ -85,4 +87,6 @@ __all__ = [
     "PreparedDocument",
     "KbStats",
     "is_valid_name",
+    "SyncReport",
+    "ReembedReport",
 ]
