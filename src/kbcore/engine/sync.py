@@ -296,9 +296,11 @@ def run(
     metadata: Mapping[str, Any] | None,
     delete_missing: bool,
     hooks: Hooks,
-    batch_rows: int = BATCH_ROWS,
+    batch_rows: int | None = None,
 ) -> SyncReport:
-    """Syncs ``pipeline`` with ``items`` (see the module docstring); returns the report."""
+    """Syncs ``pipeline`` with ``items`` (see the module docstring); returns the report.
+    A batch is committed once ``batch_rows`` chunks (default :data:`BATCH_ROWS`) are ready."""
+    batch_rows = BATCH_ROWS if batch_rows is None else batch_rows
     state = hooks.state()
     pcfg = state.pipeline(pipeline)
     stored = Stored.of(state, pipeline)
