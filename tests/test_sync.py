@@ -274,3 +274,26 @@ def test_a_sync_killed_between_commits_is_completed_by_a_rerun(tmp_path, kill_at
     for rel, text in texts.items():
         assert kb.document_text(rel) == text
     engine.close()
+
+
+def test_cli_sync_prints_the_report_and_reembed_switches_the_embedder(tmp_path, capsys):
+    from kbcore.cli import main
+
+    src = tmp_path / "src"
+    texts = _write_folder(src, 5)
+    data = str(tmp_path / "cli-data")
+    assert main(["sync", str(src), "--kb", "docs", "--data", data]) == 0
+    assert "5 added, 0 changed, 0 unchanged, 0 deleted, 0 failed" in capsys.readouterr().out
+    os.remove(src / sorted(texts)[0])
+    assert main(["sync", str(src), "--kb", "docs", "--data", data, "--keep-missing", "--exclude", "part*"]) == 0
+    out = capsys.readouterr().out
+    assert "0 deleted" in out and f"{sum(not k.startswith('part') for k in texts) - 1} unchanged" in out
+    assert (
+        main(["reembed", "--kb", "docs", "--data", data, "--embedder", "hashing", "--embedding-dimensions", "24"]) == 0
+    )
+    assert "-> 24 dimensions" in capsys.readouterr().out
+    engine = Engine(data)
+    kb = engine.get_knowledge_base("docs")
+    assert kb.dim == 24 and kb.info()["embedder"]["dim"] == 24
+    assert kb.retrieve("Doc 1 paragraph", 1)
+    engine.close()
