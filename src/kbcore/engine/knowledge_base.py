@@ -447,7 +447,7 @@ class KnowledgeBase:
         """Brings ``pipeline`` in line with ``source``: a folder (recursively; document ids are
         the files' paths relative to it, ``/``-separated; ``include`` / ``exclude`` are glob
         patterns, see :func:`kbcore.engine.sync.folder_items`) or an iterable of documents
-        (:class:`Document`, paths, dicts, or ``(id, content, metadata)`` tuples).
+        (:class:`Document`, paths, dicts, or ``(id, content[, metadata])`` tuples).
 
         A document whose content hash (bytes, chunking, metadata) is stored already is
         skipped without parsing; a changed one is replaced, re-using the stored vector of

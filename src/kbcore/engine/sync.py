@@ -102,7 +102,7 @@ def source_items(
     """(source id, Document) of every item of a sync source, ids checked distinct.
 
     ``source`` is a folder (ids: relative paths) or an iterable of :class:`Document`, paths,
-    dicts of Document fields or ``(id, content, metadata)`` tuples (content: text as str, or
+    dicts of Document fields or ``(id, content[, metadata])`` tuples (content: text as str, or
     a file's bytes, typed by the id's extension). A Document's id is its ``document_id``,
     else its ``filename``, else its path as given (as :meth:`KnowledgeBase.ingest_many`
     names them); text or bytes without either raises (a content hash is no stable id).
@@ -137,8 +137,8 @@ def source_items(
 
 
 def _as_document(item: Any) -> Document:
-    if isinstance(item, tuple) and len(item) == 3:
-        doc_id, content, metadata = item
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        doc_id, content, metadata = item if len(item) == 3 else (*item, None)
         if isinstance(content, str):
             return Document(text=content, document_id=doc_id, metadata=metadata)
         if isinstance(content, (bytes, bytearray, memoryview)):
