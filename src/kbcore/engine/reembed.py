@@ -14,6 +14,7 @@ unreferenced and collected by the next commit), after it the new one.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -62,14 +63,24 @@ def catch_up(index: Index, state: KbState, embedder: Any, *, batch_size: int, ba
 def _add_rows(
     index: Index, seg: Segment, rows: np.ndarray, embedder: Any, dim: int, batch_size: int, bar: Any
 ) -> tuple[int, float]:
+    """Embeds ``rows`` of ``seg`` batch by batch; each batch's ``Index.add`` (which releases
+    the GIL: storing rows, tokenizing the BM25 leg) runs on a worker thread while the next
+    batch is embedded, one add in flight at most (bounded memory; its error is re-raised
+    here). Returns (rows, seconds inside ``embedder.embed``)."""
     spent = 0.0
-    for start in range(0, len(rows), batch_size):
-        part = rows[start : start + batch_size]
-        ids, meta, texts = seg.index_rows(part)
-        t0 = time.perf_counter()
-        out = embedder.embed(texts)
-        spent += time.perf_counter() - t0
-        vectors = check_embeddings(out, len(texts), dim, repr(embedder))
-        index.add(vectors, ids, metadata=meta, texts=texts, defer_graph=True)
-        bar.update(len(part))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed") as pool:
+        pending: Future[None] | None = None
+        for start in range(0, len(rows), batch_size):
+            part = rows[start : start + batch_size]
+            ids, meta, texts = seg.index_rows(part)
+            t0 = time.perf_counter()
+            out = embedder.embed(texts)
+            spent += time.perf_counter() - t0
+            vectors = check_embeddings(out, len(texts), dim, repr(embedder))
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(index.add, vectors, ids, metadata=meta, texts=texts, defer_graph=True)
+            bar.update(len(part))
+        if pending is not None:
+            pending.result()
     return int(len(rows)), spent

@@ -65,11 +65,13 @@ def folder_items(root: str, include: Sequence[str] | None, exclude: Sequence[str
     out = []
     for base, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        prefix = os.path.relpath(base, root).replace(os.sep, "/") + "/"  # once per folder
+        prefix = "" if prefix == "./" else prefix
         for name in sorted(files):
             if name.startswith("."):
                 continue
             full = os.path.join(base, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            rel = prefix + name
             if include:
                 if not _matches(rel, name, include):
                     continue
