@@ -284,3 +284,17 @@ def test_a_reembed_killed_at_random_points_leaves_the_old_or_the_new(tmp_path):
 @pytest.mark.slow
 def test_a_reembed_killed_at_20_random_points_leaves_the_old_or_the_new(tmp_path):
     assert _run_kill_points(tmp_path, 20, seed=2026) == {OLD_DIM, NEW_DIM}
+
+
+def test_reembed_of_an_empty_knowledge_base_records_the_new_embedder(tmp_path):
+    path = str(tmp_path / "data")
+    engine = Engine(path)
+    kb = engine.create_knowledge_base("kb", embedder=HashingEmbedder(dim=OLD_DIM))
+    report = kb.reembed(HashingEmbedder(dim=NEW_DIM))
+    assert (report.chunks, report.new_dim) == (0, NEW_DIM)
+    kb.ingest(text="after the switch", document_id="a")
+    engine.close()
+    engine = Engine(path)
+    kb = engine.get_knowledge_base("kb")
+    assert check_consistent(kb) == NEW_DIM and len(kb) == 1
+    engine.close()

@@ -297,3 +297,15 @@ def test_cli_sync_prints_the_report_and_reembed_switches_the_embedder(tmp_path, 
     assert kb.dim == 24 and kb.info()["embedder"]["dim"] == 24
     assert kb.retrieve("Doc 1 paragraph", 1)
     engine.close()
+
+
+def test_a_missing_folder_or_a_file_is_not_a_source(tmp_path):
+    emb = CountingEmbedder()
+    engine, kb = _kb(tmp_path, emb)
+    with pytest.raises(FileNotFoundError, match="No such folder"):
+        kb.sync(str(tmp_path / "nowhere"))
+    (tmp_path / "one.md").write_text("x", encoding="utf-8")
+    with pytest.raises(TypeError, match="not a folder"):
+        kb.sync(str(tmp_path / "one.md"))
+    assert kb.documents() == []
+    engine.close()

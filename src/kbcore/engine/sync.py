@@ -114,6 +114,8 @@ def source_items(
         return [(rid, Document(path, document_id=rid)) for rid, path in folder_items(os.fspath(source), inc, exc)]
     if inc or exc:
         raise InvalidArgumentError("include / exclude patterns apply to a folder source only")
+    if isinstance(source, (str, os.PathLike)) and not os.path.exists(source):
+        raise FileNotFoundError(2, f"No such folder: {os.fspath(source)!r}", os.fspath(source))
     if isinstance(source, (str, bytes, os.PathLike)) or not isinstance(source, Iterable):
         raise InvalidTypeError(
             f"sync source must be a folder or an iterable of documents, got {type(source).__name__}"
@@ -323,6 +325,7 @@ def run(
         pending.clear()
 
     for sid, doc in items:
+        hooks.bar.update(1)
         try:
             h, loaded = hash_item(doc, pcfg, metadata)
             if stored.unchanged(sid, h):
@@ -369,7 +372,8 @@ def _commit_batch(
             planned = replace(planned, reuse_rows=planned.reuse_rows[:0], reuse_ids=planned.reuse_ids[:0])
     todo = planned.embed_rows()
     texts = [c.text for p in planned.docs for c in p.chunks]
-    fresh = ingest.embed([texts[i] for i in todo.tolist()], embedder, hooks.bar) if len(todo) else None
+    quiet = ingest.progress(0, "", False)  # the bar counts source items
+    fresh = ingest.embed([texts[i] for i in todo.tolist()], embedder, quiet) if len(todo) else None
     dim = fresh.shape[1] if fresh is not None else int(state.config["dim"])
     vectors = np.empty((planned.rows, dim), dtype=np.float32)
     if fresh is not None:
