@@ -309,3 +309,29 @@ def test_a_missing_folder_or_a_file_is_not_a_source(tmp_path):
         kb.sync(str(tmp_path / "one.md"))
     assert kb.documents() == []
     engine.close()
+
+
+def test_a_zip_is_one_source_item_whose_dropped_members_are_deleted(tmp_path):
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    a, b = "Alpha beta gamma delta. " * 30, "Omega sigma kappa. " * 30
+
+    def write(members: dict[str, str]) -> None:
+        with zipfile.ZipFile(src / "arch.zip", "w") as z:
+            for name, text in members.items():
+                z.writestr(name, text)
+
+    write({"a.txt": a, "sub/b.txt": b})
+    emb = CountingEmbedder()
+    engine, kb = _kb(tmp_path, emb)
+    assert kb.sync(str(src)).added == ("arch.zip",)
+    assert sorted(d.document_id for d in kb.documents()) == ["arch.zip/a.txt", "arch.zip/sub/b.txt"]
+    assert kb.sync(str(src)).unchanged == ("arch.zip",)
+    write({"a.txt": a})  # b dropped, a unchanged
+    emb.texts.clear()
+    report = kb.sync(str(src))
+    assert report.changed == ("arch.zip",) and emb.texts == [] and report.chunks_reused > 0
+    assert [d.document_id for d in kb.documents()] == ["arch.zip/a.txt"]
+    engine.close()
