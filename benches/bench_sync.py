@@ -15,8 +15,10 @@ What it measures:
 3. **Re-embedding.** ``--reembed-chunks`` chunks (pre-embedded with ``ingest_table``) are
    re-embedded with the built-in HashingEmbedder; the report's ``embed_seconds`` is the time
    inside the embedder. Gate: everything else (reading texts, index adds, checkpoint, commit)
-   <= 10 % of the total. HNSW linking runs afterwards in the background, as after an ingest;
-   its time until ``wait_until_indexed`` is printed separately.
+   <= 10 % of the total; ``rest_chunks_per_s`` is the speed of that rest alone (an embedder
+   slower than a ninth of it meets the gate). A flat index by default; with
+   ``--reembed-index hnsw`` the graph linking that runs afterwards in the background, as
+   after an ingest, is timed separately (``wait_until_indexed``).
 
 Wall-clock timings on a shared machine are noisy; the gates are ratios measured in one process.
 Nothing asserts: the script prints PASS / FAIL per gate.
@@ -129,7 +131,7 @@ def bench_sync(tmp: str, ndocs: int) -> dict:
     }
 
 
-def bench_reembed(tmp: str, n: int) -> dict:
+def bench_reembed(tmp: str, n: int, kind: str) -> dict:
     import pyarrow as pa
 
     rng = np.random.default_rng(3)
@@ -138,7 +140,7 @@ def bench_reembed(tmp: str, n: int) -> dict:
     vecs = rng.standard_normal((n, 384), dtype=np.float32)
     table = pa.table({"text": texts, "document_id": [f"doc{i // 10}" for i in range(n)]})
     engine = Engine(os.path.join(tmp, "re"))
-    kb = engine.create_knowledge_base("kb", embedder=HashingEmbedder(dim=384))
+    kb = engine.create_knowledge_base("kb", embedder=HashingEmbedder(dim=384), index=kind)
     kb.ingest_table(table, vectors=vecs)
     kb.wait_until_indexed()
     kb.checkpoint()
@@ -155,6 +157,7 @@ def bench_reembed(tmp: str, n: int) -> dict:
         "rest_s": rest,
         "rest_fraction": rest / report.total_seconds,
         "embedder_chunks_per_s": report.chunks / report.embed_seconds,
+        "rest_chunks_per_s": report.chunks / rest,
         "background_linking_s": t_link,
     }
 
@@ -163,19 +166,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=5000)
     ap.add_argument("--reembed-chunks", type=int, default=100_000)
+    ap.add_argument(
+        "--reembed-index",
+        default="flat",
+        choices=("flat", "hnsw"),
+        help="index kind of the re-embedded knowledge base (hnsw adds minutes of graph linking before and after)",
+    )
+    ap.add_argument("--skip-sync", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        s = bench_sync(tmp, args.docs)
-        r = bench_reembed(tmp, args.reembed_chunks)
+        s = {} if args.skip_sync else bench_sync(tmp, args.docs)
+        r = bench_reembed(tmp, args.reembed_chunks, args.reembed_index)
     for k, v in {**{f"sync.{k}": v for k, v in s.items()}, **{f"reembed.{k}": v for k, v in r.items()}}.items():
         print(f"{k:<45} {v:.4f}" if isinstance(v, float) else f"{k:<45} {v}")
-    gates = {
-        "unchanged sync <= 5% of the first sync, 0 embedding calls": s["unchanged_ratio_vs_first_sync"] <= 0.05
-        and s["unchanged_embedding_calls"] == 0,
-        "1% edited: embedding calls == changed chunks": s["edited_embedded"] == s["edited_embedded_oracle"],
-        "reembed: the rest <= 10% of the time": r["rest_fraction"] <= 0.10,
-    }
+    gates = {"reembed: the rest <= 10% of the time": r["rest_fraction"] <= 0.10}
+    if s:
+        gates["unchanged sync <= 5% of the first sync, 0 embedding calls"] = (
+            s["unchanged_ratio_vs_first_sync"] <= 0.05 and s["unchanged_embedding_calls"] == 0
+        )
+        gates["1% edited: embedding calls == changed chunks"] = s["edited_embedded"] == s["edited_embedded_oracle"]
     for name, ok in gates.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     if args.json:

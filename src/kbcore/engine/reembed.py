@@ -21,8 +21,9 @@ import numpy as np
 
 from ..embedders import check_embeddings
 from ..index import Index
-from .segments import Segment
+from .segments import Segment, text_list
 from .state import KbState, new_index
+from .types import INTERNAL_COLUMNS
 
 
 def build(state: KbState, embedder: Any, *, batch_size: int, bar: Any) -> tuple[Index, int, float]:
@@ -60,6 +61,16 @@ def catch_up(index: Index, state: KbState, embedder: Any, *, batch_size: int, ba
     return total, spent
 
 
+def _index_rows(seg: Segment, rows: np.ndarray) -> tuple[np.ndarray, Any, list[str]]:
+    """:meth:`Segment.index_rows`, with zero-copy slices for a contiguous run of rows (the
+    usual case: a segment without deleted documents), which saves an Arrow ``take`` per batch."""
+    lo, n = int(rows[0]), len(rows)
+    if int(rows[-1]) - lo + 1 != n:
+        return seg.index_rows(rows)
+    meta = seg.chunks.slice(lo, n).drop_columns(list(INTERNAL_COLUMNS))
+    return seg.ids[lo : lo + n], meta, text_list(seg.text.slice(lo, n))
+
+
 def _add_rows(
     index: Index, seg: Segment, rows: np.ndarray, embedder: Any, dim: int, batch_size: int, bar: Any
 ) -> tuple[int, float]:
@@ -72,7 +83,7 @@ def _add_rows(
         pending: Future[None] | None = None
         for start in range(0, len(rows), batch_size):
             part = rows[start : start + batch_size]
-            ids, meta, texts = seg.index_rows(part)
+            ids, meta, texts = _index_rows(seg, part)
             t0 = time.perf_counter()
             out = embedder.embed(texts)
             spent += time.perf_counter() - t0

@@ -39,8 +39,10 @@ from .types import Document, PreparedDocument, SyncReport
 HASH_BYTES = 16
 #: Part of every content hash: a change of what is hashed changes this tag.
 _HASH_TAG = b"kbcore-sync-1\0"
-#: Chunks prepared before a batch is embedded and committed.
-BATCH_ROWS = 4096
+#: Chunks prepared before a batch is embedded and committed: as many as one commit of
+#: ``ingest_many`` (a commit of at least 4,096 rows checkpoints the index, so smaller batches
+#: would save the whole index more often).
+BATCH_ROWS = ingest.COMMIT_ROWS
 #: What reading or parsing one source item may raise: reported as failed, the sync goes on.
 _ITEM_ERRORS = (KbcoreError, OSError, ValueError, UnicodeError, ImportError)
 
