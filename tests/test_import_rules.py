@@ -136,6 +136,8 @@ _ENGINE = {
     _E + "graph_builder": {"kbcore.index"},
     _E + "embedding": {"kbcore.embedders"},
     _E + "reranking": {"kbcore.rerankers", _E + "types"},
+    _E + "sync": {"kbcore.parsing", _E + "ingest", _E + "state", _E + "types"},
+    _E + "reembed": {"kbcore.embedders", "kbcore.index", _E + "segments", _E + "state", _E + "types"},
 }
 _ENGINE[_E + "knowledge_base"] = _CORE_ALL | set(_ENGINE)
 _ENGINE[_E + "directory"] = _CORE_ALL | {

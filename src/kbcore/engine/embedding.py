@@ -29,6 +29,11 @@ class KbEmbedder:
         """Makes ``embedder`` the first candidate and resolves again."""
         self.current, self._problem = resolve(self._spec, (embedder, self._default))
 
+    def switch(self, spec: dict[str, Any], embedder: Embedder) -> None:
+        """Makes ``embedder`` (recorded as ``spec``) the knowledge base's embedder (a re-embed)."""
+        self._spec = spec
+        self.current, self._problem = embedder, None
+
     def require(self, what: str) -> Embedder:
         """The embedder, else InvalidArgumentError saying why the knowledge base cannot ``what``."""
         if self.current is not None:
