@@ -17,6 +17,7 @@ from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_quantization
+from ..rerankers import as_reranker, reranker_spec
 from . import commit, manifest
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
@@ -91,6 +92,7 @@ class Engine:
         shards: int | None = None,
         quantization: str | None = None,
         bits: int | None = None,
+        reranker: Any = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
@@ -103,6 +105,10 @@ class Engine:
         ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base). A name already in use raises ``InvalidArgumentError`` unless ``exist_ok``.
+        ``reranker``: the default reranker of ``retrieve`` (a reranker, a function ``(query,
+        texts) -> scores``, a spec or a kind name; docs/rerankers.md), recorded in the manifest
+        by its spec and rebuilt when the knowledge base is reopened (a function cannot be: it
+        is recorded by name and must be set again after a reopen).
 
         ``shards=N`` makes a sharded knowledge base: its index is a
         :class:`~kbcore.distributed.ShardedIndex` of N Ray actors stored in ``<kb>/shards``
@@ -149,6 +155,9 @@ class Engine:
             raise InvalidTypeError(f"description must be a str, got {type(description).__name__}")
         spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
         m = manifest.initial(name, config, spec, description)
+        rr = as_reranker(reranker) if reranker is not None else None
+        if rr is not None:
+            m["reranker"] = reranker_spec(rr)
         check_settings(m, name)  # every value against what the file format holds, before any disk
         with self._mutex, self._flock.hold():
             final = os.path.join(self.path, name)
@@ -180,6 +189,8 @@ class Engine:
                     trash = final
                 shutil.rmtree(trash, ignore_errors=True)
                 raise
+            if rr is not None:
+                kb._attach_reranker(rr)
             self._kbs[name] = kb
             return kb
 

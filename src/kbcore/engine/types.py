@@ -259,7 +259,11 @@ class SearchOptions(NamedTuple):
       reciprocal rank fusion with 1-based ranks and constant ``rrf_k``, or ``"linear"``,
       ``vector_weight * minmax(vector score) + (1 - vector_weight) * minmax(BM25)``);
     - ``query_vector``: the vector leg's query for a str query (a knowledge base without
-      embedder, or a precomputed embedding).
+      embedder, or a precomputed embedding);
+    - ``rerank``: None (the knowledge base's default reranker, if any, for a text query), True
+      (the default, required), False (no rerank) or a reranker / function ``(query, texts) ->
+      scores`` / spec; ``rerank_depth``: the first stage's candidates (default 50, at least
+      ``top_k``). See :mod:`kbcore.engine.reranking` and docs/rerankers.md.
 
     Values are checked when a search uses them; errors name the option. Immutable (a
     NamedTuple: cheap to build per call); ``opts._replace(deduplicate=True)`` derives one.
@@ -276,3 +280,5 @@ class SearchOptions(NamedTuple):
     rrf_k: float = 60
     window: int | None = None
     query_vector: Any = None
+    rerank: Any = None
+    rerank_depth: int | None = None
