@@ -44,9 +44,7 @@ from langbot_plugin.api.entities.builtin.rag.models import (  # noqa: E402
 from langbot_plugin.entities.io.actions.enums import PluginToRuntimeAction  # noqa: E402
 from langbot_plugin.utils.discover.engine import ComponentDiscoveryEngine  # noqa: E402
 
-from kbcore.chunking import chunk_text  # noqa: E402
 from kbcore.embedders import HashingEmbedder  # noqa: E402
-from kbcore.parsing import parse  # noqa: E402
 
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "integrations" / "langbot"
 HOST_MODEL = "host-embedding-model"
@@ -208,8 +206,14 @@ def retrieve(component, ctx) -> RetrievalResponse:
 
 
 def expected_chunks(path: str, size=200, overlap=20) -> list[str]:
-    text = parse(FILES[path], filename=path).text
-    return [c.text for c in chunk_text(text, chunk_size=size, chunk_overlap=overlap)]
+    """The chunks kbcore's own ingest makes of a file (structure-aware: sections, tables)."""
+    import tempfile
+
+    from kbcore import Engine
+
+    with tempfile.TemporaryDirectory() as tmp, Engine(tmp) as engine:
+        kb = engine.create_knowledge_base("x", chunk_size=size, chunk_overlap=overlap, embedder=False)
+        return list(kb.prepare(FILES[path], filename=path).texts)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:langbot_plugin.*")
