@@ -549,7 +549,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         name = fm.filename or None
         if parsed is not None and parsed.sections and any((x.content or "").strip() for x in parsed.sections):
             # a parser plugin's structure: headings become the chunks' section path
-            source: dict[str, Any] = {"text": sections_markdown(parsed.sections), "format": "markdown"}
+            md = sections_markdown(parsed.sections).encode("utf-8")
+            source: dict[str, Any] = {"source": md, "format": "markdown"}
             fmt = "host-parsed-sections"
         elif parsed is not None and parsed.text and parsed.text.strip():
             source, fmt = {"text": parsed.text}, "host-parsed"
