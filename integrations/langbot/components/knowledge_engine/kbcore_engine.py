@@ -216,13 +216,18 @@ def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+#: What a model selector sends when none is picked.
+_NO_MODEL = frozenset({"__none__", "none", "null"})
+
+
 def _str(settings: Mapping[str, Any], name: str) -> str:
     v = settings.get(name)
     if v is None:
         return ""
     if not isinstance(v, str):
         raise InvalidArgumentError(f"setting {name!r} must be a string, got {v!r}")
-    return v.strip()
+    v = v.strip()
+    return "" if v.lower() in _NO_MODEL else v
 
 
 def builtin_embedder(choice: str) -> Any:
