@@ -85,6 +85,8 @@ QUERY_REWRITES = ("off", "hyde", "multi_query", "step_back")
 #: Multi-query: rewrites asked of the LLM; reciprocal rank fusion constant of the merge.
 MULTI_QUERIES = 3
 RRF_K = 60
+#: Candidates one host rerank call scores at most (LangBot 4.11 asks the model for top 64).
+RERANK_MAX = 64
 #: Seconds to wait for one host rerank / LLM call.
 RERANK_TIMEOUT = 60.0
 LLM_TIMEOUT = 60.0
@@ -211,8 +213,11 @@ def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "query_rewrite": _choice(s, "query_rewrite", "off", QUERY_REWRITES),
         "rewrite_llm_model_uuid": _str(s, "rewrite_llm_model_uuid"),
     }
-    if out["rerank_top_n"] > 200:
-        raise InvalidArgumentError(f"setting 'rerank_top_n' must be at most 200, got {out['rerank_top_n']}")
+    if out["rerank_top_n"] > RERANK_MAX:
+        raise InvalidArgumentError(
+            f"setting 'rerank_top_n' must be at most {RERANK_MAX} (what LangBot's rerank call scores), "
+            f"got {out['rerank_top_n']}"
+        )
     return out
 
 
