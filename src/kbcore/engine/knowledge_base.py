@@ -359,15 +359,14 @@ class KnowledgeBase:
         """
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
-        if embedder is None:
-            embedder = self._embedder.require("ingest text")
-        else:
-            embedder = as_embedder(embedder)
-            if self.dim is not None and int(embedder.dim) != self.dim:
-                raise InvalidArgumentError(
-                    f"embedder {embedder!r} makes {int(embedder.dim)}-dimensional vectors but knowledge base "
-                    f"{self.name!r} holds {self.dim}-dimensional ones"
-                )
+        call_embedder = None if embedder is None else as_embedder(embedder)
+        if call_embedder is None:
+            self._embedder.require("ingest text")  # fail before parsing anything
+        elif self.dim is not None and int(call_embedder.dim) != self.dim:
+            raise InvalidArgumentError(
+                f"embedder {call_embedder!r} makes {int(call_embedder.dim)}-dimensional vectors but knowledge "
+                f"base {self.name!r} holds {self.dim}-dimensional ones"
+            )
         prepared, skipped = ingest.prepare_all(documents, pipeline, pcfg, metadata)
         if pcfg.get("steps"):
             prepared = [self._run_steps(p) for p in prepared]
@@ -376,8 +375,8 @@ class KnowledgeBase:
         try:
             for part in ingest.commit_groups(prepared):
                 spec = self._cell.state.manifest.get("embedder")  # before the embedder: see _same_embedder
-                embedder = self._embedder.require("ingest text")
-                vectors = ingest.embed([t for p in part for t in p.texts], embedder, bar)
+                emb = call_embedder if call_embedder is not None else self._embedder.require("ingest text")
+                vectors = ingest.embed([t for p in part for t in p.texts], emb, bar)
                 results.extend(self._commit_prepared(part, pipeline, vectors, embedded_with=spec))
         finally:
             bar.close()
