@@ -18,7 +18,8 @@ from typing import Any
 
 from .errors import FormatError
 from .fusion import FUSIONS, SEARCH_TYPES
-from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS
+from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS, VECTORS
+from .rerankers.http import API_FORMATS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -126,6 +127,9 @@ def validate_manifest(m: Any, where: str = "manifest") -> dict[str, Any]:
     emb = c.get(m, "embedder", "embedder", optional=True)
     if emb is not _MISSING and emb is not None:
         _embedder(c, emb, dim)
+    rr = c.get(m, "reranker", "reranker", optional=True)
+    if rr is not _MISSING and rr is not None:
+        _reranker(c, rr)
     _pipelines(c, c.dict_(c.get(m, "pipelines", "pipelines"), "pipelines"))
     next_id = c.int_(c.get(m, "next_id", "next_id"), "next_id")
     c.int_(c.get(m, "next_group", "next_group"), "next_group")
@@ -153,6 +157,11 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         c.choice(q, "config.quantization", QUANTIZATIONS)
         if kind != "hnsw":
             raise c.fail("config.quantization", f"is {q!r}, but quantization needs an hnsw index, not {kind!r}")
+    vectors = c.get(cfg, "vectors", "config.vectors", optional=True)
+    if vectors is not _MISSING and vectors is not None:
+        c.choice(vectors, "config.vectors", VECTORS)
+        if vectors == "disk" and (q is _MISSING or q is None):
+            raise c.fail("config.vectors", "is 'disk', but disk-resident rows need quantization 'sq8' or 'rabitq'")
     bits = c.get(cfg, "bits", "config.bits", optional=True)
     if bits is not _MISSING and bits is not None:
         c.int_(bits, "config.bits", *RABITQ_BITS)
@@ -183,6 +192,30 @@ def _pipelines(c: _Check, pipes: dict[str, Any]) -> None:
         if not _PIPELINE_NAME.match(name):
             raise c.fail("pipelines", f"has an invalid pipeline name {name!r}")
         _chunking(c, p, f"pipelines.{name}")
+        steps = c.get(p, "steps", f"pipelines.{name}.steps", optional=True)
+        if steps is not _MISSING:
+            _steps(c, steps, f"pipelines.{name}.steps")
+
+
+def _steps(c: _Check, steps: Any, field: str) -> None:
+    """A pipeline's ``steps``: 1-10 of {"name", "intermediate"}, names unique, "parse" only
+    first, "chunk" exactly once and before every user step."""
+    if not isinstance(steps, list) or not 1 <= len(steps) <= 10:
+        raise c.fail(field, f"must be a list of 1 to 10 steps, got {steps!r:.80}")
+    seen: list[str] = []
+    for i, step in enumerate(steps):
+        f = f"{field}[{i}]"
+        c.dict_(step, f)
+        name = c.str_(c.get(step, "name", f"{f}.name"), f"{f}.name")
+        if not _PIPELINE_NAME.match(name) or name in seen:
+            raise c.fail(f"{f}.name", f"must be a valid, unique step name, got {name!r}")
+        if not isinstance(c.get(step, "intermediate", f"{f}.intermediate"), bool):
+            raise c.fail(f"{f}.intermediate", "must be true or false")
+        if (name == "parse" and i != 0) or (name not in ("parse", "chunk") and "chunk" not in seen):
+            raise c.fail(f"{f}.name", f"is {name!r} out of order (parse first, user steps after chunk)")
+        seen.append(name)
+    if "chunk" not in seen:
+        raise c.fail(field, "has no 'chunk' step")
 
 
 def _segment(c: _Check, seg: Any, f: str, gen: int, seen: set[str]) -> int:
@@ -265,3 +298,29 @@ def _embedder(c: _Check, emb: Any, dim: int | None) -> None:
         n = c.get(e, "normalize", "embedder.normalize", optional=True)
         if n is not _MISSING and not isinstance(n, bool):
             raise c.fail("embedder.normalize", f"must be true or false, got {n!r}")
+
+
+def _reranker(c: _Check, rr: Any) -> None:
+    """The default reranker's spec (optional; manifests before rerankers have none). Kinds
+    other than ``http`` / ``cross-encoder`` are only checked for a ``kind`` (a registered
+    kind, or ``custom``, says what it needs when it is rebuilt)."""
+    r = c.dict_(rr, "reranker")
+    kind = c.str_(c.get(r, "kind", "reranker.kind"), "reranker.kind")
+    if not kind:
+        raise c.fail("reranker.kind", "is empty")
+    if kind == "http":
+        c.choice(c.get(r, "api_format", "reranker.api_format"), "reranker.api_format", API_FORMATS)
+        for key in ("model", "base_url", "api_key_env"):
+            v = c.get(r, key, f"reranker.{key}", optional=True)
+            if v is not _MISSING and v is not None:
+                c.str_(v, f"reranker.{key}")
+    elif kind == "cross-encoder":
+        c.str_(c.get(r, "model", "reranker.model"), "reranker.model")
+    for key in ("batch_size", "max_retries", "max_length"):
+        v = c.get(r, key, f"reranker.{key}", optional=True)
+        if v is not _MISSING and v is not None:
+            c.int_(v, f"reranker.{key}", 0 if key == "max_retries" else 1, _MAX_KNOB)
+    for key in ("timeout", "deadline"):
+        v = c.get(r, key, f"reranker.{key}", optional=True)
+        if v is not _MISSING and v is not None:
+            c.num(v, f"reranker.{key}", 1e-6, 1e9)

@@ -163,11 +163,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     metadata = _json_arg(args.metadata, "--metadata") if args.metadata else None
     embedder = embedder_from_cli_args(args)
+    reranker = _reranker_arg(args)
     engine = _engine(args)
     if args.kb in engine:
         kb = engine.get_knowledge_base(args.kb)
         if embedder is not None:
             _check_same_embedder(kb, embedder)
+        if reranker is not None:
+            kb.set_reranker(reranker)
+            print(f"default reranker of {args.kb!r}: {kb.reranker_spec}")
     else:
         kb = engine.create_knowledge_base(
             args.kb,
@@ -178,11 +182,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             shards=args.shards,
             quantization=args.quantization,
             bits=args.bits,
+            reranker=reranker,
+            vectors=args.vectors,
         )
+        if reranker is not None:
+            print(f"default reranker: {kb.reranker_spec}")
         used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
     if args.pipeline not in kb.pipelines:
         kb.create_pipeline(args.pipeline)
+    if args.qa:
+        return _ingest_qa(args, engine, kb, metadata)
     files = _expand(args.paths)
     if not files:
         raise SystemExit("kbcore ingest: no supported files found")
@@ -197,6 +207,27 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ingest_qa(args: argparse.Namespace, engine: Any, kb: Any, metadata: Any) -> int:
+    """``kbcore ingest --qa FILE...``: each file's question-answer rows as one document (its
+    path as given is the document id), each file atomically, in order."""
+    t0 = time.perf_counter()
+    chunks = 0
+    for path in args.paths:
+        res = kb.ingest_qa(
+            path,
+            question_column=args.question_column,
+            answer_column=args.answer_column,
+            metadata=metadata,
+            pipeline=args.pipeline,
+        )
+        chunks += res.chunks
+        print(f"{path}: {res.chunks} question-answer pairs{' (replaced)' if res.replaced else ''}")
+    dt = time.perf_counter() - t0
+    print(f"ingested {len(args.paths)} QA files, {chunks} pairs into {args.kb!r} in {dt:.2f} s")
+    engine.close()
+    return 0
+
+
 def _json_arg(text: str, flag: str):
     try:
         return json.loads(text)
@@ -204,8 +235,21 @@ def _json_arg(text: str, flag: str):
         raise SystemExit(f"kbcore: {flag} is not valid JSON: {exc}") from None
 
 
+def _reranker_arg(args: argparse.Namespace) -> Any:
+    """The reranker of ``--reranker`` (a JSON spec or a kind name), or None."""
+    from .rerankers import as_reranker
+
+    spec = getattr(args, "reranker", None)
+    return as_reranker(spec) if spec else None
+
+
 def cmd_query(args: argparse.Namespace) -> int:
+    from .errors import InvalidArgumentError
+
     filters = _json_arg(args.filter, "--filter") if args.filter else None
+    if args.reranker and args.rerank is False:
+        raise InvalidArgumentError("--reranker and --no-rerank contradict each other; give one")
+    reranker = _reranker_arg(args)
     engine = _engine(args)
     kb = engine.get_knowledge_base(args.kb)
     hits = kb.retrieve(
@@ -217,6 +261,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         search_type=args.search_type,
         fusion=args.fusion,
         vector_weight=args.vector_weight,
+        rerank=reranker if reranker is not None else args.rerank,
+        rerank_depth=args.rerank_depth,
     )
     if args.json:
         print(
@@ -269,7 +315,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
-    from .index import KINDS, QUANTIZATIONS
+    from .index import KINDS, QUANTIZATIONS, VECTORS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
     ing.add_argument("paths", nargs="+", metavar="PATH")
@@ -277,6 +323,14 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     ing.add_argument("--data", default=None, help=data_help)
     ing.add_argument("--metadata", default=None, help="JSON object added to every document's metadata")
     ing.add_argument("--pipeline", default="default")
+    ing.add_argument(
+        "--qa",
+        action="store_true",
+        help="the PATHs are question-answer files (.csv .tsv .jsonl .xlsx): the question is searched, "
+        "the answer returned (docs/qa.md)",
+    )
+    ing.add_argument("--question-column", default="question", help="with --qa: the question column")
+    ing.add_argument("--answer-column", default="answer", help="with --qa: the answer column")
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
     ing.add_argument("--index", default="hnsw", choices=KINDS, help="for a new knowledge base")
@@ -292,7 +346,15 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         default=None,
         help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
     )
+    ing.add_argument(
+        "--vectors",
+        default="memory",
+        choices=VECTORS,
+        help="for a new knowledge base with --quantization: keep the float32 rows in RAM (memory) or "
+        "in the mapped index file, out of anonymous memory (disk); stored, every reopen keeps it",
+    )
     add_embedder_arguments(ing)
+    add_reranker_argument(ing, default_of="the knowledge base (in its manifest; kbcore query and serve use it)")
     ing.add_argument(
         "--shards",
         type=int,
@@ -333,8 +395,98 @@ def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         default=None,
         help="weight of the vector leg in linear fusion, in [0, 1]; default: the knowledge base's",
     )
+    add_reranker_argument(q)
+    q.add_argument(
+        "--rerank",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--rerank: rerank with the knowledge base's default reranker (an error without one); "
+        "--no-rerank: do not rerank; default: rerank when the knowledge base has a default reranker",
+    )
+    q.add_argument(
+        "--rerank-depth",
+        type=int,
+        default=None,
+        metavar="N",
+        help="candidates the first stage passes to the reranker (default 50, at least --top-k)",
+    )
     q.add_argument("--json", action="store_true", help="print hits as JSON")
     q.set_defaults(func=cmd_query)
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    kb = engine.get_knowledge_base(args.kb) if args.kb in engine else engine.create_knowledge_base(args.kb)
+    if args.pipeline not in kb.pipelines:
+        kb.create_pipeline(args.pipeline)
+    t0 = time.perf_counter()
+    report = kb.sync(
+        args.dir,
+        include=args.include or None,
+        exclude=args.exclude or None,
+        delete_missing=not args.keep_missing,
+        pipeline=args.pipeline,
+    )
+    dt = time.perf_counter() - t0
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(report), indent=1, ensure_ascii=False))
+    else:
+        print(
+            f"synced {args.dir!r} into {args.kb!r} in {dt:.2f} s: {len(report.added)} added, "
+            f"{len(report.changed)} changed, {len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
+            f"{len(report.failed)} failed; {report.chunks_embedded} chunks embedded, {report.chunks_reused} reused"
+        )
+        for doc_id, reason in report.failed:
+            print(f"  failed {doc_id}: {reason}")
+    engine.close()
+    return 1 if report.failed else 0
+
+
+def cmd_reembed(args: argparse.Namespace) -> int:
+    from .embedders import describe_embedder
+
+    embedder = embedder_from_cli_args(args)
+    if not embedder:
+        raise SystemExit("kbcore reembed: --embedder is required (and may not be none)")
+    engine = _engine(args)
+    kb = engine.get_knowledge_base(args.kb)
+    report = kb.reembed(embedder, batch_size=args.batch_size)
+    print(
+        f"re-embedded {report.chunks} chunks of {args.kb!r} with {describe_embedder(embedder)} "
+        f"({report.old_dim} -> {report.new_dim} dimensions) in {report.total_seconds:.2f} s "
+        f"({report.embed_seconds:.2f} s in the embedder); generation {report.generation}"
+    )
+    engine.close()
+    return 0
+
+
+def _add_sync_parsers(sub: argparse._SubParsersAction, data_help: str) -> None:
+    """sync and reembed."""
+    s = sub.add_parser(
+        "sync",
+        help="make a knowledge base mirror a folder: add new files, replace changed ones (re-using "
+        "unchanged chunks' vectors), delete removed ones",
+    )
+    s.add_argument("dir", metavar="DIR")
+    s.add_argument("--kb", required=True, help="knowledge base name (created if missing)")
+    s.add_argument("--data", default=None, help=data_help)
+    s.add_argument("--pipeline", default="default")
+    s.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching (repeatable)")
+    s.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching (repeatable)")
+    s.add_argument("--keep-missing", action="store_true", help="keep documents whose file is gone")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.set_defaults(func=cmd_sync)
+
+    r = sub.add_parser(
+        "reembed", help="embed every stored chunk again with another embedder (queries keep working meanwhile)"
+    )
+    r.add_argument("--kb", required=True)
+    r.add_argument("--data", default=None, help=data_help)
+    r.add_argument("--batch-size", type=int, default=256, help="texts per embedder call (default 256)")
+    add_embedder_arguments(r)
+    r.set_defaults(func=cmd_reembed)
 
 
 def _add_admin_parsers(sub: argparse._SubParsersAction, data_help: str) -> None:
@@ -371,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ingest_parser(sub, data_help)
     _add_query_parser(sub, data_help)
     _add_admin_parsers(sub, data_help)
+    _add_sync_parsers(sub, data_help)
     _add_serve_parser(sub, data_help)
     return parser
 
@@ -394,6 +547,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + 13  # 141, the status a shell reports for SIGPIPE
+
+
+# -- the reranker option (ingest, query) ---------------------------------------------------
+
+
+def add_reranker_argument(parser: argparse.ArgumentParser, *, default_of: str | None = None) -> None:
+    """Adds ``--reranker SPEC`` (a JSON spec or a kind name; docs/rerankers.md)."""
+    what = f"the default reranker of {default_of}" if default_of else "rerank with this reranker"
+    parser.add_argument(
+        "--reranker",
+        default=None,
+        metavar="SPEC",
+        help=f'{what}: a JSON spec, e.g. \'{{"kind": "http", "api_format": "cohere", '
+        f'"model": "rerank-v3.5", "base_url": "https://api.cohere.com/v2", '
+        f'"api_key_env": "COHERE_API_KEY"}}\', or cross-encoder (a local model, kbcore[st])',
+    )
 
 
 # -- the embedder options (ingest, serve) ---------------------------------------------------
@@ -474,6 +643,7 @@ _CLI_FIELDS = {
 _CLI_ALLOWED = {
     "hashing": {"embedding_dimensions", "embedding_batch_size"},
     "minilm": {"embedding_batch_size"},
+    "e5": {"embedding_batch_size"},
     "openai": set(_CLI_FIELDS),
     "azure": set(_CLI_FIELDS),
     "sentence-transformers": {"embedding_model", "embedding_batch_size"},
@@ -493,6 +663,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     """
     from .embedders import (
         EMBEDDER_KINDS,
+        E5Embedder,
         HashingEmbedder,
         MiniLMEmbedder,
         OpenAIEmbedder,
@@ -507,7 +678,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         if given:
             raise InvalidArgumentError(
                 f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
-                "(openai, azure, hashing, minilm or sentence-transformers)"
+                "(openai, azure, hashing, minilm, e5 or sentence-transformers)"
             )
         return None
     if kind not in EMBEDDER_KINDS:
@@ -527,6 +698,8 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         )
     if kind == "minilm":
         return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
+    if kind == "e5":
+        return E5Embedder(**({"batch_size": batch} if batch else {}))
     if kind == "sentence-transformers":
         if not model:
             raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")

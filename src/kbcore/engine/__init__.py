@@ -64,7 +64,10 @@ from .types import (
     KbStats,
     KeyResult,
     PreparedDocument,
+    ReembedReport,
     SearchOptions,
+    Step,
+    SyncReport,
     TextResult,
     is_valid_name,
 )
@@ -84,7 +87,10 @@ __all__ = [
     "default_data_dir",
     "score_from_distance",
     "SearchOptions",
+    "Step",
     "PreparedDocument",
     "KbStats",
     "is_valid_name",
+    "SyncReport",
+    "ReembedReport",
 ]

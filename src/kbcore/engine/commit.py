@@ -194,7 +194,7 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     index = state.index
     created = index is None
     if index is None:
-        index = new_index(cfg, cfg["dim"], state.path, fresh=True)
+        index = new_index(cfg, cfg["dim"], state.path, fresh=True, vectors=state.vectors)
     sharded = is_sharded(cfg)
     ids = np.arange(m["next_id"], m["next_id"] + n, dtype=np.int64)
     groups = np.arange(m["next_group"], m["next_group"] + ndocs, dtype=np.int64)
@@ -302,6 +302,34 @@ def checkpoint(cell: StateCell, on_checkpoint: OnCheckpoint, graph_unsaved: bool
         txn.commit_manifest(m)
         with txn.exclusive():
             txn.publish(state.applied(m, removed=(), stale_text=False))
+    _collect(cell)
+
+
+def switch_index(
+    cell: StateCell,
+    index: Index,
+    embedder_spec: dict[str, Any],
+    on_checkpoint: OnCheckpoint,
+    on_publish: Callable[[], None],
+) -> None:
+    """Makes ``index`` (built off to the side by :mod:`kbcore.engine.reembed`, holding every
+    live chunk) the knowledge base's index, with ``embedder_spec`` and its dimension: the index
+    is saved as the checkpoint of the next generation (every segment's vector file dropped),
+    then the manifest is committed. ``on_publish`` runs under ``RWLock.write()`` right before
+    the new state is published (the knowledge base swaps its embedder there)."""
+    state = cell.state
+    m = policy.next_generation(state.manifest)
+    m["config"]["dim"] = int(index.dim)
+    m["embedder"] = embedder_spec
+    with _transaction(cell) as txn:
+        txn.checkpoint(m, index, on_checkpoint)
+        _fault("index-written")
+        txn.commit_manifest(m)
+        _fault("manifest-committed")
+        new = state.applied(m, index=index, removed=(), stale_text=False)
+        with txn.exclusive():
+            on_publish()
+            txn.publish(new)
     _collect(cell)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,16 +21,18 @@ import numpy as np
 
 from .. import storage
 from ..chunking import check_chunk_params
-from ..embedders import Embedder
+from ..embedders import Embedder, as_embedder, embedder_spec
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import Index
-from . import commit, ingest, retrieval, shards
+from ..rerankers import as_reranker, reranker_spec
+from . import commit, ingest, reembed, reranking, retrieval, shards, sync
 from .embedding import KbEmbedder
 from .graph_builder import GraphBuilder
 from .manifest import tail_rows
 from .segments import document_infos, document_text
 from .state import KbState, StateCell
+from .sync import Planned
 from .types import (
     DEFAULT_PIPELINE,
     FUSIONS,
@@ -41,10 +44,14 @@ from .types import (
     KbStats,
     KeyResult,
     PreparedDocument,
+    ReembedReport,
     SearchOptions,
+    Step,
+    SyncReport,
     TextResult,
     check_choice,
     check_name,
+    check_steps,
 )
 
 
@@ -62,17 +69,24 @@ class KnowledgeBase:
         *,
         default_embedder: Embedder | None = None,
         on_close: Callable[[KnowledgeBase], None] | None = None,
+        vectors: str | None = None,
     ) -> None:
         self.name = name
         self.path = path
         self._on_close = on_close
+        self._vectors = vectors  # override of the configuration's vectors (None: as saved)
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
         self._deleted = False
         self._cell = StateCell(self._load())
         self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder, default_embedder)
+        self._reranker = reranking.KbReranker(name, lambda: self._cell.state.manifest.get("reranker"))
+        #: Bumped when a re-embed switches the embedder (a query embedded before retries).
+        self._embed_epoch = 0
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
+        #: (pipeline, step name) -> the user step's function (held in memory, not stored)
+        self._step_fns: dict[tuple[str, str], Callable[[str], str]] = {}
         self._builder.start()
 
     # -- properties ------------------------------------------------------------------------
@@ -83,6 +97,12 @@ class KnowledgeBase:
     @property
     def dim(self) -> int | None:
         return self._cell.state.config.get("dim")
+
+    @property
+    def vectors(self) -> str:
+        """Where this process keeps the float32 rows: "memory", or "disk" (a quantized
+        knowledge base created or opened with ``vectors="disk"``; see docs/quantization.md)."""
+        return self._cell.state.vectors
 
     @property
     def embedder(self) -> Embedder | None:
@@ -122,8 +142,29 @@ class KnowledgeBase:
             commit.update_manifest(self._cell, lambda m: m["config"].update(new))
 
     @property
-    def pipelines(self) -> dict[str, dict[str, int]]:
-        """Pipeline name -> {"chunk_size", "chunk_overlap"}."""
+    def reranker_spec(self) -> dict[str, Any] | None:
+        """The spec of the default reranker (None: no rerank unless ``retrieve`` asks)."""
+        spec = self._cell.state.manifest.get("reranker")
+        return dict(spec) if spec is not None else None
+
+    def set_reranker(self, reranker: Any) -> None:
+        """Sets (durably, in the manifest) the default reranker of :meth:`retrieve`: a reranker,
+        a function ``(query, texts) -> scores``, a spec or a kind name (see
+        :func:`kbcore.rerankers.as_reranker`); None removes it. A custom one (a function) is
+        recorded by name and used by this process; after a reopen, set it again."""
+        rr = None if reranker is None else as_reranker(reranker)
+        spec = None if rr is None else reranker_spec(rr)
+        with self._writing():
+            commit.update_manifest(
+                self._cell, lambda m: m.__setitem__("reranker", spec) if spec else m.pop("reranker", None)
+            )
+        if rr is not None:
+            self._reranker.attach(rr)
+
+    @property
+    def pipelines(self) -> dict[str, dict[str, Any]]:
+        """Pipeline name -> {"chunk_size", "chunk_overlap"} (and "steps", a list of {"name",
+        "intermediate"}, for a pipeline created with steps)."""
         return {k: dict(v) for k, v in self._cell.state.manifest["pipelines"].items()}
 
     def stats(self) -> KbStats:
@@ -154,9 +195,9 @@ class KnowledgeBase:
         """KbState.load; for a sharded knowledge base under the writer lock (opening re-syncs
         the shards with the manifest, which writes them: :mod:`kbcore.engine.shards`)."""
         if not shards.is_sharded(storage.load_manifest(self.path)["config"]):
-            return KbState.load(self.name, self.path)
+            return KbState.load(self.name, self.path, self._vectors)
         with self._wmutex, self._flock.hold():
-            return KbState.load(self.name, self.path)
+            return KbState.load(self.name, self.path, self._vectors)
 
     def _sync(self) -> None:
         try:
@@ -167,7 +208,7 @@ class KnowledgeBase:
             raise
         if current != self._cell.state.generation:
             self._close_shards()  # the reload opens the shards again (one owner at a time)
-            state = KbState.load(self.name, self.path)
+            state = KbState.load(self.name, self.path, self._vectors)
             with self._cell.rw.write():
                 self._cell.state = state
 
@@ -193,10 +234,27 @@ class KnowledgeBase:
             self._builder.start()
 
     # -- pipelines ---------------------------------------------------------------------------
-    def create_pipeline(self, name: str, *, chunk_size: int | None = None, chunk_overlap: int | None = None) -> None:
+    def create_pipeline(
+        self,
+        name: str,
+        *,
+        chunk_size: int | None = None,
+        chunk_overlap: int | None = None,
+        steps: Sequence[Step | str] | None = None,
+    ) -> None:
         """Adds a named pipeline (its own chunking); its documents are retrieved together with
-        the others, and deduplication is per pipeline."""
+        the others, and deduplication is per pipeline.
+
+        ``steps`` (aidb's pipeline steps): a list of :class:`~kbcore.engine.Step`, e.g.
+        ``["parse", Step("chunk", intermediate=True), Step("summary", fn=summarize)]``:
+        ``"parse"`` (optional, first), ``"chunk"`` (required) and user steps, callables ``(text)
+        -> text`` run on each chunk in order; the last output is what is embedded and stored.
+        A step with ``intermediate=True`` keeps its output beside each chunk and
+        :meth:`retrieve_text` returns it in ``intermediate_steps``. The step list is stored in
+        the manifest; a user step's function is not: after reopening, give it again with
+        :meth:`set_step_function` before ingesting through the pipeline."""
         check_name(name, "pipeline")
+        records, fns = check_steps(steps) if steps is not None else ([], {})
         cfg = self._cell.state.config
         size, overlap = check_chunk_params(
             cfg["chunk_size"] if chunk_size is None else chunk_size,
@@ -208,9 +266,35 @@ class KnowledgeBase:
 
             def change(m: dict[str, Any]) -> None:
                 m["pipelines"][name] = {"chunk_size": size, "chunk_overlap": overlap}
+                if records:
+                    m["pipelines"][name]["steps"] = records
                 check_settings(m, self.name)  # before it is written: a bad one never opens
 
             commit.update_manifest(self._cell, change)
+            for step_name, fn in fns.items():
+                self._step_fns[(name, step_name)] = fn
+
+    def set_step_function(self, pipeline: str, step: str, fn: Callable[[str], str]) -> None:
+        """Gives the function of a user step of ``pipeline`` in this process (functions are
+        not stored: after reopening a knowledge base, give them again before ingesting)."""
+        steps = self._steps_of(pipeline)
+        if not any(s["name"] == step for s in steps) or step in ("parse", "chunk"):
+            raise NotFoundError(f"pipeline {pipeline!r} has no user step {step!r}")
+        if not callable(fn):
+            raise InvalidTypeError(f"fn must be a callable (text) -> text, got {type(fn).__name__}")
+        self._step_fns[(pipeline, step)] = fn
+
+    def _steps_of(self, pipeline: str) -> list[dict[str, Any]]:
+        """A pipeline's steps as the manifest records them ([] without steps)."""
+        cfg: dict[str, Any] = dict(self._cell.state.pipeline(pipeline))
+        return list(cfg.get("steps") or [])
+
+    def _run_steps(self, prepared: PreparedDocument) -> PreparedDocument:
+        steps = self._steps_of(prepared.pipeline)
+        if not steps:
+            return prepared
+        fns = {s: f for (p, s), f in self._step_fns.items() if p == prepared.pipeline}
+        return ingest.apply_steps(prepared, steps, fns)
 
     def delete_pipeline(self, name: str) -> int:
         """Removes a pipeline and every document ingested through it; returns chunks removed."""
@@ -232,6 +316,7 @@ class KnowledgeBase:
         pipeline: str = DEFAULT_PIPELINE,
         format: str | None = None,
         text: str | None = None,
+        embedder: Any = None,
     ) -> IngestResult:
         """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
         it atomically.
@@ -240,10 +325,11 @@ class KnowledgeBase:
         its type (the type also comes from the content: PDF and HTML are recognised); ``text``
         is already extracted text. Bad input (missing or empty file, bytes that do not decode,
         an unsupported type) raises before anything is stored. A ``.zip`` stores one document
-        per supported member (see :meth:`ingest_many` and docs/formats.md).
+        per supported member (see :meth:`ingest_many` and docs/formats.md). ``embedder``: as
+        :meth:`ingest_many`'s.
         """
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
+        return self.ingest_many([doc], pipeline=pipeline, progress=False, embedder=embedder)[0]
 
     def ingest_many(
         self,
@@ -252,6 +338,7 @@ class KnowledgeBase:
         pipeline: str = DEFAULT_PIPELINE,
         metadata: Mapping[str, Any] | None = None,
         progress: bool | None = None,
+        embedder: Any = None,
     ) -> list[IngestResult]:
         """Ingests many documents (paths, :class:`Document`, or dicts of its fields).
 
@@ -265,17 +352,32 @@ class KnowledgeBase:
         ``members`` and the skipped ones in ``skipped``. Re-ingesting the archive replaces its
         members and then deletes the members it no longer holds; ``delete_document(archive
         id)`` deletes them all (docs/formats.md).
+
+        ``embedder``: embeds this call's chunks instead of the knowledge base's own embedder (for
+        a knowledge base created without one whose vectors come from elsewhere, e.g. a host's
+        model); its vectors must have the knowledge base's dimension. Not recorded.
         """
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
-        embedder = self._embedder.require("ingest text")
+        call_embedder = None if embedder is None else as_embedder(embedder)
+        if call_embedder is None:
+            self._embedder.require("ingest text")  # fail before parsing anything
+        elif self.dim is not None and int(call_embedder.dim) != self.dim:
+            raise InvalidArgumentError(
+                f"embedder {call_embedder!r} makes {int(call_embedder.dim)}-dimensional vectors but knowledge "
+                f"base {self.name!r} holds {self.dim}-dimensional ones"
+            )
         prepared, skipped = ingest.prepare_all(documents, pipeline, pcfg, metadata)
+        if pcfg.get("steps"):
+            prepared = [self._run_steps(p) for p in prepared]
         results: list[IngestResult] = []
         bar = ingest.progress(sum(len(p.chunks) for p in prepared), f"ingest {self.name}", progress)
         try:
             for part in ingest.commit_groups(prepared):
-                vectors = ingest.embed([t for p in part for t in p.texts], embedder, bar)
-                results.extend(self._commit_prepared(part, pipeline, vectors))
+                spec = self._cell.state.manifest.get("embedder")  # before the embedder: see _same_embedder
+                emb = call_embedder if call_embedder is not None else self._embedder.require("ingest text")
+                vectors = ingest.embed([t for p in part for t in p.texts], emb, bar)
+                results.extend(self._commit_prepared(part, pipeline, vectors, embedded_with=spec))
         finally:
             bar.close()
         if not skipped:
@@ -348,7 +450,73 @@ class KnowledgeBase:
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None)
+        return self._run_steps(ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None))
+
+    def prepare_qa(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        question_column: str = "question",
+        answer_column: str = "answer",
+        document_id: str | None = None,
+        filename: str | None = None,
+        format: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> PreparedDocument:
+        """Reads question-answer pairs as :meth:`ingest_qa` would, without embedding or
+        storing them: embed ``prepared.texts`` (the questions) elsewhere and store them with
+        :meth:`ingest_prepared`. Raises as :meth:`ingest_qa` on bad input; needs no embedder."""
+        self._check_open()
+        self._cell.state.pipeline(pipeline)
+        return ingest.prepare_qa(
+            source,
+            pipeline,
+            filename=filename,
+            format=format,
+            question_column=question_column,
+            answer_column=answer_column,
+            document_id=document_id,
+            metadata=metadata,
+        )
+
+    def ingest_qa(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        question_column: str = "question",
+        answer_column: str = "answer",
+        document_id: str | None = None,
+        filename: str | None = None,
+        format: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> IngestResult:
+        """Ingests question-answer pairs (a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.xlsx`` path,
+        or its bytes with ``filename=`` or ``format=``) as one document with a chunk per row:
+        the question is embedded and searched (vector and BM25), the answer is what a hit
+        returns as ``content``, with the question in ``metadata["question"]`` (LangRAG's
+        ``qa`` index, without the LLM). Columns are found by name in the header row (the
+        object keys for JSON lines). A bad row (missing column, empty question or answer)
+        raises InvalidArgumentError naming it, and nothing is stored; re-ingesting the
+        document id replaces it atomically (docs/qa.md)."""
+        embedder = self._embedder.require("ingest text")
+        prepared = self.prepare_qa(
+            source,
+            question_column=question_column,
+            answer_column=answer_column,
+            document_id=document_id,
+            filename=filename,
+            format=format,
+            metadata=metadata,
+            pipeline=pipeline,
+        )
+        bar = ingest.progress(len(prepared.chunks), f"ingest {self.name}", None)
+        try:
+            vectors = ingest.embed(prepared.texts, embedder, bar)
+        finally:
+            bar.close()
+        return self._commit_prepared([prepared], pipeline, vectors)[0]
 
     def ingest_prepared(self, prepared: PreparedDocument, vectors: Any) -> IngestResult:
         """Stores a :meth:`prepare` d document with its chunks' vectors ([len(prepared.texts),
@@ -365,10 +533,12 @@ class KnowledgeBase:
         return self._commit_prepared([prepared], prepared.pipeline, vecs)[0]
 
     def _commit_prepared(
-        self, docs: Sequence[PreparedDocument], pipeline: str, vectors: np.ndarray
+        self, docs: Sequence[PreparedDocument], pipeline: str, vectors: np.ndarray, *, embedded_with: Any = None
     ) -> list[IngestResult]:
         batch = ingest.ChunkBatch.from_prepared(docs, pipeline)
         with self._writing():
+            if embedded_with is not None:
+                vectors = self._same_embedder(embedded_with, [t for p in docs for t in p.texts], vectors)
             replaced = commit.ingest(self._cell, batch, vectors, self._builder.mark_saved)
         self._start_builder()
         return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format) for p in docs]
@@ -423,6 +593,116 @@ class KnowledgeBase:
         self._start_builder()
         return len(batch.doc_ids)
 
+    # -- sync and re-embedding ------------------------------------------------------------------
+    def sync(
+        self,
+        source: Any,
+        *,
+        include: str | Sequence[str] | None = None,
+        exclude: str | Sequence[str] | None = None,
+        delete_missing: bool = True,
+        pipeline: str = DEFAULT_PIPELINE,
+        metadata: Mapping[str, Any] | None = None,
+        progress: bool | None = None,
+    ) -> SyncReport:
+        """Brings ``pipeline`` in line with ``source``: a folder (recursively; document ids are
+        the files' paths relative to it, ``/``-separated; ``include`` / ``exclude`` are glob
+        patterns, see :func:`kbcore.engine.sync.folder_items`) or an iterable of documents
+        (:class:`Document`, paths, dicts, or ``(id, content[, metadata])`` tuples).
+
+        A document whose content hash (bytes, chunking, metadata) is stored already is
+        skipped without parsing; a changed one is replaced, re-using the stored vector of
+        each chunk whose text did not change (no embedding call for it); a new one is added;
+        stored documents of the pipeline missing from the source are deleted unless
+        ``delete_missing=False``. Items that cannot be read or parsed are reported in
+        ``failed`` (their stored version stays). Commits in batches: a kill leaves the last
+        committed batch and a re-run completes the rest. See docs/sync.md.
+        """
+        self._check_open()
+        self._cell.state.pipeline(pipeline)
+        if not isinstance(delete_missing, bool):
+            raise InvalidTypeError(f"delete_missing must be a bool, got {type(delete_missing).__name__}")
+        items = sync.source_items(source, include, exclude)
+        bar = ingest.progress(len(items), f"sync {self.name}", progress)
+        hooks = sync.Hooks(
+            state=lambda: self._cell.state,
+            embedder=lambda: self._embedder.require("sync text"),
+            commit=lambda planned, vectors, spec: self._commit_synced(planned, pipeline, vectors, spec),
+            delete=self._delete_live,
+            bar=bar,
+        )
+        try:
+            return sync.run(items, pipeline=pipeline, metadata=metadata, delete_missing=delete_missing, hooks=hooks)
+        finally:
+            bar.close()
+
+    def _commit_synced(self, planned: Planned, pipeline: str, vectors: np.ndarray, spec: Any) -> None:
+        batch = planned.batch(pipeline)
+        with self._writing():
+            texts = [c.text for p in planned.docs for c in p.chunks]
+            vectors = self._same_embedder(spec, texts, vectors)
+            commit.ingest(self._cell, batch, vectors, self._builder.mark_saved)
+        self._start_builder()
+
+    def _delete_live(self, keys: list[tuple[str, str]]) -> None:
+        with self._writing():
+            live = [k for k in keys if self._cell.state.doc(k) is not None]
+            if live:
+                commit.delete(self._cell, live, self._builder.mark_saved)
+
+    def _same_embedder(self, spec: Any, texts: list[str], vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` if the manifest still records ``spec`` (the embedder they were made
+        with); after a re-embed committed meanwhile, ``texts`` embedded again with the new
+        embedder. Call with the writer held (so no switch happens until the commit)."""
+        now = self._cell.state.manifest.get("embedder")
+        if now == spec:
+            return vectors
+        current = self._embedder.current
+        if current is None or embedder_spec(current) != now:
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} was re-embedded with {now} while this ingest embedded "
+                f"with {spec}: open it again (with that embedder) and ingest again"
+            )
+        return ingest.embed(texts, current, ingest.progress(0, "", False))
+
+    def reembed(self, embedder: Any, *, batch_size: int = 256, progress: bool | None = None) -> ReembedReport:
+        """Embeds every stored chunk's text again with ``embedder`` (an embedder, a callable or
+        a name, as ``Engine`` takes) into a new index of the same metric, kind and quantization
+        (any dimension), then switches to it atomically with one manifest commit that records
+        the new embedder. Searches use the old index until the switch, with no lock held while
+        embedding. Documents ingested or deleted meanwhile are caught up before the switch
+        (the chunks added are embedded with the new embedder under the writer lock), and an
+        ingest that embedded with the old embedder and commits after the switch embeds again.
+        A kill at any point leaves the old or the new knowledge base. Not for a sharded one."""
+        self._check_open()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
+        new = as_embedder(embedder)
+        spec = embedder_spec(new)
+        t0 = time.perf_counter()
+        state = self._cell.state
+        if shards.is_sharded(state.config):
+            raise InvalidArgumentError(f"knowledge base {self.name!r} is sharded: reembed supports unsharded ones")
+        old_dim = state.config.get("dim")
+        bar = ingest.progress(len(self), f"reembed {self.name}", progress)
+        try:
+            index, done, spent = reembed.build(state, new, batch_size=batch_size, bar=bar)
+            with self._writing():
+                caught, more = reembed.catch_up(index, self._cell.state, new, batch_size=batch_size, bar=bar)
+
+                def swap() -> None:
+                    self._embedder.switch(spec, new)
+                    self._embed_epoch += 1
+
+                commit.switch_index(self._cell, index, spec, self._builder.mark_saved, swap)
+                generation = self._cell.state.generation
+        finally:
+            bar.close()
+        self._start_builder()
+        return ReembedReport(
+            done + caught, caught, old_dim, int(index.dim), generation, spent + more, time.perf_counter() - t0
+        )
+
     # -- delete, compaction, checkpoint ------------------------------------------------------
     def delete_document(self, document_id: str, *, pipeline: str | None = None, missing_ok: bool = False) -> int:
         """Deletes a document's chunks (from every pipeline, or only ``pipeline``); returns the
@@ -463,10 +743,37 @@ class KnowledgeBase:
         override ``options``); see :class:`~kbcore.engine.SearchOptions` for each one and
         :mod:`kbcore.engine.retrieval` for the search types and scores. Bad options raise
         InvalidArgumentError / InvalidTypeError naming them (an unknown name too).
+
+        Reranking (``rerank=``, ``rerank_depth=``; :mod:`kbcore.engine.reranking`): the first
+        stage fetches ``max(rerank_depth, top_k)`` candidates, the reranker orders them, then
+        ``score_threshold`` and ``top_k`` apply; ``score`` is the reranker's relevance mapped
+        to [0, 1], ``distance`` the first stage's. A failing reranker raises RerankerError
+        (RerankerUnavailableError when its service is unreachable).
         """
         opts = retrieval.options(options, kwargs)
         self._check_open()
-        return retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        reranker = self._reranker.choose(opts.rerank, query) if opts.rerank is not False else None
+        if reranker is None:
+            return self._first_stage(query, top_k, opts)
+        top_k = retrieval.check_k(top_k, "top_k")
+        depth = reranking.check_depth(opts.rerank_depth, top_k)
+        # The threshold applies to the reranked scores, not the first stage's.
+        first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
+        first = self._first_stage(query, depth, first_opts)
+        return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
+
+    def _first_stage(self, query: str | Any, top_k: int, opts: SearchOptions) -> list[Hit]:
+        """The search without a reranker, embedded again if a re-embed switched meanwhile."""
+        epoch = self._embed_epoch
+        try:
+            hits = retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        except InvalidArgumentError:  # e.g. a query of the old dimension met the new index
+            if self._embed_epoch == epoch:
+                raise
+            hits = None
+        if self._embed_epoch != epoch:  # a re-embed switched during this query: embed it again
+            hits = retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        return hits or []
 
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)
@@ -488,21 +795,46 @@ class KnowledgeBase:
         self, query: str | Any, topk: int = 5, options: SearchOptions | None = None, **kwargs: Any
     ) -> list[TextResult]:
         """aidb's ``retrieve_text``: :meth:`retrieve_key` plus ``value``, the document's source
-        text, and ``chunk``, the text of the best matching chunk. Deduplicated by default, as
-        :meth:`retrieve_key`."""
+        text, ``chunk``, the text of the best matching chunk, and ``intermediate_steps``, the
+        stored outputs of that chunk's pipeline steps created with ``intermediate=True``
+        (``{"parse": <the document text>, "chunk": ..., "<user step>": ...}``; empty when no
+        step stores intermediates). Deduplicated by default, as :meth:`retrieve_key`: one
+        result per document, the winning part with its own ``part_ids`` and
+        ``intermediate_steps``; ``deduplicate=False`` returns every matching part with its
+        own."""
+        state = self._cell.state  # the snapshot the hits' rows are looked up in (immutable)
         hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **_aidb(options, kwargs))
-        return [
-            TextResult(
-                h.document_id,
-                self.document_text(h.document_id, pipeline=h.pipeline_name),
-                h.distance,
-                h.part_ids or (h.chunk_index,),
-                h.pipeline_name,
-                h.score,
-                h.content,
+        out = []
+        for h in hits:
+            value = self.document_text(h.document_id, pipeline=h.pipeline_name)
+            out.append(
+                TextResult(
+                    h.document_id,
+                    value,
+                    h.distance,
+                    h.part_ids or (h.chunk_index,),
+                    h.pipeline_name,
+                    h.score,
+                    h.content,
+                    self._intermediate_steps(state, h, value),
+                )
             )
-            for h in hits
-        ]
+        return out
+
+    def _intermediate_steps(self, state: KbState, hit: Hit, value: str) -> dict[str, Any]:
+        """The stored step outputs of a hit's chunk (looked up in ``state``, else in the
+        current snapshot when the chunk was committed after it)."""
+        for st in (state, self._cell.state):
+            steps = st.manifest["pipelines"].get(hit.pipeline_name, {}).get("steps")
+            if not steps or not st.segments or hit.id < st.segments[0].min_id:
+                continue
+            seg, row = st.locate(hit.id)
+            if 0 <= row < seg.rows and int(seg.ids[row]) == hit.id:
+                out = seg.steps_of(row)
+                if any(s["name"] == "parse" and s.get("intermediate") for s in steps):
+                    out = {"parse": value, **out}
+                return out
+        return {}
 
     # -- documents ---------------------------------------------------------------------------
     def document_text(self, document_id: str, *, pipeline: str = DEFAULT_PIPELINE) -> str:
@@ -539,6 +871,7 @@ class KnowledgeBase:
             "documents": len(state.docs),
             "pipelines": self.pipelines,
             "embedder": state.manifest.get("embedder"),
+            "reranker": state.manifest.get("reranker"),
             "segments": len(state.segments),
             "generation": state.generation,
             "disk_bytes": _disk_bytes(self.path),
@@ -601,6 +934,10 @@ class KnowledgeBase:
     def _attach_embedder(self, embedder: Embedder) -> None:
         """Makes ``embedder`` the first candidate to rebuild the knowledge base's embedder from."""
         self._embedder.attach(embedder)
+
+    def _attach_reranker(self, reranker: Any) -> None:
+        """Uses ``reranker`` (e.g. a custom one) as the default while the manifest records its spec."""
+        self._reranker.attach(reranker)
 
 
 def check_settings(m: dict[str, Any], name: str) -> None:

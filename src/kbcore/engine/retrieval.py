@@ -155,11 +155,17 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
             score, dist = value, 1.0 - value
         else:
             score, dist = score_from_distance(value, metric), value
+        content = seg.text_of(row)
+        if seg.content is not None:  # a QA pair: its question was searched, its answer is returned
+            answer = seg.content_of(row)
+            if answer is not None:
+                meta["question"] = content
+                content = answer
         hits.append(
             new_hit(
                 cid,
                 meta["document_id"],
-                seg.text_of(row),
+                content,
                 meta,
                 dist,
                 score,
