@@ -1,14 +1,17 @@
-// HNSW through Index: recall against brute force, removal, save/load, and bad input.
+// HNSW through Index: recall against brute force, removal, save/load, and bad input; and the
+// search walk (graph_search.h) driven by a scorer of the test's own.
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "errors.h"
+#include "graph_search.h"
 #include "index.h"
 #include "test_util.h"
 
@@ -145,4 +148,59 @@ KBCORE_TEST(parameters_beyond_the_shared_limit_are_refused_at_construction) {
   index->save(path);
   CHECK(kbcore::Index::load(path)->ef_search() == kbcore::kMaxEf);
   std::remove(path.c_str());
+}
+
+namespace {
+// A Scorer (graph_search.h) that forwards to RowScorer and counts how often each slot is scored.
+struct CountingScorer {
+  kbcore::RowScorer inner;
+  std::map<kbcore::Slot, int>* scored;  // a pointer: the walk copies its scorer
+  float one(kbcore::Slot s) const {
+    ++(*scored)[s];
+    return inner.one(s);
+  }
+  void block(std::uint32_t* slots, std::size_t m, float* out) const {
+    for (std::size_t j = 0; j < m; ++j) ++(*scored)[slots[j]];
+    inner.block(slots, m, out);
+  }
+  void prefetch(kbcore::Slot s) const { inner.prefetch(s); }
+};
+}  // namespace
+
+KBCORE_TEST(the_walk_takes_any_scorer_and_descends_scoring_each_slot_once) {
+  const std::size_t n = 2000, dim = 16, ef = 32;
+  const auto x = clustered(n, dim, 21);
+  kbcore::VectorStore store(dim);
+  store.reserve_more(n);
+  std::vector<kbcore::Slot> slots(n);
+  for (std::size_t i = 0; i < n; ++i) slots[i] = store.allocate(static_cast<std::int64_t>(i), x.data() + i * dim);
+  kbcore::HnswIndex g(store, kbcore::Metric::kL2, kbcore::HnswParams{8, 64, 5});
+  g.insert_batch(slots, 1);
+  const auto q = clustered(20, dim, 22);
+  const kbcore::Kernels& kern = kbcore::active_kernels();
+  for (std::size_t i = 0; i < 20; ++i) {
+    const float* qi = q.data() + i * dim;
+    std::map<kbcore::Slot, int> scored;
+    const CountingScorer sc{kbcore::RowScorer(store, kbcore::Metric::kL2, kern, qi), &scored};
+    // The descent never scores a slot twice (a slot once scored cannot beat the current one).
+    kbcore::GraphSearch::entry_point(g, sc);
+    CHECK(!scored.empty());
+    for (const auto& [slot, times] : scored) CHECK(times == 1);
+    // A third scorer drives the same walk as the float32 search, to the same answer.
+    std::vector<kbcore::Scored> got = kbcore::GraphSearch::search(g, sc, ef, kbcore::AcceptAll{}, nullptr);
+    std::sort_heap(got.begin(), got.end());
+    const std::vector<kbcore::Scored> want = g.search(qi, ef, ef);
+    CHECK(got.size() == want.size());
+    for (std::size_t j = 0; j < got.size(); ++j) CHECK(got[j].slot == want[j].slot && got[j].dist == want[j].dist);
+    // The expanding walk with a list as long as the rows reaches every row: the exact top 10.
+    std::vector<kbcore::Scored> all = kbcore::GraphSearch::expanding(
+        g, sc, n, nullptr, [](const std::vector<kbcore::Scored>&) { return false; }, nullptr);
+    CHECK(all.size() == n);
+    std::sort_heap(all.begin(), all.end());
+    std::vector<std::int64_t> top;
+    for (std::size_t j = 0; j < 10; ++j) top.push_back(static_cast<std::int64_t>(all[j].slot));
+    std::vector<std::int64_t> ids(n);
+    for (std::size_t j = 0; j < n; ++j) ids[j] = static_cast<std::int64_t>(j);
+    CHECK(recall(top, exact_topk(x, ids, qi, dim, 10)) == 1.0);
+  }
 }
