@@ -400,14 +400,6 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
   ensure_reachable(k, &dead);
 }
 
-std::vector<Scored> HnswIndex::search_filtered(const float* q, std::size_t k, std::size_t ef, const Bitmap& allowed,
-                                               std::size_t* evals) const {
-  std::vector<Scored> res = search_expanding(
-      q, std::max(ef, k), &allowed, [](const std::vector<Scored>&) { return true; }, evals);
-  if (res.size() > k) res.resize(k);
-  return res;
-}
-
 double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const {
   if (entry_ == kNoSlot) return 0.0;
   const Slot ep = GraphSearch::entry_point(*this, RowScorer(store_, metric_, active_kernels(), q));

@@ -84,13 +84,6 @@ class HnswIndex {
   template <typename Accept>
   std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
                                   std::size_t* evals = nullptr) const;
-  /// Filtered search that computes distances only for slots in `allowed`: a neighbour that
-  /// fails the filter is not scored but its own neighbours are (two-hop expansion, ACORN-1 of
-  /// Patel et al., SIGMOD 2024), and each expansion keeps at most 2M passing candidates, so
-  /// the graph stays navigable when most neighbours fail. Thread-safe against other searches.
-  std::vector<Scored> search_filtered(const float* q, std::size_t k, std::size_t ef, const Bitmap& allowed,
-                                      std::size_t* evals = nullptr) const;
-
   /// Fraction of the slots within two hops of the query's level-0 entry point (found by the
   /// greedy descent of every search) that pass `allowed`: the selectivity of the filter in
   /// the query's own neighbourhood. Far below the global selectivity, the passing rows lie
@@ -102,8 +95,11 @@ class HnswIndex {
 
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
   /// converges before enough(results) holds (results in heap order, not sorted), until the
-  /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored, with the
-  /// two-hop expansion of search_filtered. Used by grouped search. Returns every result kept.
+  /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored: a
+  /// neighbour that fails the filter is not scored but its own neighbours are (two-hop
+  /// expansion, ACORN-1 of Patel et al., SIGMOD 2024), at most 2M per expansion, so the graph
+  /// stays navigable when most neighbours fail. Grouped and two-hop filtered search (with
+  /// enough() always true). Returns every result kept, ascending. Thread-safe against searches.
   template <typename Enough>
   std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
                                        std::size_t* evals = nullptr) const;
