@@ -9,6 +9,7 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from .. import storage
@@ -17,10 +18,10 @@ from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import DEFAULT_FUSION, check_vector_weight
 from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_quantization
-from . import commit, manifest
+from . import commit, manifest, multi, retrieval
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
-from .types import FUSIONS, SEARCH_TYPES, check_choice, check_name, is_valid_name
+from .types import FUSIONS, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name
 
 
 def default_data_dir() -> str:
@@ -219,6 +220,28 @@ class Engine:
                 known = ", ".join(self.knowledge_bases()) or "none"
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r} (existing: {known})")
             return self._open(name, path, as_embedder(embedder) if embedder is not None else None)
+
+    def retrieve(
+        self,
+        names: str | Sequence[str],
+        query: Any,
+        top_k: int = 5,
+        options: SearchOptions | None = None,
+        **kwargs: Any,
+    ) -> list[Hit]:
+        """The ``top_k`` best hits of ``query`` over several knowledge bases, best first.
+
+        Each knowledge base is searched with the same options (``options`` and keywords, as
+        :meth:`KnowledgeBase.retrieve`: filters, search type, dedup, context window...) in
+        parallel threads, the query embedded once per distinct embedder. The lists are merged
+        by score when the knowledge bases share metric, embedder spec, search type and fusion,
+        else by reciprocal rank; ``metadata["knowledge_base"]`` and ``metadata["merged_by"]``
+        (``"score"`` / ``"rank"``) say which (:mod:`kbcore.engine.multi`). An unknown name
+        raises NotFoundError before any search.
+        """
+        opts = retrieval.options(options, kwargs)
+        kbs = [self.get_knowledge_base(n) for n in multi.check_names(names)]
+        return multi.retrieve_many(kbs, query, top_k, opts)
 
     def delete_knowledge_base(self, name: str) -> None:
         """Deletes a knowledge base and its directory (atomically: it is gone or intact).

@@ -471,6 +471,18 @@ class KnowledgeBase:
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)
 
+    def embed_query(self, text: str) -> np.ndarray:
+        """``text`` embedded as this knowledge base embeds queries (float32 [dim]); raises
+        InvalidArgumentError when it has no usable embedder. :meth:`Engine.retrieve` uses it
+        to embed a query once for every knowledge base of the same :attr:`embedder_spec`."""
+        return self._embedder.embed_query(text, "embed a text query", self.dim)
+
+    @property
+    def embedder_spec(self) -> dict[str, Any] | None:
+        """The embedder recorded in the manifest (None: vectors only)."""
+        spec = self._cell.state.manifest.get("embedder")
+        return None if spec is None else dict(spec)
+
     def retrieve_key(
         self, query: str | Any, topk: int = 5, options: SearchOptions | None = None, **kwargs: Any
     ) -> list[KeyResult]:

@@ -22,6 +22,7 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -80,7 +81,64 @@ def check_k(value: Any, name: str) -> int:
 
 
 def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery) -> list[Hit]:
-    """The ``top_k`` best hits of ``query`` (see :meth:`KnowledgeBase.retrieve`)."""
+    """The ``top_k`` best hits of ``query`` (see :meth:`KnowledgeBase.retrieve`), each with
+    its ``context_window`` neighbours when asked."""
+    n = opts.context_window
+    if n != 0:
+        n = check_context_window(n)
+    hits = _retrieve(cell, query, top_k, opts, embed_query)
+    return with_context(cell.state, hits, n) if n and hits else hits
+
+
+def check_context_window(value: Any) -> int:
+    """``context_window`` as an int >= 0, else InvalidTypeError / InvalidArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"context_window must be an integer, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgumentError(f"context_window must be at least 0, got {value}")
+    return int(value)
+
+
+def with_context(state: KbState, hits: list[Hit], n: int) -> list[Hit]:
+    """``hits`` with each content extended by up to ``n`` chunks of the same document on
+    each side (by ``chunk_index``), joined by newlines in chunk order. Every chunk appears at
+    most once in the list: the hits' own chunks are reserved first, then each hit, best
+    first, takes the neighbours not yet shown. Reads the immutable segments of ``state``; a
+    hit whose chunk is no longer stored there (a concurrent re-ingest) keeps its content."""
+    where: list[tuple[Any, int, int, int] | None] = []
+    taken: set[tuple[str, int]] = set()
+    for h in hits:
+        try:
+            seg, row = state.locate(h.id)
+        except IndexError:
+            where.append(None)
+            continue
+        if not 0 <= row < seg.rows or int(seg.ids[row]) != h.id:
+            where.append(None)
+            continue
+        d = int(np.searchsorted(seg.doc_offsets, row, side="right")) - 1
+        where.append((seg, row, int(seg.doc_offsets[d]), int(seg.doc_offsets[d + 1])))
+        taken.add((seg.name, row))
+    out = []
+    for h, loc in zip(hits, where):
+        if loc is None:
+            out.append(h)
+            continue
+        seg, row, lo, hi = loc
+        ci = seg.chunk_index[lo:hi]
+        own = int(seg.chunk_index[row])
+        near = np.flatnonzero(np.abs(ci - own) <= n) + lo
+        rows = [row] + [int(r) for r in near if (seg.name, int(r)) not in taken]
+        taken.update((seg.name, r) for r in rows)
+        rows.sort(key=lambda r: int(seg.chunk_index[r]))
+        meta = dict(h.metadata)
+        meta["context_chunks"] = [int(seg.chunk_index[r]) for r in rows]
+        content = "\n".join(seg.text_of(r) for r in rows)
+        out.append(replace(h, content=content, metadata=meta))
+    return out
+
+
+def _retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery) -> list[Hit]:
     top_k = check_k(top_k, "top_k")
     threshold = opts.score_threshold
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):

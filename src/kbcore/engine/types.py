@@ -261,7 +261,12 @@ class SearchOptions(NamedTuple):
       ``rrf_k``, or ``"linear"``, ``vector_weight * minmax(vector score) + (1 -
       vector_weight) * minmax(BM25)``);
     - ``query_vector``: the vector leg's query for a str query (a knowledge base without
-      embedder, or a precomputed embedding).
+      embedder, or a precomputed embedding);
+    - ``context_window``: each hit's ``content`` extended with up to this many chunks of the
+      same document before and after it, in chunk order, read from the stored chunk texts
+      (0: none). A chunk is shown once per result list: a neighbour that is itself a hit, or
+      already shown around a better hit, is left out. ``metadata["context_chunks"]`` lists
+      the ``chunk_index`` of the chunks the content holds.
 
     Values are checked when a search uses them; errors name the option. Immutable (a
     NamedTuple: cheap to build per call); ``opts._replace(deduplicate=True)`` derives one.
@@ -278,3 +283,4 @@ class SearchOptions(NamedTuple):
     rrf_k: float = 60
     window: int | None = None
     query_vector: Any = None
+    context_window: int = 0

@@ -1,0 +1,116 @@
+"""Retrieval over several knowledge bases at once (:meth:`Engine.retrieve`).
+
+Each knowledge base is searched on its own (its filters, search type, dedup and context
+window), in parallel threads (the native searches release the GIL), with the query embedded
+once per distinct embedder spec. The hit lists are then merged:
+
+- **by score** when every knowledge base has the same metric, the same embedder spec and the
+  same search type and fusion: their scores are on one scale, so the merged list is the
+  union ordered by ``score`` (ties: the order of ``names``, then each list's own order);
+- **by reciprocal rank** otherwise: a hit ranked ``r`` (1-based) in its knowledge base's list
+  gets ``1 / (60 + r)``, the lists are interleaved by that value (ties: the better ``score``,
+  then the order of ``names``). Each hit keeps its own knowledge base's ``score``.
+
+Every hit's ``metadata`` says where it came from: ``knowledge_base`` (its name) and
+``merged_by`` (``"score"`` or ``"rank"``). Deduplication is per knowledge base and document:
+hits of the same document id in two knowledge bases are two hits.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, InvalidTypeError
+from .retrieval import check_k
+from .types import Hit, SearchOptions
+
+#: Rank constant of the reciprocal-rank merge (Cormack et al. 2009).
+RANK_K = 60
+#: Most threads searching knowledge bases at once (one pool per process, made on first use).
+MAX_THREADS = 8
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="kbcore-multi")
+        return _pool
+
+
+def check_names(names: Any) -> list[str]:
+    """``names`` (a str or a sequence of distinct str) as a non-empty list."""
+    if isinstance(names, str):
+        return [names]
+    if not isinstance(names, Sequence) or isinstance(names, (bytes, bytearray)):
+        raise InvalidTypeError(f"names must be a str or a list of str, got {type(names).__name__}")
+    out = list(names)
+    if not out:
+        raise InvalidArgumentError("names is empty: give at least one knowledge base")
+    for n in out:
+        if not isinstance(n, str):
+            raise InvalidTypeError(f"a knowledge base name must be a str, got {type(n).__name__}")
+    dup = next((n for i, n in enumerate(out) if n in out[:i]), None)
+    if dup is not None:
+        raise InvalidArgumentError(f"knowledge base {dup!r} is named twice")
+    return out
+
+
+def _mode(kb: Any, opts: SearchOptions) -> tuple[str, str]:
+    d = kb.search_defaults
+    mode = opts.search_type if opts.search_type is not None else d["search_type"]
+    fusion = opts.fusion if opts.fusion is not None else d["fusion"]
+    return mode, (fusion if mode == "hybrid" else "")
+
+
+def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOptions) -> list[Hit]:
+    """The ``top_k`` best hits of ``query`` over ``kbs`` (open :class:`KnowledgeBase`
+    objects, through their public API; see the module docstring)."""
+    top_k = check_k(top_k, "top_k")
+    modes = [_mode(kb, opts) for kb in kbs]
+    specs = [json.dumps(kb.embedder_spec, sort_keys=True) for kb in kbs]
+    calls: list[tuple[Any, SearchOptions]] = []
+    vectors: dict[str, np.ndarray] = {}
+    text = isinstance(query, str) and opts.query_vector is None
+    for kb, (mode, _), spec in zip(kbs, modes, specs):
+        if not text or mode == "full_text" or not query.strip():
+            calls.append((query, opts))  # the knowledge base raises or searches as given
+            continue
+        vec = vectors.get(spec)
+        if vec is None:
+            vec = vectors[spec] = kb.embed_query(query)
+        if mode == "vector":
+            calls.append((vec, opts._replace(search_type="vector")))
+        else:
+            calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
+    if len(kbs) == 1:
+        lists = [kbs[0].retrieve(calls[0][0], top_k, calls[0][1])]
+    else:
+        pool = _executor()
+        futures = [pool.submit(kb.retrieve, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+        lists = [f.result() for f in futures]  # the first error raises, naming its knowledge base
+    same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({kb.metric for kb in kbs}) == 1
+    merged_by = "score" if same else "rank"
+    tagged: list[tuple[float, float, int, int, Hit]] = []
+    for i, hits in enumerate(lists):
+        for r, h in enumerate(hits):
+            primary = h.score if same else 1.0 / (RANK_K + r + 1)
+            tagged.append((-primary, -h.score, i, r, h))
+    tagged.sort(key=lambda t: t[:4])
+    out = []
+    for _, _, i, _, h in tagged[:top_k]:
+        meta = dict(h.metadata)
+        meta["knowledge_base"] = kbs[i].name
+        meta["merged_by"] = merged_by
+        out.append(replace(h, metadata=meta))
+    return out
