@@ -21,7 +21,7 @@ from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_q
 from . import commit, manifest, multi, retrieval
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
-from .types import FUSIONS, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name
+from .types import FUSIONS, INDEX_TYPES, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name
 
 
 def default_data_dir() -> str:
@@ -92,6 +92,10 @@ class Engine:
         shards: int | None = None,
         quantization: str | None = None,
         bits: int | None = None,
+        index_type: str = "chunk",
+        parent_chunk_size: int = 2048,
+        child_chunk_size: int = 256,
+        context_window: int = 0,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
@@ -112,8 +116,26 @@ class Engine:
         (results equal those of one index, exactly for ``index="flat"``); reopening it starts
         the actors again. Ray is joined or started as :mod:`kbcore.engine.shards` describes;
         ``ImportError`` (naming ``pip install "kbcore[ray]"``) if Ray is not installed.
+
+        ``index_type="parent_child"`` chunks each document into parents of
+        ``parent_chunk_size`` characters and each parent into children of
+        ``child_chunk_size`` (``chunk_overlap`` shared, capped below it): children are
+        embedded and searched, hits are parents (``docs/parent-child.md``); ``chunk_size`` is
+        then ignored. ``context_window`` is :meth:`KnowledgeBase.retrieve`'s default.
         """
         check_name(name, "knowledge base")
+        index_type = check_choice("index_type", index_type, INDEX_TYPES)
+        context_window = retrieval.check_context_window(context_window)
+        if index_type == "parent_child":
+            chunk_size, _ = check_chunk_params(child_chunk_size, 0)
+            chunk_overlap = min(chunk_overlap, chunk_size // 4)
+            parent_chunk_size, _ = check_chunk_params(parent_chunk_size, 0)
+            if context_window:
+                raise InvalidArgumentError("context_window does not apply to index_type='parent_child'")
+            if parent_chunk_size <= chunk_size:
+                raise InvalidArgumentError(
+                    f"parent_chunk_size ({parent_chunk_size}) must be larger than child_chunk_size ({chunk_size})"
+                )
         search_type = check_choice("search_type", search_type, SEARCH_TYPES)
         fusion = check_choice("fusion", fusion, FUSIONS)
         vector_weight = check_vector_weight(vector_weight)
@@ -144,6 +166,11 @@ class Engine:
         }
         if shards is not None:
             config["shards"] = shards
+        if context_window:
+            config["context_window"] = context_window
+        if index_type == "parent_child":
+            config["index_type"] = index_type
+            config["parent_chunk_size"] = parent_chunk_size
         if quantization is not None:
             config["quantization"] = quantization
         if bits is not None:

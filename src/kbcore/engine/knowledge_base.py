@@ -269,7 +269,8 @@ class KnowledgeBase:
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
         embedder = self._embedder.require("ingest text")
-        prepared, skipped = ingest.prepare_all(documents, pipeline, pcfg, metadata)
+        prepared, skipped = ingest.prepare_all(documents, pipeline, self._parents_of(pcfg), metadata)
+        prepared = [self._split(p, pcfg) for p in prepared]
         results: list[IngestResult] = []
         bar = ingest.progress(sum(len(p.chunks) for p in prepared), f"ingest {self.name}", progress)
         try:
@@ -348,7 +349,21 @@ class KnowledgeBase:
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None)
+        parents = self._parents_of(pcfg)
+        prepared = ingest.prepare(doc, pipeline, parents["chunk_size"], parents["chunk_overlap"], None)
+        return self._split(prepared, pcfg)
+
+    def _parents_of(self, pcfg: Mapping[str, int]) -> Mapping[str, int]:
+        """The chunking that makes the documents' first chunks: the pipeline's, or for a
+        parent-child knowledge base its parents (no overlap)."""
+        parent = self._cell.state.config.get("parent_chunk_size")
+        return pcfg if parent is None else {"chunk_size": parent, "chunk_overlap": 0}
+
+    def _split(self, prepared: PreparedDocument, pcfg: Mapping[str, int]) -> PreparedDocument:
+        """A parent-child knowledge base's document: its parents split into children."""
+        if self._cell.state.config.get("parent_chunk_size") is None:
+            return prepared
+        return ingest.split_parents(prepared, pcfg["chunk_size"], pcfg["chunk_overlap"])
 
     def ingest_prepared(self, prepared: PreparedDocument, vectors: Any) -> IngestResult:
         """Stores a :meth:`prepare` d document with its chunks' vectors ([len(prepared.texts),
@@ -401,6 +416,11 @@ class KnowledgeBase:
         """
         self._check_open()
         self._cell.state.pipeline(pipeline)
+        if self._cell.state.config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} is parent_child: its chunks are made at ingest from the "
+                "document text (ingest, ingest_many or prepare), not taken from a table"
+            )
         made = ingest.ChunkBatch.from_table(
             data,
             vectors,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import storage
-from .types import GROUP_FIELD, INTERNAL_COLUMNS, DocumentInfo
+from .types import GROUP_FIELD, INTERNAL_COLUMNS, PARENT_FIELD, PARENT_INDEX, PARENT_STRIDE, DocumentInfo
 
 if TYPE_CHECKING:
     from .ingest import ChunkBatch
@@ -174,6 +174,9 @@ def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tupl
     if batch.user is not None:
         for c in batch.user.column_names:
             cols[c] = combined(batch.user.column(c))
+        if PARENT_INDEX in cols:  # a parent-child batch: the key grouping each parent's children
+            parents = to_numpy(cols[PARENT_INDEX], np.int64)
+            cols[PARENT_FIELD] = pa.array(np.repeat(groups, batch.counts) * PARENT_STRIDE + parents)
     chunks = pa.table(cols)
     doc_table = pa.table(
         {

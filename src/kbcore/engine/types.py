@@ -19,7 +19,15 @@ from ..errors import InvalidArgumentError
 RESERVED_METADATA = ("document_id", "file_id", "chunk_index", "filename", "pipeline_name")
 #: Internal metadata field: one int per (pipeline, document) ingest, the dedup key.
 GROUP_FIELD = "_group"
-RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD}
+#: Parent-child knowledge bases: each child chunk's parent (its rank in the document, a
+#: metadata field) and the internal field grouping the children of one parent across the
+#: knowledge base (``_group * PARENT_STRIDE + parent_index``): the key of the native grouping.
+PARENT_INDEX = "parent_index"
+PARENT_FIELD = "_parent"
+PARENT_STRIDE = 1 << 24
+RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD, PARENT_INDEX, PARENT_FIELD}
+#: How a knowledge base chunks: plain chunks, or small children returned as their parents.
+INDEX_TYPES = ("chunk", "parent_child")
 #: Columns of a segment's chunk table that are not chunk metadata.
 INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
 DEFAULT_PIPELINE = "default"
@@ -283,4 +291,4 @@ class SearchOptions(NamedTuple):
     rrf_k: float = 60
     window: int | None = None
     query_vector: Any = None
-    context_window: int = 0
+    context_window: int | None = None
