@@ -83,6 +83,7 @@ from .request import (
     Request,
     parse_request,
 )
+from .views import View, load_views
 
 __all__ = [
     "API_KEYS_ENV",
@@ -277,6 +278,7 @@ class _Service:
         max_top_k: int,
         refresh_interval: float,
         body_timeout: float,
+        views: Mapping[str, View] | None = None,
     ) -> None:
         _check_limit("max_body_bytes", max_body_bytes, 1024, integer=True)
         _check_limit("max_top_k", max_top_k, 1, integer=True)
@@ -284,6 +286,8 @@ class _Service:
         _check_limit("body_timeout", body_timeout, 0.001, integer=False)
         self.engine = engine
         self.keys = _KeyRing(keys)
+        self.views = dict(views or {})
+        self.view_keys = {kid: _KeyRing(v.keys) for kid, v in self.views.items() if v.keys is not None}
         self.max_body_bytes = max_body_bytes
         self.max_top_k = max_top_k
         self.refresh_interval = float(refresh_interval)
@@ -302,15 +306,58 @@ class _Service:
             self._refreshed[kb.name] = now
         kb.refresh()
 
-    def handle(self, body: bytes) -> tuple[Request, list[dict[str, Any]]]:
+    def known(self, token: str) -> bool:
+        """Whether ``token`` is a server key or the key of some view (every ring checked)."""
+        ok = token in self.keys
+        for ring in self.view_keys.values():
+            ok |= token in ring
+        return ok
+
+    def handle(self, body: bytes, token: str | None = None) -> tuple[Request, list[dict[str, Any]]]:
         """Parses, translates and retrieves: all the CPU work of one request. Runs on a worker
-        thread. Raises ApiError."""
+        thread. Raises ApiError. ``token`` (None: a server key) decides which knowledge ids
+        it may read: a view's keys read that view only."""
         req = parse_request(body, self.max_top_k)
         try:
-            return req, self.retrieve(req)
+            view = self.views.get(req.knowledge_id)
+            ring = self.keys if view is None or view.keys is None else self.view_keys[view.knowledge_id]
+            if token is not None and token not in ring:
+                raise ApiError(403, E_AUTH_KEY, f"authorization failed: the API key may not read {req.knowledge_id!r}")
+            return req, (self.retrieve(req) if view is None else self.retrieve_view(req, view))
         except ApiError as err:
             err.knowledge_id = req.knowledge_id
             raise
+
+    def retrieve_view(self, req: Request, view: View) -> list[dict[str, Any]]:
+        """A view's request: its knowledge bases merged (:meth:`Engine.retrieve`), its filter
+        ANDed with Dify's, its search type, top-k cap, score floor and context window."""
+        top_k = req.top_k if view.top_k_max is None else min(req.top_k, view.top_k_max)
+        threshold = max(req.score_threshold, view.score_floor)
+        parts = [w for w in (view.filter, req.where) if w]
+        where = None if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+        try:
+            for name in view.knowledge_bases:
+                self._maybe_refresh(self.engine.get_knowledge_base(name))
+            if not req.query.strip():
+                return []
+            hits = self.engine.retrieve(
+                list(view.knowledge_bases),
+                req.query,
+                top_k,
+                score_threshold=threshold,
+                filters=where,
+                search_type=view.search_type,
+                context_window=view.context_window,
+            )
+        except NotFoundError as exc:
+            raise ApiError(404, E_NO_KNOWLEDGE, f"view {view.knowledge_id!r}: {exc}") from None
+        except (InvalidArgumentError, InvalidTypeError) as exc:
+            raise ApiError(400, E_BAD_REQUEST, str(exc)) from None
+        except EmbedderUnavailableError as exc:
+            raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
+        except EmbedderError as exc:
+            raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
+        return _records(hits, threshold)  # in the merged order (by score, or by rank)
 
     def retrieve(self, req: Request) -> list[dict[str, Any]]:
         missing = ApiError(404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist")
@@ -328,22 +375,28 @@ class _Service:
             raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
         except EmbedderError as exc:
             raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
-        records = []
-        for h in hits:
-            score = min(max(float(h.score), 0.0), 1.0)
-            if score < req.score_threshold:  # the engine applies it too; the contract is ours
-                continue
-            meta = dict(h.metadata) if isinstance(h.metadata, Mapping) else {}
-            records.append(
-                {
-                    "content": h.content,
-                    "score": score,
-                    "title": _title(meta, h.document_id),
-                    "metadata": meta,
-                }
-            )
+        records = _records(hits, req.score_threshold)
         records.sort(key=lambda r: -r["score"])
         return records
+
+
+def _records(hits: Sequence[Any], threshold: float) -> list[dict[str, Any]]:
+    """Dify records of hits scoring at least ``threshold``, in the hits' order."""
+    records = []
+    for h in hits:
+        score = min(max(float(h.score), 0.0), 1.0)
+        if score < threshold:  # the engine applies it too; the contract is ours
+            continue
+        meta = dict(h.metadata) if isinstance(h.metadata, Mapping) else {}
+        records.append(
+            {
+                "content": h.content,
+                "score": score,
+                "title": _title(meta, h.document_id),
+                "metadata": meta,
+            }
+        )
+    return records
 
 
 # -- HTTP ------------------------------------------------------------------------------------
@@ -407,10 +460,10 @@ def _retrieval_endpoint(service: _Service) -> Any:
         knowledge_id = None
         try:
             token = _bearer_token(request.headers.get("authorization"))
-            if token not in service.keys:
+            if not service.known(token):
                 raise ApiError(403, E_AUTH_KEY, "authorization failed: the API key is not valid")
             body = await _read_body(request, service)
-            req, records = await run_in_threadpool(service.handle, body)
+            req, records = await run_in_threadpool(service.handle, body, token)
         except ApiError as err:
             knowledge_id = err.knowledge_id
             _log_error(request_id, err, client=client, knowledge_id=knowledge_id, started=started)
@@ -493,11 +546,14 @@ def create_app(
     max_top_k: int = DEFAULT_MAX_TOP_K,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    views: str | os.PathLike[str] | Mapping[str, Any] | None = None,
 ) -> Any:
     """An ASGI app serving Dify's External Knowledge API over ``engine`` (an
     :class:`~kbcore.Engine` or a data directory). ``api_keys``: the accepted bearer keys (at
-    least one). Raises InvalidArgumentError for no key or a bad limit; ImportError without
-    ``pip install 'kbcore[server]'``. The Starlette app is ``app.starlette``."""
+    least one). ``views``: a views file or its content (:mod:`kbcore.dify.views`), checked
+    against the engine's knowledge bases now. Raises InvalidArgumentError for no key, a bad
+    limit or a bad view; ImportError without ``pip install 'kbcore[server]'``. The Starlette
+    app is ``app.starlette``."""
     try:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -511,6 +567,7 @@ def create_app(
         from ..engine import Engine
 
         engine = Engine(engine)
+    checked = None if views is None else load_views(views, knowledge_bases=engine)
     service = _Service(
         engine,
         list(api_keys),
@@ -518,6 +575,7 @@ def create_app(
         max_top_k=max_top_k,
         refresh_interval=refresh_interval,
         body_timeout=body_timeout,
+        views=checked,
     )
     starlette = Starlette(
         routes=[
@@ -527,6 +585,7 @@ def create_app(
         exception_handlers={HTTPException: _http_error},
     )
     starlette.state.kbcore_engine = engine
+    starlette.state.kbcore_views = service.views
     app = _collapse_slashes(starlette)
     app.starlette = starlette
     app.state = starlette.state
@@ -650,6 +709,7 @@ def serve(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     log_level: str = "info",
     embedder: Any = None,
+    views: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serves the knowledge bases in ``data`` with uvicorn until interrupted. Raises
     InvalidArgumentError for no key or a bad limit, ImportError without uvicorn.
@@ -672,6 +732,7 @@ def serve(
             max_top_k=max_top_k,
             refresh_interval=refresh_interval,
             body_timeout=body_timeout,
+            views=views,
         )
         config = uvicorn_config(
             app,
@@ -690,6 +751,7 @@ def serve(
             knowledge_bases=engine.knowledge_bases(),
             url=f"http://{host}:{port}/retrieval",
             keys=len(api_keys),
+            views=sorted(app.starlette.state.kbcore_views),
         )
         uvicorn.Server(config).run()
     finally:
