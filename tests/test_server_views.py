@@ -55,6 +55,10 @@ def engine(tmp_path_factory):
             kb.ingest(
                 text="\n\n".join(paras), document_id=f"{name}-{i}", metadata={"team": "ab"[i % 2], "topic": topic}
             )
+    ctx = engine.create_knowledge_base("ctx", index="flat", chunk_size=80, chunk_overlap=0, context_window=1)
+    pc = engine.create_knowledge_base("pc", index="flat", index_type="parent_child", parent_chunk_size=400)
+    for kb in (ctx, pc):
+        kb.ingest(text="\n\n".join(f"Paragraph {p}: how the {t} work here, in detail." for p, t in enumerate(TOPICS)))
     yield engine
     engine.close()
 
@@ -191,3 +195,12 @@ def test_kbcore_serve_refuses_a_bad_views_file(tmp_path, engine):
     )
     assert proc.returncode == 2
     assert "view 'team-z'" in proc.stderr and "'ghost' does not exist" in proc.stderr
+
+
+def test_a_knowledge_base_is_served_with_its_own_context_window_and_parents(url, engine):
+    rec = _post(url, ADMIN, "ctx", query="deploys", top_k=1).json()["records"][0]
+    want = engine["ctx"].retrieve("deploys", 1)[0]
+    assert rec["content"] == want.content and len(want.metadata["context_chunks"]) >= 2
+    rec = _post(url, ADMIN, "pc", query="deploys", top_k=1).json()["records"][0]
+    child = engine["pc"].retrieve("deploys", 1)[0]
+    assert rec["content"] == child.content and len(rec["content"]) > 256
