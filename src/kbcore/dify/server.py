@@ -14,6 +14,11 @@ Request (JSON, what Dify 1.12 sends)::
                             "conditions": [{"name": ["team"], "comparison_operator": "is",
                                             "value": "infra"}]}}
 
+With ``views`` (``kbcore serve --views FILE``, :mod:`kbcore.dify.views`) a knowledge id may
+also name a view: one or several knowledge bases under a fixed filter (ANDed with Dify's
+condition), search type, top-k cap, score floor and context window, readable with that view's
+own keys only; the views file is checked in full at start.
+
 Response: ``{"records": [{"content", "score", "title", "metadata"}, ...]}``, best first.
 ``score`` is the engine's score in [0, 1]; records scoring below ``score_threshold`` are
 dropped here. ``title`` is the document's ``title`` metadata, else its filename, else its
@@ -27,7 +32,7 @@ Errors are ``{"error_code": int, "error_msg": str}`` with these codes:
 code  status  meaning
 ====  ======  =====================================================================
 1001  403     missing or malformed ``Authorization: Bearer <key>`` header (Dify)
-1002  403     the key is not one of the configured keys (Dify)
+1002  403     the key is not one of the configured keys (Dify), or may not read this id
 2001  404     no knowledge base named ``knowledge_id`` (Dify)
 3000  400     empty body: Dify's registration probe (the key is valid)
 3001  400     malformed request (not JSON, too deep, a missing or mistyped field)
