@@ -14,6 +14,8 @@ an exact ``flat`` index:
 - ``chunk 256``: plain chunks of the children's size (256 / 50);
 - ``parent_child``: parents of 2048 characters, children of 256 (overlap 50);
 
+- ``parent_child 2048/512``: the same with children of 512 characters;
+
 each queried with ``search_type`` ``vector`` and ``hybrid``. A result list is the document ids
 of the hits in order with repeats dropped (a plain knowledge base with ``deduplicate=True``,
 one chunk per document; a parent-child one counts top-k in parents and is also run with
@@ -42,6 +44,11 @@ LAYOUTS: list[tuple[str, dict, bool]] = [
     ("chunk 256", {"chunk_size": 256, "chunk_overlap": 50}, True),
     ("parent_child", {"index_type": "parent_child", "parent_chunk_size": 2048, "child_chunk_size": 256}, False),
     ("parent_child dedup", None, True),  # the same knowledge base, one parent per document
+    (
+        "parent_child 2048/512",
+        {"index_type": "parent_child", "parent_chunk_size": 2048, "child_chunk_size": 512},
+        False,
+    ),
 ]
 SEARCH_TYPES = ("vector", "hybrid")
 
@@ -79,9 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", default=None, help="data root (default $KBCORE_DATA, else ../shared/data)")
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--json", default=None, help="write every number to this file")
+    ap.add_argument("--layouts", nargs="+", default=None, help="run only these layouts (labels above; default: all)")
     args = ap.parse_args(argv)
+    layouts = [lay for lay in LAYOUTS if args.layouts is None or lay[0] in args.layouts]
+    if any(lay[1] is None for lay in layouts) and (args.layouts and "parent_child" not in args.layouts):
+        raise SystemExit("'parent_child dedup' reuses the 'parent_child' knowledge base: list both")
     root = Path(args.data or os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
-    cols = [f"{label} {st}" for label, _, _ in LAYOUTS for st in SEARCH_TYPES]
+    cols = [f"{label} {st}" for label, _, _ in layouts for st in SEARCH_TYPES]
     print("| set | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
     report: dict[str, dict] = {}
@@ -94,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             res: dict[str, float] = {}
             kb = None
-            for i, (label, kw, dedup) in enumerate(LAYOUTS):
+            for i, (label, kw, dedup) in enumerate(layouts):
                 if kw is not None:
                     t0 = time.perf_counter()
                     kb = engine.create_knowledge_base(f"{name}-{i}", index="flat", search_type="hybrid", **kw)
