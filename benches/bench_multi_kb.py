@@ -10,7 +10,9 @@ SciFact's documents (title + text) are split round-robin into ``--kbs`` knowledg
 text query is embedded once per call, as a user's would be), HNSW index, vector search; a
 further knowledge base ``all`` holds every document. Each round times, query by query and
 interleaved (so machine load hits every variant alike): ``kb0.retrieve`` (one of the parts),
-``all.retrieve`` (one knowledge base of the whole corpus) and ``engine.retrieve([kb0...])``.
+``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (as
+it chooses: one after the other below ``multi.PARALLEL_MIN_CHUNKS``) and the same with the
+searches forced onto threads.
 Prints the median per-query microseconds and the ratios. Timings on a shared machine are
 noisy: read the ratios, and say how loaded the machine was (``uptime``).
 """
@@ -30,6 +32,18 @@ from benches.datasets import DEFAULT_DATA_ROOT
 from benches.eval_hybrid import _jsonl
 
 TOP_K = 10
+
+
+def _threaded(engine, names: list[str], q: str):
+    """``Engine.retrieve`` with the searches forced onto threads, whatever the sizes."""
+    from kbcore.engine import multi
+
+    saved = multi.PARALLEL_MIN_CHUNKS
+    multi.PARALLEL_MIN_CHUNKS = 0
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        multi.PARALLEL_MIN_CHUNKS = saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one part (kb0)": lambda q: one.retrieve(q, TOP_K),
             "one whole (all)": lambda q: whole.retrieve(q, TOP_K),
             f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
+            f"{args.kbs} parts merged, threads": lambda q: _threaded(engine, names, q),
         }
         for q in queries[:20]:  # warm up
             for fn in variants.values():

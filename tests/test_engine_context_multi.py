@@ -185,3 +185,19 @@ def test_multi_kb_bad_names(tmp_path):
         engine.retrieve([1], q)
     assert [h.id for h in engine.retrieve("k1", q, 3)] == [h.id for h in engine["k1"].retrieve(q, 3)]
     engine.close()
+
+
+def test_multi_kb_threads_give_the_sequential_answer(tmp_path, monkeypatch):
+    from kbcore.engine import multi
+
+    engine = _three(tmp_path, ("cosine", "l2", "cosine"))
+    rng = np.random.default_rng(7)
+    queries = [rng.standard_normal(DIM).astype(np.float32) for _ in range(10)]
+    names = ["k0", "k1", "k2"]
+    sequential = [engine.retrieve(names, q, top_k=5) for q in queries]
+    monkeypatch.setattr(multi, "PARALLEL_MIN_CHUNKS", 0)
+    threaded = [engine.retrieve(names, q, top_k=5) for q in queries]
+    assert threaded == sequential and all(len(hits) == 5 for hits in threaded)
+    with pytest.raises(NotFoundError):  # an error in a thread reaches the caller
+        engine.retrieve(names, queries[0], top_k=5, pipelines=["nope"])
+    engine.close()

@@ -1,8 +1,9 @@
 """Retrieval over several knowledge bases at once (:meth:`Engine.retrieve`).
 
 Each knowledge base is searched on its own (its filters, search type, dedup and context
-window), in parallel threads (the native searches release the GIL), with the query embedded
-once per distinct embedder spec. The hit lists are then merged:
+window), in parallel threads when they hold at least ``PARALLEL_MIN_CHUNKS`` chunks together
+(the native searches release the GIL; below that, one after the other, which is faster), with
+the query embedded once per distinct embedder spec. The hit lists are then merged:
 
 - **by score** when every knowledge base has the same metric, the same embedder spec and the
   same search type and fusion: their scores are on one scale, so the merged list is the
@@ -35,6 +36,10 @@ from .types import Hit, SearchOptions
 RANK_K = 60
 #: Most threads searching knowledge bases at once (one pool per process, made on first use).
 MAX_THREADS = 8
+#: Fewest chunks (over the knowledge bases searched) for which the searches run in threads:
+#: below it a search is ~100 us, of which the Python half holds the GIL, and handing the calls
+#: to threads costs more than it saves (``benches/bench_multi_kb.py`` measures both ways).
+PARALLEL_MIN_CHUNKS = 100_000
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -93,8 +98,8 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
             calls.append((vec, opts._replace(search_type="vector")))
         else:
             calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
-    if len(kbs) == 1:
-        lists = [kbs[0].retrieve(calls[0][0], top_k, calls[0][1])]
+    if len(kbs) == 1 or sum(len(kb) for kb in kbs) < PARALLEL_MIN_CHUNKS:
+        lists = [kb.retrieve(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
     else:
         pool = _executor()
         futures = [pool.submit(kb.retrieve, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
