@@ -434,6 +434,9 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
     std::vector<std::uint8_t> bytes;
     r.array(bytes, len);
     const std::string t(bytes.begin(), bytes.end());
+    // Terms come back to Python as str (text_stats): invalid UTF-8 is refused here. add()
+    // cannot store one: the tokenizer emits only well-formed code points (tokenizer.h).
+    if (!is_valid_utf8(t)) r.fail("BM25 term is not valid UTF-8");
     if (terms_.find(t)) r.fail("repeated BM25 term");
     term_id(t);
   }

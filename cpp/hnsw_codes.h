@@ -153,8 +153,8 @@ std::vector<Scored> HnswCodeSearch::layer0(const HnswIndex& g, const Codes& code
   const VisitedSet::View visited = visited_set.view();
   std::vector<Scored>& candidates = search_scratch().sq8_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();
-  std::vector<Scored> results;  // a max-heap of at most ef
-  results.reserve(ef);
+  std::vector<Scored> results;                      // a max-heap of at most ef
+  results.reserve(std::min(ef, g.levels_.size()));  // it never holds more than the slots
   // Admits s (better than the worst when the list is full): a full list replaces its worst
   // in one sift, the same set push + pop would keep.
   const auto push_result = [&](const Scored& s) {

@@ -20,7 +20,10 @@ HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
   if (params.M < 2 || params.M > kMaxM) {
     throw InvalidArgument("M must be in [2, " + std::to_string(kMaxM) + "], got " + std::to_string(params.M));
   }
-  if (params.ef_construction < 1) throw InvalidArgument("ef_construction must be positive");
+  if (params.ef_construction < 1 || params.ef_construction > kMaxEf) {
+    throw InvalidArgument("ef_construction must be in [1, 2^30 = " + std::to_string(kMaxEf) + "], got " +
+                          std::to_string(params.ef_construction));
+  }
   grow();
 }
 
@@ -254,19 +257,24 @@ void HnswIndex::ensure_reachable(const Kernels& k, const std::vector<std::uint8_
   // neighbour's list directly.
   for (int round = 0; round < 4; ++round) {
     std::vector<std::uint8_t> seen(n, 0);
-    std::vector<Slot> stack{entry_};
-    seen[entry_] = 1;
-    while (!stack.empty()) {
-      const Slot c = stack.back();
-      stack.pop_back();
-      const std::uint32_t* cl = links(c, 0);
-      for (std::size_t j = 0; j < cl[0]; ++j) {
-        if (!seen[cl[1 + j]]) {
-          seen[cl[1 + j]] = 1;
-          stack.push_back(cl[1 + j]);
+    std::vector<Slot> stack;
+    // Marks everything reachable from `from` (itself included).
+    const auto reach = [&](Slot from) {
+      seen[from] = 1;
+      stack.push_back(from);
+      while (!stack.empty()) {
+        const Slot c = stack.back();
+        stack.pop_back();
+        const std::uint32_t* cl = links(c, 0);
+        for (std::size_t j = 0; j < cl[0]; ++j) {
+          if (!seen[cl[1 + j]]) {
+            seen[cl[1 + j]] = 1;
+            stack.push_back(cl[1 + j]);
+          }
         }
       }
-    }
+    };
+    reach(entry_);
     std::vector<Slot> lost;
     for (std::size_t s = 0; s < n; ++s) {
       if (store_.is_live(static_cast<Slot>(s)) && !seen[s] && !pending_[s] && !(dead && (*dead)[s])) {
@@ -279,7 +287,11 @@ void HnswIndex::ensure_reachable(const Kernels& k, const std::vector<std::uint8_
         link(s, levels_[s], entry_, max_level_, k, /*locked=*/false);
         continue;
       }
-      // Last resort: make the nearest reachable node point at s.
+      // Last resort: make the nearest reachable node point at s. A node linked earlier in
+      // this loop made its own neighbours reachable too (reach() below): s may be one of them,
+      // and appending it again would repeat a link in one list (which load() refuses). Lost
+      // nodes often link to each other (identical vectors: all of a cluster of duplicates).
+      if (seen[s]) continue;
       Scored best{std::numeric_limits<float>::infinity(), kNoSlot};
       for (std::size_t t = 0; t < n; ++t) {
         if (!seen[t]) continue;
@@ -288,13 +300,14 @@ void HnswIndex::ensure_reachable(const Kernels& k, const std::vector<std::uint8_
       }
       if (best.slot == kNoSlot) continue;
       std::uint32_t* bl = links(best.slot, 0);
+      // best is reachable and s is not, so best's list does not hold s yet.
       if (bl[0] < m0_) {
         bl[1 + bl[0]] = s;
         ++bl[0];
       } else {
         bl[bl[0]] = s;  // replaces its last (least recently selected) link
       }
-      seen[s] = 1;
+      reach(s);
     }
   }
 }
@@ -429,7 +442,78 @@ std::size_t HnswIndex::memory_bytes() const {
   return bytes;
 }
 
+const char* HnswIndex::check_graph(const VectorStore& store, std::size_t m, std::size_t m0,
+                                   const std::vector<std::uint8_t>& levels, const std::uint32_t* links0,
+                                   const std::vector<std::unique_ptr<std::uint32_t[]>>& upper,
+                                   const std::vector<std::uint8_t>& pending, Slot entry, int max_level) {
+  const std::size_t n = levels.size();
+  if (n != store.slot_count() || pending.size() != n || upper.size() != n) return "graph and store disagree on slots";
+  int seen_max = -1;
+  std::size_t graph_nodes = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    const auto slot = static_cast<Slot>(s);
+    if (levels[s] > kMaxLevel) return "node level out of range";
+    if (!store.is_live(slot)) {
+      if (levels[s] != 0 || links0[s * (1 + m0)] != 0) return "free slot has links";
+      continue;
+    }
+    if (levels[s] > 0 && !upper[s]) return "node without its upper-level lists";
+  }
+  for (std::size_t s = 0; s < n; ++s) {
+    const auto slot = static_cast<Slot>(s);
+    if (pending[s] > 1) return "invalid pending flag";
+    if (pending[s]) {
+      if (!store.is_live(slot) || levels[s] != 0 || links0[s * (1 + m0)] != 0) {
+        return "a pending node must be live and unlinked";
+      }
+      continue;
+    }
+    if (!store.is_live(slot)) continue;
+    ++graph_nodes;
+    seen_max = std::max(seen_max, static_cast<int>(levels[s]));
+  }
+  // Every link must name a linked live slot that has a list at that level, other than the
+  // node itself and at most once per list, and every count must fit its list: a crafted file
+  // must not make a search read out of bounds (an upper-level link to a node without that
+  // level would be a null list) nor leave a graph that a later insert or removal trips on.
+  std::vector<std::uint64_t> stamp(n, 0);  // list number + 1 of the list that last named a slot
+  std::uint64_t list_no = 0;
+  const auto check = [&](Slot s, const std::uint32_t* l, std::size_t cap, int level) -> const char* {
+    if (l[0] > cap) return "link count exceeds capacity";
+    ++list_no;
+    for (std::size_t j = 0; j < l[0]; ++j) {
+      const std::uint32_t t = l[1 + j];
+      if (t >= n || !store.is_live(t) || pending[t]) return "link to a missing node";
+      if (levels[t] < level) return "link to a node without that level";
+      if (t == s) return "node links to itself";
+      if (stamp[t] == list_no) return "repeated link in one list";
+      stamp[t] = list_no;
+    }
+    return nullptr;
+  };
+  for (std::size_t s = 0; s < n; ++s) {
+    if (!store.is_live(static_cast<Slot>(s)) || pending[s]) continue;
+    const auto slot = static_cast<Slot>(s);
+    if (const char* why = check(slot, &links0[s * (1 + m0)], m0, 0)) return why;
+    for (int l = 1; l <= levels[s]; ++l) {
+      if (const char* why = check(slot, &upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m, l)) return why;
+    }
+  }
+  if (graph_nodes == 0) {
+    if (entry != kNoSlot || max_level != -1) return "empty graph with an entry point";
+  } else if (entry >= n || !store.is_live(entry) || pending[entry] || levels[entry] != max_level ||
+             max_level != seen_max) {
+    return "invalid entry point";
+  }
+  return nullptr;
+}
+
 void HnswIndex::save(BinaryWriter& w) const {
+  // What load() would refuse is never written: the caller's previous file stays in place.
+  if (const char* why =
+          check_graph(store_, params_.M, m0_, levels_, links0_.data(), upper_, pending_, entry_, max_level_)) {
+    throw FormatError(std::string("refusing to save an index graph that load would reject: ") + why);
+  }
   w.u64(params_.M);
   w.u64(params_.ef_construction);
   w.u64(params_.seed);
@@ -476,52 +560,12 @@ void HnswIndex::load(BinaryReader& r) {
   }
   std::vector<std::uint8_t> pending;
   r.array(pending, n);
-  int seen_max = -1;
-  std::size_t graph_nodes = 0;
+  if (const char* why = check_graph(store_, m, m0_, levels, links0.data(), upper, pending, entry, max_level)) {
+    r.fail(why);
+  }
   std::vector<Slot> pending_list;
   for (std::size_t s = 0; s < n; ++s) {
-    if (pending[s] > 1) r.fail("invalid pending flag");
-    if (pending[s]) {
-      if (!store_.is_live(static_cast<Slot>(s)) || levels[s] != 0 || links0[s * (1 + m0_)] != 0) {
-        r.fail("a pending node must be live and unlinked");
-      }
-      pending_list.push_back(static_cast<Slot>(s));
-      continue;
-    }
-    if (!store_.is_live(static_cast<Slot>(s))) continue;
-    ++graph_nodes;
-    seen_max = std::max(seen_max, static_cast<int>(levels[s]));
-  }
-  // Every link must name a linked live slot that has a list at that level, other than the
-  // node itself and at most once per list, and every count must fit its list: a crafted file
-  // must not make a search read out of bounds (an upper-level link to a node without that
-  // level would be a null list) nor leave a graph that a later insert or removal trips on.
-  std::vector<std::uint64_t> stamp(n, 0);  // list number + 1 of the list that last named a slot
-  std::uint64_t list_no = 0;
-  const auto check = [&](Slot s, const std::uint32_t* l, std::size_t cap, int level) {
-    if (l[0] > cap) r.fail("link count exceeds capacity");
-    ++list_no;
-    for (std::size_t j = 0; j < l[0]; ++j) {
-      const std::uint32_t t = l[1 + j];
-      if (t >= n || !store_.is_live(t) || pending[t]) r.fail("link to a missing node");
-      if (levels[t] < level) r.fail("link to a node without that level");
-      if (t == s) r.fail("node links to itself");
-      if (stamp[t] == list_no) r.fail("repeated link in one list");
-      stamp[t] = list_no;
-    }
-  };
-  for (std::size_t s = 0; s < n; ++s) {
-    if (!store_.is_live(static_cast<Slot>(s)) || pending[s]) continue;
-    const auto slot = static_cast<Slot>(s);
-    check(slot, &links0[s * (1 + m0_)], m0_, 0);
-    for (int l = 1; l <= levels[s]; ++l) check(slot, &upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m, l);
-  }
-  if (graph_nodes == 0) {
-    if (entry != kNoSlot || max_level != -1) r.fail("empty graph with an entry point");
-  } else {
-    if (entry >= n || !store_.is_live(entry) || pending[entry] || levels[entry] != max_level || max_level != seen_max) {
-      r.fail("invalid entry point");
-    }
+    if (pending[s]) pending_list.push_back(static_cast<Slot>(s));
   }
   pending_ = std::move(pending);
   pending_list_ = std::move(pending_list);

@@ -32,6 +32,11 @@ inline constexpr std::size_t kMaxM = 256;
 /// The longest link list (level 0 holds 2M links): the size of the search stack buffers.
 inline constexpr std::size_t kMaxLinks = 2 * kMaxM;
 static_assert(kMaxLinks <= 0xFFFF, "core0_ counts level-0 links in 16 bits");
+/// The largest ef_construction, search ef, re-rank depth and search k an index accepts: one
+/// limit, checked by the constructors, set_ef_search, search and load alike, so that every
+/// value a constructor takes is one a saved file can hold and load accepts. Work buffers are
+/// bounded by the rows that exist whatever the value (docs/index.md, "Limits").
+inline constexpr std::size_t kMaxEf = std::size_t{1} << 30;
 
 /// Construction parameters. M: links per node on upper levels (2M on level 0);
 /// ef_construction: candidate list size while inserting; seed: level assignment.
@@ -190,6 +195,15 @@ class HnswIndex {
   /// distance evaluation (figures in benches/README.md). core0_ keeps the core count of level-0 lists so that
   /// connect_back can settle most new links without re-running the heuristic.
   std::size_t select_neighbors(std::vector<Scored>& cands, std::size_t m, const Kernels& k) const;
+  /// The invariants of a graph that load() checks (levels in range, free and pending slots
+  /// unlinked, every link to a linked live slot with a list at that level, not to the node
+  /// itself and at most once per list, counts within capacity, a valid entry point). Returns
+  /// the first violation (load's FormatError text) or null. save() runs it on the graph in
+  /// memory, so it never writes a file load() refuses. O(n + links).
+  static const char* check_graph(const VectorStore& store, std::size_t m, std::size_t m0,
+                                 const std::vector<std::uint8_t>& levels, const std::uint32_t* links0,
+                                 const std::vector<std::unique_ptr<std::uint32_t[]>>& upper,
+                                 const std::vector<std::uint8_t>& pending, Slot entry, int max_level);
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
   /// O(n * M) for the check; runs after parallel inserts and after removals.
@@ -269,7 +283,7 @@ std::vector<Scored> HnswIndex::search_layer(const float* q, const std::vector<Sc
   std::vector<std::uint32_t>& local = scratch.layer_links;
   candidates.clear();
   std::vector<Scored> results;
-  results.reserve(ef + 1);
+  results.reserve(std::min(ef, levels_.size()) + 1);  // it never holds more than the slots
   const auto push_result = [&](const Scored& s) {
     results.push_back(s);
     std::push_heap(results.begin(), results.end());

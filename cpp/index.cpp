@@ -43,12 +43,22 @@ std::string quantization_name(Quantization q) {
   return q == Quantization::kSq8 ? "sq8" : q == Quantization::kRabitq ? "rabitq" : "none";
 }
 
+void check_max_ef(const char* what, std::size_t value) {
+  if (value > kMaxEf) {
+    throw InvalidArgument(std::string(what) + " must be at most 2^30 = " + std::to_string(kMaxEf) + ", got " +
+                          std::to_string(value));
+  }
+}
+
 Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
   if (config.dim == 0 || config.dim > kMaxDim) {
     throw InvalidArgument("dimension must be in [1, " + std::to_string(kMaxDim) + "], got " +
                           std::to_string(config.dim));
   }
-  if (config.ef_search == 0) throw InvalidArgument("ef must be positive");
+  if (config.ef_search == 0 || config.ef_search > kMaxEf) {
+    throw InvalidArgument("ef must be in [1, 2^30 = " + std::to_string(kMaxEf) + "], got " +
+                          std::to_string(config.ef_search));
+  }
   if (config.kind == IndexKind::kHnsw) graph_ = std::make_unique<HnswIndex>(store_, config.metric, config.hnsw);
   if (config.quantization != Quantization::kNone) {
     if (config.kind != IndexKind::kHnsw) {
@@ -60,7 +70,7 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
       rabitq_ = std::make_unique<RabitqCodes>(config.dim, config.metric, config.rabitq_bits, config.hnsw.seed);
     }
   }
-  if (config.rerank > (1u << 30)) throw InvalidArgument("rerank must be at most 2^30");
+  check_max_ef("rerank", config.rerank);
   if (config.vectors_on_disk) {
     if (!quantized()) {
       throw InvalidArgument(
@@ -73,7 +83,9 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
 Index::~Index() = default;
 
 void Index::set_ef_search(std::size_t ef) {
-  if (ef == 0) throw InvalidArgument("ef must be positive, got 0");
+  if (ef == 0 || ef > kMaxEf) {
+    throw InvalidArgument("ef must be in [1, 2^30 = " + std::to_string(kMaxEf) + "], got " + std::to_string(ef));
+  }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   config_.ef_search = ef;
 }

@@ -54,6 +54,9 @@ inline constexpr std::size_t kSq8TrainRows = 1000;
 /// The largest dimension an index accepts (checked by the constructor and by load).
 inline constexpr std::size_t kMaxDim = 65536;
 
+/// Throws InvalidArgument naming `what` ("k", "ef", ...) if value exceeds kMaxEf (hnsw_index.h).
+void check_max_ef(const char* what, std::size_t value);
+
 struct IndexConfig {
   std::size_t dim = 0;
   Metric metric = Metric::kCosine;

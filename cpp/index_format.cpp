@@ -63,8 +63,8 @@ std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk
   if (c.dim == 0 || c.dim > kMaxDim) r.fail("invalid dimension " + std::to_string(c.dim));
   if (metric > 2) r.fail("invalid metric code " + std::to_string(metric));
   if (kind > 1) r.fail("invalid index kind code " + std::to_string(kind));
-  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 || c.ef_search > (1u << 30) ||
-      c.hnsw.ef_construction > (1u << 30)) {
+  if (c.ef_search == 0 || c.hnsw.M < 2 || c.hnsw.M > kMaxM || c.hnsw.ef_construction == 0 || c.ef_search > kMaxEf ||
+      c.hnsw.ef_construction > kMaxEf) {
     r.fail("invalid index parameters");
   }
   c.metric = static_cast<Metric>(metric);
@@ -119,7 +119,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, bool vectors_on_disk
       r.fail("invalid quantization code " + std::to_string(q) + " for format version " + std::to_string(r.version()));
     }
     if (!index->graph_) r.fail("quantization section in a flat index");
-    if (rerank > (1u << 30)) r.fail("invalid re-rank depth " + std::to_string(rerank));
+    if (rerank > kMaxEf) r.fail("invalid re-rank depth " + std::to_string(rerank));
     index->config_.quantization = expected;
     index->config_.rerank = rerank;
     std::size_t codes_held = 0;

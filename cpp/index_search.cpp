@@ -55,6 +55,7 @@ Strategy Index::choose_strategy(std::size_t passing, std::size_t live, std::size
 std::vector<float> Index::prepare_queries(const float* queries, std::size_t nq, std::size_t k,
                                           const FilterNode* filter) const {
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  check_max_ef("k", k);
   if (filter != nullptr) validate_filter(*filter);
   const std::size_t dim = config_.dim;
   std::vector<float> prepared(nq * dim);
@@ -92,25 +93,30 @@ std::vector<Slot> Index::candidate_rows(const Bitmap* allowed, std::size_t passi
 
 void Index::search(const float* queries, std::size_t nq, const SearchParams& p, std::int64_t* out_ids,
                    float* out_dist) const {
-  const std::size_t k = p.k;
-  const std::vector<float> prepared = prepare_queries(queries, nq, k, p.filter);
+  const std::size_t width = p.k;  // of the caller's rows of results, padded past the hits
+  const std::vector<float> prepared = prepare_queries(queries, nq, width, p.filter);
+  check_max_ef("ef", p.ef);
   const std::size_t dim = config_.dim;
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  const std::size_t ef = p.ef == 0 ? config_.ef_search : p.ef;
   const auto write = [&](std::size_t qi, const std::vector<Scored>& res) {
-    std::int64_t* ids = out_ids + qi * k;
-    float* dist = out_dist + qi * k;
-    const std::size_t m = std::min(k, res.size());
+    std::int64_t* ids = out_ids + qi * width;
+    float* dist = out_dist + qi * width;
+    const std::size_t m = std::min(width, res.size());
     for (std::size_t j = 0; j < m; ++j) {
       ids[j] = store_.id_of(res[j].slot);
       dist[j] = res[j].dist;
     }
-    pad(ids, dist, m, k);
+    pad(ids, dist, m, width);
   };
   if (store_.size() == 0) {
-    for (std::size_t qi = 0; qi < nq; ++qi) pad(out_ids + qi * k, out_dist + qi * k, 0, k);
+    for (std::size_t qi = 0; qi < nq; ++qi) pad(out_ids + qi * width, out_dist + qi * width, 0, width);
     return;
   }
+  // No search finds more rows than exist: k and ef beyond the row count change no answer, and
+  // bounding them here bounds every buffer below (heaps, candidate lists, re-rank depth) by
+  // the rows, whatever the caller asked (docs/index.md, "Limits").
+  const std::size_t k = std::min(width, store_.size());
+  const std::size_t ef = std::min(p.ef == 0 ? config_.ef_search : p.ef, store_.size());
   if (p.filter != nullptr) {
     FilterMatches matches = match_for_search(*p.filter, meta_, store_);
     const std::size_t passing = matches.count;
@@ -133,7 +139,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
     // The exact answer over the passing rows: on codes with an exact re-rank when quantized.
     const CodesRef codes = search_codes();
-    const std::size_t depth = rerank_depth(ef, k);
+    const std::size_t depth = std::min(rerank_depth(ef, k), store_.size());
     // RaBitQ's scan re-ranks whatever its bound cannot rule out unless a depth is configured.
     const std::size_t scan_depth = codes.rabitq != nullptr && config_.rerank == 0 ? 0 : depth;
     const auto exact = [&](const float* q, const std::vector<Slot>& rows) {
@@ -197,7 +203,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   if (graph_) {
     std::atomic<std::uint64_t> evals{0};
     const CodesRef codes = search_codes();
-    const std::size_t depth = rerank_depth(ef, k);
+    const std::size_t depth = std::min(rerank_depth(ef, k), store_.size());
     parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
       std::size_t e = 0;
       const float* q = prepared.data() + qi * dim;
@@ -229,6 +235,7 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
   if (p.group_size == 0) throw InvalidArgument("group_size must be positive, got 0");
   const std::vector<float> prepared = prepare_queries(queries, nq, k, p.filter);
+  check_max_ef("ef", p.ef);
   const std::size_t dim = config_.dim;
   std::shared_lock<std::shared_mutex> lock(mutex_);
   std::vector<GroupPage> out(nq);
@@ -238,7 +245,10 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
     throw InvalidArgument("group_by field '" + p.group_by + "' is not present in any stored row");
   }
   const GroupOrdinals& field_groups = GroupOrdinals::of(*field);
-  const std::size_t ef = std::max(p.ef == 0 ? config_.ef_search : p.ef, k * p.group_size);
+  // Bounded by the rows (k * group_size may overflow): search_expanding would cut it there.
+  const std::size_t rows_cap = std::max<std::size_t>(store_.size(), 1);
+  const std::size_t per_page = std::min(k, rows_cap) * std::min(p.group_size, rows_cap);
+  const std::size_t ef = std::min(std::max(p.ef == 0 ? config_.ef_search : p.ef, per_page), rows_cap);
 
   Bitmap allowed;
   std::size_t passing = store_.size();
@@ -299,6 +309,7 @@ std::vector<Index::GroupPage> Index::search_groups(const float* queries, std::si
 std::vector<std::pair<std::int64_t, float>> Index::search_text(const std::string& query, std::size_t k,
                                                                const FilterNode* filter, const Bm25Stats* stats) const {
   if (k == 0) throw InvalidArgument("k must be positive, got 0");
+  check_max_ef("k", k);
   if (filter != nullptr) validate_filter(*filter);
   std::shared_lock<std::shared_mutex> lock(mutex_);
   Bitmap allowed;

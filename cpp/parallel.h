@@ -12,14 +12,22 @@
 
 namespace kbcore {
 
-/// Number of threads to use for a request of `threads` (0 = all hardware threads) over n items.
+/// The most threads one call starts (or the hardware threads, if more): a request beyond the
+/// cores only adds stacks (8 MiB of address space each), and `threads` comes from the user.
+inline constexpr std::size_t kMaxThreads = 256;
+
+/// Number of threads to use for a request of `threads` (0 = all hardware threads) over n items:
+/// at most n and at most max(kMaxThreads, hardware threads).
 inline std::size_t resolve_threads(std::size_t threads, std::size_t n) {
-  if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
-  return std::max<std::size_t>(1, std::min(threads, n));
+  const std::size_t hardware = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  if (threads == 0) threads = hardware;
+  return std::max<std::size_t>(1, std::min({threads, n, std::max(kMaxThreads, hardware)}));
 }
 
 /// Calls fn(i, worker) for i in [0, n) on `threads` threads (worker in [0, threads)).
 /// The calling thread is worker 0. Rethrows the first exception after all workers finish.
+/// If the system refuses a thread (process limits, address space), the workers already
+/// started share the work: fewer threads, never a crash.
 template <typename Fn>
 void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk = 1) {
   threads = resolve_threads(threads, n);
@@ -48,7 +56,12 @@ void parallel_for(std::size_t n, std::size_t threads, Fn&& fn, std::size_t chunk
   };
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
-  for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(worker, w);
+  try {
+    for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(worker, w);
+  } catch (...) {
+    // std::system_error from std::thread: leaving here with joinable threads in `pool` would
+    // call std::terminate. The threads started (and this one) take every chunk anyway.
+  }
   worker(0);
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);

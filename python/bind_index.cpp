@@ -252,7 +252,12 @@ void bind_index(py::module_& m) {
                 } else if (PyUnicode_Check(t.ptr())) {
                   Py_ssize_t len = 0;
                   const char* utf8 = PyUnicode_AsUTF8AndSize(t.ptr(), &len);
-                  if (utf8 == nullptr) throw py::error_already_set();
+                  if (utf8 == nullptr) {
+                    // A lone surrogate has no UTF-8 form: the BM25 leg stores only UTF-8.
+                    PyErr_Clear();
+                    throw InvalidArgument("texts[" + std::to_string(text_rows->size()) +
+                                          "] is not valid Unicode (a lone surrogate has no UTF-8 encoding)");
+                  }
                   text_rows->emplace_back(std::in_place, utf8, static_cast<std::size_t>(len));
                 } else {
                   // kbcore.errors.InvalidTypeError (a TypeError): the Python layer leaves this check here
@@ -344,6 +349,7 @@ void bind_index(py::module_& m) {
              const py::object& filter, const std::string& strategy) {
             const std::size_t nq = rows_of(queries, self.dim(), "queries");
             if (k == 0) throw InvalidArgument("k must be positive, got 0");
+            check_max_ef("k", k);  // before the [nq, k] results are allocated
             const FilterRef node(filter);
             SearchParams params;
             params.k = k;
@@ -373,6 +379,7 @@ void bind_index(py::module_& m) {
               throw InvalidArgument("query must be a 1-D array of the index's dimension " + std::to_string(self.dim()));
             }
             if (k == 0) throw InvalidArgument("k must be positive, got 0");
+            check_max_ef("k", k);  // before the [nq, k] results are allocated
             const FilterRef node(filter);
             SearchParams params;
             params.k = k;

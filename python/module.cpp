@@ -83,6 +83,7 @@ PYBIND11_MODULE(_core, m) {
       "is kept but changes nothing.");
   m.attr("MAX_M") = kMaxM;      // the largest M an index accepts (links per node on upper levels)
   m.attr("MAX_DIM") = kMaxDim;  // the largest dimension an index accepts
+  m.attr("MAX_EF") = kMaxEf;    // the largest ef, ef_construction, rerank and search k
   m.def(
       "checksum64",
       [](py::bytes data) {

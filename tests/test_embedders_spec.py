@@ -69,6 +69,8 @@ def test_openai_spec_records_the_key_variable_never_the_key(monkeypatch):
         "dim": 256,
         "batch_size": 32,
         "timeout": 5.0,
+        "deadline": 300.0,
+        "max_response_bytes": 64 * 1024 * 1024,
         "max_retries": 2,
         "normalize": True,
     }

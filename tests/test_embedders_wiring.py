@@ -169,7 +169,10 @@ def test_demo_uses_minilm_when_installed_and_says_so(capsys):
     [
         (Reply(503, {"error": {"message": "overloaded"}}), 503, 5031),
         (Reply(401, {"error": {"message": "bad key"}}), 502, 5020),
+        (Reply(200, b"[" * 200_000 + b"]" * 200_000), 502, 5020),  # was a RecursionError: 500
+        (Reply(302, b"", {"Location": "http://127.0.0.1:9/v1/embeddings"}), 502, 5020),  # never followed
     ],
+    ids=["overloaded", "refused", "deep-json", "cross-origin-redirect"],
 )
 def test_server_answers_502_or_503_when_the_query_embedder_fails(tmp_path, fake, reply, status, code):
     pytest.importorskip("starlette", reason="the server needs Starlette (pip install 'kbcore[server]')")

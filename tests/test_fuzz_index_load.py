@@ -33,6 +33,7 @@ import fuzz_index_load as fuzz  # noqa: E402
 EXPECTED_REJECTION = {
     "bm25_k1_inf": "invalid BM25 parameters",
     "bm25_rows_out_of_order": "out-of-order slot",
+    "bm25_term_not_utf8": "BM25 term is not valid UTF-8",
     "huge_level_count": "graph level count out of range",
     "link_to_itself": "node links to itself",
     "metadata_bool_minus_one": "invalid bool value",

@@ -62,7 +62,9 @@ _CORE_LEAVES = {
     # The embedders module is the one front door to its two optional backends.
     "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai"},
     "kbcore.embedders_minilm": set(),
-    "kbcore.embedders_openai": set(),
+    "kbcore.embedders_openai": {"kbcore._http"},
+    # The HTTP transport of the remote clients (embedder, reranker): standard library only.
+    "kbcore._http": set(),
 }
 # Everything outside engine/ that engine/ may build on ("engine/: all of the above").
 _CORE_ALL = set(_CORE_LEAVES) - {"kbcore._core"}

@@ -382,3 +382,32 @@ def test_load_rejects_what_add_rejects_even_with_a_valid_checksum(tmp_path, defe
     assert kbcore.Index.load(tmp_path / "ok.kbi").get_metadata([10]) == [{"s": "zzzz"}]
     with pytest.raises(errors.FormatError):
         kbcore.Index.load(tmp_path / "bad.kbi")
+
+
+# --------------------------------------------------------------------------------------------
+# concurrent builds (issue 30, item 1)
+
+
+@pytest.mark.parametrize("quantization", [None, "sq8", "rabitq"])
+def test_two_thread_builds_with_repeated_vectors_always_save_a_file_that_loads(tmp_path, quantization):
+    # Many identical vectors leave nodes that a two-thread build cannot reach by search; the
+    # reachability repair used to append one of them twice to a list, and load refused the
+    # file ("repeated link in one list") in most of these builds.
+    path = tmp_path / "a.kbi"
+    failures = []
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        data = rng.integers(-1, 2, size=(1200, 4)).astype(np.float32)
+        data[:, 0] += 3.0  # no zero rows under cosine
+        index = kbcore.Index(4, "cosine", M=4, ef_construction=16, seed=seed, quantization=quantization)
+        index.add(data, np.arange(len(data)), threads=2)
+        index.save(path)
+        try:
+            loaded = kbcore.Index.load(path)
+        except errors.FormatError as exc:
+            failures.append((seed, str(exc)))
+            continue
+        assert len(loaded) == len(data)
+        ids, _ = loaded.search(data[:20], k=5)
+        assert (ids >= 0).all()
+    assert not failures

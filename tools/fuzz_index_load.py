@@ -174,7 +174,9 @@ def parse_fields(data: bytes) -> list[FieldAt]:
     nterms = c.take("bm25.terms", "Q")
     for t in range(nterms):
         ln = c.take(f"bm25.term[{t}].len", "Q")
-        c.skip(ln)
+        if ln:
+            c.take(f"bm25.term[{t}].byte0", "B")
+        c.skip(max(ln - 1, 0))
     docs = c.take("bm25.docs", "Q")
     for d in range(docs):
         c.take(f"bm25.doc[{d}].slot", "I")
@@ -407,6 +409,7 @@ def regression_files(seed: bytes) -> dict[str, bytes]:
         "reserved_id_minus_one": set_fields({"store.id[7]": -1}),
         "bm25_k1_inf": set_fields({"bm25.k1": float("inf")}),
         "bm25_rows_out_of_order": set_fields({"bm25.doc[0].slot": get("bm25.doc[1].slot") + 1}),
+        "bm25_term_not_utf8": set_fields({"bm25.term[0].byte0": 0xFF}),
     }
 
 

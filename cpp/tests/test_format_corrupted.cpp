@@ -139,7 +139,7 @@ std::vector<FieldAt> parse(const std::string& b) {
   take("bm25.k1", 4, true);
   take("bm25.b", 4, true);
   const auto terms = take("bm25.terms", 8);
-  for (std::uint64_t t = 0; t < terms; ++t) pos += take("bm25.term.len", 8);
+  for (std::uint64_t t = 0; t < terms; ++t) str("bm25.term");
   const auto docs = take("bm25.docs", 8);
   for (std::uint64_t d = 0; d < docs; ++d) {
     take("bm25.doc.slot", 4);
@@ -419,6 +419,8 @@ KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
   CHECK(rejected(first("bm25.doc.tf"), 0));
   CHECK(rejected(first("bm25.doc.term"), 1u << 30));
   CHECK(rejected(first("bm25.terms"), get(good, first("bm25.terms").offset, 8) + 1));
+  CHECK(rejected(first("bm25.term.byte0"), 0xFF));  // a term that is not UTF-8
+  CHECK(rejected(first("bm25.term.byte0"), 0xC0));
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
 }

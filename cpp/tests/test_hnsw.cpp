@@ -80,3 +80,69 @@ KBCORE_TEST(bad_input_changes_nothing) {
   index.search(v.data(), 1, params(3, 0, 1), out.data(), d.data());
   CHECK(out[0] == -1 && std::isinf(d[0]));
 }
+
+// Two-thread builds of data with many identical vectors leave nodes that no level-0 walk
+// reaches; the reachability repair used to append such a node twice to one list (once
+// through a node it had just linked), and load refused the saved file ("repeated link in
+// one list"). Every build must save a file that loads.
+KBCORE_TEST(two_thread_builds_of_duplicate_vectors_save_files_that_load) {
+  const std::size_t n = 1500, dim = 4;
+  const std::string path = "kbcore_test_dup_build.bin";
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<float> x(n * dim);
+    for (auto& v : x) v = static_cast<float>(static_cast<int>(rng() % 3) - 1);  // 81 distinct rows
+    for (std::size_t i = 0; i < n; ++i) x[i * dim] += 3.0f;                     // no zero rows
+    std::vector<std::int64_t> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i);
+    kbcore::IndexConfig c = config(dim, kbcore::IndexKind::kHnsw);
+    c.hnsw.M = 4;
+    c.hnsw.ef_construction = 16;
+    c.hnsw.seed = seed;
+    kbcore::Index index(c);
+    index.add(x.data(), ids.data(), n, 2);
+    index.save(path);
+    bool loaded = false;
+    try {
+      loaded = kbcore::Index::load(path)->size() == n;
+    } catch (const kbcore::FormatError& e) {
+      std::fprintf(stderr, "seed %llu: %s\n", static_cast<unsigned long long>(seed), e.what());
+    }
+    CHECK(loaded);
+  }
+  std::remove(path.c_str());
+}
+
+// One limit (kMaxEf) for the constructor, set_ef_search, search and load: a value the
+// constructor accepts is one a saved file holds and load accepts; beyond it, InvalidArgument.
+KBCORE_TEST(parameters_beyond_the_shared_limit_are_refused_at_construction) {
+  const auto make = [](std::size_t efc, std::size_t ef, std::size_t rerank) {
+    kbcore::IndexConfig c = config(4, kbcore::IndexKind::kHnsw);
+    c.hnsw.ef_construction = efc;
+    c.ef_search = ef;
+    c.quantization = kbcore::Quantization::kSq8;
+    c.rerank = rerank;
+    return std::make_unique<kbcore::Index>(c);
+  };
+  CHECK(throws<kbcore::InvalidArgument>([&] { make(kbcore::kMaxEf + 1, 64, 0); }));
+  CHECK(throws<kbcore::InvalidArgument>([&] { make(64, kbcore::kMaxEf + 1, 0); }));
+  CHECK(throws<kbcore::InvalidArgument>([&] { make(64, 64, kbcore::kMaxEf + 1); }));
+  auto index = make(kbcore::kMaxEf, kbcore::kMaxEf, kbcore::kMaxEf);
+  CHECK(throws<kbcore::InvalidArgument>([&] { index->set_ef_search(kbcore::kMaxEf + 1); }));
+  std::vector<float> v = {1, 2, 3, 4, 2, 3, 4, 5};
+  std::vector<std::int64_t> ids = {1, 2};
+  index->add(v.data(), ids.data(), 2, 1);
+  std::vector<std::int64_t> out(2);
+  std::vector<float> d(2);
+  CHECK(throws<kbcore::InvalidArgument>(
+      [&] { index->search(v.data(), 1, params(kbcore::kMaxEf + 1, 0, 1), out.data(), d.data()); }));
+  CHECK(throws<kbcore::InvalidArgument>(
+      [&] { index->search(v.data(), 1, params(2, kbcore::kMaxEf + 1, 1), out.data(), d.data()); }));
+  // At the limit: searches are bounded by the two rows; the file loads.
+  index->search(v.data(), 1, params(2, kbcore::kMaxEf, 1), out.data(), d.data());
+  CHECK(out[0] == 1 && out[1] == 2);
+  const std::string path = "kbcore_test_limits.bin";
+  index->save(path);
+  CHECK(kbcore::Index::load(path)->ef_search() == kbcore::kMaxEf);
+  std::remove(path.c_str());
+}

@@ -4,7 +4,8 @@
 version and checksum have passed: every field the engine reads, with its type, its range and
 its consistency with the others, so that a crafted or damaged manifest raises
 :class:`~kbcore.errors.FormatError` naming the field instead of failing later. The metric,
-index-kind and M rules are the index's own (:mod:`kbcore.index`).
+index-kind, M and ef rules are the index's own (:mod:`kbcore.index`): a configuration the
+index file cannot hold is refused here too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from .errors import FormatError
 from .fusion import FUSIONS, SEARCH_TYPES
-from .index import DIM_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS
+from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -27,7 +28,7 @@ FORMAT_VERSION = 1
 _INT_MAX = (1 << 63) - 1
 _MAX_ROWS = 1 << 40  # chunks or documents in one segment
 _MAX_FILE_BYTES = 1 << 50
-_MAX_KNOB = (1 << 31) - 1  # ef, ef_construction, chunk sizes
+_MAX_KNOB = (1 << 31) - 1  # chunk sizes
 _SEG_NAME = re.compile(r"^seg-(\d{1,18})$")
 _INDEX_NAME = re.compile(r"^index-(\d{1,18})\.kbi$")
 _PIPELINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -158,8 +159,8 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         if q != "rabitq":
             raise c.fail("config.bits", f"is {bits!r}, but bits needs quantization 'rabitq', not {q!r}")
     c.int_(c.get(cfg, "M", "config.M"), "config.M", *M_RANGE)
-    c.int_(c.get(cfg, "ef_construction", "config.ef_construction"), "config.ef_construction", 1, _MAX_KNOB)
-    c.int_(c.get(cfg, "ef", "config.ef"), "config.ef", 1, _MAX_KNOB)
+    c.int_(c.get(cfg, "ef_construction", "config.ef_construction"), "config.ef_construction", *EF_RANGE)
+    c.int_(c.get(cfg, "ef", "config.ef"), "config.ef", *EF_RANGE)
     dim = c.get(cfg, "dim", "config.dim", optional=True)
     dim = None if dim is _MISSING else dim
     if dim is not None:

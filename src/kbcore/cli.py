@@ -638,6 +638,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
             "seconds an idle keep-alive connection stays open",
         ),
         ("--max-connections", int, srv.DEFAULT_MAX_CONNECTIONS, "connections served at once (503 beyond)"),
+        (
+            "--max-head-bytes",
+            int,
+            srv.DEFAULT_MAX_HEAD_BYTES,
+            "largest request head (request line and headers) in bytes (431 and closed beyond)",
+        ),
     ]
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
@@ -673,6 +679,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             header_timeout=args.header_timeout,
             keep_alive_timeout=args.keep_alive_timeout,
             max_connections=args.max_connections,
+            max_head_bytes=args.max_head_bytes,
             log_level=args.log_level,
             embedder=embedder,
             views=args.views,

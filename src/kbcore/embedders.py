@@ -496,7 +496,11 @@ def embedder_from_spec(spec: dict[str, Any] | None) -> Any | None:
                 seed=int(spec.get("seed", 0)),
             )
         elif kind == "openai":
-            options = {k: spec[k] for k in ("batch_size", "timeout", "max_retries") if spec.get(k) is not None}
+            options = {
+                k: spec[k]
+                for k in ("batch_size", "timeout", "deadline", "max_response_bytes", "max_retries")
+                if spec.get(k) is not None
+            }
             emb = OpenAIEmbedder(
                 _spec_get(spec, "model", kind),
                 base_url=spec.get("base_url") or DEFAULT_BASE_URL,

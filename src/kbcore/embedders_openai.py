@@ -14,11 +14,9 @@ picked up without a restart.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from ._http import DEFAULT_DEADLINE, DEFAULT_MAX_RESPONSE_BYTES, RETRY_STATUSES, post_json
 from .errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError
 
 __all__ = ["OpenAIEmbedder", "DEFAULT_BASE_URL", "AZURE_API_VERSION", "RETRY_STATUSES"]
@@ -36,10 +35,7 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: The Azure OpenAI data-plane ``api-version`` used by :meth:`OpenAIEmbedder.azure` by default
 #: (a GA version; pass another one if your resource needs it).
 AZURE_API_VERSION = "2024-10-21"
-#: HTTP statuses that are retried: request timeout, conflict/lock, rate limit, server errors.
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 _AUTH_HEADERS = ("bearer", "api-key")
-_MAX_ERROR_CHARS = 300
 
 
 def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
@@ -86,38 +82,6 @@ def _endpoint_url(base_url: str, api_version: str | None) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, urlencode(query), ""))
 
 
-def _retry_after(headers: Any) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            value = float(ms) / 1000.0
-            if math.isfinite(value) and value >= 0:
-                return value
-        except ValueError:
-            pass
-    ra = headers.get("retry-after")
-    if ra is None:
-        return None
-    ra = ra.strip()
-    try:
-        value = float(ra)
-        return value if math.isfinite(value) and value >= 0 else None
-    except ValueError:
-        pass
-    import email.utils
-
-    try:
-        when = email.utils.parsedate_to_datetime(ra)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
 class OpenAIEmbedder:
     """Embeds texts with an OpenAI-compatible ``POST {base_url}/embeddings`` endpoint.
 
@@ -138,8 +102,12 @@ class OpenAIEmbedder:
     response; reading :attr:`dim` before any call sends one probe request.
 
     Requests carry at most ``batch_size`` inputs. Each request has a socket ``timeout`` (seconds,
-    for connecting and for each read). Connection errors, timeouts and HTTP 408/409/429/5xx are
-    retried up to ``max_retries`` times with exponential backoff (``backoff * 2**attempt``
+    for connecting and for each read) and an overall ``deadline`` (seconds, default 300, for the
+    whole request with its retries and waits: a server dripping its answer a byte at a time
+    cannot stretch it). An answer larger than ``max_response_bytes`` (default 64 MiB) is
+    refused. Redirects are followed only within the endpoint's origin and only when they keep
+    the POST (307 / 308): the key is never sent to another origin. Connection errors, timeouts
+    and HTTP 408/409/429/5xx are retried up to ``max_retries`` times with exponential backoff (``backoff * 2**attempt``
     seconds, at most ``max_backoff``, minus up to 25 % random jitter); a ``Retry-After`` (or
     ``retry-after-ms``) header is honoured instead when present, unless it asks for more than
     ``max_retry_after`` seconds, which fails at once. ``normalize`` L2-normalises each vector.
@@ -169,6 +137,8 @@ class OpenAIEmbedder:
         api_version: str | None = None,
         batch_size: int = 128,
         timeout: float = 60.0,
+        deadline: float = DEFAULT_DEADLINE,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_retries: int = 5,
         backoff: float = 0.5,
         max_backoff: float = 20.0,
@@ -197,6 +167,8 @@ class OpenAIEmbedder:
         self._dim: int | None = self.dimensions if self.dimensions is not None else expected
         self.batch_size: int = _positive_int("batch_size", batch_size)  # type: ignore[assignment]  # not None: allow_none is off
         self.timeout = _non_negative("timeout", timeout, positive=True)
+        self.deadline = _non_negative("deadline", deadline, positive=True)
+        self.max_response_bytes: int = _positive_int("max_response_bytes", max_response_bytes)  # type: ignore[assignment]  # not None: allow_none is off
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidArgumentError(f"max_retries must be a non-negative integer, got {max_retries!r}")
         self.max_retries = max_retries
@@ -272,6 +244,8 @@ class OpenAIEmbedder:
             "dimensions": self.dimensions,
             "batch_size": self.batch_size,
             "timeout": self.timeout,
+            "deadline": self.deadline,
+            "max_response_bytes": self.max_response_bytes,
             "max_retries": self.max_retries,
             "normalize": self.normalize,
         }
@@ -324,107 +298,46 @@ class OpenAIEmbedder:
         payload: dict[str, Any] = {"model": self.model, "input": texts}
         if self.dimensions is not None:
             payload["dimensions"] = self.dimensions
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "kbcore-embedder"}
+        headers = {"User-Agent": "kbcore-embedder"}
         if key is not None:
             if self.auth_header == "api-key":
                 headers["api-key"] = key
             else:
                 headers["Authorization"] = f"Bearer {key}"
-        data = self._post_with_retries(body, headers, key, len(texts))
-        vectors = self._parse(data, len(texts))
+        n = len(texts)
+        data = post_json(
+            self.endpoint,
+            payload,
+            headers=headers,
+            timeout=self.timeout,
+            deadline=self.deadline,
+            max_retries=self.max_retries,
+            max_response_bytes=self.max_response_bytes,
+            error=EmbedderError,
+            unavailable=EmbedderUnavailableError,
+            scrub=lambda text: self._scrub(text, key),
+            what=f"embedding request to {self.endpoint} ({n} input{'s' if n != 1 else ''})",
+            backoff=self.backoff,
+            max_backoff=self.max_backoff,
+            max_retry_after=self.max_retry_after,
+            sleep=self._sleep,
+            rng=self._rng,
+            on_request=self._count_request,
+        )
+        vectors = self._parse(data, n)
         if self.normalize:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             np.divide(vectors, norms, out=vectors, where=norms > 0)
         return vectors
 
-    def _post_with_retries(self, body: bytes, headers: dict[str, str], key: str | None, n: int) -> bytes:
-        import urllib.error
-        import urllib.request
-
-        where = f"embedding request to {self.endpoint} ({n} input{'s' if n != 1 else ''})"
-        attempts = self.max_retries + 1
-        last = ""
-        last_status: int | None = None
-        for attempt in range(attempts):
-            wait: float | None = None
-            request = urllib.request.Request(self.endpoint, data=body, headers=headers, method="POST")
-            with self._lock:
-                self.requests_sent += 1
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                    return resp.read()
-            except urllib.error.HTTPError as exc:
-                status = int(exc.code)
-                detail = self._scrub(self._error_detail(exc), key)
-                last, last_status = f"HTTP {status}{': ' + detail if detail else ''}", status
-                if status not in RETRY_STATUSES:
-                    raise EmbedderError(f"{where} failed: {last}", endpoint=self.endpoint, status=status) from None
-                wait = _retry_after(exc.headers)
-                if wait is not None and wait > self.max_retry_after:
-                    raise EmbedderUnavailableError(
-                        f"{where} failed: {last}; the service asks to retry after {wait:.0f} s, "
-                        f"more than max_retry_after={self.max_retry_after:g} s",
-                        endpoint=self.endpoint,
-                        status=status,
-                    ) from None
-            except TimeoutError:
-                last, last_status = f"no answer within timeout={self.timeout:g} s", None
-            except urllib.error.URLError as exc:
-                reason = exc.reason
-                if isinstance(reason, (TimeoutError, socket.timeout)):
-                    last = f"no answer within timeout={self.timeout:g} s"
-                else:
-                    last = f"cannot connect: {self._scrub(str(reason), key)}"
-                last_status = None
-            except (ConnectionError, OSError) as exc:  # reset mid-response, bad status line...
-                last, last_status = f"connection failed: {self._scrub(str(exc) or type(exc).__name__, key)}", None
-            except Exception as exc:  # noqa: BLE001 - http.client's protocol errors are not OSError
-                last, last_status = f"connection failed: {type(exc).__name__}: {self._scrub(str(exc), key)}", None
-            if attempt + 1 >= attempts:
-                break
-            if wait is None:
-                wait = min(self.max_backoff, self.backoff * (2.0**attempt))
-                wait *= 1.0 - 0.25 * self._rng.random()
-            self._sleep(wait)
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-        raise EmbedderUnavailableError(
-            f"{where} failed after {tries}: {last}", endpoint=self.endpoint, status=last_status
-        )
-
-    @staticmethod
-    def _error_detail(exc: Any) -> str:
-        try:
-            raw = exc.read(64 * 1024)
-        except Exception:  # noqa: BLE001 - the body is only decoration for the message
-            raw = b""
-        text = raw.decode("utf-8", "replace").strip() if raw else ""
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            obj = None
-        message = None
-        if isinstance(obj, dict):
-            err = obj.get("error", obj.get("message", obj.get("detail")))
-            if isinstance(err, dict):
-                message = err.get("message") or err.get("code")
-            elif err is not None:
-                message = err if isinstance(err, str) else json.dumps(err)
-        detail = str(message) if message else (text or str(getattr(exc, "reason", "") or ""))
-        detail = " ".join(detail.split())
-        if len(detail) > _MAX_ERROR_CHARS:
-            detail = detail[:_MAX_ERROR_CHARS] + "..."
-        return detail
-
     def _bad(self, what: str) -> EmbedderError:
         return EmbedderError(f"invalid response from {self.endpoint}: {what}", endpoint=self.endpoint)
 
-    def _parse(self, raw: bytes, n: int) -> np.ndarray:
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            snippet = " ".join(raw[:120].decode("utf-8", "replace").split())
-            raise self._bad(f"not JSON (starts with {snippet!r})") from None
+    def _count_request(self) -> None:
+        with self._lock:
+            self.requests_sent += 1
+
+    def _parse(self, obj: object, n: int) -> np.ndarray:
         data = obj.get("data") if isinstance(obj, dict) else None
         if not isinstance(data, list):
             raise self._bad("no 'data' list")
@@ -451,7 +364,7 @@ class OpenAIEmbedder:
             elif isinstance(emb, list):
                 try:
                     emb = np.asarray(emb)
-                except ValueError:  # ragged nesting
+                except (ValueError, RecursionError):  # ragged or deep nesting
                     emb = None
                 if emb is None or emb.ndim != 1 or emb.dtype.kind not in "fiu":
                     raise self._bad(f"embedding {i} is not a flat list of numbers")

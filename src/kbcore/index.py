@@ -30,6 +30,11 @@ KINDS: tuple[str, ...] = ("hnsw", "flat")
 M_RANGE = (2, _core.MAX_M)
 #: The range of an index's dimension (the top is the native kMaxDim).
 DIM_RANGE = (1, _core.MAX_DIM)
+#: The range of ef, ef_construction, rerank and a search's k (the top is the native kMaxEf,
+#: 2^30): what the constructor, the file format and the loader all accept. Work buffers are
+#: bounded by the rows that exist whatever the value (docs/index.md, "Limits").
+EF_RANGE = (1, _core.MAX_EF)
+_MAX_EF = EF_RANGE[1]
 QUANTIZATIONS: tuple[str, ...] = ("sq8", "rabitq")  # the codes an HNSW index can walk its graph on
 #: Bits per dimension of RaBitQ codes: the range, and the default.
 RABITQ_BITS = (1, 8)
@@ -136,6 +141,14 @@ def _positive(name: str, value: int) -> int:
     return int(value)
 
 
+def _bounded(name: str, value: int) -> int:
+    """A positive integer of at most ``EF_RANGE[1]`` (k, ef, ef_construction, rerank)."""
+    value = _positive(name, value)
+    if value > EF_RANGE[1]:
+        raise InvalidArgumentError(f"{name} must be in [{EF_RANGE[0]}, {EF_RANGE[1]}] (2^30), got {value}")
+    return value
+
+
 def _limit(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidTypeError(f"limit must be an integer, got {type(value).__name__}")
@@ -180,7 +193,8 @@ def _threads(value: int) -> int:
 def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) -> tuple[int, int, int]:
     """Validates an index configuration without building an index; returns (M,
     ef_construction, ef) as ints. Raises InvalidArgumentError / InvalidTypeError naming the
-    bad parameter."""
+    bad parameter: M outside ``M_RANGE``, ef or ef_construction outside ``EF_RANGE`` (the
+    limits the native constructor, the file format and the loader share)."""
     if metric not in METRICS:
         raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {METRICS}")
     if kind not in KINDS:
@@ -188,7 +202,7 @@ def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) 
     M = _positive("M", M)
     if not M_RANGE[0] <= M <= M_RANGE[1]:
         raise InvalidArgumentError(f"M must be in [{M_RANGE[0]}, {M_RANGE[1]}], got {M}")
-    return M, _positive("ef_construction", ef_construction), _positive("ef", ef)
+    return M, _bounded("ef_construction", ef_construction), _bounded("ef", ef)
 
 
 def check_quantization(quantization: str | None, kind: str) -> None:
@@ -287,7 +301,7 @@ class Index:
         if rerank is not None:
             if quantization is None:
                 raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8' or 'rabitq')")
-            rerank = _positive("rerank", rerank)
+            rerank = _bounded("rerank", rerank)
         _check_vectors(vectors, quantization)
         self._native = _core.Index(
             dim,
@@ -378,7 +392,7 @@ class Index:
 
     @ef.setter
     def ef(self, value: int) -> None:
-        self._native.ef = _positive("ef", value)
+        self._native.ef = _bounded("ef", value)
 
     # -- mutation -----------------------------------------------------------------------
     def add(
@@ -478,8 +492,8 @@ class Index:
             and queries.ndim == 1
             and queries.shape[0] == self._dim
             and type(k) is int
-            and k > 0
-            and (ef is None or (type(ef) is int and ef > 0))
+            and 0 < k <= _MAX_EF
+            and (ef is None or (type(ef) is int and 0 < ef <= _MAX_EF))
             and type(threads) is int
             and threads >= 0
         ):
@@ -489,8 +503,8 @@ class Index:
             # call with a [1, dim] view: it is a tenth of a query's time on SciFact.
             return self._native.search_one(queries, k, ef or 0, None if where is None else native_filter(where))
         arr, one = _as_vectors(queries, self._dim, "queries")
-        k = _positive("k", k)
-        ef_value = 0 if ef is None else _positive("ef", ef)
+        k = _bounded("k", k)
+        ef_value = 0 if ef is None else _bounded("ef", ef)
         ids, dist = self._native.search(arr, k, ef_value, _threads(threads), native_filter(where))
         if one:
             return ids[0], dist[0]
@@ -521,11 +535,11 @@ class Index:
         Returns a list of groups for one query (1-D), or one list per query for a batch.
         """
         arr, one = _as_vectors(queries, self.dim, "queries")
-        k = _positive("k", k)
+        k = _bounded("k", k)
         group_size = _positive("group_size", group_size)
         if not isinstance(group_by, str) or not group_by:
             raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
-        ef_value = 0 if ef is None else _positive("ef", ef)
+        ef_value = 0 if ef is None else _bounded("ef", ef)
         # The native layer builds the Group instances itself (one list per query).
         result = self._native.search_groups(
             arr,
@@ -589,7 +603,7 @@ class Index:
         """
         if not isinstance(query, str):
             raise InvalidTypeError(f"query must be a str, got {type(query).__name__}")
-        k = _positive("k", k)
+        k = _bounded("k", k)
         if stats is None:
             return self._native.search_text(query, k, native_filter(where))
         try:

@@ -17,7 +17,10 @@ naming the file and the problem. PDF needs the optional extra ``pip install 'kbc
 - **jsonl**: one JSON value per line: a string, or an object whose ``text`` (else ``content``,
   else ``page_content``) is the text, prefixed by its ``title`` if it has one. The records are
   joined as paragraphs of one document.
-- **pdf**: the text of every page (pypdf), pages separated by blank lines.
+- **pdf**: the text of every page (pypdf), pages separated by blank lines, within a parse
+  budget of decoded page content and time (see :func:`parse`).
+
+Every parser takes time linear in its input (tests/test_parsing_linear.py).
 
 Structured formats also return :class:`~kbcore.sections.Section` s (``ParsedDocument.sections``,
 see :mod:`kbcore.sections` and ``docs/formats.md``): Markdown and HTML headings, PDF pages, and
@@ -40,7 +43,17 @@ from typing import Any
 from .errors import InvalidArgumentError
 from .sections import Part, Section, join_parts
 
-__all__ = ["ParsedDocument", "parse", "parse_archive", "detect_format", "FORMATS", "EXTENSIONS", "LEGACY"]
+__all__ = [
+    "ParsedDocument",
+    "parse",
+    "parse_archive",
+    "detect_format",
+    "FORMATS",
+    "EXTENSIONS",
+    "LEGACY",
+    "DEFAULT_PDF_MAX_CONTENT_BYTES",
+    "DEFAULT_TIME_LIMIT",
+]
 
 #: The formats :func:`parse` understands (``zip``: :func:`parse_archive`).
 FORMATS = ("text", "markdown", "html", "jsonl", "pdf", "docx", "pptx", "xlsx", "csv", "tsv", "zip")
@@ -164,37 +177,190 @@ def _decode(data: bytes, filename: str | None, fmt: str) -> str:
     return text
 
 
+_BLANK_LINES = re.compile(r"\n{3,}")  # a run matches once from its first newline: linear
+
+
 def _normalise(text: str) -> str:
     """Unix newlines, no trailing spaces on lines, at most one blank line in a row."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[^\S\n]+\n", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text)
+    # Per-line rstrip, not re.sub(r"[^\S\n]+\n"): that pattern rescans a long run of spaces
+    # from each of its positions (quadratic; str.rstrip strips the same str.isspace set).
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = _BLANK_LINES.sub("\n\n", text)
     return text.strip()
 
 
+#: Decoded bytes of page content one PDF may make the text extractor read, summed over its
+#: pages (a content stream shared by many pages counts once per page, as it is read per page).
+DEFAULT_PDF_MAX_CONTENT_BYTES = 128 * 1024 * 1024
+#: Seconds the parsing of one PDF or HTML document may take (the other formats are linear
+#: and fast: 1 MB in well under a second).
+DEFAULT_TIME_LIMIT = 60.0
+
 # -- markdown ------------------------------------------------------------------------------
 
-_FRONT_MATTER = re.compile(r"\A---\n.*?\n---\n", re.DOTALL)
-_MD_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_MD_IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
-_MD_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
-_MD_REF_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:[ \t]+\S+.*$", re.MULTILINE)
-_MD_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$", re.MULTILINE)
-_MD_FENCE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)
-_MD_EMPHASIS = re.compile(r"(\*\*|__|\*|_|~~)(?=\S)(.+?)(?<=\S)\1")
-_MD_CODE = re.compile(r"`([^`\n]+)`")
+# Every pattern and scan here is linear in the text: no pattern can rescan an unbounded span
+# from many start positions (the regexes they replace, e.g. ``<!--.*?-->``, ``\[([^\]]+)\]``
+# or the lazy heading group, took quadratic or cubic time on unclosed or long constructs).
+_FRONT_MATTER = re.compile(r"\A---\n.*?\n---\n", re.DOTALL)  # anchored: one start, one scan
+_MD_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+", re.MULTILINE)  # the prefix; the rest is per line
+_MD_FENCE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)  # backtracks within one line only
+_MD_CODE = re.compile(r"`([^`\n]+)`")  # a failed scan stops at the next backtick or newline
+_MD_REF_START = re.compile(r"^ {0,3}\[", re.MULTILINE)
+_MD_MARKER = re.compile(r"[*_~]")
+_NEWLINE = re.compile(r"\n")
+_MD_EMPHASIS_MARKERS = ("**", "__", "*", "_", "~~")  # tried in this order at one position
+_MD_CLOSERS = {m: re.compile(r"(?<=\S)(?=" + re.escape(m) + ")") for m in _MD_EMPHASIS_MARKERS}
+
+
+class _NextFrom:
+    """``text.find(needle, start)`` for non-decreasing ``start``, in linear total time."""
+
+    def __init__(self, text: str, needle: str) -> None:
+        self.text, self.needle = text, needle
+        self.start = 0
+        self.found = -2  # nothing looked up yet
+
+    def __call__(self, start: int) -> int:
+        if self.found == -1 or (self.found >= start and self.start <= start):
+            return self.found
+        self.start, self.found = start, self.text.find(self.needle, start)
+        return self.found
+
+
+def _strip_comments(text: str) -> str:
+    """``<!--.*?-->`` (DOTALL) removed; one forward scan."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        i = text.find("<!--", pos)
+        j = text.find("-->", i + 4) if i >= 0 else -1
+        if j < 0:
+            out.append(text[pos:])
+            return "".join(out)
+        out.append(text[pos:i])
+        pos = j + 3
+
+
+def _strip_bracketed(text: str, opener: str, min_label: int) -> str:
+    r"""``OPENER([^\]]*)\]\([^)]*\)`` replaced by its label (images: ``![``, links: ``[``)."""
+    out: list[str] = []
+    pos = 0
+    close_bracket = _NextFrom(text, "]")
+    close_paren = _NextFrom(text, ")")
+    i = text.find(opener)
+    while i >= 0:
+        start = i + len(opener)
+        j = close_bracket(start)
+        if j < 0:
+            break  # no "]" left: no later opener can match either
+        if j - start >= min_label and text.startswith("(", j + 1):
+            k = close_paren(j + 2)
+            if k < 0:
+                break  # no ")" left after this "](": nor after any later one
+            out.append(text[pos:i])
+            out.append(text[start:j])
+            pos = k + 1
+            i = text.find(opener, pos)
+            continue
+        i = text.find(opener, i + 1)
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _strip_ref_definitions(text: str) -> str:
+    r"""``^ {0,3}\[[^\]]+\]:[ \t]+\S+.*$`` (MULTILINE) removed; one forward scan."""
+    out: list[str] = []
+    pos = 0
+    close_bracket = _NextFrom(text, "]")
+    n = len(text)
+    failed = -1  # a "]:" already known to lack a target (starts on many lines may share it)
+    for m in _MD_REF_START.finditer(text):
+        if m.start() < pos:
+            continue
+        j = close_bracket(m.end())
+        if j < 0:
+            break  # no "]" left: no later line can hold a definition
+        if j == m.end() or j == failed or not text.startswith(":", j + 1):
+            continue
+        k = j + 2
+        while k < n and text[k] in " \t":
+            k += 1
+        if k == j + 2 or k == n or text[k].isspace():
+            failed = j
+            continue
+        eol = text.find("\n", k)
+        out.append(text[pos : m.start()])
+        pos = n if eol < 0 else eol
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _strip_headings(text: str) -> str:
+    r"""``^ {0,3}#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$`` (MULTILINE) replaced by the heading text."""
+    out: list[str] = []
+    pos = 0
+    for m in _MD_HEADING.finditer(text):
+        eol = text.find("\n", m.end())
+        eol = len(text) if eol < 0 else eol
+        out.append(text[pos : m.start()])
+        out.append(text[m.end() : eol].rstrip(" \t").rstrip("#").rstrip(" \t"))
+        pos = eol
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _strip_emphasis(text: str) -> str:
+    r"""``(\*\*|__|\*|_|~~)(?=\S)(.+?)(?<=\S)\1`` replaced by the emphasised text.
+
+    The same leftmost, first-alternative, shortest matches as that pattern, found with sorted
+    closer positions instead of a scan to the end of the line from every unclosed marker."""
+    import bisect
+
+    closers = {m: [c.start() for c in rx.finditer(text)] for m, rx in _MD_CLOSERS.items()}
+    newlines = [m.start() for m in _NEWLINE.finditer(text)]
+    n = len(text)
+    out: list[str] = []
+    pos = 0
+    live = [m for m in _MD_EMPHASIS_MARKERS if closers[m]]
+    candidates = _MD_MARKER
+    at = candidates.search(text)
+    while at is not None and live:
+        i = at.start()
+        nxt = i + 1
+        for marker in live:
+            k = i + len(marker)
+            if not text.startswith(marker, i) or k >= n or text[k].isspace():
+                continue
+            found = closers[marker]
+            c = bisect.bisect_left(found, k + 1)
+            if c == len(found):  # no closer left: this marker matches nowhere after here
+                live = [m for m in live if m != marker]
+                candidates = re.compile("[" + re.escape("".join({m[0] for m in live}) or "*") + "]")
+                continue
+            j = found[c]
+            line_end = bisect.bisect_left(newlines, k)
+            if line_end < len(newlines) and newlines[line_end] < j:
+                continue
+            out.append(text[pos:i])
+            out.append(text[k:j])
+            pos = nxt = j + len(marker)
+            break
+        at = candidates.search(text, nxt)
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _markdown(text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _FRONT_MATTER.sub("", text)
-    text = _MD_COMMENT.sub("", text)
-    text = _MD_IMAGE.sub(r"\1", text)
-    text = _MD_LINK.sub(r"\1", text)
-    text = _MD_REF_DEF.sub("", text)
-    text = _MD_HEADING.sub(r"\1", text)
+    text = _strip_comments(text)
+    text = _strip_bracketed(text, "![", 0)
+    text = _strip_bracketed(text, "[", 1)
+    text = _strip_ref_definitions(text)
+    text = _strip_headings(text)
     text = _MD_FENCE.sub("", text)
-    text = _MD_EMPHASIS.sub(r"\2", text)
+    text = _strip_emphasis(text)
     text = _MD_CODE.sub(r"\1", text)
     return _normalise(text)
 
@@ -243,16 +409,52 @@ _BLOCK = {
 }
 
 
+_SPACES = re.compile(r"\s+")
+_COMMENT_END = re.compile(r"--\s*>")  # html.parser's comment end; a failed try stops at the next non-space
+
+
+class _TimeLimitError(Exception):
+    """Internal: a parser ran past its ``time_limit`` (turned into InvalidArgumentError)."""
+
+
 class _VisibleText(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, time_limit: float = DEFAULT_TIME_LIMIT) -> None:
         super().__init__(convert_charrefs=True)
+        import time
+
+        self._clock = time.monotonic
+        self._time_limit = time_limit
+        self._end = time.monotonic() + time_limit
         self.parts: list[str] = []
         self.title: list[str] = []
         self._skip: list[str] = []  # open tags whose content is invisible
         self._in_title = False
         self._pre = 0
+        self.headings: list[tuple[int, str]] = []  # (level, visible title) of each <h1>-<h6>
+        self._heading = 0  # the level of the open heading, 0 outside one
+        self._heading_text: list[str] = []
+
+    def _tick(self) -> None:
+        # html.parser (before CPython's fix of CVE-2025-6069) rescans unclosed constructs
+        # from each "<": quadratic on crafted input, so the time is bounded here, where every
+        # construct it reports passes.
+        if self._clock() > self._end:
+            raise _TimeLimitError(f"parsing took more than time_limit={self._time_limit:g} s")
+
+    def handle_comment(self, data: str) -> None:
+        self._tick()
+
+    def handle_decl(self, decl: str) -> None:
+        self._tick()
+
+    def handle_pi(self, data: str) -> None:
+        self._tick()
+
+    def unknown_decl(self, data: str) -> None:
+        self._tick()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._tick()
         if tag == "title":
             self._in_title = True
             return
@@ -275,14 +477,18 @@ class _VisibleText(HTMLParser):
             self.parts.append("\n\n" if tag in _BLOCK else " ")
         if tag == "pre":
             self._pre += 1
+        if len(tag) == 2 and tag[0] == "h" and tag[1] in "123456":
+            self._heading, self._heading_text = int(tag[1]), []
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._tick()
         if not self._skip and tag == "br":
             self.parts.append("\n")
         elif not self._skip and tag in _BLOCK:
             self.parts.append("\n\n")
 
     def handle_endtag(self, tag: str) -> None:
+        self._tick()
         if tag == "title":
             self._in_title = False
             return
@@ -294,18 +500,59 @@ class _VisibleText(HTMLParser):
             self.parts.append("\n\n")
         if tag == "pre" and self._pre:
             self._pre -= 1
+        if self._heading and tag == f"h{self._heading}":
+            title = " ".join("".join(self._heading_text).split())
+            if title:
+                self.headings.append((self._heading, title))
+            self._heading = 0
 
     def handle_data(self, data: str) -> None:
+        self._tick()
         if self._in_title:
             self.title.append(data)
         elif not self._skip:
-            self.parts.append(data if self._pre else re.sub(r"\s+", " ", data))
+            self.parts.append(data if self._pre else _SPACES.sub(" ", data))
+            if self._heading:
+                self._heading_text.append(data)
 
 
-def _html(text: str) -> tuple[str, str | None]:
-    parser = _VisibleText()
-    parser.feed(text)
-    parser.close()
+def _defuse_html(text: str) -> str:
+    """``text`` with the constructs that can never close escaped, for every ``html.parser`` pass.
+
+    Every "<" after the last ">" starts a construct that never closes: html.parser shows it
+    as text, after rescanning to the end from each one (quadratic); as "&lt;" it is the
+    same text, found in one pass. Likewise every "<!--" after the last comment end ("--",
+    spaces, ">") never closes.
+    """
+    last = text.rfind(">")
+    if "<" in text[last + 1 :]:
+        text = text[: last + 1] + text[last + 1 :].replace("<", "&lt;")
+    close = max((m.end() for m in _COMMENT_END.finditer(text)), default=0)
+    if "<!--" in text[close:]:
+        text = text[:close] + text[close:].replace("<!--", "&lt;!--")
+    return text
+
+
+def _html(
+    text: str,
+    filename: str | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    headings: list[tuple[int, str]] | None = None,
+) -> tuple[str, str | None]:
+    """The visible text and the title of an HTML page; ``headings``, when given, receives the
+    (level, visible title) of its ``<h1>``-``<h6>`` in document order (one pass for both)."""
+    text = _defuse_html(text)
+    parser = _VisibleText(time_limit)
+    try:
+        parser.feed(text)
+        parser.close()
+    except _TimeLimitError as exc:
+        raise InvalidArgumentError(
+            f"{_name(filename)}: the HTML exceeds its parse budget: {exc} (a document crafted to be "
+            "costly, or raise the limit: parse(..., time_limit=...))"
+        ) from None
+    if headings is not None:
+        headings.extend(parser.headings)
     body = "".join(parser.parts)
     body = "\n".join(line.strip() for line in body.replace("\r", "").split("\n"))
     body = _normalise(body)
@@ -350,7 +597,34 @@ def _jsonl(text: str, filename: str | None) -> str:
 # -- pdf -----------------------------------------------------------------------------------
 
 
-def _pdf(data: bytes, filename: str | None) -> tuple[list[str], list[tuple[int, int, str]]]:
+_PDF_CHECK_EVERY = 256  # content-stream operators between two looks at the clock
+
+
+class _PdfBudgetError(Exception):
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+def _page_content_bytes(page: Any) -> int:
+    """Decoded bytes of a page's content streams (pypdf decodes and caches each stream once)."""
+    contents = page.get("/Contents")
+    if contents is None:
+        return 0
+    contents = contents.get_object()
+    items = contents if isinstance(contents, list) else [contents]
+    total = 0
+    for item in items:
+        obj = item.get_object()
+        get_data = getattr(obj, "get_data", None)
+        if get_data is not None:
+            total += len(get_data())
+    return total
+
+
+def _pdf(
+    data: bytes, filename: str | None, max_content_bytes: int, time_limit: float
+) -> tuple[list[str], list[tuple[int, int, str]]]:
     try:
         import pypdf
     except ImportError:
@@ -360,8 +634,20 @@ def _pdf(data: bytes, filename: str | None) -> tuple[list[str], list[tuple[int, 
         ) from None
     import io
     import logging
+    import time
 
     logging.getLogger("pypdf").setLevel(logging.ERROR)
+    end = time.monotonic() + time_limit
+    calls = 0
+
+    def check_time(*_: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls % _PDF_CHECK_EVERY == 0 and time.monotonic() > end:
+            raise _PdfBudgetError(f"its text extraction took more than time_limit={time_limit:g} s")
+
+    content = 0
+    pages: list[str] = []
     try:
         reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
@@ -369,7 +655,24 @@ def _pdf(data: bytes, filename: str | None) -> tuple[list[str], list[tuple[int, 
                 reader.decrypt("")
             except Exception:  # noqa: BLE001 - pypdf raises several types here
                 pass
-        pages = [page.extract_text() or "" for page in reader.pages]
+        for number, page in enumerate(reader.pages, 1):  # sizes first: refuse before extracting
+            content += _page_content_bytes(page)
+            if content > max_content_bytes:
+                raise _PdfBudgetError(
+                    f"the content of its pages 1-{number} decodes to {content:,} bytes, more than "
+                    f"pdf_max_content_bytes={max_content_bytes:,}"
+                )
+            if time.monotonic() > end:
+                raise _PdfBudgetError(f"reading it took more than time_limit={time_limit:g} s")
+        for page in reader.pages:
+            if time.monotonic() > end:
+                raise _PdfBudgetError(f"its text extraction took more than time_limit={time_limit:g} s")
+            pages.append(page.extract_text(visitor_operand_before=check_time) or "")
+    except _PdfBudgetError as exc:
+        raise InvalidArgumentError(
+            f"{_name(filename)}: the PDF exceeds its parse budget: {exc.what} (a PDF crafted to be costly, "
+            "or raise the limit: parse(..., pdf_max_content_bytes=..., time_limit=...))"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - pypdf's errors are not one hierarchy
         raise InvalidArgumentError(f"{_name(filename)}: could not read the PDF ({type(exc).__name__}: {exc})") from None
     from .parsers.structure import pdf_outline
@@ -380,11 +683,36 @@ def _pdf(data: bytes, filename: str | None) -> tuple[list[str], list[tuple[int, 
 # -- entry point ---------------------------------------------------------------------------
 
 
-def parse(data: bytes, *, filename: str | None = None, format: str | None = None) -> ParsedDocument:
-    """Parses the bytes of one file into text (see the module docstring)."""
+def parse(
+    data: bytes,
+    *,
+    filename: str | None = None,
+    format: str | None = None,
+    pdf_max_content_bytes: int = DEFAULT_PDF_MAX_CONTENT_BYTES,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+) -> ParsedDocument:
+    """Parses the bytes of one file into text (see the module docstring).
+
+    A PDF has a parse budget: its pages' content may decode to at most
+    ``pdf_max_content_bytes`` bytes in total (default 128 MiB; a stream shared by many pages
+    counts for each); the parsing of a PDF or HTML document may take at most ``time_limit``
+    seconds (default 60); beyond either, InvalidArgumentError naming the file and the limit."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
+    if (
+        isinstance(pdf_max_content_bytes, bool)
+        or not isinstance(pdf_max_content_bytes, int)
+        or pdf_max_content_bytes < 1
+    ):
+        raise InvalidArgumentError(f"pdf_max_content_bytes must be a positive integer, got {pdf_max_content_bytes!r}")
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, (int, float))
+        or not time_limit > 0
+        or time_limit == float("inf")
+    ):
+        raise InvalidArgumentError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if format is not None and format not in FORMATS:
         raise InvalidArgumentError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     fmt = format or detect_format(filename, data)
@@ -399,7 +727,7 @@ def parse(data: bytes, *, filename: str | None = None, format: str | None = None
     if fmt == "pdf":
         from .parsers.structure import pdf_parts
 
-        parts = pdf_parts(*_pdf(data, filename))
+        parts = pdf_parts(*_pdf(data, filename, pdf_max_content_bytes, float(time_limit)))
     elif fmt in _STRUCTURED:
         parts = _STRUCTURED[fmt](data, filename)
     else:
@@ -412,8 +740,9 @@ def parse(data: bytes, *, filename: str | None = None, format: str | None = None
         elif fmt == "html":
             from .parsers.structure import html_parts
 
-            text, title = _html(raw)
-            parts = html_parts(raw, text)
+            headings: list[tuple[int, str]] = []
+            text, title = _html(raw, filename, float(time_limit), headings)
+            parts = html_parts(headings, text)
         elif fmt == "jsonl":
             text = _jsonl(raw, filename)
         elif fmt in ("csv", "tsv"):

@@ -52,7 +52,8 @@ never logged. A client that disconnects before its body arrived is logged as
 Concurrency and limits: the event loop only reads bodies and writes replies; parsing, the
 filter translation and the retrieval run on a worker thread, so one expensive request never
 delays another (or ``/health``). A body must arrive within ``body_timeout`` seconds, a
-connection must send its request headers within ``header_timeout`` seconds, idle keep-alive
+connection must send its request headers within ``header_timeout`` seconds and in at most
+``max_head_bytes`` bytes (else 431 and closed, whichever HTTP parser uvicorn uses), idle keep-alive
 connections close after ``keep_alive_timeout`` seconds, and at most ``max_connections``
 connections are served at once (uvicorn answers 503 beyond). A knowledge base changed by
 another process is reloaded at most every ``refresh_interval`` seconds.
@@ -97,6 +98,7 @@ __all__ = [
     "DEFAULT_KEEP_ALIVE_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_HEAD_BYTES",
     "DEFAULT_MAX_TOP_K",
     "DEFAULT_REFRESH_INTERVAL",
     "create_app",
@@ -121,6 +123,9 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5
 #: Default most connections served at once.
 DEFAULT_MAX_CONNECTIONS = 256
+#: Default largest request head (request line and headers, bytes): a connection sending more
+#: before its head is complete gets 431 and is closed.
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
 
 log = logging.getLogger("kbcore.server")
 
@@ -600,10 +605,12 @@ def create_app(
 # -- running ---------------------------------------------------------------------------------
 
 
-def _header_timeout_protocol(seconds: float) -> type:
+def _header_timeout_protocol(seconds: float, max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> type:
     """uvicorn's HTTP protocol class, closing a connection whose next request head is not
     complete ``seconds`` after it connected or after its last response (uvicorn itself waits
-    forever for a head, and a byte of one cancels its keep-alive timeout)."""
+    forever for a head, and a byte of one cancels its keep-alive timeout), or that sends more
+    than ``max_head_bytes`` bytes before its head is complete (uvicorn's httptools parser
+    buffers a head without limit; h11's limit is set by :func:`uvicorn_config` too)."""
     base: type
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -616,6 +623,29 @@ def _header_timeout_protocol(seconds: float) -> type:
 
     class _Protocol(base):
         _kbcore_timer: Any = None
+        _kbcore_head_bytes = 0  # bytes received since the last complete head or response
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self.cycle is None or self.cycle.response_complete
+            before = self.cycle
+            super().data_received(data)
+            if self.cycle is not before:  # a head was completed: its size was within the cap
+                self._kbcore_head_bytes = 0
+            elif waiting and not self.transport.is_closing():
+                self._kbcore_head_bytes += len(data)
+                if self._kbcore_head_bytes > max_head_bytes:
+                    _log(
+                        logging.INFO,
+                        "head_too_large",
+                        client=(self.client or ("?",))[0],
+                        max_head_bytes=max_head_bytes,
+                    )
+                    self.transport.write(
+                        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                        b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+                        b"content-length: 31\r\n\r\nthe request head is too large.\n"
+                    )
+                    self.transport.close()
 
         def _kbcore_arm(self) -> None:
             if self._kbcore_timer is not None:
@@ -654,14 +684,17 @@ def uvicorn_config(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
 ) -> Any:
     """The ``uvicorn.Config`` that :func:`serve` runs ``app`` with: a connection cap
-    (``limit_concurrency``: 503 beyond it), the keep-alive timeout, and a header timeout."""
+    (``limit_concurrency``: 503 beyond it), the keep-alive timeout, a header timeout and a
+    request head size cap (``max_head_bytes``: 431 and closed beyond it)."""
     import uvicorn
 
     _check_limit("max_connections", max_connections, 1, integer=True)
     _check_limit("keep_alive_timeout", keep_alive_timeout, 1, integer=True)
     _check_limit("header_timeout", header_timeout, 0.001, integer=False)
+    _check_limit("max_head_bytes", max_head_bytes, 1024, integer=True)
     return uvicorn.Config(
         app,
         host=host,
@@ -669,7 +702,8 @@ def uvicorn_config(
         log_level=log_level.lower(),
         access_log=False,
         log_config=None,
-        http=_header_timeout_protocol(float(header_timeout)),
+        http=_header_timeout_protocol(float(header_timeout), int(max_head_bytes)),
+        h11_max_incomplete_event_size=int(max_head_bytes),
         limit_concurrency=max_connections,
         timeout_keep_alive=keep_alive_timeout,
     )
@@ -714,6 +748,7 @@ def serve(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     log_level: str = "info",
     embedder: Any = None,
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
     views: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serves the knowledge bases in ``data`` with uvicorn until interrupted. Raises
@@ -747,6 +782,7 @@ def serve(
             max_connections=max_connections,
             keep_alive_timeout=keep_alive_timeout,
             header_timeout=header_timeout,
+            max_head_bytes=max_head_bytes,
         )
         _configure_logging(log_level)
         _log(

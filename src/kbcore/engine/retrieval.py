@@ -181,7 +181,9 @@ def _retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embe
         if index is None or len(index) == 0:
             return []
         group_by = _group_field(state, opts.deduplicate)
-        cands = vector_candidates(index, q, top_k, where, group_by is not None, opts.ef, group_by or GROUP_FIELD)
+        # No more hits than rows: a huge top_k must not size the result arrays.
+        k = min(top_k, len(index))
+        cands = vector_candidates(index, q, k, where, group_by is not None, opts.ef, group_by or GROUP_FIELD)
         metric = state.config["metric"]
         if threshold > 0.0:
             cands = [c for c in cands if score_from_distance(c[1], metric) >= threshold]
@@ -366,6 +368,7 @@ def _retrieve_fused(
             nf = where  # a ShardedIndex sends the filter to its shards: the where, not a native object
         metric = state.config["metric"]
         n = len(index)
+        top_k = min(top_k, n)  # no more hits than rows (window was sized from the request)
         group_by = _group_field(state, opts.deduplicate)
         if mode == "full_text" and group_by is None:
             window = min(window, top_k)  # one leg, no collapse: top_k candidates suffice

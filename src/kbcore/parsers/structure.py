@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from html.parser import HTMLParser
 from typing import Any
 
 from ..sections import PATH_SEPARATOR, Part
@@ -83,42 +82,6 @@ def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
     return parts
 
 
-class _Headings(HTMLParser):
-    """The visible text of every ``<h1>``-``<h6>`` (scripts, styles and hidden elements aside)."""
-
-    _SKIP = frozenset({"script", "style", "noscript", "template", "svg", "head", "title"})
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.found: list[tuple[int, str]] = []
-        self._level = 0
-        self._text: list[str] = []
-        self._skip: list[str] = []  # open tags whose content is invisible
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if self._skip:
-            if tag == self._skip[-1]:
-                self._skip.append(tag)
-        elif tag in self._SKIP or any(k == "hidden" for k, _ in attrs):
-            self._skip.append(tag)
-        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456":
-            self._level, self._text = int(tag[1]), []
-
-    def handle_endtag(self, tag: str) -> None:
-        if self._skip:
-            if tag == self._skip[-1]:
-                self._skip.pop()
-        elif self._level and tag == f"h{self._level}":
-            title = " ".join("".join(self._text).split())
-            if title and len(self.found) < MAX_HEADINGS:
-                self.found.append((self._level, title))
-            self._level = 0
-
-    def handle_data(self, data: str) -> None:
-        if self._level and not self._skip:
-            self._text.append(data)
-
-
 def _line_at(text: str, title: str, pos: int) -> int:
     """The first index >= pos where ``title`` is a whole line of ``text``, else -1."""
     i = text.find(title, pos)
@@ -130,14 +93,12 @@ def _line_at(text: str, title: str, pos: int) -> int:
     return -1
 
 
-def html_parts(raw: str, text: str) -> list[Part] | None:
-    """The sections of an HTML page whose visible text is ``text``, or None without headings."""
-    collector = _Headings()
-    collector.feed(raw)
-    collector.close()
+def html_parts(headings: list[tuple[int, str]], text: str) -> list[Part] | None:
+    """The sections of an HTML page whose visible text is ``text`` and whose headings are
+    ``headings`` ((level, visible title) in document order), or None without headings."""
     cuts: list[tuple[int, int, str]] = []
     pos, misses = 0, 0
-    for level, title in collector.found:
+    for level, title in headings[:MAX_HEADINGS]:
         i = _line_at(text, title, pos)
         if i >= 0:
             cuts.append((i, level, title))
