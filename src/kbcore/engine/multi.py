@@ -19,11 +19,9 @@ hits of the same document id in two knowledge bases are two hits.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -83,9 +81,9 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
     objects, through their public API; see the module docstring)."""
     top_k = check_k(top_k, "top_k")
     modes = [_mode(kb, opts) for kb in kbs]
-    specs = [json.dumps(kb.embedder_spec, sort_keys=True) for kb in kbs]
+    specs = _spec_ids([kb.embedder_spec for kb in kbs])
     calls: list[tuple[Any, SearchOptions]] = []
-    vectors: dict[str, np.ndarray] = {}
+    vectors: dict[int, np.ndarray] = {}
     text = isinstance(query, str) and opts.query_vector is None
     for kb, (mode, _), spec in zip(kbs, modes, specs):
         if not text or mode == "full_text" or not query.strip():
@@ -114,8 +112,16 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
     tagged.sort(key=lambda t: t[:4])
     out = []
     for _, _, i, _, h in tagged[:top_k]:
-        meta = dict(h.metadata)
+        meta = h.metadata  # the hit's own dict, made for this call: tag it in place
         meta["knowledge_base"] = kbs[i].name
         meta["merged_by"] = merged_by
-        out.append(replace(h, metadata=meta))
+        out.append(h)
+    return out
+
+
+def _spec_ids(specs: list[Any]) -> list[int]:
+    """For each embedder spec, the index of the first equal one (equal specs embed alike)."""
+    out: list[int] = []
+    for i, spec in enumerate(specs):
+        out.append(next(j for j in range(i + 1) if specs[j] == spec))
     return out
