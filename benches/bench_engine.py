@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import json
-import math
 import os
 import statistics
 import sys
@@ -41,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benches.common import ndcg_at_10 as common_ndcg_at_10
+from benches.common import read_scifact
 from benches.datasets import scifact_dir
 
 BASELINE_CHUNKS = 0.6694
@@ -50,16 +50,7 @@ BASELINE_DOCS = 0.6451
 def load(folder: Path) -> dict:
     import pyarrow as pa
 
-    with gzip.open(folder / "documents.jsonl.gz", "rt", encoding="utf-8") as f:
-        docs = [json.loads(line) for line in f]
-    with gzip.open(folder / "chunks.jsonl.gz", "rt", encoding="utf-8") as f:
-        chunks = [json.loads(line) for line in f]
-    with open(folder / "queries.jsonl", encoding="utf-8") as f:
-        queries = [json.loads(line) for line in f]
-    qrels: dict[str, dict[str, int]] = {}
-    for line in (folder / "qrels.tsv").read_text(encoding="utf-8").splitlines()[1:]:
-        q, d, s = line.split("\t")
-        qrels.setdefault(q, {})[d] = int(s)
+    docs, chunks, queries, qrels = read_scifact(folder)
     chunk_table = pa.table(
         {
             "document_id": [c["doc_id"] for c in chunks],
@@ -89,14 +80,8 @@ def load(folder: Path) -> dict:
 
 
 def ndcg_at_10(ranked: list[list[str]], queries: list[dict], qrels: dict) -> float:
-    total = 0.0
-    for q, docs in zip(queries, ranked):
-        rel = qrels.get(q["id"], {})
-        dcg = sum(rel.get(d, 0) / math.log2(i + 2) for i, d in enumerate(docs[:10]))
-        ideal = sorted(rel.values(), reverse=True)[:10]
-        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
-        total += dcg / idcg if idcg else 0.0
-    return total / len(queries)
+    """Mean nDCG@10 of the rankings of these query records (benches.common.ndcg_at_10)."""
+    return common_ndcg_at_10(ranked, [q["id"] for q in queries], qrels)
 
 
 def overhead(kb, Q: np.ndarray, *, deduplicate: bool, rounds: int) -> dict:

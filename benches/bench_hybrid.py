@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import json
 import logging
-import math
 import os
 import platform
 import statistics
@@ -52,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from benches.common import ndcg_at_10, read_scifact
 from benches.datasets import scifact_dir
 
 TOP_K = 10
@@ -66,16 +65,7 @@ BEIR_BM25 = 0.665
 
 
 def load(folder: Path) -> dict:
-    with gzip.open(folder / "documents.jsonl.gz", "rt", encoding="utf-8") as f:
-        docs = [json.loads(line) for line in f]
-    with gzip.open(folder / "chunks.jsonl.gz", "rt", encoding="utf-8") as f:
-        chunks = [json.loads(line) for line in f]
-    with open(folder / "queries.jsonl", encoding="utf-8") as f:
-        queries = [json.loads(line) for line in f]
-    qrels: dict[str, dict[str, int]] = {}
-    for line in (folder / "qrels.tsv").read_text(encoding="utf-8").splitlines()[1:]:
-        q, d, s = line.split("\t")
-        qrels.setdefault(q, {})[d] = int(s)
+    docs, chunks, queries, qrels = read_scifact(folder)
     return {
         "doc_ids": [d["id"] for d in docs],
         "doc_texts": [d["title"] + " " + d["text"] for d in docs],
@@ -87,19 +77,6 @@ def load(folder: Path) -> dict:
         "chunk_emb": np.ascontiguousarray(np.load(folder / "chunk_embeddings.npy"), dtype=np.float32),
         "query_emb": np.ascontiguousarray(np.load(folder / "query_embeddings.npy"), dtype=np.float32),
     }
-
-
-def ndcg_at_10(ranked: Sequence[Sequence[str]], query_ids: Sequence[str], qrels: dict) -> float:
-    """Mean nDCG@10 over the queries (BEIR / pytrec_eval: gain = qrel, discount log2(rank + 1),
-    ideal DCG from all judged relevant documents)."""
-    total = 0.0
-    for qid, docs in zip(query_ids, ranked):
-        rel = qrels.get(qid, {})
-        dcg = sum(rel.get(d, 0) / math.log2(r + 2) for r, d in enumerate(docs[:10]))
-        ideal = sorted(rel.values(), reverse=True)[:10]
-        idcg = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
-        total += dcg / idcg if idcg > 0 else 0.0
-    return total / len(query_ids)
 
 
 def dedup_keep_order(keys: Sequence[str], n: int) -> list[str]:

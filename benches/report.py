@@ -3,8 +3,8 @@
 Run from the repository root::
 
     python -m benches.report [--data DIR] [--quick] [--only index,filter,...] [--large]
-                             [--out benches/results] [--machine NAME] [--timeout S]
-    python -m benches.report --from-json benches/results      # re-render, no benchmark runs
+                             [--out benches/out] [--machine NAME] [--timeout S]
+    python -m benches.report --from-json benches/out          # re-render, no benchmark runs
 
 Every benchmark module runs in its own subprocess, one after the other, with ``--json`` into a
 temporary folder. The report then writes, into ``--out``:
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "benches" / "results"
+DEFAULT_OUT = REPO_ROOT / "benches" / "out"  # ignored by git; curated figures: benches/RESULTS.md
 SCHEMA = 1
 LOG_TAIL_LINES = 80
 RECALL_TARGETS = ("0.95", "0.99")
@@ -1454,9 +1454,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--large", action="store_true", help="also run index_1m (synthetic 1,000,000 x 384; about 1.5 h, ~12 GiB RAM)"
     )
-    p.add_argument(
-        "--out", default=None, help="output folder (default benches/results; with --from-json: beside the JSON)"
-    )
+    p.add_argument("--out", default=None, help="output folder (default benches/out; with --from-json: beside the JSON)")
     p.add_argument(
         "--machine", default=None, help="machine name in the file names (default: from the CPU model and cores)"
     )

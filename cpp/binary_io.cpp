@@ -1,5 +1,6 @@
 #include "binary_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -10,6 +11,8 @@
 #include <io.h>
 #else
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
@@ -78,13 +81,10 @@ int seek64(std::FILE* f, std::int64_t off, int whence) {
   return fseeko(f, static_cast<off_t>(off), whence);
 #endif
 }
-std::int64_t tell64(std::FILE* f) {
 #if defined(_WIN32)
-  return _ftelli64(f);
-#else
-  return static_cast<std::int64_t>(ftello(f));
+// Only FileBytes' read fallback (no mmap) needs the file size from the stream.
+std::int64_t tell64(std::FILE* f) { return _ftelli64(f); }
 #endif
-}
 
 }  // namespace
 
@@ -203,7 +203,19 @@ void BinaryWriter::commit() {
 #endif
 }
 
-BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version) : path_(path) {
+void BinaryWriter::pad_to(std::size_t align) {
+  static const unsigned char zeros[64] = {};
+  const std::uint64_t offset = kHeaderBytes + payload_bytes_;
+  std::size_t pad = static_cast<std::size_t>((align - offset % align) % align);
+  while (pad > 0) {
+    const std::size_t take = std::min<std::size_t>(pad, sizeof(zeros));
+    put(zeros, take);
+    pad -= take;
+  }
+}
+
+FileBytes::FileBytes(const std::string& path) {
+#if defined(_WIN32)
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     if (errno == ENOENT) throw NotFound("no such file: '" + path + "'");
@@ -213,8 +225,53 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
     std::FILE* f;
     ~Closer() { std::fclose(f); }
   } closer{f};
-  unsigned char header[kHeaderBytes];
-  const std::size_t got = std::fread(header, 1, kHeaderBytes, f);
+  if (seek64(f, 0, SEEK_END) != 0) throw IoError("cannot determine the size of '" + path + "'");
+  const std::int64_t end = tell64(f);
+  if (end < 0 || seek64(f, 0, SEEK_SET) != 0) throw IoError("cannot determine the size of '" + path + "'");
+  heap_.resize(static_cast<std::size_t>(end));
+  if (std::fread(heap_.data(), 1, heap_.size(), f) != heap_.size()) throw IoError("cannot read '" + path + "'");
+  data_ = heap_.data();
+  size_ = heap_.size();
+#else
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) throw NotFound("no such file: '" + path + "'");
+    throw IoError("cannot open '" + path + "': " + errno_text());
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError("cannot stat '" + path + "': " + errno_text());
+  if (!S_ISREG(st.st_mode)) throw IoError("'" + path + "' is not a regular file");
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) throw IoError("cannot map '" + path + "': " + errno_text());
+  data_ = static_cast<const unsigned char*>(p);
+  mapped_ = true;
+#endif
+}
+
+FileBytes::~FileBytes() {
+#if !defined(_WIN32)
+  if (mapped_) ::munmap(const_cast<unsigned char*>(data_), size_);
+#endif
+}
+
+void FileBytes::release_resident() const {
+#if !defined(_WIN32)
+  if (mapped_) ::madvise(const_cast<unsigned char*>(data_), size_, MADV_DONTNEED);
+#endif
+}
+
+BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version) : path_(path) {
+  // The file is mapped, not read: a section used in place (vectors='disk' rows) costs no
+  // anonymous memory, and the checksum pass below only brings pages into the page cache.
+  file_ = std::make_shared<const FileBytes>(path);
+  const unsigned char* header = file_->data();
+  const std::size_t got = std::min(file_->size(), kHeaderBytes);
   if (got < 8 || std::memcmp(header, magic, 8) != 0) {
     fail("not a kbcore file of this kind (bad magic)");
   }
@@ -227,20 +284,14 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
   if (load_le(header + 12, 4) != 0) fail("unknown header flags (corrupted file)");
   const std::uint64_t payload = load_le(header + 16, 8);
   const std::uint64_t sum = load_le(header + 24, 8);
-  if (seek64(f, 0, SEEK_END) != 0) fail("cannot determine the file size");
-  const std::int64_t end = tell64(f);
-  if (end < 0) fail("cannot determine the file size");
-  const std::uint64_t actual = static_cast<std::uint64_t>(end) - kHeaderBytes;
+  const std::uint64_t actual = file_->size() - kHeaderBytes;
   if (payload != actual) {
     fail("size mismatch: header says " + std::to_string(payload) + " payload bytes, file has " +
          std::to_string(actual) + " (truncated or appended to)");
   }
-  data_.resize(static_cast<std::size_t>(payload));
-  if (seek64(f, static_cast<std::int64_t>(kHeaderBytes), SEEK_SET) != 0 ||
-      std::fread(data_.data(), 1, data_.size(), f) != data_.size()) {
-    fail("read error");
-  }
-  if (checksum64(data_.data(), data_.size(), 0) != sum) fail("checksum mismatch (corrupted file)");
+  data_ = header + kHeaderBytes;
+  size_ = static_cast<std::size_t>(payload);
+  if (checksum64(data_, size_, 0) != sum) fail("checksum mismatch (corrupted file)");
 }
 
 void BinaryReader::fail(const std::string& what) const { throw FormatError("cannot load '" + path_ + "': " + what); }
@@ -255,7 +306,7 @@ void BinaryReader::require(std::size_t n, std::size_t elem) const {
 void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
   require(n, elem);
   if (n == 0) return;  // out may be null (an empty vector's data()): memcpy must not see it
-  std::memcpy(out, data_.data() + pos_, n * elem);
+  std::memcpy(out, data_ + pos_, n * elem);
   pos_ += n * elem;
   if (!host_is_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
 }
@@ -266,13 +317,13 @@ std::uint8_t BinaryReader::u8() {
 }
 std::uint32_t BinaryReader::u32() {
   require(1, 4);
-  const auto v = static_cast<std::uint32_t>(load_le(data_.data() + pos_, 4));
+  const auto v = static_cast<std::uint32_t>(load_le(data_ + pos_, 4));
   pos_ += 4;
   return v;
 }
 std::uint64_t BinaryReader::u64() {
   require(1, 8);
-  const std::uint64_t v = load_le(data_.data() + pos_, 8);
+  const std::uint64_t v = load_le(data_ + pos_, 8);
   pos_ += 8;
   return v;
 }
@@ -285,6 +336,18 @@ float BinaryReader::f32() {
 }
 void BinaryReader::expect_end() const {
   if (remaining() != 0) fail(std::to_string(remaining()) + " unexpected trailing payload bytes");
+}
+void BinaryReader::skip(std::size_t n, std::size_t elem) {
+  require(n, elem);
+  pos_ += n * elem;
+}
+void BinaryReader::skip_padding(std::size_t align) {
+  const std::size_t pad = (align - (kHeaderBytes + pos_) % align) % align;
+  require(pad, 1);
+  for (std::size_t i = 0; i < pad; ++i) {
+    if (data_[pos_ + i] != 0) fail("nonzero padding byte at payload offset " + std::to_string(pos_ + i));
+  }
+  pos_ += pad;
 }
 
 }  // namespace kbcore

@@ -6,6 +6,7 @@
 // File layout: magic[8] | u32 format_version | u32 flags | u64 payload_bytes | u64 checksum | payload
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ class BinaryWriter {
     static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "unsupported element size");
     raw_le(data, n, sizeof(T));
   }
+  /// Writes zero bytes until the file offset of the next byte is a multiple of `align`
+  /// (so that a section mapped in place is aligned; BinaryReader::skip_padding reads them).
+  void pad_to(std::size_t align);
   /// Finishes the file and moves it into place. Throws IoError on failure.
   void commit();
 
@@ -48,6 +52,30 @@ class BinaryWriter {
   std::vector<unsigned char> buffer_;
   std::uint64_t hash_state_ = 0;
   bool committed_ = false;
+};
+
+/// A read-only private mapping of a whole file (unmapped with its last owner), or its bytes
+/// read into the heap where the platform has no mmap. The file must not be rewritten in place
+/// while mapped (kbcore replaces files by rename, which leaves a mapping intact).
+class FileBytes {
+ public:
+  /// Throws NotFound / IoError naming `path`.
+  explicit FileBytes(const std::string& path);
+  ~FileBytes();
+  FileBytes(const FileBytes&) = delete;
+  FileBytes& operator=(const FileBytes&) = delete;
+  const unsigned char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  /// True if the bytes are a file mapping (reading them costs no anonymous memory).
+  bool mapped() const { return mapped_; }
+  /// Drops the mapping's pages from the resident set (they fault back in from the file).
+  void release_resident() const;
+
+ private:
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool mapped_ = false;
+  std::vector<unsigned char> heap_;
 };
 
 /// Reads a whole file written by BinaryWriter, verifying magic, version, size and checksum
@@ -81,16 +109,26 @@ class BinaryReader {
   }
   /// Throws FormatError unless n elements of `elem` bytes remain.
   void require(std::size_t n, std::size_t elem) const;
-  std::size_t remaining() const { return data_.size() - pos_; }
+  std::size_t remaining() const { return size_ - pos_; }
   /// Throws FormatError if any payload bytes are left unread.
   void expect_end() const;
+  /// Reads the zero bytes BinaryWriter::pad_to(align) wrote (FormatError if one is not zero).
+  void skip_padding(std::size_t align);
+  /// The file's bytes (shared: a section read in place keeps them alive).
+  const std::shared_ptr<const FileBytes>& bytes() const { return file_; }
+  /// The next unread payload byte, for a section used in place; skip() passes over it.
+  const unsigned char* here() const { return data_ + pos_; }
+  /// Passes over n elements of `elem` bytes (FormatError unless they are present).
+  void skip(std::size_t n, std::size_t elem);
   /// Throws FormatError with `what` and the file name.
   [[noreturn]] void fail(const std::string& what) const;
 
  private:
   void raw_le(void* out, std::size_t n, std::size_t elem);
   std::string path_;
-  std::vector<unsigned char> data_;
+  std::shared_ptr<const FileBytes> file_;
+  const unsigned char* data_ = nullptr;  // the payload (after the header)
+  std::size_t size_ = 0;                 // payload bytes
   std::size_t pos_ = 0;
   std::uint32_t version_ = 0;
 };

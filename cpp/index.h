@@ -196,8 +196,10 @@ class Index {
   /// Writes the index to one file atomically (temp file, fsync, rename).
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.
-  /// `vectors_on_disk` keeps the loaded rows in a mapped file (quantized files only).
-  static std::unique_ptr<Index> load(const std::string& path, bool vectors_on_disk = false);
+  /// `vectors` overrides where the rows live (true: disk, quantized files only); unset, they
+  /// live where they did when saved. Rows on disk from a version-4 file are read in place from
+  /// the mapped file (row_buffer.h) until the first write copies them into a row file.
+  static std::unique_ptr<Index> load(const std::string& path, std::optional<bool> vectors = std::nullopt);
 
   /// Version of files without quantization (byte-identical to earlier releases); an SQ8 index
   /// writes kFormatVersionQuantized, which adds a trailing SQ8 section, and a RaBitQ index
@@ -205,6 +207,10 @@ class Index {
   static constexpr std::uint32_t kFormatVersion = 1;
   static constexpr std::uint32_t kFormatVersionQuantized = 2;
   static constexpr std::uint32_t kFormatVersionRabitq = 3;
+  /// Version of files of an index with vectors='disk' (SQ8 or RaBitQ): a `vectors` byte after
+  /// the parameters and the float32 rows aligned to a 64-byte file offset, so that load maps
+  /// them in place; older releases refuse it by its version.
+  static constexpr std::uint32_t kFormatVersionDiskRows = 4;
 
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;

@@ -5,8 +5,14 @@
 // the kernel keeps them) and fault back in when read. A quantized index reads rows only to
 // re-rank, so with rows on disk its resident memory is the codes, the graph and the rows
 // recently re-ranked.
+// A loaded index can also read its rows in place from the mapped index file (use_mapped): the
+// first write then copies them into a row file as above, so a saved file is never modified.
+// A row file's space is reserved (posix_fallocate) before it is mapped: a full disk is an
+// IoError naming the file, not a SIGBUS on the first write to a sparse page.
 // Not internally synchronised: the owning Index serialises growth against readers.
 #include <cstddef>
+#include <memory>
+#include <string>
 
 #include "aligned.h"
 
@@ -24,12 +30,22 @@ class RowBuffer {
   /// Switches an empty buffer to a file mapping in `dir` (empty: $TMPDIR or /tmp). Throws
   /// IoError if the file cannot be created, InvalidArgument if the buffer is not empty.
   void use_disk(const char* dir = nullptr);
-  bool on_disk() const { return fd_ >= 0; }
+  /// Reads `n` floats in place at `rows` (64-byte aligned), kept alive by `owner` (a read-only
+  /// file mapping); the first mutable access copies them into a row file in `dir` (as
+  /// use_disk). Only on an empty buffer (InvalidArgument otherwise).
+  void use_mapped(std::shared_ptr<const void> owner, const float* rows, std::size_t n, const char* dir = nullptr);
+  bool on_disk() const { return fd_ >= 0 || view_ != nullptr; }
+  /// True while the rows are read in place from a mapped file (before the first write).
+  bool in_place() const { return view_ != nullptr; }
 
-  float* data() { return on_disk() ? map_ : heap_.data(); }
-  const float* data() const { return on_disk() ? map_ : heap_.data(); }
+  /// Mutable rows; rows read in place are first copied into a row file (IoError if that fails).
+  float* data() {
+    if (view_ != nullptr) materialize();
+    return fd_ >= 0 ? map_ : heap_.data();
+  }
+  const float* data() const { return view_ != nullptr ? view_ : fd_ >= 0 ? map_ : heap_.data(); }
   std::size_t size() const { return on_disk() ? size_ : heap_.size(); }
-  std::size_t capacity() const { return on_disk() ? cap_ : heap_.capacity(); }
+  std::size_t capacity() const { return view_ != nullptr ? size_ : fd_ >= 0 ? cap_ : heap_.capacity(); }
   /// Room for n floats (pointers into the buffer are invalidated when it grows).
   void reserve(std::size_t n);
   /// Grows or shrinks to n floats; new floats are zero.
@@ -44,10 +60,15 @@ class RowBuffer {
 
  private:
   void remap(std::size_t cap);
+  void materialize();
   AlignedVector<float> heap_;
   int fd_ = -1;
   float* map_ = nullptr;
   std::size_t size_ = 0, cap_ = 0;
+  std::string dir_;                    // where a row file goes (empty: $TMPDIR or /tmp)
+  std::string file_name_;              // the row file's name, for error messages
+  std::shared_ptr<const void> owner_;  // keeps view_ mapped
+  const float* view_ = nullptr;        // rows read in place (size_ floats)
 };
 
 }  // namespace kbcore

@@ -74,6 +74,20 @@ void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::u
   if (slot_ids.size() != live.size() || data.size() != slot_ids.size() * dim_) {
     throw FormatError("inconsistent vector store sizes");
   }
+  restore_slots(std::move(slot_ids), std::move(live));
+  data_.assign(std::move(data));
+}
+
+void VectorStore::restore_mapped(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
+                                 std::shared_ptr<const void> owner, const float* rows) {
+  if (slot_ids.size() != live.size()) throw FormatError("inconsistent vector store sizes");
+  const std::size_t n = slot_ids.size() * dim_;
+  restore_slots(std::move(slot_ids), std::move(live));
+  data_ = RowBuffer();
+  data_.use_mapped(std::move(owner), rows, n);
+}
+
+void VectorStore::restore_slots(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live) {
   IdMap map;
   std::vector<Slot> free;
   std::size_t live_count = 0;
@@ -100,7 +114,6 @@ void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::u
   live_bits_ = std::move(bits);
   slot_ids_ = std::move(slot_ids);
   live_ = std::move(live);
-  data_.assign(std::move(data));
   free_ = std::move(free);
   id_to_slot_ = std::move(map);
 }

@@ -3,6 +3,7 @@
 // an id map gives each external int64 id its slot, and freed slots are reused by later adds.
 // Not internally synchronised: the owning Index serialises writers against readers.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -46,6 +47,8 @@ class VectorStore {
   /// only before the first row is stored. Throws IoError / InvalidArgument.
   void use_disk_rows(const char* dir = nullptr) { data_.use_disk(dir); }
   bool rows_on_disk() const { return data_.on_disk(); }
+  /// True while the rows are read in place from a loaded file (row_buffer.h).
+  bool rows_in_place() const { return data_.in_place(); }
   /// Drops file-mapped rows from the resident set (no-op for heap rows).
   void release_resident_rows() const { data_.release_resident(); }
   /// Bytes held (rows, ids, map), approximately.
@@ -56,8 +59,14 @@ class VectorStore {
   const std::vector<std::uint8_t>& live_flags() const { return live_; }
   /// Rebuilds from persisted state; validates ids (unique among live slots).
   void restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live, AlignedVector<float> data);
+  /// The same with the rows read in place from a read-only file mapping kept alive by
+  /// `owner` (slot_ids.size() * dim floats at `rows`, 64-byte aligned; see RowBuffer::use_mapped).
+  void restore_mapped(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
+                      std::shared_ptr<const void> owner, const float* rows);
 
  private:
+  /// Validates and installs ids and live flags (the rows are installed by the caller).
+  void restore_slots(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live);
   std::size_t dim_;
   RowBuffer data_;                      // slot_count() * dim_
   std::vector<std::int64_t> slot_ids_;  // id per slot (stale for free slots)

@@ -6,10 +6,6 @@ oracle for each metric, so a test compares the index to ground truth, never to i
 
 from __future__ import annotations
 
-import faulthandler
-import os
-import signal
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,64 +19,114 @@ DIST_ATOL = 1e-4
 
 
 # --------------------------------------------------------------------------------------------
-# a stuck test fails instead of hanging the run
+# test tiers
 
-#: Seconds one phase of a test (setup, call or teardown) may take before it counts as stuck:
-#: ``KBCORE_TEST_TIMEOUT`` (0 turns the guard off). The slowest test takes about a minute under
-#: ASan on 2 cores; a hang in CI otherwise runs into the job's own limit with no trace at all.
-TEST_TIMEOUT = float(os.environ.get("KBCORE_TEST_TIMEOUT", "600"))
-#: After the timeout, the seconds left for the test to unwind before the process is ended (for a
-#: thread stuck where a signal cannot reach it); every thread's stack is printed first.
-_TIMEOUT_GRACE = 60.0
-_GUARD = TEST_TIMEOUT > 0 and hasattr(signal, "setitimer")
+#: The tier of every test in a module (markers registered in pyproject.toml). A bare
+#: ``python -m pytest -q`` runs the fast tier, what is in no tier; ``-m ""`` runs every tier.
+#: Assigned here, by module, so that a new test lands in its module's tier without a decorator.
+#: The slow and single-test lists below come from ``--durations=0`` of the whole suite on 2
+#: shared cores (2026-12-05): the fast tier keeps at least one case of every behaviour.
+MODULE_TIERS: dict[str, str] = {
+    "test_langbot_plugin": "langbot",
+    # other processes, servers, real data sets, pytest inside pytest
+    "test_engine_persistence": "integration",
+    "test_engine_scifact": "integration",
+    "test_multiprocess_kb": "integration",
+    "test_phase_timeout": "integration",
+    "test_server": "integration",
+    "test_storage_faults": "integration",
+    # property-based fuzzing, resident-memory and thread-interleaving checks
+    "test_filters_compile": "slow",
+    "test_fuzz_dify": "slow",
+    "test_fuzz_index_load": "slow",
+    "test_fuzz_kb_load": "slow",
+    "test_fuzz_where": "slow",
+    "test_huge_pages": "slow",
+    "test_index_threads": "slow",
+    "test_quantized_disk": "slow",
+}
+
+#: Single tests in a fast module that take seconds, as ``module::test`` (a class test:
+#: ``module::Class::test``) without the parameters: every parameter goes with it.
+SLOW_TESTS: frozenset[str] = frozenset(
+    {
+        "test_engine_api::test_a_closed_knowledge_base_does_not_restart_its_graph_builder",
+        "test_filtered_search::test_counts_follow_upserts_removes_and_save_load",
+        "test_filtered_search::test_filtered_search_agrees_with_the_reference_evaluator",
+        "test_grouping::test_collapse_by_key_keeps_the_first_groups_of_the_given_order_like_the_oracle",
+        "test_grouping::test_filtered_grouped_search_never_returns_a_short_page",
+        "test_distributed_socket::test_socket_scatter_times_out_and_fetches_the_address_again",
+        "test_grouping::test_hnsw_grouped_recall_on_clustered_data",
+        # the three that share the module's subprocess sweep of every truncation and bit flip
+        "test_index_persistence::test_load_rejects_a_bit_flip_in_any_header_byte_with_format_error",
+        "test_index_persistence::test_load_never_crashes_on_any_truncation_or_bit_flip",
+        "test_index_persistence::test_load_rejects_every_truncation_and_payload_bit_flip_with_format_error",
+        "test_metadata_columns::test_a_large_arrow_table_matches_its_rows",
+        "test_metadata_columns::test_arrow_and_dict_readers_give_equal_columns",
+        "test_metadata_columns::test_rows_round_trip_through_columns",
+    }
+)
+
+#: Parametrised tests whose first collected case stays in the fast tier and whose other cases
+#: (metrics, SIMD levels, sizes, planted violations) are slow.
+FIRST_CASE_FAST: frozenset[str] = frozenset(
+    {
+        "test_filtered_search::test_walk_on_a_wide_leaf_filter_skips_removed_and_admits_only_passing_rows",
+        "test_import_rules::test_a_planted_violation_is_caught",
+        "test_index_mutation::test_hnsw_keeps_every_live_vector_reachable_after_removals",
+        "test_index_mutation::test_hnsw_keeps_every_live_vector_reachable_after_upserts",
+        "test_index_mutation::test_hnsw_recall_after_deleting_30_percent_and_adding_new_matches_fresh_index",
+        "test_index_mutation::test_hnsw_stays_accurate_after_moving_many_vectors_repeatedly",
+        "test_index_mutation::test_re_adding_an_id_replaces_its_vector_and_keeps_len",
+        "test_index_mutation::test_removed_ids_are_never_returned_again",
+        "test_index_search::test_flat_search_equals_numpy_oracle",
+        "test_index_search::test_hnsw_distances_are_sorted_and_equal_true_distance_of_returned_ids",
+        "test_index_search::test_hnsw_recall_at_10_is_at_least_095_at_default_ef",
+        "test_index_search::test_hnsw_search_with_ef_smaller_than_k_still_returns_k_hits",
+        "test_quantized::test_filtered_quantized_search_returns_passing_rows_at_exact_distances",
+        "test_quantized::test_kbcore_simd_scalar_environment_runs_the_quantized_search",
+        "test_quantized::test_quantized_index_trains_at_the_threshold_and_reports_its_settings",
+        "test_quantized::test_quantized_recall_matches_float32_at_the_same_ef",
+        "test_quantized::test_shallow_rerank_still_returns_exact_distances_at_lower_recall",
+        "test_simd::test_flat_search_under_every_level_matches_scalar_level",
+        "test_simd::test_hnsw_built_and_searched_under_every_level_keeps_recall",
+        "test_simd::test_misaligned_inputs_give_same_results_as_aligned_under_every_level",
+    }
+)
+
+#: Parameter ids (one ``-``-separated part of a case's id) whose cases are slow in a module: the
+#: fast tier runs the quantized tests on SQ8 and 4-bit RaBitQ (the slow tier adds RaBitQ's 1-,
+#: 2- and 8-bit containers), and the search tests on cosine (the slow tier adds ip and l2).
+SLOW_PARAMS: dict[str, frozenset[str]] = {
+    "test_quantized": frozenset({"rabitq1", "rabitq2", "rabitq8"}),
+    "test_index_search": frozenset({"ip", "l2"}),
+}
+
+#: The fixtures that start or join a Ray instance (tests/ray_support.py).
+RAY_FIXTURES = frozenset({"ray_local", "ray_address"})
 
 
-class PhaseTimeout(BaseException):
-    """Raised in the main thread when a test phase exceeds TEST_TIMEOUT (a BaseException, so
-    that the code under test cannot swallow it in an ``except Exception``)."""
-
-
-def _on_timeout(signum, frame):  # noqa: ARG001 - the signal handler's signature
-    sys.stderr.write(f"\n*** test phase exceeded KBCORE_TEST_TIMEOUT={TEST_TIMEOUT:g} s; every thread:\n")
-    faulthandler.dump_traceback(all_threads=True)
-    raise PhaseTimeout(f"this test phase ran longer than KBCORE_TEST_TIMEOUT={TEST_TIMEOUT:g} s (stuck?)")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    yield from _guarded()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    yield from _guarded()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    yield from _guarded()
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """A test that uses a Ray fixture is a Ray test even if its decorator was forgotten."""
+    """Marks each test with its tier before ``-m`` selects: by its module (MODULE_TIERS), by
+    name (SLOW_TESTS, FIRST_CASE_FAST), by parameter (SLOW_PARAMS), and ``ray`` for a test that
+    uses a Ray fixture even if its decorator was forgotten."""
+    seen: set[str] = set()
     for item in items:
-        if {"ray_local", "ray_address"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.ray)
-
-
-def _guarded():
-    if not _GUARD:
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, _on_timeout)
-    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
-    faulthandler.dump_traceback_later(TEST_TIMEOUT + _TIMEOUT_GRACE, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        base, _, params = item.nodeid.partition("[")
+        path, _, name = base.partition("::")
+        module = path.rsplit("/", 1)[-1].removesuffix(".py")
+        key = f"{module}::{name}"
+        tier = MODULE_TIERS.get(module)
+        if tier is not None:
+            item.add_marker(tier)
+        slow = key in SLOW_TESTS or (key in FIRST_CASE_FAST and key in seen)
+        slow = slow or not SLOW_PARAMS.get(module, frozenset()).isdisjoint(params.rstrip("]").split("-"))
+        if slow:
+            item.add_marker("slow")
+        seen.add(key)
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("ray")
 
 
 # --------------------------------------------------------------------------------------------

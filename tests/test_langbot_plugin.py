@@ -243,6 +243,7 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
         "metric",
         "index_kind",
         "quantization",
+        "vectors",
     }
     assert creation["embedding_model_uuid"]["type"] == "embedding-model-selector"
     assert creation["chunk_size"]["default"] == 500 and creation["chunk_overlap"]["default"] == 50
@@ -250,6 +251,11 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
     assert {o["name"] for o in creation["index_kind"]["options"]} == {"hnsw", "flat"}
     assert {o["name"] for o in creation["quantization"]["options"]} == {"none", "sq8", "rabitq"}
     assert creation["quantization"]["default"] == "none"
+    assert {o["name"] for o in creation["vectors"]["options"]} == {"memory", "disk"}
+    assert creation["vectors"]["default"] == "memory"
+    for lang in ("en_US", "zh_Hans", "ja_JP"):
+        assert creation["vectors"]["label"][lang] and creation["vectors"]["description"][lang]
+        assert all(o["label"][lang] for o in creation["vectors"]["options"])
     retrieval_fields = {f["name"]: f for f in ke.spec["retrieval_schema"]}
     assert set(retrieval_fields) == {"top_k", "score_threshold", "deduplicate", "ef"}
     assert retrieval_fields["top_k"]["default"] == 5
@@ -645,6 +651,10 @@ def test_bad_creation_settings_are_rejected(loaded):
         run(component.on_knowledge_base_create("kb-x", {"quantization": "pq4"}))
     with pytest.raises(ValueError, match="needs index_kind 'hnsw'"):
         run(component.on_knowledge_base_create("kb-x", {"quantization": "sq8", "index_kind": "flat"}))
+    with pytest.raises(ValueError, match="'vectors'.*quantization"):
+        run(component.on_knowledge_base_create("kb-x", {"vectors": "disk"}))
+    with pytest.raises(ValueError, match="vectors"):
+        run(component.on_knowledge_base_create("kb-x", {"quantization": "sq8", "vectors": "tape"}))
 
 
 @pytest.mark.parametrize("quantization", ["sq8", "rabitq"])
@@ -657,6 +667,17 @@ def test_the_quantization_setting_creates_a_quantized_knowledge_base(loaded, qua
     kb = component.engine().get_knowledge_base(name)
     assert kb.info()["index"] == "hnsw" and kb.index.quantization == quantization
     top = retrieve(component, retrieval(name, "rotate signing keys every ninety days", creation=settings))
+    assert top.results and top.results[0].metadata["document_id"] == "doc-1"
+
+
+def test_the_vectors_setting_creates_a_knowledge_base_with_disk_rows(loaded):
+    _, _, component, _, _ = loaded
+    settings = {**HOST_SETTINGS, "index_kind": "hnsw", "quantization": "sq8", "vectors": "disk"}
+    out = ingest(component, ingestion("kb-disk", "doc-1", "kb/search.txt", settings=settings))
+    assert out["status"] == "completed"
+    kb = component.engine().get_knowledge_base("kb-disk")
+    assert kb.vectors == "disk" and kb.index.vectors == "disk"
+    top = retrieve(component, retrieval("kb-disk", "rotate signing keys every ninety days", creation=settings))
     assert top.results and top.results[0].metadata["document_id"] == "doc-1"
 
 

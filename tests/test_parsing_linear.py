@@ -28,7 +28,7 @@ from kbcore.parsing import parse
 
 #: Seconds one 1 MB input may take, twice that for HTML (KBCORE_PARSE_BOUND overrides, e.g.
 #: under ASan).
-BOUND = float(os.environ.get("KBCORE_PARSE_BOUND", "2.0"))
+BOUND = float(os.environ.get("KBCORE_PARSE_BOUND", "5.0"))
 MB = 1_000_000
 
 

@@ -305,6 +305,34 @@ def test_committed_v2_fixture_loads_and_answers_at_exact_distances():
     assert recall_at_k(got[0], data, ids, queries, 10, "cosine") >= 0.95
 
 
+def test_committed_v3_rabitq_fixture_loads_and_answers_at_exact_distances():
+    # Format 3 (RaBitQ) as first released: a later layout or tagging of the code types must
+    # still read this file, with its rotation, centroid and 3-bit codes, to the same answers.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_rabitq_fixture", DATA_DIR / "make_rabitq_fixture.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    path = DATA_DIR / gen.FILE_NAME
+    assert struct.unpack_from("<I", path.read_bytes(), VERSION_OFFSET)[0] == gen.FORMAT_VERSION
+    data, ids = gen.fixture_rows()
+    index = kbcore.Index.load(path)
+    assert (index.quantization, index.bits, index.quantizer_trained, index.metric, len(index)) == (
+        "rabitq",
+        gen.BITS,
+        True,
+        "l2",
+        len(ids),
+    )
+    removed = [i for i in gen.REMOVED if i not in set(ids.tolist())]
+    assert removed and not any(i in index for i in removed)
+    queries = np.random.default_rng(3).standard_normal((20, gen.DIM)).astype(np.float32)
+    got = index.search(queries, 10, ef=64)
+    assert_distances_are_true(*got, data, ids, queries, "l2")
+    assert recall_at_k(got[0], data, ids, queries, 10, "l2") >= 0.95
+    np.testing.assert_allclose(index.get_vectors(ids[-5:]), data[-5:])
+
+
 def test_rabitq_retrain_keeps_answers_exact_and_recall_up(quant):
     # RaBitQ keeps a centroid and per-row norms: nothing clips when the data drifts, so its
     # retrain (a new centroid, every row encoded again) must keep the answers exact and the

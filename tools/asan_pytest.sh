@@ -9,7 +9,7 @@
 # itself is not instrumented: libasan and libubsan are preloaded so that the instrumented
 # extension can load, leak detection is off (the interpreter's own allocations at exit are not
 # ours), and UBSan stops at the first report (-fno-sanitize-recover in CMakeLists.txt).
-# Needs g++ (for the runtime paths) and the [test] dependencies. On 2 cores the first build takes
+# Needs g++ (for the runtime paths) and the [test-all] dependencies. On 2 cores the first build takes
 # about 10 minutes (later runs rebuild only what changed) and the suite about 7.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,9 +23,9 @@ fi
 . "$VENV/bin/activate"
 python -m pip install -q scikit-build-core pybind11 numpy
 # One build with the sanitizers on, without isolation (the build folder is kept, so a rerun
-# recompiles only what changed), with the [test] dependencies.
+# recompiles only what changed), with every tier's test dependencies.
 CMAKE_BUILD_PARALLEL_LEVEL=2 python -m pip install -q --no-build-isolation \
-  -Cbuild-dir=build/asan-ext -Ccmake.build-type=RelWithDebInfo -Ccmake.define.KBCORE_SANITIZE=ON ".[test]"
+  -Cbuild-dir=build/asan-ext -Ccmake.build-type=RelWithDebInfo -Ccmake.define.KBCORE_SANITIZE=ON ".[test-all]"
 ASAN_RT="$(g++ -print-file-name=libasan.so)"
 UBSAN_RT="$(g++ -print-file-name=libubsan.so)"
 for rt in "$ASAN_RT" "$UBSAN_RT"; do

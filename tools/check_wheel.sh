@@ -24,13 +24,14 @@ fi
 "$PY" -m venv "$WORK/test-venv"
 "$WORK/test-venv/bin/pip" install -q --upgrade pip
 # No compiler: if pip tried to build anything from source, it would fail loudly.
-CC=/bin/false CXX=/bin/false "$WORK/test-venv/bin/pip" install -q --only-binary=:all: "$WHEEL[test]"
+CC=/bin/false CXX=/bin/false "$WORK/test-venv/bin/pip" install -q --only-binary=:all: "$WHEEL[test-all]"
 cd "$WORK"  # away from the source tree
 # Tests look for the shared data beside the repository unless KBCORE_DATA says otherwise.
 if [ -z "${KBCORE_DATA:-}" ] && [ -d "$ROOT/../shared/data" ]; then
   export KBCORE_DATA="$(cd "$ROOT/../shared/data" && pwd)"
 fi
 "$WORK/test-venv/bin/python" -c "import kbcore; print('wheel imports; SIMD', kbcore.simd_level())"
-"$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests"
-KBCORE_SIMD=scalar "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider \
+# Every tier (-m ""), Ray and LangBot included.
+"$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider -m "" "$ROOT/tests"
+KBCORE_SIMD=scalar "$WORK/test-venv/bin/python" -m pytest -q -p no:cacheprovider -m "" \
   "$ROOT/tests/test_simd.py" "$ROOT/tests/test_index_search.py" "$ROOT/tests/test_grouping.py"

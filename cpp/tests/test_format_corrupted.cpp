@@ -490,3 +490,45 @@ KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
 }
+
+KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
+  // Format version 4 (vectors='disk'): a vectors byte after the parameters, zero padding to a
+  // 64-byte file offset, then the rows, which load reads in place from the mapped file.
+  const std::string victim = scratch("kbcore_test_victim4.kbi"), crafted = scratch("kbcore_test_crafted4.kbi");
+  save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, true);
+  kbcore::Index::load(victim, true)->save(victim);
+  const std::string good = read_file(victim);
+  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionDiskRows);
+  CHECK(load_and_use(victim, good) == Outcome::kAccepted);
+  CHECK(kbcore::Index::load(victim)->config().vectors_on_disk);
+  CHECK(!kbcore::Index::load(victim, false)->config().vectors_on_disk);
+  const auto rejected_bytes = [&](std::string bytes) {
+    reseal(bytes);
+    write_file(crafted, bytes);
+    return throws<kbcore::FormatError>([&] { kbcore::Index::load(crafted); });
+  };
+  const std::size_t vectors_at = kHeader + 8 + 1 + 1 + 4 * 8;  // after dim, metric, kind, ef, M, efC, seed
+  CHECK(get(good, vectors_at, 1) == 1);
+  const std::size_t slots = get(good, vectors_at + 1, 8);
+  const std::size_t pad_at = vectors_at + 1 + 8 + slots * 9;
+  const std::size_t rows_at = (pad_at + 63) / 64 * 64;
+  CHECK(rows_at > pad_at);
+  for (std::size_t i = pad_at; i < rows_at; ++i) CHECK(good[i] == 0);
+  std::string bad = good;
+  put(bad, vectors_at, 1, 2);  // an unknown vectors code
+  CHECK(rejected_bytes(bad));
+  bad = good;
+  put(bad, rows_at - 1, 1, 1);  // a nonzero padding byte
+  CHECK(rejected_bytes(bad));
+  bad = good;
+  put(bad, 8, 4, kbcore::Index::kFormatVersionQuantized);  // v4 bytes labelled v2
+  CHECK(rejected_bytes(bad));
+  bad = good;
+  put(bad, rows_at, 4, 0x7FC00000u);  // a NaN in a row read in place
+  CHECK(rejected_bytes(bad));
+  bad = good;
+  put(bad, 8, 4, kbcore::Index::kFormatVersionDiskRows + 1);  // from a newer kbcore
+  CHECK(rejected_bytes(bad));
+  std::remove(victim.c_str());
+  std::remove(crafted.c_str());
+}

@@ -18,7 +18,8 @@ from typing import Any
 
 from .errors import FormatError
 from .fusion import FUSIONS, SEARCH_TYPES
-from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS
+from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS, VECTORS
+from .rerankers.http import API_FORMATS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -126,6 +127,9 @@ def validate_manifest(m: Any, where: str = "manifest") -> dict[str, Any]:
     emb = c.get(m, "embedder", "embedder", optional=True)
     if emb is not _MISSING and emb is not None:
         _embedder(c, emb, dim)
+    rr = c.get(m, "reranker", "reranker", optional=True)
+    if rr is not _MISSING and rr is not None:
+        _reranker(c, rr)
     _pipelines(c, c.dict_(c.get(m, "pipelines", "pipelines"), "pipelines"))
     next_id = c.int_(c.get(m, "next_id", "next_id"), "next_id")
     c.int_(c.get(m, "next_group", "next_group"), "next_group")
@@ -153,6 +157,11 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         c.choice(q, "config.quantization", QUANTIZATIONS)
         if kind != "hnsw":
             raise c.fail("config.quantization", f"is {q!r}, but quantization needs an hnsw index, not {kind!r}")
+    vectors = c.get(cfg, "vectors", "config.vectors", optional=True)
+    if vectors is not _MISSING and vectors is not None:
+        c.choice(vectors, "config.vectors", VECTORS)
+        if vectors == "disk" and (q is _MISSING or q is None):
+            raise c.fail("config.vectors", "is 'disk', but disk-resident rows need quantization 'sq8' or 'rabitq'")
     bits = c.get(cfg, "bits", "config.bits", optional=True)
     if bits is not _MISSING and bits is not None:
         c.int_(bits, "config.bits", *RABITQ_BITS)
@@ -291,3 +300,29 @@ def _embedder(c: _Check, emb: Any, dim: int | None) -> None:
         n = c.get(e, "normalize", "embedder.normalize", optional=True)
         if n is not _MISSING and not isinstance(n, bool):
             raise c.fail("embedder.normalize", f"must be true or false, got {n!r}")
+
+
+def _reranker(c: _Check, rr: Any) -> None:
+    """The default reranker's spec (optional; manifests before rerankers have none). Kinds
+    other than ``http`` / ``cross-encoder`` are only checked for a ``kind`` (a registered
+    kind, or ``custom``, says what it needs when it is rebuilt)."""
+    r = c.dict_(rr, "reranker")
+    kind = c.str_(c.get(r, "kind", "reranker.kind"), "reranker.kind")
+    if not kind:
+        raise c.fail("reranker.kind", "is empty")
+    if kind == "http":
+        c.choice(c.get(r, "api_format", "reranker.api_format"), "reranker.api_format", API_FORMATS)
+        for key in ("model", "base_url", "api_key_env"):
+            v = c.get(r, key, f"reranker.{key}", optional=True)
+            if v is not _MISSING and v is not None:
+                c.str_(v, f"reranker.{key}")
+    elif kind == "cross-encoder":
+        c.str_(c.get(r, "model", "reranker.model"), "reranker.model")
+    for key in ("batch_size", "max_retries", "max_length"):
+        v = c.get(r, key, f"reranker.{key}", optional=True)
+        if v is not _MISSING and v is not None:
+            c.int_(v, f"reranker.{key}", 0 if key == "max_retries" else 1, _MAX_KNOB)
+    for key in ("timeout", "deadline"):
+        v = c.get(r, key, f"reranker.{key}", optional=True)
+        if v is not _MISSING and v is not None:
+            c.num(v, f"reranker.{key}", 1e-6, 1e9)

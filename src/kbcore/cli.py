@@ -163,11 +163,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     metadata = _json_arg(args.metadata, "--metadata") if args.metadata else None
     embedder = embedder_from_cli_args(args)
+    reranker = _reranker_arg(args)
     engine = _engine(args)
     if args.kb in engine:
         kb = engine.get_knowledge_base(args.kb)
         if embedder is not None:
             _check_same_embedder(kb, embedder)
+        if reranker is not None:
+            kb.set_reranker(reranker)
+            print(f"default reranker of {args.kb!r}: {kb.reranker_spec}")
     else:
         kb = engine.create_knowledge_base(
             args.kb,
@@ -178,11 +182,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             shards=args.shards,
             quantization=args.quantization,
             bits=args.bits,
+            reranker=reranker,
+            vectors=args.vectors,
             index_type=args.index_type,
             parent_chunk_size=args.parent_chunk_size,
             child_chunk_size=args.child_chunk_size,
             context_window=args.context_window,
         )
+        if reranker is not None:
+            print(f"default reranker: {kb.reranker_spec}")
         used = describe_embedder(kb.embedder) if kb.embedder is not None else "none (vectors only)"
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
     if args.pipeline not in kb.pipelines:
@@ -208,8 +216,21 @@ def _json_arg(text: str, flag: str):
         raise SystemExit(f"kbcore: {flag} is not valid JSON: {exc}") from None
 
 
+def _reranker_arg(args: argparse.Namespace) -> Any:
+    """The reranker of ``--reranker`` (a JSON spec or a kind name), or None."""
+    from .rerankers import as_reranker
+
+    spec = getattr(args, "reranker", None)
+    return as_reranker(spec) if spec else None
+
+
 def cmd_query(args: argparse.Namespace) -> int:
+    from .errors import InvalidArgumentError
+
     filters = _json_arg(args.filter, "--filter") if args.filter else None
+    if args.reranker and args.rerank is False:
+        raise InvalidArgumentError("--reranker and --no-rerank contradict each other; give one")
+    reranker = _reranker_arg(args)
     engine = _engine(args)
     opts = {
         "filters": filters,
@@ -219,6 +240,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         "fusion": args.fusion,
         "vector_weight": args.vector_weight,
         "context_window": args.context_window,
+        "rerank": reranker if reranker is not None else args.rerank,
+        "rerank_depth": args.rerank_depth,
     }
     if len(args.kb) == 1:
         hits = engine.get_knowledge_base(args.kb[0]).retrieve(args.text, top_k=args.top_k, **opts)
@@ -275,7 +298,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
-    from .index import KINDS, QUANTIZATIONS
+    from .index import KINDS, QUANTIZATIONS, VECTORS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
     ing.add_argument("paths", nargs="+", metavar="PATH")
@@ -313,7 +336,15 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         default=None,
         help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
     )
+    ing.add_argument(
+        "--vectors",
+        default="memory",
+        choices=VECTORS,
+        help="for a new knowledge base with --quantization: keep the float32 rows in RAM (memory) or "
+        "in the mapped index file, out of anonymous memory (disk); stored, every reopen keeps it",
+    )
     add_embedder_arguments(ing)
+    add_reranker_argument(ing, default_of="the knowledge base (in its manifest; kbcore query and serve use it)")
     ing.add_argument(
         "--shards",
         type=int,
@@ -362,6 +393,21 @@ def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         default=None,
         metavar="N",
         help="add the N chunks before and after each hit (same document); default: the knowledge base's",
+    )
+    add_reranker_argument(q)
+    q.add_argument(
+        "--rerank",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--rerank: rerank with the knowledge base's default reranker (an error without one); "
+        "--no-rerank: do not rerank; default: rerank when the knowledge base has a default reranker",
+    )
+    q.add_argument(
+        "--rerank-depth",
+        type=int,
+        default=None,
+        metavar="N",
+        help="candidates the first stage passes to the reranker (default 50, at least --top-k)",
     )
     q.add_argument("--json", action="store_true", help="print hits as JSON")
     q.set_defaults(func=cmd_query)
@@ -424,6 +470,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + 13  # 141, the status a shell reports for SIGPIPE
+
+
+# -- the reranker option (ingest, query) ---------------------------------------------------
+
+
+def add_reranker_argument(parser: argparse.ArgumentParser, *, default_of: str | None = None) -> None:
+    """Adds ``--reranker SPEC`` (a JSON spec or a kind name; docs/rerankers.md)."""
+    what = f"the default reranker of {default_of}" if default_of else "rerank with this reranker"
+    parser.add_argument(
+        "--reranker",
+        default=None,
+        metavar="SPEC",
+        help=f'{what}: a JSON spec, e.g. \'{{"kind": "http", "api_format": "cohere", '
+        f'"model": "rerank-v3.5", "base_url": "https://api.cohere.com/v2", '
+        f'"api_key_env": "COHERE_API_KEY"}}\', or cross-encoder (a local model, kbcore[st])',
+    )
 
 
 # -- the embedder options (ingest, serve) ---------------------------------------------------

@@ -15,6 +15,8 @@ __all__ = [
     "StorageError",
     "EmbedderError",
     "EmbedderUnavailableError",
+    "RerankerError",
+    "RerankerUnavailableError",
 ]
 
 
@@ -68,3 +70,23 @@ class EmbedderUnavailableError(EmbedderError, ConnectionError):
     ``ConnectionError`` (an ``OSError``): the failure is transient and on the way to the
     service, so a server may answer 503 and a caller may try again later.
     """
+
+
+class RerankerError(KbcoreError, RuntimeError):
+    """A reranker (a cross-encoder or a ``/rerank`` service) could not score the candidates.
+
+    Raised for a service's refusal (HTTP 400/401/403/404...), a malformed or inconsistent
+    response (wrong count, an index missing or repeated, NaN), a missing API key variable, or
+    a reranker that returned something that is not one finite score per text. ``endpoint`` is
+    the URL concerned (or None) and ``status`` the HTTP status (or None).
+    """
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.status = status
+
+
+class RerankerUnavailableError(RerankerError, ConnectionError):
+    """A rerank service stayed unreachable or overloaded after every retry (connection errors,
+    timeouts, HTTP 408/409/429/5xx): transient, on the way to the service."""

@@ -36,6 +36,7 @@ DIM_RANGE = (1, _core.MAX_DIM)
 EF_RANGE = (1, _core.MAX_EF)
 _MAX_EF = EF_RANGE[1]
 QUANTIZATIONS: tuple[str, ...] = ("sq8", "rabitq")  # the codes an HNSW index can walk its graph on
+VECTORS: tuple[str, ...] = ("memory", "disk")  # where the float32 rows live
 #: Bits per dimension of RaBitQ codes: the range, and the default.
 RABITQ_BITS = (1, 8)
 RABITQ_DEFAULT_BITS = 4
@@ -228,7 +229,8 @@ def check_bits(bits: int | None, quantization: str | None) -> int | None:
     return int(bits)
 
 
-def _check_vectors(vectors: str, quantization: str | None) -> None:
+def check_vectors(vectors: str, quantization: str | None) -> None:
+    """Validates ``vectors`` ("memory" or "disk"; "disk" needs a quantization)."""
     if vectors not in ("memory", "disk"):
         raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
     if vectors == "disk" and quantization is None:
@@ -302,7 +304,7 @@ class Index:
             if quantization is None:
                 raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8' or 'rabitq')")
             rerank = _bounded("rerank", rerank)
-        _check_vectors(vectors, quantization)
+        check_vectors(vectors, quantization)
         self._native = _core.Index(
             dim,
             metric,
@@ -669,9 +671,13 @@ class Index:
         self._native.save(os.fspath(path))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, vectors: Vectors = "memory") -> Index:
-        """Reads an index written by :meth:`save`; ``vectors="disk"`` keeps the rows of a
-        quantized index in a memory-mapped file (InvalidArgumentError for other files).
+    def load(cls, path: str | os.PathLike[str], *, vectors: Vectors | None = None) -> Index:
+        """Reads an index written by :meth:`save`.
+
+        ``vectors``: None reopens the rows where they were when saved (an index saved with
+        ``vectors="disk"`` comes back with its rows read in place from the mapped file, see
+        ``docs/quantization.md``); ``"memory"`` or ``"disk"`` overrides that (``"disk"`` needs a
+        quantized index: InvalidArgumentError for other files).
 
         Raises ``FileNotFoundError`` if the file does not exist and
         :class:`~kbcore.errors.FormatError` (an ``OSError``) if it is truncated, corrupted,
@@ -680,6 +686,6 @@ class Index:
         p = os.fspath(path)
         if not os.path.exists(p):
             raise FileNotFoundError(2, "No such file or directory", p)
-        if vectors not in ("memory", "disk"):
-            raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
+        if vectors not in (None, "memory", "disk"):
+            raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory', 'disk' or None")
         return cls._wrap(_core.Index.load(p, vectors))

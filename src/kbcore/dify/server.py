@@ -44,6 +44,12 @@ code  status  meaning
 5031  503     the query embedder's service is unreachable or overloaded: try again later
 ====  ======  =====================================================================
 
+A knowledge base with a default reranker (docs/rerankers.md) is reranked. When the reranker
+fails (its service is down, refuses, or answers garbage) the answer is still 200, in the first
+stage's order and with its scores, and every record's metadata says so: ``"reranked": false``
+and ``"rerank_error"`` (the reason, at most 300 characters, naming the endpoint, never a key).
+The failure is logged as ``rerank_failed`` once per burst (:data:`RERANK_LOG_INTERVAL`).
+
 Every error is logged as one JSON line on the ``kbcore.server`` logger, with the request id
 that is also sent back in the ``X-Request-Id`` header. Keys are compared in constant time and
 never logged. A client that disconnects before its body arrived is logged as
@@ -74,7 +80,14 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError, NotFoundError
+from ..errors import (
+    EmbedderError,
+    EmbedderUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NotFoundError,
+    RerankerError,
+)
 from .request import (
     E_AUTH_HEADER,
     E_AUTH_KEY,
@@ -268,6 +281,45 @@ def _log_error(
 
 # -- the service -----------------------------------------------------------------------------
 
+#: Seconds between two ``rerank_failed`` log lines of one knowledge base (a burst of failures
+#: logs its first one, then one line per interval counting the ones in between).
+RERANK_LOG_INTERVAL = 60.0
+_MAX_REASON_CHARS = 300
+
+
+def _short(text: str) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= _MAX_REASON_CHARS else one[:_MAX_REASON_CHARS] + "..."
+
+
+class _BurstLog:
+    """Logs a reranker's failure once per burst: the first failure of a knowledge base, then at
+    most one line per ``interval`` seconds with the number of failures it stood for."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._state: dict[str, tuple[float, int]] = {}  # kb -> (last log time, failures since)
+
+    def failed(self, kb_name: str, reason: str) -> bool:
+        """Counts a failure; logs it when due. Returns whether a line was written."""
+        now = time.monotonic()
+        with self._lock:
+            last, missed = self._state.get(kb_name, (-math.inf, 0))
+            if now - last < self.interval:
+                self._state[kb_name] = (last, missed + 1)
+                return False
+            self._state[kb_name] = (now, 0)
+        _log(
+            logging.WARNING,
+            "rerank_failed",
+            knowledge_id=kb_name,
+            error=reason,
+            suppressed=missed,
+            action="answered with the first stage's order (metadata reranked=false)",
+        )
+        return True
+
 
 def _check_limit(name: str, value: Any, low: float, *, integer: bool) -> None:
     kinds = (int,) if integer else (int, float)
@@ -304,6 +356,7 @@ class _Service:
         self.body_timeout = float(body_timeout)
         self._refreshed: dict[str, float] = {}
         self._refresh_lock = threading.Lock()
+        self._rerank_log = _BurstLog(RERANK_LOG_INTERVAL)
 
     def _maybe_refresh(self, kb: Any) -> None:
         if self.refresh_interval <= 0:
@@ -350,15 +403,22 @@ class _Service:
                 self._maybe_refresh(self.engine.get_knowledge_base(name))
             if not req.query.strip():
                 return []
-            hits = self.engine.retrieve(
-                list(view.knowledge_bases),
-                req.query,
-                top_k,
-                score_threshold=threshold,
-                filters=where,
-                search_type=view.search_type,
-                context_window=view.context_window,
-            )
+            opts = {
+                "score_threshold": threshold,
+                "filters": where,
+                "search_type": view.search_type,
+                "context_window": view.context_window,
+            }
+            names = list(view.knowledge_bases)
+            rerank_error = None
+            try:
+                hits = self.engine.retrieve(names, req.query, top_k, rerank=view.reranker, **opts)
+            except RerankerError as exc:  # as for a knowledge base: the first stage's answer
+                rerank_error = _short(str(exc))
+                self._rerank_log.failed(view.knowledge_id, rerank_error)
+                hits = getattr(exc, "first_stage", None)
+                if hits is None:
+                    hits = self.engine.retrieve(names, req.query, top_k, rerank=False, **opts)
         except NotFoundError as exc:
             raise ApiError(404, E_NO_KNOWLEDGE, f"view {view.knowledge_id!r}: {exc}") from None
         except (InvalidArgumentError, InvalidTypeError) as exc:
@@ -367,7 +427,7 @@ class _Service:
             raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
         except EmbedderError as exc:
             raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
-        return _records(hits, threshold)  # in the merged order (by score, or by rank)
+        return _records(hits, threshold, rerank_error)  # in the merged order (by score, or by rank)
 
     def retrieve(self, req: Request) -> list[dict[str, Any]]:
         missing = ApiError(404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist")
@@ -376,7 +436,21 @@ class _Service:
             self._maybe_refresh(kb)
             if not req.query.strip():
                 return []  # nothing to match: what any retrieval finds for a blank query
-            hits = kb.retrieve(req.query, top_k=req.top_k, score_threshold=req.score_threshold, filters=req.where)
+            rerank_error = None
+            try:
+                hits = kb.retrieve(req.query, top_k=req.top_k, score_threshold=req.score_threshold, filters=req.where)
+            except RerankerError as exc:  # a chatbot prefers the unreranked answer to none
+                rerank_error = _short(str(exc))
+                self._rerank_log.failed(kb.name, rerank_error)
+                hits = getattr(exc, "first_stage", None)
+                if hits is None:
+                    hits = kb.retrieve(
+                        req.query,
+                        top_k=req.top_k,
+                        score_threshold=req.score_threshold,
+                        filters=req.where,
+                        rerank=False,
+                    )
         except NotFoundError:
             raise missing from None
         except (InvalidArgumentError, InvalidTypeError) as exc:
@@ -385,19 +459,23 @@ class _Service:
             raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
         except EmbedderError as exc:
             raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
-        records = _records(hits, req.score_threshold)
+        records = _records(hits, req.score_threshold, rerank_error)
         records.sort(key=lambda r: -r["score"])
         return records
 
 
-def _records(hits: Sequence[Any], threshold: float) -> list[dict[str, Any]]:
-    """Dify records of hits scoring at least ``threshold``, in the hits' order."""
+def _records(hits: Sequence[Any], threshold: float, rerank_error: str | None = None) -> list[dict[str, Any]]:
+    """Dify records of hits scoring at least ``threshold``, in the hits' order; with
+    ``rerank_error``, each says it was not reranked and why."""
     records = []
     for h in hits:
         score = min(max(float(h.score), 0.0), 1.0)
         if score < threshold:  # the engine applies it too; the contract is ours
             continue
         meta = dict(h.metadata) if isinstance(h.metadata, Mapping) else {}
+        if rerank_error is not None:
+            meta["reranked"] = False
+            meta["rerank_error"] = rerank_error
         records.append(
             {
                 "content": h.content,

@@ -11,7 +11,7 @@ serves several teams gives each team a view and a key instead::
             "knowledge_bases": ["handbook", "wiki"],   # required: one or more knowledge bases
             "filter": {"team": "a"},                  # a `where` filter, ANDed with Dify's condition
             "search_type": "hybrid",                  # vector | full_text | hybrid (else each KB's default)
-            "reranker": null,                         # reserved: only null (no reranking) for now
+            "reranker": null,                         # a reranker spec; false: none; null: each KB's default
             "top_k_max": 10,                          # caps Dify's top_k
             "score_floor": 0.3,                       # drops hits below it (Dify's threshold if higher)
             "api_keys_env": "TEAM_A_KEYS",            # the keys (comma-separated) allowed on this view
@@ -35,8 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidArgumentError, InvalidTypeError
+from ..errors import InvalidArgumentError, InvalidTypeError, KbcoreError
 from ..filters import compile_where
+from ..rerankers import as_reranker
 
 __all__ = ["VIEW_FIELDS", "View", "load_views"]
 
@@ -67,6 +68,8 @@ class View:
     api_keys_env: str | None = None
     keys: tuple[str, ...] | None = None
     context_window: int | None = None
+    #: None: each knowledge base's default reranker; False: none; else reranks the merged list
+    reranker: Any = None
 
 
 def _int(value: Any, lo: int) -> int | None:
@@ -101,8 +104,16 @@ def _view(kid: str, spec: Any, known: Any, env: Mapping[str, str]) -> View:
     st = spec.get("search_type")
     if st is not None and st not in _SEARCH_TYPES:
         raise bad(f"field 'search_type' must be one of {', '.join(_SEARCH_TYPES)}, got {st!r}")
-    if spec.get("reranker") is not None:
-        raise bad("field 'reranker' is not supported by this kbcore (use null)")
+    reranker = spec.get("reranker")
+    if reranker is not None and reranker is not False:
+        if not isinstance(reranker, (str, dict)):
+            raise bad(
+                f"field 'reranker' must be a reranker spec (an object or a kind name), false or null, got {reranker!r}"
+            )
+        try:
+            reranker = as_reranker(reranker)
+        except (InvalidArgumentError, InvalidTypeError, KbcoreError) as exc:
+            raise bad(f"field 'reranker' cannot be built: {exc}") from None
     cap = spec.get("top_k_max")
     if cap is not None and _int(cap, 1) is None:
         raise bad(f"field 'top_k_max' must be an integer >= 1, got {cap!r}")
@@ -123,7 +134,7 @@ def _view(kid: str, spec: Any, known: Any, env: Mapping[str, str]) -> View:
             raise bad(f"environment variable {var!r} (api_keys_env) is unset or holds no key")
         if any(any(c.isspace() for c in k) for k in keys):
             raise bad(f"a key in {var!r} contains whitespace (separate keys with commas)")
-    return View(kid, tuple(kbs), where, st, cap, float(floor), var, keys, window)
+    return View(kid, tuple(kbs), where, st, cap, float(floor), var, keys, window, reranker)
 
 
 def load_views(

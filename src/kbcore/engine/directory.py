@@ -17,7 +17,8 @@ from ..chunking import check_chunk_params
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import DEFAULT_FUSION, check_vector_weight
-from ..index import DIM_RANGE, KINDS, METRICS, check_bits, check_params, check_quantization
+from ..index import DIM_RANGE, KINDS, METRICS, VECTORS, check_bits, check_params, check_quantization, check_vectors
+from ..rerankers import as_reranker, reranker_spec
 from . import commit, manifest, multi, retrieval
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
@@ -34,10 +35,18 @@ class Engine:
 
     ``path`` defaults to ``$KBCORE_HOME`` or ``./kb-data``. ``embedder`` is the default for new
     knowledge bases (else the built-in :class:`~kbcore.embedders.HashingEmbedder`) and is used
-    to reopen knowledge bases built with a custom embedder.
+    to reopen knowledge bases built with a custom embedder. ``vectors`` (None, ``"memory"`` or
+    ``"disk"``) overrides, in this process, where the knowledge bases it opens keep their
+    float32 rows (None: as each was created; ``"disk"`` applies to quantized, unsharded
+    knowledge bases, the others keep theirs in memory); see docs/quantization.md.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, embedder: Any = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, embedder: Any = None, vectors: str | None = None
+    ) -> None:
+        if vectors not in (None, *VECTORS):
+            raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory', 'disk' or None")
+        self._vectors = vectors
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_data_dir())
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -96,6 +105,8 @@ class Engine:
         parent_chunk_size: int = 2048,
         child_chunk_size: int = 256,
         context_window: int = 0,
+        reranker: Any = None,
+        vectors: str = "memory",
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
@@ -104,12 +115,19 @@ class Engine:
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
         ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
         (None, ``"sq8"`` or ``"rabitq"``, hnsw only) and ``bits`` (RaBitQ's bits per dimension,
-        1 to 8, default 4) configure the native index (see :class:`kbcore.Index`).
+        1 to 8, default 4) configure the native index (see :class:`kbcore.Index`);
+        ``vectors="disk"`` (quantized only) keeps its float32 rows out of anonymous memory, in
+        the index file of each checkpoint, mapped (see docs/quantization.md), and is stored in
+        the manifest so that every reopen keeps it.
         ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base); hybrid search fuses by ``"zscore"`` unless ``fusion`` says ``"rrf"`` or
         ``"linear"`` (``docs/hybrid.md``). A name already in use raises
         ``InvalidArgumentError`` unless ``exist_ok``.
+        ``reranker``: the default reranker of ``retrieve`` (a reranker, a function ``(query,
+        texts) -> scores``, a spec or a kind name; docs/rerankers.md), recorded in the manifest
+        by its spec and rebuilt when the knowledge base is reopened (a function cannot be: it
+        is recorded by name and must be set again after a reopen).
 
         ``shards=N`` makes a sharded knowledge base: its index is a
         :class:`~kbcore.distributed.ShardedIndex` of N Ray actors stored in ``<kb>/shards``
@@ -147,10 +165,14 @@ class Engine:
         M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
         check_quantization(quantization, index)
         bits = check_bits(bits, quantization)
+        check_vectors(vectors, quantization)
         shards = check_shards(shards)
+        if shards is not None and vectors == "disk":
+            raise InvalidArgumentError("vectors='disk' is not available for a sharded knowledge base")
         if shards is not None:
             require_ray(name, shards)
         emb, dim = self._creation_embedder(embedder, dim)
+        rr = as_reranker(reranker) if reranker is not None else None
         config = {
             "metric": metric,
             "index": index,
@@ -175,10 +197,14 @@ class Engine:
             config["quantization"] = quantization
         if bits is not None:
             config["bits"] = bits
+        if vectors != "memory":  # absent means memory: older releases wrote no key
+            config["vectors"] = vectors
         if not isinstance(description, str):
             raise InvalidTypeError(f"description must be a str, got {type(description).__name__}")
         spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
         m = manifest.initial(name, config, spec, description)
+        if rr is not None:
+            m["reranker"] = reranker_spec(rr)
         check_settings(m, name)  # every value against what the file format holds, before any disk
         with self._mutex, self._flock.hold():
             final = os.path.join(self.path, name)
@@ -210,6 +236,8 @@ class Engine:
                     trash = final
                 shutil.rmtree(trash, ignore_errors=True)
                 raise
+            if rr is not None:
+                kb._attach_reranker(rr)
             self._kbs[name] = kb
             return kb
 
@@ -295,7 +323,9 @@ class Engine:
             shutil.rmtree(trash, ignore_errors=True)
 
     def _open(self, name: str, path: str, embedder: Embedder | None) -> KnowledgeBase:
-        kb = KnowledgeBase(name, path, embedder, default_embedder=self._embedder, on_close=self._forget)
+        kb = KnowledgeBase(
+            name, path, embedder, default_embedder=self._embedder, on_close=self._forget, vectors=self._vectors
+        )
         self._kbs[name] = kb
         return kb
 

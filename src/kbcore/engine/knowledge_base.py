@@ -24,7 +24,8 @@ from ..embedders import Embedder
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import Index
-from . import commit, ingest, retrieval, shards
+from ..rerankers import as_reranker, reranker_spec
+from . import commit, ingest, reranking, retrieval, shards
 from .embedding import KbEmbedder
 from .graph_builder import GraphBuilder
 from .manifest import tail_rows
@@ -62,16 +63,19 @@ class KnowledgeBase:
         *,
         default_embedder: Embedder | None = None,
         on_close: Callable[[KnowledgeBase], None] | None = None,
+        vectors: str | None = None,
     ) -> None:
         self.name = name
         self.path = path
         self._on_close = on_close
+        self._vectors = vectors  # override of the configuration's vectors (None: as saved)
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
         self._deleted = False
         self._cell = StateCell(self._load())
         self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder, default_embedder)
+        self._reranker = reranking.KbReranker(name, lambda: self._cell.state.manifest.get("reranker"))
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
         self._builder.start()
 
@@ -83,6 +87,12 @@ class KnowledgeBase:
     @property
     def dim(self) -> int | None:
         return self._cell.state.config.get("dim")
+
+    @property
+    def vectors(self) -> str:
+        """Where this process keeps the float32 rows: "memory", or "disk" (a quantized
+        knowledge base created or opened with ``vectors="disk"``; see docs/quantization.md)."""
+        return self._cell.state.vectors
 
     @property
     def embedder(self) -> Embedder | None:
@@ -122,6 +132,26 @@ class KnowledgeBase:
             commit.update_manifest(self._cell, lambda m: m["config"].update(new))
 
     @property
+    def reranker_spec(self) -> dict[str, Any] | None:
+        """The spec of the default reranker (None: no rerank unless ``retrieve`` asks)."""
+        spec = self._cell.state.manifest.get("reranker")
+        return dict(spec) if spec is not None else None
+
+    def set_reranker(self, reranker: Any) -> None:
+        """Sets (durably, in the manifest) the default reranker of :meth:`retrieve`: a reranker,
+        a function ``(query, texts) -> scores``, a spec or a kind name (see
+        :func:`kbcore.rerankers.as_reranker`); None removes it. A custom one (a function) is
+        recorded by name and used by this process; after a reopen, set it again."""
+        rr = None if reranker is None else as_reranker(reranker)
+        spec = None if rr is None else reranker_spec(rr)
+        with self._writing():
+            commit.update_manifest(
+                self._cell, lambda m: m.__setitem__("reranker", spec) if spec else m.pop("reranker", None)
+            )
+        if rr is not None:
+            self._reranker.attach(rr)
+
+    @property
     def pipelines(self) -> dict[str, dict[str, int]]:
         """Pipeline name -> {"chunk_size", "chunk_overlap"}."""
         return {k: dict(v) for k, v in self._cell.state.manifest["pipelines"].items()}
@@ -154,9 +184,9 @@ class KnowledgeBase:
         """KbState.load; for a sharded knowledge base under the writer lock (opening re-syncs
         the shards with the manifest, which writes them: :mod:`kbcore.engine.shards`)."""
         if not shards.is_sharded(storage.load_manifest(self.path)["config"]):
-            return KbState.load(self.name, self.path)
+            return KbState.load(self.name, self.path, self._vectors)
         with self._wmutex, self._flock.hold():
-            return KbState.load(self.name, self.path)
+            return KbState.load(self.name, self.path, self._vectors)
 
     def _sync(self) -> None:
         try:
@@ -167,7 +197,7 @@ class KnowledgeBase:
             raise
         if current != self._cell.state.generation:
             self._close_shards()  # the reload opens the shards again (one owner at a time)
-            state = KbState.load(self.name, self.path)
+            state = KbState.load(self.name, self.path, self._vectors)
             with self._cell.rw.write():
                 self._cell.state = state
 
@@ -483,10 +513,24 @@ class KnowledgeBase:
         override ``options``); see :class:`~kbcore.engine.SearchOptions` for each one and
         :mod:`kbcore.engine.retrieval` for the search types and scores. Bad options raise
         InvalidArgumentError / InvalidTypeError naming them (an unknown name too).
+
+        Reranking (``rerank=``, ``rerank_depth=``; :mod:`kbcore.engine.reranking`): the first
+        stage fetches ``max(rerank_depth, top_k)`` candidates, the reranker orders them, then
+        ``score_threshold`` and ``top_k`` apply; ``score`` is the reranker's relevance mapped
+        to [0, 1], ``distance`` the first stage's. A failing reranker raises RerankerError
+        (RerankerUnavailableError when its service is unreachable).
         """
         opts = retrieval.options(options, kwargs)
         self._check_open()
-        return retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        reranker = self._reranker.choose(opts.rerank, query) if opts.rerank is not False else None
+        if reranker is None:
+            return retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        top_k = retrieval.check_k(top_k, "top_k")
+        depth = reranking.check_depth(opts.rerank_depth, top_k)
+        # The threshold applies to the reranked scores, not the first stage's.
+        first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
+        first = retrieval.retrieve(self._cell, query, depth, first_opts, self._embed_query)
+        return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
 
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)
@@ -571,6 +615,7 @@ class KnowledgeBase:
             "documents": len(state.docs),
             "pipelines": self.pipelines,
             "embedder": state.manifest.get("embedder"),
+            "reranker": state.manifest.get("reranker"),
             "segments": len(state.segments),
             "generation": state.generation,
             "disk_bytes": _disk_bytes(self.path),
@@ -633,6 +678,10 @@ class KnowledgeBase:
     def _attach_embedder(self, embedder: Embedder) -> None:
         """Makes ``embedder`` the first candidate to rebuild the knowledge base's embedder from."""
         self._embedder.attach(embedder)
+
+    def _attach_reranker(self, reranker: Any) -> None:
+        """Uses ``reranker`` (e.g. a custom one) as the default while the manifest records its spec."""
+        self._reranker.attach(reranker)
 
 
 def check_settings(m: dict[str, Any], name: str) -> None:

@@ -12,6 +12,12 @@ the query embedded once per distinct embedder spec. The hit lists are then merge
   gets ``1 / (60 + r)``, the lists are interleaved by that value (ties: the better ``score``,
   then the order of ``names``). Each hit keeps its own knowledge base's ``score``.
 
+Reranking: ``rerank=<a reranker>`` reranks **once** over the merged list (each knowledge base's
+first stage gives ``rerank_depth`` candidates, unreranked and without threshold; they are
+merged as above, reranked, then ``score_threshold`` and ``top_k`` apply). ``rerank=None`` /
+``True`` leave it to each knowledge base's default reranker, and the lists merge by score only
+when those defaults are the same reranker; ``False``: no rerank.
+
 Every hit's ``metadata`` says where it came from: ``knowledge_base`` (its name) and
 ``merged_by`` (``"score"`` or ``"rank"``). Deduplication is per knowledge base and document:
 hits of the same document id in two knowledge bases are two hits.
@@ -27,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidTypeError
+from ..rerankers import as_reranker
+from . import reranking
 from .retrieval import check_k
 from .types import Hit, SearchOptions
 
@@ -80,6 +88,16 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
     """The ``top_k`` best hits of ``query`` over ``kbs`` (open :class:`KnowledgeBase`
     objects, through their public API; see the module docstring)."""
     top_k = check_k(top_k, "top_k")
+    rerank = opts.rerank
+    if rerank is not None and rerank is not True and rerank is not False:
+        # One reranker over the merged list: each knowledge base's first stage (no rerank, no
+        # threshold) gives rerank_depth candidates, merged, then reranked once.
+        if not isinstance(query, str):
+            raise InvalidArgumentError("rerank needs the query as text (a reranker reads it)")
+        reranker = as_reranker(rerank)
+        depth = reranking.check_depth(opts.rerank_depth, top_k)
+        first = retrieve_many(kbs, query, depth, opts._replace(rerank=False, score_threshold=0.0))
+        return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
     modes = [_mode(kb, opts) for kb in kbs]
     specs = _spec_ids([kb.embedder_spec for kb in kbs])
     calls: list[tuple[Any, SearchOptions]] = []
@@ -103,6 +121,9 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
         futures = [pool.submit(kb.retrieve, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
         lists = [f.result() for f in futures]  # the first error raises, naming its knowledge base
     same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({kb.metric for kb in kbs}) == 1
+    if same and rerank is not False:  # each reranked by its default: one scale if one reranker
+        rerankers = [kb.reranker_spec for kb in kbs]
+        same = all(r == rerankers[0] for r in rerankers)
     merged_by = "score" if same else "rank"
     tagged: list[tuple[float, float, int, int, Hit]] = []
     for i, hits in enumerate(lists):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import storage
-from ..errors import FormatError, NotFoundError
+from ..errors import FormatError, InvalidArgumentError, NotFoundError
 from ..index import Index
 from . import shards as _shards
 from .locks import RWLock
@@ -53,6 +53,9 @@ class KbState:
     #: (search_type, fusion, vector_weight) of the configuration, resolved once
     defaults: tuple[str, str, float] = ("vector", "rrf", 0.7)
     by_name: dict[str, Segment] = field(default_factory=dict)
+    #: where this process keeps the float32 rows ("memory" / "disk"): the configuration's
+    #: ``vectors``, or the override the knowledge base was opened with (:func:`vectors_of`)
+    vectors: str = "memory"
 
     @classmethod
     def build(
@@ -64,6 +67,7 @@ class KbState:
         docs: dict[tuple[str, str], DocRef],
         index: Index | None,
         stale_text: bool = False,
+        vectors: str = "memory",
     ) -> KbState:
         cfg = manifest["config"]
         defaults = tuple(cfg.get(k, v) for k, v in SEARCH_DEFAULTS.items())
@@ -78,6 +82,7 @@ class KbState:
             [s.min_id for s in segments],
             defaults,
             {s.name: s for s in segments},
+            vectors,
         )
 
     # -- reading --------------------------------------------------------------------------
@@ -173,35 +178,42 @@ class KbState:
             docs,
             self.index if index is None else index,
             self.stale_text if stale_text is None else stale_text,
+            self.vectors,
         )
 
     def with_manifest(self, m: dict[str, Any]) -> KbState:
         """The same data under a manifest that changed only its configuration or pipelines."""
-        return KbState.build(self.name, self.path, m, self.segments, self.docs, self.index, self.stale_text)
+        return KbState.build(
+            self.name, self.path, m, self.segments, self.docs, self.index, self.stale_text, self.vectors
+        )
 
     # -- loading --------------------------------------------------------------------------------
     @classmethod
-    def load(cls, name: str, path: str) -> KbState:
+    def load(cls, name: str, path: str, vectors: str | None = None) -> KbState:
         """Reads the manifest, the segments and the index checkpoint, and brings the index up
         to the manifest (replaying the tail; rebuilding a missing text leg once).
+
+        ``vectors`` overrides the configuration's ``vectors`` for this process (see
+        :func:`vectors_of`); None opens the index as it was saved.
 
         Holds the reader lock (:func:`kbcore.storage.reading`) throughout, so a writer in
         another process does not delete the files of the manifest read here meanwhile; every
         file is validated (:func:`kbcore.storage.read_segments`): FormatError."""
         with storage.reading(path):
-            return cls._load_locked(name, path)
+            return cls._load_locked(name, path, vectors)
 
     @classmethod
-    def _load_locked(cls, name: str, path: str) -> KbState:
+    def _load_locked(cls, name: str, path: str, override: str | None) -> KbState:
         m = storage.load_manifest(path)
         cfg = m["config"]
+        vectors = vectors_of(cfg, override)
         segments = tuple(Segment(e, c, d) for e, c, d in storage.read_segments(path, m))
         index = None
         if m.get("index"):
             storage.check_entry(path, m["index"])
-            index = Index.load(os.path.join(path, m["index"]["path"]))
+            index = Index.load(os.path.join(path, m["index"]["path"]), vectors=vectors)
         elif cfg.get("dim"):
-            index = new_index(cfg, int(cfg["dim"]), path)
+            index = new_index(cfg, int(cfg["dim"]), path, vectors=vectors)
         stale_text = False
         if index is not None:
             _reconcile(path, index, segments, m["segments"])
@@ -210,7 +222,7 @@ class KbState:
             ):  # written before the text leg existed
                 index = _rebuild_text_leg(index, segments, cfg)
                 stale_text = True
-        return cls.build(name, path, m, segments, _doc_map(segments), index, stale_text)
+        return cls.build(name, path, m, segments, _doc_map(segments), index, stale_text, vectors)
 
 
 class StateCell:
@@ -224,9 +236,25 @@ class StateCell:
         self.state = state
 
 
-def new_index(cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: bool = False) -> Index:
-    """An empty index of a knowledge base's configuration; for a sharded knowledge base (at
-    ``path``) its ShardedIndex, loaded or created (see :func:`kbcore.engine.shards.open_index`)."""
+def vectors_of(cfg: dict[str, Any], override: str | None = None) -> str:
+    """Where a knowledge base's float32 rows live in this process: ``override`` ("memory" or
+    "disk", for a quantized, unsharded knowledge base; others keep "memory"), else the
+    configuration's ``vectors`` (absent: "memory")."""
+    if override is None:
+        return str(cfg.get("vectors", "memory"))
+    if override not in ("memory", "disk"):
+        raise InvalidArgumentError(f"unknown vectors {override!r}; expected 'memory', 'disk' or None")
+    if override == "disk" and (not cfg.get("quantization") or _shards.is_sharded(cfg)):
+        return "memory"
+    return override
+
+
+def new_index(
+    cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: bool = False, vectors: str | None = None
+) -> Index:
+    """An empty index of a knowledge base's configuration (its rows where ``vectors`` says,
+    default the configuration's); for a sharded knowledge base (at ``path``) its ShardedIndex,
+    loaded or created (see :func:`kbcore.engine.shards.open_index`)."""
     if _shards.is_sharded(cfg):
         assert path is not None
         return _shards.open_index(path, cfg, dim, fresh=fresh)
@@ -239,6 +267,7 @@ def new_index(cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: 
         ef=cfg["ef"],
         quantization=cfg.get("quantization"),
         bits=cfg.get("bits"),
+        vectors=vectors if vectors is not None else cfg.get("vectors", "memory"),
     )
 
 
@@ -286,7 +315,7 @@ def _rebuild_text_leg(index: Index, segments: tuple[Segment, ...], cfg: dict[str
     text leg; the vectors are re-added to a fresh index together with their text and
     metadata. Runs once: the next checkpoint (at the latest on close) persists the result.
     """
-    fresh = new_index(cfg, index.dim)
+    fresh = new_index(cfg, index.dim, vectors=index.vectors)
     for seg in segments:
         rows = np.flatnonzero(seg.live_mask())
         if len(rows):

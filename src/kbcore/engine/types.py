@@ -272,9 +272,14 @@ class SearchOptions(NamedTuple):
       embedder, or a precomputed embedding);
     - ``context_window``: each hit's ``content`` extended with up to this many chunks of the
       same document before and after it, in chunk order, read from the stored chunk texts
-      (0: none). A chunk is shown once per result list: a neighbour that is itself a hit, or
+      (0: none; None: the knowledge base's default, set at creation). A chunk is shown once
+      per result list: a neighbour that is itself a hit, or
       already shown around a better hit, is left out. ``metadata["context_chunks"]`` lists
       the ``chunk_index`` of the chunks the content holds.
+    - ``rerank``: None (the knowledge base's default reranker, if any, for a text query), True
+      (the default, required), False (no rerank) or a reranker / function ``(query, texts) ->
+      scores`` / spec; ``rerank_depth``: the first stage's candidates (default 50, at least
+      ``top_k``). See :mod:`kbcore.engine.reranking` and docs/rerankers.md.
 
     Values are checked when a search uses them; errors name the option. Immutable (a
     NamedTuple: cheap to build per call); ``opts._replace(deduplicate=True)`` derives one.
@@ -292,3 +297,5 @@ class SearchOptions(NamedTuple):
     window: int | None = None
     query_vector: Any = None
     context_window: int | None = None
+    rerank: Any = None
+    rerank_depth: int | None = None

@@ -143,6 +143,7 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "metric": _choice(s, "metric", "cosine", tuple(METRICS)),
         "index_kind": _choice(s, "index_kind", "hnsw", tuple(KINDS)),
         "quantization": _choice(s, "quantization", "none", ("none", *QUANTIZATIONS)),
+        "vectors": _choice(s, "vectors", "memory", ("memory", "disk")),
     }
     if out["chunk_overlap"] >= out["chunk_size"]:
         raise InvalidArgumentError(
@@ -152,6 +153,8 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidArgumentError(
             f"setting 'quantization' ({out['quantization']}) needs index_kind 'hnsw', got {out['index_kind']!r}"
         )
+    if out["vectors"] == "disk" and out["quantization"] == "none":
+        raise InvalidArgumentError("setting 'vectors' (disk) needs a 'quantization' (sq8 or rabitq), got 'none'")
     return out
 
 
@@ -243,6 +246,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             metric=s["metric"],
             index=s["index_kind"],
             quantization=None if s["quantization"] == "none" else s["quantization"],
+            vectors=s["vectors"],
             # a host model: vectors come from invoke_embedding; none: the built-in embedder
             embedder=False if s["embedding_model_uuid"] else None,
             description=f"LangBot knowledge base {kb_id}",
