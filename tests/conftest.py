@@ -34,6 +34,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_multiprocess_kb": "integration",
     "test_phase_timeout": "integration",
     "test_server": "integration",
+    "test_server_views": "integration",
     "test_storage_faults": "integration",
     # property-based fuzzing, resident-memory and thread-interleaving checks
     "test_filters_compile": "slow",

@@ -201,3 +201,27 @@ def test_multi_kb_threads_give_the_sequential_answer(tmp_path, monkeypatch):
     with pytest.raises(NotFoundError):  # an error in a thread reaches the caller
         engine.retrieve(names, queries[0], top_k=5, pipelines=["nope"])
     engine.close()
+
+
+def test_multi_kb_reranks_once_over_the_merged_list(tmp_path):
+    engine = Engine(tmp_path / "r")
+    for name in ("x", "y", "z"):
+        kb = engine.create_knowledge_base(name, index="flat")
+        for i in range(6):
+            kb.ingest(text=f"{name} note {i} about rockets and engines, page {i}", document_id=f"{name}{i}")
+    calls = []
+
+    def by_length(query, texts):  # a reranker that prefers longer texts, then later ones
+        calls.append(len(texts))
+        return [len(t) + i * 1e-3 for i, t in enumerate(texts)]
+
+    got = engine.retrieve(["x", "y", "z"], "rockets", top_k=4, rerank=by_length, rerank_depth=5)
+    assert calls == [5]  # once, over the merged first stage of rerank_depth candidates
+    first = engine.retrieve(["x", "y", "z"], "rockets", top_k=5, rerank=False)
+    scores = by_length("rockets", [h.content for h in first])
+    want = [first[i] for i in sorted(range(5), key=lambda i: -scores[i])[:4]]
+    assert [(h.metadata["knowledge_base"], h.id) for h in got] == [(h.metadata["knowledge_base"], h.id) for h in want]
+    assert all(0.0 <= h.score <= 1.0 for h in got)
+    with pytest.raises(InvalidArgumentError, match="text"):
+        engine.retrieve(["x", "y"], np.zeros(384, np.float32), rerank=by_length)
+    engine.close()

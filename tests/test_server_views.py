@@ -163,7 +163,8 @@ def test_a_view_over_two_knowledge_bases_merges_them(url):
         ({"views": {"x": {"knowledge_bases": ["wiki"], "filter": [1]}}}, "view 'x': field 'filter'"),
         ({"views": {"x": {"knowledge_bases": ["wiki"], "context_window": -1}}}, "view 'x': field 'context_window'"),
         ({"views": {"x": {"knowledge_bases": ["wiki"], "api_keys_env": "UNSET_VAR_H11"}}}, "'UNSET_VAR_H11'"),
-        ({"views": {"x": {"knowledge_bases": ["wiki"], "reranker": "cohere"}}}, "view 'x': field 'reranker'"),
+        ({"views": {"x": {"knowledge_bases": ["wiki"], "reranker": "no-such-kind"}}}, "view 'x': field 'reranker'"),
+        ({"views": {"x": {"knowledge_bases": ["wiki"], "reranker": 3}}}, "view 'x': field 'reranker'"),
         ({"views": {"x": ["wiki"]}}, "view 'x': must be an object"),
         ({"view": {}}, '{"views"'),
     ],
@@ -204,3 +205,26 @@ def test_a_knowledge_base_is_served_with_its_own_context_window_and_parents(url,
     rec = _post(url, ADMIN, "pc", query="deploys", top_k=1).json()["records"][0]
     child = engine["pc"].retrieve("deploys", 1)[0]
     assert rec["content"] == child.content and len(rec["content"]) > 256
+
+
+def test_a_view_reranks_its_merged_list_once_and_falls_back_when_the_reranker_fails(engine):
+    from rerank_server import fake_rerank_server, relevance
+
+    from kbcore.rerankers import HttpReranker, reranker_spec
+
+    with fake_rerank_server("cohere") as srv:
+        spec = reranker_spec(HttpReranker("rr", base_url=srv.url, api_key_env=None, max_retries=0))
+        views = {"views": {"both": {"knowledge_bases": ["handbook", "wiki"], "reranker": spec}}}
+        query = "how do backups work"
+        with running(create_app(engine, [ADMIN], views=views)) as (url, _):
+            records = _post(url, ADMIN, "both", query=query, top_k=4).json()["records"]
+            assert len(srv.requests) == 1  # one rerank call over the merged candidates
+            assert {r["metadata"]["knowledge_base"] for r in records} <= {"handbook", "wiki"}
+            assert [r["score"] for r in records] == sorted(
+                (relevance(query, r["content"]) for r in records), reverse=True
+            )
+            srv.plan = [(503, {"message": "overloaded"})]
+            fallback = _post(url, ADMIN, "both", query=query, top_k=4).json()["records"]
+            first = engine.retrieve(["handbook", "wiki"], query, 4, rerank=False)
+            assert [r["content"] for r in fallback] == [h.content for h in first]
+            assert all(r["metadata"]["reranked"] is False and "503" in r["metadata"]["rerank_error"] for r in fallback)
