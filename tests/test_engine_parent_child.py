@@ -151,3 +151,11 @@ def test_old_manifests_load_as_plain_chunks(tmp_path):
     kb.ingest(text=_text(3), document_id="a")
     assert "index_type" not in kb.info() and "parent_index" not in kb.retrieve("orchids", 1)[0].metadata
     engine.close()
+
+
+def test_parent_child_refuses_question_answer_pairs(tmp_path):
+    engine = Engine(tmp_path / "d")
+    kb = engine.create_knowledge_base("pc", index_type="parent_child")
+    with pytest.raises(InvalidArgumentError, match="parent_child"):
+        kb.ingest_qa(b"question,answer\nwhy?,because\n", filename="qa.csv")
+    engine.close()

@@ -71,6 +71,7 @@ _CORE_LEAVES = {
     "kbcore.parsers.structure": {"kbcore.sections"},
     "kbcore.parsers.tables": {"kbcore.sections", "kbcore.parsers.archive"},
     "kbcore.parsers.office": {"kbcore.sections", "kbcore.parsers.archive"},
+    "kbcore.parsers.qa": {"kbcore.parsers.archive", "kbcore.parsers.tables"},
     "kbcore.fusion": set(),
     # The embedders module is the one front door to its two optional backends.
     "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai"},
@@ -114,6 +115,7 @@ _ENGINE = {
         "kbcore.chunking",
         "kbcore.sections",
         "kbcore.embedders",
+        "kbcore.parsers.qa",
         _E + "segments",
         _E + "types",
     },

@@ -218,6 +218,30 @@ def _pipelines(c: _Check, pipes: dict[str, Any]) -> None:
         if not _PIPELINE_NAME.match(name):
             raise c.fail("pipelines", f"has an invalid pipeline name {name!r}")
         _chunking(c, p, f"pipelines.{name}")
+        steps = c.get(p, "steps", f"pipelines.{name}.steps", optional=True)
+        if steps is not _MISSING:
+            _steps(c, steps, f"pipelines.{name}.steps")
+
+
+def _steps(c: _Check, steps: Any, field: str) -> None:
+    """A pipeline's ``steps``: 1-10 of {"name", "intermediate"}, names unique, "parse" only
+    first, "chunk" exactly once and before every user step."""
+    if not isinstance(steps, list) or not 1 <= len(steps) <= 10:
+        raise c.fail(field, f"must be a list of 1 to 10 steps, got {steps!r:.80}")
+    seen: list[str] = []
+    for i, step in enumerate(steps):
+        f = f"{field}[{i}]"
+        c.dict_(step, f)
+        name = c.str_(c.get(step, "name", f"{f}.name"), f"{f}.name")
+        if not _PIPELINE_NAME.match(name) or name in seen:
+            raise c.fail(f"{f}.name", f"must be a valid, unique step name, got {name!r}")
+        if not isinstance(c.get(step, "intermediate", f"{f}.intermediate"), bool):
+            raise c.fail(f"{f}.intermediate", "must be true or false")
+        if (name == "parse" and i != 0) or (name not in ("parse", "chunk") and "chunk" not in seen):
+            raise c.fail(f"{f}.name", f"is {name!r} out of order (parse first, user steps after chunk)")
+        seen.append(name)
+    if "chunk" not in seen:
+        raise c.fail(field, "has no 'chunk' step")
 
 
 def _segment(c: _Check, seg: Any, f: str, gen: int, seen: set[str]) -> int:

@@ -195,6 +195,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print(f"created knowledge base {args.kb!r} in {engine.path}; embedder: {used}")
     if args.pipeline not in kb.pipelines:
         kb.create_pipeline(args.pipeline)
+    if args.qa:
+        return _ingest_qa(args, engine, kb, metadata)
     files = _expand(args.paths)
     if not files:
         raise SystemExit("kbcore ingest: no supported files found")
@@ -205,6 +207,27 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     chunks = sum(r.chunks for r in results)
     replaced = sum(r.replaced for r in results)
     print(f"ingested {len(results)} documents ({replaced} replaced), {chunks} chunks into {args.kb!r} in {dt:.2f} s")
+    engine.close()
+    return 0
+
+
+def _ingest_qa(args: argparse.Namespace, engine: Any, kb: Any, metadata: Any) -> int:
+    """``kbcore ingest --qa FILE...``: each file's question-answer rows as one document (its
+    path as given is the document id), each file atomically, in order."""
+    t0 = time.perf_counter()
+    chunks = 0
+    for path in args.paths:
+        res = kb.ingest_qa(
+            path,
+            question_column=args.question_column,
+            answer_column=args.answer_column,
+            metadata=metadata,
+            pipeline=args.pipeline,
+        )
+        chunks += res.chunks
+        print(f"{path}: {res.chunks} question-answer pairs{' (replaced)' if res.replaced else ''}")
+    dt = time.perf_counter() - t0
+    print(f"ingested {len(args.paths)} QA files, {chunks} pairs into {args.kb!r} in {dt:.2f} s")
     engine.close()
     return 0
 
@@ -306,6 +329,14 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     ing.add_argument("--data", default=None, help=data_help)
     ing.add_argument("--metadata", default=None, help="JSON object added to every document's metadata")
     ing.add_argument("--pipeline", default="default")
+    ing.add_argument(
+        "--qa",
+        action="store_true",
+        help="the PATHs are question-answer files (.csv .tsv .jsonl .xlsx): the question is searched, "
+        "the answer returned (docs/qa.md)",
+    )
+    ing.add_argument("--question-column", default="question", help="with --qa: the question column")
+    ing.add_argument("--answer-column", default="answer", help="with --qa: the answer column")
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
     ing.add_argument("--index", default="hnsw", choices=KINDS, help="for a new knowledge base")

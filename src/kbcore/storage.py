@@ -421,6 +421,11 @@ _CHUNK_COLUMNS = {
     "document_id": (_is_text, False),
     "pipeline_name": (_is_text, False),
 }
+#: Chunk columns that only some segments have (checked when present).
+_OPTIONAL_CHUNK_COLUMNS = {
+    "__content": (_is_text, True),
+    "__steps": (_is_text, True),
+}
 _DOC_COLUMNS = {
     "document_id": (_is_text, False),
     "pipeline_name": (_is_text, False),
@@ -433,11 +438,12 @@ _DOC_COLUMNS = {
 }
 
 
-def _check_schema(table: Any, columns: dict[str, Any], path: str) -> None:
+def _check_schema(table: Any, columns: dict[str, Any], path: str, optional: dict[str, Any] | None = None) -> None:
     names = set(table.column_names)
     if len(names) != len(table.column_names):
         raise FormatError(errno.EIO, f"knowledge base file {path!r} repeats a column name")
-    for col, (test, nullable) in columns.items():
+    checks = list(columns.items()) + [kv for kv in (optional or {}).items() if kv[0] in names]
+    for col, (test, nullable) in checks:
         if col not in names:
             raise FormatError(errno.EIO, f"knowledge base file {path!r} has no column {col!r}")
         c = table.column(col)
@@ -469,7 +475,7 @@ def read_segments(dirpath: str, manifest: dict[str, Any]) -> list[tuple[dict[str
         docs = read_arrow(dirpath, entry["files"]["docs"])
         cpath = os.path.join(dirpath, entry["files"]["chunks"]["path"])
         dpath = os.path.join(dirpath, entry["files"]["docs"]["path"])
-        _check_schema(chunks, _CHUNK_COLUMNS, cpath)
+        _check_schema(chunks, _CHUNK_COLUMNS, cpath, _OPTIONAL_CHUNK_COLUMNS)
         _check_schema(docs, _DOC_COLUMNS, dpath)
         if chunks.num_rows != entry["rows"]:
             raise FormatError(

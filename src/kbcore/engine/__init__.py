@@ -65,6 +65,7 @@ from .types import (
     KeyResult,
     PreparedDocument,
     SearchOptions,
+    Step,
     TextResult,
     is_valid_name,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "default_data_dir",
     "score_from_distance",
     "SearchOptions",
+    "Step",
     "PreparedDocument",
     "KbStats",
     "is_valid_name",

@@ -57,6 +57,10 @@ class ChunkBatch:
     user: Any = None
     filename_rows: Any = None
     text_list: list[str] | None = None
+    #: Optional per-chunk columns (pyarrow large_string arrays, nulls allowed): the content a
+    #: hit returns (QA answers), the stored intermediate step outputs (JSON).
+    contents: Any = None
+    steps: Any = None
 
     @property
     def rows(self) -> int:
@@ -85,6 +89,8 @@ class ChunkBatch:
             chunk_index=np.fromiter((c.index for p in docs for c in p.chunks), np.int64, n),
             user=_with_structure(user_metadata_table([p.metadata for p in docs], doc_of_row), docs),
             text_list=texts,
+            contents=_per_chunk(docs, "contents"),
+            steps=_per_chunk(docs, "steps"),
         )
 
     @classmethod
@@ -169,6 +175,20 @@ class ChunkBatch:
             filename_rows=fname_rows,
         )
         return batch, vecs
+
+
+def _per_chunk(docs: Sequence[PreparedDocument], field: str) -> Any:
+    """A large_string column of an optional per-chunk field of the documents (null where a
+    document has none), or None when no document has it."""
+    import pyarrow as pa
+
+    if all(getattr(p, field) is None for p in docs):
+        return None
+    values: list[str | None] = []
+    for p in docs:
+        got = getattr(p, field)
+        values.extend(got if got is not None else [None] * len(p.chunks))
+    return pa.array(values, pa.large_string())
 
 
 # -- documents -> prepared documents ---------------------------------------------------------
@@ -310,6 +330,103 @@ def prepare_all(
             seen.add(docs[0].archive)
             skipped[docs[0].archive] = skips
     return prepared, skipped
+
+
+def prepare_qa(
+    source: str | os.PathLike[str] | bytes,
+    pipeline: str,
+    *,
+    filename: str | None,
+    format: str | None,
+    question_column: str,
+    answer_column: str,
+    document_id: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> PreparedDocument:
+    """One document of question-answer pairs: a chunk per row whose text (embedded, searched
+    by BM25) is the question and whose content (what a hit returns) is the answer. The
+    document text is the pairs as ``Q: ...`` / ``A: ...`` blocks; each chunk spans its block.
+    Raises on a bad row, naming it, before anything is stored."""
+    from ..parsers.qa import read_qa
+
+    data, _, filename, path = read_source(Document(source, filename=filename))
+    assert data is not None
+    pairs = read_qa(
+        data,
+        filename=filename or path,
+        format=format,
+        question_column=question_column,
+        answer_column=answer_column,
+    )
+    if document_id is None:
+        document_id = filename or path or hashlib.sha256(data).hexdigest()[:16]
+    if not isinstance(document_id, str) or not document_id:
+        raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
+    meta = check_metadata(metadata)
+    if "question" in meta:
+        raise InvalidArgumentError("metadata key 'question' is reserved in QA pairs: a hit carries its question there")
+    blocks: list[str] = []
+    chunks: list[Chunk] = []
+    pos = 0
+    for i, pair in enumerate(pairs):
+        block = f"Q: {pair.question}\nA: {pair.answer}"
+        if blocks:
+            pos += 2
+        chunks.append(Chunk(pair.question, i, pos, pos + len(block), document_id))
+        blocks.append(block)
+        pos += len(block)
+    return PreparedDocument(
+        document_id,
+        pipeline,
+        filename or (os.path.basename(path) if path else None),
+        "\n\n".join(blocks),
+        "qa",
+        meta,
+        tuple(chunks),
+        contents=tuple(p.answer for p in pairs),
+    )
+
+
+def apply_steps(
+    prepared: PreparedDocument, steps: Sequence[Mapping[str, Any]], fns: Mapping[str, Any]
+) -> PreparedDocument:
+    """``prepared`` after its pipeline's user steps: each user step (after the chunk step)
+    maps every chunk's text to a new text, in order; the chunk keeps the last output. The
+    outputs of the steps stored as intermediates (``chunk``: the text before the user steps)
+    are kept per chunk as a JSON object. A pipeline without steps returns ``prepared``."""
+    if not steps:
+        return prepared
+    user = [s for s in steps if s["name"] not in ("parse", "chunk")]
+    keep_chunk = any(s["name"] == "chunk" and s.get("intermediate") for s in steps)
+    stored = keep_chunk or any(s.get("intermediate") for s in user)
+    if not user and not stored:
+        return prepared
+    new_chunks, records = [], []
+    for chunk in prepared.chunks:
+        text = chunk.text
+        record: dict[str, str] = {"chunk": text} if keep_chunk else {}
+        for step in user:
+            name = step["name"]
+            fn = fns.get(name)
+            if fn is None:
+                raise InvalidArgumentError(
+                    f"pipeline {prepared.pipeline!r}: step {name!r} has no function in this process; "
+                    f"give it with kb.set_step_function({prepared.pipeline!r}, {name!r}, fn)"
+                )
+            out = fn(text)
+            if not isinstance(out, str) or not out.strip():
+                raise InvalidArgumentError(
+                    f"pipeline {prepared.pipeline!r}: step {name!r} must return a non-empty str, got "
+                    f"{out!r:.80} for chunk {chunk.index} of document {prepared.document_id!r}"
+                )
+            text = out
+            if step.get("intermediate"):
+                record[name] = text
+        new_chunks.append(replace(chunk, text=text) if text != chunk.text else chunk)
+        records.append(json.dumps(record, ensure_ascii=False) if record else None)
+    return replace(
+        prepared, chunks=tuple(new_chunks), steps=tuple(records) if any(r is not None for r in records) else None
+    )
 
 
 def commit_groups(docs: list[PreparedDocument]) -> Iterator[list[PreparedDocument]]:

@@ -43,9 +43,11 @@ from .types import (
     KeyResult,
     PreparedDocument,
     SearchOptions,
+    Step,
     TextResult,
     check_choice,
     check_name,
+    check_steps,
 )
 
 
@@ -77,6 +79,8 @@ class KnowledgeBase:
         self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder, default_embedder)
         self._reranker = reranking.KbReranker(name, lambda: self._cell.state.manifest.get("reranker"))
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
+        #: (pipeline, step name) -> the user step's function (held in memory, not stored)
+        self._step_fns: dict[tuple[str, str], Callable[[str], str]] = {}
         self._builder.start()
 
     # -- properties ------------------------------------------------------------------------
@@ -152,8 +156,9 @@ class KnowledgeBase:
             self._reranker.attach(rr)
 
     @property
-    def pipelines(self) -> dict[str, dict[str, int]]:
-        """Pipeline name -> {"chunk_size", "chunk_overlap"}."""
+    def pipelines(self) -> dict[str, dict[str, Any]]:
+        """Pipeline name -> {"chunk_size", "chunk_overlap"} (and "steps", a list of {"name",
+        "intermediate"}, for a pipeline created with steps)."""
         return {k: dict(v) for k, v in self._cell.state.manifest["pipelines"].items()}
 
     def stats(self) -> KbStats:
@@ -223,10 +228,27 @@ class KnowledgeBase:
             self._builder.start()
 
     # -- pipelines ---------------------------------------------------------------------------
-    def create_pipeline(self, name: str, *, chunk_size: int | None = None, chunk_overlap: int | None = None) -> None:
+    def create_pipeline(
+        self,
+        name: str,
+        *,
+        chunk_size: int | None = None,
+        chunk_overlap: int | None = None,
+        steps: Sequence[Step | str] | None = None,
+    ) -> None:
         """Adds a named pipeline (its own chunking); its documents are retrieved together with
-        the others, and deduplication is per pipeline."""
+        the others, and deduplication is per pipeline.
+
+        ``steps`` (aidb's pipeline steps): a list of :class:`~kbcore.engine.Step`, e.g.
+        ``["parse", Step("chunk", intermediate=True), Step("summary", fn=summarize)]``:
+        ``"parse"`` (optional, first), ``"chunk"`` (required) and user steps, callables ``(text)
+        -> text`` run on each chunk in order; the last output is what is embedded and stored.
+        A step with ``intermediate=True`` keeps its output beside each chunk and
+        :meth:`retrieve_text` returns it in ``intermediate_steps``. The step list is stored in
+        the manifest; a user step's function is not: after reopening, give it again with
+        :meth:`set_step_function` before ingesting through the pipeline."""
         check_name(name, "pipeline")
+        records, fns = check_steps(steps) if steps is not None else ([], {})
         cfg = self._cell.state.config
         size, overlap = check_chunk_params(
             cfg["chunk_size"] if chunk_size is None else chunk_size,
@@ -238,9 +260,35 @@ class KnowledgeBase:
 
             def change(m: dict[str, Any]) -> None:
                 m["pipelines"][name] = {"chunk_size": size, "chunk_overlap": overlap}
+                if records:
+                    m["pipelines"][name]["steps"] = records
                 check_settings(m, self.name)  # before it is written: a bad one never opens
 
             commit.update_manifest(self._cell, change)
+            for step_name, fn in fns.items():
+                self._step_fns[(name, step_name)] = fn
+
+    def set_step_function(self, pipeline: str, step: str, fn: Callable[[str], str]) -> None:
+        """Gives the function of a user step of ``pipeline`` in this process (functions are
+        not stored: after reopening a knowledge base, give them again before ingesting)."""
+        steps = self._steps_of(pipeline)
+        if not any(s["name"] == step for s in steps) or step in ("parse", "chunk"):
+            raise NotFoundError(f"pipeline {pipeline!r} has no user step {step!r}")
+        if not callable(fn):
+            raise InvalidTypeError(f"fn must be a callable (text) -> text, got {type(fn).__name__}")
+        self._step_fns[(pipeline, step)] = fn
+
+    def _steps_of(self, pipeline: str) -> list[dict[str, Any]]:
+        """A pipeline's steps as the manifest records them ([] without steps)."""
+        cfg: dict[str, Any] = dict(self._cell.state.pipeline(pipeline))
+        return list(cfg.get("steps") or [])
+
+    def _run_steps(self, prepared: PreparedDocument) -> PreparedDocument:
+        steps = self._steps_of(prepared.pipeline)
+        if not steps:
+            return prepared
+        fns = {s: f for (p, s), f in self._step_fns.items() if p == prepared.pipeline}
+        return ingest.apply_steps(prepared, steps, fns)
 
     def delete_pipeline(self, name: str) -> int:
         """Removes a pipeline and every document ingested through it; returns chunks removed."""
@@ -301,6 +349,8 @@ class KnowledgeBase:
         embedder = self._embedder.require("ingest text")
         prepared, skipped = ingest.prepare_all(documents, pipeline, self._parents_of(pcfg), metadata)
         prepared = [self._split(p, pcfg) for p in prepared]
+        if pcfg.get("steps"):
+            prepared = [self._run_steps(p) for p in prepared]
         results: list[IngestResult] = []
         bar = ingest.progress(sum(len(p.chunks) for p in prepared), f"ingest {self.name}", progress)
         try:
@@ -381,19 +431,90 @@ class KnowledgeBase:
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         parents = self._parents_of(pcfg)
         prepared = ingest.prepare(doc, pipeline, parents["chunk_size"], parents["chunk_overlap"], None)
-        return self._split(prepared, pcfg)
+        return self._run_steps(self._split(prepared, pcfg))
 
     def _parents_of(self, pcfg: Mapping[str, int]) -> Mapping[str, int]:
         """The chunking that makes the documents' first chunks: the pipeline's, or for a
         parent-child knowledge base its parents (no overlap)."""
         parent = self._cell.state.config.get("parent_chunk_size")
-        return pcfg if parent is None else {"chunk_size": parent, "chunk_overlap": 0}
+        return pcfg if parent is None else {**pcfg, "chunk_size": parent, "chunk_overlap": 0}
 
     def _split(self, prepared: PreparedDocument, pcfg: Mapping[str, int]) -> PreparedDocument:
         """A parent-child knowledge base's document: its parents split into children."""
         if self._cell.state.config.get("parent_chunk_size") is None:
             return prepared
         return ingest.split_parents(prepared, pcfg["chunk_size"], pcfg["chunk_overlap"])
+
+    def prepare_qa(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        question_column: str = "question",
+        answer_column: str = "answer",
+        document_id: str | None = None,
+        filename: str | None = None,
+        format: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> PreparedDocument:
+        """Reads question-answer pairs as :meth:`ingest_qa` would, without embedding or
+        storing them: embed ``prepared.texts`` (the questions) elsewhere and store them with
+        :meth:`ingest_prepared`. Raises as :meth:`ingest_qa` on bad input; needs no embedder."""
+        self._check_open()
+        self._cell.state.pipeline(pipeline)
+        if self._cell.state.config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} is parent_child: question-answer pairs go to a knowledge base "
+                "with index_type='chunk'"
+            )
+        return ingest.prepare_qa(
+            source,
+            pipeline,
+            filename=filename,
+            format=format,
+            question_column=question_column,
+            answer_column=answer_column,
+            document_id=document_id,
+            metadata=metadata,
+        )
+
+    def ingest_qa(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        question_column: str = "question",
+        answer_column: str = "answer",
+        document_id: str | None = None,
+        filename: str | None = None,
+        format: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> IngestResult:
+        """Ingests question-answer pairs (a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.xlsx`` path,
+        or its bytes with ``filename=`` or ``format=``) as one document with a chunk per row:
+        the question is embedded and searched (vector and BM25), the answer is what a hit
+        returns as ``content``, with the question in ``metadata["question"]`` (LangRAG's
+        ``qa`` index, without the LLM). Columns are found by name in the header row (the
+        object keys for JSON lines). A bad row (missing column, empty question or answer)
+        raises InvalidArgumentError naming it, and nothing is stored; re-ingesting the
+        document id replaces it atomically (docs/qa.md)."""
+        embedder = self._embedder.require("ingest text")
+        prepared = self.prepare_qa(
+            source,
+            question_column=question_column,
+            answer_column=answer_column,
+            document_id=document_id,
+            filename=filename,
+            format=format,
+            metadata=metadata,
+            pipeline=pipeline,
+        )
+        bar = ingest.progress(len(prepared.chunks), f"ingest {self.name}", None)
+        try:
+            vectors = ingest.embed(prepared.texts, embedder, bar)
+        finally:
+            bar.close()
+        return self._commit_prepared([prepared], pipeline, vectors)[0]
 
     def ingest_prepared(self, prepared: PreparedDocument, vectors: Any) -> IngestResult:
         """Stores a :meth:`prepare` d document with its chunks' vectors ([len(prepared.texts),
@@ -564,21 +685,46 @@ class KnowledgeBase:
         self, query: str | Any, topk: int = 5, options: SearchOptions | None = None, **kwargs: Any
     ) -> list[TextResult]:
         """aidb's ``retrieve_text``: :meth:`retrieve_key` plus ``value``, the document's source
-        text, and ``chunk``, the text of the best matching chunk. Deduplicated by default, as
-        :meth:`retrieve_key`."""
+        text, ``chunk``, the text of the best matching chunk, and ``intermediate_steps``, the
+        stored outputs of that chunk's pipeline steps created with ``intermediate=True``
+        (``{"parse": <the document text>, "chunk": ..., "<user step>": ...}``; empty when no
+        step stores intermediates). Deduplicated by default, as :meth:`retrieve_key`: one
+        result per document, the winning part with its own ``part_ids`` and
+        ``intermediate_steps``; ``deduplicate=False`` returns every matching part with its
+        own."""
+        state = self._cell.state  # the snapshot the hits' rows are looked up in (immutable)
         hits = self.retrieve(query, retrieval.check_k(topk, "topk"), options, **_aidb(options, kwargs))
-        return [
-            TextResult(
-                h.document_id,
-                self.document_text(h.document_id, pipeline=h.pipeline_name),
-                h.distance,
-                h.part_ids or (h.chunk_index,),
-                h.pipeline_name,
-                h.score,
-                h.content,
+        out = []
+        for h in hits:
+            value = self.document_text(h.document_id, pipeline=h.pipeline_name)
+            out.append(
+                TextResult(
+                    h.document_id,
+                    value,
+                    h.distance,
+                    h.part_ids or (h.chunk_index,),
+                    h.pipeline_name,
+                    h.score,
+                    h.content,
+                    self._intermediate_steps(state, h, value),
+                )
             )
-            for h in hits
-        ]
+        return out
+
+    def _intermediate_steps(self, state: KbState, hit: Hit, value: str) -> dict[str, Any]:
+        """The stored step outputs of a hit's chunk (looked up in ``state``, else in the
+        current snapshot when the chunk was committed after it)."""
+        for st in (state, self._cell.state):
+            steps = st.manifest["pipelines"].get(hit.pipeline_name, {}).get("steps")
+            if not steps or not st.segments or hit.id < st.segments[0].min_id:
+                continue
+            seg, row = st.locate(hit.id)
+            if 0 <= row < seg.rows and int(seg.ids[row]) == hit.id:
+                out = seg.steps_of(row)
+                if any(s["name"] == "parse" and s.get("intermediate") for s in steps):
+                    out = {"parse": value, **out}
+                return out
+        return {}
 
     # -- documents ---------------------------------------------------------------------------
     def document_text(self, document_id: str, *, pipeline: str = DEFAULT_PIPELINE) -> str:

@@ -151,7 +151,7 @@ def with_context(state: KbState, hits: list[Hit], n: int) -> list[Hit]:
         rows.sort(key=lambda r: int(seg.chunk_index[r]))
         meta = dict(h.metadata)
         meta["context_chunks"] = [int(seg.chunk_index[r]) for r in rows]
-        content = "\n".join(seg.text_of(r) for r in rows)
+        content = "\n".join(seg.content_of(r) or seg.text_of(r) for r in rows)
         out.append(replace(h, content=content, metadata=meta))
     return out
 
@@ -264,11 +264,17 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
             score, dist = value, 1.0 - value
         else:
             score, dist = score_from_distance(value, metric), value
+        content = seg.text_of(row)
+        if seg.content is not None:  # a QA pair: its question was searched, its answer is returned
+            answer = seg.content_of(row)
+            if answer is not None:
+                meta["question"] = content
+                content = answer
         hits.append(
             new_hit(
                 cid,
                 meta["document_id"],
-                parent_text(state, cid, meta[PARENT_INDEX]) if parents else seg.text_of(row),
+                parent_text(state, cid, meta[PARENT_INDEX]) if parents else content,
                 meta,
                 dist,
                 score,

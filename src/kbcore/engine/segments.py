@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import storage
-from .types import GROUP_FIELD, INTERNAL_COLUMNS, PARENT_FIELD, PARENT_INDEX, PARENT_STRIDE, DocumentInfo
+from .types import (
+    EXTRA_CHUNK_COLUMNS,
+    GROUP_FIELD,
+    INTERNAL_COLUMNS,
+    PARENT_FIELD,
+    PARENT_INDEX,
+    PARENT_STRIDE,
+    DocumentInfo,
+)
 
 if TYPE_CHECKING:
     from .ingest import ChunkBatch
@@ -49,6 +57,8 @@ class Segment:
         "doc_ids",
         "doc_pipelines",
         "doc_live",
+        "content",
+        "steps",
     )
 
     def __init__(self, entry: dict[str, Any], chunks: Any, docs: Any) -> None:
@@ -71,6 +81,11 @@ class Segment:
         self.doc_ids: list[str] = docs.column("document_id").to_pylist()
         self.doc_pipelines: list[str] = docs.column("pipeline_name").to_pylist()
         self.doc_live = _liveness(len(counts), self.deleted)
+        names = chunks.column_names
+        # Optional columns, None when the segment has none (or only nulls): a QA pair's answer,
+        # a pipeline's stored intermediate step outputs.
+        self.content = _optional_text(chunks, "__content") if "__content" in names else None
+        self.steps = _optional_text(chunks, "__steps") if "__steps" in names else None
 
     @classmethod
     def read(cls, dirpath: str, entry: dict[str, Any]) -> Segment:
@@ -134,8 +149,32 @@ class Segment:
 
     def index_rows(self, rows: np.ndarray) -> tuple[np.ndarray, Any, list[str]]:
         """(ids, metadata table, texts) of some rows, as :meth:`Index.add` takes them."""
-        meta = self.chunks.take(rows).drop_columns(list(INTERNAL_COLUMNS))
+        meta = self.chunks.take(rows).drop_columns(internal_columns(self.chunks))
         return self.ids[rows], meta, text_list(self.text.take(rows))
+
+    def content_of(self, row: int) -> str | None:
+        """The text a hit on this row returns instead of its searched text (a QA pair's
+        answer), or None."""
+        if self.content is None or not self.content[row].is_valid:
+            return None
+        return self.content[row].as_py()
+
+    def steps_of(self, row: int) -> dict[str, Any]:
+        """The stored intermediate step outputs of one chunk row (step name -> output)."""
+        if self.steps is None or not self.steps[row].is_valid:
+            return {}
+        return json.loads(self.steps[row].as_py())
+
+
+def internal_columns(table: Any) -> list[str]:
+    """The internal (non-metadata) columns of a chunk table."""
+    names = set(table.column_names)
+    return list(INTERNAL_COLUMNS) + [c for c in EXTRA_CHUNK_COLUMNS if c in names]
+
+
+def _optional_text(chunks: Any, name: str) -> Any:
+    col = combined(chunks.column(name))
+    return None if col.null_count == len(col) else col
 
 
 def _liveness(ndocs: int, deleted: tuple[int, ...]) -> np.ndarray:
@@ -177,6 +216,10 @@ def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tupl
         if PARENT_INDEX in cols:  # a parent-child batch: the key grouping each parent's children
             parents = to_numpy(cols[PARENT_INDEX], np.int64)
             cols[PARENT_FIELD] = pa.array(np.repeat(groups, batch.counts) * PARENT_STRIDE + parents)
+    if batch.contents is not None:
+        cols["__content"] = batch.contents
+    if batch.steps is not None:
+        cols["__steps"] = batch.steps
     chunks = pa.table(cols)
     doc_table = pa.table(
         {
@@ -191,7 +234,7 @@ def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tupl
             "ingested_at": pa.array(np.full(ndocs, time.time())),
         }
     )
-    return chunks, chunks.drop_columns(list(INTERNAL_COLUMNS)), doc_table
+    return chunks, chunks.drop_columns(internal_columns(chunks)), doc_table
 
 
 def live_tables(segments: tuple[Segment, ...]) -> tuple[Any, Any] | None:

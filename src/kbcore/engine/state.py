@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import storage
 from ..errors import FormatError, InvalidArgumentError, NotFoundError
-from ..index import Index
+from ..index import Index, Vectors
 from . import shards as _shards
 from .locks import RWLock
 from .manifest import checkpoint_rows, tail_rows
@@ -236,17 +236,17 @@ class StateCell:
         self.state = state
 
 
-def vectors_of(cfg: dict[str, Any], override: str | None = None) -> str:
+def vectors_of(cfg: dict[str, Any], override: str | None = None) -> Vectors:
     """Where a knowledge base's float32 rows live in this process: ``override`` ("memory" or
     "disk", for a quantized, unsharded knowledge base; others keep "memory"), else the
     configuration's ``vectors`` (absent: "memory")."""
     if override is None:
-        return str(cfg.get("vectors", "memory"))
+        return "disk" if cfg.get("vectors") == "disk" else "memory"  # the manifest check allows only these
     if override not in ("memory", "disk"):
         raise InvalidArgumentError(f"unknown vectors {override!r}; expected 'memory', 'disk' or None")
     if override == "disk" and (not cfg.get("quantization") or _shards.is_sharded(cfg)):
         return "memory"
-    return override
+    return "disk" if override == "disk" else "memory"
 
 
 def new_index(
@@ -267,7 +267,7 @@ def new_index(
         ef=cfg["ef"],
         quantization=cfg.get("quantization"),
         bits=cfg.get("bits"),
-        vectors=vectors if vectors is not None else cfg.get("vectors", "memory"),
+        vectors=vectors_of(cfg, vectors),
     )
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import fusion as _fusion
 from ..chunking import Chunk
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidTypeError
 
 #: Metadata fields the engine sets on every chunk; user metadata may not use these names.
 RESERVED_METADATA = ("document_id", "file_id", "chunk_index", "filename", "pipeline_name")
@@ -30,6 +30,15 @@ RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD, PARENT_INDEX, PARENT_FIE
 INDEX_TYPES = ("chunk", "parent_child")
 #: Columns of a segment's chunk table that are not chunk metadata.
 INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
+#: Optional internal columns of a segment's chunk table (absent from older segments):
+#: ``__content``, the text a hit returns when it is not the searched text (a QA pair's
+#: answer; the searched ``__text`` is its question), and ``__steps``, the JSON object of a
+#: pipeline's stored intermediate step outputs for the chunk.
+EXTRA_CHUNK_COLUMNS = ("__content", "__steps")
+#: The built-in steps of a pipeline (docs/engine.md, "Pipelines with steps").
+BUILTIN_STEPS = ("parse", "chunk")
+#: The most steps a pipeline may have (aidb's limit: step_1 ... step_10).
+MAX_STEPS = 10
 DEFAULT_PIPELINE = "default"
 
 #: ``retrieve``'s search types and hybrid fusions (defined with the fusions).
@@ -145,7 +154,9 @@ class KeyResult:
 @dataclass(frozen=True, slots=True)
 class TextResult:
     """aidb-style result of :meth:`KnowledgeBase.retrieve_text`: ``value`` is the source text
-    of the document, ``chunk`` the text of its best matching chunk."""
+    of the document, ``chunk`` the text of its best matching chunk. ``intermediate_steps``
+    holds, for that chunk, the output of each step of its pipeline that was created with
+    ``intermediate=True`` (step name -> text), empty when no step stores intermediates."""
 
     key: str
     value: str
@@ -154,6 +165,7 @@ class TextResult:
     pipeline_name: str
     score: float
     chunk: str
+    intermediate_steps: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +257,32 @@ class PreparedDocument:
     chunks: tuple[Chunk, ...]
     #: The id of the ``.zip`` this document is a member of, else None.
     archive: str | None = None
+    #: Per chunk, the text a hit returns instead of the searched chunk text (a QA pair's
+    #: answer), or None for all chunks.
+    contents: tuple[str, ...] | None = None
+    #: Per chunk, the JSON object of its stored intermediate step outputs, or None.
+    steps: tuple[str | None, ...] | None = None
 
     @property
     def texts(self) -> list[str]:
         """The chunks' texts (what to embed), in chunk order."""
         return [c.text for c in self.chunks]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a pipeline (:meth:`KnowledgeBase.create_pipeline`).
+
+    ``name`` is ``"parse"`` or ``"chunk"`` (the built-in steps, ``fn`` None) or a user step's
+    name with ``fn``, a callable ``(text) -> text`` run on each chunk after the chunk step (a
+    summary, a clean-up). ``intermediate=True`` stores the step's output beside each chunk
+    (aidb's ``intermediate_destination``); ``retrieve_text`` returns it in
+    ``intermediate_steps``.
+    """
+
+    name: str
+    fn: Callable[[str], str] | None = None
+    intermediate: bool = False
 
 
 class SearchOptions(NamedTuple):
@@ -299,3 +332,41 @@ class SearchOptions(NamedTuple):
     context_window: int | None = None
     rerank: Any = None
     rerank_depth: int | None = None
+
+
+def check_steps(steps: Any) -> tuple[list[dict[str, Any]], dict[str, Callable[[str], str]]]:
+    """(the steps as the manifest records them, the user steps' functions by name) of
+    ``create_pipeline(steps=...)``: a sequence of :class:`Step` (or step names); ``"parse"``
+    first if given, ``"chunk"`` exactly once and before every user step, names unique, at
+    most :data:`MAX_STEPS`. InvalidArgumentError / InvalidTypeError naming the step."""
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
+        raise InvalidTypeError(f"steps must be a list of Step, got {type(steps).__name__}")
+    if not 1 <= len(steps) <= MAX_STEPS:
+        raise InvalidArgumentError(f"a pipeline has 1 to {MAX_STEPS} steps, got {len(steps)}")
+    records: list[dict[str, Any]] = []
+    fns: dict[str, Callable[[str], str]] = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, str):
+            step = Step(step)
+        if not isinstance(step, Step):
+            raise InvalidTypeError(f"steps[{i}] must be a Step or a step name, got {type(step).__name__}")
+        name = check_name(step.name, "step")
+        if not isinstance(step.intermediate, bool):
+            raise InvalidTypeError(f"step {name!r}: intermediate must be True or False, got {step.intermediate!r}")
+        if any(r["name"] == name for r in records):
+            raise InvalidArgumentError(f"step {name!r} appears twice")
+        if name in BUILTIN_STEPS:
+            if step.fn is not None:
+                raise InvalidArgumentError(f"step {name!r} is built in: it takes no fn")
+            if name == "parse" and i != 0:
+                raise InvalidArgumentError("step 'parse' must be the first step")
+        else:
+            if not callable(step.fn):
+                raise InvalidArgumentError(f"step {name!r} needs fn, a callable (text) -> text")
+            if not any(r["name"] == "chunk" for r in records):
+                raise InvalidArgumentError(f"step {name!r} comes before 'chunk': user steps run on each chunk")
+            fns[name] = step.fn
+        records.append({"name": name, "intermediate": step.intermediate})
+    if not any(r["name"] == "chunk" for r in records):
+        raise InvalidArgumentError("a pipeline's steps must include 'chunk'")
+    return records, fns
