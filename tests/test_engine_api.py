@@ -200,3 +200,28 @@ def test_name_validation_is_one_public_rule():
     assert is_valid_name("docs") and is_valid_name("a.b_c-1") and is_valid_name("x" * 128)
     for bad in ("", "docs\n", "\ndocs", "x" * 129, ".hidden", "a/b", "é", None, 5):
         assert not is_valid_name(bad), bad
+
+
+def test_ingest_with_a_per_call_embedder(tmp_path):
+    """A knowledge base created without an embedder ingests files (a zip's members too) with
+    an embedder given per call; a different dimension is refused naming both."""
+    import io
+    import zipfile
+
+    from kbcore.embedders import HashingEmbedder
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("docs/a.md", "# Keys\n\nRotate the signing keys every 90 days.\n")
+        zf.writestr("docs/b.txt", "The cafeteria opens at noon.\n")
+    with Engine(tmp_path) as engine:
+        kb = engine.create_knowledge_base("ext", embedder=False)
+        res = kb.ingest(buf.getvalue(), filename="bundle.zip", document_id="bundle", embedder=HashingEmbedder(32))
+        assert sorted(m.document_id for m in res.members) == ["bundle/docs/a.md", "bundle/docs/b.txt"]
+        assert kb.dim == 32 and kb.embedder is None
+        hit = kb.retrieve(HashingEmbedder(32).embed(["signing keys rotation"])[0], top_k=1)[0]
+        assert hit.document_id == "bundle/docs/a.md" and hit.metadata["section"] == "Keys"
+        with pytest.raises(InvalidArgumentError, match="64-dimensional.*32-dimensional"):
+            kb.ingest(text="more", document_id="c", embedder=HashingEmbedder(64))
+        with pytest.raises(InvalidArgumentError, match="has no embedder"):
+            kb.ingest(text="more", document_id="c")

@@ -159,3 +159,15 @@ def test_parent_child_refuses_question_answer_pairs(tmp_path):
     with pytest.raises(InvalidArgumentError, match="parent_child"):
         kb.ingest_qa(b"question,answer\nwhy?,because\n", filename="qa.csv")
     engine.close()
+
+
+def test_parent_child_refuses_sync_rather_than_storing_children_without_parents(tmp_path):
+    engine = Engine(tmp_path / "d")
+    kb = engine.create_knowledge_base("pc", index_type="parent_child")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text(_text(5))
+    with pytest.raises(InvalidArgumentError, match="parent_child"):
+        kb.sync(str(folder))
+    assert len(kb) == 0
+    engine.close()

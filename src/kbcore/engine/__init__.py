@@ -64,8 +64,10 @@ from .types import (
     KbStats,
     KeyResult,
     PreparedDocument,
+    ReembedReport,
     SearchOptions,
     Step,
+    SyncReport,
     TextResult,
     is_valid_name,
 )
@@ -89,4 +91,6 @@ __all__ = [
     "PreparedDocument",
     "KbStats",
     "is_valid_name",
+    "SyncReport",
+    "ReembedReport",
 ]

@@ -305,6 +305,34 @@ def checkpoint(cell: StateCell, on_checkpoint: OnCheckpoint, graph_unsaved: bool
     _collect(cell)
 
 
+def switch_index(
+    cell: StateCell,
+    index: Index,
+    embedder_spec: dict[str, Any],
+    on_checkpoint: OnCheckpoint,
+    on_publish: Callable[[], None],
+) -> None:
+    """Makes ``index`` (built off to the side by :mod:`kbcore.engine.reembed`, holding every
+    live chunk) the knowledge base's index, with ``embedder_spec`` and its dimension: the index
+    is saved as the checkpoint of the next generation (every segment's vector file dropped),
+    then the manifest is committed. ``on_publish`` runs under ``RWLock.write()`` right before
+    the new state is published (the knowledge base swaps its embedder there)."""
+    state = cell.state
+    m = policy.next_generation(state.manifest)
+    m["config"]["dim"] = int(index.dim)
+    m["embedder"] = embedder_spec
+    with _transaction(cell) as txn:
+        txn.checkpoint(m, index, on_checkpoint)
+        _fault("index-written")
+        txn.commit_manifest(m)
+        _fault("manifest-committed")
+        new = state.applied(m, index=index, removed=(), stale_text=False)
+        with txn.exclusive():
+            on_publish()
+            txn.publish(new)
+    _collect(cell)
+
+
 def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
     state = cell.state
     if state.index is not None and policy.needs_compaction(state.manifest, len(state.index)):

@@ -29,6 +29,11 @@ class KbEmbedder:
         """Makes ``embedder`` the first candidate and resolves again."""
         self.current, self._problem = resolve(self._spec, (embedder, self._default))
 
+    def switch(self, spec: dict[str, Any], embedder: Embedder) -> None:
+        """Makes ``embedder`` (recorded as ``spec``) the knowledge base's embedder (a re-embed)."""
+        self._spec = spec
+        self.current, self._problem = embedder, None
+
     def require(self, what: str) -> Embedder:
         """The embedder, else InvalidArgumentError saying why the knowledge base cannot ``what``."""
         if self.current is not None:
@@ -46,8 +51,12 @@ class KbEmbedder:
         )
 
     def embed_query(self, text: str, what: str, dim: int | None) -> np.ndarray:
+        """A query's vector: ``embed_queries`` when the embedder has one (an asymmetric model
+        such as e5 embeds queries and passages differently), else ``embed``."""
         embedder = self.require(what)
-        return check_embeddings(embedder.embed([text]), 1, dim, repr(embedder))[0]
+        fn = getattr(embedder, "embed_queries", None)
+        out = fn([text]) if callable(fn) else embedder.embed([text])
+        return check_embeddings(out, 1, dim, repr(embedder))[0]
 
 
 def _known_dim(embedder: Embedder) -> int | None:
@@ -58,7 +67,7 @@ def _known_dim(embedder: Embedder) -> int | None:
 
 def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]) -> tuple[Embedder | None, str | None]:
     """The embedder of a manifest's spec and, when there is none, why: a candidate with the same
-    spec, else one rebuilt from the spec (hashing, openai, minilm: no key is read, no request
+    spec, else one rebuilt from the spec (hashing, openai, minilm, e5: no key is read, no request
     sent), else a candidate of the same dimension, else a sentence-transformers model if it
     loads (None when it does not: text queries then say so)."""
     if spec is None or spec.get("kind") == "none":
@@ -67,7 +76,7 @@ def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]
         if candidate is not None and embedder_spec(candidate) == spec:
             return candidate, None
     problem = None
-    if spec.get("kind") in ("hashing", "openai", "minilm"):
+    if spec.get("kind") in ("hashing", "openai", "minilm", "e5"):
         try:
             return embedder_from_spec(spec), None
         except (ImportError, OSError, ValueError) as exc:  # e.g. kbcore[minilm] not installed here

@@ -61,6 +61,12 @@ class ChunkBatch:
     #: hit returns (QA answers), the stored intermediate step outputs (JSON).
     contents: Any = None
     steps: Any = None
+    #: Sync bookkeeping (:mod:`kbcore.engine.sync`), one entry per document, or None: the
+    #: id of the source item it came from, the hash of that item's content, and its chunks'
+    #: text hashes (``HASH_BYTES`` bytes per chunk, concatenated).
+    source_ids: list[str] | None = None
+    content_hashes: list[str] | None = None
+    chunk_hashes: list[bytes] | None = None
 
     @property
     def rows(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,17 +21,18 @@ import numpy as np
 
 from .. import storage
 from ..chunking import check_chunk_params
-from ..embedders import Embedder
+from ..embedders import Embedder, as_embedder, embedder_spec
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import Index
 from ..rerankers import as_reranker, reranker_spec
-from . import commit, ingest, reranking, retrieval, shards
+from . import commit, ingest, reembed, reranking, retrieval, shards, sync
 from .embedding import KbEmbedder
 from .graph_builder import GraphBuilder
 from .manifest import tail_rows
 from .segments import document_infos, document_text
 from .state import KbState, StateCell
+from .sync import Planned
 from .types import (
     DEFAULT_PIPELINE,
     FUSIONS,
@@ -42,8 +44,10 @@ from .types import (
     KbStats,
     KeyResult,
     PreparedDocument,
+    ReembedReport,
     SearchOptions,
     Step,
+    SyncReport,
     TextResult,
     check_choice,
     check_name,
@@ -78,6 +82,8 @@ class KnowledgeBase:
         self._cell = StateCell(self._load())
         self._embedder = KbEmbedder(name, self._cell.state.manifest.get("embedder"), embedder, default_embedder)
         self._reranker = reranking.KbReranker(name, lambda: self._cell.state.manifest.get("reranker"))
+        #: Bumped when a re-embed switches the embedder (a query embedded before retries).
+        self._embed_epoch = 0
         self._builder = GraphBuilder(name, lambda: self._cell.state.index)
         #: (pipeline, step name) -> the user step's function (held in memory, not stored)
         self._step_fns: dict[tuple[str, str], Callable[[str], str]] = {}
@@ -310,6 +316,7 @@ class KnowledgeBase:
         pipeline: str = DEFAULT_PIPELINE,
         format: str | None = None,
         text: str | None = None,
+        embedder: Any = None,
     ) -> IngestResult:
         """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
         it atomically.
@@ -318,10 +325,11 @@ class KnowledgeBase:
         its type (the type also comes from the content: PDF and HTML are recognised); ``text``
         is already extracted text. Bad input (missing or empty file, bytes that do not decode,
         an unsupported type) raises before anything is stored. A ``.zip`` stores one document
-        per supported member (see :meth:`ingest_many` and docs/formats.md).
+        per supported member (see :meth:`ingest_many` and docs/formats.md). ``embedder``: as
+        :meth:`ingest_many`'s.
         """
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return self.ingest_many([doc], pipeline=pipeline, progress=False)[0]
+        return self.ingest_many([doc], pipeline=pipeline, progress=False, embedder=embedder)[0]
 
     def ingest_many(
         self,
@@ -330,6 +338,7 @@ class KnowledgeBase:
         pipeline: str = DEFAULT_PIPELINE,
         metadata: Mapping[str, Any] | None = None,
         progress: bool | None = None,
+        embedder: Any = None,
     ) -> list[IngestResult]:
         """Ingests many documents (paths, :class:`Document`, or dicts of its fields).
 
@@ -343,10 +352,21 @@ class KnowledgeBase:
         ``members`` and the skipped ones in ``skipped``. Re-ingesting the archive replaces its
         members and then deletes the members it no longer holds; ``delete_document(archive
         id)`` deletes them all (docs/formats.md).
+
+        ``embedder``: embeds this call's chunks instead of the knowledge base's own embedder (for
+        a knowledge base created without one whose vectors come from elsewhere, e.g. a host's
+        model); its vectors must have the knowledge base's dimension. Not recorded.
         """
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
-        embedder = self._embedder.require("ingest text")
+        call_embedder = None if embedder is None else as_embedder(embedder)
+        if call_embedder is None:
+            self._embedder.require("ingest text")  # fail before parsing anything
+        elif self.dim is not None and int(call_embedder.dim) != self.dim:
+            raise InvalidArgumentError(
+                f"embedder {call_embedder!r} makes {int(call_embedder.dim)}-dimensional vectors but knowledge "
+                f"base {self.name!r} holds {self.dim}-dimensional ones"
+            )
         prepared, skipped = ingest.prepare_all(documents, pipeline, self._parents_of(pcfg), metadata)
         prepared = [self._split(p, pcfg) for p in prepared]
         if pcfg.get("steps"):
@@ -355,8 +375,10 @@ class KnowledgeBase:
         bar = ingest.progress(sum(len(p.chunks) for p in prepared), f"ingest {self.name}", progress)
         try:
             for part in ingest.commit_groups(prepared):
-                vectors = ingest.embed([t for p in part for t in p.texts], embedder, bar)
-                results.extend(self._commit_prepared(part, pipeline, vectors))
+                spec = self._cell.state.manifest.get("embedder")  # before the embedder: see _same_embedder
+                emb = call_embedder if call_embedder is not None else self._embedder.require("ingest text")
+                vectors = ingest.embed([t for p in part for t in p.texts], emb, bar)
+                results.extend(self._commit_prepared(part, pipeline, vectors, embedded_with=spec))
         finally:
             bar.close()
         if not skipped:
@@ -531,10 +553,12 @@ class KnowledgeBase:
         return self._commit_prepared([prepared], prepared.pipeline, vecs)[0]
 
     def _commit_prepared(
-        self, docs: Sequence[PreparedDocument], pipeline: str, vectors: np.ndarray
+        self, docs: Sequence[PreparedDocument], pipeline: str, vectors: np.ndarray, *, embedded_with: Any = None
     ) -> list[IngestResult]:
         batch = ingest.ChunkBatch.from_prepared(docs, pipeline)
         with self._writing():
+            if embedded_with is not None:
+                vectors = self._same_embedder(embedded_with, [t for p in docs for t in p.texts], vectors)
             replaced = commit.ingest(self._cell, batch, vectors, self._builder.mark_saved)
         self._start_builder()
         return [IngestResult(p.document_id, pipeline, len(p.chunks), p.document_id in replaced, p.format) for p in docs]
@@ -594,6 +618,121 @@ class KnowledgeBase:
         self._start_builder()
         return len(batch.doc_ids)
 
+    # -- sync and re-embedding ------------------------------------------------------------------
+    def sync(
+        self,
+        source: Any,
+        *,
+        include: str | Sequence[str] | None = None,
+        exclude: str | Sequence[str] | None = None,
+        delete_missing: bool = True,
+        pipeline: str = DEFAULT_PIPELINE,
+        metadata: Mapping[str, Any] | None = None,
+        progress: bool | None = None,
+    ) -> SyncReport:
+        """Brings ``pipeline`` in line with ``source``: a folder (recursively; document ids are
+        the files' paths relative to it, ``/``-separated; ``include`` / ``exclude`` are glob
+        patterns, see :func:`kbcore.engine.sync.folder_items`) or an iterable of documents
+        (:class:`Document`, paths, dicts, or ``(id, content[, metadata])`` tuples).
+
+        A document whose content hash (bytes, chunking, metadata) is stored already is
+        skipped without parsing; a changed one is replaced, re-using the stored vector of
+        each chunk whose text did not change (no embedding call for it); a new one is added;
+        stored documents of the pipeline missing from the source are deleted unless
+        ``delete_missing=False``. Items that cannot be read or parsed are reported in
+        ``failed`` (their stored version stays). Commits in batches: a kill leaves the last
+        committed batch and a re-run completes the rest. See docs/sync.md.
+        """
+        self._check_open()
+        self._cell.state.pipeline(pipeline)
+        if self._cell.state.config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} is parent_child, which sync does not support yet: use "
+                "ingest_many (re-ingesting a document id replaces it) and delete_document"
+            )
+        if not isinstance(delete_missing, bool):
+            raise InvalidTypeError(f"delete_missing must be a bool, got {type(delete_missing).__name__}")
+        items = sync.source_items(source, include, exclude)
+        bar = ingest.progress(len(items), f"sync {self.name}", progress)
+        hooks = sync.Hooks(
+            state=lambda: self._cell.state,
+            embedder=lambda: self._embedder.require("sync text"),
+            commit=lambda planned, vectors, spec: self._commit_synced(planned, pipeline, vectors, spec),
+            delete=self._delete_live,
+            bar=bar,
+        )
+        try:
+            return sync.run(items, pipeline=pipeline, metadata=metadata, delete_missing=delete_missing, hooks=hooks)
+        finally:
+            bar.close()
+
+    def _commit_synced(self, planned: Planned, pipeline: str, vectors: np.ndarray, spec: Any) -> None:
+        batch = planned.batch(pipeline)
+        with self._writing():
+            texts = [c.text for p in planned.docs for c in p.chunks]
+            vectors = self._same_embedder(spec, texts, vectors)
+            commit.ingest(self._cell, batch, vectors, self._builder.mark_saved)
+        self._start_builder()
+
+    def _delete_live(self, keys: list[tuple[str, str]]) -> None:
+        with self._writing():
+            live = [k for k in keys if self._cell.state.doc(k) is not None]
+            if live:
+                commit.delete(self._cell, live, self._builder.mark_saved)
+
+    def _same_embedder(self, spec: Any, texts: list[str], vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` if the manifest still records ``spec`` (the embedder they were made
+        with); after a re-embed committed meanwhile, ``texts`` embedded again with the new
+        embedder. Call with the writer held (so no switch happens until the commit)."""
+        now = self._cell.state.manifest.get("embedder")
+        if now == spec:
+            return vectors
+        current = self._embedder.current
+        if current is None or embedder_spec(current) != now:
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} was re-embedded with {now} while this ingest embedded "
+                f"with {spec}: open it again (with that embedder) and ingest again"
+            )
+        return ingest.embed(texts, current, ingest.progress(0, "", False))
+
+    def reembed(self, embedder: Any, *, batch_size: int = 256, progress: bool | None = None) -> ReembedReport:
+        """Embeds every stored chunk's text again with ``embedder`` (an embedder, a callable or
+        a name, as ``Engine`` takes) into a new index of the same metric, kind and quantization
+        (any dimension), then switches to it atomically with one manifest commit that records
+        the new embedder. Searches use the old index until the switch, with no lock held while
+        embedding. Documents ingested or deleted meanwhile are caught up before the switch
+        (the chunks added are embedded with the new embedder under the writer lock), and an
+        ingest that embedded with the old embedder and commits after the switch embeds again.
+        A kill at any point leaves the old or the new knowledge base. Not for a sharded one."""
+        self._check_open()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
+        new = as_embedder(embedder)
+        spec = embedder_spec(new)
+        t0 = time.perf_counter()
+        state = self._cell.state
+        if shards.is_sharded(state.config):
+            raise InvalidArgumentError(f"knowledge base {self.name!r} is sharded: reembed supports unsharded ones")
+        old_dim = state.config.get("dim")
+        bar = ingest.progress(len(self), f"reembed {self.name}", progress)
+        try:
+            index, done, spent = reembed.build(state, new, batch_size=batch_size, bar=bar)
+            with self._writing():
+                caught, more = reembed.catch_up(index, self._cell.state, new, batch_size=batch_size, bar=bar)
+
+                def swap() -> None:
+                    self._embedder.switch(spec, new)
+                    self._embed_epoch += 1
+
+                commit.switch_index(self._cell, index, spec, self._builder.mark_saved, swap)
+                generation = self._cell.state.generation
+        finally:
+            bar.close()
+        self._start_builder()
+        return ReembedReport(
+            done + caught, caught, old_dim, int(index.dim), generation, spent + more, time.perf_counter() - t0
+        )
+
     # -- delete, compaction, checkpoint ------------------------------------------------------
     def delete_document(self, document_id: str, *, pipeline: str | None = None, missing_ok: bool = False) -> int:
         """Deletes a document's chunks (from every pipeline, or only ``pipeline``); returns the
@@ -645,13 +784,26 @@ class KnowledgeBase:
         self._check_open()
         reranker = self._reranker.choose(opts.rerank, query) if opts.rerank is not False else None
         if reranker is None:
-            return retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+            return self._first_stage(query, top_k, opts)
         top_k = retrieval.check_k(top_k, "top_k")
         depth = reranking.check_depth(opts.rerank_depth, top_k)
         # The threshold applies to the reranked scores, not the first stage's.
         first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
-        first = retrieval.retrieve(self._cell, query, depth, first_opts, self._embed_query)
+        first = self._first_stage(query, depth, first_opts)
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
+
+    def _first_stage(self, query: str | Any, top_k: int, opts: SearchOptions) -> list[Hit]:
+        """The search without a reranker, embedded again if a re-embed switched meanwhile."""
+        epoch = self._embed_epoch
+        try:
+            hits = retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        except InvalidArgumentError:  # e.g. a query of the old dimension met the new index
+            if self._embed_epoch == epoch:
+                raise
+            hits = None
+        if self._embed_epoch != epoch:  # a re-embed switched during this query: embed it again
+            hits = retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
+        return hits or []
 
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)

@@ -234,6 +234,13 @@ def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tupl
             "ingested_at": pa.array(np.full(ndocs, time.time())),
         }
     )
+    for col, values, typ in (
+        ("source_id", batch.source_ids, pa.string()),
+        ("content_hash", batch.content_hashes, pa.string()),
+        ("chunk_hashes", batch.chunk_hashes, pa.binary()),
+    ):
+        if values is not None:  # sync's bookkeeping; older segments lack it (read as null)
+            doc_table = doc_table.append_column(col, pa.array(values, typ))
     return chunks, chunks.drop_columns(internal_columns(chunks)), doc_table
 
 

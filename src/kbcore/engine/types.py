@@ -184,6 +184,41 @@ class IngestResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncReport:
+    """What :meth:`KnowledgeBase.sync` did: document ids by outcome, and chunk counts.
+
+    ``failed`` holds (source id, reason) for each source item that could not be read or
+    parsed (its stored version, if any, is kept). ``chunks_embedded`` counts the chunk texts
+    sent to the embedder, ``chunks_reused`` the chunks of changed documents whose stored
+    vector was kept because their text did not change.
+    """
+
+    added: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+    chunks_embedded: int = 0
+    chunks_reused: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReembedReport:
+    """What :meth:`KnowledgeBase.reembed` did: chunks embedded (``caught_up``: of them, the
+    chunks ingested while it ran, embedded under the writer lock before the switch), the old
+    and new dimensions, the new manifest generation and the seconds spent in the embedder
+    and in total."""
+
+    chunks: int
+    caught_up: int
+    old_dim: int | None
+    new_dim: int
+    generation: int
+    embed_seconds: float
+    total_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class DocumentInfo:
     """A stored document."""
 

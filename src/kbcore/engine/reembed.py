@@ -1,0 +1,97 @@
+"""Re-embedding: a new index generation built from the stored chunk texts with another
+embedder, while searches keep using the published index.
+
+:func:`build` embeds every live chunk of a snapshot into a fresh, unpublished index (the
+knowledge base's metric, kind and quantization; the new embedder's dimension) without any
+lock: the snapshot's segments are immutable and nothing else sees the new index. Under the
+writer, :func:`catch_up` brings it to the current state (embeds the chunks ingested since
+the snapshot, drops the chunks deleted since); :func:`kbcore.engine.commit.switch_index`
+then checkpoints it and commits the manifest that names it with the new embedder: the one
+commit point. A kill before it leaves the old knowledge base (the new index file is
+unreferenced and collected by the next commit), after it the new one.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..embedders import check_embeddings
+from ..index import Index
+from .segments import Segment, text_list
+from .state import KbState, new_index
+from .types import INTERNAL_COLUMNS
+
+
+def build(state: KbState, embedder: Any, *, batch_size: int, bar: Any) -> tuple[Index, int, float]:
+    """(the new index holding every live chunk of ``state``, chunks embedded, seconds spent
+    in ``embedder.embed``). Graph links are deferred (the graph builder makes them once the
+    index is published, as after an ingest)."""
+    dim = int(embedder.dim)
+    index = new_index(state.config, dim)
+    total, spent = 0, 0.0
+    for seg in state.segments:
+        n, s = _add_rows(index, seg, np.flatnonzero(seg.live_mask()), embedder, dim, batch_size, bar)
+        total, spent = total + n, spent + s
+    return index, total, spent
+
+
+def catch_up(index: Index, state: KbState, embedder: Any, *, batch_size: int, bar: Any) -> tuple[int, float]:
+    """Makes ``index`` hold exactly the live chunks of ``state`` (call with the writer held):
+    removes the chunks deleted since :func:`build`'s snapshot and embeds the ones added since.
+    Returns (chunks embedded, seconds in the embedder)."""
+    parts = [seg.ids[seg.live_mask()] for seg in state.segments]
+    live = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    have = index.ids()
+    extra = np.setdiff1d(have, live, assume_unique=True)
+    if len(extra):
+        index.remove(extra)
+    missing = np.setdiff1d(live, have, assume_unique=True)
+    total, spent = 0, 0.0
+    if not len(missing):
+        return 0, 0.0
+    dim = int(index.dim)
+    for seg in state.segments:
+        rows = np.flatnonzero(np.isin(seg.ids, missing, assume_unique=True))
+        n, s = _add_rows(index, seg, rows, embedder, dim, batch_size, bar)
+        total, spent = total + n, spent + s
+    return total, spent
+
+
+def _index_rows(seg: Segment, rows: np.ndarray) -> tuple[np.ndarray, Any, list[str]]:
+    """:meth:`Segment.index_rows`, with zero-copy slices for a contiguous run of rows (the
+    usual case: a segment without deleted documents), which saves an Arrow ``take`` per batch."""
+    lo, n = int(rows[0]), len(rows)
+    if int(rows[-1]) - lo + 1 != n:
+        return seg.index_rows(rows)
+    meta = seg.chunks.slice(lo, n).drop_columns(list(INTERNAL_COLUMNS))
+    return seg.ids[lo : lo + n], meta, text_list(seg.text.slice(lo, n))
+
+
+def _add_rows(
+    index: Index, seg: Segment, rows: np.ndarray, embedder: Any, dim: int, batch_size: int, bar: Any
+) -> tuple[int, float]:
+    """Embeds ``rows`` of ``seg`` batch by batch; each batch's ``Index.add`` (which releases
+    the GIL: storing rows, tokenizing the BM25 leg) runs on a worker thread while the next
+    batch is embedded, one add in flight at most (bounded memory; its error is re-raised
+    here). Returns (rows, seconds inside ``embedder.embed``)."""
+    spent = 0.0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed") as pool:
+        pending: Future[None] | None = None
+        for start in range(0, len(rows), batch_size):
+            part = rows[start : start + batch_size]
+            ids, meta, texts = _index_rows(seg, part)
+            t0 = time.perf_counter()
+            out = embedder.embed(texts)
+            spent += time.perf_counter() - t0
+            vectors = check_embeddings(out, len(texts), dim, repr(embedder))
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(index.add, vectors, ids, metadata=meta, texts=texts, defer_graph=True)
+            bar.update(len(part))
+        if pending is not None:
+            pending.result()
+    return int(len(rows)), spent
