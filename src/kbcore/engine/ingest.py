@@ -201,12 +201,17 @@ def _per_chunk(docs: Sequence[PreparedDocument], field: str) -> Any:
 
 
 def prepare(
-    doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
+    doc: Document,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> PreparedDocument:
     """Reads, parses and chunks one document and checks its metadata (``extra_meta`` first,
     the document's own on top). Raises on bad input before anything is stored; a ``.zip``
     (several documents) raises: :func:`prepare_documents` takes it."""
-    docs, _ = prepare_documents(doc, pipeline, chunk_size, chunk_overlap, extra_meta)
+    docs, _ = prepare_documents(doc, pipeline, chunk_size, chunk_overlap, extra_meta, chunking)
     if len(docs) != 1 or docs[0].archive is not None:
         raise InvalidArgumentError(
             f"{docs[0].archive!r} is a zip archive, which holds several documents: ingest it with ingest() "
@@ -216,19 +221,29 @@ def prepare(
 
 
 def prepare_documents(
-    doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
+    doc: Document,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> tuple[list[PreparedDocument], tuple[tuple[str, str], ...]]:
     """(the prepared documents of one input, its skipped archive members): one document, or
     for a ``.zip`` one per supported member, with id ``<archive id>/<path inside>``, filename
     ``<archive file name>/<path inside>`` and the metadata ``archive`` (the archive's id, unless
-    the metadata sets it). A bad member refuses the whole archive."""
+    the metadata sets it). A bad member refuses the whole archive. ``chunking``: the
+    pipeline's ``chunk_unit`` / ``separators`` (absent: characters, no separators)."""
     data, text, filename, path = read_source(doc)
     if text is None:
         assert data is not None
         fmt = doc.format or (detect_format(filename, data) if data.strip() else None)
         if fmt == "zip":
-            return _prepare_archive(doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta)
-    return [_prepare_one(doc, data, text, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta)], ()
+            return _prepare_archive(
+                doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta, chunking
+            )
+    return [
+        _prepare_one(doc, data, text, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta, chunking)
+    ], ()
 
 
 def _prepare_archive(
@@ -240,6 +255,7 @@ def _prepare_archive(
     chunk_size: int,
     chunk_overlap: int,
     extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> tuple[list[PreparedDocument], tuple[tuple[str, str], ...]]:
     archive = parse_archive(data, filename=filename)
     archive_id = doc.document_id or doc.filename or path or hashlib.sha256(data).hexdigest()[:16]
@@ -252,7 +268,7 @@ def _prepare_archive(
     for member in archive.members:
         p = member.parsed
         member_id = f"{archive_id}/{member.path}"
-        chunks = _chunks(p.text, p.sections, chunk_size, chunk_overlap, member_id)
+        chunks = _chunks(p.text, p.sections, chunk_size, chunk_overlap, member_id, chunking)
         out.append(
             PreparedDocument(
                 member_id,
@@ -268,13 +284,22 @@ def _prepare_archive(
     return out, archive.skipped
 
 
-def _chunks(text: str, sections: Any, chunk_size: int, chunk_overlap: int, document_id: str) -> list[Any]:
+def _chunks(
+    text: str,
+    sections: Any,
+    chunk_size: int,
+    chunk_overlap: int,
+    document_id: str,
+    chunking: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    opts = {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "document_id": document_id}
+    if chunking:
+        opts["chunk_unit"] = chunking.get("chunk_unit", "chars")
+        opts["separators"] = chunking.get("separators")
     if sections:
-        chunks: list[Any] = chunk_sections(
-            text, sections, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id
-        )
+        chunks: list[Any] = chunk_sections(text, sections, **opts)
     else:
-        chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
+        chunks = chunk_text(text, **opts)
     if not chunks:
         raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
     return chunks
@@ -290,6 +315,7 @@ def _prepare_one(
     chunk_size: int,
     chunk_overlap: int,
     extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> PreparedDocument:
     sections: Any = ()
     if text is not None:
@@ -309,7 +335,7 @@ def _prepare_one(
         raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
     metadata = check_metadata(extra_meta)
     metadata.update(check_metadata(doc.metadata))
-    chunks = _chunks(text, sections, chunk_size, chunk_overlap, document_id)
+    chunks = _chunks(text, sections, chunk_size, chunk_overlap, document_id, chunking)
     return PreparedDocument(document_id, pipeline, filename, text, fmt, metadata, tuple(chunks))
 
 
@@ -323,7 +349,7 @@ def prepare_all(
     seen: set[str] = set()
     for item in items:
         docs, skips = prepare_documents(
-            as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta
+            as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta, pcfg
         )
         for prep in docs:
             if prep.document_id in seen:

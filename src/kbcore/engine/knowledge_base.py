@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import storage
-from ..chunking import check_chunk_params
+from ..chunking import check_chunk_params, check_chunking
 from ..embedders import Embedder, as_embedder, embedder_spec
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
@@ -163,8 +163,9 @@ class KnowledgeBase:
 
     @property
     def pipelines(self) -> dict[str, dict[str, Any]]:
-        """Pipeline name -> {"chunk_size", "chunk_overlap"} (and "steps", a list of {"name",
-        "intermediate"}, for a pipeline created with steps)."""
+        """Pipeline name -> {"chunk_size", "chunk_overlap"} (and "chunk_unit" / "separators"
+        when set, and "steps", a list of {"name", "intermediate"}, for a pipeline created with
+        steps)."""
         return {k: dict(v) for k, v in self._cell.state.manifest["pipelines"].items()}
 
     def stats(self) -> KbStats:
@@ -241,6 +242,8 @@ class KnowledgeBase:
         chunk_size: int | None = None,
         chunk_overlap: int | None = None,
         steps: Sequence[Step | str] | None = None,
+        chunk_unit: str | None = None,
+        separators: Sequence[str] | None = None,
     ) -> None:
         """Adds a named pipeline (its own chunking); its documents are retrieved together with
         the others, and deduplication is per pipeline.
@@ -250,7 +253,9 @@ class KnowledgeBase:
         ``"parse"`` (optional, first), ``"chunk"`` (required) and user steps, callables ``(text)
         -> text`` run on each chunk in order; the last output is what is embedded and stored.
         A step with ``intermediate=True`` keeps its output beside each chunk and
-        :meth:`retrieve_text` returns it in ``intermediate_steps``. The step list is stored in
+        :meth:`retrieve_text` returns it in ``intermediate_steps``. ``chunk_unit`` /
+        ``separators`` as for :meth:`Engine.create_knowledge_base`; each of the four chunking
+        settings left None is the knowledge base's. The step list is stored in
         the manifest; a user step's function is not: after reopening, give it again with
         :meth:`set_step_function` before ingesting through the pipeline."""
         check_name(name, "pipeline")
@@ -260,12 +265,20 @@ class KnowledgeBase:
             cfg["chunk_size"] if chunk_size is None else chunk_size,
             cfg["chunk_overlap"] if chunk_overlap is None else chunk_overlap,
         )
+        unit, seps = check_chunking(
+            cfg.get("chunk_unit", "chars") if chunk_unit is None else chunk_unit,
+            cfg.get("separators") if separators is None else separators,
+        )
         with self._writing():
             if name in self._cell.state.manifest["pipelines"]:
                 raise InvalidArgumentError(f"pipeline {name!r} already exists in {self.name!r}")
 
             def change(m: dict[str, Any]) -> None:
                 m["pipelines"][name] = {"chunk_size": size, "chunk_overlap": overlap}
+                if unit != "chars":
+                    m["pipelines"][name]["chunk_unit"] = unit
+                if seps:
+                    m["pipelines"][name]["separators"] = list(seps)
                 if records:
                     m["pipelines"][name]["steps"] = records
                 check_settings(m, self.name)  # before it is written: a bad one never opens
@@ -450,7 +463,7 @@ class KnowledgeBase:
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return self._run_steps(ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None))
+        return self._run_steps(ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None, pcfg))
 
     def prepare_qa(
         self,

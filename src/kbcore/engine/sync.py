@@ -334,7 +334,7 @@ def run(
                 unchanged.append(sid)
                 continue
             prepared, _ = ingest.prepare_documents(
-                loaded, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata
+                loaded, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata, pcfg
             )
         except _ITEM_ERRORS as exc:
             failed.append((sid, _reason(exc)))
