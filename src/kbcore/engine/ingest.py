@@ -23,7 +23,7 @@ import numpy as np
 from ..chunking import Chunk, chunk_text
 from ..embedders import check_embeddings
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..parsing import detect_format, parse, parse_archive
+from ..parsing import detect_format, parse, parse_archive, parse_records
 from ..sections import chunk_sections
 from .segments import combined, to_numpy
 from .types import RESERVED, RESERVED_METADATA, Document, PreparedDocument
@@ -234,6 +234,12 @@ def prepare_documents(
     the metadata sets it). A bad member refuses the whole archive. ``chunking``: the
     pipeline's ``chunk_unit`` / ``separators`` (absent: characters, no separators)."""
     data, text, filename, path = read_source(doc)
+    if doc.rows_as_documents:
+        if data is None:
+            raise InvalidArgumentError("rows_as_documents needs a .csv, .tsv or .xlsx file, not text")
+        return _prepare_rows(doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta, chunking), ()
+    if doc.id_column is not None:
+        raise InvalidArgumentError("id_column is only used with rows_as_documents=True")
     if text is None:
         assert data is not None
         fmt = doc.format or (detect_format(filename, data) if data.strip() else None)
@@ -282,6 +288,42 @@ def _prepare_archive(
             )
         )
     return out, archive.skipped
+
+
+def _prepare_rows(
+    doc: Document,
+    data: bytes,
+    filename: str | None,
+    path: str | None,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None,
+) -> list[PreparedDocument]:
+    """One document per data row of a spreadsheet: id ``<file id>/<row id>``, text the row's
+    ``header: value`` lines, metadata the given metadata, then the row's typed cells, then
+    ``archive`` = the file id (which groups the rows for delete and re-ingest)."""
+    fmt = doc.format or detect_format(filename, data)
+    records = parse_records(data, filename=filename, format=fmt, id_column=doc.id_column)
+    file_id = doc.document_id or doc.filename or path or hashlib.sha256(data).hexdigest()[:16]
+    if not isinstance(file_id, str) or not file_id:
+        raise InvalidArgumentError(f"document_id must be a non-empty str, got {file_id!r}")
+    metadata = check_metadata(extra_meta)
+    metadata.update(check_metadata(doc.metadata))
+    out = []
+    for rec in records:
+        row_id = f"{file_id}/{rec.key}"
+        meta = dict(metadata)
+        meta.update(check_metadata(rec.fields))
+        meta["archive"] = file_id
+        chunks = _chunks(rec.text, (), chunk_size, chunk_overlap, row_id, chunking)
+        out.append(
+            PreparedDocument(
+                row_id, pipeline, filename, rec.text, fmt, meta, tuple(chunks), archive=file_id, archive_format=fmt
+            )
+        )
+    return out
 
 
 def _chunks(

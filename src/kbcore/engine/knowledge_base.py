@@ -330,6 +330,8 @@ class KnowledgeBase:
         format: str | None = None,
         text: str | None = None,
         embedder: Any = None,
+        rows_as_documents: bool = False,
+        id_column: str | None = None,
     ) -> IngestResult:
         """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
         it atomically.
@@ -340,8 +342,26 @@ class KnowledgeBase:
         an unsupported type) raises before anything is stored. A ``.zip`` stores one document
         per supported member (see :meth:`ingest_many` and docs/formats.md). ``embedder``: as
         :meth:`ingest_many`'s.
+
+        ``rows_as_documents=True`` (``.csv`` / ``.tsv`` / ``.xlsx``): each data row becomes its
+        own document ``<document_id>/<row id>`` (``id_column``'s value, else the row number;
+        ``<sheet>/<...>`` in a workbook) whose text is the row's ``header: value`` lines and
+        whose metadata holds its cells, typed (filterable); like a zip's members, the rows are
+        listed in the result's ``members``, replaced together on re-ingest and deleted together
+        by ``delete_document(document_id)`` (docs/formats.md).
         """
-        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
+        if not isinstance(rows_as_documents, bool):
+            raise InvalidTypeError(f"rows_as_documents must be a bool, got {type(rows_as_documents).__name__}")
+        doc = Document(
+            source,
+            document_id=document_id,
+            filename=filename,
+            metadata=metadata,
+            format=format,
+            text=text,
+            rows_as_documents=rows_as_documents,
+            id_column=id_column,
+        )
         return self.ingest_many([doc], pipeline=pipeline, progress=False, embedder=embedder)[0]
 
     def ingest_many(
@@ -414,7 +434,7 @@ class KnowledgeBase:
                 continue
             if prep.archive not in members:
                 members[prep.archive] = []
-                out.append(IngestResult(prep.archive, pipeline, 0, False, "zip"))
+                out.append(IngestResult(prep.archive, pipeline, 0, False, prep.archive_format))
             members[prep.archive].append(res)
         for archive_id, group in members.items():
             kept = {r.document_id for r in group}
@@ -432,7 +452,7 @@ class KnowledgeBase:
                 members=tuple(members[r.document_id]),
                 skipped=skipped.get(r.document_id, ()),
             )
-            if r.format == "zip" and r.document_id in members
+            if r.document_id in members and not r.members
             else r
             for r in out
         ]
