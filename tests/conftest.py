@@ -36,6 +36,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_server": "integration",
     "test_server_head_limit": "integration",
     "test_server_rerank": "integration",
+    "test_server_views": "integration",
     "test_storage_faults": "integration",
     "test_hybrid_quality": "integration",
     "test_ingest_arrow_validation": "integration",

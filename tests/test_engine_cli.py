@@ -84,3 +84,27 @@ def test_a_closed_stdout_pipe_ends_the_command_quietly():
     stderr = proc.stderr.decode()
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
     assert proc.returncode == 141, (proc.returncode, stderr)
+
+
+def test_parent_child_context_window_and_several_knowledge_bases(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KBCORE_HOME", str(tmp_path / "home"))
+    doc = tmp_path / "guide.md"
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+    doc.write_text("\n\n".join(f"Part {w}: the {w} procedure is described here in a few words." for w in words))
+    argv = ["ingest", str(doc), "--kb", "pc", "--index-type", "parent_child"]
+    assert main([*argv, "--parent-chunk-size", "130", "--child-chunk-size", "40"]) == 0
+    assert main(["ingest", str(doc), "--kb", "plain", "--chunk-size", "70", "--chunk-overlap", "0"]) == 0
+    capsys.readouterr()
+    assert main(["info", "--kb", "pc"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["index_type"], info["parent_chunk_size"], info["chunk_size"]) == ("parent_child", 130, 40)
+    assert main(["query", "delta procedure", "--kb", "pc", "--top-k", "1", "--json"]) == 0
+    hit = json.loads(capsys.readouterr().out)[0]
+    assert "Part delta" in hit["content"] and len(hit["content"]) > 40  # the parent, not the child
+    q = ["query", "delta procedure", "--kb", "plain", "--top-k", "1", "--json", "--search-type", "full_text"]
+    assert main([*q, "--context-window", "1"]) == 0
+    hit = json.loads(capsys.readouterr().out)[0]
+    assert "charlie" in hit["content"] and "delta" in hit["content"] and "echo" in hit["content"]
+    assert main(["query", "delta", "--kb", "plain", "--kb", "pc", "--top-k", "4", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert {h["metadata"]["knowledge_base"] for h in hits} == {"plain", "pc"}

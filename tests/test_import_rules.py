@@ -142,8 +142,11 @@ _ENGINE = {
     _E + "reembed": {"kbcore.embedders", "kbcore.index", _E + "segments", _E + "state", _E + "types"},
 }
 _ENGINE[_E + "knowledge_base"] = _CORE_ALL | set(_ENGINE)
+_ENGINE[_E + "multi"] = {_E + "retrieval", _E + "types", _E + "reranking", "kbcore.rerankers"}
 _ENGINE[_E + "directory"] = _CORE_ALL | {
     _E + "knowledge_base",
+    _E + "multi",
+    _E + "retrieval",
     _E + "commit",
     _E + "manifest",
     _E + "types",

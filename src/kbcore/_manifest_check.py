@@ -195,7 +195,33 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
     v = c.get(cfg, "vector_weight", "config.vector_weight", optional=True)
     if v is not _MISSING:
         c.num(v, "config.vector_weight", 0.0, 1.0)
+    _chunking_mode(c, cfg)
     return dim
+
+
+#: A knowledge base's chunking modes (absent: ``"chunk"``, as before parent-child existed).
+INDEX_TYPES = ("chunk", "parent_child")
+
+
+def _chunking_mode(c: _Check, cfg: dict[str, Any]) -> None:
+    """``index_type``, ``parent_chunk_size`` (parent-child only, above ``chunk_size``, the
+    children's size) and ``context_window`` (the default of retrieve)."""
+    v = c.get(cfg, "context_window", "config.context_window", optional=True)
+    if v is not _MISSING:
+        c.int_(v, "config.context_window", 0, _MAX_KNOB)
+    kind = c.get(cfg, "index_type", "config.index_type", optional=True)
+    kind = "chunk" if kind is _MISSING else c.choice(kind, "config.index_type", INDEX_TYPES)
+    parent = c.get(cfg, "parent_chunk_size", "config.parent_chunk_size", optional=True)
+    if kind == "chunk":
+        if parent is not _MISSING:
+            raise c.fail("config.parent_chunk_size", "is set, but index_type is 'chunk' (parent_child only)")
+        return
+    if parent is _MISSING:
+        raise c.fail("config.parent_chunk_size", "is missing (index_type 'parent_child' needs it)")
+    child = cfg["chunk_size"]
+    c.int_(parent, "config.parent_chunk_size", child + 1, _MAX_KNOB)
+    if cfg.get("shards") is not None:
+        raise c.fail("config.index_type", "is 'parent_child', which a sharded knowledge base does not support")
 
 
 def _pipelines(c: _Check, pipes: dict[str, Any]) -> None:

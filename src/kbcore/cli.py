@@ -193,6 +193,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             bits=args.bits,
             reranker=reranker,
             vectors=args.vectors,
+            index_type=args.index_type,
+            parent_chunk_size=args.parent_chunk_size,
+            child_chunk_size=args.child_chunk_size,
+            context_window=args.context_window,
         )
         if reranker is not None:
             print(f"default reranker: {kb.reranker_spec}")
@@ -260,19 +264,21 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--reranker and --no-rerank contradict each other; give one")
     reranker = _reranker_arg(args)
     engine = _engine(args)
-    kb = engine.get_knowledge_base(args.kb)
-    hits = kb.retrieve(
-        args.text,
-        top_k=args.top_k,
-        filters=filters,
-        deduplicate=args.dedup,
-        score_threshold=args.min_score,
-        search_type=args.search_type,
-        fusion=args.fusion,
-        vector_weight=args.vector_weight,
-        rerank=reranker if reranker is not None else args.rerank,
-        rerank_depth=args.rerank_depth,
-    )
+    opts = {
+        "filters": filters,
+        "deduplicate": args.dedup,
+        "score_threshold": args.min_score,
+        "search_type": args.search_type,
+        "fusion": args.fusion,
+        "vector_weight": args.vector_weight,
+        "context_window": args.context_window,
+        "rerank": reranker if reranker is not None else args.rerank,
+        "rerank_depth": args.rerank_depth,
+    }
+    if len(args.kb) == 1:
+        hits = engine.get_knowledge_base(args.kb[0]).retrieve(args.text, top_k=args.top_k, **opts)
+    else:  # several knowledge bases: merged (docs/engine.md)
+        hits = engine.retrieve(args.kb, args.text, top_k=args.top_k, **opts)
     if args.json:
         print(
             json.dumps(
@@ -360,6 +366,21 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     )
     ing.add_argument("--index", default="hnsw", choices=KINDS, help="for a new knowledge base")
     ing.add_argument(
+        "--index-type",
+        default="chunk",
+        choices=("chunk", "parent_child"),
+        help="for a new knowledge base: parent_child embeds small child chunks and returns their parents",
+    )
+    ing.add_argument("--parent-chunk-size", type=int, default=2048, help="for a new parent_child knowledge base")
+    ing.add_argument("--child-chunk-size", type=int, default=256, help="for a new parent_child knowledge base")
+    ing.add_argument(
+        "--context-window",
+        type=int,
+        default=0,
+        metavar="N",
+        help="for a new knowledge base: the default number of neighbouring chunks added to each hit",
+    )
+    ing.add_argument(
         "--quantization",
         default=None,
         choices=QUANTIZATIONS,
@@ -395,7 +416,9 @@ def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
 
     q = sub.add_parser("query", help="retrieve the chunks that best match a text")
     q.add_argument("text")
-    q.add_argument("--kb", required=True)
+    q.add_argument(
+        "--kb", required=True, action="append", help="knowledge base name (repeat it to query several, merged)"
+    )
     q.add_argument("--data", default=None, help=data_help)
     q.add_argument("--filter", default=None, help='JSON where filter, e.g. \'{"team": "infra"}\'')
     q.add_argument("--top-k", type=int, default=5)
@@ -419,6 +442,13 @@ def _add_query_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         type=float,
         default=None,
         help="weight of the vector leg in linear fusion, in [0, 1]; default: the knowledge base's",
+    )
+    q.add_argument(
+        "--context-window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="add the N chunks before and after each hit (same document); default: the knowledge base's",
     )
     add_reranker_argument(q)
     q.add_argument(
@@ -816,6 +846,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--views",
+        default=None,
+        metavar="FILE",
+        help="JSON file of views: knowledge ids scoping one or several knowledge bases with a fixed "
+        "filter, search type, top-k cap, score floor and their own keys (docs/dify.md)",
+    )
     add_embedder_arguments(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -843,8 +880,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             max_head_bytes=args.max_head_bytes,
             log_level=args.log_level,
             embedder=embedder,
+            views=args.views,
         )
-    except (ImportError, InvalidArgumentError) as exc:
+    except (ImportError, InvalidArgumentError, FileNotFoundError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)
         return 2
     return 0

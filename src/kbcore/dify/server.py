@@ -14,6 +14,11 @@ Request (JSON, what Dify 1.12 sends)::
                             "conditions": [{"name": ["team"], "comparison_operator": "is",
                                             "value": "infra"}]}}
 
+With ``views`` (``kbcore serve --views FILE``, :mod:`kbcore.dify.views`) a knowledge id may
+also name a view: one or several knowledge bases under a fixed filter (ANDed with Dify's
+condition), search type, top-k cap, score floor and context window, readable with that view's
+own keys only; the views file is checked in full at start.
+
 Response: ``{"records": [{"content", "score", "title", "metadata"}, ...]}``, best first.
 ``score`` is the engine's score in [0, 1]; records scoring below ``score_threshold`` are
 dropped here. ``title`` is the document's ``title`` metadata, else its filename, else its
@@ -27,7 +32,7 @@ Errors are ``{"error_code": int, "error_msg": str}`` with these codes:
 code  status  meaning
 ====  ======  =====================================================================
 1001  403     missing or malformed ``Authorization: Bearer <key>`` header (Dify)
-1002  403     the key is not one of the configured keys (Dify)
+1002  403     the key is not one of the configured keys (Dify), or may not read this id
 2001  404     no knowledge base named ``knowledge_id`` (Dify)
 3000  400     empty body: Dify's registration probe (the key is valid)
 3001  400     malformed request (not JSON, too deep, a missing or mistyped field)
@@ -97,6 +102,7 @@ from .request import (
     Request,
     parse_request,
 )
+from .views import View, load_views
 
 __all__ = [
     "API_KEYS_ENV",
@@ -334,6 +340,7 @@ class _Service:
         max_top_k: int,
         refresh_interval: float,
         body_timeout: float,
+        views: Mapping[str, View] | None = None,
     ) -> None:
         _check_limit("max_body_bytes", max_body_bytes, 1024, integer=True)
         _check_limit("max_top_k", max_top_k, 1, integer=True)
@@ -341,6 +348,8 @@ class _Service:
         _check_limit("body_timeout", body_timeout, 0.001, integer=False)
         self.engine = engine
         self.keys = _KeyRing(keys)
+        self.views = dict(views or {})
+        self.view_keys = {kid: _KeyRing(v.keys) for kid, v in self.views.items() if v.keys is not None}
         self.max_body_bytes = max_body_bytes
         self.max_top_k = max_top_k
         self.refresh_interval = float(refresh_interval)
@@ -360,15 +369,65 @@ class _Service:
             self._refreshed[kb.name] = now
         kb.refresh()
 
-    def handle(self, body: bytes) -> tuple[Request, list[dict[str, Any]]]:
+    def known(self, token: str) -> bool:
+        """Whether ``token`` is a server key or the key of some view (every ring checked)."""
+        ok = token in self.keys
+        for ring in self.view_keys.values():
+            ok |= token in ring
+        return ok
+
+    def handle(self, body: bytes, token: str | None = None) -> tuple[Request, list[dict[str, Any]]]:
         """Parses, translates and retrieves: all the CPU work of one request. Runs on a worker
-        thread. Raises ApiError."""
+        thread. Raises ApiError. ``token`` (None: a server key) decides which knowledge ids
+        it may read: a view's keys read that view only."""
         req = parse_request(body, self.max_top_k)
         try:
-            return req, self.retrieve(req)
+            view = self.views.get(req.knowledge_id)
+            ring = self.keys if view is None or view.keys is None else self.view_keys[view.knowledge_id]
+            if token is not None and token not in ring:
+                raise ApiError(403, E_AUTH_KEY, f"authorization failed: the API key may not read {req.knowledge_id!r}")
+            return req, (self.retrieve(req) if view is None else self.retrieve_view(req, view))
         except ApiError as err:
             err.knowledge_id = req.knowledge_id
             raise
+
+    def retrieve_view(self, req: Request, view: View) -> list[dict[str, Any]]:
+        """A view's request: its knowledge bases merged (:meth:`Engine.retrieve`), its filter
+        ANDed with Dify's, its search type, top-k cap, score floor and context window."""
+        top_k = req.top_k if view.top_k_max is None else min(req.top_k, view.top_k_max)
+        threshold = max(req.score_threshold, view.score_floor)
+        parts = [w for w in (view.filter, req.where) if w]
+        where = None if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+        try:
+            for name in view.knowledge_bases:
+                self._maybe_refresh(self.engine.get_knowledge_base(name))
+            if not req.query.strip():
+                return []
+            opts = {
+                "score_threshold": threshold,
+                "filters": where,
+                "search_type": view.search_type,
+                "context_window": view.context_window,
+            }
+            names = list(view.knowledge_bases)
+            rerank_error = None
+            try:
+                hits = self.engine.retrieve(names, req.query, top_k, rerank=view.reranker, **opts)
+            except RerankerError as exc:  # as for a knowledge base: the first stage's answer
+                rerank_error = _short(str(exc))
+                self._rerank_log.failed(view.knowledge_id, rerank_error)
+                hits = getattr(exc, "first_stage", None)
+                if hits is None:
+                    hits = self.engine.retrieve(names, req.query, top_k, rerank=False, **opts)
+        except NotFoundError as exc:
+            raise ApiError(404, E_NO_KNOWLEDGE, f"view {view.knowledge_id!r}: {exc}") from None
+        except (InvalidArgumentError, InvalidTypeError) as exc:
+            raise ApiError(400, E_BAD_REQUEST, str(exc)) from None
+        except EmbedderUnavailableError as exc:
+            raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
+        except EmbedderError as exc:
+            raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
+        return _records(hits, threshold, rerank_error)  # in the merged order (by score, or by rank)
 
     def retrieve(self, req: Request) -> list[dict[str, Any]]:
         missing = ApiError(404, E_NO_KNOWLEDGE, f"knowledge base {req.knowledge_id!r} does not exist")
@@ -400,25 +459,32 @@ class _Service:
             raise ApiError(503, E_EMBEDDER_UNAVAILABLE, f"the query embedder is unavailable: {exc}") from None
         except EmbedderError as exc:
             raise ApiError(502, E_EMBEDDER_FAILED, f"the query embedder failed: {exc}") from None
-        records = []
-        for h in hits:
-            score = min(max(float(h.score), 0.0), 1.0)
-            if score < req.score_threshold:  # the engine applies it too; the contract is ours
-                continue
-            meta = dict(h.metadata) if isinstance(h.metadata, Mapping) else {}
-            if rerank_error is not None:
-                meta["reranked"] = False
-                meta["rerank_error"] = rerank_error
-            records.append(
-                {
-                    "content": h.content,
-                    "score": score,
-                    "title": _title(meta, h.document_id),
-                    "metadata": meta,
-                }
-            )
+        records = _records(hits, req.score_threshold, rerank_error)
         records.sort(key=lambda r: -r["score"])
         return records
+
+
+def _records(hits: Sequence[Any], threshold: float, rerank_error: str | None = None) -> list[dict[str, Any]]:
+    """Dify records of hits scoring at least ``threshold``, in the hits' order; with
+    ``rerank_error``, each says it was not reranked and why."""
+    records = []
+    for h in hits:
+        score = min(max(float(h.score), 0.0), 1.0)
+        if score < threshold:  # the engine applies it too; the contract is ours
+            continue
+        meta = dict(h.metadata) if isinstance(h.metadata, Mapping) else {}
+        if rerank_error is not None:
+            meta["reranked"] = False
+            meta["rerank_error"] = rerank_error
+        records.append(
+            {
+                "content": h.content,
+                "score": score,
+                "title": _title(meta, h.document_id),
+                "metadata": meta,
+            }
+        )
+    return records
 
 
 # -- HTTP ------------------------------------------------------------------------------------
@@ -482,10 +548,10 @@ def _retrieval_endpoint(service: _Service) -> Any:
         knowledge_id = None
         try:
             token = _bearer_token(request.headers.get("authorization"))
-            if token not in service.keys:
+            if not service.known(token):
                 raise ApiError(403, E_AUTH_KEY, "authorization failed: the API key is not valid")
             body = await _read_body(request, service)
-            req, records = await run_in_threadpool(service.handle, body)
+            req, records = await run_in_threadpool(service.handle, body, token)
         except ApiError as err:
             knowledge_id = err.knowledge_id
             _log_error(request_id, err, client=client, knowledge_id=knowledge_id, started=started)
@@ -568,11 +634,14 @@ def create_app(
     max_top_k: int = DEFAULT_MAX_TOP_K,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    views: str | os.PathLike[str] | Mapping[str, Any] | None = None,
 ) -> Any:
     """An ASGI app serving Dify's External Knowledge API over ``engine`` (an
     :class:`~kbcore.Engine` or a data directory). ``api_keys``: the accepted bearer keys (at
-    least one). Raises InvalidArgumentError for no key or a bad limit; ImportError without
-    ``pip install 'kbcore[server]'``. The Starlette app is ``app.starlette``."""
+    least one). ``views``: a views file or its content (:mod:`kbcore.dify.views`), checked
+    against the engine's knowledge bases now. Raises InvalidArgumentError for no key, a bad
+    limit or a bad view; ImportError without ``pip install 'kbcore[server]'``. The Starlette
+    app is ``app.starlette``."""
     try:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -586,6 +655,7 @@ def create_app(
         from ..engine import Engine
 
         engine = Engine(engine)
+    checked = None if views is None else load_views(views, knowledge_bases=engine)
     service = _Service(
         engine,
         list(api_keys),
@@ -593,6 +663,7 @@ def create_app(
         max_top_k=max_top_k,
         refresh_interval=refresh_interval,
         body_timeout=body_timeout,
+        views=checked,
     )
     starlette = Starlette(
         routes=[
@@ -602,6 +673,7 @@ def create_app(
         exception_handlers={HTTPException: _http_error},
     )
     starlette.state.kbcore_engine = engine
+    starlette.state.kbcore_views = service.views
     app = _collapse_slashes(starlette)
     app.starlette = starlette
     app.state = starlette.state
@@ -755,6 +827,7 @@ def serve(
     log_level: str = "info",
     embedder: Any = None,
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
+    views: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serves the knowledge bases in ``data`` with uvicorn until interrupted. Raises
     InvalidArgumentError for no key or a bad limit, ImportError without uvicorn.
@@ -777,6 +850,7 @@ def serve(
             max_top_k=max_top_k,
             refresh_interval=refresh_interval,
             body_timeout=body_timeout,
+            views=views,
         )
         config = uvicorn_config(
             app,
@@ -796,6 +870,7 @@ def serve(
             knowledge_bases=engine.knowledge_bases(),
             url=f"http://{host}:{port}/retrieval",
             keys=len(api_keys),
+            views=sorted(app.starlette.state.kbcore_views),
         )
         uvicorn.Server(config).run()
     finally:

@@ -19,10 +19,10 @@ from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import DEFAULT_FUSION, check_vector_weight
 from ..index import DIM_RANGE, KINDS, METRICS, VECTORS, check_bits, check_params, check_quantization, check_vectors
 from ..rerankers import as_reranker, reranker_spec
-from . import commit, manifest
+from . import commit, manifest, multi, retrieval
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
-from .types import FUSIONS, SEARCH_TYPES, check_choice, check_name, is_valid_name
+from .types import FUSIONS, INDEX_TYPES, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name
 
 
 def default_data_dir() -> str:
@@ -103,6 +103,10 @@ class Engine:
         shards: int | None = None,
         quantization: str | None = None,
         bits: int | None = None,
+        index_type: str = "chunk",
+        parent_chunk_size: int = 2048,
+        child_chunk_size: int = 256,
+        context_window: int = 0,
         reranker: Any = None,
         vectors: str = "memory",
     ) -> KnowledgeBase:
@@ -136,8 +140,26 @@ class Engine:
         (results equal those of one index, exactly for ``index="flat"``); reopening it starts
         the actors again. Ray is joined or started as :mod:`kbcore.engine.shards` describes;
         ``ImportError`` (naming ``pip install "kbcore[ray]"``) if Ray is not installed.
+
+        ``index_type="parent_child"`` chunks each document into parents of
+        ``parent_chunk_size`` characters and each parent into children of
+        ``child_chunk_size`` (``chunk_overlap`` shared, capped below it): children are
+        embedded and searched, hits are parents (``docs/parent-child.md``); ``chunk_size`` is
+        then ignored. ``context_window`` is :meth:`KnowledgeBase.retrieve`'s default.
         """
         check_name(name, "knowledge base")
+        index_type = check_choice("index_type", index_type, INDEX_TYPES)
+        context_window = retrieval.check_context_window(context_window)
+        if index_type == "parent_child":
+            chunk_size, _ = check_chunk_params(child_chunk_size, 0)
+            chunk_overlap = min(chunk_overlap, chunk_size // 4)
+            parent_chunk_size, _ = check_chunk_params(parent_chunk_size, 0)
+            if context_window:
+                raise InvalidArgumentError("context_window does not apply to index_type='parent_child'")
+            if parent_chunk_size <= chunk_size:
+                raise InvalidArgumentError(
+                    f"parent_chunk_size ({parent_chunk_size}) must be larger than child_chunk_size ({chunk_size})"
+                )
         search_type = check_choice("search_type", search_type, SEARCH_TYPES)
         fusion = check_choice("fusion", fusion, FUSIONS)
         vector_weight = check_vector_weight(vector_weight)
@@ -177,6 +199,11 @@ class Engine:
             config["separators"] = list(seps)
         if shards is not None:
             config["shards"] = shards
+        if context_window:
+            config["context_window"] = context_window
+        if index_type == "parent_child":
+            config["index_type"] = index_type
+            config["parent_chunk_size"] = parent_chunk_size
         if quantization is not None:
             config["quantization"] = quantization
         if bits is not None:
@@ -259,6 +286,28 @@ class Engine:
                 known = ", ".join(self.knowledge_bases()) or "none"
                 raise NotFoundError(f"no knowledge base named {name!r} in {self.path!r} (existing: {known})")
             return self._open(name, path, as_embedder(embedder) if embedder is not None else None)
+
+    def retrieve(
+        self,
+        names: str | Sequence[str],
+        query: Any,
+        top_k: int = 5,
+        options: SearchOptions | None = None,
+        **kwargs: Any,
+    ) -> list[Hit]:
+        """The ``top_k`` best hits of ``query`` over several knowledge bases, best first.
+
+        Each knowledge base is searched with the same options (``options`` and keywords, as
+        :meth:`KnowledgeBase.retrieve`: filters, search type, dedup, context window...) in
+        parallel threads, the query embedded once per distinct embedder. The lists are merged
+        by score when the knowledge bases share metric, embedder spec, search type and fusion,
+        else by reciprocal rank; ``metadata["knowledge_base"]`` and ``metadata["merged_by"]``
+        (``"score"`` / ``"rank"``) say which (:mod:`kbcore.engine.multi`). An unknown name
+        raises NotFoundError before any search.
+        """
+        opts = retrieval.options(options, kwargs)
+        kbs = [self.get_knowledge_base(n) for n in multi.check_names(names)]
+        return multi.retrieve_many(kbs, query, top_k, opts)
 
     def delete_knowledge_base(self, name: str) -> None:
         """Deletes a knowledge base and its directory (atomically: it is gone or intact).

@@ -26,7 +26,7 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 from ..parsing import detect_format, parse, parse_archive, parse_records
 from ..sections import chunk_sections
 from .segments import combined, to_numpy
-from .types import RESERVED, RESERVED_METADATA, Document, PreparedDocument
+from .types import PARENT_INDEX, RESERVED, RESERVED_METADATA, Document, PreparedDocument
 
 COMMIT_ROWS = 16384  # ingest_many commits at most this many chunks at a time
 
@@ -626,12 +626,48 @@ def user_metadata_table(metas: list[dict[str, Any]], doc_of_row: np.ndarray) -> 
     return pa.table(cols) if cols else None
 
 
+@dataclass(frozen=True, slots=True)
+class ChildChunk(Chunk):
+    """A child chunk of a parent-child knowledge base: ``parent_index`` is its parent's rank
+    in the document; ``section`` / ``page`` are the parent's."""
+
+    parent_index: int = 0
+    section: str | None = None
+    page: int | None = None
+
+
+def split_parents(
+    doc: PreparedDocument, child_size: int, child_overlap: int, chunking: Mapping[str, Any] | None = None
+) -> PreparedDocument:
+    """``doc`` (chunked into parents) with each parent split into child chunks of
+    ``child_size`` characters (``child_overlap`` shared), numbered across the document. A
+    child's span is its place in the document text when the parent's text is that span of it
+    (plain and Markdown text), else the parent's span (e.g. a table parent that repeats its
+    header), so the parent is always the document text between its children's spans.
+    ``chunking``: the pipeline's ``chunk_unit`` / ``separators``, for the children too."""
+    opts = (
+        {"chunk_unit": chunking.get("chunk_unit", "chars"), "separators": chunking.get("separators")}
+        if chunking
+        else {}
+    )
+    children: list[Chunk] = []
+    text = doc.text
+    for p, parent in enumerate(doc.chunks):
+        exact = text[parent.start : parent.end] == parent.text
+        section = getattr(parent, "section", None)
+        page = getattr(parent, "page", None)
+        for c in chunk_text(parent.text, chunk_size=child_size, chunk_overlap=child_overlap, **opts):
+            start, end = (parent.start + c.start, parent.start + c.end) if exact else (parent.start, parent.end)
+            children.append(ChildChunk(c.text, len(children), start, end, doc.document_id, p, section, page))
+    return replace(doc, chunks=tuple(children))
+
+
 def _with_structure(user: Any, docs: Sequence[PreparedDocument]) -> Any:
     """``user`` plus the chunks' ``section`` (heading path) and ``page`` columns when a parser
     found them; a document's own ``section`` / ``page`` metadata takes precedence."""
     import pyarrow as pa
 
-    for key, typ in (("section", pa.string()), ("page", pa.int64())):
+    for key, typ in (("section", pa.string()), ("page", pa.int64()), (PARENT_INDEX, pa.int64())):
         found = [getattr(c, key, None) for p in docs for c in p.chunks]
         if all(v is None for v in found):
             continue

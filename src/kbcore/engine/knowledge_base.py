@@ -400,7 +400,8 @@ class KnowledgeBase:
                 f"embedder {call_embedder!r} makes {int(call_embedder.dim)}-dimensional vectors but knowledge "
                 f"base {self.name!r} holds {self.dim}-dimensional ones"
             )
-        prepared, skipped = ingest.prepare_all(documents, pipeline, pcfg, metadata)
+        prepared, skipped = ingest.prepare_all(documents, pipeline, self._parents_of(pcfg), metadata)
+        prepared = [self._split(p, pcfg) for p in prepared]
         if pcfg.get("steps"):
             prepared = [self._run_steps(p) for p in prepared]
         results: list[IngestResult] = []
@@ -483,7 +484,21 @@ class KnowledgeBase:
         self._check_open()
         pcfg = self._cell.state.pipeline(pipeline)
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
-        return self._run_steps(ingest.prepare(doc, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], None, pcfg))
+        parents = self._parents_of(pcfg)
+        prepared = ingest.prepare(doc, pipeline, parents["chunk_size"], parents["chunk_overlap"], None, parents)
+        return self._run_steps(self._split(prepared, pcfg))
+
+    def _parents_of(self, pcfg: Mapping[str, int]) -> Mapping[str, int]:
+        """The chunking that makes the documents' first chunks: the pipeline's, or for a
+        parent-child knowledge base its parents (no overlap)."""
+        parent = self._cell.state.config.get("parent_chunk_size")
+        return pcfg if parent is None else {**pcfg, "chunk_size": parent, "chunk_overlap": 0}
+
+    def _split(self, prepared: PreparedDocument, pcfg: Mapping[str, int]) -> PreparedDocument:
+        """A parent-child knowledge base's document: its parents split into children."""
+        if self._cell.state.config.get("parent_chunk_size") is None:
+            return prepared
+        return ingest.split_parents(prepared, pcfg["chunk_size"], pcfg["chunk_overlap"], pcfg)
 
     def prepare_qa(
         self,
@@ -502,6 +517,11 @@ class KnowledgeBase:
         :meth:`ingest_prepared`. Raises as :meth:`ingest_qa` on bad input; needs no embedder."""
         self._check_open()
         self._cell.state.pipeline(pipeline)
+        if self._cell.state.config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} is parent_child: question-answer pairs go to a knowledge base "
+                "with index_type='chunk'"
+            )
         return ingest.prepare_qa(
             source,
             pipeline,
@@ -604,6 +624,11 @@ class KnowledgeBase:
         """
         self._check_open()
         self._cell.state.pipeline(pipeline)
+        if self._cell.state.config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} is parent_child: its chunks are made at ingest from the "
+                "document text (ingest, ingest_many or prepare), not taken from a table"
+            )
         made = ingest.ChunkBatch.from_table(
             data,
             vectors,
@@ -653,6 +678,11 @@ class KnowledgeBase:
         """
         self._check_open()
         self._cell.state.pipeline(pipeline)
+        if self._cell.state.config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                f"knowledge base {self.name!r} is parent_child, which sync does not support yet: use "
+                "ingest_many (re-ingesting a document id replaces it) and delete_document"
+            )
         if not isinstance(delete_missing, bool):
             raise InvalidTypeError(f"delete_missing must be a bool, got {type(delete_missing).__name__}")
         items = sync.source_items(source, include, exclude)
@@ -810,6 +840,18 @@ class KnowledgeBase:
 
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``text`` embedded as this knowledge base embeds queries (float32 [dim]); raises
+        InvalidArgumentError when it has no usable embedder. :meth:`Engine.retrieve` uses it
+        to embed a query once for every knowledge base of the same :attr:`embedder_spec`."""
+        return self._embedder.embed_query(text, "embed a text query", self.dim)
+
+    @property
+    def embedder_spec(self) -> dict[str, Any] | None:
+        """The embedder recorded in the manifest (None: vectors only)."""
+        spec = self._cell.state.manifest.get("embedder")
+        return None if spec is None else dict(spec)
 
     def retrieve_key(
         self, query: str | Any, topk: int = 5, options: SearchOptions | None = None, **kwargs: Any

@@ -22,6 +22,7 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -32,7 +33,17 @@ from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rr
 from ..index import Group, Index, collapse_by_key
 from .scores import score_from_distance
 from .state import KbState, StateCell
-from .types import FUSIONS, GROUP_FIELD, SEARCH_TYPES, Hit, SearchOptions, check_choice, new_hit
+from .types import (
+    FUSIONS,
+    GROUP_FIELD,
+    PARENT_FIELD,
+    PARENT_INDEX,
+    SEARCH_TYPES,
+    Hit,
+    SearchOptions,
+    check_choice,
+    new_hit,
+)
 
 #: (chunk id, distance or fused score, ids of the chunks of its document met) of one result.
 Candidate = tuple[int, float, Sequence[int]]
@@ -80,7 +91,72 @@ def check_k(value: Any, name: str) -> int:
 
 
 def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery) -> list[Hit]:
-    """The ``top_k`` best hits of ``query`` (see :meth:`KnowledgeBase.retrieve`)."""
+    """The ``top_k`` best hits of ``query`` (see :meth:`KnowledgeBase.retrieve`), each with
+    its ``context_window`` neighbours when asked."""
+    n = opts.context_window
+    config = cell.state.config
+    if n is None:
+        n = config.get("context_window", 0)
+    elif n != 0:
+        n = check_context_window(n)
+        if config.get("index_type") == "parent_child":
+            raise InvalidArgumentError(
+                "context_window does not apply to a parent_child knowledge base: its hits are already the "
+                "parents around the matching chunks (make parent_chunk_size larger for more context)"
+            )
+    hits = _retrieve(cell, query, top_k, opts, embed_query)
+    return with_context(cell.state, hits, n) if n and hits else hits
+
+
+def check_context_window(value: Any) -> int:
+    """``context_window`` as an int >= 0, else InvalidTypeError / InvalidArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"context_window must be an integer, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgumentError(f"context_window must be at least 0, got {value}")
+    return int(value)
+
+
+def with_context(state: KbState, hits: list[Hit], n: int) -> list[Hit]:
+    """``hits`` with each content extended by up to ``n`` chunks of the same document on
+    each side (by ``chunk_index``), joined by newlines in chunk order. Every chunk appears at
+    most once in the list: the hits' own chunks are reserved first, then each hit, best
+    first, takes the neighbours not yet shown. Reads the immutable segments of ``state``; a
+    hit whose chunk is no longer stored there (a concurrent re-ingest) keeps its content."""
+    where: list[tuple[Any, int, int, int] | None] = []
+    taken: set[tuple[str, int]] = set()
+    for h in hits:
+        try:
+            seg, row = state.locate(h.id)
+        except IndexError:
+            where.append(None)
+            continue
+        if not 0 <= row < seg.rows or int(seg.ids[row]) != h.id:
+            where.append(None)
+            continue
+        d = int(np.searchsorted(seg.doc_offsets, row, side="right")) - 1
+        where.append((seg, row, int(seg.doc_offsets[d]), int(seg.doc_offsets[d + 1])))
+        taken.add((seg.name, row))
+    out = []
+    for h, loc in zip(hits, where):
+        if loc is None:
+            out.append(h)
+            continue
+        seg, row, lo, hi = loc
+        ci = seg.chunk_index[lo:hi]
+        own = int(seg.chunk_index[row])
+        near = np.flatnonzero(np.abs(ci - own) <= n) + lo
+        rows = [row] + [int(r) for r in near if (seg.name, int(r)) not in taken]
+        taken.update((seg.name, r) for r in rows)
+        rows.sort(key=lambda r: int(seg.chunk_index[r]))
+        meta = dict(h.metadata)
+        meta["context_chunks"] = [int(seg.chunk_index[r]) for r in rows]
+        content = "\n".join(seg.content_of(r) or seg.text_of(r) for r in rows)
+        out.append(replace(h, content=content, metadata=meta))
+    return out
+
+
+def _retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery) -> list[Hit]:
     top_k = check_k(top_k, "top_k")
     threshold = opts.score_threshold
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
@@ -104,8 +180,10 @@ def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed
         index = state.index
         if index is None or len(index) == 0:
             return []
+        group_by = _group_field(state, opts.deduplicate)
         # No more hits than rows: a huge top_k must not size the result arrays.
-        cands = vector_candidates(index, q, min(top_k, len(index)), where, opts.deduplicate, opts.ef)
+        k = min(top_k, len(index))
+        cands = vector_candidates(index, q, k, where, group_by is not None, opts.ef, group_by or GROUP_FIELD)
         metric = state.config["metric"]
         if threshold > 0.0:
             cands = [c for c in cands if score_from_distance(c[1], metric) >= threshold]
@@ -113,25 +191,55 @@ def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed
 
 
 def vector_candidates(
-    index: Index, q: np.ndarray, top_k: int, where: Any, deduplicate: bool, ef: int | None
+    index: Index,
+    q: np.ndarray,
+    top_k: int,
+    where: Any,
+    deduplicate: bool,
+    ef: int | None,
+    group_by: str = GROUP_FIELD,
 ) -> list[Candidate]:
-    """The nearest chunks (or, deduplicating, the best chunk of each nearest document group,
-    natively) as candidates. One native call; the benchmark replaces it to time the rest."""
+    """The nearest chunks (or, deduplicating, the best chunk of each nearest group of
+    ``group_by``: a document, or a parent, natively) as candidates. One native call; the
+    benchmark replaces it to time the rest."""
     if deduplicate:
         groups = cast(
             "list[Group]",
-            index.search_groups(q, top_k, group_by=GROUP_FIELD, group_size=1, where=where, ef=ef, threads=1),
+            index.search_groups(q, top_k, group_by=group_by, group_size=1, where=where, ef=ef, threads=1),
         )  # q is 1-D
         return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
     ids, dist = index.search(q, top_k, where=where, ef=ef, threads=1)
     return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]
 
 
+def _group_field(state: KbState, deduplicate: bool) -> str | None:
+    """The field a search groups by: the document (``deduplicate``), else a parent-child
+    knowledge base's parent, else none."""
+    if deduplicate:
+        return GROUP_FIELD
+    return PARENT_FIELD if state.config.get("index_type") == "parent_child" else None
+
+
+def parent_text(state: KbState, chunk_id: int, parent: int) -> str:
+    """The text of the parent ``parent`` of a stored child chunk: the document text between
+    the first and the last character of that parent's children (read from the segment)."""
+    seg, row = state.locate(chunk_id)
+    d = int(np.searchsorted(seg.doc_offsets, row, side="right")) - 1
+    lo, hi = int(seg.doc_offsets[d]), int(seg.doc_offsets[d + 1])
+    column = seg.chunks.column(PARENT_INDEX).slice(lo, hi - lo)
+    mine = np.asarray(column.to_numpy(), np.int64) == parent
+    start, end = int(seg.start[lo:hi][mine].min()), int(seg.end[lo:hi][mine].max())
+    text = seg.docs.column("text")[d].as_py()
+    return seg.text_of(row) if text is None or start < 0 else text[start:end]
+
+
 def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: bool) -> list[Hit]:
     """Hits of candidates (values are distances, or fused scores when ``fused``). Caller
-    holds the read lock: ``state.index`` holds every candidate."""
+    holds the read lock: ``state.index`` holds every candidate. A parent-child knowledge
+    base's hit holds its parent's text."""
     if not cands:
         return []
+    parents = state.config.get("index_type") == "parent_child"
     metas = state.index.get_metadata([c[0] for c in cands])  # type: ignore[union-attr]
     hits = []
     locate = state.locate
@@ -144,6 +252,7 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
         else:
             seg, row = locate(cid)
         del meta[GROUP_FIELD]
+        meta.pop(PARENT_FIELD, None)
         chunk_index = meta["chunk_index"]
         if not parts:
             parts = ()
@@ -165,7 +274,7 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
             new_hit(
                 cid,
                 meta["document_id"],
-                content,
+                parent_text(state, cid, meta[PARENT_INDEX]) if parents else content,
                 meta,
                 dist,
                 score,
@@ -266,7 +375,8 @@ def _retrieve_fused(
         metric = state.config["metric"]
         n = len(index)
         top_k = min(top_k, n)  # no more hits than rows (window was sized from the request)
-        if mode == "full_text" and not opts.deduplicate:
+        group_by = _group_field(state, opts.deduplicate)
+        if mode == "full_text" and group_by is None:
             window = min(window, top_k)  # one leg, no collapse: top_k candidates suffice
         while True:
             w = min(window, n)
@@ -284,10 +394,10 @@ def _retrieve_fused(
             # A text leg shorter than the window returned every match: the vector leg's other
             # candidates (the chunks of the window BM25 did not match) score 0 there.
             fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k, len(vec_leg) - len(tids))
-            if not opts.deduplicate:
+            if group_by is None:
                 cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
                 break
-            cands = _dedup_fused(index, state, fused, top_k)
+            cands = _dedup_fused(index, state, fused, top_k, group_by)
             full = len(tids) == w or len(vec_leg) == w
             if len(cands) >= top_k or not full or w >= n:
                 break
@@ -325,7 +435,9 @@ def _fuse(
     return linear(vec_leg, text_leg, weight)
 
 
-def _dedup_fused(index: Any, state: KbState, fused: list[tuple[int, float]], top_k: int) -> list[Candidate]:
+def _dedup_fused(
+    index: Any, state: KbState, fused: list[tuple[int, float]], top_k: int, group_by: str = GROUP_FIELD
+) -> list[Candidate]:
     """The best chunk of each (pipeline, document) in fused order, with the ids of every chunk
     of that document among the fused candidates (best first): natively, by the rule of grouped
     search (:meth:`Index.collapse` over the ``_group`` field; a sharded index by the segments'
@@ -336,7 +448,7 @@ def _dedup_fused(index: Any, state: KbState, fused: list[tuple[int, float]], top
     ids = np.fromiter((f[0] for f in fused), np.int64, n)
     scores = np.fromiter((f[1] for f in fused), np.float32, n)
     if isinstance(index, Index):
-        groups = index.collapse(ids, scores, group_by=GROUP_FIELD, limit=top_k)
+        groups = index.collapse(ids, scores, group_by=group_by, limit=top_k)
     else:
         groups = collapse_by_key(ids, scores, state.groups_of(ids), limit=top_k)
     # The fused (float64) score of each best chunk, not the float32 copy the collapse carried.

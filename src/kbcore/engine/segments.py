@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import storage
-from .types import EXTRA_CHUNK_COLUMNS, GROUP_FIELD, INTERNAL_COLUMNS, DocumentInfo
+from .types import (
+    EXTRA_CHUNK_COLUMNS,
+    GROUP_FIELD,
+    INTERNAL_COLUMNS,
+    PARENT_FIELD,
+    PARENT_INDEX,
+    PARENT_STRIDE,
+    DocumentInfo,
+)
 
 if TYPE_CHECKING:
     from .ingest import ChunkBatch
@@ -205,6 +213,9 @@ def build_tables(batch: ChunkBatch, ids: np.ndarray, groups: np.ndarray) -> tupl
     if batch.user is not None:
         for c in batch.user.column_names:
             cols[c] = combined(batch.user.column(c))
+        if PARENT_INDEX in cols:  # a parent-child batch: the key grouping each parent's children
+            parents = to_numpy(cols[PARENT_INDEX], np.int64)
+            cols[PARENT_FIELD] = pa.array(np.repeat(groups, batch.counts) * PARENT_STRIDE + parents)
     if batch.contents is not None:
         cols["__content"] = batch.contents
     if batch.steps is not None:

@@ -19,7 +19,15 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 RESERVED_METADATA = ("document_id", "file_id", "chunk_index", "filename", "pipeline_name")
 #: Internal metadata field: one int per (pipeline, document) ingest, the dedup key.
 GROUP_FIELD = "_group"
-RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD}
+#: Parent-child knowledge bases: each child chunk's parent (its rank in the document, a
+#: metadata field) and the internal field grouping the children of one parent across the
+#: knowledge base (``_group * PARENT_STRIDE + parent_index``): the key of the native grouping.
+PARENT_INDEX = "parent_index"
+PARENT_FIELD = "_parent"
+PARENT_STRIDE = 1 << 24
+RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD, PARENT_INDEX, PARENT_FIELD}
+#: How a knowledge base chunks: plain chunks, or small children returned as their parents.
+INDEX_TYPES = ("chunk", "parent_child")
 #: Columns of a segment's chunk table that are not chunk metadata.
 INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
 #: Optional internal columns of a segment's chunk table (absent from older segments):
@@ -338,6 +346,12 @@ class SearchOptions(NamedTuple):
       vector_weight) * minmax(BM25)``);
     - ``query_vector``: the vector leg's query for a str query (a knowledge base without
       embedder, or a precomputed embedding);
+    - ``context_window``: each hit's ``content`` extended with up to this many chunks of the
+      same document before and after it, in chunk order, read from the stored chunk texts
+      (0: none; None: the knowledge base's default, set at creation). A chunk is shown once
+      per result list: a neighbour that is itself a hit, or
+      already shown around a better hit, is left out. ``metadata["context_chunks"]`` lists
+      the ``chunk_index`` of the chunks the content holds.
     - ``rerank``: None (the knowledge base's default reranker, if any, for a text query), True
       (the default, required), False (no rerank) or a reranker / function ``(query, texts) ->
       scores`` / spec; ``rerank_depth``: the first stage's candidates (default 50, at least
@@ -358,6 +372,7 @@ class SearchOptions(NamedTuple):
     rrf_k: float = 60
     window: int | None = None
     query_vector: Any = None
+    context_window: int | None = None
     rerank: Any = None
     rerank_depth: int | None = None
 

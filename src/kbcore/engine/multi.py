@@ -1,0 +1,148 @@
+"""Retrieval over several knowledge bases at once (:meth:`Engine.retrieve`).
+
+Each knowledge base is searched on its own (its filters, search type, dedup and context
+window), in parallel threads when they hold at least ``PARALLEL_MIN_CHUNKS`` chunks together
+(the native searches release the GIL; below that, one after the other, which is faster), with
+the query embedded once per distinct embedder spec. The hit lists are then merged:
+
+- **by score** when every knowledge base has the same metric, the same embedder spec and the
+  same search type and fusion: their scores are on one scale, so the merged list is the
+  union ordered by ``score`` (ties: the order of ``names``, then each list's own order);
+- **by reciprocal rank** otherwise: a hit ranked ``r`` (1-based) in its knowledge base's list
+  gets ``1 / (60 + r)``, the lists are interleaved by that value (ties: the better ``score``,
+  then the order of ``names``). Each hit keeps its own knowledge base's ``score``.
+
+Reranking: ``rerank=<a reranker>`` reranks **once** over the merged list (each knowledge base's
+first stage gives ``rerank_depth`` candidates, unreranked and without threshold; they are
+merged as above, reranked, then ``score_threshold`` and ``top_k`` apply). ``rerank=None`` /
+``True`` leave it to each knowledge base's default reranker, and the lists merge by score only
+when those defaults are the same reranker; ``False``: no rerank.
+
+Every hit's ``metadata`` says where it came from: ``knowledge_base`` (its name) and
+``merged_by`` (``"score"`` or ``"rank"``). Deduplication is per knowledge base and document:
+hits of the same document id in two knowledge bases are two hits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..rerankers import as_reranker
+from . import reranking
+from .retrieval import check_k
+from .types import Hit, SearchOptions
+
+#: Rank constant of the reciprocal-rank merge (Cormack et al. 2009).
+RANK_K = 60
+#: Most threads searching knowledge bases at once (one pool per process, made on first use).
+MAX_THREADS = 8
+#: Fewest chunks (over the knowledge bases searched) for which the searches run in threads:
+#: below it a search is ~100 us, of which the Python half holds the GIL, and handing the calls
+#: to threads costs more than it saves (``benches/bench_multi_kb.py`` measures both ways).
+PARALLEL_MIN_CHUNKS = 100_000
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="kbcore-multi")
+        return _pool
+
+
+def check_names(names: Any) -> list[str]:
+    """``names`` (a str or a sequence of distinct str) as a non-empty list."""
+    if isinstance(names, str):
+        return [names]
+    if not isinstance(names, Sequence) or isinstance(names, (bytes, bytearray)):
+        raise InvalidTypeError(f"names must be a str or a list of str, got {type(names).__name__}")
+    out = list(names)
+    if not out:
+        raise InvalidArgumentError("names is empty: give at least one knowledge base")
+    for n in out:
+        if not isinstance(n, str):
+            raise InvalidTypeError(f"a knowledge base name must be a str, got {type(n).__name__}")
+    dup = next((n for i, n in enumerate(out) if n in out[:i]), None)
+    if dup is not None:
+        raise InvalidArgumentError(f"knowledge base {dup!r} is named twice")
+    return out
+
+
+def _mode(kb: Any, opts: SearchOptions) -> tuple[str, str]:
+    d = kb.search_defaults
+    mode = opts.search_type if opts.search_type is not None else d["search_type"]
+    fusion = opts.fusion if opts.fusion is not None else d["fusion"]
+    return mode, (fusion if mode == "hybrid" else "")
+
+
+def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOptions) -> list[Hit]:
+    """The ``top_k`` best hits of ``query`` over ``kbs`` (open :class:`KnowledgeBase`
+    objects, through their public API; see the module docstring)."""
+    top_k = check_k(top_k, "top_k")
+    rerank = opts.rerank
+    if rerank is not None and rerank is not True and rerank is not False:
+        # One reranker over the merged list: each knowledge base's first stage (no rerank, no
+        # threshold) gives rerank_depth candidates, merged, then reranked once.
+        if not isinstance(query, str):
+            raise InvalidArgumentError("rerank needs the query as text (a reranker reads it)")
+        reranker = as_reranker(rerank)
+        depth = reranking.check_depth(opts.rerank_depth, top_k)
+        first = retrieve_many(kbs, query, depth, opts._replace(rerank=False, score_threshold=0.0))
+        return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
+    modes = [_mode(kb, opts) for kb in kbs]
+    specs = _spec_ids([kb.embedder_spec for kb in kbs])
+    calls: list[tuple[Any, SearchOptions]] = []
+    vectors: dict[int, np.ndarray] = {}
+    text = isinstance(query, str) and opts.query_vector is None
+    for kb, (mode, _), spec in zip(kbs, modes, specs):
+        if not text or mode == "full_text" or not query.strip():
+            calls.append((query, opts))  # the knowledge base raises or searches as given
+            continue
+        vec = vectors.get(spec)
+        if vec is None:
+            vec = vectors[spec] = kb.embed_query(query)
+        if mode == "vector":
+            calls.append((vec, opts._replace(search_type="vector")))
+        else:
+            calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
+    if len(kbs) == 1 or sum(len(kb) for kb in kbs) < PARALLEL_MIN_CHUNKS:
+        lists = [kb.retrieve(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+    else:
+        pool = _executor()
+        futures = [pool.submit(kb.retrieve, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+        lists = [f.result() for f in futures]  # the first error raises, naming its knowledge base
+    same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({kb.metric for kb in kbs}) == 1
+    if same and rerank is not False:  # each reranked by its default: one scale if one reranker
+        rerankers = [kb.reranker_spec for kb in kbs]
+        same = all(r == rerankers[0] for r in rerankers)
+    merged_by = "score" if same else "rank"
+    tagged: list[tuple[float, float, int, int, Hit]] = []
+    for i, hits in enumerate(lists):
+        for r, h in enumerate(hits):
+            primary = h.score if same else 1.0 / (RANK_K + r + 1)
+            tagged.append((-primary, -h.score, i, r, h))
+    tagged.sort(key=lambda t: t[:4])
+    out = []
+    for _, _, i, _, h in tagged[:top_k]:
+        meta = h.metadata  # the hit's own dict, made for this call: tag it in place
+        meta["knowledge_base"] = kbs[i].name
+        meta["merged_by"] = merged_by
+        out.append(h)
+    return out
+
+
+def _spec_ids(specs: list[Any]) -> list[int]:
+    """For each embedder spec, the index of the first equal one (equal specs embed alike)."""
+    out: list[int] = []
+    for i, spec in enumerate(specs):
+        out.append(next(j for j in range(i + 1) if specs[j] == spec))
+    return out
