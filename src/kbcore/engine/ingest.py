@@ -290,6 +290,16 @@ def _prepare_archive(
     return out, archive.skipped
 
 
+def chunking_for(pcfg: Mapping[str, Any], embedder: Any) -> Mapping[str, Any]:
+    """A pipeline's chunking for :func:`prepare_documents`: ``pcfg``, plus the embedder's
+    ``count_tokens`` (``texts -> token counts``) when the pipeline counts tokens and the
+    embedder has a tokenizer (the built-in MiniLM does); else tokens are approximated."""
+    fn = getattr(embedder, "count_tokens", None)
+    if pcfg.get("chunk_unit") != "tokens" or not callable(fn):
+        return pcfg
+    return {**pcfg, "count_tokens": fn}
+
+
 def _prepare_rows(
     doc: Document,
     data: bytes,
@@ -338,6 +348,7 @@ def _chunks(
     if chunking:
         opts["chunk_unit"] = chunking.get("chunk_unit", "chars")
         opts["separators"] = chunking.get("separators")
+        opts["count_tokens"] = chunking.get("count_tokens")
     if sections:
         chunks: list[Any] = chunk_sections(text, sections, **opts)
     else:
@@ -645,11 +656,10 @@ def split_parents(
     (plain and Markdown text), else the parent's span (e.g. a table parent that repeats its
     header), so the parent is always the document text between its children's spans.
     ``chunking``: the pipeline's ``chunk_unit`` / ``separators``, for the children too."""
-    opts = (
-        {"chunk_unit": chunking.get("chunk_unit", "chars"), "separators": chunking.get("separators")}
-        if chunking
-        else {}
-    )
+    opts: dict[str, Any] = {}
+    if chunking:
+        opts = {k: chunking.get(k) for k in ("separators", "count_tokens")}
+        opts["chunk_unit"] = chunking.get("chunk_unit", "chars")
     children: list[Chunk] = []
     text = doc.text
     for p, parent in enumerate(doc.chunks):

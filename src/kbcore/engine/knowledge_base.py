@@ -391,7 +391,7 @@ class KnowledgeBase:
         model); its vectors must have the knowledge base's dimension. Not recorded.
         """
         self._check_open()
-        pcfg = self._cell.state.pipeline(pipeline)
+        pcfg = ingest.chunking_for(self._cell.state.pipeline(pipeline), self._embedder.current)
         call_embedder = None if embedder is None else as_embedder(embedder)
         if call_embedder is None:
             self._embedder.require("ingest text")  # fail before parsing anything
@@ -482,7 +482,7 @@ class KnowledgeBase:
         and store them with :meth:`ingest_prepared`. Raises as :meth:`ingest` on bad input;
         needs no embedder."""
         self._check_open()
-        pcfg = self._cell.state.pipeline(pipeline)
+        pcfg = ingest.chunking_for(self._cell.state.pipeline(pipeline), self._embedder.current)
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         parents = self._parents_of(pcfg)
         prepared = ingest.prepare(doc, pipeline, parents["chunk_size"], parents["chunk_overlap"], None, parents)

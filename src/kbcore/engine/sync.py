@@ -303,6 +303,14 @@ class Hooks:
     bar: Any
 
 
+def _embedder_or_none(hooks: Hooks) -> Any:
+    """The knowledge base's embedder (its tokenizer counts tokens), or None when it has none."""
+    try:
+        return hooks.embedder()
+    except InvalidArgumentError:
+        return None
+
+
 def run(
     items: list[tuple[str, Document]],
     *,
@@ -317,6 +325,7 @@ def run(
     batch_rows = BATCH_ROWS if batch_rows is None else batch_rows
     state = hooks.state()
     pcfg = state.pipeline(pipeline)
+    chunking = ingest.chunking_for(pcfg, _embedder_or_none(hooks))
     stored = Stored.of(state, pipeline)
     added: list[str] = []
     changed: list[str] = []
@@ -342,7 +351,7 @@ def run(
                 unchanged.append(sid)
                 continue
             prepared, _ = ingest.prepare_documents(
-                loaded, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata, pcfg
+                loaded, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata, chunking
             )
         except _ITEM_ERRORS as exc:
             failed.append((sid, _reason(exc)))
