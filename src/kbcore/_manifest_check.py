@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any
 
+from .chunking import CHUNK_UNITS, MAX_SEPARATOR_CHARS, MAX_SEPARATORS
 from .errors import FormatError
 from .fusion import FUSIONS, SEARCH_TYPES
 from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS, VECTORS
@@ -100,6 +101,18 @@ def _chunking(c: _Check, obj: Any, field: str) -> None:
     d = c.dict_(obj, field)
     size = c.int_(c.get(d, "chunk_size", f"{field}.chunk_size"), f"{field}.chunk_size", 1, _MAX_KNOB)
     c.int_(c.get(d, "chunk_overlap", f"{field}.chunk_overlap"), f"{field}.chunk_overlap", 0, size - 1)
+    unit = c.get(d, "chunk_unit", f"{field}.chunk_unit", optional=True)  # absent: "chars" (older manifests)
+    if unit is not _MISSING:
+        c.choice(unit, f"{field}.chunk_unit", CHUNK_UNITS)
+    seps = c.get(d, "separators", f"{field}.separators", optional=True)  # absent: none
+    if seps is not _MISSING:
+        if not isinstance(seps, list) or len(seps) > MAX_SEPARATORS:
+            raise c.fail(f"{field}.separators", f"must be a list of at most {MAX_SEPARATORS} strings")
+        for i, sep in enumerate(seps):
+            if not isinstance(sep, str) or not 1 <= len(sep) <= MAX_SEPARATOR_CHARS:
+                raise c.fail(f"{field}.separators[{i}]", f"must be a string of 1 to {MAX_SEPARATOR_CHARS} characters")
+        if len(set(seps)) != len(seps):
+            raise c.fail(f"{field}.separators", "must be distinct")
 
 
 def validate_manifest(m: Any, where: str = "manifest") -> dict[str, Any]:

@@ -157,6 +157,13 @@ def _check_same_embedder(kb, embedder) -> None:
         )
 
 
+def _separators(values: list[str] | None) -> list[str] | None:
+    """``--separator`` values with ``\\n`` / ``\\t`` read as a newline / tab."""
+    if values is None:
+        return None
+    return [v.replace("\\n", "\n").replace("\\t", "\t") for v in values]
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from .embedders import describe_embedder
     from .engine import Document
@@ -178,6 +185,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             chunk_size=args.chunk_size,
             embedder=embedder,
             chunk_overlap=args.chunk_overlap,
+            chunk_unit=args.chunk_unit,
+            separators=_separators(args.separators),
             index=args.index,
             shards=args.shards,
             quantization=args.quantization,
@@ -321,6 +330,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
+    from .chunking import CHUNK_UNITS
     from .index import KINDS, QUANTIZATIONS, VECTORS
 
     ing = sub.add_parser("ingest", help="ingest files or directories into a knowledge base (created if missing)")
@@ -339,6 +349,21 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     ing.add_argument("--answer-column", default="answer", help="with --qa: the answer column")
     ing.add_argument("--chunk-size", type=int, default=500, help="for a new knowledge base")
     ing.add_argument("--chunk-overlap", type=int, default=50, help="for a new knowledge base")
+    ing.add_argument(
+        "--chunk-unit",
+        default="chars",
+        choices=CHUNK_UNITS,
+        help="for a new knowledge base: what --chunk-size / --chunk-overlap count (docs/formats.md)",
+    )
+    ing.add_argument(
+        "--separator",
+        action="append",
+        default=None,
+        dest="separators",
+        metavar="SEP",
+        help="for a new knowledge base: cut at SEP before paragraphs, sentences and words (repeat: tried in "
+        "order; \\n and \\t stand for a newline and a tab)",
+    )
     ing.add_argument("--index", default="hnsw", choices=KINDS, help="for a new knowledge base")
     ing.add_argument(
         "--index-type",

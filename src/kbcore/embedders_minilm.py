@@ -484,6 +484,12 @@ class MiniLMEmbedder:
         tok, _ = self._load()
         return [tok.encode(t.strip(), self.max_seq_length) for t in texts]
 
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """The number of word pieces of each text, without ``[CLS]`` / ``[SEP]`` and untruncated:
+        what ``chunk_unit="tokens"`` counts a chunk's size with (kbcore.chunking)."""
+        tok, _ = self._load()
+        return [max(len(tok.encode(t.strip(), 1 << 30)) - 2, 0) for t in texts]
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 [len(texts), 384] sentence embeddings (unit norm when ``normalize``).
 

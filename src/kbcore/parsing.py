@@ -47,6 +47,7 @@ __all__ = [
     "ParsedDocument",
     "parse",
     "parse_archive",
+    "parse_records",
     "detect_format",
     "FORMATS",
     "EXTENSIONS",
@@ -778,6 +779,38 @@ def _xlsx(data: bytes, filename: str | None) -> list[Part]:
 
 
 _STRUCTURED = {"docx": _docx, "pptx": _pptx, "xlsx": _xlsx}
+
+
+def parse_records(
+    data: bytes, *, filename: str | None = None, format: str | None = None, id_column: str | None = None
+) -> list[Any]:
+    """The rows of a spreadsheet of records (``.csv`` / ``.tsv`` / ``.xlsx``) as
+    :class:`kbcore.parsers.tables.Record` s, one per non-empty data row (the first non-empty
+    row of each table is the header): what ``ingest(..., rows_as_documents=True)`` stores as
+    one document each. ``id_column`` names the header of the column holding each row's id
+    (distinct and non-empty), else a row is named by its number. Other formats, an empty file
+    or a file without a data row raise InvalidArgumentError."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"expected bytes, got {type(data).__name__}")
+    if id_column is not None and (not isinstance(id_column, str) or not id_column):
+        raise InvalidArgumentError(f"id_column must be a non-empty str, got {id_column!r}")
+    data = bytes(data)
+    if format is not None and format not in FORMATS:
+        raise InvalidArgumentError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
+    if not data.strip():
+        raise InvalidArgumentError(f"{_name(filename)} is empty: there is nothing to ingest")
+    fmt = format or detect_format(filename, data)
+    from .parsers.tables import csv_records, xlsx_records
+
+    if fmt == "xlsx":
+        records = xlsx_records(data, filename, id_column)
+    elif fmt in ("csv", "tsv"):
+        records = csv_records(_decode(data, filename, fmt), filename, "," if fmt == "csv" else "\t", id_column)
+    else:
+        raise InvalidArgumentError(f"{_name(filename)} is {fmt}: one document per row needs a .csv, .tsv or .xlsx file")
+    if not records:
+        raise InvalidArgumentError(f"{_name(filename)} has no data row (only a header, or nothing)")
+    return records
 
 
 def parse_archive(data: bytes, *, filename: str | None = None) -> Any:

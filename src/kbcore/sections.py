@@ -26,10 +26,10 @@ is ``text[start:end]``, except for table chunks, whose text is the header, a new
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .chunking import Chunk, check_chunk_params, chunk_text
+from .chunking import Chunk, Measure, check_chunk_params, check_chunking, chunk_text
 from .errors import InvalidArgumentError
 
 __all__ = ["Part", "Section", "SectionChunk", "join_parts", "chunk_sections", "SEPARATOR", "PATH_SEPARATOR"]
@@ -105,10 +105,20 @@ def _shifted(chunks: list[Chunk], offset: int, header: str | None) -> list[tuple
     return [(prefix + c.text, c.start + offset, c.end + offset) for c in chunks]
 
 
-def _table_chunks(text: str, start: int, end: int, header: str | None, size: int) -> list[tuple[str, int, int]]:
+def _table_chunks(
+    text: str,
+    start: int,
+    end: int,
+    header: str | None,
+    size: int,
+    measure: Measure,
+    unit: str = "chars",
+    separators: tuple[str, ...] = (),
+    count_tokens: Callable[[Sequence[str]], Sequence[int]] | None = None,
+) -> list[tuple[str, int, int]]:
     """Chunks of whole rows (the lines of ``text[start:end]``), each after ``header`` when given."""
     prefix = header + "\n" if header is not None else ""
-    room = size - len(prefix)  # characters left for rows after the header and its newline
+    room = size - Measure(prefix, unit, count_tokens)(0, len(prefix))  # left for rows after the header and its newline
     out: list[tuple[str, int, int]] = []
     rows: list[tuple[int, int]] = []
     pos = start
@@ -121,13 +131,20 @@ def _table_chunks(text: str, start: int, end: int, header: str | None, size: int
     i = 0
     while i < len(rows):
         s, e = rows[i]
-        if e - s > room:  # one row too long for a chunk: cut it, header on each piece
-            piece = chunk_text(text[s:e], chunk_size=room, chunk_overlap=0)
+        if measure(s, e) > room:  # one row too long for a chunk: cut it, header on each piece
+            piece = chunk_text(
+                text[s:e],
+                chunk_size=room,
+                chunk_overlap=0,
+                chunk_unit=unit,
+                separators=separators,
+                count_tokens=count_tokens,
+            )
             out.extend(_shifted(piece, s, header))
             i += 1
             continue
         j = i
-        while j + 1 < len(rows) and rows[j + 1][1] - s <= room:
+        while j + 1 < len(rows) and measure(s, rows[j + 1][1]) <= room:
             j += 1
         e = rows[j][1]
         out.append((prefix + text[s:e], s, e))
@@ -135,7 +152,7 @@ def _table_chunks(text: str, start: int, end: int, header: str | None, size: int
     return out
 
 
-def _runs(sections: Sequence[Section], size: int, min_section: int) -> list[list[Section]]:
+def _runs(sections: Sequence[Section], size: int, min_section: int, measure: Measure) -> list[list[Section]]:
     """Sections grouped into runs chunked together: small neighbouring text sections merge."""
     runs: list[list[Section]] = []
     for sec in sections:
@@ -144,8 +161,8 @@ def _runs(sections: Sequence[Section], size: int, min_section: int) -> list[list
             last is not None
             and sec.kind == "text"
             and all(s.kind == "text" for s in last)
-            and (sec.end - sec.start < min_section or last[-1].end - last[0].start < min_section)
-            and sec.end - last[0].start <= size
+            and (measure(sec.start, sec.end) < min_section or measure(last[0].start, last[-1].end) < min_section)
+            and measure(last[0].start, sec.end) <= size
         ):
             last.append(sec)
         else:
@@ -161,27 +178,44 @@ def chunk_sections(
     chunk_overlap: int = 50,
     min_section: int | None = None,
     document_id: str = "",
+    chunk_unit: str = "chars",
+    separators: Sequence[str] | None = None,
+    count_tokens: Callable[[Sequence[str]], Sequence[int]] | None = None,
 ) -> list[SectionChunk]:
     """Chunks of ``text`` that respect ``sections`` (see the module docstring).
 
-    ``min_section`` defaults to a quarter of ``chunk_size``. Text outside every section is not
+    ``min_section`` defaults to a quarter of ``chunk_size``. ``chunk_unit`` / ``separators``
+    as for :func:`~kbcore.chunking.chunk_text`: every size (chunks, table rows, headers,
+    ``min_section``) is then measured in that unit (``count_tokens`` as there too). Text outside every section is not
     chunked (parsers cover the whole text). Complexity O(len(text)).
     """
     size, overlap = check_chunk_params(chunk_size, chunk_overlap)
+    unit, seps = check_chunking(chunk_unit, separators)
+    measure = Measure(text, unit, count_tokens if unit == "tokens" else None)
     if min_section is None:
         min_section = size // 4
     out: list[SectionChunk] = []
-    for run in _runs(sections, size, min_section):
+    for run in _runs(sections, size, min_section, measure):
         first = run[0]
         label = max(run, key=lambda sec: sec.end - sec.start)
         if first.kind == "table" and first.header is not None and first.body >= 0:
-            if len(first.header) + 1 <= size // 2:
-                pieces = _table_chunks(text, first.body, first.end, first.header, size)
+            if measure(first.start, first.body) <= size // 2:  # the header and its newline
+                pieces = _table_chunks(
+                    text, first.body, first.end, first.header, size, measure, unit, seps, count_tokens
+                )
             else:  # a header wider than half a chunk is not repeated: whole rows only
-                pieces = _table_chunks(text, first.start, first.end, None, size)
+                pieces = _table_chunks(text, first.start, first.end, None, size, measure, unit, seps, count_tokens)
         else:
             s, e = first.start, run[-1].end
-            pieces = _shifted(chunk_text(text[s:e], chunk_size=size, chunk_overlap=overlap), s, None)
+            got = chunk_text(
+                text[s:e],
+                chunk_size=size,
+                chunk_overlap=overlap,
+                chunk_unit=unit,
+                separators=seps,
+                count_tokens=count_tokens,
+            )
+            pieces = _shifted(got, s, None)
         for piece, s, e in pieces:
             out.append(SectionChunk(piece, len(out), s, e, document_id, label.path or None, label.page))
     return out

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import storage
-from ..chunking import check_chunk_params
+from ..chunking import check_chunk_params, check_chunking
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import DEFAULT_FUSION, check_vector_weight
@@ -86,6 +86,8 @@ class Engine:
         *,
         chunk_size: int = 500,
         chunk_overlap: int = 50,
+        chunk_unit: str = "chars",
+        separators: Sequence[str] | None = None,
         metric: str = "cosine",
         index: str = "hnsw",
         M: int = 16,
@@ -119,6 +121,10 @@ class Engine:
         ``vectors="disk"`` (quantized only) keeps its float32 rows out of anonymous memory, in
         the index file of each checkpoint, mapped (see docs/quantization.md), and is stored in
         the manifest so that every reopen keeps it.
+        ``chunk_size`` / ``chunk_overlap`` are counted in ``chunk_unit``: ``"chars"`` or
+        ``"tokens"`` (docs/formats.md); ``separators``: strings tried in order before the
+        paragraph / sentence / word cut (:func:`kbcore.chunking.chunk_text`). All four are the
+        default pipeline's and the default of :meth:`KnowledgeBase.create_pipeline`.
         ``search_type`` / ``fusion`` / ``vector_weight`` are the defaults of
         :meth:`KnowledgeBase.retrieve` (e.g. the Dify server's search type for this knowledge
         base); hybrid search fuses by ``"zscore"`` unless ``fusion`` says ``"rrf"`` or
@@ -158,6 +164,7 @@ class Engine:
         fusion = check_choice("fusion", fusion, FUSIONS)
         vector_weight = check_vector_weight(vector_weight)
         chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
+        chunk_unit, seps = check_chunking(chunk_unit, separators)
         if metric not in METRICS:
             raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {METRICS}")
         if index not in KINDS:
@@ -186,6 +193,10 @@ class Engine:
             "fusion": fusion,
             "vector_weight": vector_weight,
         }
+        if chunk_unit != "chars":  # absent means characters: older releases wrote no key
+            config["chunk_unit"] = chunk_unit
+        if seps:
+            config["separators"] = list(seps)
         if shards is not None:
             config["shards"] = shards
         if context_window:

@@ -23,7 +23,7 @@ import numpy as np
 from ..chunking import Chunk, chunk_text
 from ..embedders import check_embeddings
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..parsing import detect_format, parse, parse_archive
+from ..parsing import detect_format, parse, parse_archive, parse_records
 from ..sections import chunk_sections
 from .segments import combined, to_numpy
 from .types import PARENT_INDEX, RESERVED, RESERVED_METADATA, Document, PreparedDocument
@@ -201,12 +201,17 @@ def _per_chunk(docs: Sequence[PreparedDocument], field: str) -> Any:
 
 
 def prepare(
-    doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
+    doc: Document,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> PreparedDocument:
     """Reads, parses and chunks one document and checks its metadata (``extra_meta`` first,
     the document's own on top). Raises on bad input before anything is stored; a ``.zip``
     (several documents) raises: :func:`prepare_documents` takes it."""
-    docs, _ = prepare_documents(doc, pipeline, chunk_size, chunk_overlap, extra_meta)
+    docs, _ = prepare_documents(doc, pipeline, chunk_size, chunk_overlap, extra_meta, chunking)
     if len(docs) != 1 or docs[0].archive is not None:
         raise InvalidArgumentError(
             f"{docs[0].archive!r} is a zip archive, which holds several documents: ingest it with ingest() "
@@ -216,19 +221,35 @@ def prepare(
 
 
 def prepare_documents(
-    doc: Document, pipeline: str, chunk_size: int, chunk_overlap: int, extra_meta: Mapping[str, Any] | None
+    doc: Document,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> tuple[list[PreparedDocument], tuple[tuple[str, str], ...]]:
     """(the prepared documents of one input, its skipped archive members): one document, or
     for a ``.zip`` one per supported member, with id ``<archive id>/<path inside>``, filename
     ``<archive file name>/<path inside>`` and the metadata ``archive`` (the archive's id, unless
-    the metadata sets it). A bad member refuses the whole archive."""
+    the metadata sets it). A bad member refuses the whole archive. ``chunking``: the
+    pipeline's ``chunk_unit`` / ``separators`` (absent: characters, no separators)."""
     data, text, filename, path = read_source(doc)
+    if doc.rows_as_documents:
+        if data is None:
+            raise InvalidArgumentError("rows_as_documents needs a .csv, .tsv or .xlsx file, not text")
+        return _prepare_rows(doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta, chunking), ()
+    if doc.id_column is not None:
+        raise InvalidArgumentError("id_column is only used with rows_as_documents=True")
     if text is None:
         assert data is not None
         fmt = doc.format or (detect_format(filename, data) if data.strip() else None)
         if fmt == "zip":
-            return _prepare_archive(doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta)
-    return [_prepare_one(doc, data, text, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta)], ()
+            return _prepare_archive(
+                doc, data, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta, chunking
+            )
+    return [
+        _prepare_one(doc, data, text, filename, path, pipeline, chunk_size, chunk_overlap, extra_meta, chunking)
+    ], ()
 
 
 def _prepare_archive(
@@ -240,6 +261,7 @@ def _prepare_archive(
     chunk_size: int,
     chunk_overlap: int,
     extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> tuple[list[PreparedDocument], tuple[tuple[str, str], ...]]:
     archive = parse_archive(data, filename=filename)
     archive_id = doc.document_id or doc.filename or path or hashlib.sha256(data).hexdigest()[:16]
@@ -252,7 +274,7 @@ def _prepare_archive(
     for member in archive.members:
         p = member.parsed
         member_id = f"{archive_id}/{member.path}"
-        chunks = _chunks(p.text, p.sections, chunk_size, chunk_overlap, member_id)
+        chunks = _chunks(p.text, p.sections, chunk_size, chunk_overlap, member_id, chunking)
         out.append(
             PreparedDocument(
                 member_id,
@@ -268,13 +290,69 @@ def _prepare_archive(
     return out, archive.skipped
 
 
-def _chunks(text: str, sections: Any, chunk_size: int, chunk_overlap: int, document_id: str) -> list[Any]:
-    if sections:
-        chunks: list[Any] = chunk_sections(
-            text, sections, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id
+def chunking_for(pcfg: Mapping[str, Any], embedder: Any) -> Mapping[str, Any]:
+    """A pipeline's chunking for :func:`prepare_documents`: ``pcfg``, plus the embedder's
+    ``count_tokens`` (``texts -> token counts``) when the pipeline counts tokens and the
+    embedder has a tokenizer (the built-in MiniLM does); else tokens are approximated."""
+    fn = getattr(embedder, "count_tokens", None)
+    if pcfg.get("chunk_unit") != "tokens" or not callable(fn):
+        return pcfg
+    return {**pcfg, "count_tokens": fn}
+
+
+def _prepare_rows(
+    doc: Document,
+    data: bytes,
+    filename: str | None,
+    path: str | None,
+    pipeline: str,
+    chunk_size: int,
+    chunk_overlap: int,
+    extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None,
+) -> list[PreparedDocument]:
+    """One document per data row of a spreadsheet: id ``<file id>/<row id>``, text the row's
+    ``header: value`` lines, metadata the given metadata, then the row's typed cells, then
+    ``archive`` = the file id (which groups the rows for delete and re-ingest)."""
+    fmt = doc.format or detect_format(filename, data)
+    records = parse_records(data, filename=filename, format=fmt, id_column=doc.id_column)
+    file_id = doc.document_id or doc.filename or path or hashlib.sha256(data).hexdigest()[:16]
+    if not isinstance(file_id, str) or not file_id:
+        raise InvalidArgumentError(f"document_id must be a non-empty str, got {file_id!r}")
+    metadata = check_metadata(extra_meta)
+    metadata.update(check_metadata(doc.metadata))
+    out = []
+    for rec in records:
+        row_id = f"{file_id}/{rec.key}"
+        meta = dict(metadata)
+        meta.update(check_metadata(rec.fields))
+        meta["archive"] = file_id
+        chunks = _chunks(rec.text, (), chunk_size, chunk_overlap, row_id, chunking)
+        out.append(
+            PreparedDocument(
+                row_id, pipeline, filename, rec.text, fmt, meta, tuple(chunks), archive=file_id, archive_format=fmt
+            )
         )
+    return out
+
+
+def _chunks(
+    text: str,
+    sections: Any,
+    chunk_size: int,
+    chunk_overlap: int,
+    document_id: str,
+    chunking: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    opts = {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "document_id": document_id}
+    if chunking:
+        opts["chunk_unit"] = chunking.get("chunk_unit", "chars")
+        opts["separators"] = chunking.get("separators")
+        opts["count_tokens"] = chunking.get("count_tokens")
+    if sections:
+        chunks: list[Any] = chunk_sections(text, sections, **opts)
     else:
-        chunks = chunk_text(text, chunk_size=chunk_size, chunk_overlap=chunk_overlap, document_id=document_id)
+        chunks = chunk_text(text, **opts)
     if not chunks:
         raise InvalidArgumentError(f"document {document_id!r} contains no text: there is nothing to ingest")
     return chunks
@@ -290,6 +368,7 @@ def _prepare_one(
     chunk_size: int,
     chunk_overlap: int,
     extra_meta: Mapping[str, Any] | None,
+    chunking: Mapping[str, Any] | None = None,
 ) -> PreparedDocument:
     sections: Any = ()
     if text is not None:
@@ -309,7 +388,7 @@ def _prepare_one(
         raise InvalidArgumentError(f"document_id must be a non-empty str, got {document_id!r}")
     metadata = check_metadata(extra_meta)
     metadata.update(check_metadata(doc.metadata))
-    chunks = _chunks(text, sections, chunk_size, chunk_overlap, document_id)
+    chunks = _chunks(text, sections, chunk_size, chunk_overlap, document_id, chunking)
     return PreparedDocument(document_id, pipeline, filename, text, fmt, metadata, tuple(chunks))
 
 
@@ -323,7 +402,7 @@ def prepare_all(
     seen: set[str] = set()
     for item in items:
         docs, skips = prepare_documents(
-            as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta
+            as_document(item), pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], extra_meta, pcfg
         )
         for prep in docs:
             if prep.document_id in seen:
@@ -568,19 +647,26 @@ class ChildChunk(Chunk):
     page: int | None = None
 
 
-def split_parents(doc: PreparedDocument, child_size: int, child_overlap: int) -> PreparedDocument:
+def split_parents(
+    doc: PreparedDocument, child_size: int, child_overlap: int, chunking: Mapping[str, Any] | None = None
+) -> PreparedDocument:
     """``doc`` (chunked into parents) with each parent split into child chunks of
     ``child_size`` characters (``child_overlap`` shared), numbered across the document. A
     child's span is its place in the document text when the parent's text is that span of it
     (plain and Markdown text), else the parent's span (e.g. a table parent that repeats its
-    header), so the parent is always the document text between its children's spans."""
+    header), so the parent is always the document text between its children's spans.
+    ``chunking``: the pipeline's ``chunk_unit`` / ``separators``, for the children too."""
+    opts: dict[str, Any] = {}
+    if chunking:
+        opts = {k: chunking.get(k) for k in ("separators", "count_tokens")}
+        opts["chunk_unit"] = chunking.get("chunk_unit", "chars")
     children: list[Chunk] = []
     text = doc.text
     for p, parent in enumerate(doc.chunks):
         exact = text[parent.start : parent.end] == parent.text
         section = getattr(parent, "section", None)
         page = getattr(parent, "page", None)
-        for c in chunk_text(parent.text, chunk_size=child_size, chunk_overlap=child_overlap):
+        for c in chunk_text(parent.text, chunk_size=child_size, chunk_overlap=child_overlap, **opts):
             start, end = (parent.start + c.start, parent.start + c.end) if exact else (parent.start, parent.end)
             children.append(ChildChunk(c.text, len(children), start, end, doc.document_id, p, section, page))
     return replace(doc, chunks=tuple(children))

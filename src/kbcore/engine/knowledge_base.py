@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import storage
-from ..chunking import check_chunk_params
+from ..chunking import check_chunk_params, check_chunking
 from ..embedders import Embedder, as_embedder, embedder_spec
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
@@ -163,8 +163,9 @@ class KnowledgeBase:
 
     @property
     def pipelines(self) -> dict[str, dict[str, Any]]:
-        """Pipeline name -> {"chunk_size", "chunk_overlap"} (and "steps", a list of {"name",
-        "intermediate"}, for a pipeline created with steps)."""
+        """Pipeline name -> {"chunk_size", "chunk_overlap"} (and "chunk_unit" / "separators"
+        when set, and "steps", a list of {"name", "intermediate"}, for a pipeline created with
+        steps)."""
         return {k: dict(v) for k, v in self._cell.state.manifest["pipelines"].items()}
 
     def stats(self) -> KbStats:
@@ -241,6 +242,8 @@ class KnowledgeBase:
         chunk_size: int | None = None,
         chunk_overlap: int | None = None,
         steps: Sequence[Step | str] | None = None,
+        chunk_unit: str | None = None,
+        separators: Sequence[str] | None = None,
     ) -> None:
         """Adds a named pipeline (its own chunking); its documents are retrieved together with
         the others, and deduplication is per pipeline.
@@ -250,7 +253,9 @@ class KnowledgeBase:
         ``"parse"`` (optional, first), ``"chunk"`` (required) and user steps, callables ``(text)
         -> text`` run on each chunk in order; the last output is what is embedded and stored.
         A step with ``intermediate=True`` keeps its output beside each chunk and
-        :meth:`retrieve_text` returns it in ``intermediate_steps``. The step list is stored in
+        :meth:`retrieve_text` returns it in ``intermediate_steps``. ``chunk_unit`` /
+        ``separators`` as for :meth:`Engine.create_knowledge_base`; each of the four chunking
+        settings left None is the knowledge base's. The step list is stored in
         the manifest; a user step's function is not: after reopening, give it again with
         :meth:`set_step_function` before ingesting through the pipeline."""
         check_name(name, "pipeline")
@@ -260,12 +265,20 @@ class KnowledgeBase:
             cfg["chunk_size"] if chunk_size is None else chunk_size,
             cfg["chunk_overlap"] if chunk_overlap is None else chunk_overlap,
         )
+        unit, seps = check_chunking(
+            cfg.get("chunk_unit", "chars") if chunk_unit is None else chunk_unit,
+            cfg.get("separators") if separators is None else separators,
+        )
         with self._writing():
             if name in self._cell.state.manifest["pipelines"]:
                 raise InvalidArgumentError(f"pipeline {name!r} already exists in {self.name!r}")
 
             def change(m: dict[str, Any]) -> None:
                 m["pipelines"][name] = {"chunk_size": size, "chunk_overlap": overlap}
+                if unit != "chars":
+                    m["pipelines"][name]["chunk_unit"] = unit
+                if seps:
+                    m["pipelines"][name]["separators"] = list(seps)
                 if records:
                     m["pipelines"][name]["steps"] = records
                 check_settings(m, self.name)  # before it is written: a bad one never opens
@@ -317,6 +330,8 @@ class KnowledgeBase:
         format: str | None = None,
         text: str | None = None,
         embedder: Any = None,
+        rows_as_documents: bool = False,
+        id_column: str | None = None,
     ) -> IngestResult:
         """Parses, chunks, embeds and stores one document; re-ingesting a document id replaces
         it atomically.
@@ -327,8 +342,26 @@ class KnowledgeBase:
         an unsupported type) raises before anything is stored. A ``.zip`` stores one document
         per supported member (see :meth:`ingest_many` and docs/formats.md). ``embedder``: as
         :meth:`ingest_many`'s.
+
+        ``rows_as_documents=True`` (``.csv`` / ``.tsv`` / ``.xlsx``): each data row becomes its
+        own document ``<document_id>/<row id>`` (``id_column``'s value, else the row number;
+        ``<sheet>/<...>`` in a workbook) whose text is the row's ``header: value`` lines and
+        whose metadata holds its cells, typed (filterable); like a zip's members, the rows are
+        listed in the result's ``members``, replaced together on re-ingest and deleted together
+        by ``delete_document(document_id)`` (docs/formats.md).
         """
-        doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
+        if not isinstance(rows_as_documents, bool):
+            raise InvalidTypeError(f"rows_as_documents must be a bool, got {type(rows_as_documents).__name__}")
+        doc = Document(
+            source,
+            document_id=document_id,
+            filename=filename,
+            metadata=metadata,
+            format=format,
+            text=text,
+            rows_as_documents=rows_as_documents,
+            id_column=id_column,
+        )
         return self.ingest_many([doc], pipeline=pipeline, progress=False, embedder=embedder)[0]
 
     def ingest_many(
@@ -358,7 +391,7 @@ class KnowledgeBase:
         model); its vectors must have the knowledge base's dimension. Not recorded.
         """
         self._check_open()
-        pcfg = self._cell.state.pipeline(pipeline)
+        pcfg = ingest.chunking_for(self._cell.state.pipeline(pipeline), self._embedder.current)
         call_embedder = None if embedder is None else as_embedder(embedder)
         if call_embedder is None:
             self._embedder.require("ingest text")  # fail before parsing anything
@@ -402,7 +435,7 @@ class KnowledgeBase:
                 continue
             if prep.archive not in members:
                 members[prep.archive] = []
-                out.append(IngestResult(prep.archive, pipeline, 0, False, "zip"))
+                out.append(IngestResult(prep.archive, pipeline, 0, False, prep.archive_format))
             members[prep.archive].append(res)
         for archive_id, group in members.items():
             kept = {r.document_id for r in group}
@@ -420,7 +453,7 @@ class KnowledgeBase:
                 members=tuple(members[r.document_id]),
                 skipped=skipped.get(r.document_id, ()),
             )
-            if r.format == "zip" and r.document_id in members
+            if r.document_id in members and not r.members
             else r
             for r in out
         ]
@@ -449,10 +482,10 @@ class KnowledgeBase:
         and store them with :meth:`ingest_prepared`. Raises as :meth:`ingest` on bad input;
         needs no embedder."""
         self._check_open()
-        pcfg = self._cell.state.pipeline(pipeline)
+        pcfg = ingest.chunking_for(self._cell.state.pipeline(pipeline), self._embedder.current)
         doc = Document(source, document_id=document_id, filename=filename, metadata=metadata, format=format, text=text)
         parents = self._parents_of(pcfg)
-        prepared = ingest.prepare(doc, pipeline, parents["chunk_size"], parents["chunk_overlap"], None)
+        prepared = ingest.prepare(doc, pipeline, parents["chunk_size"], parents["chunk_overlap"], None, parents)
         return self._run_steps(self._split(prepared, pcfg))
 
     def _parents_of(self, pcfg: Mapping[str, int]) -> Mapping[str, int]:
@@ -465,7 +498,7 @@ class KnowledgeBase:
         """A parent-child knowledge base's document: its parents split into children."""
         if self._cell.state.config.get("parent_chunk_size") is None:
             return prepared
-        return ingest.split_parents(prepared, pcfg["chunk_size"], pcfg["chunk_overlap"])
+        return ingest.split_parents(prepared, pcfg["chunk_size"], pcfg["chunk_overlap"], pcfg)
 
     def prepare_qa(
         self,

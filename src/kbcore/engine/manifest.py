@@ -32,6 +32,16 @@ MAX_SEGMENTS = 32
 COMPACT_MIN_ROWS = 256
 
 
+def chunking_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline's chunking keys taken from ``cfg`` (a config or pipeline): size and overlap,
+    and ``chunk_unit`` / ``separators`` only when set (absent means characters, none)."""
+    out = {"chunk_size": cfg["chunk_size"], "chunk_overlap": cfg["chunk_overlap"]}
+    for key in ("chunk_unit", "separators"):
+        if key in cfg:
+            out[key] = cfg[key]
+    return out
+
+
 def initial(name: str, config: dict[str, Any], embedder: dict[str, Any], description: str) -> dict[str, Any]:
     """The manifest of a new, empty knowledge base (generation 1)."""
     return {
@@ -41,7 +51,7 @@ def initial(name: str, config: dict[str, Any], embedder: dict[str, Any], descrip
         "description": description,
         "config": dict(config),
         "embedder": embedder,
-        "pipelines": {DEFAULT_PIPELINE: {"chunk_size": config["chunk_size"], "chunk_overlap": config["chunk_overlap"]}},
+        "pipelines": {DEFAULT_PIPELINE: chunking_settings(config)},
         "next_id": 0,
         "next_group": 0,
         "segments": [],

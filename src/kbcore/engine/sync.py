@@ -161,11 +161,19 @@ def hash_item(doc: Document, pcfg: Mapping[str, int], extra_meta: Mapping[str, A
     meta.update(ingest.check_metadata(doc.metadata))
     h = hashlib.blake2b(_HASH_TAG, digest_size=HASH_BYTES)
     settings = [pcfg["chunk_size"], pcfg["chunk_overlap"], doc.format, filename, text is not None, meta]
+    if doc.rows_as_documents:  # absent otherwise: the hashes of earlier syncs stay valid
+        settings.append(["rows", doc.id_column])
     h.update(json.dumps(settings, sort_keys=True, default=repr).encode("utf-8") + b"\0")
     h.update(data if data is not None else (text or "").encode("utf-8", "surrogatepass"))
     if data is not None:
         loaded = Document(
-            data, document_id=doc.document_id, filename=filename, metadata=doc.metadata, format=doc.format
+            data,
+            document_id=doc.document_id,
+            filename=filename,
+            metadata=doc.metadata,
+            format=doc.format,
+            rows_as_documents=doc.rows_as_documents,
+            id_column=doc.id_column,
         )
     else:
         loaded = Document(text=text, document_id=doc.document_id, filename=filename, metadata=doc.metadata)
@@ -295,6 +303,14 @@ class Hooks:
     bar: Any
 
 
+def _embedder_or_none(hooks: Hooks) -> Any:
+    """The knowledge base's embedder (its tokenizer counts tokens), or None when it has none."""
+    try:
+        return hooks.embedder()
+    except InvalidArgumentError:
+        return None
+
+
 def run(
     items: list[tuple[str, Document]],
     *,
@@ -309,6 +325,7 @@ def run(
     batch_rows = BATCH_ROWS if batch_rows is None else batch_rows
     state = hooks.state()
     pcfg = state.pipeline(pipeline)
+    chunking = ingest.chunking_for(pcfg, _embedder_or_none(hooks))
     stored = Stored.of(state, pipeline)
     added: list[str] = []
     changed: list[str] = []
@@ -334,7 +351,7 @@ def run(
                 unchanged.append(sid)
                 continue
             prepared, _ = ingest.prepare_documents(
-                loaded, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata
+                loaded, pipeline, pcfg["chunk_size"], pcfg["chunk_overlap"], metadata, chunking
             )
         except _ITEM_ERRORS as exc:
             failed.append((sid, _reason(exc)))

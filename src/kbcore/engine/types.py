@@ -264,6 +264,9 @@ class Document:
     ``source`` is a path, or bytes (or a str with ``filename=``) holding the file's content;
     ``text`` is already extracted text (no parsing). ``document_id`` defaults to
     ``filename``, else the path as given, else a hash of the content.
+    ``rows_as_documents`` (``.csv`` / ``.tsv`` / ``.xlsx``): each data row becomes its own
+    document ``<document_id>/<row id>`` (the row id from ``id_column``, else the row number)
+    with its cells as typed metadata (docs/formats.md).
     """
 
     source: str | os.PathLike[str] | bytes | None = None
@@ -272,6 +275,8 @@ class Document:
     metadata: Mapping[str, Any] | None = None
     format: str | None = None
     text: str | None = None
+    rows_as_documents: bool = False
+    id_column: str | None = None
 
 
 @dataclass(frozen=True)
@@ -290,13 +295,16 @@ class PreparedDocument:
     format: str
     metadata: dict[str, Any]
     chunks: tuple[Chunk, ...]
-    #: The id of the ``.zip`` this document is a member of, else None.
+    #: The id of the ``.zip`` this document is a member of (or of the spreadsheet it is a row
+    #: of, with ``rows_as_documents``), else None.
     archive: str | None = None
     #: Per chunk, the text a hit returns instead of the searched chunk text (a QA pair's
     #: answer), or None for all chunks.
     contents: tuple[str, ...] | None = None
     #: Per chunk, the JSON object of its stored intermediate step outputs, or None.
     steps: tuple[str | None, ...] | None = None
+    #: The format of the file named by ``archive`` (``"zip"``, or the spreadsheet's).
+    archive_format: str = "zip"
 
     @property
     def texts(self) -> list[str]:
