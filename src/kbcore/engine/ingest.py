@@ -344,7 +344,7 @@ def _chunks(
     document_id: str,
     chunking: Mapping[str, Any] | None = None,
 ) -> list[Any]:
-    opts = {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "document_id": document_id}
+    opts: dict[str, Any] = {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "document_id": document_id}
     if chunking:
         opts["chunk_unit"] = chunking.get("chunk_unit", "chars")
         opts["separators"] = chunking.get("separators")

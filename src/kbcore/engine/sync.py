@@ -160,7 +160,7 @@ def hash_item(doc: Document, pcfg: Mapping[str, int], extra_meta: Mapping[str, A
     meta = ingest.check_metadata(extra_meta)
     meta.update(ingest.check_metadata(doc.metadata))
     h = hashlib.blake2b(_HASH_TAG, digest_size=HASH_BYTES)
-    settings = [pcfg["chunk_size"], pcfg["chunk_overlap"], doc.format, filename, text is not None, meta]
+    settings: list[Any] = [pcfg["chunk_size"], pcfg["chunk_overlap"], doc.format, filename, text is not None, meta]
     if doc.rows_as_documents:  # absent otherwise: the hashes of earlier syncs stay valid
         settings.append(["rows", doc.id_column])
     h.update(json.dumps(settings, sort_keys=True, default=repr).encode("utf-8") + b"\0")
