@@ -21,7 +21,6 @@ from kbcore.engine import Engine
 from kbcore.errors import FormatError, InvalidArgumentError
 
 DIM = 32
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def _data(n: int = 2500, seed: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -154,8 +153,9 @@ def test_a_reopened_disk_index_keeps_its_rows_out_of_anonymous_memory(tmp_path):
     )
     grew_kib, vectors = res.stdout.split()
     rows_kib = n * dim * 4 // 1024
-    # Codes (n * dim bytes) and graph stay; the rows (4x the codes) must not be copied in.
-    assert vectors == "disk" and int(grew_kib) < 0.5 * rows_kib, (grew_kib, rows_kib)
+    # Codes (n * dim bytes, a quarter of the rows), the graph and what a load imports stay
+    # (8.9-10.3 MiB here); copying the rows in would add all 20 MiB of them (>= 25 MiB in all).
+    assert vectors == "disk" and int(grew_kib) < 0.75 * rows_kib, (grew_kib, rows_kib)
 
 
 def _table(n: int, seed: int) -> tuple[pa.Table, np.ndarray]:
@@ -263,12 +263,11 @@ def test_the_manifest_check_validates_vectors(tmp_path):
 def test_the_cli_creates_a_knowledge_base_with_disk_rows(tmp_path):
     doc = tmp_path / "a.txt"
     doc.write_text("disk resident vectors survive a restart. " * 40)
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     data = tmp_path / "data"
     cmd = [sys.executable, "-m", "kbcore", "ingest", str(doc), "--kb", "k", "--data", str(data)]
-    subprocess.run(cmd + ["--quantization", "sq8", "--vectors", "disk"], check=True, env=env, capture_output=True)
+    subprocess.run(cmd + ["--quantization", "sq8", "--vectors", "disk"], check=True, capture_output=True)
     assert json.loads((data / "k" / "manifest.json").read_text())["config"]["vectors"] == "disk"
-    bad = subprocess.run(cmd[:-2] + ["--data", str(tmp_path / "d2"), "--vectors", "disk"], env=env, capture_output=True)
+    bad = subprocess.run(cmd[:-2] + ["--data", str(tmp_path / "d2"), "--vectors", "disk"], capture_output=True)
     assert bad.returncode != 0 and b"quantization" in bad.stderr
 
 
