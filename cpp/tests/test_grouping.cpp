@@ -52,7 +52,9 @@ KBCORE_TEST(grouped_search_agrees_with_brute_force) {
   const auto q = clustered(nq, dim, 22);
   for (auto kind : {kbcore::IndexKind::kFlat, kbcore::IndexKind::kHnsw}) {
     kbcore::Index index(config(dim, kind));
-    index.add(x.data(), ids.data(), n, 2, {int_column("doc", doc, valid)});
+    // One build thread: a 2-thread build links in a timing-dependent order, and at ASan speed
+    // it sometimes agreed on 10 of the 15 queries instead of 12 (already at f084ab3).
+    index.add(x.data(), ids.data(), n, 1, {int_column("doc", doc, valid)});
     const auto pages = index.search_groups(q.data(), nq, group_params(k, "doc", size, 256, 2));
     CHECK(pages.size() == nq);
     std::size_t same = 0;
