@@ -32,9 +32,9 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from .errors import KbcoreError
+from .errors import InvalidArgumentError, KbcoreError
 
 __all__ = [
     "post_json",
@@ -411,3 +411,30 @@ def _timeout_text(limit: _Deadline) -> str:
     if limit.left() <= 0:
         return f"no complete answer within deadline={limit.seconds:g} s"
     return f"no answer within timeout={limit.timeout:g} s"
+
+
+def service_url(base_url: Any, route: str, example: str) -> str:
+    """``base_url`` checked (http or https, a host, no credentials in it) with ``/route``
+    appended unless its path already ends so. ``example`` is a valid base URL, quoted in the
+    error."""
+    parts = _base_url_parts(base_url, example)
+    path = parts.path.rstrip("/")
+    if not path.endswith("/" + route):
+        path += "/" + route
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def _base_url_parts(base_url: Any, example: str) -> SplitResult:
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise InvalidArgumentError(f"base_url must be a non-empty URL, got {base_url!r}")
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgumentError(
+            f"base_url must be an http:// or https:// URL with a host, got {base_url!r} (e.g. {example})"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise InvalidArgumentError(
+            "base_url must not contain credentials (user:password@); the key is read from the "
+            "environment variable named by api_key_env"
+        )
+    return parts

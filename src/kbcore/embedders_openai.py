@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from ._http import DEFAULT_DEADLINE, DEFAULT_MAX_RESPONSE_BYTES, RETRY_STATUSES, post_json
+from ._http import DEFAULT_DEADLINE, DEFAULT_MAX_RESPONSE_BYTES, RETRY_STATUSES, post_json, service_url
 from .errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError
 
 __all__ = ["OpenAIEmbedder", "DEFAULT_BASE_URL", "AZURE_API_VERSION", "RETRY_STATUSES"]
@@ -60,26 +60,11 @@ def _non_negative(name: str, value: Any, *, positive: bool = False) -> float:
 
 
 def _endpoint_url(base_url: str, api_version: str | None) -> str:
-    if not isinstance(base_url, str) or not base_url.strip():
-        raise InvalidArgumentError(f"base_url must be a non-empty URL, got {base_url!r}")
-    parts = urlsplit(base_url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidArgumentError(
-            f"base_url must be an http:// or https:// URL with a host, got {base_url!r} "
-            "(e.g. https://api.openai.com/v1 or http://localhost:11434/v1)"
-        )
-    if parts.username is not None or parts.password is not None:
-        raise InvalidArgumentError(
-            "base_url must not contain credentials (user:password@); the key is read from the "
-            "environment variable named by api_key_env"
-        )
-    path = parts.path.rstrip("/")
-    if not path.endswith("/embeddings"):
-        path += "/embeddings"
+    parts = urlsplit(service_url(base_url, "embeddings", "https://api.openai.com/v1 or http://localhost:11434/v1"))
     query = parse_qsl(parts.query, keep_blank_values=True)
     if api_version is not None:
         query = [(k, v) for k, v in query if k != "api-version"] + [("api-version", api_version)]
-    return urlunsplit((parts.scheme, parts.netloc, path, urlencode(query), ""))
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 class OpenAIEmbedder:

@@ -27,11 +27,10 @@ import math
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from .._http import post_json
+from .._http import post_json, service_url
 from ..errors import InvalidArgumentError, RerankerError, RerankerUnavailableError
 from .base import BaseReranker, positive_int
 
@@ -67,23 +66,7 @@ def _number(name: str, value: Any) -> float:
 
 
 def _endpoint(base_url: str) -> str:
-    if not isinstance(base_url, str) or not base_url.strip():
-        raise InvalidArgumentError(f"base_url must be a non-empty URL, got {base_url!r}")
-    parts = urlsplit(base_url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidArgumentError(
-            f"base_url must be an http:// or https:// URL with a host, got {base_url!r} "
-            "(e.g. https://api.cohere.com/v2 or http://localhost:8080)"
-        )
-    if parts.username is not None or parts.password is not None:
-        raise InvalidArgumentError(
-            "base_url must not contain credentials (user:password@); the key is read from the "
-            "environment variable named by api_key_env"
-        )
-    path = parts.path.rstrip("/")
-    if not path.endswith("/rerank"):
-        path += "/rerank"
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+    return service_url(base_url, "rerank", "https://api.cohere.com/v2 or http://localhost:8080")
 
 
 class HttpReranker(BaseReranker):
