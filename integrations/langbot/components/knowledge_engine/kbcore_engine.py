@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
+import json
 import logging
 import math
 import os
@@ -73,9 +75,29 @@ resolve_data_dir = kbcore_home.resolve_data_dir
 
 _META_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
 
-#: Creation ``index_type``: what the engine supports today (parent_child and qa are pending).
-INDEX_TYPES = ("chunk",)
-PENDING_INDEX_TYPES = ("parent_child", "qa")
+#: Creation ``index_type``: plain chunks; parent-child (children searched, parents returned;
+#: docs/parent-child.md); question-answer pairs (docs/qa.md), read from a table file or
+#: generated per chunk by the host LLM.
+INDEX_TYPES = ("chunk", "parent_child", "qa")
+#: The engine's parent / child sizes: what 0 or an empty setting means.
+_KB_DEFAULTS = inspect.signature(Engine.create_knowledge_base).parameters
+PARENT_CHUNK_SIZE: int = _KB_DEFAULTS["parent_chunk_size"].default
+CHILD_CHUNK_SIZE: int = _KB_DEFAULTS["child_chunk_size"].default
+#: Files a ``qa`` knowledge base reads as question-answer rows (``question`` / ``answer`` columns).
+QA_TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson", ".xlsx")
+#: Generated questions: per chunk (LangRAG's default 1), at most this many; a chunk's text is cut
+#: to QA_PROMPT_CHARS in the prompt; a question longer than QA_QUESTION_CHARS is dropped; a
+#: document of more than QA_MAX_CHUNKS chunks is refused before any LLM call; at most
+#: QA_CONCURRENCY LLM calls at a time.
+QUESTIONS_PER_CHUNK = 1
+QUESTIONS_PER_CHUNK_MAX = 5
+QA_PROMPT_CHARS = 3000
+QA_QUESTION_CHARS = 500
+QA_MAX_CHUNKS = 2000
+QA_CONCURRENCY = 4
+#: Retrieval ``context_window``: neighbouring chunks added on each side of a hit (chunk
+#: knowledge bases only: a parent already is its context, a QA answer has no neighbours).
+CONTEXT_WINDOW_MAX = 5
 #: Creation ``builtin_embedder`` (used when no host embedding model is picked).
 BUILTIN_EMBEDDERS = ("auto", "e5", "hashing")
 #: Retrieval choices.
@@ -169,15 +191,14 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     model = s.get("embedding_model_uuid") or ""
     if not isinstance(model, str):
         raise InvalidArgumentError(f"setting 'embedding_model_uuid' must be a string, got {model!r}")
-    index_type = _choice(s, "index_type", "chunk", INDEX_TYPES + PENDING_INDEX_TYPES)
-    if index_type in PENDING_INDEX_TYPES:
-        raise InvalidArgumentError(
-            f"index_type {index_type!r} is not supported by the kbcore engine yet; use 'chunk' "
-            "(headings, pages and table rows already shape the chunks)"
-        )
+    index_type = _choice(s, "index_type", "chunk", INDEX_TYPES)
     out = {
         "embedding_model_uuid": model.strip(),
         "index_type": index_type,
+        "parent_chunk_size": _int(s, "parent_chunk_size", 0, 0) or PARENT_CHUNK_SIZE,
+        "child_chunk_size": _int(s, "child_chunk_size", 0, 0) or CHILD_CHUNK_SIZE,
+        "qa_llm_model_uuid": _str(s, "qa_llm_model_uuid"),
+        "questions_per_chunk": _int(s, "questions_per_chunk", QUESTIONS_PER_CHUNK, 1),
         "builtin_embedder": _choice(s, "builtin_embedder", "auto", BUILTIN_EMBEDDERS),
         "chunk_size": _int(s, "chunk_size", 500, 1),
         "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
@@ -196,6 +217,15 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         )
     if out["vectors"] == "disk" and out["quantization"] == "none":
         raise InvalidArgumentError("setting 'vectors' (disk) needs a 'quantization' (sq8 or rabitq), got 'none'")
+    if out["questions_per_chunk"] > QUESTIONS_PER_CHUNK_MAX:
+        raise InvalidArgumentError(
+            f"setting 'questions_per_chunk' must be at most {QUESTIONS_PER_CHUNK_MAX}, got {out['questions_per_chunk']}"
+        )
+    if index_type == "parent_child" and out["parent_chunk_size"] <= out["child_chunk_size"]:
+        raise InvalidArgumentError(
+            f"parent_chunk_size ({out['parent_chunk_size']}) must be larger than child_chunk_size "
+            f"({out['child_chunk_size']})"
+        )
     return out
 
 
@@ -215,7 +245,12 @@ def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "rerank_top_n": _int(s, "rerank_top_n", 20, 1),
         "query_rewrite": _choice(s, "query_rewrite", "off", QUERY_REWRITES),
         "rewrite_llm_model_uuid": _str(s, "rewrite_llm_model_uuid"),
+        "context_window": _int(s, "context_window", 0, 0),
     }
+    if out["context_window"] > CONTEXT_WINDOW_MAX:
+        raise InvalidArgumentError(
+            f"setting 'context_window' must be at most {CONTEXT_WINDOW_MAX}, got {out['context_window']}"
+        )
     if out["rerank_top_n"] > RERANK_MAX:
         raise InvalidArgumentError(
             f"setting 'rerank_top_n' must be at most {RERANK_MAX} (what LangBot's rerank call scores), "
@@ -330,6 +365,47 @@ _PROMPTS = {
 }
 
 
+_QA_PROMPTS = {
+    "en": (
+        "Write up to {n} questions that the text below answers, in the language of the text, one "
+        'per line, without numbering. Reply with the questions only.\n\nText:\n"""\n{text}\n"""'
+    ),
+    "zh": (
+        "请根据下面的文本写出最多 {n} 个能由该文本回答的问题，使用文本的语言，每行一个，不要编号。"
+        '只回复问题。\n\n文本：\n"""\n{text}\n"""'
+    ),
+    "ja": (
+        "次の文章で答えられる質問を最大 {n} 個、文章と同じ言語で、1 行に 1 つ、番号を付けずに書いて"
+        'ください。質問だけを返してください。\n\n文章：\n"""\n{text}\n"""'
+    ),
+}
+_KANA_RE = re.compile(r"[\u3040-\u30ff]")
+_HAN_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def qa_language(text: str) -> str:
+    """``ja`` when the text has kana, ``zh`` when a fifth of its non-space characters are Han
+    ideographs, else ``en``: the language of the question-generation prompt."""
+    letters = sum(1 for ch in text if not ch.isspace()) or 1
+    if len(_KANA_RE.findall(text)) * 50 >= letters:
+        return "ja"
+    if len(_HAN_RE.findall(text)) * 5 >= letters:
+        return "zh"
+    return "en"
+
+
+def qa_prompt(text: str, n: int) -> str:
+    """The prompt asking the host LLM for at most ``n`` questions a chunk answers; the chunk is
+    cut to ``QA_PROMPT_CHARS`` characters, so the prompt is bounded whatever the chunk size."""
+    return _QA_PROMPTS[qa_language(text)].format(n=n, text=text[:QA_PROMPT_CHARS])
+
+
+def generated_questions(answer: str, n: int) -> list[str]:
+    """The questions of the LLM's answer to :func:`qa_prompt`: one per line, numbering removed,
+    repeats and lines longer than ``QA_QUESTION_CHARS`` dropped, at most ``n``."""
+    return [q for q in rewrite_lines(answer, 10 * n) if len(q) <= QA_QUESTION_CHARS][:n]
+
+
 def rrf_merge(lists: Sequence[Sequence[Any]], k: int = RRF_K) -> list[Any]:
     """Hits of several searches merged by reciprocal rank fusion (1-based ranks, constant
     ``k``), one per chunk (the first occurrence kept), best first."""
@@ -342,6 +418,37 @@ def rrf_merge(lists: Sequence[Sequence[Any]], k: int = RRF_K) -> list[Any]:
             first.setdefault(key, h)
     order = sorted(fused, key=lambda key: -fused[key])
     return [first[key] for key in order]
+
+
+def _index_type(settings: Mapping[str, Any] | None) -> str:
+    """The creation ``index_type`` of a knowledge base (``chunk`` if its settings do not parse)."""
+    try:
+        return str(creation_settings(settings)["index_type"])
+    except InvalidArgumentError:
+        return "chunk"
+
+
+def _questions_per_chunk(settings: Mapping[str, Any] | None) -> int:
+    try:
+        return int(creation_settings(settings)["questions_per_chunk"])
+    except InvalidArgumentError:
+        return QUESTIONS_PER_CHUNK
+
+
+def _distinct_answers(hits: Sequence[Any]) -> list[Any]:
+    """The hits with one per answer of a document (the best matching question's), in order."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for h in hits:
+        key = (h.document_id, h.content)
+        if key not in seen:
+            seen.add(key)
+            out.append(h)
+    return out
+
+
+class QuestionGenerationError(RuntimeError):
+    """The host LLM could not generate the questions of a chunk of a ``qa`` knowledge base."""
 
 
 class _BurstLog:
@@ -457,8 +564,16 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
 
     def _create(self, kb_id: str, settings: Mapping[str, Any] | None) -> Any:
         s = creation_settings(settings)
+        layout: dict[str, Any] = {}
+        if s["index_type"] == "parent_child":
+            layout = {
+                "index_type": "parent_child",
+                "parent_chunk_size": s["parent_chunk_size"],
+                "child_chunk_size": s["child_chunk_size"],
+            }
         return self.engine().create_knowledge_base(
             kb_name(kb_id),
+            **layout,
             chunk_size=s["chunk_size"],
             chunk_overlap=s["chunk_overlap"],
             metric=s["metric"],
@@ -558,10 +673,14 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         if kb is None:  # created before the plugin was installed, or the hook failed
             kb = await asyncio.to_thread(self._create, ctx.knowledge_base_id, ctx.creation_settings)
 
+        settings = creation_settings(ctx.creation_settings)
         parsed = ctx.parsed_content
         meta = _file_metadata(ctx, None)
         name = fm.filename or None
-        if parsed is not None and parsed.sections and any((x.content or "").strip() for x in parsed.sections):
+        qa_table = settings["index_type"] == "qa" and (name or "").lower().endswith(QA_TABLE_SUFFIXES)
+        if qa_table:  # question-answer rows: the file itself, whatever a parser made of it
+            source, fmt = {"source": await self._file_bytes(ctx, name or doc_id)}, "qa"
+        elif parsed is not None and parsed.sections and any((x.content or "").strip() for x in parsed.sections):
             # a parser plugin's structure: headings become the chunks' section path
             md = sections_markdown(parsed.sections).encode("utf-8")
             source: dict[str, Any] = {"source": md, "format": "markdown"}
@@ -569,20 +688,17 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         elif parsed is not None and parsed.text and parsed.text.strip():
             source, fmt = {"text": parsed.text}, "host-parsed"
         else:  # kbcore parses the file itself: sections, pages, tables, zip members
-            data = await self.plugin.get_knowledge_file_stream(ctx.file_object.storage_path)
-            if not data:
-                raise InvalidArgumentError(f"{name or doc_id!r} is empty: there is nothing to ingest")
-            source, fmt = {"source": bytes(data)}, None
-        res = await self._ingest_source(kb, ctx, doc_id, name, source, meta)
+            source, fmt = {"source": await self._file_bytes(ctx, name or doc_id)}, None
+        out_meta: dict[str, Any] = {"engine": "kbcore", "knowledge_base": kb.name}
+        if settings["index_type"] == "qa":
+            res, generated = await self._ingest_qa(kb, ctx, settings, doc_id, name, source, meta, qa_table)
+            out_meta.update(index_type="qa", questions=res.chunks, questions_generated=generated)
+        else:
+            res = await self._ingest_source(kb, ctx, doc_id, name, source, meta)
+            out_meta["index_type"] = settings["index_type"]
         fmt = fmt or res.format
         logger.info("kbcore: ingested %s (%s) into %s: %d chunks", doc_id, fm.filename, kb.name, res.chunks)
-        out_meta: dict[str, Any] = {
-            "engine": "kbcore",
-            "knowledge_base": kb.name,
-            "format": fmt,
-            "dim": kb.dim,
-            "embedder": self._embedder_label(kb, ctx.creation_settings),
-        }
+        out_meta.update(format=fmt, dim=kb.dim, embedder=self._embedder_label(kb, ctx.creation_settings))
         if res.members:
             out_meta["members"] = len(res.members)
             out_meta["skipped_members"] = len(res.skipped)
@@ -592,6 +708,97 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             chunks_created=res.chunks,
             metadata=out_meta,
         )
+
+    async def _file_bytes(self, ctx: IngestionContext, what: str) -> bytes:
+        """The uploaded file's bytes from the host; InvalidArgumentError when it is empty."""
+        data = await self.plugin.get_knowledge_file_stream(ctx.file_object.storage_path)
+        if not data:
+            raise InvalidArgumentError(f"{what!r} is empty: there is nothing to ingest")
+        return bytes(data)
+
+    async def _ingest_qa(
+        self,
+        kb: Any,
+        ctx: IngestionContext,
+        s: Mapping[str, Any],
+        doc_id: str,
+        filename: str | None,
+        source: dict[str, Any],
+        meta: dict[str, Any],
+        table: bool,
+    ) -> tuple[Any, bool]:
+        """(the ingest result, whether the questions were generated) of a document of a ``qa``
+        knowledge base: a table file's question-answer rows (kbcore's ``prepare_qa``), else the
+        document's chunks, each with the questions the host LLM wrote for it, the chunk being
+        the answer. Everything is read, generated and embedded before one atomic commit: a
+        failure leaves nothing of the document."""
+        meta = {k: v for k, v in meta.items() if k != "question"}  # reserved: a hit's matched question
+        what = filename or doc_id
+        if table:
+            prepared = await asyncio.to_thread(
+                kb.prepare_qa, source["source"], document_id=doc_id, filename=filename, metadata=meta
+            )
+        else:
+            if not s["qa_llm_model_uuid"]:
+                raise InvalidArgumentError(
+                    f"{what!r} is not a question-answer table and this knowledge base (index type 'qa') has no "
+                    "Question Generation LLM: upload a .csv, .tsv, .xlsx or .jsonl file with 'question' and "
+                    "'answer' columns, or create the knowledge base with a Question Generation LLM "
+                    "(qa_llm_model_uuid) to generate questions from documents"
+                )
+            doc = await asyncio.to_thread(
+                lambda: kb.prepare(document_id=doc_id, filename=filename, metadata=meta, **source)
+            )
+            pairs = await self._generate_pairs(s, doc.texts, what)
+            rows = "".join(json.dumps({"question": q, "answer": a}, ensure_ascii=False) + "\n" for q, a in pairs)
+            prepared = await asyncio.to_thread(
+                kb.prepare_qa,
+                rows.encode("utf-8"),
+                format="jsonl",
+                document_id=doc_id,
+                filename=filename,
+                metadata=meta,
+            )
+        vectors = await self._embed(kb, ctx.creation_settings, prepared.texts)
+        return await asyncio.to_thread(kb.ingest_prepared, prepared, vectors), not table
+
+    async def _generate_pairs(self, s: Mapping[str, Any], chunks: Sequence[str], what: str) -> list[tuple[str, str]]:
+        """(question, chunk) pairs: the host LLM asked for ``questions_per_chunk`` questions per
+        chunk (at most QA_CONCURRENCY calls at a time). A failing call, a timeout or an answer
+        without a question raises QuestionGenerationError naming the chunk."""
+        model, n = s["qa_llm_model_uuid"], s["questions_per_chunk"]
+        if len(chunks) > QA_MAX_CHUNKS:
+            raise InvalidArgumentError(
+                f"{what!r} makes {len(chunks)} chunks; question generation asks the LLM once per chunk and "
+                f"takes at most {QA_MAX_CHUNKS}: split the document or raise chunk_size"
+            )
+        gate = asyncio.Semaphore(QA_CONCURRENCY)
+
+        async def one(i: int, text: str) -> list[tuple[str, str]]:
+            where = f"chunk {i + 1} of {len(chunks)} of {what!r}"
+            async with gate:
+                try:
+                    msg = await asyncio.wait_for(
+                        self.plugin.invoke_llm(model, [Message(role="user", content=qa_prompt(text, n))]),
+                        timeout=LLM_TIMEOUT,
+                    )
+                except Exception as exc:  # noqa: BLE001 - reported on the document, nothing stored
+                    reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                    raise QuestionGenerationError(f"LLM {model!r} failed on {where}: {reason}") from None
+            questions = generated_questions(_message_text(msg), n)
+            if not questions:
+                raise QuestionGenerationError(f"LLM {model!r} answered no question for {where}")
+            return [(q, text) for q in questions]
+
+        tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(chunks)]
+        try:
+            answers = await asyncio.gather(*tasks)
+        except BaseException:  # the first failure is reported; the other calls are cancelled
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [pair for pairs in answers for pair in pairs]
 
     def _embedder_label(self, kb: Any, settings: Mapping[str, Any] | None) -> str:
         if kb.embedder is not None:
@@ -650,16 +857,30 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         if kb is None or len(kb) == 0:
             return RetrievalResponse(results=[], total_found=0, metadata={"engine": "kbcore"})
         info: dict[str, Any] = {"engine": "kbcore", "knowledge_base": kb.name, "search_type": settings["search_type"]}
+        index_type = _index_type(context.creation_settings)
+        notes: dict[str, Any] = {}
+        if settings["context_window"] and index_type != "chunk":
+            why = "a parent already is its context" if index_type == "parent_child" else "an answer has no neighbours"
+            notes["context_window_ignored"] = f"index type {index_type!r}: {why}"
+            settings["context_window"] = 0
+        top_k = settings["top_k"]
+        if index_type == "qa":  # several questions of a chunk share its answer: fetch more, keep one
+            settings["top_k"] = top_k * _questions_per_chunk(context.creation_settings)
         try:
-            hits, notes = await self._search(kb, context, settings)
+            hits, found = await self._search(kb, context, settings)
         except (KbcoreError, ValueError, TypeError) as exc:
             raise RetrievalError(f"kbcore retrieval in {kb.name!r} failed: {exc}") from None
+        notes.update(found)
+        if index_type == "qa":
+            hits = _distinct_answers(hits)[:top_k]
         info.update(notes)
         entries = []
         for h in hits:
             meta = dict(h.metadata)
             if meta.get("filename"):
                 meta.setdefault("document_name", meta["filename"])
+            if h.part_ids:  # parent-child: the children that matched; dedup: the chunks of the document
+                meta["part_ids"] = list(h.part_ids)
             meta.update(notes)
             entries.append(
                 RetrievalResultEntry(
@@ -740,6 +961,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         }
         if s["search_type"] == "hybrid":
             kwargs.update(fusion="linear", vector_weight=s["vector_weight"])
+        if s["context_window"]:
+            kwargs["context_window"] = s["context_window"]
         if vec is not None:  # the text stays the query (BM25 leg, reranker), the vector leg's is vec
             kwargs["query_vector"] = vec
         query = text
