@@ -1020,3 +1020,164 @@ def test_parser_sections_become_heading_paths(loaded):
     assert res["status"] == "completed" and res["metadata"]["format"] == "host-parsed-sections"
     hits = retrieve(component, retrieval(KB, "restores tested monthly", settings={"search_type": "full_text"}))
     assert hits.results[0].metadata["section"] == "Operations > Restores"
+
+
+LONG_DOC = (
+    "# Boiler room\n\n"
+    + " ".join(f"Gauge {i} of the boiler room reads between {i * 10} and {i * 10 + 5} bar." for i in range(1, 13))
+    + "\n\n# Cold store\n\n"
+    + " ".join(f"Shelf {i} of the cold store stays below {i} degrees at night." for i in range(1, 13))
+)
+
+
+def test_parent_child_returns_the_parent_with_the_matching_children(loaded):
+    _, _, component, _, _ = loaded
+    settings = {**HOST_SETTINGS, "index_type": "parent_child", "parent_chunk_size": 600, "child_chunk_size": 120}
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    kb = component._open(KB)
+    assert kb.info()["index_type"] == "parent_child" and kb.info()["parent_chunk_size"] == 600
+    res = ingest(component, ingestion(KB, "doc-pc", "kb/search.txt", settings=settings, parsed=LONG_DOC))
+    assert res["status"] == "completed" and res["metadata"]["index_type"] == "parent_child", res
+    children = kb.prepare(text=LONG_DOC).texts
+    q = "shelf 7 of the cold store degrees at night"
+    response = retrieve(component, retrieval(KB, q, settings={"top_k": 2, "context_window": 1}, creation=settings))
+    top = response.results[0]
+    text = top.content[0].text
+    child = [c for c in children if "Shelf 7 of" in c][0]
+    assert child in text and len(text) > len(child) and len(text) <= 600  # the parent around the child
+    assert top.metadata["part_ids"] and top.metadata["chunk_index"] in top.metadata["part_ids"]
+    assert isinstance(top.metadata["parent_index"], int)
+    assert "parent" in top.metadata["context_window_ignored"]  # a parent already is the context
+
+
+def test_parent_child_sizes_default_to_the_engines(loaded):
+    import inspect
+
+    from kbcore import Engine
+
+    _, _, component, _, _ = loaded
+    run(component.on_knowledge_base_create(KB, {"index_type": "parent_child", "builtin_embedder": "hashing"}))
+    defaults = inspect.signature(Engine.create_knowledge_base).parameters
+    info = component._open(KB).info()
+    assert info["parent_chunk_size"] == defaults["parent_chunk_size"].default
+    assert info["chunk_size"] == defaults["child_chunk_size"].default
+
+
+def test_context_window_adds_the_neighbouring_chunks(loaded):
+    _, _, component, _, _ = loaded
+    run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
+    assert ingest(component, ingestion(KB, "doc-cw", "kb/search.txt", parsed=LONG_DOC))["status"] == "completed"
+    chunks = expected_chunks_of(LONG_DOC)
+    q = "shelf 7 of the cold store degrees at night"
+    plain = retrieve(component, retrieval(KB, q, settings={"top_k": 1})).results[0]
+    wide = retrieve(component, retrieval(KB, q, settings={"top_k": 1, "context_window": 1})).results[0]
+    i = plain.metadata["chunk_index"]
+    assert plain.content[0].text == chunks[i]
+    neighbours = [chunks[j] for j in (i - 1, i + 1) if 0 <= j < len(chunks)]
+    assert neighbours and all(n in wide.content[0].text for n in neighbours)
+    assert chunks[i] in wide.content[0].text
+    with pytest.raises(RetrievalError, match="context_window"):
+        run(component.retrieve(retrieval(KB, q, settings={"context_window": 6})))
+
+
+def expected_chunks_of(text: str, size=200, overlap=20) -> list[str]:
+    import tempfile
+
+    from kbcore import Engine
+
+    with tempfile.TemporaryDirectory() as tmp, Engine(tmp) as engine:
+        kb = engine.create_knowledge_base("x", chunk_size=size, chunk_overlap=overlap, embedder=False)
+        return list(kb.prepare(text=text).texts)
+
+
+QA_SETTINGS = {**HOST_SETTINGS, "index_type": "qa"}
+QA_CSV = (
+    b"question,answer\n"
+    b"How long can I return an item?,Items can be returned within 30 days with the receipt.\n"
+    b"Do you ship abroad?,We ship to the EU and Japan; customs fees are paid on delivery.\n"
+)
+
+
+def test_a_qa_table_answers_with_the_answer_text_and_no_llm(loaded):
+    _, _, component, host, _ = loaded
+    FILES["kb/faq.csv"] = QA_CSV
+    try:
+        run(component.on_knowledge_base_create(KB, dict(QA_SETTINGS)))
+        res = ingest(component, ingestion(KB, "doc-faq", "kb/faq.csv", settings=QA_SETTINGS, parsed="a parser's text"))
+        assert res["status"] == "completed" and res["chunks_created"] == 2, res
+        assert res["metadata"]["questions_generated"] is False and res["metadata"]["format"] == "qa"
+        hits = retrieve(component, retrieval(KB, "how long can I return an item", creation=QA_SETTINGS)).results
+        assert hits[0].content[0].text == "Items can be returned within 30 days with the receipt."
+        assert hits[0].metadata["question"] == "How long can I return an item?"
+        assert host.count(PluginToRuntimeAction.INVOKE_LLM) == 0
+    finally:
+        FILES.pop("kb/faq.csv", None)
+
+
+def fake_questions(prompt: str) -> str:
+    """Questions a fake LLM writes for a chunk: one per sentence of the quoted text."""
+    text = " ".join(prompt.split('"""')[1].split())
+    return "\n".join(f"{i}. What does it say: {s.strip()}?" for i, s in enumerate(text.split(". "), 1) if s.strip())
+
+
+def test_qa_questions_are_generated_per_chunk_by_the_host_llm(loaded):
+    _, _, component, host, _ = loaded
+    settings = {**QA_SETTINGS, "qa_llm_model_uuid": LLM_MODEL, "questions_per_chunk": 2}
+    host.llm_reply = fake_questions
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    res = ingest(component, ingestion(KB, "doc-gen", "kb/rotation.md", settings=settings))
+    chunks = expected_chunks("kb/rotation.md")
+    assert res["status"] == "completed" and res["metadata"]["questions_generated"] is True, res
+    assert host.count(PluginToRuntimeAction.INVOKE_LLM) == len(chunks)
+    assert 0 < res["chunks_created"] <= 2 * len(chunks)  # the cap on questions per chunk
+    prompts = [d["messages"][-1]["content"] for a, d in host.calls if a == PluginToRuntimeAction.INVOKE_LLM]
+    assert all(p.startswith("Write up to 2 questions") for p in prompts)
+    hits = retrieve(component, retrieval(KB, "what to do if a key leaks", settings={"top_k": 5}, creation=settings))
+    answers = [h.content[0].text for h in hits.results]
+    assert answers[0] in chunks and "leaks" in answers[0]
+    assert len(answers) == len(set(answers))  # one result per answer, not per generated question
+    assert hits.results[0].metadata["question"].startswith("What does it say:")
+
+
+@pytest.mark.parametrize(
+    ("reply", "fragment"),
+    [
+        (lambda p: (_ for _ in ()).throw(RuntimeError("LLM quota exceeded")), "LLM quota exceeded"),
+        (lambda p: "   \n\n", "answered no question"),
+    ],
+)
+def test_question_generation_failures_fail_the_document_and_store_nothing(loaded, reply, fragment):
+    _, _, component, host, _ = loaded
+    settings = {**QA_SETTINGS, "qa_llm_model_uuid": LLM_MODEL}
+    calls = iter(range(1000))
+    host.llm_reply = lambda p: fake_questions(p) if next(calls) == 0 else reply(p)  # the 2nd chunk fails
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    res = ingest(component, ingestion(KB, "doc-gen", "kb/rotation.md", settings=settings))
+    assert res["status"] == "failed" and fragment in res["error_message"] and "chunk" in res["error_message"], res
+    assert len(component._open(KB)) == 0  # never a half-ingested document
+
+
+def test_a_document_in_a_qa_knowledge_base_without_an_llm_fails_naming_the_fix(loaded):
+    _, _, component, host, _ = loaded
+    run(component.on_knowledge_base_create(KB, dict(QA_SETTINGS)))
+    res = ingest(component, ingestion(KB, "doc-md", "kb/rotation.md", settings=QA_SETTINGS))
+    assert res["status"] == "failed" and "qa_llm_model_uuid" in res["error_message"] and ".csv" in res["error_message"]
+    assert host.count(PluginToRuntimeAction.INVOKE_LLM) == 0
+
+
+def test_question_prompts_follow_the_texts_language_and_are_bounded(loaded):
+    mod = sys.modules[type(loaded[2]).__module__]
+    QA_PROMPT_CHARS, generated_questions, qa_language, qa_prompt = (  # noqa: N806
+        mod.QA_PROMPT_CHARS,
+        mod.generated_questions,
+        mod.qa_language,
+        mod.qa_prompt,
+    )
+
+    assert qa_language("Rotate the signing keys every ninety days.") == "en"
+    assert qa_language("个体工商户可以起字号。签名密钥每九十天轮换一次。") == "zh"
+    assert qa_language("東京は日本の首都です。鍵は九十日ごとに交換します。") == "ja"
+    assert qa_prompt("签名密钥每九十天轮换一次。", 1).startswith("请根据")
+    assert qa_prompt("鍵は九十日ごとに交換します。", 1).startswith("次の文章")
+    assert len(qa_prompt("x" * 100_000, 3)) < QA_PROMPT_CHARS + 300
+    assert generated_questions("1. a?\n2. b?\n3. a?\n- c?\n" + "d" * 600 + "?", 2) == ["a?", "b?"]
