@@ -15,9 +15,12 @@ What it does, in order:
    fake OpenAI-compatible ``/v1/embeddings`` server, then drives the host's own HTTP API (the web
    UI's): admin setup and login, an embedding model on the fake server, plugin install from a
    local file, knowledge bases on the kbcore engine, document upload, retrieval (top_k, filters,
-   one result per document), document delete, a host restart, data left by an older version in
-   an old package folder, a plugin upgrade, knowledge base delete and uninstall, checking the
-   runtime's disk after each step. Every process it started is killed in a ``finally``.
+   one result per document), office files and zips, search types, rerank and query rewrite,
+   parent-child (the parent with ``part_ids``), ``context_window``, Q&A from a CSV and from
+   questions the fake chat model writes per chunk (and a generation failure), document delete,
+   a host restart, data left by an older version in an old package folder, a plugin upgrade,
+   knowledge base delete and uninstall, checking the runtime's disk after each step. Every
+   process it started is killed in a ``finally``.
 
 Prints one line per check and ends with ``N passed, M failed``; exits 1 on a failure, 2 when it
 cannot run (e.g. no ``unshare`` and ``--no-netns`` not given). Usage::
@@ -69,6 +72,27 @@ DOCS = {
     "search.md": "# Search quality\n\nSearch relevance is measured with nDCG at ten on a "
     "held-out query set. Regressions above one point block a release.",
 }
+
+#: A document for the parent-child, context-window and generated-question checks.
+PLANT = (
+    "# Boiler room\n\n"
+    + " ".join(f"Gauge {i} of the boiler room reads between {i * 10} and {i * 10 + 5} bar." for i in range(1, 9))
+    + "\n\n# Cold store\n\n"
+    + " ".join(f"Shelf {i} of the cold store stays below {i} degrees at night." for i in range(1, 9))
+)
+FAQ_CSV = (
+    "question,answer\n"
+    "How long can I return an item?,Items can be returned within 30 days with the receipt.\n"
+    "Do you ship abroad?,We ship to the EU and Japan; customs fees are paid on delivery.\n"
+)
+
+
+def fake_questions(prompt: str) -> str:
+    """The fake chat model's answer to the plugin's question-generation prompt: one numbered
+    question per sentence of the quoted chunk (deterministic)."""
+    text = " ".join(prompt.split('"""')[1].split())
+    sentences = [x.strip(" .") for x in text.split(". ") if x.strip(" .")]
+    return "\n".join(f"{i}. What does the text say about {x}?" for i, x in enumerate(sentences, 1))
 
 
 def log(msg: str) -> None:
@@ -609,13 +633,18 @@ def run_phase(args: argparse.Namespace) -> int:
                 },
             )["uuid"]
 
-        def upload(kb: str, filename: str, text: str | bytes) -> str:
+        def upload_row(kb: str, filename: str, text: str | bytes) -> dict:
             content = text.encode() if isinstance(text, str) else text
             file_id = api.call("POST", "/api/v1/files/documents", files={"file": (filename, content)})["file_id"]
             t = api.call("POST", f"/api/v1/knowledge/bases/{kb}/files", {"file_id": file_id})
-            api.wait_task(t["task_id"])
+            with contextlib.suppress(RuntimeError):  # a failed ingest may fail the task too
+                api.wait_task(t["task_id"])
             files = api.call("GET", f"/api/v1/knowledge/bases/{kb}/files")["files"]
             (row,) = [f for f in files if f.get("file_name") == file_id or f.get("uuid") == file_id] or [files[-1]]
+            return row
+
+        def upload(kb: str, filename: str, text: str | bytes) -> str:
+            row = upload_row(kb, filename, text)
             if row.get("status") != "completed":
                 raise RuntimeError(f"ingest of {filename} ended as {row}")
             return row["uuid"]
@@ -821,6 +850,105 @@ def run_phase(args: argparse.Namespace) -> int:
             (emb.texts[n_emb:], rhy[:1]),
         )
         api.call("DELETE", f"/api/v1/knowledge/bases/{kb_office}")
+
+        # -- parent-child, context window, Q&A (a table; questions from the host LLM) ---------
+        kb_pc = create(
+            "parent-child",
+            {
+                "embedding_model_uuid": model,
+                "index_type": "parent_child",
+                "parent_chunk_size": 600,
+                "child_chunk_size": 120,
+                "index_kind": "flat",
+            },
+        )
+        upload(kb_pc, "plant.md", PLANT)
+        child = "Shelf 7 of the cold store stays below 7 degrees at night."
+        rp = retrieve(kb_pc, "shelf 7 of the cold store degrees at night", top_k=2)
+        top = rp[0] if rp else {"content": [{"text": ""}], "metadata": {}}
+        ptext, pmeta = top["content"][0]["text"], top["metadata"]
+        c.check(
+            "parent_child: the hit is the parent (larger than a child, at most 600 characters) around the child",
+            child in ptext and 120 < len(ptext) <= 600 and "Shelf 6 of" in ptext,
+            rp[:1],
+        )
+        c.check(
+            "parent_child: part_ids name the matching children, with the parent's index",
+            isinstance(pmeta.get("part_ids"), list)
+            and pmeta.get("chunk_index") in pmeta["part_ids"]
+            and isinstance(pmeta.get("parent_index"), int),
+            pmeta,
+        )
+        ctx_settings = {"embedding_model_uuid": model, "chunk_size": 120, "chunk_overlap": 0, "index_kind": "flat"}
+        kb_ctx = create("context-window", ctx_settings)
+        plant_ctx = upload(kb_ctx, "plant.md", PLANT)
+        one = retrieve(kb_ctx, "shelf 7 of the cold store degrees at night", top_k=1)
+        wide = retrieve(kb_ctx, "shelf 7 of the cold store degrees at night", top_k=1, context_window=1)
+        i = one[0]["metadata"]["chunk_index"] if one else -9
+        around = retrieve(
+            kb_ctx,
+            "shelf",
+            top_k=5,
+            filters={"$and": [{"document_id": {"$eq": plant_ctx}}, {"chunk_index": {"$in": [i - 1, i + 1]}}]},
+        )
+        wtext = wide[0]["content"][0]["text"] if wide else ""
+        c.check(
+            "context_window=1: the hit's text is extended by its neighbouring chunks",
+            one
+            and child in one[0]["content"][0]["text"]
+            and one[0]["content"][0]["text"] in wtext
+            and len(around) == 2
+            and all(e["content"][0]["text"] in wtext for e in around),
+            (one[:1], wide[:1], around),
+        )
+        kb_qa = create("qa-table", {"embedding_model_uuid": model, "index_type": "qa", "index_kind": "flat"})
+        upload(kb_qa, "faq.csv", FAQ_CSV)
+        rq = retrieve(kb_qa, "how long can I return an item", top_k=2)
+        c.check(
+            "qa: a question-answer CSV answers with the answer text, the matched question in the metadata",
+            rq
+            and rq[0]["content"][0]["text"] == "Items can be returned within 30 days with the receipt."
+            and rq[0]["metadata"].get("question") == "How long can I return an item?",
+            rq[:1],
+        )
+        kb_gen = create(
+            "qa-generated",
+            {
+                "embedding_model_uuid": model,
+                "index_type": "qa",
+                "qa_llm_model_uuid": llm,
+                "questions_per_chunk": 2,
+                "chunk_size": 200,
+                "chunk_overlap": 0,
+                "index_kind": "flat",
+            },
+        )
+        emb.chat_reply = fake_questions
+        n_prompts = len(emb.prompts)
+        upload(kb_gen, "plant.md", PLANT)
+        gen_prompts = emb.prompts[n_prompts:]
+        rg = retrieve(kb_gen, "what does the text say about shelf 7 of the cold store", top_k=3)
+        c.check(
+            "qa: questions generated per chunk by the host LLM (a fake chat model), capped at 2 a chunk",
+            gen_prompts
+            and all(p.startswith("Write up to 2 questions") for p in gen_prompts)
+            and rg
+            and child[:-1] in rg[0]["content"][0]["text"]
+            and rg[0]["metadata"].get("question", "").startswith("What does the text say about")
+            and len({e["content"][0]["text"] for e in rg}) == len(rg),
+            (len(gen_prompts), rg[:1]),
+        )
+        emb.chat_reply = lambda prompt: "   "
+        failed = upload_row(kb_gen, "more.md", "# Pump\n\nThe pump starts at six in the morning.")
+        rf = retrieve(kb_gen, "when does the pump start", top_k=5)
+        c.check(
+            "qa: an LLM that writes no question fails the document with the reason, nothing stored",
+            failed.get("status") == "failed" and all("pump" not in e["content"][0]["text"] for e in rf),
+            failed,
+        )
+        log("a failed question generation as the host lists it: " + json.dumps(failed)[:400])
+        for kb in (kb_pc, kb_ctx, kb_qa, kb_gen):
+            api.call("DELETE", f"/api/v1/knowledge/bases/{kb}")
 
         # -- delete a document --------------------------------------------------------------
         api.call("DELETE", f"/api/v1/knowledge/bases/{kb_host}/files/{docs['search.md']}")

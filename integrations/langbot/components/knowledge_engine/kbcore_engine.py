@@ -11,6 +11,12 @@ structure-aware chunking, the index, vector / full-text / hybrid search, metadat
 deduplication) is kbcore's, so ``filters`` are evaluated natively whatever vector store the
 host has.
 
+The creation ``index_type`` is ``chunk``, ``parent_child`` (kbcore's parent-child knowledge base:
+children searched, parents returned, ``part_ids`` in the metadata) or ``qa`` (question-answer
+pairs: a table file's rows, or questions the host LLM writes for each chunk of a document,
+``invoke_llm``). The retrieval ``context_window`` adds neighbouring chunks to each hit of a
+``chunk`` knowledge base.
+
 Ingest never raises: a failure is an ``IngestionResult`` with status FAILED and an
 ``error_message``, and leaves the knowledge base as it was (kbcore commits a document
 atomically). Retrieval returns ``distance`` (lower is closer) and ``score`` in [0, 1] (higher
