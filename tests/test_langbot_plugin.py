@@ -1162,7 +1162,13 @@ def test_a_document_in_a_qa_knowledge_base_without_an_llm_fails_naming_the_fix(l
     run(component.on_knowledge_base_create(KB, dict(QA_SETTINGS)))
     res = ingest(component, ingestion(KB, "doc-md", "kb/rotation.md", settings=QA_SETTINGS))
     assert res["status"] == "failed" and "qa_llm_model_uuid" in res["error_message"] and ".csv" in res["error_message"]
-    assert host.count(PluginToRuntimeAction.INVOKE_LLM) == 0
+    FILES["kb/faqs.zip"] = b"PK\x05\x06" + b"\x00" * 18  # an empty zip
+    try:
+        res = ingest(component, ingestion(KB, "doc-zip", "kb/faqs.zip", settings=QA_SETTINGS))
+    finally:
+        FILES.pop("kb/faqs.zip", None)
+    assert res["status"] == "failed" and "one by one" in res["error_message"], res
+    assert host.count(PluginToRuntimeAction.INVOKE_LLM) == 0 and len(component._open(KB)) == 0
 
 
 def test_question_prompts_follow_the_texts_language_and_are_bounded(loaded):

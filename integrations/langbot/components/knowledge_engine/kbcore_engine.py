@@ -740,6 +740,11 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         failure leaves nothing of the document."""
         meta = {k: v for k, v in meta.items() if k != "question"}  # reserved: a hit's matched question
         what = filename or doc_id
+        if (filename or "").lower().endswith(".zip"):
+            raise InvalidArgumentError(
+                f"{what!r} is a zip archive: a Q&A knowledge base takes one question-answer table or one "
+                "document per upload; upload the archive's files one by one, or use a chunk knowledge base"
+            )
         if table:
             prepared = await asyncio.to_thread(
                 kb.prepare_qa, source["source"], document_id=doc_id, filename=filename, metadata=meta
