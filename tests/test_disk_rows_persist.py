@@ -73,7 +73,8 @@ def test_load_overrides_where_rows_live(tmp_path):
     assert mem.vectors == "memory"
     _same_answers(ix, mem, queries)
     mem.save(tmp_path / "m.kbi")
-    assert (tmp_path / "m.kbi").read_bytes()[8] == 2
+    m, d = (tmp_path / "m.kbi").read_bytes(), (tmp_path / "d.kbi").read_bytes()
+    assert m[8] == d[8] == 5 and (m[74], d[74]) == (0, 1)  # version 5's vectors byte: memory, disk
     assert kbcore.Index.load(tmp_path / "m.kbi").vectors == "memory"
     with pytest.raises(InvalidArgumentError, match="vectors"):
         kbcore.Index.load(tmp_path / "d.kbi", vectors="tape")
