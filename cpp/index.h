@@ -174,7 +174,7 @@ class Index {
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.
   /// `vectors` overrides where the rows live (true: disk, quantized files only); unset, they
-  /// live where they did when saved. Rows on disk from a version-4 file are read in place from
+  /// live where they did when saved. Rows on disk from a version 4 or 5 file are read in place from
   /// the mapped file (row_buffer.h) until the first write copies them into a row file.
   static std::unique_ptr<Index> load(const std::string& path, std::optional<bool> vectors = std::nullopt);
 

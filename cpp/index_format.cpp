@@ -173,7 +173,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   std::vector<std::uint8_t> live;
   r.array(live, slots);
   if (aligned) r.skip_padding(kRowAlign);
-  // Rows on disk from an aligned (version 4) mapped file are read in place: nothing is copied,
+  // Rows on disk from an aligned (version 4 or 5) mapped file are read in place: nothing is copied,
   // and the pages the checks below read leave the resident set once the load is done.
   const bool in_place =
       vectors_on_disk && aligned && r.bytes()->mapped() && host_little_endian() && c.kind == IndexKind::kHnsw;
