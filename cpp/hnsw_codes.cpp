@@ -13,8 +13,8 @@ std::vector<Scored> rerank_exact(const VectorStore& store, Metric metric, const 
     cands.resize(depth);
   }
   SearchScratch& scratch = search_scratch();
-  std::vector<Slot>& slots = scratch.sq8_rerank_slots;
-  std::vector<float>& d = scratch.sq8_rerank_dists;
+  std::vector<Slot>& slots = scratch.rerank_slots;
+  std::vector<float>& d = scratch.rerank_dists;
   slots.resize(cands.size());
   d.resize(cands.size());
   for (std::size_t i = 0; i < cands.size(); ++i) slots[i] = cands[i].slot;
@@ -38,8 +38,8 @@ std::vector<Scored> rerank_bounded(const VectorStore& store, const RabitqCodes& 
   for (Scored& c : cands) c.dist -= codes.error_bound(pq, c.slot);
   std::sort(cands.begin(), cands.end());
   SearchScratch& scratch = search_scratch();
-  std::vector<Slot>& slots = scratch.sq8_rerank_slots;
-  std::vector<float>& d = scratch.sq8_rerank_dists;
+  std::vector<Slot>& slots = scratch.rerank_slots;
+  std::vector<float>& d = scratch.rerank_dists;
   // Rows are read in blocks (score_slots prefetches within a block); the bound is tested
   // before each block against the k-th exact distance of the blocks before it.
   constexpr std::size_t kBlock = 8;

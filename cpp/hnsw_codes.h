@@ -11,38 +11,17 @@
 // re-rank skip the candidates that cannot enter the top k.
 //
 // The walk is graph_search.h's, shared with float32; CodeScorer is its adapter to codes, and
-// CodeTraits names for each code type the prepared query type, the kernels, and where the
-// thread's prepared query lives.
+// CodeTraits (code_traits.h) names for each code type the prepared query type and the kernels.
 #include <algorithm>
 #include <vector>
 
+#include "code_types.h"
 #include "flat_index.h"
 #include "graph_search.h"
 #include "hnsw_index.h"
-#include "rabitq_codes.h"
 #include "search_scratch.h"
-#include "sq8_codes.h"
 
 namespace kbcore {
-
-template <typename Codes>
-struct CodeTraits;
-template <>
-struct CodeTraits<Sq8Codes> {
-  using Query = Sq8Query;
-  using Kernels = Sq8Kernels;
-  static const Kernels& kernels(const Sq8Codes&) { return sq8_active_kernels(); }
-  static Query& query(SearchScratch& s) { return s.sq8_query; }
-  static constexpr bool kBounded = false;
-};
-template <>
-struct CodeTraits<RabitqCodes> {
-  using Query = RabitqQuery;
-  using Kernels = RabitqKernels;
-  static const Kernels& kernels(const RabitqCodes& c) { return c.kernels(); }
-  static Query& query(SearchScratch& s) { return s.rabitq_query; }
-  static constexpr bool kBounded = true;
-};
 
 /// The Scorer (graph_search.h) of codes: estimated distances from one query prepared into
 /// `pq` (which must outlive it). Thread-safe (const).
@@ -128,7 +107,7 @@ template <typename Codes>
 double HnswCodeSearch::local_selectivity(const HnswIndex& g, const Codes& codes, const float* q,
                                          const Bitmap& allowed) {
   if (g.entry_ == kNoSlot) return 0.0;
-  auto& pq = CodeTraits<Codes>::query(search_scratch());
+  auto& pq = code_query<Codes>(search_scratch());
   codes.prepare(q, pq);
   return g.local_selectivity_at(GraphSearch::entry_point(g, CodeScorer<Codes>(codes, pq)), allowed);
 }
@@ -138,7 +117,7 @@ std::vector<Scored> HnswCodeSearch::search(const HnswIndex& g, const Codes& code
                                            std::size_t ef, std::size_t rerank, const Accept& accept,
                                            std::size_t* evals) {
   if (g.entry_ == kNoSlot || k == 0) return {};
-  auto& pq = CodeTraits<Codes>::query(search_scratch());
+  auto& pq = code_query<Codes>(search_scratch());
   codes.prepare(q, pq);
   const std::size_t depth = std::max(rerank, k);
   std::vector<Scored> res =
@@ -155,7 +134,7 @@ std::vector<Scored> HnswCodeSearch::search_expanding(const HnswIndex& g, const C
                                                      std::size_t ef, const Bitmap* allowed, Enough enough,
                                                      std::size_t* evals) {
   if (g.entry_ == kNoSlot) return {};
-  auto& pq = CodeTraits<Codes>::query(search_scratch());
+  auto& pq = code_query<Codes>(search_scratch());
   codes.prepare(q, pq);
   std::vector<Scored> results = GraphSearch::expanding(g, CodeScorer<Codes>(codes, pq), ef, allowed, enough, evals);
   // Exact distances for every result kept, ascending (the caller cuts or groups them).
@@ -172,7 +151,7 @@ std::vector<Scored> scan_slots_codes(const VectorStore& store, const Codes& code
   // reads only the rows that can still enter the top k, however many pass.)
   if (slots.size() <= (kBounded ? k : depth)) return scan_slots(store, metric, q, slots, k);
   const auto& kern = CodeTraits<Codes>::kernels(codes);
-  auto& pq = CodeTraits<Codes>::query(search_scratch());
+  auto& pq = code_query<Codes>(search_scratch());
   codes.prepare(q, pq);
   constexpr std::size_t kAhead = 16;
   const std::size_t stride = codes.stride();

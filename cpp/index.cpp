@@ -33,15 +33,6 @@ IndexKind parse_kind(const std::string& name) {
   throw InvalidArgument("unknown index kind '" + name + "'; expected 'hnsw' or 'flat'");
 }
 std::string kind_name(IndexKind k) { return k == IndexKind::kHnsw ? "hnsw" : "flat"; }
-Quantization parse_quantization(const std::string& name) {
-  if (name == "none") return Quantization::kNone;
-  if (name == "sq8") return Quantization::kSq8;
-  if (name == "rabitq") return Quantization::kRabitq;
-  throw InvalidArgument("unknown quantization '" + name + "'; expected None, 'sq8' or 'rabitq'");
-}
-std::string quantization_name(Quantization q) {
-  return q == Quantization::kSq8 ? "sq8" : q == Quantization::kRabitq ? "rabitq" : "none";
-}
 
 void check_max_ef(const char* what, std::size_t value) {
   if (value > kMaxEf) {
@@ -60,15 +51,19 @@ Index::Index(const IndexConfig& config) : config_(config), store_(config.dim) {
                           std::to_string(config.ef_search));
   }
   if (config.kind == IndexKind::kHnsw) graph_ = std::make_unique<HnswIndex>(store_, config.metric, config.hnsw);
-  if (config.quantization != Quantization::kNone) {
+  if (config.quantization != "none") {
+    if (!is_code_type(config.quantization)) {
+      throw InvalidArgument("unknown quantization '" + config.quantization + "'; expected None or one of " +
+                            code_type_names());
+    }
     if (config.kind != IndexKind::kHnsw) {
       throw InvalidArgument("quantization applies to kind 'hnsw' only (a flat index scans float32 rows exactly)");
     }
-    if (config.quantization == Quantization::kSq8) {
-      codes_ = std::make_unique<Sq8Codes>(config.dim, config.metric);
-    } else {
-      rabitq_ = std::make_unique<RabitqCodes>(config.dim, config.metric, config.rabitq_bits, config.hnsw.seed);
-    }
+    config_.code_params = resolve_code_params(config.quantization, config.code_params);
+    codes_ = std::make_unique<CodeStore>(
+        make_code_store(config.quantization, config.dim, config.metric, config.hnsw.seed, config_.code_params));
+  } else if (!config.code_params.empty()) {
+    throw InvalidArgument(config.code_params.front().first + " applies to a quantized index only");
   }
   check_max_ef("rerank", config.rerank);
   if (config.vectors_on_disk) {
@@ -193,30 +188,35 @@ void Index::train_codes_locked(std::size_t threads) {
     const Slot s = live[i * live.size() / n];
     std::memcpy(sample.data() + i * dim, store_.vector(s), dim * sizeof(float));
   }
-  for_quantizer([&](auto& codes) {
-    codes.train(sample.data(), n, n);
-    codes.resize(store_.slot_count());
-    parallel_for(
-        live.size(), threads, [&](std::size_t i, std::size_t) { codes.encode(live[i], store_.vector(live[i])); }, 256);
-  });
+  std::visit(
+      [&](auto& codes) {
+        codes.train(sample.data(), n, n);
+        codes.resize(store_.slot_count());
+        parallel_for(
+            live.size(), threads, [&](std::size_t i, std::size_t) { codes.encode(live[i], store_.vector(live[i])); },
+            256);
+      },
+      *codes_);
 }
 
 void Index::update_codes_locked(const std::vector<Slot>& slots, std::size_t threads) {
   if (!codes_trained()) {
-    if (store_.size() >= kSq8TrainRows) train_codes_locked(threads);
+    if (store_.size() >= train_rows()) train_codes_locked(threads);
     return;
   }
-  for_quantizer([&](auto& codes) {
-    codes.resize(store_.slot_count());
-    parallel_for(
-        slots.size(), threads, [&](std::size_t i, std::size_t) { codes.encode(slots[i], store_.vector(slots[i])); },
-        256);
-  });
+  std::visit(
+      [&](auto& codes) {
+        codes.resize(store_.slot_count());
+        parallel_for(
+            slots.size(), threads, [&](std::size_t i, std::size_t) { codes.encode(slots[i], store_.vector(slots[i])); },
+            256);
+      },
+      *codes_);
 }
 
 bool Index::quantizer_trained() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  return static_cast<bool>(search_codes());
+  return codes_trained();
 }
 
 void Index::retrain_quantizer(std::size_t threads) {
@@ -315,7 +315,7 @@ std::vector<std::int64_t> Index::ids() const {
 std::size_t Index::memory_bytes() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return store_.memory_bytes() + (graph_ ? graph_->memory_bytes() : 0) + meta_.memory_bytes() + text_.memory_bytes() +
-         (codes_ ? codes_->memory_bytes() : 0) + (rabitq_ ? rabitq_->memory_bytes() : 0);
+         (codes_ ? std::visit([](const auto& c) { return c.memory_bytes(); }, *codes_) : 0);
 }
 
 }  // namespace kbcore

@@ -13,43 +13,19 @@
 #include <vector>
 
 #include "bm25_index.h"
+#include "code_types.h"
 #include "distance.h"
 #include "filter_expr.h"
 #include "grouping.h"
 #include "hnsw_index.h"
 #include "metadata_store.h"
-#include "rabitq_codes.h"
 #include "search_plan.h"
-#include "sq8_codes.h"
 #include "vector_store.h"
 
 namespace kbcore {
 
 /// hnsw: approximate graph search; flat: exact scan.
 enum class IndexKind : std::uint8_t { kHnsw = 0, kFlat = 1 };
-
-/// kNone: the graph is searched on the float32 rows. kSq8: on 8-bit codes (sq8_codes.h), kRabitq:
-/// on RaBitQ codes of 1 to 8 bits per dimension (rabitq_codes.h); either way the best candidates
-/// are re-ranked exactly from the float32 rows (hnsw kind only).
-enum class Quantization : std::uint8_t { kNone = 0, kSq8 = 1, kRabitq = 2 };
-
-/// The codes a quantized search reads: at most one of the two is set (both null: none, or
-/// not trained yet). visit() calls f with the one that is set.
-struct CodesRef {
-  const Sq8Codes* sq8 = nullptr;
-  const RabitqCodes* rabitq = nullptr;
-  explicit operator bool() const { return sq8 != nullptr || rabitq != nullptr; }
-  template <typename F>
-  decltype(auto) visit(F&& f) const {
-    if (sq8 != nullptr) return f(*sq8);
-    return f(*rabitq);
-  }
-};
-
-/// A quantized index trains its codes when it first holds this many rows (the first add()
-/// that reaches it, from a sample of the rows then stored); before that it searches the
-/// float32 rows. retrain_quantizer() trains again from the rows stored now.
-inline constexpr std::size_t kSq8TrainRows = 1000;
 
 /// The largest dimension an index accepts (checked by the constructor and by load).
 inline constexpr std::size_t kMaxDim = 65536;
@@ -63,12 +39,16 @@ struct IndexConfig {
   IndexKind kind = IndexKind::kHnsw;
   HnswParams hnsw;
   std::size_t ef_search = 64;  ///< default level-0 candidate list size of search()
-  Quantization quantization = Quantization::kNone;
+  /// "none": the graph is searched on the float32 rows; else the name of a code type
+  /// (code_types.h: "sq8", "rabitq") the graph is searched on, the best candidates then
+  /// re-ranked exactly from the float32 rows (hnsw kind only).
+  std::string quantization = "none";
+  /// The code type's parameters by name (e.g. RaBitQ's "bits"); the constructor checks them
+  /// and completes them with the type's defaults.
+  CodeParamValues code_params;
   /// Candidates re-ranked exactly per query of a quantized search; 0 = the default of the
-  /// quantization (sq8_default_rerank, rabitq_default_rerank).
+  /// code type (CodeTraits::default_rerank).
   std::size_t rerank = 0;
-  /// Bits per dimension of RaBitQ codes (kRabitq only), in [1, 8].
-  unsigned rabitq_bits = kRabitqDefaultBits;
   /// Float32 rows in a memory-mapped temporary file, dropped from the resident set after
   /// every change (quantized indexes only: the re-rank is then the only reader of rows).
   bool vectors_on_disk = false;
@@ -80,9 +60,6 @@ std::string metric_name(Metric m);
 /// Parses "hnsw" | "flat"; throws InvalidArgument otherwise.
 IndexKind parse_kind(const std::string& name);
 std::string kind_name(IndexKind k);
-/// Parses "none" | "sq8" | "rabitq"; throws InvalidArgument otherwise.
-Quantization parse_quantization(const std::string& name);
-std::string quantization_name(Quantization q);
 
 class Index {
  public:
@@ -197,20 +174,21 @@ class Index {
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.
   /// `vectors` overrides where the rows live (true: disk, quantized files only); unset, they
-  /// live where they did when saved. Rows on disk from a version-4 file are read in place from
+  /// live where they did when saved. Rows on disk from a version 4 or 5 file are read in place from
   /// the mapped file (row_buffer.h) until the first write copies them into a row file.
   static std::unique_ptr<Index> load(const std::string& path, std::optional<bool> vectors = std::nullopt);
 
-  /// Version of files without quantization (byte-identical to earlier releases); an SQ8 index
-  /// writes kFormatVersionQuantized, which adds a trailing SQ8 section, and a RaBitQ index
-  /// kFormatVersionRabitq, whose trailing section holds RaBitQ codes instead.
+  /// Version of files without quantization (byte-identical to earlier releases). Versions 2
+  /// (SQ8), 3 (RaBitQ) and 4 (either, vectors='disk') are read, no longer written.
   static constexpr std::uint32_t kFormatVersion = 1;
   static constexpr std::uint32_t kFormatVersionQuantized = 2;
   static constexpr std::uint32_t kFormatVersionRabitq = 3;
-  /// Version of files of an index with vectors='disk' (SQ8 or RaBitQ): a `vectors` byte after
-  /// the parameters and the float32 rows aligned to a 64-byte file offset, so that load maps
-  /// them in place; older releases refuse it by its version.
   static constexpr std::uint32_t kFormatVersionDiskRows = 4;
+  /// Version of files of a quantized index (any code type, rows in memory or on disk): after
+  /// the parameters, a `vectors` byte and the code tag (the type's name, its parameters by
+  /// name, the re-rank depth), the float32 rows aligned to a 64-byte file offset (load maps
+  /// them in place), and the codes last. A new code type needs no new version (docs/index.md).
+  static constexpr std::uint32_t kFormatVersionTagged = 5;
 
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
@@ -233,34 +211,30 @@ class Index {
   void remove_locked(const std::vector<Slot>& slots, std::size_t threads);
   /// Copies grouped slots out as ids and keys (field keys from `ordinals`). Shared lock held.
   void page_of(const GroupedSlots& groups, const GroupOrdinals& ordinals, GroupPage& page) const;
-  /// Encodes new slots (training first when the row count reaches kSq8TrainRows).
+  /// Encodes new slots (training first when the row count reaches the type's kTrainRows).
   void update_codes_locked(const std::vector<Slot>& slots, std::size_t threads);
   void train_codes_locked(std::size_t threads);
-  /// Codes usable for search: set only when quantized and trained.
-  CodesRef search_codes() const {
-    CodesRef c;
-    if (codes_ && codes_->trained()) c.sq8 = codes_.get();
-    if (rabitq_ && rabitq_->trained()) c.rabitq = rabitq_.get();
-    return c;
+  /// Codes usable for search: null unless quantized and trained.
+  const CodeStore* search_codes() const { return codes_trained() ? codes_.get() : nullptr; }
+  bool quantized() const { return codes_ != nullptr; }
+  bool codes_trained() const {
+    return codes_ && std::visit([](const auto& c) { return c.trained(); }, *codes_);
   }
-  bool quantized() const { return codes_ != nullptr || rabitq_ != nullptr; }
-  bool codes_trained() const { return codes_ ? codes_->trained() : rabitq_ && rabitq_->trained(); }
-  /// Calls f on the quantizer (either type) of a quantized index.
-  template <typename F>
-  void for_quantizer(F&& f) {
-    if (codes_) f(*codes_);
-    if (rabitq_) f(*rabitq_);
+  /// Rows the index holds when it first trains its codes (a quantized index; before that it
+  /// searches the float32 rows; retrain_quantizer() trains again from the rows stored now).
+  std::size_t train_rows() const {
+    return std::visit([](const auto& c) { return CodeTraits<std::decay_t<decltype(c)>>::kTrainRows; }, *codes_);
   }
   std::size_t rerank_depth(std::size_t ef, std::size_t k) const {
-    if (config_.rerank) return config_.rerank;
-    return rabitq_ ? rabitq_default_rerank(ef, k) : sq8_default_rerank(ef, k);
+    if (config_.rerank || !codes_) return config_.rerank;
+    return std::visit([&](const auto& c) { return CodeTraits<std::decay_t<decltype(c)>>::default_rerank(ef, k); },
+                      *codes_);
   }
 
   IndexConfig config_;
   VectorStore store_;
-  std::unique_ptr<HnswIndex> graph_;     // null for flat
-  std::unique_ptr<Sq8Codes> codes_;      // null unless kSq8
-  std::unique_ptr<RabitqCodes> rabitq_;  // null unless kRabitq
+  std::unique_ptr<HnswIndex> graph_;  // null for flat
+  std::unique_ptr<CodeStore> codes_;  // null unless quantized
   MetadataStore meta_;
   Bm25Index text_;
   // Measured graph work of recent unfiltered searches, feeding the filtered-search cost model.

@@ -2,12 +2,13 @@
 // validation that a loaded file is one save() could have written.
 #include "index.h"
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "binary_io.h"
+#include "code_types.h"
 #include "errors.h"
-#include "rabitq_codes.h"
-#include "sq8_codes.h"
 #include "vector_checks.h"
 
 namespace kbcore {
@@ -17,6 +18,68 @@ constexpr char kMagic[8] = {'K', 'B', 'C', 'O', 'R', 'E', 'I', 'X'};
 // Version 4 (vectors='disk') aligns the float32 rows to this file offset, so that load can
 // read them in place from the mapped file.
 constexpr std::size_t kRowAlign = 64;
+// The longest code type or parameter name a file's code tag may hold.
+constexpr std::size_t kMaxTagName = 64;
+
+void write_name(BinaryWriter& w, const std::string& name) {
+  w.u32(static_cast<std::uint32_t>(name.size()));
+  w.array(reinterpret_cast<const std::uint8_t*>(name.data()), name.size());
+}
+
+std::string read_name(BinaryReader& r, const char* what) {
+  const std::uint32_t n = r.u32();
+  if (n == 0 || n > kMaxTagName) r.fail(std::string("invalid ") + what + " length " + std::to_string(n));
+  std::vector<std::uint8_t> bytes;
+  r.array(bytes, n);
+  for (std::uint8_t b : bytes) {
+    if (b < 0x21 || b > 0x7e) r.fail(std::string("invalid byte in ") + what);
+  }
+  return std::string(bytes.begin(), bytes.end());
+}
+
+/// The code type tag of a quantized file: the type's name and parameters. Version 5 stores
+/// them by name; versions 2 to 4 by the type's legacy id, its parameters as one byte each (in
+/// declaration order) just before the codes.
+struct CodeTag {
+  std::string type;
+  CodeParamValues params;
+};
+
+CodeTag read_tag(BinaryReader& r) {
+  CodeTag t;
+  t.type = read_name(r, "code type name");
+  if (!is_code_type(t.type)) {
+    r.fail("unknown code type '" + t.type + "' (this build knows " + code_type_names() +
+           "; a newer kbcore may read it)");
+  }
+  const std::uint32_t count = r.u32();
+  if (count > 16) r.fail("invalid code parameter count " + std::to_string(count));
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::string name = read_name(r, "code parameter name");
+    const std::int64_t value = r.i64();
+    for (const auto& [n, v] : t.params) {
+      if (n == name) r.fail("code parameter '" + name + "' repeated");
+    }
+    t.params.emplace_back(std::move(name), value);
+  }
+  t.params = resolve_code_params(t.type, t.params, [&](const std::string& m) { r.fail(t.type + " section: " + m); });
+  return t;
+}
+
+CodeTag read_legacy_tag(BinaryReader& r, std::uint8_t id) {
+  CodeTag t;
+  for_each_code_type([&](auto type) {
+    using Traits = CodeTraits<typename decltype(type)::type>;
+    if (Traits::kLegacyId != 0 && Traits::kLegacyId == id) t.type = Traits::kName;
+  });
+  const bool allowed = r.version() == Index::kFormatVersionDiskRows ||
+                       (r.version() == Index::kFormatVersionQuantized && t.type == "sq8") ||
+                       (r.version() == Index::kFormatVersionRabitq && t.type == "rabitq");
+  if (t.type.empty() || !allowed) {
+    r.fail("invalid quantization code " + std::to_string(id) + " for format version " + std::to_string(r.version()));
+  }
+  return t;
+}
 
 bool host_little_endian() {
 #if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -30,14 +93,10 @@ bool host_little_endian() {
 
 void Index::save(const std::string& path) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  // An index with rows on disk writes version 4 (a quantized index only: the constructor and
-  // load refuse others); every other index writes the bytes earlier releases wrote.
-  const bool disk = config_.vectors_on_disk && quantized();
-  BinaryWriter w(path, kMagic,
-                 disk      ? kFormatVersionDiskRows
-                 : codes_  ? kFormatVersionQuantized
-                 : rabitq_ ? kFormatVersionRabitq
-                           : kFormatVersion);
+  // A quantized index writes version 5 (its code type tagged by name); an index without
+  // quantization the bytes earlier releases wrote (version 1).
+  const bool tagged = quantized();
+  BinaryWriter w(path, kMagic, tagged ? kFormatVersionTagged : kFormatVersion);
   w.u64(config_.dim);
   w.u8(static_cast<std::uint8_t>(config_.metric));
   w.u8(static_cast<std::uint8_t>(config_.kind));
@@ -45,33 +104,35 @@ void Index::save(const std::string& path) const {
   w.u64(config_.hnsw.M);
   w.u64(config_.hnsw.ef_construction);
   w.u64(config_.hnsw.seed);
-  if (disk) w.u8(1);  // version 4: where the rows live (1: disk)
+  if (tagged) {
+    w.u8(config_.vectors_on_disk ? 1 : 0);  // where the rows live (1: disk)
+    // The code tag: the type's name, its parameters by name, the re-rank depth.
+    write_name(w, code_type_name(*codes_));
+    const CodeParamValues params =
+        std::visit([](const auto& c) { return CodeTraits<std::decay_t<decltype(c)>>::values(c); }, *codes_);
+    w.u32(static_cast<std::uint32_t>(params.size()));
+    for (const auto& [name, value] : params) {
+      write_name(w, name);
+      w.i64(value);
+    }
+    w.u64(config_.rerank);
+  }
   const std::size_t slots = store_.slot_count();
   w.u64(slots);
   w.array(store_.slot_ids().data(), slots);
   w.array(store_.live_flags().data(), slots);
-  if (disk) w.pad_to(kRowAlign);
+  if (tagged) w.pad_to(kRowAlign);
   w.array(store_.data(), slots * config_.dim);
   if (graph_) graph_->save(w);
   meta_.save(w, store_);
   text_.save(w);
-  if (quantized()) {
-    // Versions 2 (SQ8), 3 (RaBitQ) and 4 (either): the quantization section (kind, re-rank
-    // depth, quantizer and codes).
-    w.u8(static_cast<std::uint8_t>(config_.quantization));
-    w.u64(config_.rerank);
-    if (codes_) codes_->save(w);
-    if (rabitq_) {
-      w.u8(static_cast<std::uint8_t>(config_.rabitq_bits));  // read first: it shapes the codes object
-      rabitq_->save(w);
-    }
-  }
+  if (tagged) std::visit([&](const auto& c) { c.save(w); }, *codes_);  // the codes, last
   w.commit();
   store_.release_resident_rows();
 }
 
 std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> vectors) {
-  BinaryReader r(path, kMagic, kFormatVersionDiskRows);
+  BinaryReader r(path, kMagic, kFormatVersionTagged);
   IndexConfig c;
   c.dim = r.u64();
   const std::uint8_t metric = r.u8();
@@ -80,11 +141,19 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   c.hnsw.M = r.u64();
   c.hnsw.ef_construction = r.u64();
   c.hnsw.seed = r.u64();
+  // Versions 4 and 5: where the rows live and the rows aligned (mapped in place on load).
+  const bool aligned = r.version() >= kFormatVersionDiskRows;
   bool saved_on_disk = false;
-  if (r.version() == kFormatVersionDiskRows) {
+  if (aligned) {
     const std::uint8_t where = r.u8();
     if (where > 1) r.fail("invalid vectors code " + std::to_string(where));
     saved_on_disk = where == 1;
+  }
+  std::optional<CodeTag> tag;
+  std::uint64_t rerank = 0;
+  if (r.version() == kFormatVersionTagged) {
+    tag = read_tag(r);
+    rerank = r.u64();
   }
   const bool vectors_on_disk = vectors.value_or(saved_on_disk);
   if (c.dim == 0 || c.dim > kMaxDim) r.fail("invalid dimension " + std::to_string(c.dim));
@@ -103,11 +172,11 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   r.array(ids, slots);
   std::vector<std::uint8_t> live;
   r.array(live, slots);
-  if (r.version() == kFormatVersionDiskRows) r.skip_padding(kRowAlign);
-  // Rows on disk from an aligned (version 4) mapped file are read in place: nothing is copied,
+  if (aligned) r.skip_padding(kRowAlign);
+  // Rows on disk from an aligned (version 4 or 5) mapped file are read in place: nothing is copied,
   // and the pages the checks below read leave the resident set once the load is done.
-  const bool in_place = vectors_on_disk && r.version() == kFormatVersionDiskRows && r.bytes()->mapped() &&
-                        host_little_endian() && c.kind == IndexKind::kHnsw;
+  const bool in_place =
+      vectors_on_disk && aligned && r.bytes()->mapped() && host_little_endian() && c.kind == IndexKind::kHnsw;
   AlignedVector<float> data;
   const float* rows = nullptr;
   if (in_place) {
@@ -153,47 +222,43 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   }
   index->meta_.load(r, index->store_);
   index->text_.load(r, index->store_);
-  if (r.version() >= kFormatVersionQuantized) {
-    // The quantization section: its kind (SQ8 in version 2, RaBitQ in version 3), re-rank depth
-    // and codes must be ones save() writes, and the code count must match the rows (all of
-    // them once trained, none before).
+  if (r.version() >= kFormatVersionQuantized && r.version() < kFormatVersionTagged) {
+    // Versions 2 to 4: the trailing quantization section (the type's legacy id, the re-rank
+    // depth, its parameters one byte each).
     const std::uint8_t q = r.u8();
-    const std::uint64_t rerank = r.u64();
-    Quantization expected = r.version() == kFormatVersionQuantized ? Quantization::kSq8 : Quantization::kRabitq;
-    if (r.version() == kFormatVersionDiskRows && q == static_cast<std::uint8_t>(Quantization::kSq8)) {
-      expected = Quantization::kSq8;  // version 4 holds either kind
-    }
-    if (q != static_cast<std::uint8_t>(expected)) {
-      r.fail("invalid quantization code " + std::to_string(q) + " for format version " + std::to_string(r.version()));
-    }
+    rerank = r.u64();
+    tag = read_legacy_tag(r, q);
+    CodeParamValues given;
+    for_each_code_type([&](auto type) {
+      using Traits = CodeTraits<typename decltype(type)::type>;
+      if (tag->type != Traits::kName) return;
+      for (const CodeParam& p : Traits::params()) given.emplace_back(p.name, r.u8());
+    });
+    tag->params =
+        resolve_code_params(tag->type, given, [&](const std::string& m) { r.fail(tag->type + " section: " + m); });
+  }
+  if (tag) {
+    // The codes (their type and parameters from the tag) must be ones save() writes, and the
+    // code count must match the rows (all of them once trained, none before).
     if (!index->graph_) r.fail("quantization section in a flat index");
     if (rerank > kMaxEf) r.fail("invalid re-rank depth " + std::to_string(rerank));
-    index->config_.quantization = expected;
+    index->config_.quantization = tag->type;
+    index->config_.code_params = tag->params;
     index->config_.rerank = rerank;
-    std::size_t codes_held = 0;
-    bool trained = false;
-    if (expected == Quantization::kSq8) {
-      index->codes_ = std::make_unique<Sq8Codes>(c.dim, c.metric);
-      index->codes_->load(r);
-      codes_held = index->codes_->slot_count();
-      trained = index->codes_->trained();
-    } else {
-      const unsigned bits = r.u8();
-      if (bits < kRabitqMinBits || bits > kRabitqMaxBits)
-        r.fail("rabitq section: invalid bits " + std::to_string(bits));
-      index->config_.rabitq_bits = bits;
-      index->rabitq_ = std::make_unique<RabitqCodes>(c.dim, c.metric, bits, c.hnsw.seed);
-      index->rabitq_->load(r);
-      codes_held = index->rabitq_->slot_count();
-      trained = index->rabitq_->trained();
-    }
-    if (trained ? codes_held != slots : index->store_.size() >= kSq8TrainRows) {
-      r.fail(std::string(expected == Quantization::kSq8 ? "sq8" : "rabitq") +
-             " section: code count does not match the rows");
-    }
+    index->codes_ = std::make_unique<CodeStore>(make_code_store(tag->type, c.dim, c.metric, c.hnsw.seed, tag->params));
+    std::visit(
+        [&](auto& codes) {
+          codes.load(r);
+          if (codes.trained() ? codes.slot_count() != slots : index->store_.size() >= index->train_rows()) {
+            r.fail(tag->type + " section: code count does not match the rows");
+          }
+        },
+        *index->codes_);
   }
   r.expect_end();
-  if (r.version() == kFormatVersionDiskRows && !index->quantized()) r.fail("format version 4 without quantization");
+  if (aligned && !index->quantized()) {
+    r.fail("format version " + std::to_string(r.version()) + " without quantization");
+  }
   if (vectors_on_disk && !index->quantized()) {
     throw InvalidArgument("vectors='disk' needs a quantized index file (quantization='sq8' or 'rabitq')");
   }

@@ -80,7 +80,7 @@ struct CodeExecutor {
   const VectorStore& store;
   Metric metric;
   std::size_t depth;       // re-rank depth of the walk
-  std::size_t scan_depth;  // and of the exact scan (0: whatever RaBitQ's bound keeps)
+  std::size_t scan_depth;  // and of the exact scan (0: whatever an error bound keeps)
 
   template <typename Accept>
   std::vector<Scored> walk(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
@@ -99,14 +99,16 @@ struct CodeExecutor {
   }
 };
 
-/// Runs run(executor): a CodeExecutor when `codes` are set, else a RowExecutor.
+/// Runs run(executor): a CodeExecutor of the type `codes` holds when set, else a RowExecutor.
 template <typename Run>
-void with_executor(const CodesRef& codes, const HnswIndex* graph, const VectorStore& store, Metric metric,
+void with_executor(const CodeStore* codes, const HnswIndex* graph, const VectorStore& store, Metric metric,
                    std::size_t depth, std::size_t scan_depth, const Run& run) {
-  if (codes) {
-    codes.visit([&](const auto& c) {
-      run(CodeExecutor<std::decay_t<decltype(c)>>{graph, c, store, metric, depth, scan_depth});
-    });
+  if (codes != nullptr) {
+    std::visit(
+        [&](const auto& c) {
+          run(CodeExecutor<std::decay_t<decltype(c)>>{graph, c, store, metric, depth, scan_depth});
+        },
+        *codes);
   } else {
     run(RowExecutor{graph, store, metric});
   }
@@ -186,10 +188,14 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   // The plan: a strategy (exact scan, graph walk, two-hop walk; for filtered searches chosen
   // by the cost model of search_plan.h) run by one executor, on codes when the index is
   // quantized and trained, else on the float32 rows.
-  const CodesRef codes = search_codes();
+  const CodeStore* codes = search_codes();
   const std::size_t depth = std::min(rerank_depth(ef, k), store_.size());
-  // RaBitQ's scan re-ranks whatever its bound cannot rule out unless a depth is configured.
-  const std::size_t scan_depth = codes.rabitq != nullptr && config_.rerank == 0 ? 0 : depth;
+  // A bounded type's scan (RaBitQ) re-ranks whatever its bound cannot rule out unless a depth
+  // is configured.
+  const bool bounded =
+      codes != nullptr &&
+      std::visit([](const auto& c) { return CodeTraits<std::decay_t<decltype(c)>>::kBounded; }, *codes);
+  const std::size_t scan_depth = bounded && config_.rerank == 0 ? 0 : depth;
   if (p.filter != nullptr) {
     FilterMatches matches = match_for_search(*p.filter, meta_, store_);
     const std::size_t passing = matches.count;

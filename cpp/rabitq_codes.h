@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "aligned.h"
+#include "code_traits.h"
 #include "distance.h"
 
 namespace kbcore {
@@ -183,5 +184,23 @@ class RabitqCodes {
 /// estimates has no slack for their ordering errors (4-bit codes at 48 dimensions lost up to 0.09
 /// recall@10 against float32 at ef = k = 10; with 2k, the bound still reads about k rows).
 inline std::size_t rabitq_default_rerank(std::size_t ef, std::size_t k) { return ef > 2 * k ? ef : 2 * k; }
+
+/// RaBitQ as a code type (code_traits.h).
+template <>
+struct CodeTraits<RabitqCodes> {
+  static constexpr const char* kName = "rabitq";
+  static constexpr std::uint8_t kLegacyId = 2;
+  using Query = RabitqQuery;
+  using Kernels = RabitqKernels;
+  static constexpr bool kBounded = true;
+  static constexpr std::size_t kTrainRows = 1000;
+  static std::vector<CodeParam> params() { return {{"bits", kRabitqMinBits, kRabitqMaxBits, kRabitqDefaultBits}}; }
+  static RabitqCodes make(std::size_t dim, Metric metric, std::uint64_t seed, const CodeParamValues& values) {
+    return RabitqCodes(dim, metric, static_cast<unsigned>(code_param(values, "bits", kRabitqDefaultBits)), seed);
+  }
+  static CodeParamValues values(const RabitqCodes& c) { return {{"bits", c.bits()}}; }
+  static const Kernels& kernels(const RabitqCodes& c) { return c.kernels(); }
+  static std::size_t default_rerank(std::size_t ef, std::size_t k) { return rabitq_default_rerank(ef, k); }
+};
 
 }  // namespace kbcore

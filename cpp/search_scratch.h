@@ -7,10 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "code_types.h"
 #include "grouping.h"
-#include "rabitq_codes.h"
 #include "slot.h"
-#include "sq8_codes.h"
 #include "topk.h"
 
 namespace kbcore {
@@ -25,13 +24,19 @@ struct SearchScratch {
   GroupedSlots groups;                     // Index::search_groups: one query's groups
   std::vector<float> bm25_acc;             // Bm25Index::search: score per slot, 0 = untouched
   std::vector<Slot> bm25_touched;          // Bm25Index::search: the slots with a score
-  Sq8Query sq8_query;                      // HnswCodeSearch::search / search_expanding, scan_slots_codes
-                                           // (none calls another while it holds the query)
-  RabitqQuery rabitq_query;                // the same for RaBitQ codes
+  CodeQueries code_queries;                // HnswCodeSearch::search / search_expanding, scan_slots_codes:
+                                           // one prepared query per code type (code_query());
+                                           // none calls another while it holds the query
   std::vector<Scored> walk_candidates;     // GraphSearch::layer0: the frontier
-  std::vector<Slot> sq8_rerank_slots;      // rerank_exact / rerank_bounded: the candidates' slots
-  std::vector<float> sq8_rerank_dists;     // rerank_exact / rerank_bounded: their exact distances
+  std::vector<Slot> rerank_slots;          // rerank_exact / rerank_bounded: the candidates' slots
+  std::vector<float> rerank_dists;         // rerank_exact / rerank_bounded: their exact distances
 };
+
+/// The prepared query of code type Codes in scratch s.
+template <typename Codes>
+typename CodeTraits<Codes>::Query& code_query(SearchScratch& s) {
+  return std::get<typename CodeTraits<Codes>::Query>(s.code_queries);
+}
 
 /// This thread's SearchScratch.
 SearchScratch& search_scratch();

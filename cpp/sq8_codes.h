@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "aligned.h"
+#include "code_traits.h"
 #include "distance.h"
 
 namespace kbcore {
@@ -165,6 +166,24 @@ class Sq8Codes {
 inline std::size_t sq8_default_rerank(std::size_t ef, std::size_t k) {
   return std::min(std::max(ef, k), std::max<std::size_t>(2 * k, 16));
 }
+
+/// SQ8 as a code type (code_traits.h). It has no parameters.
+template <>
+struct CodeTraits<Sq8Codes> {
+  static constexpr const char* kName = "sq8";
+  static constexpr std::uint8_t kLegacyId = 1;
+  using Query = Sq8Query;
+  using Kernels = Sq8Kernels;
+  static constexpr bool kBounded = false;
+  static constexpr std::size_t kTrainRows = 1000;
+  static std::vector<CodeParam> params() { return {}; }
+  static Sq8Codes make(std::size_t dim, Metric metric, std::uint64_t /*seed*/, const CodeParamValues& /*values*/) {
+    return Sq8Codes(dim, metric);
+  }
+  static CodeParamValues values(const Sq8Codes& /*codes*/) { return {}; }
+  static const Kernels& kernels(const Sq8Codes& /*codes*/) { return sq8_active_kernels(); }
+  static std::size_t default_rerank(std::size_t ef, std::size_t k) { return sq8_default_rerank(ef, k); }
+};
 
 /// Largest |qi| for a stride so that sum |qi| * 255 over stride entries fits in int32.
 inline std::int32_t sq8_query_limit(std::size_t stride) {

@@ -201,7 +201,7 @@ void bind_index(py::module_& m) {
   py::class_<Index>(m, "Index")
       .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
                        std::size_t ef_construction, std::size_t ef, std::uint64_t seed, const std::string& quantization,
-                       std::size_t rerank, const std::string& vectors, unsigned bits) {
+                       std::size_t rerank, const std::string& vectors, unsigned bits, const py::dict& code_params) {
              IndexConfig c;
              c.dim = dim;
              c.metric = parse_metric(metric);
@@ -210,16 +210,22 @@ void bind_index(py::module_& m) {
              c.hnsw.ef_construction = ef_construction;
              c.hnsw.seed = seed;
              c.ef_search = ef;
-             c.quantization = parse_quantization(quantization);
+             c.quantization = quantization;
              c.rerank = rerank;
-             if (bits != 0) {
-               if (c.quantization != Quantization::kRabitq) {
-                 throw InvalidArgument("bits applies to quantization='rabitq' only");
+             // The code type's parameters (code_types.h checks them): `bits`, or any by name.
+             if (bits != 0) c.code_params.emplace_back("bits", bits);
+             for (const auto& [key, value] : code_params) {
+               const std::string name = py::str(key);
+               if (!py::isinstance<py::str>(key) || !py::isinstance<py::int_>(value) ||
+                   py::isinstance<py::bool_>(value)) {
+                 throw InvalidArgument("code_params maps parameter names to integers; got " + name + "=" +
+                                       std::string(py::str(py::repr(value))));
                }
-               if (bits < kRabitqMinBits || bits > kRabitqMaxBits) {
-                 throw InvalidArgument("bits must be in [1, 8], got " + std::to_string(bits));
+               try {
+                 c.code_params.emplace_back(name, py::cast<std::int64_t>(value));
+               } catch (const py::cast_error&) {
+                 throw InvalidArgument(name + " is out of range, got " + std::string(py::str(value)));
                }
-               c.rabitq_bits = bits;
              }
              if (vectors != "memory" && vectors != "disk") {
                throw InvalidArgument("unknown vectors '" + vectors + "'; expected 'memory' or 'disk'");
@@ -229,7 +235,7 @@ void bind_index(py::module_& m) {
            }),
            py::arg("dim"), py::arg("metric"), py::arg("kind"), py::arg("M"), py::arg("ef_construction"), py::arg("ef"),
            py::arg("seed"), py::arg("quantization") = "none", py::arg("rerank") = 0, py::arg("vectors") = "memory",
-           py::arg("bits") = 0)
+           py::arg("bits") = 0, py::arg("code_params") = py::dict())
       .def(
           "add",
           [](Index& self, const FloatArray& vectors, const IdArray& ids, std::size_t threads, const py::list& columns,
@@ -513,14 +519,17 @@ void bind_index(py::module_& m) {
       .def_property_readonly("vectors",
                              [](const Index& self) { return self.config().vectors_on_disk ? "disk" : "memory"; })
       .def_property_readonly("evals_per_ef", &Index::evals_per_ef)
-      .def_property_readonly("quantization",
-                             [](const Index& self) { return quantization_name(self.config().quantization); })
+      .def_property_readonly("quantization", [](const Index& self) { return self.config().quantization; })
       .def_property_readonly("rerank", [](const Index& self) { return self.config().rerank; })
-      .def_property_readonly("bits",
-                             [](const Index& self) {
-                               return self.config().quantization == Quantization::kRabitq ? self.config().rabitq_bits
-                                                                                          : 0u;
-                             })
+      .def_property_readonly("bits", [](const Index& self) { return code_param(self.config().code_params, "bits", 0); })
+      .def_property_readonly(
+          "code_params",
+          [](const Index& self) {
+            py::dict out;
+            for (const auto& [name, value] : self.config().code_params) out[py::str(name)] = value;
+            return out;
+          },
+          "The code type's parameters by name (empty without quantization).")
       .def_property_readonly("quantizer_trained", &Index::quantizer_trained)
       .def(
           "retrain_quantizer",

@@ -5,6 +5,7 @@
 #include "aligned.h"
 #include "binary_io.h"
 #include "bindings.h"
+#include "code_types.h"
 #include "distance.h"
 #include "errors.h"
 #include "hnsw_index.h"
@@ -93,6 +94,20 @@ PYBIND11_MODULE(_core, m) {
       py::arg("data"),
       "The payload checksum of a saved file (its header's last field), for tools and tests that "
       "craft files.");
+  m.def(
+      "code_types",
+      [] {
+        py::dict out;
+        for_each_code_type([&](auto t) {
+          using Traits = CodeTraits<typename decltype(t)::type>;
+          py::dict params;
+          for (const CodeParam& p : Traits::params()) params[p.name] = py::make_tuple(p.min, p.max, p.fallback);
+          out[Traits::kName] = params;
+        });
+        return out;
+      },
+      "The code types a quantized index can walk its graph on, in registry order: name -> "
+      "{parameter: (min, max, default)}.");
   kbcore::python::bind_filter(m);
   kbcore::python::bind_index(m);
 }

@@ -1,4 +1,4 @@
-"""vectors="disk" survives a restart: the index file records it (format version 4, rows
+"""vectors="disk" survives a restart: the index file records it (format version 5, rows
 aligned and read in place from the mapped file), Index.load and the engine reopen it as saved
 and can override, the knowledge-base manifest and the CLI carry it, and a full disk under a
 row file is a StorageError, not a SIGBUS (issues 28 and 30)."""
@@ -41,10 +41,10 @@ def test_memory_to_disk_to_reload_gives_bit_identical_answers(tmp_path, quantiza
     mem = kbcore.Index(DIM, "l2", M=8, ef_construction=48, quantization=quantization)
     mem.add(data, ids, metadata=[{"k": int(i % 3)} for i in ids], threads=1)
     mem.save(tmp_path / "m.kbi")
-    disk = kbcore.Index.load(tmp_path / "m.kbi", vectors="disk")  # override: a v2/v3 file onto disk
+    disk = kbcore.Index.load(tmp_path / "m.kbi", vectors="disk")  # override: a memory file onto disk
     assert disk.vectors == "disk"
     disk.save(tmp_path / "d.kbi")
-    assert (tmp_path / "d.kbi").read_bytes()[8] == 4  # format version 4 records vectors="disk"
+    assert (tmp_path / "d.kbi").read_bytes()[8] == 5  # format version 5 records vectors="disk"
     back = kbcore.Index.load(tmp_path / "d.kbi")  # as saved
     assert back.vectors == "disk"
     _same_answers(mem, back, queries)
@@ -73,7 +73,8 @@ def test_load_overrides_where_rows_live(tmp_path):
     assert mem.vectors == "memory"
     _same_answers(ix, mem, queries)
     mem.save(tmp_path / "m.kbi")
-    assert (tmp_path / "m.kbi").read_bytes()[8] == 2
+    m, d = (tmp_path / "m.kbi").read_bytes(), (tmp_path / "d.kbi").read_bytes()
+    assert m[8] == d[8] == 5 and (m[74], d[74]) == (0, 1)  # version 5's vectors byte: memory, disk
     assert kbcore.Index.load(tmp_path / "m.kbi").vectors == "memory"
     with pytest.raises(InvalidArgumentError, match="vectors"):
         kbcore.Index.load(tmp_path / "d.kbi", vectors="tape")
@@ -96,7 +97,8 @@ def _disk_file(tmp_path: Path) -> tuple[Path, int]:
     path = tmp_path / "d.kbi"
     ix.save(path)
     header, params, vectors_byte = 32, 8 + 1 + 1 + 4 * 8, 1  # dim, metric, kind, ef, M, efC, seed
-    live_end = header + params + vectors_byte + 8 + 300 * 9
+    tag = 4 + len("sq8") + 4 + 8  # the code tag: name length and bytes, no parameters, re-rank depth
+    live_end = header + params + vectors_byte + tag + 8 + 300 * 9
     return path, (live_end + 63) // 64 * 64
 
 
@@ -117,14 +119,14 @@ def test_a_corrupted_row_section_is_a_format_error_naming_the_file(tmp_path):
 
 
 def test_a_newer_version_is_refused_by_its_number(tmp_path):
-    # Older builds read versions 1..3 and refuse version 4 the same way ("has format version
-    # 4, this kbcore reads versions 1..3; upgrade kbcore to load it").
+    # Older builds read versions 1..4 and refuse version 5 the same way ("has format version
+    # 5, this kbcore reads versions 1..4; upgrade kbcore to load it").
     path, _ = _disk_file(tmp_path)
-    assert int.from_bytes(path.read_bytes()[8:12], "little") == 4
+    assert int.from_bytes(path.read_bytes()[8:12], "little") == 5
     raw = bytearray(path.read_bytes())
-    raw[8:12] = (5).to_bytes(4, "little")
+    raw[8:12] = (6).to_bytes(4, "little")
     path.write_bytes(bytes(raw))
-    with pytest.raises(FormatError, match="format version 5.*upgrade kbcore"):
+    with pytest.raises(FormatError, match="format version 6.*upgrade kbcore"):
         kbcore.Index.load(path)
 
 
@@ -180,7 +182,7 @@ def test_a_knowledge_base_created_with_disk_rows_reopens_with_them(tmp_path, qua
     manifest = json.loads((tmp_path / "kb" / "manifest.json").read_text())
     assert manifest["config"]["vectors"] == "disk"
     kbi = tmp_path / "kb" / manifest["index"]["path"]
-    assert kbi.read_bytes()[8] == 4
+    assert kbi.read_bytes()[8] == 5
     kb = Engine(tmp_path)["kb"]
     assert kb.vectors == "disk" and kb.index.vectors == "disk"
     assert [[h.id for h in kb.retrieve(q, 5)] for q in queries] == want

@@ -45,6 +45,7 @@ EXPECTED_REJECTION = {
     "sq8_fewer_codes_than_rows": "code count does not match the rows",
     "sq8_scale_negative": "negative, NaN or infinite",
     "sq8_unknown_quantization": "invalid quantization code 2",
+    "unknown_code_type": "unknown code type 'xq8'",
     "upper_link_to_node_without_that_level": "link to a node without that level",
     "vector_inf": "NaN or infinity",
     "vector_nan": "NaN or infinity",
@@ -65,7 +66,7 @@ def test_resealing_an_unchanged_file_gives_the_same_bytes():
 
 
 def test_field_parser_covers_every_byte_of_the_committed_files():
-    for path in sorted(CORPUS.glob("seed_*.kbi")) + sorted((CORPUS.parent).glob("*_v[12]*.kbi")):
+    for path in sorted(CORPUS.glob("seed_*.kbi")) + sorted((CORPUS.parent).glob("*_v[125]*.kbi")):
         assert len(fuzz.parse_fields(path.read_bytes())) > 50, path.name
 
 
@@ -81,7 +82,7 @@ def test_every_committed_crafted_file_is_rejected_with_format_error_naming_its_d
 
 def test_committed_seed_files_load_work_and_save_back_identically():
     files = sorted(CORPUS.glob("seed_*.kbi"))
-    assert len(files) == 4  # hnsw (l2; cosine with pending rows), flat, hnsw with sq8 (version 2)
+    assert len(files) == 5  # hnsw (l2; cosine with pending rows), flat, hnsw with sq8 (versions 2 and 5)
     for path in files:
         assert fuzz.check_file(path)["result"] == "accepted", path.name
 
@@ -93,6 +94,9 @@ def test_crafted_files_from_the_seeds_match_the_committed_ones(tmp_path):
         assert (CORPUS / f"reject_{name}.kbi").read_bytes() == blob, name
     seed = (CORPUS / "seed_hnsw_l2_sq8.kbi").read_bytes()
     for name, blob in fuzz.regression_files_sq8(seed).items():
+        assert (CORPUS / f"reject_{name}.kbi").read_bytes() == blob, name
+    seed = (CORPUS / "seed_hnsw_l2_sq8_v5.kbi").read_bytes()
+    for name, blob in fuzz.regression_files_tagged(seed).items():
         assert (CORPUS / f"reject_{name}.kbi").read_bytes() == blob, name
 
 

@@ -86,9 +86,20 @@ std::vector<FieldAt> parse(const std::string& b) {
   const auto m = take("M", 8);
   take("ef_construction", 8);
   take("seed", 8);
+  const auto version = get(b, 8, 4);
+  if (version >= kbcore::Index::kFormatVersionDiskRows) take("vectors", 1);
+  if (version == kbcore::Index::kFormatVersionTagged) {
+    // The code tag: the type's name, its parameters by name (none for SQ8), the re-rank depth.
+    const auto len = take("tag.name.length", 4);
+    take("tag.name.byte0", 1);
+    pos += len - 1;
+    take("tag.params", 4);
+    take("sq8.rerank", 8);
+  }
   const auto n = take("slots", 8);
   for (std::uint64_t s = 0; s < n; ++s) take("id", 8);
   for (std::uint64_t s = 0; s < n; ++s) take("live", 1);
+  if (version >= kbcore::Index::kFormatVersionDiskRows) pos = (pos + 63) / 64 * 64;  // zero padding
   for (std::uint64_t s = 0; s < n; ++s) {
     take("vector", 4, true);
     pos += 4 * (dim - 1);
@@ -150,11 +161,14 @@ std::vector<FieldAt> parse(const std::string& b) {
       take("bm25.doc.tf", 4);
     }
   }
-  if (get(b, 8, 4) >= kbcore::Index::kFormatVersionQuantized) {
-    // The quantization section: kind, re-rank depth, then the quantizer and its codes (the
-    // first two bytes and the first padding byte of every code row are fields).
-    take("sq8.quantization", 1);
-    take("sq8.rerank", 8);
+  if (version >= kbcore::Index::kFormatVersionQuantized) {
+    // The quantization section (versions 2 to 4: kind and re-rank depth first, which version 5
+    // holds in its code tag), then the quantizer and its codes (the first two bytes and the
+    // first padding byte of every code row are fields).
+    if (version < kbcore::Index::kFormatVersionTagged) {
+      take("sq8.quantization", 1);
+      take("sq8.rerank", 8);
+    }
     const auto qdim = take("sq8.dim", 8);
     const auto stride = take("sq8.stride", 8);
     const auto trained = take("sq8.trained", 1);
@@ -179,7 +193,7 @@ std::vector<FieldAt> parse(const std::string& b) {
 /// A small hnsw index (M = 2, so upper levels exist) with removals, pending rows, metadata of
 /// every kind and texts, saved to path. `quantized`: an SQ8 index (re-rank depth 7) whose
 /// quantizer is trained (retrain_quantizer: 40 rows are below the automatic threshold), so
-/// the file is version 2 with a full SQ8 section.
+/// the file is version 5 with a code tag and a full SQ8 section.
 void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric metric, bool quantized = false) {
   const std::size_t n = 40, dim = 4;
   kbcore::IndexConfig c = config(dim, kind);
@@ -187,7 +201,7 @@ void save_victim(const std::string& path, kbcore::IndexKind kind, kbcore::Metric
   c.hnsw.M = 2;
   c.hnsw.ef_construction = 8;
   if (quantized) {
-    c.quantization = kbcore::Quantization::kSq8;
+    c.quantization = "sq8";
     c.rerank = 7;
   }
   kbcore::Index index(c);
@@ -315,7 +329,7 @@ KBCORE_TEST(every_structural_field_set_to_hostile_values_is_rejected_or_harmless
   for (int variant = 0; variant < 3; ++variant) {
     const auto kind = variant == 1 ? kbcore::IndexKind::kFlat : kbcore::IndexKind::kHnsw;
     save_victim(victim, kind, kbcore::Metric::kL2, variant == 2);
-    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionQuantized);
+    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionTagged);
     const std::string good = read_file(victim);
     std::string sealed = good;
     reseal(sealed);
@@ -449,8 +463,12 @@ KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
   };
   const std::uint64_t slots = get(good, first("sq8.slots").offset, 8);
   CHECK(slots == get(good, first("slots").offset, 8));
-  CHECK(rejected(first("sq8.quantization"), 0));                // "none" has no section
-  CHECK(rejected(first("sq8.quantization"), 2));                // an unknown quantization
+  CHECK(rejected(first("tag.name.byte0"), 'x'));                // an unknown code type ("xq8")
+  CHECK(rejected(first("tag.name.byte0"), ' '));                // a name that is not printable
+  CHECK(rejected(first("tag.name.length"), 0));                 // an empty name
+  CHECK(rejected(first("tag.name.length"), 0xFFFFFFFFu));       // a name past the file
+  CHECK(rejected(first("tag.params"), 1));                      // a parameter SQ8 does not have
+  CHECK(rejected(first("tag.params"), 0xFFFFFFFFu));            // a count out of range
   CHECK(rejected(first("sq8.rerank"), (1u << 30) + 1));         // a re-rank depth out of range
   CHECK(rejected(first("sq8.dim"), 5));                         // not the index's dimension
   CHECK(rejected(first("sq8.stride"), 128));                    // not the dimension's stride
@@ -465,23 +483,24 @@ KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
   CHECK(rejected(first("sq8.lo"), 0x7F800000u));                // infinity
   CHECK(rejected(first("sq8.scale", 2), 0xBF800000u));          // negative (-1)
   CHECK(rejected(first("sq8.scale"), 0x7F7FFFFFu));             // lo + 255 * scale overflows
-  // The header's version must match the sections present: a v2 file labelled v1 has trailing
-  // bytes, a v1 file labelled v2 lacks its section, and v3 is from a newer kbcore.
-  std::string v1 = good;
-  put(v1, 8, 4, kbcore::Index::kFormatVersion);
-  CHECK(rejected_bytes(v1));
-  std::string v3 = good;
-  put(v3, 8, 4, kbcore::Index::kFormatVersionQuantized + 1);
-  CHECK(rejected_bytes(v3));
+  // The header's version must match the sections present: a v5 file labelled v1, v2 or v4
+  // does not parse, a v1 file labelled v2 lacks its section, and v6 is from a newer kbcore.
+  for (const std::uint32_t v : {kbcore::Index::kFormatVersion, kbcore::Index::kFormatVersionQuantized,
+                                kbcore::Index::kFormatVersionDiskRows, kbcore::Index::kFormatVersionTagged + 1}) {
+    std::string relabelled = good;
+    put(relabelled, 8, 4, v);
+    CHECK(rejected_bytes(relabelled));
+  }
   save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, false);
   std::string plain = read_file(victim);
   CHECK(get(plain, 8, 4) == kbcore::Index::kFormatVersion);
   put(plain, 8, 4, kbcore::Index::kFormatVersionQuantized);
   CHECK(rejected_bytes(plain));
-  // A flat index never has the section: the same v2 bytes after a flat index are refused.
+  // A flat index never has the section: a version-2 section (kind 1, depth 0, then the same
+  // SQ8 codes) after a flat index is refused.
   save_victim(victim, kbcore::IndexKind::kFlat, kbcore::Metric::kL2, false);
   std::string flat = read_file(victim);
-  flat += good.substr(first("sq8.quantization").offset);
+  flat += std::string(1, '\x01') + std::string(8, '\0') + good.substr(first("sq8.dim").offset);
   put(flat, 8, 4, kbcore::Index::kFormatVersionQuantized);
   CHECK(rejected_bytes(flat));
   // vectors='disk' needs a quantized file (InvalidArgument, not a format defect).
@@ -492,13 +511,14 @@ KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
 }
 
 KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
-  // Format version 4 (vectors='disk'): a vectors byte after the parameters, zero padding to a
-  // 64-byte file offset, then the rows, which load reads in place from the mapped file.
+  // Format version 5 (as version 4 before it): a vectors byte after the parameters, zero
+  // padding to a 64-byte file offset, then the rows, which load reads in place from the mapped
+  // file.
   const std::string victim = scratch("kbcore_test_victim4.kbi"), crafted = scratch("kbcore_test_crafted4.kbi");
   save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, true);
   kbcore::Index::load(victim, true)->save(victim);
   const std::string good = read_file(victim);
-  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionDiskRows);
+  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionTagged);
   CHECK(load_and_use(victim, good) == Outcome::kAccepted);
   CHECK(kbcore::Index::load(victim)->config().vectors_on_disk);
   CHECK(!kbcore::Index::load(victim, false)->config().vectors_on_disk);
@@ -509,8 +529,14 @@ KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
   };
   const std::size_t vectors_at = kHeader + 8 + 1 + 1 + 4 * 8;  // after dim, metric, kind, ef, M, efC, seed
   CHECK(get(good, vectors_at, 1) == 1);
-  const std::size_t slots = get(good, vectors_at + 1, 8);
-  const std::size_t pad_at = vectors_at + 1 + 8 + slots * 9;
+  const std::vector<FieldAt> fields = parse(good);
+  std::size_t slots_at = 0;
+  for (const FieldAt& f : fields) {
+    if (f.name == "slots") slots_at = f.offset;
+  }
+  CHECK(slots_at > vectors_at + 1);  // the code tag between them
+  const std::size_t slots = get(good, slots_at, 8);
+  const std::size_t pad_at = slots_at + 8 + slots * 9;
   const std::size_t rows_at = (pad_at + 63) / 64 * 64;
   CHECK(rows_at > pad_at);
   for (std::size_t i = pad_at; i < rows_at; ++i) CHECK(good[i] == 0);
@@ -521,13 +547,13 @@ KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
   put(bad, rows_at - 1, 1, 1);  // a nonzero padding byte
   CHECK(rejected_bytes(bad));
   bad = good;
-  put(bad, 8, 4, kbcore::Index::kFormatVersionQuantized);  // v4 bytes labelled v2
+  put(bad, 8, 4, kbcore::Index::kFormatVersionQuantized);  // v5 bytes labelled v2
   CHECK(rejected_bytes(bad));
   bad = good;
   put(bad, rows_at, 4, 0x7FC00000u);  // a NaN in a row read in place
   CHECK(rejected_bytes(bad));
   bad = good;
-  put(bad, 8, 4, kbcore::Index::kFormatVersionDiskRows + 1);  // from a newer kbcore
+  put(bad, 8, 4, kbcore::Index::kFormatVersionTagged + 1);  // from a newer kbcore
   CHECK(rejected_bytes(bad));
   std::remove(victim.c_str());
   std::remove(crafted.c_str());

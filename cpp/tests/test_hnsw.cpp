@@ -123,7 +123,7 @@ KBCORE_TEST(parameters_beyond_the_shared_limit_are_refused_at_construction) {
     kbcore::IndexConfig c = config(4, kbcore::IndexKind::kHnsw);
     c.hnsw.ef_construction = efc;
     c.ef_search = ef;
-    c.quantization = kbcore::Quantization::kSq8;
+    c.quantization = "sq8";
     c.rerank = rerank;
     return std::make_unique<kbcore::Index>(c);
   };

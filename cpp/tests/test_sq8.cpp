@@ -277,7 +277,7 @@ KBCORE_TEST(quantized_index_answers_at_exact_distances) {
     c.metric = metric;
     c.hnsw.M = 8;
     c.hnsw.ef_construction = 64;
-    c.quantization = Quantization::kSq8;
+    c.quantization = "sq8";
     Index index(c);
     std::vector<std::int64_t> ids(n);
     for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i);

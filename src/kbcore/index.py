@@ -35,11 +35,14 @@ DIM_RANGE = (1, _core.MAX_DIM)
 #: bounded by the rows that exist whatever the value (docs/index.md, "Limits").
 EF_RANGE = (1, _core.MAX_EF)
 _MAX_EF = EF_RANGE[1]
-QUANTIZATIONS: tuple[str, ...] = ("sq8", "rabitq")  # the codes an HNSW index can walk its graph on
+#: The code types an HNSW index can walk its graph on, and their parameters' (min, max, default),
+#: as the native registry lists them (cpp/code_types.h).
+CODE_TYPES: dict[str, dict[str, tuple[int, int, int]]] = _core.code_types()
+QUANTIZATIONS: tuple[str, ...] = tuple(CODE_TYPES)
 VECTORS: tuple[str, ...] = ("memory", "disk")  # where the float32 rows live
 #: Bits per dimension of RaBitQ codes: the range, and the default.
-RABITQ_BITS = (1, 8)
-RABITQ_DEFAULT_BITS = 4
+RABITQ_BITS: tuple[int, int] = CODE_TYPES["rabitq"]["bits"][:2]
+RABITQ_DEFAULT_BITS = CODE_TYPES["rabitq"]["bits"][2]
 
 
 class Group(NamedTuple):
