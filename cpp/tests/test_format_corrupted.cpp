@@ -12,6 +12,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -27,14 +28,16 @@ namespace {
 constexpr std::size_t kHeader = 32;
 
 /// A file name in memory-backed storage if the system has it (every accepted crafted file is
-/// saved again, and save() fsyncs), else in the working directory.
+/// saved again, and save() fsyncs), else in the working directory. Each process gets its own
+/// names, so two runs at once (two build trees, a sanitizer build) never share a file.
 std::string scratch(const std::string& name) {
-  const std::string shm = "/dev/shm/" + name;
+  static const std::string tag = std::to_string(std::random_device{}()) + "_";
+  const std::string shm = "/dev/shm/" + tag + name;
   if (std::FILE* f = std::fopen(shm.c_str(), "wb")) {
     std::fclose(f);
     return shm;
   }
-  return name;
+  return tag + name;
 }
 
 struct FieldAt {
