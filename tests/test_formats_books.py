@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import random
 import re
 import sys
 import tracemalloc
@@ -231,3 +232,24 @@ def test_a_corrupt_member_book_refuses_the_whole_archive(kb):
         kb.ingest(data, filename="mixed.zip")
     assert len(kb) == 0
     assert parse_archive(_zip({"a.odt": BOOKS.logbook_odt()}), filename="one.zip").members[0].parsed.format == "odt"
+
+
+@pytest.mark.parametrize("name", ["lighthouse.epub", "logbook.odt"])
+def test_mutated_books_give_a_document_or_a_clear_error(name):
+    """Random bytes changed inside the XML members of a committed book (seeded): parse returns
+    a document or raises InvalidArgumentError, never another exception."""
+    rng = random.Random(name)
+    base = (OFFICE / name).read_bytes()
+    for _ in range(40):
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(base)) as zin, zipfile.ZipFile(out, "w") as zout:
+            for info in zin.infolist():
+                body = bytearray(zin.read(info))
+                if info.filename.endswith((".xml", ".xhtml", ".opf", ".ncx")) and body and rng.random() < 0.5:
+                    for _ in range(rng.randint(1, 5)):
+                        body[rng.randrange(len(body))] = rng.randrange(256)
+                zout.writestr(info, bytes(body))
+        try:
+            assert parse(out.getvalue(), filename=name).text
+        except InvalidArgumentError:
+            pass
