@@ -81,23 +81,37 @@ def _index_rows(seg: Segment, rows: np.ndarray) -> tuple[np.ndarray, Any, Any]:
 IN_FLIGHT = 2
 
 
+def _read_batch(seg: Segment, part: np.ndarray) -> tuple[np.ndarray, Any, Any, list[str]]:
+    """(ids, metadata, Arrow texts, texts as str) of one batch: what the embedder and the add take."""
+    ids, meta, arrow_texts = _index_rows(seg, part)
+    return ids, meta, arrow_texts, text_list(arrow_texts)
+
+
 def _add_rows(
     index: Index, seg: Segment, rows: np.ndarray, embedder: Any, dim: int, batch_size: int, bar: Any
 ) -> tuple[int, float]:
-    """Embeds ``rows`` of ``seg`` batch by batch; each batch's ``Index.add`` (which releases
-    the GIL: storing rows and metadata, tokenizing the BM25 leg) runs on one worker thread
-    while the next batches are embedded, at most :data:`IN_FLIGHT` adds queued (bounded
-    memory; an add's error is re-raised here, the adds still queued are cancelled: the index
-    is then discarded).
-    Returns (rows, seconds inside ``embedder.embed``)."""
+    """Embeds ``rows`` of ``seg`` batch by batch, in a pipeline around the embedder: the next
+    batch's rows and texts are read on one thread while the current batch is embedded, and
+    each batch's ``Index.add`` (which releases the GIL: storing rows and metadata, tokenizing
+    the BM25 leg) runs on another, at most :data:`IN_FLIGHT` adds queued (bounded memory: a
+    few batches). An error is re-raised here and the work still queued cancelled (the index
+    is then discarded). Returns (rows, seconds inside ``embedder.embed``)."""
     spent = 0.0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed") as pool:
+    starts = range(0, len(rows), batch_size)
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed-add") as pool,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed-read") as reader,
+    ):
         pending: deque[Future[None]] = deque()
+        ahead: Future[tuple[np.ndarray, Any, Any, list[str]]] | None = None
         try:
-            for start in range(0, len(rows), batch_size):
-                part = rows[start : start + batch_size]
-                ids, meta, arrow_texts = _index_rows(seg, part)
-                texts = text_list(arrow_texts)
+            for k, start in enumerate(starts):
+                batch = _read_batch(seg, rows[start : start + batch_size]) if ahead is None else ahead.result()
+                ahead = None
+                if k + 1 < len(starts):
+                    nxt = starts[k + 1]
+                    ahead = reader.submit(_read_batch, seg, rows[nxt : nxt + batch_size])
+                ids, meta, arrow_texts, texts = batch
                 t0 = time.perf_counter()
                 out = embedder.embed(texts)
                 spent += time.perf_counter() - t0
@@ -105,10 +119,12 @@ def _add_rows(
                 while len(pending) >= IN_FLIGHT:
                     pending.popleft().result()
                 pending.append(pool.submit(index.add, vectors, ids, metadata=meta, texts=arrow_texts, defer_graph=True))
-                bar.update(len(part))
+                bar.update(len(texts))
             while pending:
                 pending.popleft().result()
         finally:
             for f in pending:  # an error above: the queued adds are not run (the index is discarded)
                 f.cancel()
+            if ahead is not None:
+                ahead.cancel()
     return int(len(rows)), spent
