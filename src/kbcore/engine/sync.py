@@ -4,8 +4,9 @@ an iterable of documents) by content hashes, re-using the stored vectors of unch
 Each stored document records (in its segment's document table, written by
 :func:`kbcore.engine.segments.build_tables`): ``source_id``, the id of the source item it came
 from (a ``.zip`` gives several documents one source); ``content_hash``, a BLAKE2b hash of that
-item's bytes (or text) and of everything else that decides its chunks (the pipeline's chunk
-size and overlap, format, filename, metadata); ``chunk_hashes``, the BLAKE2b hash of each
+item's bytes (or text) and of everything else that decides its chunks (the pipeline's
+chunking settings: size, overlap, unit, separators, steps; the index type and parent size; the
+tokenizer when sizes count tokens; format, filename, metadata); ``chunk_hashes``, the BLAKE2b hash of each
 chunk's text. A source item whose hash equals the stored one is skipped after hashing; a
 changed one is parsed and chunked again, and each chunk whose text hash is among the stored
 document's takes the stored vector (``Index.get_vectors``) instead of an embedding.
@@ -153,9 +154,32 @@ def _as_document(item: Any) -> Document:
     return ingest.as_document(item)
 
 
-def hash_item(doc: Document, pcfg: Mapping[str, int], extra_meta: Mapping[str, Any] | None) -> tuple[str, Document]:
+#: Knowledge base settings that change how a pipeline's documents are chunked.
+_CHUNKING_CONFIG = ("index_type", "parent_chunk_size")
+
+
+def chunking_key(pcfg: Mapping[str, Any], config: Mapping[str, Any] | None = None, tokenizer: Any = None) -> Any:
+    """What decides a document's chunks besides its content and metadata, beyond the chunk
+    size and overlap: every other setting of the pipeline (``chunk_unit``, ``separators``,
+    ``steps``, and any added later), the knowledge base's ``index_type`` and
+    ``parent_chunk_size``, and ``tokenizer`` (the embedder's spec when sizes count tokens with
+    its tokenizer). None when all are at their defaults, so that the content hashes of
+    earlier syncs stay valid."""
+    key: dict[str, Any] = {k: v for k, v in pcfg.items() if k not in ("chunk_size", "chunk_overlap")}
+    for k in _CHUNKING_CONFIG:
+        if config is not None and config.get(k) is not None:
+            key[k] = config[k]
+    if tokenizer is not None:
+        key["tokenizer"] = tokenizer
+    return key or None
+
+
+def hash_item(
+    doc: Document, pcfg: Mapping[str, Any], extra_meta: Mapping[str, Any] | None, chunking: Any = None
+) -> tuple[str, Document]:
     """(content hash, the Document with its bytes read) of one source item: what is read
-    once is hashed and later parsed, never read twice."""
+    once is hashed and later parsed, never read twice. ``chunking``: :func:`chunking_key`
+    (None: computed from ``pcfg`` alone)."""
     data, text, filename, _ = ingest.read_source(doc)
     meta = ingest.check_metadata(extra_meta)
     meta.update(ingest.check_metadata(doc.metadata))
@@ -163,6 +187,9 @@ def hash_item(doc: Document, pcfg: Mapping[str, int], extra_meta: Mapping[str, A
     settings: list[Any] = [pcfg["chunk_size"], pcfg["chunk_overlap"], doc.format, filename, text is not None, meta]
     if doc.rows_as_documents:  # absent otherwise: the hashes of earlier syncs stay valid
         settings.append(["rows", doc.id_column])
+    extra = chunking_key(pcfg) if chunking is None else chunking
+    if extra is not None:  # absent at the defaults, as above
+        settings.append(["chunking", extra])
     h.update(json.dumps(settings, sort_keys=True, default=repr).encode("utf-8") + b"\0")
     h.update(data if data is not None else (text or "").encode("utf-8", "surrogatepass"))
     if data is not None:
@@ -325,7 +352,10 @@ def run(
     batch_rows = BATCH_ROWS if batch_rows is None else batch_rows
     state = hooks.state()
     pcfg = state.pipeline(pipeline)
-    chunking = ingest.chunking_for(pcfg, _embedder_or_none(hooks))
+    embedder = _embedder_or_none(hooks)
+    chunking = ingest.chunking_for(pcfg, embedder)
+    tokenizer = state.manifest.get("embedder") if "count_tokens" in chunking else None
+    key = chunking_key(pcfg, state.config, tokenizer)
     stored = Stored.of(state, pipeline)
     added: list[str] = []
     changed: list[str] = []
@@ -346,7 +376,7 @@ def run(
     for sid, doc in items:
         hooks.bar.update(1)
         try:
-            h, loaded = hash_item(doc, pcfg, metadata)
+            h, loaded = hash_item(doc, pcfg, metadata, key)
             if stored.unchanged(sid, h):
                 unchanged.append(sid)
                 continue
