@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ from benches.bench_index import (
     recall_at_k,
     settle_memory,
 )
-from benches.datasets import Dataset, load_scifact, make_synthetic
+from benches.datasets import DEFAULT_DATA_ROOT, Dataset, load_scifact, make_synthetic
 
 BUILD_THREADS = 2
 DEFAULT_EFS = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -378,12 +379,26 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
     return adapters, info
 
 
-def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: int) -> dict[str, dict]:
-    """Per library: recall per ef, and per pass the wall time of one pass over the queries."""
+def has_batch(adapter: Adapter) -> bool:
+    """Whether the adapter implements the one-call, one-thread batch search."""
+    return type(adapter).batch is not Adapter.batch
+
+
+def sweep(
+    adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: int, batch: bool = False
+) -> dict[str, dict]:
+    """Per library: recall per ef, and per pass the wall time of one pass over the queries. With
+    ``batch``, each pass also times one batch call over all queries on one thread
+    (``batch_times``) for every library that has a batch API: the engine cost without the
+    per-call binding overhead."""
     inputs = {a.name: a.prepare_single(ds.queries) for a in adapters}
     out: dict[str, dict] = {
         a.name: {"efs": list(efs), "recall": [], "times": [[] for _ in range(passes)]} for a in adapters
     }
+    batched = [a for a in adapters if batch and has_batch(a)]
+    for a in batched:
+        out[a.name]["batch_recall"] = []
+        out[a.name]["batch_times"] = [[] for _ in range(passes)]
     for ef in efs:
         fns: dict[str, Callable[[Any], Any]] = {}
         for a in adapters:
@@ -400,6 +415,14 @@ def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: 
                 for q in qs:
                     fn(q)
                 out[a.name]["times"][p].append(time.perf_counter() - t0)
+        for a in batched:
+            out[a.name]["batch_recall"].append(recall_at_k(a.batch(ds.queries), ds))  # also the warm-up
+        for p in range(passes):
+            order = batched[p % len(batched) :] + batched[: p % len(batched)] if batched else []
+            for a in order:
+                t0 = time.perf_counter()
+                a.batch(ds.queries)
+                out[a.name]["batch_times"][p].append(time.perf_counter() - t0)
         log(f"  ef {ef:4d}  " + "  ".join(f"{a.name} {out[a.name]['recall'][-1]:.3f}" for a in adapters))
         del fns
     return out
@@ -417,6 +440,13 @@ def summarise(res: dict[str, dict], nq: int, reference: str = REFERENCE) -> dict
             "qps_per_pass": {str(t): v for t, v in per_pass.items()},
             "qps_median": {str(t): _median(v) for t, v in per_pass.items()},
         }
+        if "batch_times" in r:
+            batch_pass = {t: [] for t in TARGETS}
+            for times in r["batch_times"]:
+                curve = [(rec, nq / t) for rec, t in zip(r["batch_recall"], times)]
+                for t in TARGETS:
+                    batch_pass[t].append(qps_at_recall(curve, t))
+            summary[name]["batch_qps_median"] = {str(t): _median(v) for t, v in batch_pass.items()}
     ref = summary.get(reference)
     if ref is not None:
         for s in summary.values():
@@ -457,9 +487,14 @@ def table(name: str, summary: dict[str, Any], info: dict[str, dict], reference: 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="folder holding scifact/ (default $KBCORE_DATA)")
-    p.add_argument("--datasets", default="scifact,synthetic")
-    p.add_argument("--n", type=int, default=100_000, help="synthetic base size (1000000: the opt-in large run)")
-    p.add_argument("--nq", type=int, default=1000, help="synthetic queries")
+    p.add_argument("--datasets", default="scifact,synthetic", help="scifact, arguana, synthetic")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="synthetic base size (default 100000; 1000000: the opt-in large run); for a real set, its prefix",
+    )
+    p.add_argument("--nq", type=int, default=None, help="synthetic queries (default 1000); for a real set, a prefix")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)))
     p.add_argument(
@@ -468,6 +503,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"default: every library but the A/B variants; known: {','.join(ADAPTERS)}",
     )
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--batch",
+        action="store_true",
+        help="also time one batch call over all queries on one thread per pass (libraries with a batch API)",
+    )
     p.add_argument("--reference", default=REFERENCE, help="the library every ratio is taken against")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
     p.add_argument(
@@ -507,17 +547,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "datasets": {},
     }
     for dname in [x for x in args.datasets.split(",") if x]:
-        if dname == "scifact":
-            ds = load_scifact(args.data)
+        if dname in ("scifact", "arguana"):
+            ds = load_real(dname, args.data)
             if args.smoke:
                 ds = _shrink(ds, 3000, 50)
+            elif args.n is not None or args.nq is not None:  # a prefix (the smoke runs of benches.fresh)
+                ds = _shrink(ds, min(args.n or ds.n, ds.n), min(args.nq or ds.nq, ds.nq))
         elif dname == "synthetic":
-            ds = make_synthetic(2000 if args.smoke else args.n, 50 if args.smoke else args.nq)
+            ds = make_synthetic(2000 if args.smoke else args.n or 100_000, 50 if args.smoke else args.nq or 1000)
         else:
             raise SystemExit(f"unknown dataset {dname!r}")
         log(f"\n== {ds.name}: {ds.n} x {ds.dim}, {ds.nq} queries")
         adapters, info = build_all(libs, ds)
-        res = sweep(adapters, ds, efs, passes)
+        res = sweep(adapters, ds, efs, passes, batch=args.batch)
         summary = summarise(res, ds.nq, args.reference) if passes else {}
         if passes:
             log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}, args.reference))
@@ -540,6 +582,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
     return 0
+
+
+def load_real(name: str, data: str | None) -> Dataset:
+    """SciFact or ArguAna chunks (the same folder layout): ``data`` is the root holding both
+    folders (default ``$KBCORE_DATA``), or for SciFact the folder itself."""
+    if name == "scifact":
+        return load_scifact(data)
+    root = Path(data) if data else Path(os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
+    ds = load_scifact(root / name)
+    ds.name = name
+    return ds
 
 
 def _shrink(ds: Dataset, n: int, nq: int) -> Dataset:
