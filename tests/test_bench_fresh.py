@@ -111,3 +111,64 @@ def test_harness_runs_end_to_end_on_tiny_data(tmp_path):
         assert len(sweep["recall"]) == 3 and len(sweep["batch_times"][0]) == 3
         assert sweep["batch_recall"] == pytest.approx(sweep["recall"])  # batch and loop find the same
     assert "kbcore ÷ hnswlib" in md.read_text()
+
+
+#: The issue-28 anchors of benches/bench_quant.py and the module each one needs.
+NEW_ANCHORS = {
+    "symqg": "rabitqlib",
+    "symqg-8": "rabitqlib",
+    "symqg-tuned": "rabitqlib",
+    "vsag-sq8": "pyvsag",
+    "vsag-rabitq": "pyvsag",
+    "glass-sq8u": "glass",
+    "glass-sq4u": "glass",
+    "faiss-hnsw-rabitq-refine": "faiss",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NEW_ANCHORS))
+def test_new_anchor_adapter_finds_the_exact_neighbours(name):
+    module = NEW_ANCHORS[name]
+    if importlib.util.find_spec(module) is None:
+        pip = {"glass": "pyglass-portable==2.1.0"}.get(module, "the kbcore 'bench' extra")
+        pytest.skip(f"{module} is not installed (pip install {pip})")
+    import numpy as np
+    from benches.bench_quant import ADAPTERS, has_batch
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1500, 64)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[:20] + 0.05 * rng.standard_normal((20, 64)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    exact = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    adapter = ADAPTERS[name]()
+    adapter.build(x, 2)
+    adapter.set_ef(128)
+    fn = adapter.single_fn()
+    ids = np.stack([adapter.single_ids(fn(v)) for v in adapter.prepare_single(q)])
+    hits = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(), exact.tolist())])
+    assert hits >= 0.8, f"{name}: recall@10 {hits:.3f} at ef 128 on 1,500 random unit vectors"
+    if has_batch(adapter):
+        assert np.array_equal(adapter.batch(q), ids)  # the batch pass returns what the loop does
+    adapter.close()
+
+
+@pytest.mark.slow
+def test_engine_peers_runs_kbcore_end_to_end(tmp_path):
+    data = Path(os.environ.get("KBCORE_DATA", REPO.parent / "shared" / "data"))
+    if not (data / "scifact" / "chunk_embeddings.npy").exists() and not (data / "chunk_embeddings.npy").exists():
+        pytest.skip(f"SciFact not found under {data} (set KBCORE_DATA)")
+    out = tmp_path / "peers.json"
+    cmd = [sys.executable, "-m", "benches.bench_engine_peers", "--peers", "kbcore", "--n", "1500", "--nq", "20"]
+    cmd += ["--rounds", "1", "--data", str(data), "--json", str(out)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())["results"]["kbcore"]
+    assert r["unfiltered_recall"] >= 0.95
+    assert set(r["cases"]) == {"vector", "filter 10%", "filter 1%", "one per document", "hybrid"}
+    assert all("p50_ms" in c for c in r["cases"].values()), r["cases"]
+    assert r["cases"]["filter 1%"]["recall"] >= 0.95
+    assert r["ingest_rows_per_s"] > 0 and r["reopen_first_query_s"] > 0
