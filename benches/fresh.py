@@ -67,10 +67,26 @@ def schedule(libs: Sequence[str], repeats: int) -> list[tuple[int, str]]:
 
 
 def run_process(cmd: Sequence[str], log_path: Path, timeout: float | None) -> int:
-    """Runs one benchmark process, its stdout and stderr into ``log_path``; returns its exit code."""
+    """Runs one benchmark process, its stdout and stderr into ``log_path``; returns its exit code
+    (-9 when it ran past ``timeout`` seconds and was killed)."""
     with open(log_path, "w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO_ROOT, timeout=timeout, check=False)
+        try:
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO_ROOT, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            fh.write(f"\nKILLED after {timeout} s (--timeout)\n")
+            return -9
     return proc.returncode
+
+
+def wait_for_quiet(max_load: float, wait_s: float, step_s: float = 15.0) -> float:
+    """Sleeps in ``step_s`` steps while the 1-minute load is above ``max_load``, at most ``wait_s``
+    seconds; returns the load when it stopped waiting."""
+    deadline = time.monotonic() + wait_s
+    load = os.getloadavg()[0]
+    while load > max_load and time.monotonic() < deadline:
+        time.sleep(min(step_s, max(0.0, deadline - time.monotonic())))
+        load = os.getloadavg()[0]
+    return load
 
 
 def pick(values: Sequence[tuple[int, float]], how: str) -> tuple[int, float] | None:
@@ -238,6 +254,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-batch", action="store_true", help="skip the one-thread batch pass")
     p.add_argument("--max-load", type=float, default=0.5, help="refuse to start above this 1-minute load")
     p.add_argument("--force", action="store_true", help="start even above --max-load (every such run is flagged)")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each process, wait up to this many seconds for the load to fall below --max-load",
+    )
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for the raw JSON (default benches/out/)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before one process is killed")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
@@ -274,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cmd += [f"--{opt}", str(getattr(args, opt))]
         if not args.no_batch:
             cmd.append("--batch")
+        if args.wait_quiet > 0:
+            wait_for_quiet(args.max_load, args.wait_quiet)
         before = os.getloadavg()
         loaded = before[0] > args.max_load
         t0 = time.perf_counter()

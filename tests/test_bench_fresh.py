@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,15 @@ def test_engine_peers_runs_kbcore_end_to_end(tmp_path):
     assert all("p50_ms" in c for c in r["cases"].values()), r["cases"]
     assert r["cases"]["filter 1%"]["recall"] >= 0.95
     assert r["ingest_rows_per_s"] > 0 and r["reopen_first_query_s"] > 0
+
+
+def test_a_process_past_its_timeout_is_killed_and_counted_as_failed(tmp_path):
+    log = tmp_path / "x.log"
+    rc = fresh.run_process([sys.executable, "-c", "import time; time.sleep(30)"], log, timeout=0.5)
+    assert rc == -9 and "KILLED" in log.read_text()
+
+
+def test_wait_for_quiet_gives_up_after_its_budget():
+    t0 = time.monotonic()
+    load = fresh.wait_for_quiet(-1.0, 0.3, step_s=0.1)  # never quiet below a negative load
+    assert load >= 0 and time.monotonic() - t0 < 5
