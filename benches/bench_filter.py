@@ -1,9 +1,16 @@
-"""Side-by-side benchmark of filtered search: kbcore against hnswlib, faiss, usearch and numpy (issue 3).
+"""Side-by-side benchmark of filtered search: kbcore against hnswlib, faiss, Qdrant Edge, usearch and numpy
+(issues 3 and 28).
 
 Run from the repository root::
 
     python -m benches.bench_filter [--data DIR] [--n 100000] [--quick] [--json OUT]
                                    [--datasets scifact,synthetic] [--libs kbcore,hnswlib,faiss,numpy]
+    python -m benches.bench_filter --libs kbcore-sq8,kbcore-rabitq,hnswlib,faiss,qdrant-edge,qdrant-edge-acorn,numpy
+
+``qdrant-edge`` / ``qdrant-edge-acorn`` (``pip install "qdrant-edge-py>=0.9,<0.10"``): Qdrant's
+in-process shard with payload indexes, ``payload_m``, int8 + rescore, and ACORN in the second;
+see :class:`QdrantEdgeLib` for the path and its limits. A library that is not installed is
+reported as skipped.
 
 Every row gets an int ``bucket`` (uniform in [0, 1000)), a str ``tag`` (skewed) and a locality
 field (``cluster`` for synthetic data, ``far_rank`` for SciFact) that makes an anti-correlated
@@ -55,7 +62,9 @@ EF_CONSTRUCTION = 200
 BUILD_THREADS = 2
 TARGET_RECALL = 0.95
 DEFAULT_EFS = (16, 32, 64, 128, 256, 512, 1024)
-ANCHORS = ("hnswlib", "faiss", "usearch", "numpy")
+ANCHORS = ("hnswlib", "faiss", "qdrant-edge", "qdrant-edge-acorn", "usearch", "numpy")
+# Anchors that search a graph with an ef sweep (usearch has no filtered search, numpy is exact).
+GRAPH_ANCHORS = ("hnswlib", "faiss", "qdrant-edge", "qdrant-edge-acorn")
 # kbcore variants: name -> quantization (None is the float32 index).
 KBCORE_VARIANTS = {"kbcore": None, "kbcore-sq8": "sq8", "kbcore-rabitq": "rabitq"}
 ALL_LIBS = tuple(KBCORE_VARIANTS) + ANCHORS
@@ -516,6 +525,118 @@ class FaissLib:
         self.index = None
 
 
+class QdrantEdgeLib:
+    """Qdrant Edge (``qdrant-edge-py`` 0.9, Qdrant's in-process shard): one segment (``default_segment_number=1``),
+    HNSW with m = 16, ef_construct = 200, ``payload_m`` = 16 (the extra payload-aware links
+    Qdrant builds per indexed field), int8 scalar quantization kept in RAM with rescoring on the
+    float32 vectors (``QuantizationSearchParams(rescore=True)``), a payload index on every
+    filtered field (integer ``bucket`` and the locality field, keyword ``tag``), one search
+    thread (``max_search_threads=1``). Its query planner picks per query between the filtered
+    graph walk and a payload-index scan. ``acorn=True`` adds ACORN (``AcornSearchParams``: the
+    walk also expands two-hop neighbours when the filter is selective). Fastest documented Python
+    path: ``EdgeShard.search(SearchRequest(...))`` per query; the ``Query.Nearest`` objects are
+    built outside the timed loop. Limits: points and filters are Python objects (a list of floats
+    per vector), the result is a list of ``ScoredPoint``."""
+
+    name = "qdrant-edge"
+
+    def __init__(self, ds: Dataset, attrs: Attributes, acorn: bool = False) -> None:
+        import tempfile
+
+        import qdrant_edge as qe
+
+        self.qe = qe
+        self.acorn = acorn
+        self.name = "qdrant-edge-acorn" if acorn else "qdrant-edge"
+        self.dir = tempfile.mkdtemp(prefix="bench-qdrant-edge-")
+        config = qe.EdgeConfig(
+            vectors=qe.EdgeVectorParams(
+                size=ds.dim,
+                distance=qe.Distance.Cosine,
+                quantization_config=qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, always_ram=True),
+            ),
+            hnsw_config=qe.HnswIndexConfig(
+                m=M,
+                ef_construct=EF_CONSTRUCTION,
+                full_scan_threshold=10_000,  # Qdrant's default, in KB
+                max_indexing_threads=BUILD_THREADS,
+                payload_m=M,
+            ),
+            optimizers=qe.EdgeOptimizersConfig(default_segment_number=1, indexing_threshold=1),
+            max_search_threads=1,
+        )
+        self.shard = qe.EdgeShard.create(os.path.join(self.dir, "shard"), config)
+        upd = qe.UpdateOperation
+        self.shard.update(upd.create_field_index("bucket", qe.PayloadSchemaType.Integer))
+        self.shard.update(upd.create_field_index("tag", qe.PayloadSchemaType.Keyword))
+        self.shard.update(upd.create_field_index(attrs.local_name, qe.PayloadSchemaType.Integer))
+        bucket, tag, local = attrs.bucket.tolist(), attrs.tag.tolist(), attrs.local.tolist()
+        step = 1000
+        for b in range(0, ds.n, step):
+            rows = range(b, min(ds.n, b + step))
+            points = [
+                qe.Point(
+                    i,
+                    ds.base[i].tolist(),
+                    {"bucket": bucket[i], "tag": tag[i], attrs.local_name: local[i]},
+                )
+                for i in rows
+            ]
+            self.shard.update(upd.upsert_points(points))
+        self.shard.optimize()  # builds the HNSW graph and the payload-aware links
+
+    def condition(self, where: dict) -> Any:
+        """A Qdrant ``Filter`` for the benchmark's one-field ``where`` ($lt, $in, $eq)."""
+        qe = self.qe
+        ((key, spec),) = where.items()
+        ((op, value),) = spec.items()
+        if op == "$lt":
+            cond = qe.FieldCondition(key, range=qe.RangeFloat(lt=float(value)))
+        elif op == "$in":
+            cond = qe.FieldCondition(key, match=qe.MatchAny(any=[v if isinstance(v, str) else int(v) for v in value]))
+        elif op == "$eq":
+            cond = qe.FieldCondition(key, match=qe.MatchValue(value))
+        else:
+            raise ValueError(f"no Qdrant translation for {op!r} in {where!r}")
+        return qe.Filter(must=[cond])
+
+    def queries(self, queries: np.ndarray) -> list:
+        return [self.qe.Query.Nearest(q.tolist()) for q in queries]
+
+    def warm_up(self, queries: Sequence[Any]) -> None:
+        params = self.qe.SearchParams(hnsw_ef=64)
+        for q in queries:
+            self.shard.search(self.qe.SearchRequest(query=q, limit=K, params=params))
+
+    def make_fn(self, where: dict) -> Callable[[int], Callable[[Any], Any]]:
+        qe = self.qe
+        flt = self.condition(where)
+        search, request = self.shard.search, qe.SearchRequest
+        quant = qe.QuantizationSearchParams(rescore=True)
+        acorn = qe.AcornSearchParams(enable=True) if self.acorn else None
+
+        def at_ef(ef: int) -> Callable[[Any], Any]:
+            params = qe.SearchParams(hnsw_ef=ef, quantization=quant, acorn=acorn)
+            return lambda q: search(request(query=q, limit=K, filter=flt, params=params))
+
+        return at_ef
+
+    @staticmethod
+    def to_ids(raw: Any) -> np.ndarray:
+        out = np.full(K, -1, dtype=np.int64)
+        ids = [int(p.id) for p in raw[:K]]
+        out[: len(ids)] = ids
+        return out
+
+    def close(self) -> None:
+        import shutil
+
+        if self.shard is not None:
+            self.shard.close()
+        self.shard = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def numpy_fn(
     base: np.ndarray, attrs: Attributes, condition: Callable[[Attributes], np.ndarray]
 ) -> Callable[[Any], Any]:
@@ -789,6 +910,31 @@ def bench_dataset(
         keep.append(lib)
         del lib
 
+    for qname in ("qdrant-edge", "qdrant-edge-acorn"):
+        if qname not in libs:
+            continue
+        try:
+            import qdrant_edge  # noqa: F401
+        except ImportError as exc:  # reported, not silently dropped
+            log(f"  {qname} SKIPPED: {exc}")
+            res[f"{qname}_skipped"] = str(exc)
+            continue
+        acorn = qname.endswith("acorn")
+        lib, builds[qname] = build_timed(lambda acorn=acorn: QdrantEdgeLib(ds, attrs, acorn=acorn))
+        log(f"  {qname} build {builds[qname]:.1f} s (ingest, payload indexes, optimize)")
+        qq = lib.queries(queries)
+        lib.warm_up(qq)
+        for c in cases:
+            at_ef = lib.make_fn(c.where)
+            sw = res["cases"][c.name]["libs"][qname] = sweep(
+                qname, at_ef, qq, lib.to_ids, c, scores, efs, repeats, budget
+            )
+            if sw["qualifying"] is not None:
+                live.setdefault(c.name, {})[qname] = (lambda f=at_ef, ef=sw["qualifying"]["ef"]: f(ef), qq)
+            del at_ef
+        keep.append(lib)
+        del lib
+
     if "numpy" in libs:
         for c in cases:
             p = measure_point(
@@ -876,7 +1022,7 @@ def summarise(res: dict) -> None:
     for c in res["cases"].values():
         libs = c["libs"]
         best = None
-        for name in ("hnswlib", "faiss", "numpy"):
+        for name in (*GRAPH_ANCHORS, "numpy"):
             r = libs.get(name)
             if r is None:
                 continue

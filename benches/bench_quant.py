@@ -3,7 +3,13 @@
 faiss IndexHNSWFlat, IndexHNSWSQ (8-bit) alone and under a float32 refine stage
 (``faiss-sq8-refine``) and an IVF over 4-bit PQ fast-scan codes with a refine stage
 (``faiss-ivfpq-fs``, nprobe swept with ef), usearch (f32, i8) and zvec (fp32, INT8 alone and
-with its float32 refiner, ``zvec-int8-refine``).
+with its float32 refiner, ``zvec-int8-refine``), and the issue-28 anchors: faiss HNSW over 4-bit
+RaBitQ codes with a refine stage (``faiss-hnsw-rabitq-refine``), SymphonyQG through ``rabitqlib``
+(``symqg`` raw, ``symqg-8`` 8-bit codes, ``symqg-tuned`` degree 64 / build beam 400), VSAG HGraph
+through ``pyvsag`` (``vsag-sq8``, ``vsag-rabitq``, both re-ranked on float32) and Glass through
+``pyglass-portable`` (``glass-sq8u``, ``glass-sq4u``, re-ranked on float32). Each adapter's
+docstring says what it runs, through which call, and its limits. For figures a rerun agrees
+with, run it through ``benches/fresh.py`` (one fresh process per library and repeat).
 
 Run from the repository root on a quiet machine::
 
@@ -34,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,7 +61,7 @@ from benches.bench_index import (
     recall_at_k,
     settle_memory,
 )
-from benches.datasets import Dataset, load_scifact, make_synthetic
+from benches.datasets import DEFAULT_DATA_ROOT, Dataset, load_scifact, make_synthetic
 
 BUILD_THREADS = 2
 DEFAULT_EFS = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -322,6 +329,200 @@ class ZvecInt8Refine(ZvecInt8):
         return lambda q: search(zv.Query("v", vector=q, param=param), topk=K)
 
 
+class FaissHnswRabitqRefine(FaissHnsw):
+    """faiss HNSW over 4-bit RaBitQ codes under an IndexRefineFlat (``HNSW16,RaBitQ4,RFlat``):
+    the walk estimates distances from the codes, then the best ``REFINE_K_FACTOR * k`` are
+    re-ranked on float32. Limits: faiss's IndexHNSWRaBitQ takes only the L2 metric (on unit
+    vectors the L2 order is the cosine order); the query is not quantised (``qb`` left at its
+    default); the refine stage keeps a float32 copy beside the codes."""
+
+    name = "faiss-hnsw-rabitq-refine"
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        faiss = self.faiss
+        faiss.omp_set_num_threads(threads)
+        self.index = faiss.index_factory(x.shape[1], f"HNSW{M},RaBitQ4,RFlat", faiss.METRIC_L2)
+        self.base = faiss.downcast_index(self.index.base_index)
+        self.base.hnsw.efConstruction = EF_CONSTRUCTION
+        self.index.train(x)
+        self.index.add(x)
+        self.index.k_factor = REFINE_K_FACTOR
+        faiss.omp_set_num_threads(1)
+
+    def set_ef(self, ef: int) -> None:
+        self.faiss.omp_set_num_threads(1)
+        self.base.hnsw.efSearch = ef
+
+
+class SymphonyQG(Adapter):
+    """SymphonyQG (Gao et al., SIGMOD 2025) through ``rabitqlib`` 0.7 (``rabitqlib.SymqgIndex``):
+    a graph whose neighbour lists carry 1-bit RaBitQ codes scored 32 at a time with FastScan;
+    each visited vertex is then scored on its stored vector (raw float32 with
+    ``quantization_bits=0``, or 4/8-bit codes). Degree 32 (``max_degree``, a multiple of 32) is
+    the level-0 degree of an M = 16 HNSW graph; build beam ``ef_construction`` = 200, 2 build
+    threads, PiPNN initialisation (the library default). Metric ``ip`` on the unit vectors.
+    Fastest documented Python path: ``search(q[None], k, ef, 1)`` per query (2-D input only),
+    ``search_batch(Q, k, ef, 1)`` for the batch pass. Limits: no updates after the build (a
+    change rebuilds), no filter, ``ef >= k``."""
+
+    name = "symqg"
+    degree = 32
+    ef_construction = EF_CONSTRUCTION
+    bits = 0
+
+    def __init__(self) -> None:
+        import rabitqlib
+
+        self.lib = rabitqlib
+        self.index: Any = None
+        self.ef = 64
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        self.index = self.lib.SymqgIndex(
+            dim=x.shape[1], max_degree=self.degree, metric="ip", quantization_bits=self.bits
+        )
+        self.index.build(x, ef_construction=self.ef_construction, num_threads=threads)
+
+    def set_ef(self, ef: int) -> None:
+        self.ef = max(ef, K)
+
+    def prepare_single(self, q: np.ndarray) -> list:
+        return [row[None, :] for row in q]
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        search, ef = self.index.search, self.ef
+        return lambda q: search(q, K, ef, 1)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        return np.asarray(raw[0][0], dtype=np.int64)
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        return np.asarray(self.index.search_batch(q, K, self.ef, 1)[0], dtype=np.int64)
+
+
+class SymphonyQG8(SymphonyQG):
+    """SymphonyQG with 8-bit codes for the visited vertices (``quantization_bits=8``): the
+    neighbour estimate stays 1-bit FastScan, the re-rank of each visited vertex reads 8-bit codes
+    instead of float32 (no float32 copy kept)."""
+
+    name = "symqg-8"
+    bits = 8
+
+
+class SymphonyQGTuned(SymphonyQG):
+    """SymphonyQG raw at its tuned setting: degree 64 and build beam 400 (a larger graph, a slower
+    build; the issue-28 "tuned" anchor)."""
+
+    name = "symqg-tuned"
+    degree = 64
+    ef_construction = 400
+
+
+class VsagHGraph(Adapter):
+    """VSAG HGraph through ``pyvsag`` 0.18 (``pyvsag.Index("hgraph", json)``): a hierarchical
+    graph walked on ``base_quantization_type`` codes, re-ranked on float32 (``use_reorder`` with
+    ``precise_quantization_type="fp32"``). ``max_degree`` 32 (the bottom graph's degree, = 2M),
+    ``ef_construction`` 200, ``build_thread_count`` 2, metric ``ip`` on the unit vectors. Fastest
+    documented Python path: ``knn_search(q, k, '{"hgraph": {"ef_search": ef}}')``, one query per
+    call, the JSON string built outside the timed loop. Limits: no batch search in the Python
+    binding (no batch pass), parameters as JSON strings."""
+
+    name = "vsag-sq8"
+    base_quantization = "sq8"
+
+    def __init__(self) -> None:
+        import pyvsag
+
+        self.lib = pyvsag
+        self.index: Any = None
+        self.params = json.dumps({"hgraph": {"ef_search": 64}})
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        cfg = {
+            "dtype": "float32",
+            "metric_type": "ip",
+            "dim": int(x.shape[1]),
+            "index_param": {
+                "base_quantization_type": self.base_quantization,
+                "use_reorder": True,
+                "precise_quantization_type": "fp32",
+                "max_degree": 2 * M,
+                "ef_construction": EF_CONSTRUCTION,
+                "build_thread_count": threads,
+            },
+        }
+        self.index = self.lib.Index("hgraph", json.dumps(cfg))
+        self.index.build(np.ascontiguousarray(x).ravel(), np.arange(x.shape[0], dtype=np.int64), x.shape[0], x.shape[1])
+
+    def set_ef(self, ef: int) -> None:
+        self.params = json.dumps({"hgraph": {"ef_search": ef}})
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        search, params = self.index.knn_search, self.params
+        return lambda q: search(q, K, params)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        ids = np.asarray(raw[0], dtype=np.int64)[:K]
+        return np.concatenate([ids, np.full(K - len(ids), -1, dtype=np.int64)])
+
+
+class VsagHGraphRabitq(VsagHGraph):
+    """VSAG HGraph walked on RaBitQ codes, re-ranked on float32."""
+
+    name = "vsag-rabitq"
+    base_quantization = "rabitq"
+
+
+class Glass(Adapter):
+    """Glass (zilliztech/pyglass) through ``pyglass-portable`` 2.1 (an AVX2 build of the same
+    source; import name ``glass``): an HNSW graph (``R`` = 32 = 2M level-0 degree, ``L`` = 200)
+    searched on ``quant`` codes and re-ranked on ``refine_quant`` (float32), after the
+    ``Searcher.optimize`` step its README documents (it tunes prefetch depth by timing). Fastest
+    documented Python path: ``Searcher.search(q, k)`` per query, ``batch_search(Q, k, 1)`` for
+    the batch pass. Limits: no filter, no updates, the AVX2 build (the upstream wheel is AVX-512
+    only); ``optimize`` times itself on the machine, so it too is subject to load."""
+
+    name = "glass-sq8u"
+    quant = "SQ8U"
+    refine = "FP32"
+
+    def __init__(self) -> None:
+        import glass
+
+        self.lib = glass
+        self.index: Any = None
+
+    def build(self, x: np.ndarray, threads: int) -> None:
+        glass = self.lib
+        glass.set_num_threads(threads)
+        graph = glass.Index("HNSW", "IP", self.quant, R=2 * M, L=EF_CONSTRUCTION).build(x)
+        self.data = np.ascontiguousarray(x)
+        self.index = glass.Searcher(graph, self.data, "IP", self.quant, self.refine)
+        self.index.set_ef(64)
+        self.index.optimize(1)
+        glass.set_num_threads(1)
+
+    def set_ef(self, ef: int) -> None:
+        self.index.set_ef(ef)
+
+    def single_fn(self) -> Callable[[Any], Any]:
+        search = self.index.search
+        return lambda q: search(q, K)
+
+    def single_ids(self, raw: Any) -> np.ndarray:
+        return np.asarray(raw[0], dtype=np.int64)
+
+    def batch(self, q: np.ndarray) -> np.ndarray:
+        return np.asarray(self.index.batch_search(q, K, 1)[0], dtype=np.int64)
+
+
+class GlassSq4u(Glass):
+    """Glass on 4-bit uniform codes (SQ4U), re-ranked on float32."""
+
+    name = "glass-sq4u"
+    quant = "SQ4U"
+
+
 #: The A/B variants (huge pages off, other RaBitQ bit counts) run only when named in --libs.
 AB_VARIANTS = ("kbcore-nohp", "kbcore-sq8-nohp", "kbcore-rabitq1", "kbcore-rabitq2", "kbcore-rabitq8")
 ADAPTERS: dict[str, type[Adapter]] = {
@@ -340,6 +541,14 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "faiss-sq8": FaissHnswSq8,
     "faiss-sq8-refine": FaissHnswSq8Refine,
     "faiss-ivfpq-fs": FaissIvfPqFastScan,
+    "faiss-hnsw-rabitq-refine": FaissHnswRabitqRefine,
+    "symqg": SymphonyQG,
+    "symqg-8": SymphonyQG8,
+    "symqg-tuned": SymphonyQGTuned,
+    "vsag-sq8": VsagHGraph,
+    "vsag-rabitq": VsagHGraphRabitq,
+    "glass-sq8u": Glass,
+    "glass-sq4u": GlassSq4u,
     "usearch": Usearch,
     "usearch-i8": UsearchI8,
     "zvec": Zvec,
@@ -378,12 +587,26 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
     return adapters, info
 
 
-def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: int) -> dict[str, dict]:
-    """Per library: recall per ef, and per pass the wall time of one pass over the queries."""
+def has_batch(adapter: Adapter) -> bool:
+    """Whether the adapter implements the one-call, one-thread batch search."""
+    return type(adapter).batch is not Adapter.batch
+
+
+def sweep(
+    adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: int, batch: bool = False
+) -> dict[str, dict]:
+    """Per library: recall per ef, and per pass the wall time of one pass over the queries. With
+    ``batch``, each pass also times one batch call over all queries on one thread
+    (``batch_times``) for every library that has a batch API: the engine cost without the
+    per-call binding overhead."""
     inputs = {a.name: a.prepare_single(ds.queries) for a in adapters}
     out: dict[str, dict] = {
         a.name: {"efs": list(efs), "recall": [], "times": [[] for _ in range(passes)]} for a in adapters
     }
+    batched = [a for a in adapters if batch and has_batch(a)]
+    for a in batched:
+        out[a.name]["batch_recall"] = []
+        out[a.name]["batch_times"] = [[] for _ in range(passes)]
     for ef in efs:
         fns: dict[str, Callable[[Any], Any]] = {}
         for a in adapters:
@@ -400,6 +623,14 @@ def sweep(adapters: Sequence[Adapter], ds: Dataset, efs: Sequence[int], passes: 
                 for q in qs:
                     fn(q)
                 out[a.name]["times"][p].append(time.perf_counter() - t0)
+        for a in batched:
+            out[a.name]["batch_recall"].append(recall_at_k(a.batch(ds.queries), ds))  # also the warm-up
+        for p in range(passes):
+            order = batched[p % len(batched) :] + batched[: p % len(batched)] if batched else []
+            for a in order:
+                t0 = time.perf_counter()
+                a.batch(ds.queries)
+                out[a.name]["batch_times"][p].append(time.perf_counter() - t0)
         log(f"  ef {ef:4d}  " + "  ".join(f"{a.name} {out[a.name]['recall'][-1]:.3f}" for a in adapters))
         del fns
     return out
@@ -417,6 +648,13 @@ def summarise(res: dict[str, dict], nq: int, reference: str = REFERENCE) -> dict
             "qps_per_pass": {str(t): v for t, v in per_pass.items()},
             "qps_median": {str(t): _median(v) for t, v in per_pass.items()},
         }
+        if "batch_times" in r:
+            batch_pass = {t: [] for t in TARGETS}
+            for times in r["batch_times"]:
+                curve = [(rec, nq / t) for rec, t in zip(r["batch_recall"], times)]
+                for t in TARGETS:
+                    batch_pass[t].append(qps_at_recall(curve, t))
+            summary[name]["batch_qps_median"] = {str(t): _median(v) for t, v in batch_pass.items()}
     ref = summary.get(reference)
     if ref is not None:
         for s in summary.values():
@@ -457,9 +695,14 @@ def table(name: str, summary: dict[str, Any], info: dict[str, dict], reference: 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="folder holding scifact/ (default $KBCORE_DATA)")
-    p.add_argument("--datasets", default="scifact,synthetic")
-    p.add_argument("--n", type=int, default=100_000, help="synthetic base size (1000000: the opt-in large run)")
-    p.add_argument("--nq", type=int, default=1000, help="synthetic queries")
+    p.add_argument("--datasets", default="scifact,synthetic", help="scifact, arguana, synthetic")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="synthetic base size (default 100000; 1000000: the opt-in large run); for a real set, its prefix",
+    )
+    p.add_argument("--nq", type=int, default=None, help="synthetic queries (default 1000); for a real set, a prefix")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)))
     p.add_argument(
@@ -468,6 +711,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"default: every library but the A/B variants; known: {','.join(ADAPTERS)}",
     )
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--batch",
+        action="store_true",
+        help="also time one batch call over all queries on one thread per pass (libraries with a batch API)",
+    )
     p.add_argument("--reference", default=REFERENCE, help="the library every ratio is taken against")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
     p.add_argument(
@@ -507,17 +755,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "datasets": {},
     }
     for dname in [x for x in args.datasets.split(",") if x]:
-        if dname == "scifact":
-            ds = load_scifact(args.data)
+        if dname in ("scifact", "arguana"):
+            ds = load_real(dname, args.data)
             if args.smoke:
                 ds = _shrink(ds, 3000, 50)
+            elif args.n is not None or args.nq is not None:  # a prefix (the smoke runs of benches.fresh)
+                ds = _shrink(ds, min(args.n or ds.n, ds.n), min(args.nq or ds.nq, ds.nq))
         elif dname == "synthetic":
-            ds = make_synthetic(2000 if args.smoke else args.n, 50 if args.smoke else args.nq)
+            ds = make_synthetic(2000 if args.smoke else args.n or 100_000, 50 if args.smoke else args.nq or 1000)
         else:
             raise SystemExit(f"unknown dataset {dname!r}")
         log(f"\n== {ds.name}: {ds.n} x {ds.dim}, {ds.nq} queries")
         adapters, info = build_all(libs, ds)
-        res = sweep(adapters, ds, efs, passes)
+        res = sweep(adapters, ds, efs, passes, batch=args.batch)
         summary = summarise(res, ds.nq, args.reference) if passes else {}
         if passes:
             log(table(ds.name, summary, {a.name: info[a.name] for a in adapters}, args.reference))
@@ -540,6 +790,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
     return 0
+
+
+def load_real(name: str, data: str | None) -> Dataset:
+    """SciFact or ArguAna chunks (the same folder layout): ``data`` is the root holding both
+    folders (default ``$KBCORE_DATA``), or for SciFact the folder itself."""
+    if name == "scifact":
+        return load_scifact(data)
+    root = Path(data) if data else Path(os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
+    ds = load_scifact(root / name)
+    ds.name = name
+    return ds
 
 
 def _shrink(ds: Dataset, n: int, nq: int) -> Dataset:
