@@ -627,7 +627,7 @@ def add_embedder_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``--embedder`` and the ``--embedding-*`` options to an argparse parser (see
     :func:`embedder_from_cli_args`)."""
     from .embedders import EMBEDDER_KINDS
-    from .embedders_openai import AZURE_API_VERSION
+    from .embedders.openai import AZURE_API_VERSION
 
     g = parser.add_argument_group("embedder")
     g.add_argument(
@@ -724,7 +724,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
         OpenAIEmbedder,
         SentenceTransformerEmbedder,
     )
-    from .embedders_openai import AZURE_API_VERSION, DEFAULT_BASE_URL
+    from .embedders.openai import AZURE_API_VERSION, DEFAULT_BASE_URL
     from .errors import InvalidArgumentError
 
     kind = getattr(args, "embedder", None)

@@ -12,14 +12,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .. import storage
 from ..chunking import check_chunk_params, check_chunking
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import DEFAULT_FUSION, check_vector_weight
 from ..index import DIM_RANGE, KINDS, METRICS, VECTORS, check_bits, check_params, check_quantization, check_vectors
 from ..rerankers import as_reranker, reranker_spec
-from . import commit, manifest, multi, retrieval
+from . import commit, manifest, multi, retrieval, storage
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
 from .types import FUSIONS, INDEX_TYPES, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name

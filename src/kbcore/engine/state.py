@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import storage
 from ..errors import FormatError, InvalidArgumentError, NotFoundError
 from ..index import Index, Vectors
 from . import shards as _shards
+from . import storage
 from .locks import RWLock
 from .manifest import checkpoint_rows, tail_rows
 from .segments import Segment
