@@ -54,7 +54,8 @@ _CORE_LEAVES = {
     "kbcore.filters.where": {"kbcore.metadata", "kbcore.filters.iso"},
     "kbcore.filters.cache": {"kbcore._core", "kbcore.filters.where"},
     # index/: the Index class, its parameters and spec, its input conversions.
-    "kbcore.index": {"kbcore.index._index", "kbcore.index.params", "kbcore.index.arrays"},
+    "kbcore.index": {"kbcore.index._index", "kbcore.index.params", "kbcore.index.spec", "kbcore.index.arrays"},
+    "kbcore.index.spec": {"kbcore.index.params"},
     "kbcore.index.params": {"kbcore._core"},
     "kbcore.index.arrays": set(),
     "kbcore.index._index": {
@@ -62,6 +63,7 @@ _CORE_LEAVES = {
         "kbcore.filters",
         "kbcore.metadata",
         "kbcore.index.params",
+        "kbcore.index.spec",
         "kbcore.index.arrays",
     },
     "kbcore.chunking": set(),
@@ -158,7 +160,7 @@ _ENGINE = {
     # shards.py is a leaf (errors; kbcore.distributed only inside functions, see LAZY below),
     # so state / commit / knowledge_base / directory may use it although the table lists it
     # after them.
-    _E + "shards": {"kbcore.distributed"},
+    _E + "shards": {"kbcore.distributed", "kbcore.index"},
     _E + "graph_builder": {"kbcore.index"},
     _E + "embedding": {"kbcore.embedders"},
     _E + "reranking": {"kbcore.rerankers", _E + "types"},

@@ -187,12 +187,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             chunk_overlap=args.chunk_overlap,
             chunk_unit=args.chunk_unit,
             separators=_separators(args.separators),
-            index=args.index,
+            index=_index_spec(args),
             shards=args.shards,
-            quantization=args.quantization,
-            bits=args.bits,
             reranker=reranker,
-            vectors=args.vectors,
             index_type=args.index_type,
             parent_chunk_size=args.parent_chunk_size,
             child_chunk_size=args.child_chunk_size,
@@ -391,6 +388,14 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         type=int,
         default=None,
         help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
+    )
+    ing.add_argument(
+        "--index-rerank",
+        type=int,
+        default=None,
+        metavar="N",
+        help="for a new knowledge base with --quantization: how many candidates a search re-ranks "
+        "exactly on the float32 rows (default: the index's)",
     )
     ing.add_argument(
         "--vectors",
@@ -704,6 +709,20 @@ _CLI_ALLOWED = {
     "sentence-transformers": {"embedding_model", "embedding_batch_size"},
     "none": set(),
 }
+
+
+def _index_spec(args: argparse.Namespace) -> Any:
+    """The one :class:`~kbcore.index.IndexSpec` of ``kbcore ingest``'s index flags (validated
+    there: InvalidArgumentError names the bad value)."""
+    from .index import IndexSpec
+
+    return IndexSpec(
+        kind=args.index,
+        quantization=args.quantization,
+        bits=args.bits,
+        rerank=args.index_rerank,
+        vectors=args.vectors,
+    )
 
 
 def embedder_from_cli_args(args: argparse.Namespace) -> Any:

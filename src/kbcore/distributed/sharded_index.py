@@ -23,7 +23,7 @@ from ..errors import (
     InvalidTypeError,
     NotFoundError,
 )
-from ..index import Index
+from ..index import Index, IndexSpec, as_index_spec
 from ..index.arrays import as_ids, as_vectors
 from ..index.params import positive
 from ..index.params import threads as check_threads
@@ -106,12 +106,15 @@ class ShardedIndex:
         max_concurrency: int = 4,
         transport: str | None = None,
         compiled_idle: float | None = 10.0,
+        spec: IndexSpec | Mapping[str, Any] | None = None,
         **index_options: Any,
     ) -> None:
         """Creates a new sharded index in the empty (or absent) directory ``path``.
 
-        ``index_options`` (``M``, ``ef_construction``, ``ef``, ``seed``) go to every shard's
-        :class:`~kbcore.Index`. ``max_restarts`` (-1 = unlimited) and ``num_cpus`` (CPUs
+        ``spec`` (an :class:`~kbcore.index.IndexSpec` or its dict) describes every shard's index
+        whole; without it ``metric``, ``kind`` and ``index_options`` (``M``, ``ef_construction``,
+        ``ef``, ``quantization``, ``bits``, ``rerank``, ``vectors``) are turned into one. ``seed``
+        goes to every shard's :class:`~kbcore.Index`. ``max_restarts`` (-1 = unlimited) and ``num_cpus`` (CPUs
         reserved per shard actor) are Ray actor options; ``max_concurrency`` is the number of
         calls one shard serves at once. ``timeout`` bounds how long a call waits for a shard;
         ``start_timeout`` how long the constructor (and :meth:`load`) waits for every shard
@@ -129,6 +132,16 @@ class ShardedIndex:
         holds an index (use :meth:`load`).
         """
         shards = positive("shards", shards)
+        if spec is not None:
+            if metric != "cosine" or kind != "hnsw" or set(index_options) - {"seed"}:
+                raise InvalidArgumentError("pass either spec or metric / kind / index options, not both")
+            spec = as_index_spec(spec)
+            metric, kind = spec.metric, spec.kind
+            defaults = IndexSpec().to_dict()
+            index_options = {
+                **{k: v for k, v in spec.to_dict().items() if k not in ("metric", "kind") and v != defaults[k]},
+                **index_options,
+            }
         Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
         if not isinstance(shard_key, str) or not shard_key:
             raise InvalidTypeError(f"shard_key must be a non-empty field name, got {shard_key!r}")

@@ -175,6 +175,11 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         c.choice(vectors, "config.vectors", VECTORS)
         if vectors == "disk" and (q is _MISSING or q is None):
             raise c.fail("config.vectors", "is 'disk', but disk-resident rows need quantization 'sq8' or 'rabitq'")
+    rerank = c.get(cfg, "rerank", "config.rerank", optional=True)
+    if rerank is not _MISSING and rerank is not None:
+        c.int_(rerank, "config.rerank", *EF_RANGE)
+        if q is _MISSING or q is None:
+            raise c.fail("config.rerank", "is set, but rerank needs quantization 'sq8' or 'rabitq'")
     bits = c.get(cfg, "bits", "config.bits", optional=True)
     if bits is not _MISSING and bits is not None:
         c.int_(bits, "config.bits", *RABITQ_BITS)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, InvalidArgumentError, NotFoundError
-from ..index import Index, Vectors
+from ..index import Index, IndexSpec, Vectors
 from . import shards as _shards
 from . import storage
 from .locks import RWLock
@@ -258,17 +258,7 @@ def new_index(
     if _shards.is_sharded(cfg):
         assert path is not None
         return _shards.open_index(path, cfg, dim, fresh=fresh)
-    return Index(
-        dim,
-        cfg["metric"],
-        cfg["index"],
-        M=cfg["M"],
-        ef_construction=cfg["ef_construction"],
-        ef=cfg["ef"],
-        quantization=cfg.get("quantization"),
-        bits=cfg.get("bits"),
-        vectors=vectors_of(cfg, vectors),
-    )
+    return Index(dim, spec=IndexSpec.from_config(cfg).replace(vectors=vectors_of(cfg, vectors)))
 
 
 def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:

@@ -3,6 +3,7 @@
 - :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`;
 - :mod:`.params`: the one list of metric, kind, quantization and vectors names, the native
   limits and the parameter checks;
+- :mod:`.spec`: :class:`IndexSpec`, the one frozen description of an index, validated once;
 - :mod:`.arrays`: the input conversions (vectors, ids) an index and a sharded index share.
 """
 
@@ -28,9 +29,12 @@ from .params import (
     check_quantization,
     check_vectors,
 )
+from .spec import IndexSpec, as_index_spec
 
 __all__ = [
     "Index",
+    "IndexSpec",
+    "as_index_spec",
     "Group",
     "Metric",
     "Kind",

@@ -20,15 +20,12 @@ from .params import (
     Metric,
     Quantization,
     Vectors,
-    check_bits,
-    check_params,
-    check_quantization,
-    check_vectors,
 )
 from .params import bounded as _bounded
 from .params import limit as _limit
 from .params import positive as _positive
 from .params import threads as _threads
+from .spec import IndexSpec, as_index_spec
 
 # numpy's float32 dtype (a singleton: `dtype is _FLOAT32` is the cheapest exact test).
 _FLOAT32 = np.dtype(np.float32)
@@ -36,6 +33,8 @@ _FLOAT32 = np.dtype(np.float32)
 __all__ = ["Index", "Group", "collapse_by_key"]
 
 _MAX_EF = EF_RANGE[1]
+# The keywords' defaults, to tell an explicit keyword from an absent one when a spec is given.
+_DEFAULTS = IndexSpec().to_dict()
 
 
 class Group(NamedTuple):
@@ -174,34 +173,62 @@ class Index:
         rerank: int | None = None,
         vectors: Vectors = "memory",
         bits: int | None = None,
+        spec: IndexSpec | Mapping[str, Any] | None = None,
     ) -> None:
-        """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
-        quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
+        """``spec`` (an :class:`~kbcore.index.IndexSpec` or its dict) describes the index whole;
+        without it the keywords are turned into one. Raises InvalidArgumentError (a ValueError)
+        for an unknown metric, kind or quantization, quantization with ``kind="flat"``, a
+        non-positive parameter, or ``spec`` given together with a keyword it holds."""
         dim = _positive("dim", dim)
-        M, ef_construction, ef = check_params(metric, kind, M, ef_construction, ef)
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-        check_quantization(quantization, kind)
-        bits = check_bits(bits, quantization)
-        if rerank is not None:
-            if quantization is None:
-                raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8' or 'rabitq')")
-            rerank = _bounded("rerank", rerank)
-        check_vectors(vectors, quantization)
+        given: dict[str, Any] = {
+            "metric": metric,
+            "kind": kind,
+            "M": M,
+            "ef_construction": ef_construction,
+            "ef": ef,
+            "quantization": quantization,
+            "rerank": rerank,
+            "vectors": vectors,
+            "bits": bits,
+        }
+        if spec is None:
+            spec = IndexSpec(**given)
+        else:
+            spec = as_index_spec(spec)
+            clash = sorted(k for k, v in given.items() if v != _DEFAULTS[k])
+            if clash:
+                raise InvalidArgumentError(f"pass either spec or the keywords it holds, not both: {clash}")
         self._native = _core.Index(
             dim,
-            metric,
-            kind,
-            M,
-            ef_construction,
-            ef,
+            spec.metric,
+            spec.kind,
+            spec.M,
+            spec.ef_construction,
+            spec.ef,
             int(seed),
-            quantization or "none",
-            rerank or 0,
-            vectors,
-            bits or 0,
+            spec.quantization or "none",
+            spec.rerank or 0,
+            spec.vectors,
+            spec.bits or 0,
         )
         self._dim = int(self._native.dim)
+
+    @property
+    def spec(self) -> IndexSpec:
+        """The index's :class:`~kbcore.index.IndexSpec` (its current default ``ef``)."""
+        return IndexSpec(
+            metric=self.metric,
+            kind=self.kind,
+            M=self.M,
+            ef_construction=self.ef_construction,
+            ef=self.ef,
+            quantization=self.quantization,
+            bits=self.bits,
+            rerank=self.rerank,
+            vectors=self.vectors,
+        )
 
     @classmethod
     def _wrap(cls, native: _core.Index) -> Index:
