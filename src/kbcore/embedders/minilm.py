@@ -448,6 +448,7 @@ class MiniLMEmbedder:
             spec.get("model_dir"),
             max_seq_length=spec.get("max_seq_length"),
             normalize=bool(spec.get("normalize", True)),
+            **({"batch_size": int(spec["batch_size"])} if spec.get("batch_size") else {}),
         )
 
     def __repr__(self) -> str:

@@ -59,7 +59,11 @@ class SentenceTransformerEmbedder:
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> SentenceTransformerEmbedder:
         """The model :meth:`spec` names, loaded again."""
-        return cls(spec_field(spec, "model", "sentence-transformers"), normalize=bool(spec.get("normalize", True)))
+        return cls(
+            spec_field(spec, "model", "sentence-transformers"),
+            normalize=bool(spec.get("normalize", True)),
+            batch_size=int(spec.get("batch_size") or 64),
+        )
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder({self.model_name!r}, dim={self.dim})"
