@@ -366,6 +366,33 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+def native_reach(root: Path) -> list[str]:
+    """Uses of an index's ``_native`` handle outside ``kbcore.index`` (the public ``Index`` API
+    is the way in), one line each."""
+    src = root / "src"
+    found = []
+    for path in sorted((src / "kbcore").rglob("*.py")):
+        name, _ = _module_name(path, src, "")
+        if name == "kbcore.index" or name.startswith("kbcore.index."):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "_native":
+                found.append(f"{name}:{node.lineno}: reaches Index._native (use the public Index API)")
+    return found
+
+
+def test_no_module_outside_index_reaches_the_native_handle():
+    assert native_reach(ROOT) == []
+
+
+def test_a_planted_native_reach_is_found(tmp_path):
+    _copy_tree(tmp_path)
+    target = tmp_path / "src/kbcore/distributed/shard.py"
+    target.write_text(target.read_text(encoding="utf-8") + "\n_n = Index._native\n", encoding="utf-8")
+    assert any("kbcore.distributed.shard" in v for v in native_reach(tmp_path))
+
+
 def _copy_tree(dest: Path) -> None:
     """The sources that ``violations`` reads (src/, integrations/), without caches or binaries."""
     skip = shutil.ignore_patterns("__pycache__", ".mypy_cache", "*.so")
