@@ -157,3 +157,17 @@ def test_the_cli_flags_become_one_spec_in_the_manifest(tmp_path):
         [*cmd[:-2], "--kb", "k2", "--data", str(data), "--index-rerank", "5"], capture_output=True, text=True
     )
     assert bad.returncode != 0 and "rerank applies to a quantized index" in bad.stderr
+
+
+def test_a_sharded_index_turns_its_spec_into_the_options_every_shard_builds_from():
+    from kbcore.distributed.sharded_index import spec_options
+
+    spec = IndexSpec(metric="ip", M=8, quantization="rabitq", bits=3, rerank=20)
+    metric, kind, options = spec_options(spec, "cosine", "hnsw", {"seed": 5})
+    assert (metric, kind) == ("ip", "hnsw")
+    assert options == {"M": 8, "quantization": "rabitq", "bits": 3, "rerank": 20, "seed": 5}
+    assert Index(4, metric, kind, **options).spec == spec
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        spec_options(spec, "cosine", "hnsw", {"M": 8})
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        spec_options(spec, "l2", "hnsw", {})

@@ -48,6 +48,21 @@ class PartialResult(NamedTuple):
     missing_shards: tuple[int, ...]
 
 
+def spec_options(
+    spec: IndexSpec | Mapping[str, Any], metric: str, kind: str, index_options: Mapping[str, Any]
+) -> tuple[str, str, dict[str, Any]]:
+    """(metric, kind, index options) of every shard's :class:`~kbcore.Index` for ``spec``: the
+    options hold the fields that differ from their defaults (as the shard manifest always
+    recorded them) and ``seed``. Raises InvalidArgumentError when ``metric`` / ``kind`` / an
+    index option other than ``seed`` is given beside the spec."""
+    if metric != "cosine" or kind != "hnsw" or set(index_options) - {"seed"}:
+        raise InvalidArgumentError("pass either spec or metric / kind / index options, not both")
+    spec = as_index_spec(spec)
+    defaults = IndexSpec().to_dict()
+    options = {k: v for k, v in spec.to_dict().items() if k not in ("metric", "kind") and v != defaults[k]}
+    return spec.metric, spec.kind, {**options, **index_options}
+
+
 class ShardedIndex:
     """An index of ``shards`` Ray actors, each a kbcore :class:`~kbcore.Index` on its own
     directory under ``path``, with the ``Index`` API and exact merges.
@@ -133,15 +148,7 @@ class ShardedIndex:
         """
         shards = positive("shards", shards)
         if spec is not None:
-            if metric != "cosine" or kind != "hnsw" or set(index_options) - {"seed"}:
-                raise InvalidArgumentError("pass either spec or metric / kind / index options, not both")
-            spec = as_index_spec(spec)
-            metric, kind = spec.metric, spec.kind
-            defaults = IndexSpec().to_dict()
-            index_options = {
-                **{k: v for k, v in spec.to_dict().items() if k not in ("metric", "kind") and v != defaults[k]},
-                **index_options,
-            }
+            metric, kind, index_options = spec_options(spec, metric, kind, index_options)
         Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
         if not isinstance(shard_key, str) or not shard_key:
             raise InvalidTypeError(f"shard_key must be a non-empty field name, got {shard_key!r}")

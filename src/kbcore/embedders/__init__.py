@@ -56,6 +56,7 @@ __all__ = [
     "embedder_from_spec",
     "embedder_spec",
     "register_embedder",
+    "rebuilds_cheaply",
     "default_embedder",
     "describe_embedder",
     "minilm_available",
@@ -68,23 +69,36 @@ __all__ = [
 # -- the registry: kind -> how to rebuild an embedder from its manifest spec ---------------
 
 _REGISTRY: dict[str, Callable[[dict[str, Any]], Any]] = {}
+_LOADS_A_MODEL: set[str] = set()
 
 
-def register_embedder(kind: str, from_spec: Callable[[dict[str, Any]], Any]) -> None:
+def register_embedder(kind: str, from_spec: Callable[[dict[str, Any]], Any], *, loads_a_model: bool = False) -> None:
     """Makes :func:`embedder_from_spec` build ``from_spec(spec)`` for specs of ``kind`` (and
-    :func:`embedder_to_spec` record embedders whose ``spec()`` names it)."""
+    :func:`embedder_to_spec` record embedders whose ``spec()`` names it). ``loads_a_model``:
+    rebuilding may load a model by name (perhaps over the network), so a knowledge base
+    prefers an embedder it was given of the same dimension (:func:`rebuilds_cheaply`)."""
     if not isinstance(kind, str) or not kind or kind in ("custom", "none"):
         raise InvalidArgumentError(f"an embedder kind is a non-empty name other than 'custom' / 'none', got {kind!r}")
     if not callable(from_spec):
         raise InvalidTypeError(f"from_spec must be callable, got {type(from_spec).__name__}")
     _REGISTRY[kind] = from_spec
+    if loads_a_model:
+        _LOADS_A_MODEL.add(kind)
+    else:
+        _LOADS_A_MODEL.discard(kind)
+
+
+def rebuilds_cheaply(kind: Any) -> bool:
+    """Whether :func:`embedder_from_spec` rebuilds ``kind`` without loading a model by name
+    (no request sent, no key read; a bundled model's files at most)."""
+    return kind in _REGISTRY and kind not in _LOADS_A_MODEL
 
 
 register_embedder("hashing", HashingEmbedder.from_spec)
 register_embedder("openai", OpenAIEmbedder.from_spec)
 register_embedder("minilm", MiniLMEmbedder.from_spec)
 register_embedder("e5", E5Embedder.from_spec)
-register_embedder("sentence-transformers", SentenceTransformerEmbedder.from_spec)
+register_embedder("sentence-transformers", SentenceTransformerEmbedder.from_spec, loads_a_model=True)
 
 # -- names, specs and the command line -----------------------------------------------------
 
