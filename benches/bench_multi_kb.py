@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import numpy as np
             import pyarrow as pa
 
-            from kbcore.embedders_minilm import MiniLMEmbedder
+            from kbcore.embedders.minilm import MiniLMEmbedder
 
             emb = MiniLMEmbedder()
             vecs = np.load(root / "scifact" / "doc_embeddings.npy").astype(np.float32)

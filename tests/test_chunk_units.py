@@ -14,9 +14,9 @@ import pytest
 from kbcore import Engine
 from kbcore.chunking import approx_token_spans, chunk_text
 from kbcore.cli import main
+from kbcore.engine.storage import load_manifest
 from kbcore.errors import FormatError, InvalidArgumentError, InvalidTypeError
 from kbcore.sections import Part, chunk_sections, join_parts
-from kbcore.storage import load_manifest
 
 
 def texts(text: str, **kw) -> list[str]:
@@ -162,7 +162,7 @@ def test_old_manifests_load_as_characters(tmp_path):
 
 
 def test_the_manifest_check_validates_the_settings(tmp_path):
-    from kbcore._manifest_check import validate_manifest
+    from kbcore.engine.manifest_check import validate_manifest
 
     kb = Engine(tmp_path).create_knowledge_base("kb", chunk_unit="tokens", separators=["\n"])
     kb.close()

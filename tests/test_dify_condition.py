@@ -438,16 +438,17 @@ def test_the_number_parser_is_linear_on_a_long_non_number():
 
 
 def test_every_regex_on_the_request_path_is_linear_on_adversarial_input():
-    from kbcore import _core, embedders
-    from kbcore._filter import iso
+    from kbcore import _core
+    from kbcore.embedders import hashing
     from kbcore.engine import types
+    from kbcore.filters import iso
 
     cases = [
         (iso._SHAPE.fullmatch, "2024-01-01T00:00:00." + "1" * 100_000 + "x"),
         (iso._SHAPE.fullmatch, "2024-01-01T00:00" + ":00" * 30_000),
         (_core.parse_iso8601, "2024-01-01T00:00:00." + "1" * 100_000 + "x"),
         (types._NAME_RE.fullmatch, "a" * 100_000 + "!"),
-        (embedders._WORD_RE.findall, "ab " * 100_000),
+        (hashing._WORD_RE.findall, "ab " * 100_000),
     ]
     for fn, text in cases:
         assert _seconds(fn, text) < 0.5, (fn, text[:30])

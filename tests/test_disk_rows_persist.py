@@ -245,8 +245,8 @@ def test_creation_checks_vectors(tmp_path):
 
 
 def test_the_manifest_check_validates_vectors(tmp_path):
-    from kbcore._manifest_check import validate_manifest
-    from kbcore.storage import load_manifest
+    from kbcore.engine.manifest_check import validate_manifest
+    from kbcore.engine.storage import load_manifest
 
     kb = Engine(tmp_path).create_knowledge_base("kb", embedder=False, dim=DIM, quantization="sq8", vectors="disk")
     kb.close()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kbcore.embedders import MiniLMEmbedder, minilm_available
-from kbcore.embedders_minilm import WordPieceTokenizer, _erf, _read_safetensors
+from kbcore.embedders.minilm import WordPieceTokenizer, _erf, _read_safetensors
 from kbcore.errors import FormatError, InvalidArgumentError, InvalidTypeError
 
 DATA = Path(os.environ.get("KBCORE_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))

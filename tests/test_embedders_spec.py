@@ -130,7 +130,7 @@ def test_minilm_spec_round_trip():
 
 
 def test_minilm_spec_without_the_package_says_how_to_install(monkeypatch):
-    import kbcore.embedders_minilm as m
+    import kbcore.embedders.minilm as m
 
     monkeypatch.setattr(m, "_package_model_dir", lambda: None)
     with pytest.raises(ImportError, match=r"kbcore\[minilm\]"):

@@ -13,7 +13,7 @@ import pytest
 from test_embedders_openai import KEY, FakeOpenAI, Reply, Sleeps
 
 import kbcore.embedders as emb_mod
-import kbcore.embedders_minilm as minilm_mod
+import kbcore.embedders.minilm as minilm_mod
 from kbcore.cli import main
 from kbcore.embedders import HashingEmbedder, MiniLMEmbedder, OpenAIEmbedder, minilm_available
 from kbcore.engine import Engine
@@ -189,7 +189,7 @@ def test_server_answers_502_or_503_when_the_query_embedder_fails(tmp_path, fake,
     pytest.importorskip("httpx", reason="Starlette's test client needs httpx")
     from starlette.testclient import TestClient
 
-    from kbcore.server import create_app
+    from kbcore.dify.server import create_app
 
     e = OpenAIEmbedder(
         "test-embed", base_url=f"{fake.url}/v1", api_key_env="KBCORE_TEST_KEY", max_retries=0, sleep=Sleeps()

@@ -17,9 +17,10 @@ import pyarrow as pa
 import pytest
 
 import kbcore
-from kbcore import Engine, storage
+from kbcore import Engine
 from kbcore import engine as engine_mod
 from kbcore.embedders import CallableEmbedder, HashingEmbedder
+from kbcore.engine import storage
 from kbcore.errors import InvalidArgumentError, InvalidTypeError
 
 DIM = 16

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from test_parsing import _minimal_pdf
 
-from kbcore import Engine, storage
+from kbcore import Engine
+from kbcore.engine import storage
 from kbcore.errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from kbcore.parsing import parse
 

@@ -132,7 +132,7 @@ def test_parent_child_bad_settings_and_unsupported_calls(tmp_path):
     ],
 )
 def test_a_manifest_with_a_bad_chunking_setting_does_not_load(tmp_path, change, field):
-    from kbcore import storage
+    from kbcore.engine import storage
 
     engine = Engine(tmp_path / "d")
     engine.create_knowledge_base("pc", index_type="parent_child", parent_chunk_size=400, child_chunk_size=80)

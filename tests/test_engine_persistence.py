@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from kbcore import Engine, storage
+from kbcore import Engine
 from kbcore import engine as engine_mod
 from kbcore.chunking import chunk_text
-from kbcore.engine import Document
+from kbcore.engine import Document, storage
 from kbcore.errors import FormatError
 
 CHUNK_SIZE = 100

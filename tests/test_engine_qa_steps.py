@@ -290,7 +290,7 @@ BAD_STEPS = [
 def test_crafted_pipeline_steps_raise_format_error_naming_the_field(tmp_path, steps, field):
     from test_fuzz_kb_load import build_base_kb, write_crafted
 
-    from kbcore import storage
+    from kbcore.engine import storage
     from kbcore.errors import FormatError
 
     base = build_base_kb(str(tmp_path / "base" / "data"))
@@ -306,7 +306,7 @@ def test_crafted_optional_chunk_column_of_the_wrong_type_raises_format_error(tmp
     import pyarrow as pa
     from test_fuzz_kb_load import write_crafted
 
-    from kbcore import storage
+    from kbcore.engine import storage
     from kbcore.errors import FormatError
 
     engine = Engine(str(tmp_path / "base" / "data"))

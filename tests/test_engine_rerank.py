@@ -13,8 +13,9 @@ import pytest
 from rerank_server import fake_rerank_server, relevance
 from test_fuzz_kb_load import _read_json, build_base_kb, write_crafted
 
-from kbcore import Engine, storage
+from kbcore import Engine
 from kbcore.cli import main
+from kbcore.engine import storage
 from kbcore.errors import FormatError, InvalidArgumentError, InvalidTypeError, RerankerError
 from kbcore.rerankers import CallableReranker, HttpReranker
 

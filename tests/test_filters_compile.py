@@ -612,9 +612,9 @@ def test_native_filter_follows_a_where_mutated_between_calls():
 )
 def test_native_cache_lookup_uses_the_quick_key(where):
     # The lookup (kbcore._core.cached_filter) hits exactly the entries stored under the key
-    # the cache uses (kbcore._filter.cache._quick_key), and returns None for every other shape.
+    # the cache uses (kbcore.filters.cache._quick_key), and returns None for every other shape.
     from kbcore import _core
-    from kbcore._filter.cache import _quick_key
+    from kbcore.filters.cache import _quick_key
 
     key = _quick_key(where)
     sentinel = object()

@@ -28,8 +28,9 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz targets need hyp
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from kbcore import Engine, storage  # noqa: E402
+from kbcore import Engine  # noqa: E402
 from kbcore import engine as engine_mod  # noqa: E402
+from kbcore.engine import storage  # noqa: E402
 from kbcore.errors import FormatError, KbcoreError  # noqa: E402
 
 EXAMPLES = int(os.environ.get("KBCORE_FUZZ_EXAMPLES", "150"))

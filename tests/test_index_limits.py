@@ -14,7 +14,7 @@ import pytest
 
 import kbcore
 from kbcore import _core, errors
-from kbcore._manifest_check import validate_manifest
+from kbcore.engine.manifest_check import validate_manifest
 from kbcore.index import EF_RANGE, check_params
 
 ROOT = Path(__file__).resolve().parents[1]

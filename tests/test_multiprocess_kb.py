@@ -255,7 +255,7 @@ def test_a_second_writer_process_waits_and_no_commit_is_lost(tmp_path):
 def test_collection_is_deferred_while_a_reader_loads(tmp_path):
     """A reader holding the reader lock (mid-load) keeps superseded files on disk; the next
     writer pass after it collects them."""
-    from kbcore import storage
+    from kbcore.engine import storage
 
     path = str(tmp_path / "data")
     kb = Engine(path).create_knowledge_base("kb", chunk_size=CHUNK, chunk_overlap=8)

@@ -1,4 +1,4 @@
-"""The Dify External Knowledge API server (kbcore.server), tested over real HTTP on 127.0.0.1.
+"""The Dify External Knowledge API server (kbcore.dify.server), tested over real HTTP on 127.0.0.1.
 
 A uvicorn server runs in a thread on a free loopback port for the module; httpx talks to it.
 Covered: each error code (1001, 1002, 2001 and ours), Dify's registration probe, the response
@@ -32,7 +32,7 @@ pytest.importorskip("starlette", reason="the server needs Starlette (pip install
 uvicorn = pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'kbcore[server]')")
 
 from kbcore import Engine
-from kbcore.server import create_app, parse_api_keys, uvicorn_config
+from kbcore.dify.server import create_app, parse_api_keys, uvicorn_config
 
 KEYS = ["key-one-0123456789", "key-two-abcdefghij"]
 MAX_TOP_K = 50
@@ -1108,14 +1108,12 @@ def test_error_replies_stay_valid_json_for_strings_that_are_not_unicode():
     assert out.isascii()
 
 
-def test_the_old_import_paths_still_work():
+def test_the_public_import_paths_work():
     import kbcore.dify
     import kbcore.filters
-    import kbcore.server
     from kbcore.dify import condition, server
 
     assert kbcore.filters.dify_condition_to_where is condition.dify_condition_to_where
     assert kbcore.dify.dify_condition_to_where is condition.dify_condition_to_where
     for name in ("create_app", "serve", "parse_api_keys"):
-        assert getattr(kbcore.server, name) is getattr(server, name)
         assert getattr(kbcore.dify, name) is getattr(server, name)

@@ -21,10 +21,13 @@ pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'kb
 
 from test_server import KEYS, running  # noqa: E402 - after the importorskip
 
-from kbcore.dify.server import DEFAULT_MAX_HEAD_BYTES  # noqa: E402
+from kbcore.dify.server import (  # noqa: E402
+    DEFAULT_MAX_HEAD_BYTES,  # noqa: E402
+    create_app,
+    uvicorn_config,
+)
 from kbcore.engine import Engine  # noqa: E402
 from kbcore.errors import InvalidArgumentError  # noqa: E402
-from kbcore.server import create_app, uvicorn_config  # noqa: E402
 
 MB = 1 << 20
 

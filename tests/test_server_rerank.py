@@ -13,8 +13,8 @@ from rerank_server import fake_rerank_server, relevance  # noqa: E402
 from test_server import running  # noqa: E402
 
 from kbcore import Engine  # noqa: E402
+from kbcore.dify.server import create_app  # noqa: E402
 from kbcore.rerankers import HttpReranker  # noqa: E402
-from kbcore.server import create_app  # noqa: E402
 
 KEY = "dify-test-key"
 QUERY = "alpha delta"

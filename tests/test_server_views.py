@@ -18,9 +18,9 @@ pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'kb
 from test_server import running  # noqa: E402 - after the skips
 
 from kbcore import Engine  # noqa: E402
+from kbcore.dify.server import create_app  # noqa: E402
 from kbcore.dify.views import load_views  # noqa: E402
 from kbcore.errors import InvalidArgumentError  # noqa: E402
-from kbcore.server import create_app  # noqa: E402
 
 ADMIN = "admin-key-0123456789"
 TEAM_A = ["team-a-key-1", "team-a-key-2"]

@@ -1,7 +1,7 @@
 """Faults beyond SIGKILL: disk full (ENOSPC) and I/O errors (EIO) during a commit.
 
 A fault injector wraps the file primitives a commit goes through (os.open / os.write /
-os.fsync / os.close / os.replace in kbcore.storage, and the native Index.save) and fails the
+os.fsync / os.close / os.replace in kbcore.engine.storage, and the native Index.save) and fails the
 N-th call; N sweeps over every call one commit makes (counted by a fault-free run first), for
 each kind of commit. After each fault: the commit either raised StorageError (an OSError,
 errno kept) and changed nothing, in memory or on disk, or the fault hit a step after the commit
@@ -22,8 +22,9 @@ import warnings
 import numpy as np
 import pytest
 
-from kbcore import Engine, storage
+from kbcore import Engine
 from kbcore import engine as engine_mod
+from kbcore.engine import storage
 from kbcore.errors import StorageError
 from kbcore.index import Index
 

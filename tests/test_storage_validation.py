@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from test_fuzz_kb_load import _read_bytes, _read_json, build_base_kb, write_crafted
 
-from kbcore import Engine, storage
+from kbcore import Engine
+from kbcore.engine import storage
 from kbcore.errors import FormatError
 
 

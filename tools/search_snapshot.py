@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 import kbcore
-from kbcore._filter.cache import native_filter
+from kbcore.filters.cache import native_filter
 
 N = 1200  # rows: above the 1,000 the quantizers train on
 DIM = 24

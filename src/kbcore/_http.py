@@ -1,6 +1,6 @@
 """POST JSON to a remote service with bounded time, bounded memory and no credential leaks.
 
-The transport shared by the HTTP clients (:mod:`kbcore.embedders_openai`, the rerank client):
+The transport shared by the HTTP clients (:mod:`kbcore.embedders.openai`, the rerank client):
 standard library only (``urllib``, so ``HTTP(S)_PROXY`` keep working), imported on first use.
 
 What it guarantees, whatever the server does:

@@ -187,12 +187,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             chunk_overlap=args.chunk_overlap,
             chunk_unit=args.chunk_unit,
             separators=_separators(args.separators),
-            index=args.index,
+            index=_index_spec(args),
             shards=args.shards,
-            quantization=args.quantization,
-            bits=args.bits,
             reranker=reranker,
-            vectors=args.vectors,
             index_type=args.index_type,
             parent_chunk_size=args.parent_chunk_size,
             child_chunk_size=args.child_chunk_size,
@@ -391,6 +388,14 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         type=int,
         default=None,
         help="for a new knowledge base with --quantization rabitq: bits per dimension, 1 to 8 (default 4)",
+    )
+    ing.add_argument(
+        "--index-rerank",
+        type=int,
+        default=None,
+        metavar="N",
+        help="for a new knowledge base with --quantization: how many candidates a search re-ranks "
+        "exactly on the float32 rows (default: the index's)",
     )
     ing.add_argument(
         "--vectors",
@@ -627,7 +632,7 @@ def add_embedder_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``--embedder`` and the ``--embedding-*`` options to an argparse parser (see
     :func:`embedder_from_cli_args`)."""
     from .embedders import EMBEDDER_KINDS
-    from .embedders_openai import AZURE_API_VERSION
+    from .embedders.openai import AZURE_API_VERSION
 
     g = parser.add_argument_group("embedder")
     g.add_argument(
@@ -706,6 +711,20 @@ _CLI_ALLOWED = {
 }
 
 
+def _index_spec(args: argparse.Namespace) -> Any:
+    """The one :class:`~kbcore.index.IndexSpec` of ``kbcore ingest``'s index flags (validated
+    there: InvalidArgumentError names the bad value)."""
+    from .index import IndexSpec
+
+    return IndexSpec(
+        kind=args.index,
+        quantization=args.quantization,
+        bits=args.bits,
+        rerank=args.index_rerank,
+        vectors=args.vectors,
+    )
+
+
 def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     """The embedder that :func:`add_embedder_arguments`' options ask for.
 
@@ -716,15 +735,8 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     ``--embedding-model`` / ``--embedding-base-url``, or for an ``--embedding-*`` option that the
     chosen embedder does not use (or that is given without ``--embedder``).
     """
-    from .embedders import (
-        EMBEDDER_KINDS,
-        E5Embedder,
-        HashingEmbedder,
-        MiniLMEmbedder,
-        OpenAIEmbedder,
-        SentenceTransformerEmbedder,
-    )
-    from .embedders_openai import AZURE_API_VERSION, DEFAULT_BASE_URL
+    from .embedders import EMBEDDER_KINDS, OpenAIEmbedder, embedder_from_spec
+    from .embedders.openai import AZURE_API_VERSION, DEFAULT_BASE_URL
     from .errors import InvalidArgumentError
 
     kind = getattr(args, "embedder", None)
@@ -747,18 +759,15 @@ def embedder_from_cli_args(args: argparse.Namespace) -> Any:
     batch = getattr(args, "embedding_batch_size", None)
     if kind == "none":
         return False
-    if kind == "hashing":
-        return HashingEmbedder(
-            getattr(args, "embedding_dimensions", None) or 384, **({"batch_size": batch} if batch else {})
-        )
-    if kind == "minilm":
-        return MiniLMEmbedder(**({"batch_size": batch} if batch else {}))
-    if kind == "e5":
-        return E5Embedder(**({"batch_size": batch} if batch else {}))
-    if kind == "sentence-transformers":
-        if not model:
-            raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
-        return SentenceTransformerEmbedder(model, **({"batch_size": batch} if batch else {}))
+    if kind in ("hashing", "minilm", "e5", "sentence-transformers"):  # one spec, built by the registry
+        spec: dict[str, Any] = {"kind": kind, "batch_size": batch}
+        if kind == "hashing":
+            spec["dim"] = getattr(args, "embedding_dimensions", None) or 384
+        if kind == "sentence-transformers":
+            if not model:
+                raise InvalidArgumentError("--embedder sentence-transformers needs --embedding-model NAME")
+            spec["model"] = model
+        return embedder_from_spec(spec)
     options: dict[str, Any] = {"dimensions": getattr(args, "embedding_dimensions", None)}
     if batch:
         options["batch_size"] = batch

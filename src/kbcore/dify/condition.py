@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .._filter.iso import parse_iso, type_name
-from .._filter.where import coerce_numpy
 from ..errors import InvalidArgumentError
+from ..filters.iso import parse_iso, type_name
+from ..filters.where import coerce_numpy
 
 __all__ = ["dify_condition_to_where"]
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.storage import atomic_write_bytes, fsync_dir
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, StorageError
 from ..index import Index
-from ..storage import atomic_write_bytes, fsync_dir
 from .wal import WalRecord, WalWriter, read_log
 
 __all__ = ["ShardState", "STATE_FILE"]
@@ -348,7 +348,7 @@ class ShardState:
         return len(self.index)
 
     def text_documents(self) -> int:
-        return int(self.index._native.text_documents())
+        return self.index.text_documents()
 
     def ids(self) -> np.ndarray:
         return self.index.ids()

@@ -16,14 +16,17 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import fusion as _fusion
+from ..engine.storage import atomic_write_bytes
 from ..errors import (
     FormatError,
     InvalidArgumentError,
     InvalidTypeError,
     NotFoundError,
 )
-from ..index import Index, _as_ids, _as_vectors, _positive, _threads
-from ..storage import atomic_write_bytes
+from ..index import Index, IndexSpec, as_index_spec
+from ..index.arrays import as_ids, as_vectors
+from ..index.params import positive
+from ..index.params import threads as check_threads
 from .compiled import CompiledScatter
 from .merge import merge_groups, merge_text, merge_top_k, subset_rows
 from .routing import route, shard_of_key
@@ -43,6 +46,21 @@ class PartialResult(NamedTuple):
 
     value: Any
     missing_shards: tuple[int, ...]
+
+
+def spec_options(
+    spec: IndexSpec | Mapping[str, Any], metric: str, kind: str, index_options: Mapping[str, Any]
+) -> tuple[str, str, dict[str, Any]]:
+    """(metric, kind, index options) of every shard's :class:`~kbcore.Index` for ``spec``: the
+    options hold the fields that differ from their defaults (as the shard manifest always
+    recorded them) and ``seed``. Raises InvalidArgumentError when ``metric`` / ``kind`` / an
+    index option other than ``seed`` is given beside the spec."""
+    if metric != "cosine" or kind != "hnsw" or set(index_options) - {"seed"}:
+        raise InvalidArgumentError("pass either spec or metric / kind / index options, not both")
+    spec = as_index_spec(spec)
+    defaults = IndexSpec().to_dict()
+    options = {k: v for k, v in spec.to_dict().items() if k not in ("metric", "kind") and v != defaults[k]}
+    return spec.metric, spec.kind, {**options, **index_options}
 
 
 class ShardedIndex:
@@ -103,12 +121,15 @@ class ShardedIndex:
         max_concurrency: int = 4,
         transport: str | None = None,
         compiled_idle: float | None = 10.0,
+        spec: IndexSpec | Mapping[str, Any] | None = None,
         **index_options: Any,
     ) -> None:
         """Creates a new sharded index in the empty (or absent) directory ``path``.
 
-        ``index_options`` (``M``, ``ef_construction``, ``ef``, ``seed``) go to every shard's
-        :class:`~kbcore.Index`. ``max_restarts`` (-1 = unlimited) and ``num_cpus`` (CPUs
+        ``spec`` (an :class:`~kbcore.index.IndexSpec` or its dict) describes every shard's index
+        whole; without it ``metric``, ``kind`` and ``index_options`` (``M``, ``ef_construction``,
+        ``ef``, ``quantization``, ``bits``, ``rerank``, ``vectors``) are turned into one. ``seed``
+        goes to every shard's :class:`~kbcore.Index`. ``max_restarts`` (-1 = unlimited) and ``num_cpus`` (CPUs
         reserved per shard actor) are Ray actor options; ``max_concurrency`` is the number of
         calls one shard serves at once. ``timeout`` bounds how long a call waits for a shard;
         ``start_timeout`` how long the constructor (and :meth:`load`) waits for every shard
@@ -125,7 +146,9 @@ class ShardedIndex:
         :class:`~kbcore.errors.InvalidArgumentError` for bad options or a ``path`` that already
         holds an index (use :meth:`load`).
         """
-        shards = _positive("shards", shards)
+        shards = positive("shards", shards)
+        if spec is not None:
+            metric, kind, index_options = spec_options(spec, metric, kind, index_options)
         Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
         if not isinstance(shard_key, str) or not shard_key:
             raise InvalidTypeError(f"shard_key must be a non-empty field name, got {shard_key!r}")
@@ -432,9 +455,9 @@ class ShardedIndex:
         :class:`ShardUnavailableError` if a shard stays unreachable for ``timeout``; the
         call may then have reached the other shards, and repeating it is safe (an upsert).
         """
-        arr, _ = _as_vectors(vectors, self._dim, "vectors")
-        id_arr = _as_ids(ids)
-        nthreads = _threads(threads)
+        arr, _ = as_vectors(vectors, self._dim, "vectors")
+        id_arr = as_ids(ids)
+        nthreads = check_threads(threads)
         n = arr.shape[0]
         if len(id_arr) != n:
             raise InvalidArgumentError(f"got {n} vectors but {len(id_arr)} ids")
@@ -487,8 +510,8 @@ class ShardedIndex:
         Raises :class:`~kbcore.errors.NotFoundError` (a ``KeyError``) if any id is absent, in
         which case nothing is removed.
         """
-        id_arr = np.unique(_as_ids(ids))
-        nthreads = _threads(threads)
+        id_arr = np.unique(as_ids(ids))
+        nthreads = check_threads(threads)
         if not len(id_arr):
             return
         with self._write_lock:
@@ -510,7 +533,7 @@ class ShardedIndex:
 
     def build_graph(self, max_rows: int | None = None, *, threads: int = 0) -> int:
         """Links rows added with ``defer_graph=True`` on every shard; returns rows still waiting."""
-        got = self._scatter("build_graph", (max_rows, _threads(threads)))
+        got = self._scatter("build_graph", (max_rows, check_threads(threads)))
         return int(sum(got.values()))
 
     @property
@@ -542,10 +565,10 @@ class ShardedIndex:
         pair over the shards that answered. Raises :class:`ShardUnavailableError` otherwise
         when a shard does not answer within the timeout.
         """
-        arr, one = _as_vectors(queries, self._dim, "queries")
-        k = _positive("k", k)
-        ef_value = None if ef is None else _positive("ef", ef)
-        got = self._scatter("search", (arr, k, where, ef_value, _threads(threads)), allow_partial=allow_partial)
+        arr, one = as_vectors(queries, self._dim, "queries")
+        k = positive("k", k)
+        ef_value = None if ef is None else positive("ef", ef)
+        got = self._scatter("search", (arr, k, where, ef_value, check_threads(threads)), allow_partial=allow_partial)
         ids, dist = merge_top_k([got[s] for s in sorted(got)], k, arr.shape[0])
         value = (ids[0], dist[0]) if one else (ids, dist)
         return self._finish(value, sorted(set(range(self._n)) - got.keys()), allow_partial)
@@ -568,16 +591,16 @@ class ShardedIndex:
         merge is exact. Grouping by another field merges same-key groups across shards
         (ranking exact; a group's parts are those its shards met).
         """
-        arr, one = _as_vectors(queries, self._dim, "queries")
-        k = _positive("k", k)
-        group_size = _positive("group_size", group_size)
+        arr, one = as_vectors(queries, self._dim, "queries")
+        k = positive("k", k)
+        group_size = positive("group_size", group_size)
         group_by = self._shard_key if group_by is None else group_by
         if not isinstance(group_by, str) or not group_by:
             raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
-        ef_value = None if ef is None else _positive("ef", ef)
+        ef_value = None if ef is None else positive("ef", ef)
         got = self._scatter(
             "search_groups",
-            (arr, k, group_by, group_size, where, ef_value, _threads(threads)),
+            (arr, k, group_by, group_size, where, ef_value, check_threads(threads)),
             allow_partial=allow_partial,
         )
         pages = merge_groups([got[s] for s in sorted(got)], k, group_size, arr.shape[0], group_by != self._shard_key)
@@ -609,7 +632,7 @@ class ShardedIndex:
         """BM25 over every shard with corpus-wide statistics: the scores (and so the order)
         of :meth:`kbcore.Index.search_text` on one index of all rows. Two round trips:
         statistics, then the scored search."""
-        k = _positive("k", k)
+        k = positive("k", k)
         if allow_partial:
             stats, missing = self.text_stats(query, allow_partial=True)
         else:
@@ -636,9 +659,9 @@ class ShardedIndex:
         :mod:`kbcore.fusion` (``"rrf"`` or ``"linear"``): fusion happens after the merge, so
         the result equals fusing one index's legs. ``window`` (default ``2 k``) is each leg's
         depth. Returns ``[(id, fused score)]``, best first, at most k."""
-        k = _positive("k", k)
-        window = 2 * k if window is None else _positive("window", window)
-        q, _ = _as_vectors(query_vector, self._dim, "the query vector")
+        k = positive("k", k)
+        window = 2 * k if window is None else positive("window", window)
+        q, _ = as_vectors(query_vector, self._dim, "the query vector")
         ids, dist = self.search(q[0], window, where=where, ef=ef)
         keep = ids >= 0
         sims = (-dist[keep]).tolist() if self._metric == "l2" else (1.0 - dist[keep]).tolist()
@@ -656,7 +679,7 @@ class ShardedIndex:
     def get_metadata(self, ids: npt.ArrayLike) -> list[dict[str, Any]]:
         """Stored metadata of each id (from whichever shard holds it). Raises
         :class:`~kbcore.errors.NotFoundError` if an id is on no shard."""
-        id_arr = _as_ids(ids)
+        id_arr = as_ids(ids)
         got = self._scatter("get_metadata", (id_arr,))
         found: dict[int, dict[str, Any]] = {}
         for part in got.values():
@@ -668,7 +691,7 @@ class ShardedIndex:
 
     def get_vectors(self, ids: npt.ArrayLike) -> np.ndarray:
         """Stored vectors of ids as float32 [n, dim]; NotFoundError for an unknown id."""
-        id_arr = _as_ids(ids)
+        id_arr = as_ids(ids)
         got = self._scatter("get_vectors", (id_arr,))
         found: dict[int, np.ndarray] = {}
         for part in got.values():

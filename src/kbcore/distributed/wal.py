@@ -273,7 +273,7 @@ class WalWriter:
             if new:
                 os.write(self._fd, _FILE_HEADER.pack(_FILE_MAGIC, _FILE_VERSION))
                 os.fsync(self._fd)
-                from ..storage import fsync_dir
+                from ..engine.storage import fsync_dir
 
                 fsync_dir(os.path.dirname(path) or ".")
             else:

@@ -41,7 +41,7 @@ snapshot), :mod:`.ingest` (documents / Arrow -> a chunk batch), :mod:`.commit` (
 
 Durability: every mutation (ingest, delete, pipeline change, compaction) is on disk when the
 call returns, and a crash at any point leaves the previous or the new state (see
-:mod:`kbcore.storage`). Concurrency: any number of threads may retrieve while one mutates;
+:mod:`kbcore.engine.storage`). Concurrency: any number of threads may retrieve while one mutates;
 a search never sees a half-applied mutation (re-ingesting a document swaps its chunks
 atomically). Writers are serialised across threads and processes; a process sees another
 process's writes at its next mutation or :meth:`KnowledgeBase.refresh`.

@@ -13,7 +13,7 @@ Invariants:
 
 1. New files are named after the new generation (``seg-G.*``, ``index-G.kbi``) and are durable
    (fsynced, and their directory entry fsynced) before a manifest names them.
-2. The manifest is replaced last (atomically, :func:`kbcore.storage.save_manifest`): it is the
+2. The manifest is replaced last (atomically, :func:`kbcore.engine.storage.save_manifest`): it is the
    commit point. A crash before it leaves the previous state; the new files are then
    unreferenced and collected by the next commit.
 3. The index is mutated only while ``RWLock.write()`` is held, and the new :class:`KbState`
@@ -45,10 +45,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import storage
 from ..errors import InvalidArgumentError
 from ..index import Index
 from . import manifest as policy
+from . import storage
 from .ingest import ChunkBatch
 from .segments import Segment, build_tables, live_tables, text_list
 from .shards import close_index, discard, is_sharded

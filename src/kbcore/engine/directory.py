@@ -9,20 +9,54 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import storage
 from ..chunking import check_chunk_params, check_chunking
 from ..embedders import Embedder, HashingEmbedder, as_embedder, embedder_spec
 from ..errors import InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import DEFAULT_FUSION, check_vector_weight
-from ..index import DIM_RANGE, KINDS, METRICS, VECTORS, check_bits, check_params, check_quantization, check_vectors
+from ..index import DIM_RANGE, KINDS, VECTORS, IndexSpec, as_index_spec
 from ..rerankers import as_reranker, reranker_spec
-from . import commit, manifest, multi, retrieval
+from . import commit, manifest, multi, retrieval, storage
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
 from .types import FUSIONS, INDEX_TYPES, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name
+
+
+def _index_spec(
+    index: str | IndexSpec | Mapping[str, Any],
+    metric: str,
+    M: int,
+    ef_construction: int,
+    ef: int,
+    quantization: str | None,
+    bits: int | None,
+    rerank: int | None,
+    vectors: str,
+) -> IndexSpec:
+    """The one :class:`IndexSpec` of ``create_knowledge_base``'s ``index`` and keywords (a spec
+    given whole refuses a keyword that would contradict it)."""
+    given: dict[str, Any] = {
+        "metric": metric,
+        "M": M,
+        "ef_construction": ef_construction,
+        "ef": ef,
+        "quantization": quantization,
+        "bits": bits,
+        "rerank": rerank,
+        "vectors": vectors,
+    }
+    if isinstance(index, str):
+        if index not in KINDS:  # named after this keyword, not the spec's field
+            raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS} or an IndexSpec")
+        return IndexSpec(kind=index, **given)
+    spec = as_index_spec(index)
+    defaults = IndexSpec().to_dict()
+    clash = sorted(k for k, v in given.items() if v != defaults[k])
+    if clash:
+        raise InvalidArgumentError(f"pass either index=IndexSpec(...) or the keywords it holds, not both: {clash}")
+    return spec
 
 
 def default_data_dir() -> str:
@@ -89,7 +123,7 @@ class Engine:
         chunk_unit: str = "chars",
         separators: Sequence[str] | None = None,
         metric: str = "cosine",
-        index: str = "hnsw",
+        index: str | IndexSpec | Mapping[str, Any] = "hnsw",
         M: int = 16,
         ef_construction: int = 200,
         ef: int = 64,
@@ -109,15 +143,19 @@ class Engine:
         context_window: int = 0,
         reranker: Any = None,
         vectors: str = "memory",
+        rerank: int | None = None,
     ) -> KnowledgeBase:
         """Creates a knowledge base (a directory) and returns it.
 
         ``embedder``: an embedder, callable or model name; None uses the engine's (else the
         built-in hashing embedder); ``False`` (or ``"none"``) makes a vectors-only knowledge
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
-        ``metric`` / ``index`` / ``M`` / ``ef_construction`` / ``ef`` / ``quantization``
-        (None, ``"sq8"`` or ``"rabitq"``, hnsw only) and ``bits`` (RaBitQ's bits per dimension,
-        1 to 8, default 4) configure the native index (see :class:`kbcore.Index`);
+        ``index``: an :class:`~kbcore.index.IndexSpec` (or its dict) configures the native index
+        whole; else the kind name, and ``metric`` / ``index`` / ``M`` / ``ef_construction`` /
+        ``ef`` / ``quantization`` (None, ``"sq8"`` or ``"rabitq"``, hnsw only), ``bits``
+        (RaBitQ's bits per dimension, 1 to 8, default 4), ``rerank`` (the exact re-rank depth of
+        a quantized search) and ``vectors`` are turned into one (see :class:`kbcore.Index`);
+        the spec is recorded in the manifest;
         ``vectors="disk"`` (quantized only) keeps its float32 rows out of anonymous memory, in
         the index file of each checkpoint, mapped (see docs/quantization.md), and is stored in
         the manifest so that every reopen keeps it.
@@ -165,27 +203,16 @@ class Engine:
         vector_weight = check_vector_weight(vector_weight)
         chunk_size, chunk_overlap = check_chunk_params(chunk_size, chunk_overlap)
         chunk_unit, seps = check_chunking(chunk_unit, separators)
-        if metric not in METRICS:
-            raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {METRICS}")
-        if index not in KINDS:
-            raise InvalidArgumentError(f"unknown index {index!r}; expected one of {KINDS}")
-        M, ef_construction, ef = check_params(metric, index, M, ef_construction, ef)
-        check_quantization(quantization, index)
-        bits = check_bits(bits, quantization)
-        check_vectors(vectors, quantization)
+        spec = _index_spec(index, metric, M, ef_construction, ef, quantization, bits, rerank, vectors)
         shards = check_shards(shards)
-        if shards is not None and vectors == "disk":
+        if shards is not None and spec.vectors == "disk":
             raise InvalidArgumentError("vectors='disk' is not available for a sharded knowledge base")
         if shards is not None:
             require_ray(name, shards)
         emb, dim = self._creation_embedder(embedder, dim)
         rr = as_reranker(reranker) if reranker is not None else None
         config = {
-            "metric": metric,
-            "index": index,
-            "M": M,
-            "ef_construction": ef_construction,
-            "ef": ef,
+            **spec.to_config(),
             "dim": dim,
             "chunk_size": chunk_size,
             "chunk_overlap": chunk_overlap,
@@ -204,16 +231,9 @@ class Engine:
         if index_type == "parent_child":
             config["index_type"] = index_type
             config["parent_chunk_size"] = parent_chunk_size
-        if quantization is not None:
-            config["quantization"] = quantization
-        if bits is not None:
-            config["bits"] = bits
-        if vectors != "memory":  # absent means memory: older releases wrote no key
-            config["vectors"] = vectors
         if not isinstance(description, str):
             raise InvalidTypeError(f"description must be a str, got {type(description).__name__}")
-        spec = embedder_spec(emb) if emb is not None else {"kind": "none"}
-        m = manifest.initial(name, config, spec, description)
+        m = manifest.initial(name, config, embedder_spec(emb) if emb is not None else {"kind": "none"}, description)
         if rr is not None:
             m["reranker"] = reranker_spec(rr)
         check_settings(m, name)  # every value against what the file format holds, before any disk

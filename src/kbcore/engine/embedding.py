@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..embedders import Embedder, check_embeddings, embedder_from_spec, embedder_spec
+from ..embedders import SPEC_KINDS, Embedder, check_embeddings, embedder_from_spec, embedder_spec, rebuilds_cheaply
 from ..errors import InvalidArgumentError
 
 
@@ -67,16 +67,17 @@ def _known_dim(embedder: Embedder) -> int | None:
 
 def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]) -> tuple[Embedder | None, str | None]:
     """The embedder of a manifest's spec and, when there is none, why: a candidate with the same
-    spec, else one rebuilt from the spec (hashing, openai, minilm, e5: no key is read, no request
-    sent), else a candidate of the same dimension, else a sentence-transformers model if it
-    loads (None when it does not: text queries then say so)."""
+    spec, else one rebuilt from the spec when that is cheap (the registry's
+    :func:`~kbcore.embedders.rebuilds_cheaply`: hashing, openai, minilm, e5; no key is read, no
+    request sent), else a candidate of the same dimension, else a model loaded by name (e.g.
+    sentence-transformers) if it loads (None when it does not: text queries then say so)."""
     if spec is None or spec.get("kind") == "none":
         return None, None
     for candidate in candidates:
         if candidate is not None and embedder_spec(candidate) == spec:
             return candidate, None
     problem = None
-    if spec.get("kind") in ("hashing", "openai", "minilm", "e5"):
+    if rebuilds_cheaply(spec.get("kind")):
         try:
             return embedder_from_spec(spec), None
         except (ImportError, OSError, ValueError) as exc:  # e.g. kbcore[minilm] not installed here
@@ -84,7 +85,7 @@ def resolve(spec: dict[str, Any] | None, candidates: tuple[Embedder | None, ...]
     for candidate in candidates:
         if candidate is not None and _known_dim(candidate) == int(spec.get("dim", -1)):
             return candidate, None
-    if spec.get("kind") == "sentence-transformers":
+    if spec.get("kind") in SPEC_KINDS and not rebuilds_cheaply(spec.get("kind")):  # a model by name: last
         try:
             return embedder_from_spec(spec), None
         except Exception as exc:  # noqa: BLE001 - no model offline: text queries will say so

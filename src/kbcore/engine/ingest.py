@@ -25,7 +25,7 @@ from ..embedders import check_embeddings
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..parsing import detect_format, parse, parse_archive, parse_records
 from ..sections import chunk_sections
-from .segments import combined, to_numpy
+from .columns import combined, to_numpy
 from .types import PARENT_INDEX, RESERVED, RESERVED_METADATA, Document, PreparedDocument
 
 COMMIT_ROWS = 16384  # ingest_many commits at most this many chunks at a time

@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import storage
 from ..chunking import check_chunk_params, check_chunking
 from ..embedders import Embedder, as_embedder, embedder_spec
 from ..errors import FormatError, InvalidArgumentError, InvalidTypeError, NotFoundError
 from ..fusion import check_vector_weight
 from ..index import Index
 from ..rerankers import as_reranker, reranker_spec
-from . import commit, ingest, reembed, reranking, retrieval, shards, sync
+from . import commit, ingest, reembed, reranking, retrieval, shards, storage, sync
 from .embedding import KbEmbedder
 from .graph_builder import GraphBuilder
 from .manifest import tail_rows

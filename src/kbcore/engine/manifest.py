@@ -1,8 +1,8 @@
 """The manifest as data: the next generation, marking documents deleted, and the checkpoint and
 compaction policy. Pure functions on manifest dicts; nothing here touches the disk
-(:mod:`kbcore.storage` reads and writes the file, :mod:`kbcore.engine.commit` decides when).
+(:mod:`kbcore.engine.storage` reads and writes the file, :mod:`kbcore.engine.commit` decides when).
 
-A manifest (``manifest.json``, see :mod:`kbcore.storage`) holds ``generation``, ``config``
+A manifest (``manifest.json``, see :mod:`kbcore.engine.storage`) holds ``generation``, ``config``
 (metric, index kind and parameters, dim, chunking, search defaults), ``embedder`` (its spec),
 ``pipelines``, ``next_id``, ``next_group``, ``segments`` (name, rows, docs, deleted_docs,
 files) and ``index`` (the checkpoint's file entry and rows, or None). A sharded knowledge

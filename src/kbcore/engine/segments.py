@@ -5,7 +5,7 @@ A segment is three files named after the generation that wrote it: ``seg-G.chunk
 (one row per chunk: ``__id``, ``__text``, ``__start``, ``__end`` and the chunk metadata),
 ``seg-G.docs.arrow`` (one row per document) and, until an index checkpoint covers it,
 ``seg-G.vectors.npy``. This module builds and reads the tables; it writes nothing
-(:mod:`kbcore.engine.commit` does). Imports :mod:`kbcore.storage` and the engine's types only.
+(:mod:`kbcore.engine.commit` does). Imports :mod:`.storage`, :mod:`.columns` and the engine's types only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import storage
+from . import storage
+from .columns import combined, to_numpy
 from .types import (
     EXTRA_CHUNK_COLUMNS,
     GROUP_FIELD,
@@ -263,19 +264,6 @@ def live_tables(segments: tuple[Segment, ...]) -> tuple[Any, Any] | None:
 
 
 # -- Arrow column helpers ----------------------------------------------------------------------
-
-
-def to_numpy(col: Any, dtype: Any) -> np.ndarray:
-    """An Arrow column (chunked or not) as a numpy array of ``dtype``."""
-    arr = combined(col)
-    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
-
-
-def combined(col: Any) -> Any:
-    """A ChunkedArray as one Array (no copy when it has one chunk); an Array as is."""
-    if hasattr(col, "combine_chunks"):
-        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    return col
 
 
 def _string_views(arr: Any) -> tuple[memoryview, memoryview, int] | None:

@@ -98,6 +98,7 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
     no committed row, so a leftover directory is removed first (rule 4). FormatError if the
     stored shards do not match the configuration."""
     from ..distributed import MANIFEST, ShardedIndex
+    from ..index import IndexSpec
 
     n = int(cfg["shards"])
     connect(os.path.basename(kb_path), n)
@@ -115,15 +116,9 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
                     os.unlink(entry)
             index = ShardedIndex(
                 dim,
-                cfg["metric"],
-                cfg["index"],
                 shards=n,
                 path=root,
-                M=cfg["M"],
-                ef_construction=cfg["ef_construction"],
-                ef=cfg["ef"],
-                **({"quantization": cfg["quantization"]} if cfg.get("quantization") else {}),
-                **({"bits": cfg["bits"]} if cfg.get("bits") else {}),
+                spec=IndexSpec.from_config(cfg),
             )
         else:
             index = ShardedIndex.load(root)

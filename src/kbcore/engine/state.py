@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import storage
 from ..errors import FormatError, InvalidArgumentError, NotFoundError
-from ..index import Index, Vectors
+from ..index import Index, IndexSpec, Vectors
 from . import shards as _shards
+from . import storage
 from .locks import RWLock
 from .manifest import checkpoint_rows, tail_rows
 from .segments import Segment
@@ -196,9 +196,9 @@ class KbState:
         ``vectors`` overrides the configuration's ``vectors`` for this process (see
         :func:`vectors_of`); None opens the index as it was saved.
 
-        Holds the reader lock (:func:`kbcore.storage.reading`) throughout, so a writer in
+        Holds the reader lock (:func:`kbcore.engine.storage.reading`) throughout, so a writer in
         another process does not delete the files of the manifest read here meanwhile; every
-        file is validated (:func:`kbcore.storage.read_segments`): FormatError."""
+        file is validated (:func:`kbcore.engine.storage.read_segments`): FormatError."""
         with storage.reading(path):
             return cls._load_locked(name, path, vectors)
 
@@ -258,17 +258,7 @@ def new_index(
     if _shards.is_sharded(cfg):
         assert path is not None
         return _shards.open_index(path, cfg, dim, fresh=fresh)
-    return Index(
-        dim,
-        cfg["metric"],
-        cfg["index"],
-        M=cfg["M"],
-        ef_construction=cfg["ef_construction"],
-        ef=cfg["ef"],
-        quantization=cfg.get("quantization"),
-        bits=cfg.get("bits"),
-        vectors=vectors_of(cfg, vectors),
-    )
+    return Index(dim, spec=IndexSpec.from_config(cfg).replace(vectors=vectors_of(cfg, vectors)))
 
 
 def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:

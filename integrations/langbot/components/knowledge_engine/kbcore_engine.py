@@ -68,7 +68,7 @@ from kbcore.embedders import (  # noqa: E402
 from kbcore.engine import RESERVED_METADATA, is_valid_name  # noqa: E402
 from kbcore.engine.reranking import apply as apply_rerank  # noqa: E402
 from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError, RerankerError  # noqa: E402
-from kbcore.index import KINDS, METRICS, QUANTIZATIONS  # noqa: E402
+from kbcore.index import KINDS, METRICS, QUANTIZATIONS, IndexSpec  # noqa: E402
 from kbcore.rerankers.function import CallableReranker  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -232,6 +232,13 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
             f"parent_chunk_size ({out['parent_chunk_size']}) must be larger than child_chunk_size "
             f"({out['child_chunk_size']})"
         )
+    # The index settings as the one spec the engine records (validated there as well).
+    out["index"] = IndexSpec(
+        metric=out["metric"],
+        kind=out["index_kind"],
+        quantization=None if out["quantization"] == "none" else out["quantization"],
+        vectors=out["vectors"],
+    )
     return out
 
 
@@ -582,10 +589,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             **layout,
             chunk_size=s["chunk_size"],
             chunk_overlap=s["chunk_overlap"],
-            metric=s["metric"],
-            index=s["index_kind"],
-            quantization=None if s["quantization"] == "none" else s["quantization"],
-            vectors=s["vectors"],
+            index=s["index"],
             # a host model: vectors come from invoke_embedding; none: the built-in embedder
             embedder=False if s["embedding_model_uuid"] else builtin_embedder(s["builtin_embedder"]),
             description=f"LangBot knowledge base {kb_id}",

@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from ._manifest_check import FORMAT_NAME, FORMAT_VERSION, validate_manifest
-from .errors import FormatError, StorageError
+from ..errors import FormatError, StorageError
+from .manifest_check import FORMAT_NAME, FORMAT_VERSION, validate_manifest
 
 __all__ = [
     "MANIFEST",

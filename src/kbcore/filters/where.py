@@ -1,6 +1,6 @@
 """The ``where`` compiler: a Chroma-style filter dict -> the canonical IR of ``docs/filter-ir.md``
 (validation with errors that name the place, operand normalisation, flattening). Pure Python;
-the ISO-8601 operands go through the native parser (:mod:`._filter.iso`).
+the ISO-8601 operands go through the native parser (:mod:`.iso`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from ._http import DEFAULT_DEADLINE, DEFAULT_MAX_RESPONSE_BYTES, RETRY_STATUSES, post_json, service_url
-from .errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError
+from .._http import DEFAULT_DEADLINE, DEFAULT_MAX_RESPONSE_BYTES, RETRY_STATUSES, post_json, service_url
+from ..errors import EmbedderError, EmbedderUnavailableError, InvalidArgumentError, InvalidTypeError
 
 __all__ = ["OpenAIEmbedder", "DEFAULT_BASE_URL", "AZURE_API_VERSION", "RETRY_STATUSES"]
 
@@ -237,6 +237,29 @@ class OpenAIEmbedder:
         if self._dim is not None:
             out["dim"] = self._dim
         return out
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> OpenAIEmbedder:
+        """The client :meth:`spec` describes; no request is sent and no key read."""
+        options = {
+            k: spec[k]
+            for k in ("batch_size", "timeout", "deadline", "max_response_bytes", "max_retries")
+            if spec.get(k) is not None
+        }
+        model = spec.get("model")
+        if model in (None, ""):
+            raise InvalidArgumentError(f"embedder spec of kind 'openai' lacks 'model': {spec}")
+        return cls(
+            model,
+            base_url=spec.get("base_url") or DEFAULT_BASE_URL,
+            api_key_env=spec.get("api_key_env", "OPENAI_API_KEY"),
+            dimensions=spec.get("dimensions"),
+            dim=spec.get("dim") if spec.get("dimensions") is None else None,
+            auth_header=spec.get("auth_header") or "bearer",
+            api_version=spec.get("api_version"),
+            normalize=bool(spec.get("normalize", False)),
+            **options,
+        )
 
     def __repr__(self) -> str:
         return f"OpenAIEmbedder({self.model!r}, endpoint={self.endpoint!r}, dim={self._dim})"

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FormatError, InvalidArgumentError, InvalidTypeError
+from ..errors import FormatError, InvalidArgumentError, InvalidTypeError
 
 __all__ = ["MiniLMEmbedder", "WordPieceTokenizer", "minilm_available", "MODEL_NAME", "MINILM_PACKAGE"]
 
@@ -440,6 +440,16 @@ class MiniLMEmbedder:
             out["model"] = self.model_name
             out["model_dir"] = self.model_dir
         return out
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> MiniLMEmbedder:
+        """The model :meth:`spec` describes (reads its small config files)."""
+        return cls(
+            spec.get("model_dir"),
+            max_seq_length=spec.get("max_seq_length"),
+            normalize=bool(spec.get("normalize", True)),
+            **({"batch_size": int(spec["batch_size"])} if spec.get("batch_size") else {}),
+        )
 
     def __repr__(self) -> str:
         return f"MiniLMEmbedder({self.model_name!r}, dim={self.dim}, max_seq_length={self.max_seq_length})"

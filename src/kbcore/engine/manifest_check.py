@@ -1,6 +1,6 @@
 """The structure of a knowledge base's manifest, checked field by field before it is trusted.
 
-:func:`validate_manifest` is what :func:`kbcore.storage.load_manifest` runs once the magic,
+:func:`validate_manifest` is what :func:`kbcore.engine.storage.load_manifest` runs once the magic,
 version and checksum have passed: every field the engine reads, with its type, its range and
 its consistency with the others, so that a crafted or damaged manifest raises
 :class:`~kbcore.errors.FormatError` naming the field instead of failing later. The metric,
@@ -16,11 +16,11 @@ import os
 import re
 from typing import Any
 
-from .chunking import CHUNK_UNITS, MAX_SEPARATOR_CHARS, MAX_SEPARATORS
-from .errors import FormatError
-from .fusion import FUSIONS, SEARCH_TYPES
-from .index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS, VECTORS
-from .rerankers.http import API_FORMATS
+from ..chunking import CHUNK_UNITS, MAX_SEPARATOR_CHARS, MAX_SEPARATORS
+from ..errors import FormatError
+from ..fusion import FUSIONS, SEARCH_TYPES
+from ..index import DIM_RANGE, EF_RANGE, KINDS, M_RANGE, METRICS, QUANTIZATIONS, RABITQ_BITS, VECTORS
+from ..rerankers.http import API_FORMATS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "validate_manifest"]
 
@@ -122,7 +122,7 @@ def validate_manifest(m: Any, where: str = "manifest") -> dict[str, Any]:
     this segment's (or index's) own files, never a path outside the directory; segment and
     index generations are at most the manifest's; the stored rows fit below ``next_id``;
     deleted-document indexes are sorted, distinct and within the segment. Id ranges of the
-    segments are checked against the data by :func:`kbcore.storage.read_segments`. Unknown
+    segments are checked against the data by :func:`kbcore.engine.storage.read_segments`. Unknown
     extra fields are accepted (written by a newer kbcore of the same format version).
     """
     c = _Check(where)
@@ -175,6 +175,11 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
         c.choice(vectors, "config.vectors", VECTORS)
         if vectors == "disk" and (q is _MISSING or q is None):
             raise c.fail("config.vectors", "is 'disk', but disk-resident rows need quantization 'sq8' or 'rabitq'")
+    rerank = c.get(cfg, "rerank", "config.rerank", optional=True)
+    if rerank is not _MISSING and rerank is not None:
+        c.int_(rerank, "config.rerank", *EF_RANGE)
+        if q is _MISSING or q is None:
+            raise c.fail("config.rerank", "is set, but rerank needs quantization 'sq8' or 'rabitq'")
     bits = c.get(cfg, "bits", "config.bits", optional=True)
     if bits is not _MISSING and bits is not None:
         c.int_(bits, "config.bits", *RABITQ_BITS)

@@ -1,0 +1,57 @@
+"""The native vector index: HNSW (approximate) or flat (exact), with stable int64 ids.
+
+- :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`;
+- :mod:`.params`: the one list of metric, kind, quantization and vectors names, the native
+  limits and the parameter checks;
+- :mod:`.spec`: :class:`IndexSpec`, the one frozen description of an index, validated once;
+- :mod:`.arrays`: the input conversions (vectors, ids) an index and a sharded index share.
+"""
+
+from __future__ import annotations
+
+from ._index import Group, Index, collapse_by_key
+from .params import (
+    DIM_RANGE,
+    EF_RANGE,
+    KINDS,
+    M_RANGE,
+    METRICS,
+    QUANTIZATIONS,
+    RABITQ_BITS,
+    RABITQ_DEFAULT_BITS,
+    VECTORS,
+    Kind,
+    Metric,
+    Quantization,
+    Vectors,
+    check_bits,
+    check_params,
+    check_quantization,
+    check_vectors,
+)
+from .spec import IndexSpec, as_index_spec
+
+__all__ = [
+    "Index",
+    "IndexSpec",
+    "as_index_spec",
+    "Group",
+    "Metric",
+    "Kind",
+    "Quantization",
+    "Vectors",
+    "METRICS",
+    "KINDS",
+    "QUANTIZATIONS",
+    "VECTORS",
+    "M_RANGE",
+    "DIM_RANGE",
+    "EF_RANGE",
+    "RABITQ_BITS",
+    "RABITQ_DEFAULT_BITS",
+    "check_params",
+    "check_quantization",
+    "check_bits",
+    "check_vectors",
+    "collapse_by_key",
+]
