@@ -36,6 +36,7 @@ import errno
 import json
 import os
 import re
+import stat
 import uuid
 import warnings
 import zlib
@@ -211,6 +212,25 @@ def check_entry(dirpath: str, entry: dict[str, Any], buf: Any = None) -> None:
             errno.EIO,
             f"knowledge base file {path!r} is corrupted: {size} bytes / crc32 {crc:#010x}, "
             f"the manifest says {entry['bytes']} bytes / crc32 {entry['crc32']:#010x}",
+        )
+
+
+def check_size(dirpath: str, entry: dict[str, Any]) -> None:
+    """Raises FormatError if the file is missing or not of the manifest's size (no read: for
+    files whose reader verifies their content itself, such as the native index's checksum)."""
+    path = os.path.join(dirpath, entry["path"])
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FormatError(errno.ENOENT, f"knowledge base file {path!r} is missing") from None
+    except OSError as exc:
+        raise _storage_error("reading", path, exc) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(errno.EIO, f"knowledge base file {path!r} is not a regular file")
+    if st.st_size != entry["bytes"]:
+        raise FormatError(
+            errno.EIO,
+            f"knowledge base file {path!r} is corrupted: {st.st_size} bytes, the manifest says {entry['bytes']} bytes",
         )
 
 
