@@ -204,6 +204,7 @@ def test_a_failed_commit_changes_nothing(tmp_path, monkeypatch, checkpoint):
         raise storage.StorageError(28, "No space left on device")
 
     monkeypatch.setattr(storage, "save_manifest", boom)
+    monkeypatch.setattr(storage, "install_manifest", boom)  # an ingest's manifest, written ahead
     with pytest.raises(OSError, match="No space"):
         kb.ingest(text=_doc_text("a", 2), document_id="a", metadata={"v": 2})  # a replacement
     with pytest.raises(OSError, match="No space"):

@@ -33,14 +33,16 @@ manifest committed.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
 import stat
+import threading
 import uuid
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -129,8 +131,8 @@ def fsync_dir(path: str, *, strict: bool = True) -> None:
         _close_quietly(fd)
 
 
-def _write_file(path: str, data: Any, *, exclusive: bool = False) -> None:
-    """Writes ``data`` (bytes-like) to ``path`` and fsyncs it; OSError -> StorageError."""
+def _open_written(path: str, data: Any, *, exclusive: bool = False) -> int:
+    """Creates ``path`` with ``data`` (bytes-like), not synced; returns the open descriptor."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
     flags |= getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -145,6 +147,73 @@ def _write_file(path: str, data: Any, *, exclusive: bool = False) -> None:
             if n <= 0:  # pragma: no cover - a file system that accepts nothing without errno
                 raise OSError(errno.EIO, "write returned 0")
             done += n
+    except OSError as exc:
+        _close_quietly(fd)
+        raise _storage_error("writing", path, exc) from exc
+    return fd
+
+
+_POOL: tuple[int, Any] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _sync_pool() -> Any:
+    """The threads that run a group's fsyncs concurrently (one pool per process: a forked
+    child makes its own)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="kbcore-fsync"))
+        return _POOL[1]
+
+
+def write_files(files: list[tuple[str, Any]], *, sync_dir: str | None = None) -> None:
+    """Creates each ``(path, bytes)`` file (replacing any), then makes them durable together:
+    their fsyncs, and ``sync_dir``'s (the directory holding their names) when given, run
+    concurrently, so that the file system commits them in one journal transaction instead of
+    one each (ext4: ~10 ms per transaction on a VM disk, whatever the number of files).
+
+    Returns once every file and the directory are durable. Raises
+    :class:`~kbcore.errors.StorageError` naming the first file that failed; the files are then
+    left for the caller to remove.
+    """
+    fds: list[tuple[str, int]] = []
+    try:
+        for path, data in files:
+            fds.append((path, _open_written(path, data)))
+        jobs: list[tuple[str, Callable[[], None]]] = [(p, functools.partial(os.fsync, fd)) for p, fd in fds]
+        if sync_dir is not None:
+            jobs.append((sync_dir, functools.partial(fsync_dir, sync_dir)))
+        if len(jobs) == 1:
+            jobs[0][1]()
+        elif jobs:
+            pool = _sync_pool()
+            futures = [(p, pool.submit(job)) for p, job in jobs]
+            for p, fut in futures:
+                exc = fut.exception()
+                if isinstance(exc, StorageError):
+                    raise exc
+                if isinstance(exc, OSError):
+                    raise _storage_error("syncing", p, exc) from exc
+                if exc is not None:
+                    raise exc
+    finally:
+        errors = []
+        for path, fd in fds:
+            try:
+                os.close(fd)
+            except OSError as exc:  # NFS and friends report deferred write errors at close
+                errors.append(_storage_error("writing", path, exc))
+    if errors:
+        raise errors[0]
+
+
+def _write_file(path: str, data: Any, *, exclusive: bool = False) -> None:
+    """Writes ``data`` (bytes-like) to ``path`` and fsyncs it; OSError -> StorageError."""
+    fd = _open_written(path, data, exclusive=exclusive)
+    try:
         os.fsync(fd)
     except OSError as exc:
         _close_quietly(fd)
@@ -258,16 +327,36 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     fsync_dir(d, strict=False)
 
 
-def write_arrow(dirpath: str, name: str, table: Any) -> dict[str, Any]:
-    """Writes a pyarrow Table as an Arrow IPC file, fsynced; returns its manifest entry."""
+def arrow_bytes(table: Any) -> Any:
+    """A pyarrow Table as the bytes of an Arrow IPC file (a pyarrow Buffer)."""
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    buf = sink.getvalue()
+    return sink.getvalue()
+
+
+def npy_bytes(arr: np.ndarray) -> Any:
+    """A numpy array as the bytes of a .npy file (a memoryview)."""
+    import io
+
+    bio = io.BytesIO()
+    np.save(bio, np.ascontiguousarray(arr), allow_pickle=False)
+    return bio.getbuffer()
+
+
+def entry_of(name: str, data: Any) -> dict[str, Any]:
+    """The manifest entry (``{"path", "bytes", "crc32"}``) of a file ``name`` holding ``data``."""
+    view = memoryview(data)
+    return {"path": name, "bytes": view.nbytes, "crc32": zlib.crc32(view)}
+
+
+def write_arrow(dirpath: str, name: str, table: Any) -> dict[str, Any]:
+    """Writes a pyarrow Table as an Arrow IPC file, fsynced; returns its manifest entry."""
+    buf = arrow_bytes(table)
     _write_file(os.path.join(dirpath, name), buf)
-    return {"path": name, "bytes": buf.size, "crc32": zlib.crc32(memoryview(buf))}
+    return entry_of(name, buf)
 
 
 def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> Any:
@@ -302,13 +391,9 @@ def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> A
 
 def write_npy(dirpath: str, name: str, arr: np.ndarray) -> dict[str, Any]:
     """Writes a numpy array as .npy, fsynced; returns its manifest entry."""
-    import io
-
-    bio = io.BytesIO()
-    np.save(bio, np.ascontiguousarray(arr), allow_pickle=False)
-    data = bio.getbuffer()
+    data = npy_bytes(arr)
     _write_file(os.path.join(dirpath, name), data)
-    return {"path": name, "bytes": data.nbytes, "crc32": zlib.crc32(data)}
+    return entry_of(name, data)
 
 
 def read_npy(dirpath: str, entry: dict[str, Any], *, rows: int | None = None, dim: int | None = None) -> np.ndarray:
@@ -396,17 +481,39 @@ def load_manifest(dirpath: str) -> dict[str, Any]:
 _MAX_MANIFEST = 64 << 20
 
 
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """The file content of ``manifest`` (adds its format, version and checksum to it)."""
+    manifest["format"] = FORMAT_NAME
+    manifest["version"] = FORMAT_VERSION
+    manifest["checksum"] = _body_crc(manifest)
+    return json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False).encode("utf-8")
+
+
 def save_manifest(dirpath: str, manifest: dict[str, Any]) -> None:
     """Replaces the manifest atomically and durably (adds its checksum).
 
     Raises :class:`~kbcore.errors.StorageError` if it could not be written: the previous
     manifest is then still the committed one.
     """
-    manifest["format"] = FORMAT_NAME
-    manifest["version"] = FORMAT_VERSION
-    manifest["checksum"] = _body_crc(manifest)
-    data = json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False).encode("utf-8")
-    atomic_write_bytes(os.path.join(dirpath, MANIFEST), data)
+    atomic_write_bytes(os.path.join(dirpath, MANIFEST), manifest_bytes(manifest))
+
+
+def manifest_temp_name() -> str:
+    """A fresh name for a manifest written before it is installed (collected if left behind)."""
+    return f"{MANIFEST}.tmp-{uuid.uuid4().hex[:12]}"
+
+
+def install_manifest(dirpath: str, temp_name: str) -> None:
+    """The commit point of a manifest already written durably as ``temp_name`` (see
+    :func:`write_files`): renames it over the manifest, then fsyncs the directory (a failure
+    there only warns: the new state is already what every reader sees). Raises
+    :class:`~kbcore.errors.StorageError` if the rename fails (the old manifest stays)."""
+    path = os.path.join(dirpath, MANIFEST)
+    try:
+        os.replace(os.path.join(dirpath, temp_name), path)
+    except OSError as exc:
+        raise _storage_error("renaming into", path, exc) from exc
+    fsync_dir(dirpath, strict=False)
 
 
 # -- segments ----------------------------------------------------------------------------------
