@@ -321,3 +321,90 @@ def test_custom_embedder_must_be_passed_again_on_reopen(tmp_path):
         blind.retrieve("zz")
     again = Engine(tmp_path, embedder=_toy_embed)["kb"]
     assert again.retrieve("zz", top_k=1)[0].document_id == "z"
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import kbcore.engine as eng
+    from kbcore import storage
+    from test_engine_persistence import _doc_text
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    kb = eng.Engine({path!r}).get_knowledge_base("kb")
+    point = {point!r}
+    if point == "fsync":          # inside the commit's fsync group: nothing durable yet
+        os.fsync = die
+    elif point == "written":      # the segment and the manifest's temp file durable, not renamed
+        real = storage.write_files
+        storage.write_files = lambda *a, **k: (real(*a, **k), die())
+    else:                         # renamed: the commit point passed, the directory not fsynced
+        def install(dirpath, temp):
+            os.replace(os.path.join(dirpath, temp), os.path.join(dirpath, storage.MANIFEST))
+            die()
+        storage.install_manifest = install
+    kb.ingest(text=_doc_text("new", 1), document_id="new", metadata={{"v": 1}})
+    print("not killed", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["fsync", "written", "renamed"])
+def test_kill_inside_a_grouped_commit_leaves_the_old_or_the_new_state(tmp_path, point):
+    """An ingest commit writes its segment and its manifest (as a temp file) in one fsync group,
+    then renames the manifest: a writer killed in the group or before the rename leaves the
+    old state, killed after the rename the new one; the next commit collects the leftovers."""
+    path = str(tmp_path / "data")
+    kb = Engine(path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
+    kb.ingest(text=_doc_text("a", 1), document_id="a", metadata={"v": 1})
+    assert kb.stats().tail_rows > 0  # the next ingest takes the no-checkpoint path
+    kb.close()
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER.format(tests=tests_dir, path=path, point=point)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    kb = Engine(path).get_knowledge_base("kb")
+    expect = {"a": 1, "new": 1} if point == "renamed" else {"a": 1}
+    assert _check_consistent(kb) == expect
+    leftovers = [n for n in os.listdir(kb.path) if n.startswith(storage.MANIFEST + ".tmp")]
+    assert leftovers if point == "written" else True  # the temp manifest was durable
+    kb.ingest(text=_doc_text("b", 1), document_id="b", metadata={"v": 1})
+    assert _check_consistent(kb) == {**expect, "b": 1}
+    assert not [n for n in os.listdir(kb.path) if ".tmp" in n]  # collected by the next commit
+    kb.close()
+    assert _check_consistent(Engine(path).get_knowledge_base("kb")) == {**expect, "b": 1}
+
+
+@pytest.mark.parametrize("kind", [".chunks.arrow", ".docs.arrow", ".vectors.npy", ".kbi", "manifest.json"])
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_a_flipped_byte_in_any_file_raises_format_error(tmp_path, monkeypatch, kind, where):
+    """Whatever file kind a byte flips in (the index checkpoint is checked by its own checksum,
+    the others by the manifest's CRC-32), opening or the first use raises FormatError."""
+    monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 1)
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10, quantization="sq8")
+    kb.ingest(text=_doc_text("a", 1), document_id="a", metadata={"v": 1})  # checkpointed
+    monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 10**6)
+    kb.ingest(text=_doc_text("b", 1), document_id="b", metadata={"v": 1})  # a tail with vectors
+    # not closed: close() would checkpoint the tail (no vector file left)
+    names = sorted(n for n in os.listdir(kb.path) if n.endswith(kind))
+    assert names, os.listdir(kb.path)
+    target = os.path.join(kb.path, names[-1])
+    size = os.path.getsize(target)
+    with open(target, "r+b") as f:
+        pos = int(size * where)
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with pytest.raises(FormatError):
+        kb2 = Engine(tmp_path).get_knowledge_base("kb")
+        kb2.retrieve("sentence about keys", top_k=5)
+        kb2.documents()
