@@ -359,22 +359,44 @@ def write_arrow(dirpath: str, name: str, table: Any) -> dict[str, Any]:
     return entry_of(name, buf)
 
 
-def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> Any:
-    """Reads an Arrow IPC file into memory, checks its size and CRC-32, then its structure
-    (``Table.validate(full=True)``: offsets, lengths, UTF-8) and returns the Table.
+def _map_file(path: str) -> Any:
+    """A read-only memory map of ``path`` as a pyarrow Buffer (FormatError if missing)."""
+    import pyarrow as pa
 
-    The file is read, not memory-mapped: a mapping turns a file truncated or rewritten by
-    someone else into SIGBUS at the first touch of a lost page, and a validated copy cannot
-    change under the reader. Raises FormatError (missing, corrupted, not Arrow, invalid).
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(errno.EISDIR, f"knowledge base file {path!r} is not a regular file")
+        if st.st_size == 0:
+            return pa.py_buffer(b"")
+        with pa.memory_map(path, "r") as mm:
+            return mm.read_buffer()  # the mapping lives as long as the buffer
+    except FileNotFoundError:
+        raise FormatError(errno.ENOENT, f"knowledge base file {path!r} is missing") from None
+    except OSError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise _storage_error("reading", path, exc) from exc
+
+
+def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> Any:
+    """Maps an Arrow IPC file, checks its size and CRC-32, then its structure
+    (``Table.validate(full=True)``: offsets, lengths, UTF-8) and returns the Table, whose
+    columns point into the mapping (file-backed pages, no anonymous memory).
+
+    Every byte is checked before a column is used. The files of a knowledge base are immutable
+    (new ones are renamed in, old ones unlinked, neither touches a mapping); like the index
+    checkpoint's mapping (docs/quantization.md), a file truncated in place by someone else
+    would turn into SIGBUS. Raises FormatError (missing, corrupted, not Arrow, invalid).
     """
     import pyarrow as pa
 
     path = os.path.join(dirpath, entry["path"])
-    data = _read_file(path)
+    data = _map_file(path)
     if verify:
         check_entry(dirpath, entry, data)
     try:
-        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        table = pa.ipc.open_file(data).read_all()
         table.validate(full=True)
     except (
         pa.ArrowException,
