@@ -642,15 +642,8 @@ def read_segments(dirpath: str, manifest: dict[str, Any]) -> list[tuple[dict[str
                 f"knowledge base file {dpath!r}: the documents' chunk counts "
                 f"do not add up to the segment's {chunks.num_rows} chunks",
             )
-        for j, text in enumerate(docs.column("metadata").to_pylist()):
-            try:
-                ok = isinstance(json.loads(text), dict)
-            except (ValueError, RecursionError):
-                ok = False
-            if not ok:
-                raise FormatError(
-                    errno.EIO, f"knowledge base file {dpath!r}: document {j}'s metadata is not a JSON object"
-                )
+        # A document's metadata (a JSON object) is parsed and checked where it is read
+        # (segments.document_infos): FormatError naming this file at that first use.
         ids = _int_column(chunks, "__id")
         if len(ids):
             if ids[0] < 0 or ids[-1] >= next_id or (len(ids) > 1 and not (ids[1:] > ids[:-1]).all()):

@@ -10,6 +10,7 @@ A segment is three files named after the generation that wrote it: ``seg-G.chunk
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import storage
+from ..errors import FormatError
 from .types import (
     EXTRA_CHUNK_COLUMNS,
     GROUP_FIELD,
@@ -345,7 +347,27 @@ def document_infos(seg: Segment, pipeline: str | None) -> list[DocumentInfo]:
             continue
         out.append(
             DocumentInfo(
-                seg.doc_ids[d], seg.doc_pipelines[d], fnames[d], int(counts[d]), json.loads(meta[d]), fmts[d], when[d]
+                seg.doc_ids[d],
+                seg.doc_pipelines[d],
+                fnames[d],
+                int(counts[d]),
+                _metadata(seg, d, meta[d]),
+                fmts[d],
+                when[d],
             )
         )
     return out
+
+
+def _metadata(seg: Segment, row: int, text: Any) -> dict[str, Any]:
+    """A document's stored metadata, checked here rather than when the segment is opened (an
+    open parses no per-document JSON): FormatError naming the file if it is not a JSON object."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise FormatError(
+            errno.EIO, f"knowledge base file '{seg.name}.docs.arrow': document {row}'s metadata is not a JSON object"
+        )
+    return value
