@@ -326,10 +326,11 @@ def _reconcile(path: str, index: Index, segments: tuple[Segment, ...], entries: 
     live_parts = [seg.ids[seg.live_mask()] for seg in segments]
     live = np.concatenate(live_parts) if live_parts else np.empty(0, np.int64)
     have = index.ids()
-    extra = np.setdiff1d(have, live, assume_unique=True)
+    if len(have) == len(live) and np.array_equal(have, live):
+        return  # the checkpoint is up to date (the usual reopen): no sort of a million ids
+    extra, missing = _id_differences(have, live)
     if len(extra):
         index.remove(extra)
-    missing = np.setdiff1d(live, have, assume_unique=True)
     if not len(missing):
         return
     for seg, entry in zip(segments, entries):
@@ -347,6 +348,19 @@ def _reconcile(path: str, index: Index, segments: tuple[Segment, ...], entries: 
         rows = np.flatnonzero(sel)
         ids, meta, texts = seg.index_rows(rows)
         index.add(vectors[rows], ids, metadata=meta, texts=texts, defer_graph=True)
+
+
+def _id_differences(have: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids in ``have`` not in ``live``, ids in ``live`` not in ``have``): two bitmaps over the
+    id range instead of sorting both (ids are >= 0, ``live`` validated below next_id)."""
+    bound = int(max(have.max(initial=-1), live.max(initial=-1))) + 1
+    if have.min(initial=0) < 0 or bound > 8 * (len(have) + len(live)) + 4096:  # sparse: sort instead
+        return np.setdiff1d(have, live, assume_unique=True), np.setdiff1d(live, have, assume_unique=True)
+    in_live = np.zeros(bound, bool)
+    in_live[live] = True
+    in_have = np.zeros(bound, bool)
+    in_have[have] = True
+    return have[~in_live[have]], live[~in_have[live]]
 
 
 def _rebuild_text_leg(index: Index, segments: tuple[Segment, ...], cfg: dict[str, Any]) -> Index:
