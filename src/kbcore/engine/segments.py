@@ -56,8 +56,8 @@ class Segment:
         "chunk_index",
         "groups",
         "doc_offsets",
-        "doc_ids",
-        "doc_pipelines",
+        "_doc_ids",
+        "_doc_pipelines",
         "doc_live",
         "content",
         "steps",
@@ -80,8 +80,10 @@ class Segment:
         self.groups = to_numpy(chunks.column(GROUP_FIELD), np.int64)
         counts = to_numpy(docs.column("n_chunks"), np.int64)
         self.doc_offsets = np.concatenate(([0], np.cumsum(counts)))
-        self.doc_ids: list[str] = docs.column("document_id").to_pylist()
-        self.doc_pipelines: list[str] = docs.column("pipeline_name").to_pylist()
+        # Python lists of the documents' ids and pipelines, made at their first use (listing,
+        # replacing, deleting documents): opening and searching never need them.
+        self._doc_ids: list[str] | None = None
+        self._doc_pipelines: list[str] | None = None
         self.doc_live = _liveness(len(counts), self.deleted)
         names = chunks.column_names
         # Optional columns, None when the segment has none (or only nulls): a QA pair's answer,
@@ -108,8 +110,26 @@ class Segment:
         for name in Segment.__slots__:
             setattr(new, name, getattr(self, name))
         new.deleted = deleted
-        new.doc_live = _liveness(len(self.doc_ids), deleted)
+        new.doc_live = _liveness(len(self.doc_offsets) - 1, deleted)
         return new
+
+    @property
+    def doc_ids(self) -> list[str]:
+        """The id of each document row (built once; a racing first use builds it twice, equal)."""
+        ids = self._doc_ids
+        if ids is None:
+            ids = self._doc_ids = self.docs.column("document_id").to_pylist()
+        return ids
+
+    @property
+    def doc_pipelines(self) -> list[str]:
+        """The pipeline of each document row (one str object per distinct pipeline)."""
+        pipes = self._doc_pipelines
+        if pipes is None:
+            enc = combined(self.docs.column("pipeline_name")).dictionary_encode()
+            names = enc.dictionary.to_pylist()
+            pipes = self._doc_pipelines = [names[i] for i in enc.indices.to_numpy().tolist()]
+        return pipes
 
     @property
     def rows(self) -> int:
