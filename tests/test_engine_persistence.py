@@ -408,3 +408,26 @@ def test_a_flipped_byte_in_any_file_raises_format_error(tmp_path, monkeypatch, k
         kb2 = Engine(tmp_path).get_knowledge_base("kb")
         kb2.retrieve("sentence about keys", top_k=5)
         kb2.documents()
+
+
+def test_a_file_rewritten_after_a_checked_open_is_checked_again(tmp_path):
+    """A process remembers which segment files it checked in full (by path, inode, size, times
+    and the manifest's CRC-32) and does not re-read them on the next open; a byte changed in
+    place since (its mtime restored: the ctime still moves) is found on that next open."""
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb")
+    kb.ingest(text="some text to store", document_id="a")
+    kb.close()
+    Engine(tmp_path).get_knowledge_base("kb").close()  # checked in full, remembered
+    seg = next(n for n in os.listdir(kb.path) if n.endswith(".chunks.arrow"))
+    target = os.path.join(kb.path, seg)
+    st = os.stat(target)
+    time.sleep(0.01)
+    with open(target, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(FormatError, match="corrupted"):
+        Engine(tmp_path).get_knowledge_base("kb")

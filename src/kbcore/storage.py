@@ -359,18 +359,25 @@ def write_arrow(dirpath: str, name: str, table: Any) -> dict[str, Any]:
     return entry_of(name, buf)
 
 
-def _map_file(path: str) -> Any:
-    """A read-only memory map of ``path`` as a pyarrow Buffer (FormatError if missing)."""
+def _map_file(path: str) -> tuple[Any, os.stat_result]:
+    """A read-only memory map of ``path`` as a pyarrow Buffer, and the file's stat taken
+    through the mapped descriptor (FormatError if missing)."""
     import pyarrow as pa
 
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise FormatError(errno.EISDIR, f"knowledge base file {path!r} is not a regular file")
-        if st.st_size == 0:
-            return pa.py_buffer(b"")
-        with pa.memory_map(path, "r") as mm:
-            return mm.read_buffer()  # the mapping lives as long as the buffer
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise FormatError(errno.EISDIR, f"knowledge base file {path!r} is not a regular file")
+            if st.st_size == 0:
+                return pa.py_buffer(b""), st
+            with pa.memory_map(path, "r") as mm:
+                st2 = os.stat(path)
+                if (st2.st_ino, st2.st_dev) != (st.st_ino, st.st_dev):  # replaced meanwhile:
+                    st = os.stat_result((0,) * 10)  # no identity, so checked in full, not cached
+                return mm.read_buffer(), st  # the mapping lives as long as the buffer
+    except IsADirectoryError:
+        raise FormatError(errno.EISDIR, f"knowledge base file {path!r} is a directory") from None
     except FileNotFoundError:
         raise FormatError(errno.ENOENT, f"knowledge base file {path!r} is missing") from None
     except OSError as exc:
@@ -392,12 +399,15 @@ def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> A
     import pyarrow as pa
 
     path = os.path.join(dirpath, entry["path"])
-    data = _map_file(path)
-    if verify:
+    data, st = _map_file(path)
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, entry["bytes"], entry["crc32"])
+    checked = verify and st.st_ino != 0 and _checked_before(key)
+    if verify and not checked:
         check_entry(dirpath, entry, data)
     try:
         table = pa.ipc.open_file(data).read_all()
-        table.validate(full=True)
+        if not checked:
+            table.validate(full=True)
     except (
         pa.ArrowException,
         OSError,
@@ -408,7 +418,34 @@ def read_arrow(dirpath: str, entry: dict[str, Any], *, verify: bool = True) -> A
         MemoryError,
     ) as exc:  # pyarrow reports a bad footer or message as a plain OSError
         raise FormatError(errno.EIO, f"knowledge base file {path!r} is not valid Arrow: {exc}") from None
+    if verify and not checked and st.st_ino != 0:
+        _remember_checked(key)
     return table
+
+
+#: Arrow files this process checked in full (CRC-32 against the manifest, validate(full=True)),
+#: by identity: path, device, inode, size, mtime, ctime and the manifest's size and CRC-32. A
+#: reopen or refresh in the same process maps them again without re-reading every byte; a file
+#: replaced or rewritten (another inode or times) or named by another manifest entry is checked
+#: again. Bounded (least recently used out).
+_CHECKED: dict[tuple[Any, ...], None] = {}
+_CHECKED_MAX = 4096
+_CHECKED_LOCK = threading.Lock()
+
+
+def _checked_before(key: tuple[Any, ...]) -> bool:
+    with _CHECKED_LOCK:
+        if key not in _CHECKED:
+            return False
+        _CHECKED[key] = _CHECKED.pop(key)  # most recently used last
+        return True
+
+
+def _remember_checked(key: tuple[Any, ...]) -> None:
+    with _CHECKED_LOCK:
+        _CHECKED[key] = None
+        while len(_CHECKED) > _CHECKED_MAX:
+            del _CHECKED[next(iter(_CHECKED))]
 
 
 def write_npy(dirpath: str, name: str, arr: np.ndarray) -> dict[str, Any]:
