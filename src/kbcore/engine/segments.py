@@ -371,7 +371,7 @@ def document_infos(seg: Segment, pipeline: str | None) -> list[DocumentInfo]:
                 seg.doc_pipelines[d],
                 fnames[d],
                 int(counts[d]),
-                _metadata(seg, d, meta[d]),
+                _metadata(seg, int(d), meta[d]),
                 fmts[d],
                 when[d],
             )
