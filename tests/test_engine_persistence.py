@@ -431,3 +431,32 @@ def test_a_file_rewritten_after_a_checked_open_is_checked_again(tmp_path):
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(FormatError, match="corrupted"):
         Engine(tmp_path).get_knowledge_base("kb")
+
+
+@pytest.mark.parametrize("quantization, vectors", [(None, "memory"), ("sq8", "disk"), ("rabitq", "disk")])
+def test_reopen_gives_the_same_answers_and_documents(tmp_path, quantization, vectors):
+    """What a reopened knowledge base answers (hits, their text and scores, the document list)
+    is what it answered before closing, whatever it loads lazily."""
+    kb = Engine(tmp_path).create_knowledge_base(
+        "kb", chunk_size=CHUNK_SIZE, chunk_overlap=10, quantization=quantization, vectors=vectors
+    )
+    for i in range(12):
+        kb.ingest(text=_doc_text(f"d{i}", 1), document_id=f"d{i}", metadata={"v": i})
+    kb.ingest(text=_doc_text("d4", 2), document_id="d4", metadata={"v": 99})  # a replacement
+    kb.delete_document("d3")
+    kb.wait_until_indexed()
+    queries = ["sentence about keys", "d5 version 1", "d4 version 2 sentence 3"]
+
+    def answers(k):
+        return [
+            [(h.id, h.document_id, h.content, round(h.score, 5), h.metadata["v"]) for h in k.retrieve(q, top_k=8)]
+            for q in queries
+        ]
+
+    before, docs_before = answers(kb), kb.documents()
+    kb.close()
+    kb2 = Engine(tmp_path).get_knowledge_base("kb")
+    assert answers(kb2) == before
+    assert kb2.documents() == docs_before
+    assert "d3" not in kb2 and "d4" in kb2
+    kb2.close()
