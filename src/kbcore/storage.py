@@ -32,6 +32,7 @@ manifest committed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import functools
 import json
@@ -191,6 +192,7 @@ def write_files(files: list[tuple[str, Any]], *, sync_dir: str | None = None) ->
         elif jobs:
             pool = _sync_pool()
             futures = [(p, pool.submit(job)) for p, job in jobs]
+            concurrent.futures.wait([fut for _, fut in futures])  # all done before any fd closes
             for p, fut in futures:
                 exc = fut.exception()
                 if isinstance(exc, StorageError):
