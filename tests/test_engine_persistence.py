@@ -204,6 +204,7 @@ def test_a_failed_commit_changes_nothing(tmp_path, monkeypatch, checkpoint):
         raise storage.StorageError(28, "No space left on device")
 
     monkeypatch.setattr(storage, "save_manifest", boom)
+    monkeypatch.setattr(storage, "install_manifest", boom)  # an ingest's manifest, written ahead
     with pytest.raises(OSError, match="No space"):
         kb.ingest(text=_doc_text("a", 2), document_id="a", metadata={"v": 2})  # a replacement
     with pytest.raises(OSError, match="No space"):
@@ -320,3 +321,142 @@ def test_custom_embedder_must_be_passed_again_on_reopen(tmp_path):
         blind.retrieve("zz")
     again = Engine(tmp_path, embedder=_toy_embed)["kb"]
     assert again.retrieve("zz", top_k=1)[0].document_id == "z"
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import kbcore.engine as eng
+    from kbcore.engine import storage
+    from test_engine_persistence import _doc_text
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    kb = eng.Engine({path!r}).get_knowledge_base("kb")
+    point = {point!r}
+    if point == "fsync":          # inside the commit's fsync group: nothing durable yet
+        os.fsync = die
+    elif point == "written":      # the segment and the manifest's temp file durable, not renamed
+        real = storage.write_files
+        storage.write_files = lambda *a, **k: (real(*a, **k), die())
+    else:                         # renamed: the commit point passed, the directory not fsynced
+        def install(dirpath, temp):
+            os.replace(os.path.join(dirpath, temp), os.path.join(dirpath, storage.MANIFEST))
+            die()
+        storage.install_manifest = install
+    kb.ingest(text=_doc_text("new", 1), document_id="new", metadata={{"v": 1}})
+    print("not killed", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["fsync", "written", "renamed"])
+def test_kill_inside_a_grouped_commit_leaves_the_old_or_the_new_state(tmp_path, point):
+    """An ingest commit writes its segment and its manifest (as a temp file) in one fsync group,
+    then renames the manifest: a writer killed in the group or before the rename leaves the
+    old state, killed after the rename the new one; the next commit collects the leftovers."""
+    path = str(tmp_path / "data")
+    kb = Engine(path).create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10)
+    kb.ingest(text=_doc_text("a", 1), document_id="a", metadata={"v": 1})
+    assert kb.stats().tail_rows > 0  # the next ingest takes the no-checkpoint path
+    kb.close()
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER.format(tests=tests_dir, path=path, point=point)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    kb = Engine(path).get_knowledge_base("kb")
+    expect = {"a": 1, "new": 1} if point == "renamed" else {"a": 1}
+    assert _check_consistent(kb) == expect
+    leftovers = [n for n in os.listdir(kb.path) if n.startswith(storage.MANIFEST + ".tmp")]
+    assert leftovers if point == "written" else True  # the temp manifest was durable
+    kb.ingest(text=_doc_text("b", 1), document_id="b", metadata={"v": 1})
+    assert _check_consistent(kb) == {**expect, "b": 1}
+    assert not [n for n in os.listdir(kb.path) if ".tmp" in n]  # collected by the next commit
+    kb.close()
+    assert _check_consistent(Engine(path).get_knowledge_base("kb")) == {**expect, "b": 1}
+
+
+@pytest.mark.parametrize("kind", [".chunks.arrow", ".docs.arrow", ".vectors.npy", ".kbi", "manifest.json"])
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_a_flipped_byte_in_any_file_raises_format_error(tmp_path, monkeypatch, kind, where):
+    """Whatever file kind a byte flips in (the index checkpoint is checked by its own checksum,
+    the others by the manifest's CRC-32), opening or the first use raises FormatError."""
+    monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 1)
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", chunk_size=CHUNK_SIZE, chunk_overlap=10, quantization="sq8")
+    kb.ingest(text=_doc_text("a", 1), document_id="a", metadata={"v": 1})  # checkpointed
+    monkeypatch.setattr(engine_mod.manifest, "CKPT_MIN_ROWS", 10**6)
+    kb.ingest(text=_doc_text("b", 1), document_id="b", metadata={"v": 1})  # a tail with vectors
+    # not closed: close() would checkpoint the tail (no vector file left)
+    names = sorted(n for n in os.listdir(kb.path) if n.endswith(kind))
+    assert names, os.listdir(kb.path)
+    target = os.path.join(kb.path, names[-1])
+    size = os.path.getsize(target)
+    with open(target, "r+b") as f:
+        pos = int(size * where)
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with pytest.raises(FormatError):
+        kb2 = Engine(tmp_path).get_knowledge_base("kb")
+        kb2.retrieve("sentence about keys", top_k=5)
+        kb2.documents()
+
+
+def test_a_file_rewritten_after_a_checked_open_is_checked_again(tmp_path):
+    """A process remembers which segment files it checked in full (by path, inode, size, times
+    and the manifest's CRC-32) and does not re-read them on the next open; a byte changed in
+    place since (its mtime restored: the ctime still moves) is found on that next open."""
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb")
+    kb.ingest(text="some text to store", document_id="a")
+    kb.close()
+    Engine(tmp_path).get_knowledge_base("kb").close()  # checked in full, remembered
+    seg = next(n for n in os.listdir(kb.path) if n.endswith(".chunks.arrow"))
+    target = os.path.join(kb.path, seg)
+    st = os.stat(target)
+    time.sleep(0.01)
+    with open(target, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(FormatError, match="corrupted"):
+        Engine(tmp_path).get_knowledge_base("kb")
+
+
+@pytest.mark.parametrize("quantization, vectors", [(None, "memory"), ("sq8", "disk"), ("rabitq", "disk")])
+def test_reopen_gives_the_same_answers_and_documents(tmp_path, quantization, vectors):
+    """What a reopened knowledge base answers (hits, their text and scores, the document list)
+    is what it answered before closing, whatever it loads lazily."""
+    kb = Engine(tmp_path).create_knowledge_base(
+        "kb", chunk_size=CHUNK_SIZE, chunk_overlap=10, quantization=quantization, vectors=vectors
+    )
+    for i in range(12):
+        kb.ingest(text=_doc_text(f"d{i}", 1), document_id=f"d{i}", metadata={"v": i})
+    kb.ingest(text=_doc_text("d4", 2), document_id="d4", metadata={"v": 99})  # a replacement
+    kb.delete_document("d3")
+    kb.wait_until_indexed()
+    queries = ["sentence about keys", "d5 version 1", "d4 version 2 sentence 3"]
+
+    def answers(k):
+        return [
+            [(h.id, h.document_id, h.content, round(h.score, 5), h.metadata["v"]) for h in k.retrieve(q, top_k=8)]
+            for q in queries
+        ]
+
+    before, docs_before = answers(kb), kb.documents()
+    kb.close()
+    kb2 = Engine(tmp_path).get_knowledge_base("kb")
+    assert answers(kb2) == before
+    assert kb2.documents() == docs_before
+    assert "d3" not in kb2 and "d4" in kb2
+    kb2.close()

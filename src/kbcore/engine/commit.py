@@ -74,23 +74,43 @@ class _Transaction:
         self.path = cell.state.path
         self._files: list[str] = []
         self._undo: list[Callable[[], None]] = []
+        #: the manifest written ahead with the segment (:meth:`write_segment`), not yet installed
+        self._manifest_temp: str | None = None
 
     # -- files ---------------------------------------------------------------------------
     def write_segment(
-        self, name: str, chunks: Any, docs: Any, vectors: np.ndarray | None, *, fsync_dir: bool
+        self,
+        name: str,
+        chunks: Any,
+        docs: Any,
+        vectors: np.ndarray | None,
+        *,
+        fsync_dir: bool,
+        manifest: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Writes ``name``'s files; returns its manifest entry ``files``. ``fsync_dir=False``
-        when a checkpoint follows (Index.save fsyncs the directory after its rename, which
-        covers these names too: one directory fsync saved, ~10-30 ms on a VM disk)."""
-        files: dict[str, Any] = {
-            "chunks": self._wrote(storage.write_arrow(self.path, f"{name}.chunks.arrow", chunks)),
-            "docs": self._wrote(storage.write_arrow(self.path, f"{name}.docs.arrow", docs)),
-            "vectors": None,
-        }
+        """Writes ``name``'s files durably; returns its manifest entry ``files``.
+
+        ``fsync_dir=False`` when a checkpoint follows (Index.save fsyncs the directory after
+        its rename, which covers these names too). ``manifest``: a function of ``files``
+        returning the manifest to commit; it is written with the segment, as a temp file, and
+        :meth:`commit_manifest` only renames it. The files, the temp manifest and the
+        directory are fsynced concurrently (:func:`kbcore.engine.storage.write_files`): one journal
+        transaction per group instead of one per file (~10 ms each on a VM disk)."""
+        blobs = [("chunks", f"{name}.chunks.arrow", storage.arrow_bytes(chunks))]
+        blobs.append(("docs", f"{name}.docs.arrow", storage.arrow_bytes(docs)))
         if vectors is not None:
-            files["vectors"] = self._wrote(storage.write_npy(self.path, f"{name}.vectors.npy", vectors))
-        if fsync_dir:
-            storage.fsync_dir(self.path)
+            blobs.append(("vectors", f"{name}.vectors.npy", storage.npy_bytes(vectors)))
+        files: dict[str, Any] = {"chunks": None, "docs": None, "vectors": None}
+        for kind, fname, data in blobs:
+            files[kind] = storage.entry_of(fname, data)
+        out = [(os.path.join(self.path, fname), data) for _, fname, data in blobs]
+        self._files.extend(fname for _, fname, _ in blobs)
+        if manifest is not None:
+            temp = storage.manifest_temp_name()
+            out.append((os.path.join(self.path, temp), storage.manifest_bytes(manifest(files))))
+            self._files.append(temp)
+            self._manifest_temp = temp
+        storage.write_files(out, sync_dir=self.path if fsync_dir or manifest is not None else None)
         return files
 
     def checkpoint(self, m: dict[str, Any], index: Index, on_checkpoint: OnCheckpoint) -> None:
@@ -137,7 +157,11 @@ class _Transaction:
 
     # -- the commit point ------------------------------------------------------------------
     def commit_manifest(self, m: dict[str, Any]) -> None:
-        storage.save_manifest(self.path, m)
+        temp, self._manifest_temp = self._manifest_temp, None
+        if temp is None:
+            storage.save_manifest(self.path, m)
+        else:  # written with the segment (the same ``m``): the rename is the commit point
+            storage.install_manifest(self.path, temp)
         self._files.clear()
         self._undo.clear()
 
@@ -209,11 +233,19 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     texts: Any = batch.text_list
     if texts is None:  # an Index reads the Arrow array's buffers; a sharded one splits a list
         texts = text_list(batch.texts) if is_sharded(cfg) else batch.texts
-    with _transaction(cell) as txn:
-        files = txn.write_segment(name, chunks, doc_table, None if ckpt else vectors, fsync_dir=not ckpt)
-        entry = {"name": name, "rows": n, "docs": ndocs, "deleted_docs": [], "files": files}
+    entry: dict[str, Any] = {"name": name, "rows": n, "docs": ndocs, "deleted_docs": [], "files": None}
+
+    def final_manifest(files: dict[str, Any]) -> dict[str, Any]:
+        entry["files"] = files
         m["segments"].append(entry)
         policy.mark_deleted(m, replaced)
+        return m
+
+    with _transaction(cell) as txn:
+        if ckpt:  # the checkpoint adds the index to the manifest: written after it
+            final_manifest(txn.write_segment(name, chunks, doc_table, None, fsync_dir=False))
+        else:  # the manifest is final now: written and synced with the segment's files
+            txn.write_segment(name, chunks, doc_table, vectors, fsync_dir=True, manifest=final_manifest)
         with txn.exclusive():
             if sharded:  # a shard may apply its part of a failed add: undo what is there
                 if created:
@@ -335,7 +367,9 @@ def switch_index(
 
 def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
     state = cell.state
-    if state.index is not None and policy.needs_compaction(state.manifest, len(state.index)):
+    # The live rows from the segments, not len(index): that waits for the native lock, which
+    # the background graph builder holds while it links a batch.
+    if state.index is not None and policy.needs_compaction(state.manifest, sum(s.live_rows for s in state.segments)):
         try:
             compact(cell, on_checkpoint)
         except OSError as exc:  # the mutation before it is committed: do not report it failed

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from ..index import Index
 
 #: Rows linked per native call: bounds how long a search may wait for the write lock.
-BATCH_ROWS = 1024
+BATCH_ROWS = 128
 
 
 class GraphBuilder:

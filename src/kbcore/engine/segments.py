@@ -10,6 +10,7 @@ A segment is three files named after the generation that wrote it: ``seg-G.chunk
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import storage
+from ..errors import FormatError
 from .columns import combined, to_numpy
 from .types import (
     EXTRA_CHUNK_COLUMNS,
@@ -55,8 +57,8 @@ class Segment:
         "chunk_index",
         "groups",
         "doc_offsets",
-        "doc_ids",
-        "doc_pipelines",
+        "_doc_ids",
+        "_doc_pipelines",
         "doc_live",
         "content",
         "steps",
@@ -79,8 +81,10 @@ class Segment:
         self.groups = to_numpy(chunks.column(GROUP_FIELD), np.int64)
         counts = to_numpy(docs.column("n_chunks"), np.int64)
         self.doc_offsets = np.concatenate(([0], np.cumsum(counts)))
-        self.doc_ids: list[str] = docs.column("document_id").to_pylist()
-        self.doc_pipelines: list[str] = docs.column("pipeline_name").to_pylist()
+        # Python lists of the documents' ids and pipelines, made at their first use (listing,
+        # replacing, deleting documents): opening and searching never need them.
+        self._doc_ids: list[str] | None = None
+        self._doc_pipelines: list[str] | None = None
         self.doc_live = _liveness(len(counts), self.deleted)
         names = chunks.column_names
         # Optional columns, None when the segment has none (or only nulls): a QA pair's answer,
@@ -107,8 +111,26 @@ class Segment:
         for name in Segment.__slots__:
             setattr(new, name, getattr(self, name))
         new.deleted = deleted
-        new.doc_live = _liveness(len(self.doc_ids), deleted)
+        new.doc_live = _liveness(len(self.doc_offsets) - 1, deleted)
         return new
+
+    @property
+    def doc_ids(self) -> list[str]:
+        """The id of each document row (built once; a racing first use builds it twice, equal)."""
+        ids = self._doc_ids
+        if ids is None:
+            ids = self._doc_ids = self.docs.column("document_id").to_pylist()
+        return ids
+
+    @property
+    def doc_pipelines(self) -> list[str]:
+        """The pipeline of each document row (one str object per distinct pipeline)."""
+        pipes = self._doc_pipelines
+        if pipes is None:
+            enc = combined(self.docs.column("pipeline_name")).dictionary_encode()
+            names = enc.dictionary.to_pylist()
+            pipes = self._doc_pipelines = [names[i] for i in enc.indices.to_numpy().tolist()]
+        return pipes
 
     @property
     def rows(self) -> int:
@@ -333,7 +355,27 @@ def document_infos(seg: Segment, pipeline: str | None) -> list[DocumentInfo]:
             continue
         out.append(
             DocumentInfo(
-                seg.doc_ids[d], seg.doc_pipelines[d], fnames[d], int(counts[d]), json.loads(meta[d]), fmts[d], when[d]
+                seg.doc_ids[d],
+                seg.doc_pipelines[d],
+                fnames[d],
+                int(counts[d]),
+                _metadata(seg, int(d), meta[d]),
+                fmts[d],
+                when[d],
             )
         )
     return out
+
+
+def _metadata(seg: Segment, row: int, text: Any) -> dict[str, Any]:
+    """A document's stored metadata, checked here rather than when the segment is opened (an
+    open parses no per-document JSON): FormatError naming the file if it is not a JSON object."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise FormatError(
+            errno.EIO, f"knowledge base file '{seg.name}.docs.arrow': document {row}'s metadata is not a JSON object"
+        )
+    return value

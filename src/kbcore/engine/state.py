@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ class KbState:
     path: str
     manifest: dict[str, Any]
     segments: tuple[Segment, ...]
-    docs: dict[tuple[str, str], DocRef]  # (pipeline, document id) -> where it is stored
+    docs: Mapping[tuple[str, str], DocRef]  # (pipeline, document id) -> where it is stored
     index: Index | None
     #: the index's text leg was rebuilt on load and is not checkpointed yet
     stale_text: bool = False
@@ -64,7 +65,7 @@ class KbState:
         path: str,
         manifest: dict[str, Any],
         segments: tuple[Segment, ...],
-        docs: dict[tuple[str, str], DocRef],
+        docs: Mapping[tuple[str, str], DocRef],
         index: Index | None,
         stale_text: bool = False,
         vectors: str = "memory",
@@ -161,8 +162,9 @@ class KbState:
         if new_segment is not None:
             old[new_segment.name] = new_segment
         segments = tuple(old[e["name"]].with_entry(e) for e in m["segments"])
+        docs: Mapping[tuple[str, str], DocRef]
         if removed is None:
-            docs = _doc_map(segments)
+            docs = LazyDocMap(segments)
         else:
             docs = dict(self.docs)
             for key in removed:
@@ -210,7 +212,9 @@ class KbState:
         segments = tuple(Segment(e, c, d) for e, c, d in storage.read_segments(path, m))
         index = None
         if m.get("index"):
-            storage.check_entry(path, m["index"])
+            # The size against the manifest here; the content when the native loader reads it
+            # (its header fields and the payload checksum cover every byte: FormatError).
+            storage.check_size(path, m["index"])
             index = Index.load(os.path.join(path, m["index"]["path"]), vectors=vectors)
         elif cfg.get("dim"):
             index = new_index(cfg, int(cfg["dim"]), path, vectors=vectors)
@@ -222,7 +226,7 @@ class KbState:
             ):  # written before the text leg existed
                 index = _rebuild_text_leg(index, segments, cfg)
                 stale_text = True
-        return cls.build(name, path, m, segments, _doc_map(segments), index, stale_text, vectors)
+        return cls.build(name, path, m, segments, LazyDocMap(segments), index, stale_text, vectors)
 
 
 class StateCell:
@@ -264,9 +268,46 @@ def new_index(
 def _doc_map(segments: tuple[Segment, ...]) -> dict[tuple[str, str], DocRef]:
     docs: dict[tuple[str, str], DocRef] = {}
     for seg in segments:
-        for d in np.flatnonzero(seg.doc_live):
-            docs[(seg.doc_pipelines[d], seg.doc_ids[d])] = (seg.name, int(d))
+        live = np.flatnonzero(seg.doc_live).tolist()
+        pipes, ids, name = seg.doc_pipelines, seg.doc_ids, seg.name
+        docs.update(zip(zip([pipes[d] for d in live], [ids[d] for d in live]), [(name, d) for d in live]))
     return docs
+
+
+class LazyDocMap(Mapping[tuple[str, str], DocRef]):
+    """The document map of a snapshot ((pipeline, document id) -> (segment, row)), built from
+    the segments at its first use: opening a knowledge base and searching it never need it."""
+
+    __slots__ = ("_segments", "_map", "_lock")
+
+    def __init__(self, segments: tuple[Segment, ...]) -> None:
+        self._segments = segments
+        self._map: dict[tuple[str, str], DocRef] | None = None
+        self._lock = threading.Lock()
+
+    def _built(self) -> dict[tuple[str, str], DocRef]:
+        m = self._map
+        if m is None:
+            with self._lock:
+                m = self._map
+                if m is None:
+                    m = self._map = _doc_map(self._segments)
+        return m
+
+    def __getitem__(self, key: tuple[str, str]) -> DocRef:
+        return self._built()[key]
+
+    def get(self, key: tuple[str, str], default: Any = None) -> Any:
+        return self._built().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._built()
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
 
 
 def _reconcile(path: str, index: Index, segments: tuple[Segment, ...], entries: list[dict[str, Any]]) -> None:
@@ -275,10 +316,11 @@ def _reconcile(path: str, index: Index, segments: tuple[Segment, ...], entries: 
     live_parts = [seg.ids[seg.live_mask()] for seg in segments]
     live = np.concatenate(live_parts) if live_parts else np.empty(0, np.int64)
     have = index.ids()
-    extra = np.setdiff1d(have, live, assume_unique=True)
+    if len(have) == len(live) and np.array_equal(have, live):
+        return  # the checkpoint is up to date (the usual reopen): no sort of a million ids
+    extra, missing = _id_differences(have, live)
     if len(extra):
         index.remove(extra)
-    missing = np.setdiff1d(live, have, assume_unique=True)
     if not len(missing):
         return
     for seg, entry in zip(segments, entries):
@@ -296,6 +338,19 @@ def _reconcile(path: str, index: Index, segments: tuple[Segment, ...], entries: 
         rows = np.flatnonzero(sel)
         ids, meta, texts = seg.index_rows(rows)
         index.add(vectors[rows], ids, metadata=meta, texts=texts, defer_graph=True)
+
+
+def _id_differences(have: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids in ``have`` not in ``live``, ids in ``live`` not in ``have``): two bitmaps over the
+    id range instead of sorting both (ids are >= 0, ``live`` validated below next_id)."""
+    bound = int(max(have.max(initial=-1), live.max(initial=-1))) + 1
+    if have.min(initial=0) < 0 or bound > 8 * (len(have) + len(live)) + 4096:  # sparse: sort instead
+        return np.setdiff1d(have, live, assume_unique=True), np.setdiff1d(live, have, assume_unique=True)
+    in_live = np.zeros(bound, bool)
+    in_live[live] = True
+    in_have = np.zeros(bound, bool)
+    in_have[have] = True
+    return have[~in_live[have]], live[~in_have[live]]
 
 
 def _rebuild_text_leg(index: Index, segments: tuple[Segment, ...], cfg: dict[str, Any]) -> Index:
