@@ -838,6 +838,28 @@ class KnowledgeBase:
             hits = retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
         return hits or []
 
+    def _shortlist(self, query: str | Any, top_k: int, opts: SearchOptions) -> retrieval.Shortlist | None:
+        """Hook of :meth:`Engine.retrieve`: :meth:`retrieve`'s candidates without their hits
+        (built later by :meth:`_hits_of` for those the merge keeps), or None when this call
+        is not that simple (a reranker, a context window, a re-embed meanwhile): then call
+        :meth:`retrieve`."""
+        self._check_open()
+        if opts.rerank is not False and self._reranker.choose(opts.rerank, query) is not None:
+            return None
+        epoch = self._embed_epoch
+        try:
+            short = retrieval.shortlist(self._cell, query, top_k, opts, self._embed_query)
+        except InvalidArgumentError:
+            if self._embed_epoch == epoch:
+                raise
+            return None
+        return short if self._embed_epoch == epoch else None
+
+    def _hits_of(self, short: retrieval.Shortlist, cands: list[Any]) -> list[Hit] | None:
+        """Hook of :meth:`Engine.retrieve`: the hits of some of ``short``'s candidates, or
+        None when this knowledge base changed since (search again)."""
+        return retrieval.hits_of(self._cell, short, cands)
+
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)
 
