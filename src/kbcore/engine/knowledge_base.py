@@ -822,6 +822,23 @@ class KnowledgeBase:
         depth = reranking.check_depth(opts.rerank_depth, top_k)
         # The threshold applies to the reranked scores, not the first stage's.
         first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
+        short = self._candidates(query, depth, first_opts)
+        texts = None if short is None else retrieval.texts_of(short)
+        if texts is not None:  # the reranker reads texts: build only the hits it keeps
+            assert short is not None
+            cands = short.cands
+            hits = reranking.apply_lazy(
+                reranker,
+                query,
+                texts,
+                short.scores(),
+                lambda picks: retrieval.hits_of(self._cell, short, [cands[i] for i in picks]),
+                lambda: self._first_stage(query, depth, first_opts),
+                top_k,
+                opts.score_threshold,
+            )
+            if hits is not None:
+                return hits
         first = self._first_stage(query, depth, first_opts)
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
 
@@ -846,6 +863,11 @@ class KnowledgeBase:
         self._check_open()
         if opts.rerank is not False and self._reranker.choose(opts.rerank, query) is not None:
             return None
+        return self._candidates(query, top_k, opts)
+
+    def _candidates(self, query: str | Any, top_k: int, opts: SearchOptions) -> retrieval.Shortlist | None:
+        """The first stage's :class:`~kbcore.engine.retrieval.Shortlist` (no reranker), or
+        None when hits must be built whole (a context window, a re-embed meanwhile)."""
         epoch = self._embed_epoch
         try:
             short = retrieval.shortlist(self._cell, query, top_k, opts, self._embed_query)

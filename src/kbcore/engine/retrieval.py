@@ -156,6 +156,33 @@ def hits_of(cell: StateCell, short: Shortlist, cands: list[Candidate]) -> list[H
         return make_hits(state, cands, short.metric, fused=short.fused)
 
 
+def texts_of(short: Shortlist) -> list[str] | None:
+    """The ``content`` each of ``short``'s candidates' hits would have (what a reranker
+    reads), without building the hits; None for a parent-child or question-answer knowledge
+    base (their content is not the chunk's own text: build the hits). The snapshot's segments
+    are immutable: no lock needed."""
+    state = short.state
+    if state is None or not short.cands:
+        return []
+    if state.config.get("index_type") == "parent_child":
+        return None
+    segs = state.segments
+    if len(segs) == 1 and segs[0].contiguous:
+        only = segs[0]
+        if only.content is not None:
+            return None
+        base, text_of = only.min_id, only.text_of
+        return [text_of(c[0] - base) for c in short.cands]
+    out = []
+    locate = state.locate
+    for c in short.cands:
+        seg, row = locate(c[0])
+        if seg.content is not None:
+            return None
+        out.append(seg.text_of(row))
+    return out
+
+
 def check_context_window(value: Any) -> int:
     """``context_window`` as an int >= 0, else InvalidTypeError / InvalidArgumentError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
