@@ -15,6 +15,7 @@ from test_fuzz_kb_load import _read_json, build_base_kb, write_crafted
 
 from kbcore import Engine, storage
 from kbcore.cli import main
+from kbcore.engine import retrieval
 from kbcore.errors import FormatError, InvalidArgumentError, InvalidTypeError, RerankerError
 from kbcore.rerankers import CallableReranker, HttpReranker
 
@@ -167,7 +168,7 @@ def test_a_write_during_the_rerank_reranks_the_new_first_stage(kb):
     assert _triples(got) == _expected(after, _raw, 5)
 
 
-def test_rerank_of_question_answer_and_parent_child_hits_reads_their_content(engine):
+def test_rerank_of_question_answer_and_parent_child_hits_reads_their_content(engine, monkeypatch):
     qa = engine.create_knowledge_base("qa", index="flat")
     rows = [{"question": f"what is {w}?", "answer": f"{w} is word {i}"} for i, w in enumerate(WORDS)]
     qa.ingest_qa("\n".join(json.dumps(r) for r in rows).encode(), format="jsonl", document_id="faq")
@@ -177,7 +178,14 @@ def test_rerank_of_question_answer_and_parent_child_hits_reads_their_content(eng
     for kb in (qa, pc):
         rr = Recorder(lambda t: float(len(t) % 7))
         first = kb.retrieve("alpha bravo", top_k=8, rerank=False)
+        searches = []
+        search = retrieval._retrieve
+        monkeypatch.setattr(
+            retrieval, "_retrieve", lambda *a, _s=search, _n=searches, **kw: _n.append(1) or _s(*a, **kw)
+        )
         got = kb.retrieve("alpha bravo", top_k=4, rerank=rr, rerank_depth=8)
+        monkeypatch.setattr(retrieval, "_retrieve", search)
+        assert len(searches) == 1  # one first stage, its hits built whole
         assert rr.seen == [[h.content for h in first]]
         assert _full(got) == sorted(_full(got), key=lambda r: -r[5]) and len(got) == 4
 

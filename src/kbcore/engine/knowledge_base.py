@@ -822,25 +822,37 @@ class KnowledgeBase:
         depth = reranking.check_depth(opts.rerank_depth, top_k)
         # The threshold applies to the reranked scores, not the first stage's.
         first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
-        short = self._candidates(query, depth, first_opts)
-        texts = None if short is None else retrieval.texts_of(short)
-        if texts is not None:  # the reranker reads texts: build only the hits it keeps
-            assert short is not None
-            cands = short.cands
-            hits = reranking.apply_lazy(
-                reranker,
-                query,
-                texts,
-                short.scores(),
-                lambda picks: retrieval.hits_of(self._cell, short, [cands[i] for i in picks]),
-                lambda: self._first_stage(query, depth, first_opts),
-                top_k,
-                opts.score_threshold,
-            )
-            if hits is not None:
-                return hits
+        hits = self._rerank_candidates(reranker, query, top_k, depth, first_opts, opts.score_threshold)
+        if hits is not None:
+            return hits
         first = self._first_stage(query, depth, first_opts)
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
+
+    def _rerank_candidates(
+        self, reranker: Any, query: str, top_k: int, depth: int, first_opts: SearchOptions, threshold: Any
+    ) -> list[Hit] | None:
+        """The reranked answer from the first stage's candidates: the reranker reads their
+        texts and hits are built for the ``top_k`` kept (contents that are not chunk texts,
+        parents or QA answers: every hit built first). None when the candidates cannot serve
+        (a context window, a write or re-embed meanwhile): rerank the whole first stage."""
+        short = self._candidates(query, depth, first_opts)
+        if short is None:
+            return None
+        texts = retrieval.texts_of(short)
+        if texts is None:
+            first = retrieval.hits_of(self._cell, short, short.cands)
+            return None if first is None else reranking.apply(reranker, query, first, top_k, threshold)
+        cands = short.cands
+        return reranking.apply_lazy(
+            reranker,
+            query,
+            texts,
+            short.scores(),
+            lambda picks: retrieval.hits_of(self._cell, short, [cands[i] for i in picks]),
+            lambda: self._first_stage(query, depth, first_opts),
+            top_k,
+            threshold,
+        )
 
     def _first_stage(self, query: str | Any, top_k: int, opts: SearchOptions) -> list[Hit]:
         """The search without a reranker, embedded again if a re-embed switched meanwhile."""
