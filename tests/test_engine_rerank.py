@@ -150,6 +150,19 @@ def test_reranked_hits_are_the_first_stage_hits_with_every_field(kb, options):
     assert [r[:5] + r[6:] for r in rows] == [r[:5] + r[6:] for r in _full(by_id[h.id] for h in got)]
 
 
+def test_rerank_of_one_contiguous_segment_reads_each_candidates_own_text(engine):
+    """One ingest, one segment: the texts are sliced from its Arrow buffers."""
+    one = engine.create_knowledge_base("one", index="flat", chunk_size=200, chunk_overlap=0)
+    texts = [_text(i) + " é漢" * (i % 3) for i in range(30)]  # multi-byte characters shift the byte offsets
+    one.ingest_many([{"document_id": f"d{i}", "text": t} for i, t in enumerate(texts)], progress=False)
+    assert one.info()["segments"] == 1
+    rr = Recorder(_raw)
+    first = one.retrieve("alpha delta golf", top_k=20, rerank=False)
+    got = one.retrieve("alpha delta golf", top_k=6, rerank=rr, rerank_depth=20)
+    assert rr.seen == [[h.content for h in first]] and set(rr.seen[0]) <= set(texts)
+    assert _triples(got) == _expected(first, _raw, 6)
+
+
 def test_a_write_during_the_rerank_reranks_the_new_first_stage(kb):
     first = kb.retrieve("alpha delta", top_k=20, rerank=False)
     gone = first[0].document_id

@@ -847,7 +847,7 @@ class KnowledgeBase:
             reranker,
             query,
             texts,
-            short.scores(),
+            short.scores,
             lambda picks: retrieval.hits_of(self._cell, short, [cands[i] for i in picks]),
             lambda: self._first_stage(query, depth, first_opts),
             top_k,

@@ -159,18 +159,18 @@ def apply_lazy(
     reranker: Any,
     query: str,
     texts: list[str],
-    first_scores: list[float],
+    first_scores: Callable[[], list[float]],
     build: Callable[[list[int]], list[Hit] | None],
     first_stage: Callable[[], list[Hit]],
     top_k: int,
     threshold: Any,
 ) -> list[Hit] | None:
     """:func:`apply` over a first stage whose hits are not built yet: the reranker reads
-    ``texts`` (the candidates' contents, best first; ``first_scores`` their first-stage
-    scores), and ``build(positions)`` makes the hits of the candidates kept (None: the
-    knowledge base changed since its search, and so does this function: search again). The
-    same answer and errors as :func:`apply` on the built hits; ``first_stage()`` gives the
-    first stage's hits when a failure needs them and ``build`` cannot."""
+    ``texts`` (the candidates' contents, best first), and ``build(positions)`` makes the hits
+    of the candidates kept (None: the knowledge base changed since its search, and so does
+    this function: search again). The same answer and errors as :func:`apply` on the built
+    hits; on a failure, ``first_scores()`` (the candidates' first-stage scores) picks the
+    first stage's hits to attach, built by ``build``, else taken from ``first_stage()``."""
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
         raise InvalidTypeError(f"score_threshold must be a number, got {type(threshold).__name__}")
     if not texts:
@@ -210,14 +210,14 @@ def _order(scores: np.ndarray, scale: str, top_k: int, threshold: float) -> tupl
 
 
 def _lazy_first_stage(
-    first_scores: list[float],
+    first_scores: Callable[[], list[float]],
     build: Callable[[list[int]], list[Hit] | None],
     first_stage: Callable[[], list[Hit]],
     top_k: int,
     threshold: float,
 ) -> list[Hit]:
     """What :func:`_first_stage` gives on the built hits, building only those."""
-    picks = [i for i, s in enumerate(first_scores) if s >= threshold][:top_k]
+    picks = [i for i, s in enumerate(first_scores()) if s >= threshold][:top_k]
     hits = build(picks)
     return _first_stage(first_stage(), top_k, threshold) if hits is None else hits
 

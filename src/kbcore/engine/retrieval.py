@@ -171,8 +171,12 @@ def texts_of(short: Shortlist) -> list[str] | None:
         only = segs[0]
         if only.content is not None:
             return None
-        base, text_of = only.min_id, only.text_of
-        return [text_of(c[0] - base) for c in short.cands]
+        if only.text_views is not None:  # text_of's slice, inlined: this is the per-candidate cost
+            offsets, data, base = only.text_views
+            shift = base - only.min_id
+            return [str(data[offsets[c[0] + shift] : offsets[c[0] + shift + 1]], "utf-8") for c in short.cands]
+        first, text_of = only.min_id, only.text_of
+        return [text_of(c[0] - first) for c in short.cands]
     out = []
     locate = state.locate
     for c in short.cands:
