@@ -11,8 +11,10 @@ text query is embedded once per call, as a user's would be), HNSW index, vector 
 further knowledge base ``all`` holds every document. Each round times, query by query and
 interleaved (so machine load hits every variant alike): ``kb0.retrieve`` (one of the parts),
 ``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (as
-it chooses: one after the other below ``multi.PARALLEL_MIN_CHUNKS``) and the same with the
-searches forced onto threads.
+it chooses: one after the other below ``multi.PARALLEL_MIN_CHUNKS``; candidates merged, hits
+built only for the ``top_k`` kept), the same with the searches forced onto threads, and the
+same merging whole hit lists (every knowledge base's ``top_k`` hits built, the path a
+reranker or a context window takes).
 Prints the median per-query microseconds and the ratios. Timings on a shared machine are
 noisy: read the ratios, and say how loaded the machine was (``uptime``).
 """
@@ -44,6 +46,18 @@ def _threaded(engine, names: list[str], q: str):
         return engine.retrieve(names, q, TOP_K)
     finally:
         multi.PARALLEL_MIN_CHUNKS = saved
+
+
+def _whole_lists(engine, names: list[str], q: str):
+    """``Engine.retrieve`` merging whole hit lists (no merge of candidates first)."""
+    from kbcore.engine import multi
+
+    saved = multi._merge_shortlists
+    multi._merge_shortlists = lambda *a: None
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        multi._merge_shortlists = saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one whole (all)": lambda q: whole.retrieve(q, TOP_K),
             f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
             f"{args.kbs} parts merged, threads": lambda q: _threaded(engine, names, q),
+            f"{args.kbs} parts merged, whole lists": lambda q: _whole_lists(engine, names, q),
         }
         for q in queries[:20]:  # warm up
             for fn in variants.values():

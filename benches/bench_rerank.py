@@ -22,15 +22,19 @@ What it measures, per set and first stage (``vector`` and the default ``hybrid``
    the ceiling ``min(10, relevant among the candidates) / relevant`` on every query
    ("reaches" = the count of queries where it does not is 0), and its nDCG@10 is the best any
    reranker can do at that depth (beside the first stage's own nDCG@10).
-3. **Plumbing cost** (``--rounds`` passes over up to 300 queries, vector first stage at depth
-   50): per query, interleaved in one process, (a) ``retrieve(top_k=50, rerank=False)[:10]`` and
-   (b) ``retrieve(top_k=10, rerank=constant, rerank_depth=50)`` with a reranker that returns
-   precomputed zeros (no model). Both run the same first stage; (b) - (a) is the plumbing
-   (texts handed over, the answer checked, mapped, sorted, scores set). Each query keeps its
-   fastest round (a busy machine's spikes hit single calls). Reported: median per-query times,
-   (b) / (a) - 1 over the sums, and the rerank step alone (``kbcore.engine.reranking.apply`` on
-   (a)'s hits, timed beside it) over (a). Target (issue 26): <= 5 %. Also (c)
-   ``retrieve(top_k=10, rerank=False)``, for what the deeper first stage itself costs.
+3. **Plumbing cost** (``--rounds`` passes over up to 300 queries, first stage at depth 50:
+   vector, vector with ``deduplicate=True``, hybrid with ``deduplicate=True``): per query,
+   interleaved in one process, (a) ``retrieve(top_k=50, rerank=False)[:10]`` and (b)
+   ``retrieve(top_k=10, rerank=constant, rerank_depth=50)`` with a reranker that returns
+   precomputed zeros (no model). Both run the same first stage; (b) / (a) - 1 is what the
+   rerank adds to a retrieve (texts handed over, the answer checked, mapped, sorted, scores
+   set; the reranked path builds hits for the ``top_k`` kept only, (a) for all 50). Each
+   query keeps its fastest round (a busy machine's spikes hit single calls). Reported: median
+   per-query times, (b) / (a) - 1 over the sums and over the medians (the gate, issue 26: <= 5
+   %), (w) the same rerank building every candidate's hit first (the path of parent-child and
+   QA knowledge bases, and of every reranked retrieve before), and the rerank step alone
+   (``kbcore.engine.reranking.apply`` on (a)'s hits) over (a). Also (c) ``retrieve(top_k=10,
+   rerank=False)``, for what the deeper first stage itself costs.
 
 Nothing asserts; the script prints the figures and a PASS/FAIL per gate. Wall-clock times on a
 shared machine are noisy: the plumbing ratio is measured interleaved so load hits (a) and (b)
@@ -213,8 +217,9 @@ def plumbing(kb, data: dict, rounds: int, **search) -> dict:
             t, top_k=TOP_K, rerank=const, rerank_depth=PLUMBING_DEPTH, query_vector=v, **search
         ),
         "c": lambda t, v: kb.retrieve(t, top_k=TOP_K, rerank=False, query_vector=v, **search),
+        "w": lambda t, v: _whole_hits(kb, t, v, const, **search),
     }
-    best = {k: np.full(len(qs), np.inf) for k in "abcs"}
+    best = {k: np.full(len(qs), np.inf) for k in "abcws"}
     for q, v in qs[:30]:  # warm-up
         for fn in calls.values():
             fn(q["text"], v)
@@ -223,7 +228,7 @@ def plumbing(kb, data: dict, rounds: int, **search) -> dict:
     try:
         for r in range(rounds):
             for i, (q, v) in enumerate(qs):
-                keys = ["a", "b", "c"] if (i + r) % 2 == 0 else ["b", "a", "c"]
+                keys = ["a", "b", "w", "c"] if (i + r) % 2 == 0 else ["w", "b", "a", "c"]
                 for k in keys:
                     t0 = clock()
                     out = calls[k](q["text"], v)
@@ -236,7 +241,7 @@ def plumbing(kb, data: dict, rounds: int, **search) -> dict:
                 del out, hits
     finally:
         gc.enable()
-    a, b, c, step = (best[k] for k in "abcs")
+    a, b, c, w, step = (best[k] for k in "abcws")
     return {
         "first_stage": search,
         "queries": len(qs),
@@ -245,10 +250,28 @@ def plumbing(kb, data: dict, rounds: int, **search) -> dict:
         "median_us_reranked_constant": float(np.median(b)),
         "median_us_first_stage_top10": float(np.median(c)),
         "median_us_rerank_step": float(np.median(step)),
+        "median_us_reranked_whole_hits": float(np.median(w)),
         "plumbing_ratio": float(b.sum() / a.sum() - 1.0),
+        "plumbing_ratio_median": float(np.median(b) / np.median(a) - 1.0),
+        "whole_hits_ratio": float(w.sum() / a.sum() - 1.0),
+        "whole_hits_ratio_median": float(np.median(w) / np.median(a) - 1.0),
         "rerank_step_ratio": float(step.sum() / a.sum()),
         "deeper_first_stage_ratio": float(a.sum() / c.sum()),
     }
+
+
+def _whole_hits(kb, text: str, vec: np.ndarray, reranker, **search):
+    """(b) on the path that builds every candidate's hit before the rerank (what a parent-child
+    or QA knowledge base runs, and every reranked retrieve did before the reranker read the
+    candidates' texts): ``retrieval.texts_of`` answers None."""
+    from kbcore.engine import retrieval
+
+    saved = retrieval.texts_of
+    retrieval.texts_of = lambda short: None
+    try:
+        return kb.retrieve(text, top_k=TOP_K, rerank=reranker, rerank_depth=PLUMBING_DEPTH, query_vector=vec, **search)
+    finally:
+        retrieval.texts_of = saved
 
 
 def run_set(root: Path, name: str, index: str, rounds: int) -> dict:
@@ -272,6 +295,7 @@ def run_set(root: Path, name: str, index: str, rounds: int) -> dict:
         if rounds > 0:
             res["plumbing"] = [
                 plumbing(kb, data, rounds, search_type="vector"),
+                plumbing(kb, data, rounds, search_type="vector", deduplicate=True),
                 plumbing(kb, data, rounds, search_type="hybrid", deduplicate=True),
             ]
         return res
@@ -288,13 +312,17 @@ def report(res: dict) -> None:
                 f"{q['oracle_below_ceiling_queries']:>6}"
             )
     for p in res.get("plumbing", []):
-        ok = "PASS" if min(p["plumbing_ratio"], p["rerank_step_ratio"]) <= 0.05 else "FAIL"
+        ok = "PASS" if max(p["plumbing_ratio"], p["plumbing_ratio_median"]) <= 0.05 else "FAIL"
         print(
             f"  plumbing, first stage {p['first_stage']} ({p['queries']} queries x {p['rounds']} rounds, "
             "interleaved, fastest round per query):"
             f"\n    first stage@50 {p['median_us_first_stage_depth50']:.1f} us, with the constant rerank "
-            f"{p['median_us_reranked_constant']:.1f} us: {p['plumbing_ratio'] * 100:+.2f} %; the rerank step alone "
-            f"{p['median_us_rerank_step']:.1f} us = {p['rerank_step_ratio'] * 100:.2f} % [{ok} <= 5 %]"
+            f"{p['median_us_reranked_constant']:.1f} us: {p['plumbing_ratio'] * 100:+.2f} % (sums), "
+            f"{p['plumbing_ratio_median'] * 100:+.2f} % (medians) [{ok} <= 5 %]"
+            f"\n    every hit built before the rerank: {p['median_us_reranked_whole_hits']:.1f} us, "
+            f"{p['whole_hits_ratio'] * 100:+.2f} % (sums), {p['whole_hits_ratio_median'] * 100:+.2f} % (medians); "
+            f"the rerank step alone on built hits {p['median_us_rerank_step']:.1f} us = "
+            f"{p['rerank_step_ratio'] * 100:.2f} %"
             f"\n    (first stage@10 {p['median_us_first_stage_top10']:.1f} us: depth 50 costs "
             f"{p['deeper_first_stage_ratio']:.2f}x)"
         )

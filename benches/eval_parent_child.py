@@ -12,9 +12,9 @@ an exact ``flat`` index:
 
 - ``chunk 500``: plain chunks (the engine's default, 500 / 50 characters);
 - ``chunk 256``: plain chunks of the children's size (256 / 50);
-- ``parent_child``: parents of 2048 characters, children of 256 (overlap 50);
-
-- ``parent_child 2048/512``: the same with children of 512 characters;
+- ``parent_child``: the engine's default sizes, parents of 2048 characters and children of
+  512 (overlap 50);
+- ``parent_child 2048/256``: LangRAG's sizes, children of 256 characters;
 
 each queried with ``search_type`` ``vector`` and ``hybrid``. A result list is the document ids
 of the hits in order with repeats dropped (a plain knowledge base with ``deduplicate=True``,
@@ -42,11 +42,12 @@ SETS = ("scifact", "arguana")
 LAYOUTS: list[tuple[str, dict, bool]] = [
     ("chunk 500", {"chunk_size": 500, "chunk_overlap": 50}, True),
     ("chunk 256", {"chunk_size": 256, "chunk_overlap": 50}, True),
-    ("parent_child", {"index_type": "parent_child", "parent_chunk_size": 2048, "child_chunk_size": 256}, False),
+    # The engine's defaults (no sizes given): parents of 2048, children of 512.
+    ("parent_child", {"index_type": "parent_child"}, False),
     ("parent_child dedup", None, True),  # the same knowledge base, one parent per document
     (
-        "parent_child 2048/512",
-        {"index_type": "parent_child", "parent_chunk_size": 2048, "child_chunk_size": 512},
+        "parent_child 2048/256",  # LangRAG's sizes
+        {"index_type": "parent_child", "parent_chunk_size": 2048, "child_chunk_size": 256},
         False,
     ),
 ]

@@ -225,3 +225,85 @@ def test_multi_kb_reranks_once_over_the_merged_list(tmp_path):
     with pytest.raises(InvalidArgumentError, match="text"):
         engine.retrieve(["x", "y"], np.zeros(384, np.float32), rerank=by_length)
     engine.close()
+
+
+def _merged_oracle(engine, names, query, top_k, by_score, **kw):
+    """Each knowledge base's own retrieve, merged by the documented rule (score, or reciprocal
+    rank with ties on score), as (knowledge base, every field of the hit)."""
+    rows = []
+    for i, n in enumerate(names):
+        for r, h in enumerate(engine[n].retrieve(query, top_k, **kw)):
+            primary = h.score if by_score else 1.0 / (60 + r + 1)
+            rows.append((-primary, -h.score, i, r, n, h))
+    rows.sort(key=lambda t: t[:4])
+    return [
+        (n, h.id, h.document_id, h.content, h.metadata, h.distance, h.score, h.part_ids) for *_, n, h in rows[:top_k]
+    ]
+
+
+@pytest.mark.parametrize("metrics", [("cosine", "cosine", "cosine"), ("cosine", "l2", "ip")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"deduplicate": True},
+        {"filters": {"team": "b"}, "score_threshold": 0.4},
+        {"search_type": "hybrid", "deduplicate": True},
+        {"search_type": "full_text"},
+    ],
+)
+def test_multi_kb_hits_are_each_knowledge_bases_own_hits_merged(tmp_path, metrics, kw):
+    engine = _three(tmp_path, metrics)
+    names = ["k0", "k1", "k2"]
+    rng = np.random.default_rng(11)
+    for j in range(8):
+        vec = rng.standard_normal(DIM).astype(np.float32)
+        if kw.get("search_type") in ("hybrid", "full_text"):
+            query, extra = (
+                f"doc {j % 5} chunk {j % 4}",
+                ({"query_vector": vec} if kw["search_type"] == "hybrid" else {}),
+            )
+        else:
+            query, extra = vec, {}
+        got = engine.retrieve(names, query, 7, **kw, **extra)
+        by_score = len(set(metrics)) == 1
+        want = _merged_oracle(engine, names, query, 7, by_score, **kw, **extra)
+        rows = []
+        for h in got:
+            meta = dict(h.metadata)
+            assert (meta.pop("knowledge_base"), meta.pop("merged_by")) == (
+                h.metadata["knowledge_base"],
+                "score" if by_score else "rank",
+            )
+            rows.append(
+                (h.metadata["knowledge_base"], h.id, h.document_id, h.content, meta, h.distance, h.score, h.part_ids)
+            )
+        assert rows == want
+        assert len(got) == len(want) > 0
+    engine.close()
+
+
+def test_multi_kb_searches_again_when_a_knowledge_base_changes_before_its_hits_are_built(tmp_path, monkeypatch):
+    from kbcore.engine import KnowledgeBase
+
+    engine = _three(tmp_path)
+    names = ["k0", "k1", "k2"]
+    q = np.random.default_rng(12).standard_normal(DIM).astype(np.float32)
+    first = engine.retrieve(names, q, 4)
+    victim = first[0].metadata["knowledge_base"], first[0].document_id
+    original = KnowledgeBase._hits_of
+    calls = []
+
+    def deleting(self, short, cands):
+        if not calls:
+            engine[victim[0]].delete_document(victim[1])  # a write between the search and the hits
+        calls.append(self.name)
+        return original(self, short, cands)
+
+    monkeypatch.setattr(KnowledgeBase, "_hits_of", deleting)
+    got = engine.retrieve(names, q, 4)
+    monkeypatch.setattr(KnowledgeBase, "_hits_of", original)
+    assert calls  # the merge of candidates ran, met the change and searched again
+    assert (victim[0], victim[1]) not in {(h.metadata["knowledge_base"], h.document_id) for h in got}
+    assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in engine.retrieve(names, q, 4)]
+    engine.close()

@@ -106,6 +106,23 @@ def test_parent_child_survives_reopen_and_is_in_the_manifest(tmp_path):
     engine.close()
 
 
+def test_parent_child_default_children_are_512_or_a_quarter_of_a_small_parent(tmp_path):
+    engine = Engine(tmp_path / "d")
+    default = engine.create_knowledge_base("a", index="flat", index_type="parent_child")
+    small = engine.create_knowledge_base("b", index="flat", index_type="parent_child", parent_chunk_size=400)
+    langrag = engine.create_knowledge_base("c", index="flat", index_type="parent_child", child_chunk_size=256)
+    got = [(kb.info()["parent_chunk_size"], kb.info()["chunk_size"]) for kb in (default, small, langrag)]
+    assert got == [(2048, 512), (400, 100), (2048, 256)]
+    text = " ".join(f"w{i}" for i in range(3000))  # 17,889 characters: parents of 2048 hold 4+ children
+    default.ingest(text=text, document_id="d")
+    parents = chunk_text(text, chunk_size=2048, chunk_overlap=0)
+    children = [c for p in parents for c in chunk_text(p.text, chunk_size=512, chunk_overlap=50)]
+    assert len(default) == len(children) > len(parents)
+    hits = default.retrieve("w1500", 50)
+    assert len(hits) == len(parents) and all(len(h.content) <= 2048 for h in hits)
+    engine.close()
+
+
 def test_parent_child_bad_settings_and_unsupported_calls(tmp_path):
     engine = Engine(tmp_path / "d")
     with pytest.raises(InvalidArgumentError, match="parent_chunk_size"):

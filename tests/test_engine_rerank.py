@@ -15,7 +15,7 @@ from test_fuzz_kb_load import _read_json, build_base_kb, write_crafted
 
 from kbcore import Engine
 from kbcore.cli import main
-from kbcore.engine import storage
+from kbcore.engine import retrieval, storage
 from kbcore.errors import FormatError, InvalidArgumentError, InvalidTypeError, RerankerError
 from kbcore.rerankers import CallableReranker, HttpReranker
 
@@ -124,6 +124,83 @@ def test_the_reranker_sees_the_first_stage_with_its_filters_and_dedup(kb, option
     assert _triples(got) == _expected(first, _raw, 5)
     if "filters" in options:
         assert {h.metadata["team"] for h in got} == {options["filters"]["team"]}
+
+
+def _full(hits):
+    return [
+        (h.id, h.document_id, h.content, h.metadata, h.distance, h.score, h.pipeline_name, h.chunk_index, h.part_ids)
+        for h in hits
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"deduplicate": True}, {"search_type": "hybrid", "score_threshold": 0.3}, {"filters": {"team": "a"}}],
+)
+def test_reranked_hits_are_the_first_stage_hits_with_every_field(kb, options):
+    """Hits built after the rerank (only those kept) equal the first stage's own hits, field
+    by field, reordered; only ``score`` is the reranker's."""
+    threshold = options.get("score_threshold", 0.0)
+    first = kb.retrieve("alpha delta golf", top_k=25, rerank=False, **{**options, "score_threshold": 0.0})
+    got = kb.retrieve("alpha delta golf", top_k=6, rerank=Recorder(_raw), rerank_depth=25, **options)
+    by_id = {h.id: h for h in first}
+    want = _expected(first, _raw, 6, threshold=threshold)
+    assert [(h.id, h.score) for h in got] == [(i, s) for i, s, _ in want] and got
+    rows = _full(got)
+    assert [r[:5] + r[6:] for r in rows] == [r[:5] + r[6:] for r in _full(by_id[h.id] for h in got)]
+
+
+def test_rerank_of_one_contiguous_segment_reads_each_candidates_own_text(engine):
+    """One ingest, one segment: the texts are sliced from its Arrow buffers."""
+    one = engine.create_knowledge_base("one", index="flat", chunk_size=200, chunk_overlap=0)
+    texts = [_text(i) + " é漢" * (i % 3) for i in range(30)]  # multi-byte characters shift the byte offsets
+    one.ingest_many([{"document_id": f"d{i}", "text": t} for i, t in enumerate(texts)], progress=False)
+    assert one.info()["segments"] == 1
+    rr = Recorder(_raw)
+    first = one.retrieve("alpha delta golf", top_k=20, rerank=False)
+    got = one.retrieve("alpha delta golf", top_k=6, rerank=rr, rerank_depth=20)
+    assert rr.seen == [[h.content for h in first]] and set(rr.seen[0]) <= set(texts)
+    assert _triples(got) == _expected(first, _raw, 6)
+
+
+def test_a_write_during_the_rerank_reranks_the_new_first_stage(kb):
+    first = kb.retrieve("alpha delta", top_k=20, rerank=False)
+    gone = first[0].document_id
+    calls = []
+
+    def deleting(query, texts):
+        if not calls:
+            kb.delete_document(gone)  # the knowledge base changes between the search and the hits
+        calls.append(list(texts))
+        return [_raw(t) for t in texts]
+
+    got = kb.retrieve("alpha delta", top_k=5, rerank=deleting, rerank_depth=20)
+    after = kb.retrieve("alpha delta", top_k=20, rerank=False)
+    assert len(calls) == 2 and calls[1] == [h.content for h in after]
+    assert gone not in {h.document_id for h in got}
+    assert _triples(got) == _expected(after, _raw, 5)
+
+
+def test_rerank_of_question_answer_and_parent_child_hits_reads_their_content(engine, monkeypatch):
+    qa = engine.create_knowledge_base("qa", index="flat")
+    rows = [{"question": f"what is {w}?", "answer": f"{w} is word {i}"} for i, w in enumerate(WORDS)]
+    qa.ingest_qa("\n".join(json.dumps(r) for r in rows).encode(), format="jsonl", document_id="faq")
+    pc = engine.create_knowledge_base("pc", index="flat", index_type="parent_child", parent_chunk_size=120)
+    for i in range(6):
+        pc.ingest(text=" ".join(_text(i * 6 + j) for j in range(6)), document_id=f"p{i}")
+    for kb in (qa, pc):
+        rr = Recorder(lambda t: float(len(t) % 7))
+        first = kb.retrieve("alpha bravo", top_k=8, rerank=False)
+        searches = []
+        search = retrieval._retrieve
+        monkeypatch.setattr(
+            retrieval, "_retrieve", lambda *a, _s=search, _n=searches, **kw: _n.append(1) or _s(*a, **kw)
+        )
+        got = kb.retrieve("alpha bravo", top_k=4, rerank=rr, rerank_depth=8)
+        monkeypatch.setattr(retrieval, "_retrieve", search)
+        assert len(searches) == 1  # one first stage, its hits built whole
+        assert rr.seen == [[h.content for h in first]]
+        assert _full(got) == sorted(_full(got), key=lambda r: -r[5]) and len(got) == 4
 
 
 def test_retrieve_key_and_text_pass_the_rerank_through(kb):

@@ -369,7 +369,12 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         help="for a new knowledge base: parent_child embeds small child chunks and returns their parents",
     )
     ing.add_argument("--parent-chunk-size", type=int, default=2048, help="for a new parent_child knowledge base")
-    ing.add_argument("--child-chunk-size", type=int, default=256, help="for a new parent_child knowledge base")
+    ing.add_argument(
+        "--child-chunk-size",
+        type=int,
+        default=None,
+        help="for a new parent_child knowledge base (default 512, or a quarter of the parent size if smaller)",
+    )
     ing.add_argument(
         "--context-window",
         type=int,

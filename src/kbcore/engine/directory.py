@@ -21,7 +21,17 @@ from ..rerankers import as_reranker, reranker_spec
 from . import commit, manifest, multi, retrieval, storage
 from .knowledge_base import KnowledgeBase, check_settings
 from .shards import check_shards, require_ray
-from .types import FUSIONS, INDEX_TYPES, SEARCH_TYPES, Hit, SearchOptions, check_choice, check_name, is_valid_name
+from .types import (
+    DEFAULT_CHILD_CHUNK_SIZE,
+    FUSIONS,
+    INDEX_TYPES,
+    SEARCH_TYPES,
+    Hit,
+    SearchOptions,
+    check_choice,
+    check_name,
+    is_valid_name,
+)
 
 
 def _index_spec(
@@ -139,7 +149,7 @@ class Engine:
         bits: int | None = None,
         index_type: str = "chunk",
         parent_chunk_size: int = 2048,
-        child_chunk_size: int = 256,
+        child_chunk_size: int | None = None,
         context_window: int = 0,
         reranker: Any = None,
         vectors: str = "memory",
@@ -183,15 +193,19 @@ class Engine:
         ``parent_chunk_size`` characters and each parent into children of
         ``child_chunk_size`` (``chunk_overlap`` shared, capped below it): children are
         embedded and searched, hits are parents (``docs/parent-child.md``); ``chunk_size`` is
-        then ignored. ``context_window`` is :meth:`KnowledgeBase.retrieve`'s default.
+        then ignored. The default children are :data:`DEFAULT_CHILD_CHUNK_SIZE` (512)
+        characters, or a quarter of ``parent_chunk_size`` when that is smaller (LangRAG's
+        2048 / 256 is ``child_chunk_size=256``). ``context_window`` is :meth:`KnowledgeBase.retrieve`'s default.
         """
         check_name(name, "knowledge base")
         index_type = check_choice("index_type", index_type, INDEX_TYPES)
         context_window = retrieval.check_context_window(context_window)
         if index_type == "parent_child":
+            parent_chunk_size, _ = check_chunk_params(parent_chunk_size, 0)
+            if child_chunk_size is None:
+                child_chunk_size = max(1, min(DEFAULT_CHILD_CHUNK_SIZE, parent_chunk_size // 4))
             chunk_size, _ = check_chunk_params(child_chunk_size, 0)
             chunk_overlap = min(chunk_overlap, chunk_size // 4)
-            parent_chunk_size, _ = check_chunk_params(parent_chunk_size, 0)
             if context_window:
                 raise InvalidArgumentError("context_window does not apply to index_type='parent_child'")
             if parent_chunk_size <= chunk_size:

@@ -821,8 +821,37 @@ class KnowledgeBase:
         depth = reranking.check_depth(opts.rerank_depth, top_k)
         # The threshold applies to the reranked scores, not the first stage's.
         first_opts = opts if opts.score_threshold == 0.0 else opts._replace(score_threshold=0.0)
+        hits = self._rerank_candidates(reranker, query, top_k, depth, first_opts, opts.score_threshold)
+        if hits is not None:
+            return hits
         first = self._first_stage(query, depth, first_opts)
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
+
+    def _rerank_candidates(
+        self, reranker: Any, query: str, top_k: int, depth: int, first_opts: SearchOptions, threshold: Any
+    ) -> list[Hit] | None:
+        """The reranked answer from the first stage's candidates: the reranker reads their
+        texts and hits are built for the ``top_k`` kept (contents that are not chunk texts,
+        parents or QA answers: every hit built first). None when the candidates cannot serve
+        (a context window, a write or re-embed meanwhile): rerank the whole first stage."""
+        short = self._candidates(query, depth, first_opts)
+        if short is None:
+            return None
+        texts = retrieval.texts_of(short)
+        if texts is None:
+            first = retrieval.hits_of(self._cell, short, short.cands)
+            return None if first is None else reranking.apply(reranker, query, first, top_k, threshold)
+        cands = short.cands
+        return reranking.apply_lazy(
+            reranker,
+            query,
+            texts,
+            short.scores,
+            lambda picks: retrieval.hits_of(self._cell, short, [cands[i] for i in picks]),
+            lambda: self._first_stage(query, depth, first_opts),
+            top_k,
+            threshold,
+        )
 
     def _first_stage(self, query: str | Any, top_k: int, opts: SearchOptions) -> list[Hit]:
         """The search without a reranker, embedded again if a re-embed switched meanwhile."""
@@ -836,6 +865,33 @@ class KnowledgeBase:
         if self._embed_epoch != epoch:  # a re-embed switched during this query: embed it again
             hits = retrieval.retrieve(self._cell, query, top_k, opts, self._embed_query)
         return hits or []
+
+    def _shortlist(self, query: str | Any, top_k: int, opts: SearchOptions) -> retrieval.Shortlist | None:
+        """Hook of :meth:`Engine.retrieve`: :meth:`retrieve`'s candidates without their hits
+        (built later by :meth:`_hits_of` for those the merge keeps), or None when this call
+        is not that simple (a reranker, a context window, a re-embed meanwhile): then call
+        :meth:`retrieve`."""
+        self._check_open()
+        if opts.rerank is not False and self._reranker.choose(opts.rerank, query) is not None:
+            return None
+        return self._candidates(query, top_k, opts)
+
+    def _candidates(self, query: str | Any, top_k: int, opts: SearchOptions) -> retrieval.Shortlist | None:
+        """The first stage's :class:`~kbcore.engine.retrieval.Shortlist` (no reranker), or
+        None when hits must be built whole (a context window, a re-embed meanwhile)."""
+        epoch = self._embed_epoch
+        try:
+            short = retrieval.shortlist(self._cell, query, top_k, opts, self._embed_query)
+        except InvalidArgumentError:
+            if self._embed_epoch == epoch:
+                raise
+            return None
+        return short if self._embed_epoch == epoch else None
+
+    def _hits_of(self, short: retrieval.Shortlist, cands: list[Any]) -> list[Hit] | None:
+        """Hook of :meth:`Engine.retrieve`: the hits of some of ``short``'s candidates, or
+        None when this knowledge base changed since (search again)."""
+        return retrieval.hits_of(self._cell, short, cands)
 
     def _embed_query(self, text: str, what: str) -> np.ndarray:
         return self._embedder.embed_query(text, what, self.dim)

@@ -114,27 +114,72 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
             calls.append((vec, opts._replace(search_type="vector")))
         else:
             calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
-    if len(kbs) == 1 or sum(len(kb) for kb in kbs) < PARALLEL_MIN_CHUNKS:
-        lists = [kb.retrieve(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
-    else:
-        pool = _executor()
-        futures = [pool.submit(kb.retrieve, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
-        lists = [f.result() for f in futures]  # the first error raises, naming its knowledge base
+    parallel = len(kbs) > 1 and sum(len(kb) for kb in kbs) >= PARALLEL_MIN_CHUNKS
     same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({kb.metric for kb in kbs}) == 1
     if same and rerank is not False:  # each reranked by its default: one scale if one reranker
         rerankers = [kb.reranker_spec for kb in kbs]
         same = all(r == rerankers[0] for r in rerankers)
     merged_by = "score" if same else "rank"
+    if len(kbs) > 1:
+        out = _merge_shortlists(kbs, calls, top_k, same, parallel)
+        if out is not None:
+            return _tag(out, merged_by)
+    if parallel:
+        pool = _executor()
+        futures = [pool.submit(kb.retrieve, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+        lists = [f.result() for f in futures]  # the first error raises, naming its knowledge base
+    else:
+        lists = [kb.retrieve(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
     tagged: list[tuple[float, float, int, int, Hit]] = []
     for i, hits in enumerate(lists):
         for r, h in enumerate(hits):
             primary = h.score if same else 1.0 / (RANK_K + r + 1)
             tagged.append((-primary, -h.score, i, r, h))
     tagged.sort(key=lambda t: t[:4])
+    return _tag([(kbs[i], h) for _, _, i, _, h in tagged[:top_k]], merged_by)
+
+
+def _merge_shortlists(
+    kbs: Sequence[Any], calls: list[tuple[Any, SearchOptions]], top_k: int, same: bool, parallel: bool
+) -> list[tuple[Any, Hit]] | None:
+    """The merge over candidates: each knowledge base's first stage without its hits
+    (``_shortlist``), merged by the same keys as the hits would be, then hits built only for
+    the ``top_k`` kept. None when a knowledge base's call is not that simple (a reranker, a
+    context window) or changed before its hits were built: the caller merges whole hit lists."""
+    if parallel:
+        pool = _executor()
+        futures = [pool.submit(kb._shortlist, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+        shorts = [f.result() for f in futures]
+    else:
+        shorts = [kb._shortlist(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+    tagged: list[tuple[float, float, int, int]] = []
+    for i, short in enumerate(shorts):
+        if short is None:
+            return None
+        for r, score in enumerate(short.scores()):
+            tagged.append((-score if same else -1.0 / (RANK_K + r + 1), -score, i, r))
+    tagged.sort()
+    kept = tagged[:top_k]
+    picks: dict[int, list[int]] = {}
+    for _, _, i, r in kept:
+        picks.setdefault(i, []).append(r)
+    built: dict[tuple[int, int], Hit] = {}
+    for i, rows in picks.items():
+        short = shorts[i]
+        assert short is not None
+        hits = kbs[i]._hits_of(short, [short.cands[r] for r in rows])
+        if hits is None:
+            return None
+        built.update(zip(((i, r) for r in rows), hits))
+    return [(kbs[i], built[i, r]) for _, _, i, r in kept]
+
+
+def _tag(pairs: list[tuple[Any, Hit]], merged_by: str) -> list[Hit]:
+    """The merged hits, each tagged with its knowledge base and how the lists were merged."""
     out = []
-    for _, _, i, _, h in tagged[:top_k]:
+    for kb, h in pairs:
         meta = h.metadata  # the hit's own dict, made for this call: tag it in place
-        meta["knowledge_base"] = kbs[i].name
+        meta["knowledge_base"] = kb.name
         meta["merged_by"] = merged_by
         out.append(h)
     return out

@@ -149,6 +149,55 @@ def apply(reranker: Any, query: str, hits: list[Hit], top_k: int, threshold: Any
         err = RerankerError(f"reranker {_name(reranker)} failed: {type(exc).__name__}: {exc}")
         err.first_stage = _first_stage(hits, top_k, threshold)  # type: ignore[attr-defined]
         raise err from exc
+    picks, units = _order(scores, scale, top_k, threshold)
+    out = [hits[i] for i in picks]
+    deque(map(_set_score, out, units), maxlen=0)
+    return out
+
+
+def apply_lazy(
+    reranker: Any,
+    query: str,
+    texts: list[str],
+    first_scores: Callable[[], list[float]],
+    build: Callable[[list[int]], list[Hit] | None],
+    first_stage: Callable[[], list[Hit]],
+    top_k: int,
+    threshold: Any,
+) -> list[Hit] | None:
+    """:func:`apply` over a first stage whose hits are not built yet: the reranker reads
+    ``texts`` (the candidates' contents, best first), and ``build(positions)`` makes the hits
+    of the candidates kept (None: the knowledge base changed since its search, and so does
+    this function: search again). The same answer and errors as :func:`apply` on the built
+    hits; on a failure, ``first_scores()`` (the candidates' first-stage scores) picks the
+    first stage's hits to attach, built by ``build``, else taken from ``first_stage()``."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise InvalidTypeError(f"score_threshold must be a number, got {type(threshold).__name__}")
+    if not texts:
+        return []
+    try:
+        scale = score_scale(reranker)
+        raw = reranker.rerank(query, texts)
+        scores = check_scores(raw, len(texts), reranker)
+    except KbcoreError as exc:
+        if isinstance(exc, RerankerError):
+            exc.first_stage = _lazy_first_stage(first_scores, build, first_stage, top_k, threshold)  # type: ignore[attr-defined]
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user's reranker failed: say so, keep the cause
+        err = RerankerError(f"reranker {_name(reranker)} failed: {type(exc).__name__}: {exc}")
+        err.first_stage = _lazy_first_stage(first_scores, build, first_stage, top_k, threshold)  # type: ignore[attr-defined]
+        raise err from exc
+    picks, units = _order(scores, scale, top_k, threshold)
+    out = build(picks)
+    if out is None:
+        return None
+    deque(map(_set_score, out, units), maxlen=0)
+    return out
+
+
+def _order(scores: np.ndarray, scale: str, top_k: int, threshold: float) -> tuple[list[int], list[float]]:
+    """(positions kept, their scores mapped to [0, 1]): by the reranker's scores (ties keep the
+    first stage's order), ``threshold`` on the mapped score, at most ``top_k``."""
     order = (-scores).argsort(kind="stable")[:top_k]
     top = scores[order].tolist()
     if scale == "logit":
@@ -157,9 +206,20 @@ def apply(reranker: Any, query: str, hits: list[Hit], top_k: int, threshold: Any
         units = [0.0 if r < 0.0 else 1.0 if r > 1.0 else r for r in top]
     if threshold > 0.0 and units and units[-1] < threshold:
         units = [u for u in units if u >= threshold]  # descending: a prefix
-    out = [hits[i] for i in order[: len(units)].tolist()]
-    deque(map(_set_score, out, units), maxlen=0)
-    return out
+    return order[: len(units)].tolist(), units
+
+
+def _lazy_first_stage(
+    first_scores: Callable[[], list[float]],
+    build: Callable[[list[int]], list[Hit] | None],
+    first_stage: Callable[[], list[Hit]],
+    top_k: int,
+    threshold: float,
+) -> list[Hit]:
+    """What :func:`_first_stage` gives on the built hits, building only those."""
+    picks = [i for i, s in enumerate(first_scores()) if s >= threshold][:top_k]
+    hits = build(picks)
+    return _first_stage(first_stage(), top_k, threshold) if hits is None else hits
 
 
 def _name(reranker: Any) -> str:

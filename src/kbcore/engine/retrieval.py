@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -50,6 +50,27 @@ Candidate = tuple[int, float, Sequence[int]]
 #: Embeds one text query (raising a clear error when the knowledge base cannot).
 EmbedQuery = Callable[[str, str], np.ndarray]
 
+
+class Shortlist(NamedTuple):
+    """A first stage's answer before its hits are built: the snapshot searched, the candidates
+    in order (what :func:`make_hits` turns into hits) and how to read their values. Lets a
+    caller that keeps only some candidates (the merge over several knowledge bases) build
+    those alone (:func:`hits_of`)."""
+
+    state: KbState | None  # None: an empty knowledge base (no candidates)
+    cands: list[Candidate]
+    metric: str
+    fused: bool
+
+    def scores(self) -> list[float]:
+        """Each candidate's ``Hit.score`` (the same value its hit gets)."""
+        if self.fused:
+            return [c[1] for c in self.cands]
+        metric = self.metric
+        return [score_from_distance(c[1], metric) for c in self.cands]
+
+
+_EMPTY = Shortlist(None, [], "", False)
 _DEFAULT_OPTIONS = SearchOptions()
 _OPTION_NAMES = SearchOptions._fields
 
@@ -104,8 +125,66 @@ def retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed
                 "context_window does not apply to a parent_child knowledge base: its hits are already the "
                 "parents around the matching chunks (make parent_chunk_size larger for more context)"
             )
-    hits = _retrieve(cell, query, top_k, opts, embed_query)
+    hits = cast("list[Hit]", _retrieve(cell, query, top_k, opts, embed_query))
     return with_context(cell.state, hits, n) if n and hits else hits
+
+
+def shortlist(
+    cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery
+) -> Shortlist | None:
+    """:func:`retrieve`'s candidates without their hits (:class:`Shortlist`), or None when the
+    call asks for a context window (the neighbours shown depend on every hit of the list):
+    then :func:`retrieve` it is."""
+    n = opts.context_window
+    if n is None:
+        n = cell.state.config.get("context_window", 0)
+    if n != 0:
+        return None
+    return cast("Shortlist", _retrieve(cell, query, top_k, opts, embed_query, lazy=True))
+
+
+def hits_of(cell: StateCell, short: Shortlist, cands: list[Candidate]) -> list[Hit] | None:
+    """The hits of some of ``short``'s candidates (as :func:`retrieve` would have built
+    them), or None when the knowledge base changed since it was searched (its index may no
+    longer hold them: search again)."""
+    if not cands:
+        return []
+    with cell.rw.read():
+        state = cell.state
+        if state is not short.state:
+            return None
+        return make_hits(state, cands, short.metric, fused=short.fused)
+
+
+def texts_of(short: Shortlist) -> list[str] | None:
+    """The ``content`` each of ``short``'s candidates' hits would have (what a reranker
+    reads), without building the hits; None for a parent-child or question-answer knowledge
+    base (their content is not the chunk's own text: build the hits). The snapshot's segments
+    are immutable: no lock needed."""
+    state = short.state
+    if state is None or not short.cands:
+        return []
+    if state.config.get("index_type") == "parent_child":
+        return None
+    segs = state.segments
+    if len(segs) == 1 and segs[0].contiguous:
+        only = segs[0]
+        if only.content is not None:
+            return None
+        if only.text_views is not None:  # text_of's slice, inlined: this is the per-candidate cost
+            offsets, data, base = only.text_views
+            shift = base - only.min_id
+            return [str(data[offsets[c[0] + shift] : offsets[c[0] + shift + 1]], "utf-8") for c in short.cands]
+        first, text_of = only.min_id, only.text_of
+        return [text_of(c[0] - first) for c in short.cands]
+    out = []
+    locate = state.locate
+    for c in short.cands:
+        seg, row = locate(c[0])
+        if seg.content is not None:
+            return None
+        out.append(seg.text_of(row))
+    return out
 
 
 def check_context_window(value: Any) -> int:
@@ -156,7 +235,10 @@ def with_context(state: KbState, hits: list[Hit], n: int) -> list[Hit]:
     return out
 
 
-def _retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery) -> list[Hit]:
+def _retrieve(
+    cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery, *, lazy: bool = False
+) -> list[Hit] | Shortlist:
+    """The hits (or, ``lazy``, the :class:`Shortlist`) of one search."""
     top_k = check_k(top_k, "top_k")
     threshold = opts.score_threshold
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
@@ -173,13 +255,13 @@ def _retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embe
         raise InvalidArgumentError("query_vector= goes with a text query; the query is already a vector")
     where = _where(state, opts.filters, opts.pipelines)
     if mode != "vector":
-        return _retrieve_fused(cell, query, top_k, opts, where, mode, fusion, weight, embed_query)
+        return _retrieve_fused(cell, query, top_k, opts, where, mode, fusion, weight, embed_query, lazy)
     q = _query_vector(query if opts.query_vector is None else opts.query_vector, embed_query)
     with cell.rw.read():
         state = cell.state
         index = state.index
         if index is None or len(index) == 0:
-            return []
+            return _EMPTY if lazy else []
         group_by = _group_field(state, opts.deduplicate)
         # No more hits than rows: a huge top_k must not size the result arrays.
         k = min(top_k, len(index))
@@ -187,6 +269,8 @@ def _retrieve(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embe
         metric = state.config["metric"]
         if threshold > 0.0:
             cands = [c for c in cands if score_from_distance(c[1], metric) >= threshold]
+        if lazy:
+            return Shortlist(state, cands, metric, False)
         return make_hits(state, cands, metric, fused=False)
 
 
@@ -347,7 +431,8 @@ def _retrieve_fused(
     fusion: str,
     weight: float,
     embed_query: EmbedQuery,
-) -> list[Hit]:
+    lazy: bool = False,
+) -> list[Hit] | Shortlist:
     """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
     fusion in Python, dedup after fusion (widening the window while too few documents)."""
     if not query.strip():
@@ -369,7 +454,7 @@ def _retrieve_fused(
         state = cell.state
         index = state.index
         if index is None or len(index) == 0:
-            return []
+            return _EMPTY if lazy else []
         if not isinstance(index, Index):
             nf = where  # a ShardedIndex sends the filter to its shards: the where, not a native object
         metric = state.config["metric"]
@@ -404,6 +489,8 @@ def _retrieve_fused(
             window = w * 4
         if opts.score_threshold > 0.0:
             cands = [c for c in cands if c[1] >= opts.score_threshold]
+        if lazy:
+            return Shortlist(state, cands, metric, True)
         return make_hits(state, cands, metric, fused=True)
 
 

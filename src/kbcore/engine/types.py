@@ -28,6 +28,10 @@ PARENT_STRIDE = 1 << 24
 RESERVED = frozenset(RESERVED_METADATA) | {GROUP_FIELD, PARENT_INDEX, PARENT_FIELD}
 #: How a knowledge base chunks: plain chunks, or small children returned as their parents.
 INDEX_TYPES = ("chunk", "parent_child")
+#: A parent-child knowledge base's default child size in characters (parents: 2048). Within
+#: 0.01 nDCG@10 of 500-character plain chunks on SciFact and ArguAna, where LangRAG's 256 loses
+#: up to 0.07 (benches/eval_parent_child.py, docs/parent-child.md).
+DEFAULT_CHILD_CHUNK_SIZE = 512
 #: Columns of a segment's chunk table that are not chunk metadata.
 INTERNAL_COLUMNS = ("__id", "__text", "__start", "__end")
 #: Optional internal columns of a segment's chunk table (absent from older segments):
