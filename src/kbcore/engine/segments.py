@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import storage
 from ..errors import FormatError
+from . import storage
 from .columns import combined, to_numpy
 from .types import (
     EXTRA_CHUNK_COLUMNS,
