@@ -13,7 +13,7 @@ import pytest
 @pytest.mark.parametrize(
     ("module", "names"),
     [
-        ("kbcore", ["Index", "Group", "Engine", "KnowledgeBase", "Hit", "HashingEmbedder", "errors"]),
+        ("kbcore", ["Index", "IndexSpec", "Group", "Engine", "KnowledgeBase", "Hit", "HashingEmbedder", "errors"]),
         (
             "kbcore.index",
             ["Index", "Group", "METRICS", "KINDS", "QUANTIZATIONS", "VECTORS", "RABITQ_BITS", "check_params"],

@@ -10,10 +10,11 @@ import warnings as _warnings
 
 from . import errors
 from ._core import available_simd_levels, set_simd_level, simd_level, tokenize
-from .index import Group, Index
+from .index import Group, Index, IndexSpec
 
 __all__ = [
     "Index",
+    "IndexSpec",
     "Group",
     "errors",
     "simd_level",
