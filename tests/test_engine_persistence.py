@@ -460,3 +460,15 @@ def test_reopen_gives_the_same_answers_and_documents(tmp_path, quantization, vec
     assert kb2.documents() == docs_before
     assert "d3" not in kb2 and "d4" in kb2
     kb2.close()
+
+
+def test_a_commit_leaves_no_thread_behind(tmp_path):
+    # The grouped fsyncs of a commit run on threads; none may outlive the commit (a host that
+    # checks for leaked threads after close, like the distributed tests, must see none).
+    engine = Engine(str(tmp_path / "data"))
+    kb = engine.create_knowledge_base("t", chunk_size=200, chunk_overlap=0)
+    for i in range(3):
+        kb.ingest(f"document {i} about lighthouses and keepers", document_id=f"d{i}", filename="a.txt")
+    assert kb.retrieve("lighthouses", top_k=3)
+    engine.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("kbcore-fsync")]

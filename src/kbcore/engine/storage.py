@@ -32,7 +32,6 @@ manifest committed.
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import functools
 import json
@@ -154,20 +153,25 @@ def _open_written(path: str, data: Any, *, exclusive: bool = False) -> int:
     return fd
 
 
-_POOL: tuple[int, Any] | None = None
-_POOL_LOCK = threading.Lock()
+def _run_together(jobs: list[tuple[str, Callable[[], None]]]) -> list[tuple[str, BaseException | None]]:
+    """Runs every job at once: the first on the calling thread, the others on short-lived
+    threads (a few tens of microseconds each against milliseconds of fsync), all joined before
+    returning, so no thread outlives a commit. Returns each job's exception (None if it ran)."""
+    outcome: list[BaseException | None] = [None] * len(jobs)
 
+    def run(i: int) -> None:
+        try:
+            jobs[i][1]()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller, which raises it
+            outcome[i] = exc
 
-def _sync_pool() -> Any:
-    """The threads that run a group's fsyncs concurrently (one pool per process: a forked
-    child makes its own)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            from concurrent.futures import ThreadPoolExecutor
-
-            _POOL = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="kbcore-fsync"))
-        return _POOL[1]
+    threads = [threading.Thread(target=run, args=(i,), name="kbcore-fsync") for i in range(1, len(jobs))]
+    for t in threads:
+        t.start()
+    run(0)
+    for t in threads:
+        t.join()
+    return [(p, exc) for (p, _), exc in zip(jobs, outcome)]
 
 
 def write_files(files: list[tuple[str, Any]], *, sync_dir: str | None = None) -> None:
@@ -190,11 +194,7 @@ def write_files(files: list[tuple[str, Any]], *, sync_dir: str | None = None) ->
         if len(jobs) == 1:
             jobs[0][1]()
         elif jobs:
-            pool = _sync_pool()
-            futures = [(p, pool.submit(job)) for p, job in jobs]
-            concurrent.futures.wait([fut for _, fut in futures])  # all done before any fd closes
-            for p, fut in futures:
-                exc = fut.exception()
+            for p, exc in _run_together(jobs):  # all done before any fd closes
                 if isinstance(exc, StorageError):
                     raise exc
                 if isinstance(exc, OSError):
