@@ -92,18 +92,6 @@ int seek64(std::FILE* f, std::int64_t off, int whence) {
 // Only FileBytes' read fallback (no mmap) needs the file size from the stream.
 std::int64_t tell64(std::FILE* f) { return _ftelli64(f); }
 
-// kbcore's paths are UTF-8 (Python's str); the narrow C runtime calls would read them in the
-// ANSI code page, so every file call goes through the wide API.
-std::wstring wide_path(const std::string& path) {
-  if (path.empty()) return std::wstring();
-  const int n =
-      ::MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()), nullptr, 0);
-  if (n <= 0) throw IoError("'" + path + "' is not a valid UTF-8 path");
-  std::wstring out(static_cast<std::size_t>(n), L'\0');
-  ::MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()), &out[0], n);
-  return out;
-}
-
 std::string win_error_text(DWORD code) { return "Windows error " + std::to_string(static_cast<unsigned long>(code)); }
 #endif
 
@@ -154,6 +142,20 @@ std::string replace_file(const std::string& from, const std::string& to) {
 }
 
 }  // namespace
+
+#if defined(_WIN32)
+// kbcore's paths are UTF-8 (Python's str); the narrow C runtime calls would read them in the
+// ANSI code page, so every file call goes through the wide API.
+std::wstring wide_path(const std::string& path) {
+  if (path.empty()) return std::wstring();
+  const int n =
+      ::MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()), nullptr, 0);
+  if (n <= 0) throw IoError("'" + path + "' is not a valid UTF-8 path");
+  std::wstring out(static_cast<std::size_t>(n), L'\0');
+  ::MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()), &out[0], n);
+  return out;
+}
+#endif
 
 std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   const auto* p = static_cast<const unsigned char*>(data);
