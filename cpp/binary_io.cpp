@@ -8,7 +8,14 @@
 #include "errors.h"
 
 #if defined(_WIN32)
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
 #include <io.h>
+#include <windows.h>
 #else
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -84,9 +91,71 @@ int seek64(std::FILE* f, std::int64_t off, int whence) {
 #if defined(_WIN32)
 // Only FileBytes' read fallback (no mmap) needs the file size from the stream.
 std::int64_t tell64(std::FILE* f) { return _ftelli64(f); }
+
+std::string win_error_text(DWORD code) { return "Windows error " + std::to_string(static_cast<unsigned long>(code)); }
 #endif
 
+std::FILE* open_file(const std::string& path, const char* mode) {
+#if defined(_WIN32)
+  const std::wstring wmode(mode, mode + std::strlen(mode));
+  return ::_wfopen(wide_path(path).c_str(), wmode.c_str());
+#else
+  return std::fopen(path.c_str(), mode);
+#endif
+}
+
+void remove_file(const std::string& path) {
+#if defined(_WIN32)
+  ::_wremove(wide_path(path).c_str());
+#else
+  std::remove(path.c_str());
+#endif
+}
+
+// Flushes the file's data to the device: fsync (F_FULLFSYNC on macOS, where fsync leaves the
+// data in the drive's cache), _commit (FlushFileBuffers) on Windows.
+bool sync_file(std::FILE* f) {
+#if defined(_WIN32)
+  return ::_commit(::_fileno(f)) == 0;
+#elif defined(__APPLE__)
+  const int fd = ::fileno(f);
+  return ::fcntl(fd, F_FULLFSYNC) == 0 || ::fsync(fd) == 0;
+#else
+  return ::fsync(::fileno(f)) == 0;
+#endif
+}
+
+// Moves `from` over `to` in one step: rename(2) on POSIX; on Windows MoveFileExW replacing the
+// target (rename there fails when the target exists) and returning only once the move is on
+// disk. Returns an empty string or the reason it failed.
+std::string replace_file(const std::string& from, const std::string& to) {
+#if defined(_WIN32)
+  if (::MoveFileExW(wide_path(from).c_str(), wide_path(to).c_str(),
+                    MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH) == 0) {
+    return win_error_text(::GetLastError());
+  }
+  return std::string();
+#else
+  if (std::rename(from.c_str(), to.c_str()) != 0) return errno_text();
+  return std::string();
+#endif
+}
+
 }  // namespace
+
+#if defined(_WIN32)
+// kbcore's paths are UTF-8 (Python's str); the narrow C runtime calls would read them in the
+// ANSI code page, so every file call goes through the wide API.
+std::wstring wide_path(const std::string& path) {
+  if (path.empty()) return std::wstring();
+  const int n =
+      ::MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()), nullptr, 0);
+  if (n <= 0) throw IoError("'" + path + "' is not a valid UTF-8 path");
+  std::wstring out(static_cast<std::size_t>(n), L'\0');
+  ::MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()), &out[0], n);
+  return out;
+}
+#endif
 
 std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -98,7 +167,7 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
 BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version) : path_(path) {
   std::random_device rd;
   tmp_path_ = path + ".tmp-" + std::to_string(rd()) + std::to_string(rd());
-  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  file_ = open_file(tmp_path_, "wb");
   if (file_ == nullptr) {
     throw IoError("cannot write '" + path + "': " + errno_text());
   }
@@ -114,7 +183,7 @@ BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::ui
 
 BinaryWriter::~BinaryWriter() {
   if (file_ != nullptr) std::fclose(file_);
-  if (!committed_) std::remove(tmp_path_.c_str());
+  if (!committed_) remove_file(tmp_path_);
 }
 
 void BinaryWriter::put(const void* data, std::size_t bytes) {
@@ -178,18 +247,12 @@ void BinaryWriter::commit() {
   if (seek64(file_, 16, SEEK_SET) != 0 || std::fwrite(tail, 1, 16, file_) != 16 || std::fflush(file_) != 0) {
     throw IoError("cannot write '" + path_ + "': " + errno_text());
   }
-#if !defined(_WIN32)
-  if (::fsync(::fileno(file_)) != 0) throw IoError("cannot sync '" + path_ + "': " + errno_text());
-#endif
+  if (!sync_file(file_)) throw IoError("cannot sync '" + path_ + "': " + errno_text());
   const int closed = std::fclose(file_);
   file_ = nullptr;
   if (closed != 0) throw IoError("cannot write '" + path_ + "': " + errno_text());
-#if defined(_WIN32)
-  std::remove(path_.c_str());
-#endif
-  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    throw IoError("cannot move the saved index into place at '" + path_ + "': " + errno_text());
-  }
+  const std::string moved = replace_file(tmp_path_, path_);
+  if (!moved.empty()) throw IoError("cannot move the saved index into place at '" + path_ + "': " + moved);
   committed_ = true;
 #if !defined(_WIN32)
   // fsync the directory so that the rename itself survives a crash.
@@ -216,7 +279,10 @@ void BinaryWriter::pad_to(std::size_t align) {
 
 FileBytes::FileBytes(const std::string& path) {
 #if defined(_WIN32)
-  std::FILE* f = std::fopen(path.c_str(), "rb");
+  // No mapping here: Windows refuses to replace a file that is mapped, and kbcore saves over
+  // the files it loaded. The bytes are read into the heap instead (mapped() is false, so a
+  // vectors='disk' index copies its rows, see RowBuffer).
+  std::FILE* f = open_file(path, "rb");
   if (f == nullptr) {
     if (errno == ENOENT) throw NotFound("no such file: '" + path + "'");
     throw IoError("cannot open '" + path + "': " + errno_text());

@@ -12,6 +12,12 @@
 
 namespace kbcore {
 
+#if defined(_WIN32)
+/// `path` (UTF-8, as kbcore's paths are) as UTF-16 for the wide Windows file API. Throws IoError
+/// if it is not valid UTF-8.
+std::wstring wide_path(const std::string& path);
+#endif
+
 /// 64-bit checksum of a byte range (a multiply-rotate hash; detects corruption, not tampering).
 std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed = 0);
 

@@ -1,7 +1,12 @@
 #pragma once
-// Software prefetch hints. No-ops on compilers without __builtin_prefetch.
+// Software prefetch hints: __builtin_prefetch (GCC, clang), _mm_prefetch (MSVC on x86), else
+// no-ops.
 #include <cstddef>
 #include <cstdint>
+#if !defined(__GNUC__) && !defined(__clang__) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#include <xmmintrin.h>
+#define KBCORE_MSVC_PREFETCH 1
+#endif
 
 namespace kbcore {
 
@@ -11,6 +16,8 @@ template <int kLocality>
 inline void prefetch_hint(const void* p) {
 #if defined(__GNUC__) || defined(__clang__)
   __builtin_prefetch(p, 0, kLocality);
+#elif defined(KBCORE_MSVC_PREFETCH)
+  _mm_prefetch(static_cast<const char*>(p), kLocality >= 3 ? _MM_HINT_T0 : _MM_HINT_T1);
 #else
   (void)p;
 #endif

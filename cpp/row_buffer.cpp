@@ -12,7 +12,22 @@
 
 #include "errors.h"
 
-#if defined(__unix__) || defined(__APPLE__)
+#if defined(_WIN32)
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <fcntl.h>
+#include <io.h>
+#include <windows.h>
+
+#include <random>
+
+#include "binary_io.h"
+#define KBCORE_HAVE_MMAP 1
+#elif defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,10 +36,176 @@
 
 namespace kbcore {
 
+namespace {
+
+#if defined(_WIN32)
+// Windows: the row file is opened with FILE_FLAG_DELETE_ON_CLOSE (it goes with its last handle,
+// as an unlinked file does on POSIX) and held as a C runtime descriptor (_open_osfhandle), so
+// the buffer's members are the same on every platform. Views are CreateFileMapping /
+// MapViewOfFile; release_resident trims the pages from the working set (VirtualUnlock of
+// pages that are not locked), which writes dirty ones back to the file first.
+
+HANDLE file_handle(int fd) { return reinterpret_cast<HANDLE>(::_get_osfhandle(fd)); }
+
+std::string win_error(DWORD code) { return "Windows error " + std::to_string(static_cast<unsigned long>(code)); }
+
+std::string utf8_of(const std::wstring& w) {
+  if (w.empty()) return std::string();
+  const int n = ::WideCharToMultiByte(CP_UTF8, 0, w.data(), static_cast<int>(w.size()), nullptr, 0, nullptr, nullptr);
+  std::string out(static_cast<std::size_t>(n > 0 ? n : 0), '\0');
+  if (n > 0) ::WideCharToMultiByte(CP_UTF8, 0, w.data(), static_cast<int>(w.size()), &out[0], n, nullptr, nullptr);
+  return out;
+}
+
+int open_row_file(const std::string& base, std::string& name) {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    name = base + "\\kbcore-rows-" + std::to_string(rd()) + std::to_string(rd());
+    const HANDLE h = ::CreateFileW(wide_path(name).c_str(), GENERIC_READ | GENERIC_WRITE, 0, nullptr, CREATE_NEW,
+                                   FILE_ATTRIBUTE_TEMPORARY | FILE_FLAG_DELETE_ON_CLOSE, nullptr);
+    if (h == INVALID_HANDLE_VALUE) {
+      const DWORD code = ::GetLastError();
+      if (code == ERROR_FILE_EXISTS) continue;
+      throw IoError("cannot create a row file in " + base + ": " + win_error(code));
+    }
+    const int fd = ::_open_osfhandle(reinterpret_cast<std::intptr_t>(h), _O_RDWR | _O_BINARY);
+    if (fd < 0) {
+      ::CloseHandle(h);
+      throw IoError("cannot create a row file in " + base + ": no file descriptor left");
+    }
+    return fd;
+  }
+  throw IoError("cannot create a row file in " + base + ": no free file name");
+}
+
+void close_row_file(int fd) { ::_close(fd); }
+
+// Extends the file to `to` bytes: SetEndOfFile allocates the space (a full disk fails here,
+// not on a write through the view). Where a live view forbids it (ERROR_USER_MAPPED_FILE),
+// CreateFileMapping of the larger size extends the file instead, and fails the same way.
+// Returns an empty string or the reason.
+std::string reserve_file_space(int fd, std::size_t from, std::size_t to) {
+  if (to <= from) return std::string();
+  LARGE_INTEGER end;
+  end.QuadPart = static_cast<LONGLONG>(to);
+  const HANDLE h = file_handle(fd);
+  if (!::SetFilePointerEx(h, end, nullptr, FILE_BEGIN) || !::SetEndOfFile(h)) {
+    const DWORD code = ::GetLastError();
+    if (code != ERROR_USER_MAPPED_FILE) return win_error(code);
+  }
+  return std::string();
+}
+
+// A writable view of the file's first `bytes`, or nullptr with `err` set.
+void* map_rows(int fd, std::size_t bytes, std::string& err) {
+  const auto size = static_cast<unsigned long long>(bytes);
+  const HANDLE mapping = ::CreateFileMappingW(file_handle(fd), nullptr, PAGE_READWRITE, static_cast<DWORD>(size >> 32),
+                                              static_cast<DWORD>(size & 0xFFFFFFFFULL), nullptr);
+  if (mapping == nullptr) {
+    err = win_error(::GetLastError());
+    return nullptr;
+  }
+  void* p = ::MapViewOfFile(mapping, FILE_MAP_ALL_ACCESS, 0, 0, bytes);
+  if (p == nullptr) err = win_error(::GetLastError());
+  ::CloseHandle(mapping);  // the view keeps the mapping object alive
+  return p;
+}
+
+void unmap_rows(void* p, std::size_t) { ::UnmapViewOfFile(p); }
+
+void drop_resident(void* p, std::size_t bytes) { (void)::VirtualUnlock(p, bytes); }
+
+void advise_random(void*, std::size_t) {}
+
+std::size_t page_bytes() {
+  SYSTEM_INFO info;
+  ::GetSystemInfo(&info);
+  return static_cast<std::size_t>(info.dwPageSize);
+}
+
+std::string row_dir(const std::string& dir) {
+  if (!dir.empty()) return dir;
+  wchar_t buf[MAX_PATH + 1];
+  const DWORD n = ::GetTempPathW(MAX_PATH + 1, buf);
+  if (n == 0 || n > MAX_PATH) return ".";
+  std::wstring w(buf, n);
+  while (!w.empty() && (w.back() == L'\\' || w.back() == L'/')) w.pop_back();
+  return utf8_of(w);
+}
+
+#elif defined(KBCORE_HAVE_MMAP)
+// Creates an unlinked temporary row file in `base`; returns its descriptor and sets `name`.
+int open_row_file(const std::string& base, std::string& name) {
+  std::string tmpl = base + "/kbcore-rows-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  const int fd = ::mkstemp(buf.data());
+  if (fd < 0) throw IoError("cannot create a row file in " + base + ": " + std::strerror(errno));
+  ::unlink(buf.data());  // the file lives as long as the descriptor
+  name = buf.data();
+  return fd;
+}
+
+void close_row_file(int fd) { ::close(fd); }
+
+// Makes the bytes [from, to) of the file real blocks, so that writing them through a shared
+// mapping cannot fail (a sparse page that the full file system cannot back is a SIGBUS).
+// Returns an empty string or the reason.
+std::string reserve_file_space(int fd, std::size_t from, std::size_t to) {
+  if (to <= from) return std::string();
+#if defined(__linux__) || defined(__FreeBSD__)
+  const int rc = ::posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(to - from));
+  if (rc != EINVAL && rc != EOPNOTSUPP) return rc == 0 ? std::string() : std::strerror(rc);
+#endif
+  // Portable fallback (file systems or systems without fallocate): write the zeros.
+  static const char zeros[1 << 16] = {};
+  for (std::size_t off = from; off < to;) {
+    const std::size_t take = std::min(sizeof(zeros), to - off);
+    const ssize_t n = ::pwrite(fd, zeros, take, static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::strerror(errno);
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  return std::string();
+}
+
+// A shared writable mapping of the file's first `bytes`, or nullptr with `err` set.
+void* map_rows(int fd, std::size_t bytes, std::string& err) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    err = std::strerror(errno);
+    return nullptr;
+  }
+  return p;
+}
+
+void unmap_rows(void* p, std::size_t bytes) { ::munmap(p, bytes); }
+
+// MADV_DONTNEED on a shared file mapping unmaps the pages; their contents stay in the page
+// cache / file and are faulted back in on the next read.
+void drop_resident(void* p, std::size_t bytes) { ::madvise(p, bytes, MADV_DONTNEED); }
+
+// Re-ranking reads scattered rows: no read-ahead, and (on kernels that honour it) no
+// fault-around, so a read maps the row's own page rather than its neighbourhood.
+void advise_random(void* p, std::size_t bytes) { ::madvise(p, bytes, MADV_RANDOM); }
+
+std::size_t page_bytes() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+
+std::string row_dir(const std::string& dir) {
+  if (!dir.empty()) return dir;
+  const char* env = std::getenv("TMPDIR");
+  return env != nullptr && *env ? env : "/tmp";
+}
+#endif
+
+}  // namespace
+
 RowBuffer::~RowBuffer() {
 #if defined(KBCORE_HAVE_MMAP)
-  if (map_ != nullptr) ::munmap(map_, cap_ * sizeof(float));
-  if (fd_ >= 0) ::close(fd_);
+  if (map_ != nullptr) unmap_rows(map_, cap_ * sizeof(float));
+  if (fd_ >= 0) close_row_file(fd_);
 #endif
 }
 
@@ -46,53 +227,6 @@ RowBuffer& RowBuffer::operator=(RowBuffer&& o) noexcept {
   }
   return *this;
 }
-
-namespace {
-
-#if defined(KBCORE_HAVE_MMAP)
-// Creates an unlinked temporary row file in `base`; returns its descriptor and sets `name`.
-int open_row_file(const std::string& base, std::string& name) {
-  std::string tmpl = base + "/kbcore-rows-XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  const int fd = ::mkstemp(buf.data());
-  if (fd < 0) throw IoError("cannot create a row file in " + base + ": " + std::strerror(errno));
-  ::unlink(buf.data());  // the file lives as long as the descriptor
-  name = buf.data();
-  return fd;
-}
-
-// Makes the bytes [from, to) of the file real blocks, so that writing them through a shared
-// mapping cannot fail (a sparse page that the full file system cannot back is a SIGBUS).
-// Returns 0 or an errno value.
-int reserve_file_space(int fd, std::size_t from, std::size_t to) {
-  if (to <= from) return 0;
-#if defined(__linux__) || defined(__FreeBSD__)
-  const int rc = ::posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(to - from));
-  if (rc != EINVAL && rc != EOPNOTSUPP) return rc;
-#endif
-  // Portable fallback (file systems or systems without fallocate): write the zeros.
-  static const char zeros[1 << 16] = {};
-  for (std::size_t off = from; off < to;) {
-    const std::size_t take = std::min(sizeof(zeros), to - off);
-    const ssize_t n = ::pwrite(fd, zeros, take, static_cast<off_t>(off));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  return 0;
-}
-
-std::string row_dir(const std::string& dir) {
-  if (!dir.empty()) return dir;
-  const char* env = std::getenv("TMPDIR");
-  return env != nullptr && *env ? env : "/tmp";
-}
-#endif
-
-}  // namespace
 
 void RowBuffer::use_disk(const char* dir) {
 #if defined(KBCORE_HAVE_MMAP)
@@ -147,20 +281,20 @@ void RowBuffer::materialize() {
 
 void RowBuffer::remap(std::size_t cap) {
 #if defined(KBCORE_HAVE_MMAP)
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t page = page_bytes();
   std::size_t bytes = std::max<std::size_t>(cap * sizeof(float), page);
   bytes = (bytes + page - 1) / page * page;
   const std::size_t old_bytes = map_ != nullptr ? cap_ * sizeof(float) : 0;
-  if (const int rc = reserve_file_space(fd_, old_bytes, bytes)) {
+  const std::string reserved = reserve_file_space(fd_, old_bytes, bytes);
+  if (!reserved.empty()) {
     throw IoError("cannot reserve " + std::to_string(bytes) + " bytes for the row file " + file_name_ +
-                  " (vectors='disk'; set TMPDIR to a disk with room): " + std::strerror(rc));
+                  " (vectors='disk'; set TMPDIR to a disk with room): " + reserved);
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (p == MAP_FAILED) throw IoError("cannot map the row file " + file_name_ + ": " + std::strerror(errno));
-  if (map_ != nullptr) ::munmap(map_, cap_ * sizeof(float));
-  // Re-ranking reads scattered rows: no read-ahead, and (on kernels that honour it) no
-  // fault-around, so a read maps the row's own page rather than its neighbourhood.
-  ::madvise(p, bytes, MADV_RANDOM);
+  std::string err;
+  void* p = map_rows(fd_, bytes, err);
+  if (p == nullptr) throw IoError("cannot map the row file " + file_name_ + ": " + err);
+  if (map_ != nullptr) unmap_rows(map_, cap_ * sizeof(float));
+  advise_random(p, bytes);
   map_ = static_cast<float*>(p);
   cap_ = bytes / sizeof(float);
 #else
@@ -213,15 +347,13 @@ void RowBuffer::assign(AlignedVector<float>&& v) {
 
 void RowBuffer::release_resident() const {
 #if defined(KBCORE_HAVE_MMAP)
-  // MADV_DONTNEED on a shared file mapping unmaps the pages; their contents stay in the page
-  // cache / file and are faulted back in on the next read.
-  if (map_ != nullptr) ::madvise(map_, cap_ * sizeof(float), MADV_DONTNEED);
+  if (map_ != nullptr) drop_resident(map_, cap_ * sizeof(float));
   if (view_ != nullptr) {
     // The view starts 64-byte aligned inside a page-aligned file mapping: advise whole pages.
-    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t page = page_bytes();
     const auto begin = reinterpret_cast<std::uintptr_t>(view_) / page * page;
     const auto end = reinterpret_cast<std::uintptr_t>(view_ + size_);
-    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    drop_resident(reinterpret_cast<void*>(begin), end - begin);
   }
 #endif
 }

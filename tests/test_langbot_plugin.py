@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -437,13 +438,88 @@ def test_bundled_wheel_wins_over_the_installed_kbcore_and_is_unpacked_per_instal
 
 def test_a_package_without_a_fitting_wheel_fails_naming_the_interpreter(tmp_path):
     kh = _home()
-    _fake_wheel(tmp_path / "wheels", tag="cp27-cp27mu-manylinux1_x86_64")
+    wheel = _fake_wheel(tmp_path / "wheels", tag="cp27-cp27mu-manylinux1_x86_64")
     saved = sys.modules.pop("kbcore")
     try:
-        with pytest.raises(ImportError, match="none fits this Python"):
+        with pytest.raises(ImportError) as err:
             kh.ensure_kbcore(tmp_path)
     finally:
         sys.modules["kbcore"] = saved
+    message = str(err.value)
+    assert f"cp{sys.version_info.major}{sys.version_info.minor} on {sys.platform} {platform.machine()}" in message
+    assert wheel.name in message
+
+
+_MACHINES = ("x86_64", "aarch64")
+_OTHER_MACHINE = {"x86_64": "aarch64", "aarch64": "x86_64", "AMD64": "aarch64", "arm64": "x86_64"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the plugin's wheels are manylinux wheels")
+def test_the_wheel_of_the_running_interpreter_is_picked_among_cpython_3_10_to_3_13(tmp_path):
+    kh = _home()
+    wheels = [
+        _fake_wheel(tmp_path, tag=f"cp3{v}-cp3{v}-manylinux_2_17_{m}.manylinux2014_{m}")
+        for v in (10, 11, 12, 13)
+        for m in _MACHINES
+    ]
+    picked = kh.pick_wheel(wheels)
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    machine = {"AMD64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())
+    assert picked.name == f"kbcore-9.9.9-{tag}-{tag}-manylinux_2_17_{machine}.manylinux2014_{machine}.whl"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the plugin's wheels are manylinux wheels")
+def test_without_packaging_a_wheel_for_another_machine_is_refused(tmp_path, monkeypatch):
+    kh = _home()
+    other = _OTHER_MACHINE.get(platform.machine(), "x86_64")
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    wheel = _fake_wheel(tmp_path / "wheels", tag=f"{tag}-{tag}-manylinux_2_17_{other}.manylinux2014_{other}")
+    # the runtime's environment normally has packaging; without it the file name decides
+    monkeypatch.setitem(sys.modules, "packaging.tags", None)
+    monkeypatch.setitem(sys.modules, "packaging.utils", None)
+    monkeypatch.delitem(sys.modules, "kbcore")
+    with pytest.raises(ImportError, match="no kbcore wheel for this Python") as err:
+        kh.ensure_kbcore(tmp_path)
+    assert wheel.name in str(err.value)
+    right = _fake_wheel(tmp_path / "wheels", tag=f"{tag}-{tag}-manylinux_2_17_{platform.machine()}")
+    assert kh.pick_wheel([wheel, right]) == right
+
+
+def _run_build(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(PLUGIN_DIR / "build_lbpkg.py"), *args, "-o", str(tmp_path / "dist")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_build_lbpkg_carries_a_wheel_per_cpython_3_10_to_3_13_and_machine(tmp_path):
+    for v in (10, 11, 12, 13):
+        for m in _MACHINES:
+            _fake_wheel(tmp_path / "wheelhouse", tag=f"cp3{v}-cp3{v}-manylinux_2_17_{m}.manylinux2014_{m}")
+    required = [a for v in ("3.10", "3.11", "3.12", "3.13") for a in ("--require-python", v)]
+    # the same files through two globs (two artifacts) are carried once
+    pattern = str(tmp_path / "wheelhouse" / "*manylinux*.whl")
+    proc = _run_build(["--wheel", pattern, "--wheel", pattern, *required], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = zipfile.ZipFile(proc.stdout.strip().splitlines()[-1]).namelist()
+    carried = sorted(n for n in names if n.startswith("wheels/"))
+    assert carried == sorted(f"wheels/{w.name}" for w in (tmp_path / "wheelhouse").glob("*.whl"))
+    assert len(carried) == 8
+
+
+def test_build_lbpkg_refuses_wheels_that_miss_a_required_cpython(tmp_path):
+    for v in (10, 11, 12, 13):
+        _fake_wheel(tmp_path / "wheelhouse", tag=f"cp3{v}-cp3{v}-manylinux_2_17_x86_64.manylinux2014_x86_64")
+    (tmp_path / "wheelhouse" / "kbcore-9.9.9-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl").unlink()
+    _fake_wheel(tmp_path / "wheelhouse", tag="cp310-cp310-manylinux_2_17_aarch64.manylinux2014_aarch64")
+    required = [a for v in ("3.10", "3.12") for a in ("--require-python", v)]
+    proc = _run_build(["--wheel", str(tmp_path / "wheelhouse" / "*.whl"), *required], tmp_path)
+    assert proc.returncode != 0
+    assert "CPython 3.12 on aarch64, CPython 3.12 on x86_64" in proc.stderr
+    assert not list((tmp_path / "dist").glob("*.lbpkg"))
 
 
 def test_data_dir_is_the_installation_folder_the_runtime_keeps_across_upgrades(tmp_path, monkeypatch):

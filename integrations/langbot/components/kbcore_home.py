@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import platform
 import re
 import shutil
 import stat
@@ -69,17 +70,62 @@ def bundled_wheels(root: Path = PLUGIN_ROOT) -> list[Path]:
     return sorted((root / "wheels").glob("kbcore-*.whl"))
 
 
-def _wheel_fits(path: Path) -> bool:
+def interpreter_tag() -> str:
+    """This interpreter's CPython tag (``cp312``) and machine, as named in error messages."""
+    return f"cp{sys.version_info.major}{sys.version_info.minor} on {sys.platform} {platform.machine()}"
+
+
+_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def _fallback_rank(name: str) -> int | None:
+    """Without ``packaging``: 0 if the wheel ``name`` is for this CPython, on Linux and this
+    machine (a manylinux wheel of another architecture must not load), else None."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    machine = platform.machine().lower()
+    machine = _MACHINE_ALIASES.get(machine, machine)
+    parts = name[: -len(".whl")].split("-")
+    if len(parts) < 5 or not sys.platform.startswith("linux"):
+        return None
+    pythons, platforms = parts[-3].split("."), parts[-1].split(".")
+    if tag not in pythons or not any(pl.endswith("_" + machine) for pl in platforms):
+        return None
+    return 0
+
+
+def wheel_rank(path: Path) -> int | None:
+    """How well the wheel at ``path`` fits this interpreter: the position of its best tag in
+    ``packaging.tags.sys_tags()`` (0 best), or None when it does not fit."""
     try:  # the runtime's own environment has packaging (the SDK depends on it)
         from packaging.tags import sys_tags
-        from packaging.utils import parse_wheel_filename
-    except ImportError:  # pragma: no cover - fall back to the interpreter tag alone
-        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-        return f"-{tag}-" in path.name and sys.platform.startswith("linux")
+        from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    except ImportError:  # pragma: no cover - exercised with packaging hidden
+        return _fallback_rank(path.name)
 
-    _, _, _, tags = parse_wheel_filename(path.name)
-    supported = set(sys_tags())
-    return any(t in supported for t in tags)
+    try:
+        _, _, _, tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename:
+        return None
+    for rank, supported in enumerate(sys_tags()):
+        if supported in tags:
+            return rank
+    return None
+
+
+def pick_wheel(wheels: list[Path]) -> Path:
+    """The wheel among ``wheels`` that fits this interpreter best. Raises ``ImportError``
+    naming the interpreter (CPython tag, platform, machine) and the wheels present when none
+    fits."""
+    ranked = [(rank, w) for w in wheels if (rank := wheel_rank(w)) is not None]
+    if not ranked:
+        raise ImportError(
+            f"the kbcore plugin package carries no kbcore wheel for this Python ({interpreter_tag()}, "
+            f"Python {sys.version.split()[0]}); it carries: "
+            + (", ".join(w.name for w in wheels) or "none")
+            + ". Install a package built for this interpreter (integrations/langbot/build_lbpkg.py "
+            "--python <this python>, or from the wheels workflow's CPython 3.10-3.13 wheels)"
+        )
+    return min(ranked, key=lambda rw: (rw[0], rw[1].name))[1]
 
 
 def _installation_dir() -> Path | None:
@@ -146,23 +192,16 @@ def ensure_kbcore(root: Path = PLUGIN_ROOT) -> str | None:
     """Makes ``import kbcore`` load the wheel the package carries, if it carries one.
 
     Returns the folder put on ``sys.path`` (None when the package has no ``wheels/`` folder and
-    the installed kbcore is used). Raises ``ImportError`` naming the interpreter when the
-    package carries wheels but none fits it.
+    the installed kbcore is used). The package carries one wheel per CPython version (3.10 to
+    3.13) and machine; :func:`pick_wheel` chooses. Raises ``ImportError`` naming the
+    interpreter and the wheels present when none fits it.
     """
     wheels = bundled_wheels(root)
     if not wheels:
         return None
     if "kbcore" in sys.modules:
         return os.path.dirname(os.path.dirname(sys.modules["kbcore"].__file__ or "")) or None
-    fitting = [w for w in wheels if _wheel_fits(w)]
-    if not fitting:
-        raise ImportError(
-            "the kbcore plugin package carries kbcore wheels for "
-            + ", ".join(w.name for w in wheels)
-            + f" but none fits this Python ({sys.version.split()[0]}, {sys.platform}); "
-            "rebuild the package with integrations/langbot/build_lbpkg.py --python <this python>"
-        )
-    path = str(_unpack(fitting[-1], library_dir()))
+    path = str(_unpack(pick_wheel(wheels), library_dir()))
     if path not in sys.path:
         sys.path.insert(0, path)
     return path
