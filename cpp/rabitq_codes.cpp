@@ -118,7 +118,7 @@ void butterfly(float* v, std::size_t n) {
 
 // Round to nearest, ties to even, for |v| <= 2^22 (as in sq8_codes.cpp): inline, where
 // std::nearbyint is a libm call at the portable baseline.
-inline float round_small(float v) {
+[[maybe_unused]] inline float round_small(float v) {
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
   return (v + kMagic) - kMagic;
 }
