@@ -88,7 +88,8 @@ INDEX_TYPES = ("chunk", "parent_child", "qa")
 #: The engine's parent / child sizes: what 0 or an empty setting means.
 _KB_DEFAULTS = inspect.signature(Engine.create_knowledge_base).parameters
 PARENT_CHUNK_SIZE: int = _KB_DEFAULTS["parent_chunk_size"].default
-CHILD_CHUNK_SIZE: int = _KB_DEFAULTS["child_chunk_size"].default
+#: None: the engine picks the children's size from the parents' (docs/parent-child.md).
+CHILD_CHUNK_SIZE: int | None = _KB_DEFAULTS["child_chunk_size"].default
 #: Files a ``qa`` knowledge base reads as question-answer rows (``question`` / ``answer`` columns).
 QA_TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson", ".xlsx")
 #: Generated questions: per chunk (LangRAG's default 1), at most this many; a chunk's text is cut
@@ -227,7 +228,8 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidArgumentError(
             f"setting 'questions_per_chunk' must be at most {QUESTIONS_PER_CHUNK_MAX}, got {out['questions_per_chunk']}"
         )
-    if index_type == "parent_child" and out["parent_chunk_size"] <= out["child_chunk_size"]:
+    child = out["child_chunk_size"]
+    if index_type == "parent_child" and child is not None and out["parent_chunk_size"] <= child:
         raise InvalidArgumentError(
             f"parent_chunk_size ({out['parent_chunk_size']}) must be larger than child_chunk_size "
             f"({out['child_chunk_size']})"
