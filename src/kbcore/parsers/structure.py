@@ -13,6 +13,7 @@
   its first bookmark, else the one before the page).
 
 The cleaners are passed in, so this module does not import :mod:`kbcore.parsing`.
+:class:`PartBuilder` gathers the parts of formats read block by block (EPUB, OpenDocument text).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..sections import PATH_SEPARATOR, Part
+from .tables import MAX_TABLE_CHARS, render_rows
 
-__all__ = ["markdown_parts", "html_parts", "pdf_parts", "pdf_outline", "MAX_HEADINGS"]
+__all__ = ["markdown_parts", "html_parts", "pdf_parts", "pdf_outline", "PartBuilder", "MAX_HEADINGS"]
 
 #: Headings beyond this many in one file start no further section (bounds the search).
 MAX_HEADINGS = 10_000
@@ -35,7 +37,8 @@ _FENCE = re.compile(r"[ \t]*(```|~~~)")
 
 
 class _Path:
-    """The heading path: a stack of (level, title)."""
+    """The heading path: a stack of (level, title). A level-0 title (a chapter title from a
+    table of contents) is replaced by a heading of the same text rather than enclosing it."""
 
     def __init__(self) -> None:
         self.heads: list[tuple[int, str]] = []
@@ -43,7 +46,12 @@ class _Path:
     def push(self, level: int, title: str) -> str:
         while self.heads and self.heads[-1][0] >= level:
             self.heads.pop()
+        if self.heads == [(0, title)]:  # the chapter's own title: not nested in itself
+            self.heads.clear()
         self.heads.append((level, title))
+        return self.path()
+
+    def path(self) -> str:
         return PATH_SEPARATOR.join(t for _, t in self.heads if t)
 
 
@@ -160,3 +168,45 @@ def pdf_parts(pages: list[str], outline: Sequence[tuple[int, int, str]] = ()) ->
             first = first or current
         parts.append(Part(text, first or current, page=n + 1))
     return parts
+
+
+class PartBuilder:
+    """The parts of a document read block by block: lines gathered under the current heading
+    path, made into a text part at each heading and table.
+    Tables share one character budget per file (:func:`~kbcore.parsers.tables.render_rows`)."""
+
+    def __init__(self, filename: str | None) -> None:
+        self.filename = filename
+        self.parts: list[Part] = []
+        self._path = _Path()
+        self.lines: list[str] = []
+        self.budget = [MAX_TABLE_CHARS]
+
+    def path(self) -> str:
+        """The current heading path (``"Guide > Install"``)."""
+        return self._path.path()
+
+    def flush(self) -> None:
+        """Makes the gathered lines a text part under the current path."""
+        if self.lines:
+            self.parts.append(Part("\n".join(self.lines), self.path()))
+            self.lines.clear()
+
+    def heading(self, level: int, text: str) -> None:
+        """Starts a section: ``text`` at ``level`` (from 1) ends the enclosed ones and is its
+        first line."""
+        self.flush()
+        self._path.push(level, text)
+        self.lines.append(text)
+
+    def chapter(self, title: str | None) -> None:
+        """Starts a chapter: the path is its ``title`` (level 0), or empty."""
+        self.flush()
+        self._path.heads = [(0, title)] if title else []
+
+    def table(self, rows: Any) -> None:
+        """Adds the table part of ``rows`` (an iterable of cell lists), if any row has text."""
+        self.flush()
+        part = render_rows(rows, self.path(), self.filename, self.budget)
+        if part is not None:
+            self.parts.append(part)
