@@ -3,7 +3,10 @@
 - **markdown**: ATX headings (``#`` to ``######``, outside code fences and front matter) start
   sections; each section (its heading line included) is cleaned by the Markdown cleaner of
   :mod:`kbcore.parsing`, and its path is the titles of the enclosing headings. Setext
-  (underlined) headings are plain text. A file without a heading has no sections.
+  (underlined) headings are plain text. A page marker, a line ``<!-- PAGE:n -->`` (n from 1;
+  the marker LangBot's parsers put in the text of a PDF), starts a section on page ``n`` with
+  the path in force; the text after it, up to the next marker, is on that page. A file
+  without a heading or page marker has no sections.
 - **html**: ``<h1>`` to ``<h6>`` start sections. The headings' visible text is collected here
   and found, in order, as whole lines of the visible text that :mod:`kbcore.parsing` extracts;
   a heading that is not found there (hidden, say) starts no section (after 64 such, the
@@ -33,6 +36,7 @@ MAX_HEADINGS = 10_000
 _MAX_MISSES = 64
 
 _ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]|$)")
+_PAGE = re.compile(r" {0,3}<!--[ \t]*PAGE:[ \t]*0*([1-9][0-9]{0,8})[ \t]*-->[ \t]*")
 _FENCE = re.compile(r"[ \t]*(```|~~~)")
 
 
@@ -56,7 +60,7 @@ class _Path:
 
 
 def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
-    """The sections of a Markdown file, or None when it has no heading."""
+    """The sections of a Markdown file, or None when it has no heading and no page marker."""
     lines = raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     i = 0
     if lines and lines[0].strip() == "---":  # front matter: skip to its closing line
@@ -64,29 +68,35 @@ def markdown_parts(raw: str, clean: Callable[[str], str]) -> list[Part] | None:
             if lines[j].strip() == "---":
                 i = j + 1
                 break
-    blocks: list[tuple[int, list[str]]] = [(0, [])]  # (heading level, lines); front matter dropped
+    # (heading level, 0 for none; page; lines); front matter dropped
+    blocks: list[tuple[int, int | None, list[str]]] = [(0, None, [])]
     fence: str | None = None
+    page: int | None = None
     for line in lines[i:]:
         f = _FENCE.match(line)
         if f:
             fence = None if fence == f.group(1) else (fence or f.group(1))
         m = None if fence or f else _ATX.match(line)
+        p = None if fence or f or m else _PAGE.fullmatch(line)
         if m and len(blocks) <= MAX_HEADINGS:
-            blocks.append((len(m.group(1)), [line]))
+            blocks.append((len(m.group(1)), page, [line]))
+        elif p and len(blocks) <= MAX_HEADINGS:
+            page = int(p.group(1))
+            blocks.append((0, page, []))
         else:
-            blocks[-1][1].append(line)
+            blocks[-1][2].append(line)
     if len(blocks) == 1:
         return None
     parts: list[Part] = []
     path = _Path()
     current = ""
-    for level, block in blocks:
+    for level, on_page, block in blocks:
         if level:
             title = " ".join(clean(block[0]).split())
             current = path.push(level, title)
         text = clean("\n".join(block))
         if text.strip():
-            parts.append(Part(text, current))
+            parts.append(Part(text, current, page=on_page))
     return parts
 
 
