@@ -1098,6 +1098,66 @@ def test_parser_sections_become_heading_paths(loaded):
     assert hits.results[0].metadata["section"] == "Operations > Restores"
 
 
+def general_parsers_sections():
+    """Sections shaped as LangBot's GeneralParsers makes them of a PDF: the text before the
+    first heading under the file name (level 0), each content starting with its heading, the
+    page its heading is on; the last section has no page (it continues page 3)."""
+    from langbot_plugin.api.entities.builtin.rag.models import TextSection
+
+    return [
+        TextSection(content="Plant handbook, revision four. " * 4, heading="plant.pdf", level=0, page=1),
+        TextSection(content="Boilers\n" + "Boilers are flushed every spring. " * 5, heading="Boilers", level=1, page=1),
+        TextSection(content="Valves\n" + "Relief valves are bench tested. " * 5, heading="Valves", level=2, page=3),
+        TextSection(content="Gauges\n" + "Gauges are calibrated yearly. " * 5, heading="Gauges", level=2),
+    ]
+
+
+def test_parser_sections_keep_their_page_and_heading_path_in_the_results(loaded):
+    _, _, component, _, _ = loaded
+    run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
+    ctx = ingestion(KB, "doc-p", "kb/plant.pdf", parsed="the parser's flat text")
+    ctx.parsed_content.sections = general_parsers_sections()
+    ctx.parsed_content.metadata = {"page_count": 3, "language": "en", "images": [{"page": 2}], "bad key": 1}
+    res = ingest(component, ctx)
+    assert res["status"] == "completed" and res["metadata"]["format"] == "host-parsed-sections", res
+
+    def top(query: str, **kw):
+        hits = retrieve(component, retrieval(KB, query, settings={"search_type": "full_text"}, **kw)).results
+        return hits[0]
+
+    for query, section, page in (
+        ("plant handbook revision", "plant.pdf", 1),
+        ("boilers flushed spring", "Boilers", 1),
+        ("relief valves bench tested", "Boilers > Valves", 3),
+        ("gauges calibrated yearly", "Boilers > Gauges", 3),
+    ):
+        hit = top(query)
+        assert (hit.metadata["section"], hit.metadata["heading_path"], hit.metadata["page"]) == (section, section, page)
+        assert hit.content[0].text.split("\n").count(section.rsplit(" > ", 1)[-1]) == 1  # the heading, once
+    meta = top("boilers flushed spring").metadata
+    assert meta["doc_page_count"] == 3 and meta["doc_language"] == "en"
+    assert not any(k.startswith("doc_images") or k.startswith("doc_bad") for k in meta)
+    where = {"page": 3}
+    on_page_3 = retrieve(
+        component, retrieval(KB, "tested calibrated flushed", settings={"search_type": "full_text"}, filters=where)
+    ).results
+    assert on_page_3 and {h.metadata["page"] for h in on_page_3} == {3}
+
+
+def test_generated_questions_keep_the_page_and_heading_path_of_their_chunk(loaded):
+    _, _, component, host, _ = loaded
+    settings = {**QA_SETTINGS, "qa_llm_model_uuid": LLM_MODEL}
+    host.llm_reply = fake_questions
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    ctx = ingestion(KB, "doc-qp", "kb/plant.pdf", settings=settings, parsed="the parser's flat text")
+    ctx.parsed_content.sections = general_parsers_sections()
+    res = ingest(component, ctx)
+    assert res["status"] == "completed" and res["metadata"]["questions_generated"] is True, res
+    hit = retrieve(component, retrieval(KB, "relief valves bench tested", creation=settings)).results[0]
+    assert "Relief valves" in hit.content[0].text
+    assert (hit.metadata["section"], hit.metadata["page"]) == ("Boilers > Valves", 3)
+
+
 LONG_DOC = (
     "# Boiler room\n\n"
     + " ".join(f"Gauge {i} of the boiler room reads between {i * 10} and {i * 10 + 5} bar." for i in range(1, 13))

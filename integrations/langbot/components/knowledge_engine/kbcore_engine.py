@@ -26,6 +26,7 @@ is better; see :mod:`kbcore.engine` for the mapping).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -70,6 +71,7 @@ from kbcore.engine.reranking import apply as apply_rerank  # noqa: E402
 from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError, RerankerError  # noqa: E402
 from kbcore.index import KINDS, METRICS, QUANTIZATIONS, IndexSpec  # noqa: E402
 from kbcore.rerankers.function import CallableReranker  # noqa: E402
+from kbcore.sections import SectionChunk  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -304,17 +306,41 @@ def builtin_embedder(choice: str) -> Any:
     return default_embedder()
 
 
+#: The largest page number a host parser's section may carry (a larger one is not a page).
+MAX_PAGE = 999_999_999
+
+
+def _page(sec: Any) -> int | None:
+    page = getattr(sec, "page", None)
+    if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
+        return None
+    return page
+
+
 def sections_markdown(sections: Sequence[Any]) -> str:
-    """A host parser's ``sections`` (heading, level, content) as Markdown, so that kbcore's
-    structure-aware chunker keeps each heading path as the chunks' ``section``."""
+    """A host parser's ``sections`` (SDK ``TextSection``: heading, level, content, page) as
+    Markdown for kbcore's structure-aware chunker: each heading a Markdown heading of its
+    level (so the chunks' ``section`` is the heading path), and a page marker
+    (``<!-- PAGE:n -->``) before each section whose page differs from the one before (so the
+    chunks' ``page`` is the page their section starts on; a section without a page continues
+    the page before it). A content whose first line repeats the heading (LangBot's
+    GeneralParsers writes it so) does not repeat it in the chunk."""
     parts: list[str] = []
+    current: int | None = None
     for sec in sections:
-        heading = (getattr(sec, "heading", None) or "").strip()
+        heading = " ".join((getattr(sec, "heading", None) or "").split())
         content = (getattr(sec, "content", None) or "").strip()
+        page = _page(sec)
+        if page is not None and page != current:
+            parts.append(f"<!-- PAGE:{page} -->")
+            current = page
         if heading:
             level = getattr(sec, "level", 0)
             level = min(max(int(level) if isinstance(level, int) else 1, 1), 6)
-            parts.append("#" * level + " " + " ".join(heading.split()))
+            parts.append("#" * level + " " + heading)
+            first, _, rest = content.partition("\n")
+            if " ".join(first.lstrip("#").split()) == heading:
+                content = rest.strip()
         if content:
             parts.append(content)
     return "\n\n".join(parts)
@@ -503,6 +529,41 @@ def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
     return out
 
 
+def _parser_metadata(parsed: Any) -> dict[str, Any]:
+    """A host parser's document metadata (``ParseResult.metadata``: page count, language, ...)
+    as chunk metadata ``doc_<key>``, as LangRAG keeps it: scalar entries only (lists such as
+    ``images`` and objects are skipped: the index stores scalars)."""
+    out: dict[str, Any] = {}
+    reserved = set(RESERVED_METADATA)
+    for key, value in (getattr(parsed, "metadata", None) or {}).items():
+        name = f"doc_{key}" if isinstance(key, str) else ""
+        if name in reserved or not _META_KEY_RE.fullmatch(name):
+            continue
+        if isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+            out[name] = value
+    return out
+
+
+def _with_sources(prepared: Any, sources: Sequence[Any]) -> Any:
+    """``prepared`` (question-answer pairs, a chunk per question) with each question carrying
+    the heading path (``section``) and ``page`` of the document chunk that answers it."""
+    if all(getattr(c, "section", None) is None and getattr(c, "page", None) is None for c in sources):
+        return prepared
+    chunks = tuple(
+        SectionChunk(
+            c.text,
+            c.index,
+            c.start,
+            c.end,
+            c.document_id,
+            section=getattr(src, "section", None),
+            page=getattr(src, "page", None),
+        )
+        for c, src in zip(prepared.chunks, sources, strict=True)
+    )
+    return dataclasses.replace(prepared, chunks=chunks)
+
+
 class _HostEmbedder:
     """The host's embedding model as a synchronous kbcore embedder, for ``kb.ingest`` running in
     a worker thread: each call is scheduled on the plugin's event loop and waited for."""
@@ -688,6 +749,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         settings = creation_settings(ctx.creation_settings)
         parsed = ctx.parsed_content
         meta = _file_metadata(ctx, None)
+        if parsed is not None:
+            meta.update((k, v) for k, v in _parser_metadata(parsed).items() if k not in meta)
         name = fm.filename or None
         qa_table = settings["index_type"] == "qa" and (name or "").lower().endswith(QA_TABLE_SUFFIXES)
         if qa_table:  # question-answer rows: the file itself, whatever a parser made of it
@@ -767,7 +830,9 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 lambda: kb.prepare(document_id=doc_id, filename=filename, metadata=meta, **source)
             )
             pairs = await self._generate_pairs(s, doc.texts, what)
-            rows = "".join(json.dumps({"question": q, "answer": a}, ensure_ascii=False) + "\n" for q, a in pairs)
+            rows = "".join(
+                json.dumps({"question": q, "answer": doc.chunks[i].text}, ensure_ascii=False) + "\n" for q, i in pairs
+            )
             prepared = await asyncio.to_thread(
                 kb.prepare_qa,
                 rows.encode("utf-8"),
@@ -776,13 +841,15 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 filename=filename,
                 metadata=meta,
             )
+            prepared = _with_sources(prepared, [doc.chunks[i] for _, i in pairs])
         vectors = await self._embed(kb, ctx.creation_settings, prepared.texts)
         return await asyncio.to_thread(kb.ingest_prepared, prepared, vectors), not table
 
-    async def _generate_pairs(self, s: Mapping[str, Any], chunks: Sequence[str], what: str) -> list[tuple[str, str]]:
-        """(question, chunk) pairs: the host LLM asked for ``questions_per_chunk`` questions per
-        chunk (at most QA_CONCURRENCY calls at a time). A failing call, a timeout or an answer
-        without a question raises QuestionGenerationError naming the chunk."""
+    async def _generate_pairs(self, s: Mapping[str, Any], chunks: Sequence[str], what: str) -> list[tuple[str, int]]:
+        """(question, chunk index) pairs, in chunk order: the host LLM asked for
+        ``questions_per_chunk`` questions per chunk (at most QA_CONCURRENCY calls at a time). A
+        failing call, a timeout or an answer without a question raises QuestionGenerationError
+        naming the chunk."""
         model, n = s["qa_llm_model_uuid"], s["questions_per_chunk"]
         if len(chunks) > QA_MAX_CHUNKS:
             raise InvalidArgumentError(
@@ -791,7 +858,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             )
         gate = asyncio.Semaphore(QA_CONCURRENCY)
 
-        async def one(i: int, text: str) -> list[tuple[str, str]]:
+        async def one(i: int, text: str) -> list[tuple[str, int]]:
             where = f"chunk {i + 1} of {len(chunks)} of {what!r}"
             async with gate:
                 try:
@@ -805,7 +872,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             questions = generated_questions(_message_text(msg), n)
             if not questions:
                 raise QuestionGenerationError(f"LLM {model!r} answered no question for {where}")
-            return [(q, text) for q in questions]
+            return [(q, i) for q in questions]
 
         tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(chunks)]
         try:
@@ -896,6 +963,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             meta = dict(h.metadata)
             if meta.get("filename"):
                 meta.setdefault("document_name", meta["filename"])
+            if meta.get("section"):  # LangRAG's name of the heading path
+                meta.setdefault("heading_path", meta["section"])
             if h.part_ids:  # parent-child: the children that matched; dedup: the chunks of the document
                 meta["part_ids"] = list(h.part_ids)
             meta.update(notes)
