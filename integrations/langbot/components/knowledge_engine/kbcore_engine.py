@@ -111,7 +111,7 @@ CONTEXT_WINDOW_MAX = 5
 BUILTIN_EMBEDDERS = ("auto", "e5", "hashing")
 #: Retrieval choices.
 SEARCH_TYPES = ("vector", "full_text", "hybrid")
-RERANK_MODES = ("off", "rerank_model")
+RERANK_MODES = ("off", "rerank_model", "llm")
 QUERY_REWRITES = ("off", "hyde", "multi_query", "step_back")
 #: Multi-query: rewrites asked of the LLM; reciprocal rank fusion constant of the merge.
 MULTI_QUERIES = 3
@@ -121,6 +121,8 @@ RERANK_MAX = 64
 #: Seconds to wait for one host rerank / LLM call.
 RERANK_TIMEOUT = 60.0
 LLM_TIMEOUT = 60.0
+#: LLM rerank: characters of each candidate shown to the LLM (the prompt stays bounded).
+LLM_RERANK_CHARS = 400
 #: Seconds between two log lines about failing rerank calls of one knowledge base.
 RERANK_LOG_INTERVAL = 60.0
 
@@ -259,6 +261,7 @@ def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "vector_weight": _float(s, "vector_weight", 0.7, 0.0, 1.0),
         "rerank": _choice(s, "rerank", "off", RERANK_MODES),
         "rerank_model_uuid": _str(s, "rerank_model_uuid"),
+        "rerank_llm_model_uuid": _str(s, "rerank_llm_model_uuid"),
         "rerank_top_n": _int(s, "rerank_top_n", 20, 1),
         "query_rewrite": _choice(s, "query_rewrite", "off", QUERY_REWRITES),
         "rewrite_llm_model_uuid": _str(s, "rewrite_llm_model_uuid"),
@@ -365,6 +368,37 @@ def rerank_scores(results: Any, n: int, model: str) -> list[float]:
     if missing:
         raise RerankerError(f"rerank model {model!r} scored {n - missing} of {n} candidates")
     return [float(v) for v in scores if v is not None]
+
+
+def llm_rerank_prompt(query: str, texts: Sequence[str]) -> str:
+    """The prompt asking the host LLM to order candidates (numbered from 1, each cut to
+    ``LLM_RERANK_CHARS`` characters) by relevance to the query."""
+    listed = "\n".join(f"[{i}] {' '.join(t[:LLM_RERANK_CHARS].split())}" for i, t in enumerate(texts, 1))
+    return (
+        "Rank the passages below by how well they answer the query, most relevant first. Reply "
+        "with the passage numbers only, separated by commas (for example: 3, 1, 2).\n\n"
+        f"Query: {query}\n\nPassages:\n{listed}\n\nRanking:"
+    )
+
+
+def llm_rank_scores(answer: str, n: int, model: str) -> list[float]:
+    """One score per candidate from an LLM's ranking (passage numbers 1..n, best first):
+    ``1 - rank / n``; numbers out of range and repeats are ignored, candidates the answer
+    leaves out follow in their first-stage order. RerankerError when it names none."""
+    order: list[int] = []
+    for m in re.finditer(r"\d+", answer):
+        i = int(m.group()) - 1
+        if 0 <= i < n and i not in order:
+            order.append(i)
+    if not order:
+        snippet = " ".join(answer.split())[:100]
+        raise RerankerError(f"rerank LLM {model!r} answered no ranking of the {n} candidates: {snippet!r}")
+    ranked = set(order)
+    order.extend(i for i in range(n) if i not in ranked)
+    scores = [0.0] * n
+    for rank, i in enumerate(order):
+        scores[i] = 1.0 - rank / n
+    return scores
 
 
 def rewrite_lines(text: str, limit: int) -> list[str]:
@@ -971,7 +1005,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             entries.append(
                 RetrievalResultEntry(
                     id=f"{h.document_id}#{h.chunk_index}",
-                    content=[ContentElement.from_text(h.content)],
+                    # file_name: the source document, as LangRAG's results name it
+                    content=[ContentElement(type="text", text=h.content, file_name=meta.get("document_name") or None)],
                     metadata=meta,
                     distance=float(h.distance),
                     score=min(max(float(h.score), 0.0), 1.0),  # the engine applied the threshold
@@ -991,6 +1026,11 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 reranker = self._host_reranker(s["rerank_model_uuid"], asyncio.get_running_loop())
             else:
                 notes.update(reranked=False, rerank_error="no rerank model selected")
+        elif s["rerank"] == "llm":
+            if s["rerank_llm_model_uuid"]:
+                reranker = self._llm_reranker(s["rerank_llm_model_uuid"], asyncio.get_running_loop())
+            else:
+                notes.update(reranked=False, rerank_error="no LLM selected for reranking")
         depth = max(s["rerank_top_n"], s["top_k"]) if reranker is not None else s["top_k"]
         lists = []
         for i, text in enumerate(texts):
@@ -1078,6 +1118,26 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             return rerank_scores(results, len(texts), model)
 
         return CallableReranker(score, name=f"host rerank model {model}", score_scale="probability")
+
+    def _llm_reranker(self, model: str, loop: asyncio.AbstractEventLoop) -> CallableReranker:
+        """The host LLM as a listwise reranker (LangRAG's ``llm`` rerank): asked once to order
+        the numbered candidates; a candidate's score is ``1 - rank / candidates`` (those it
+        leaves out follow in first-stage order). A failing call or an answer without a ranking
+        raises RerankerError: the first stage's order is answered and the results say so."""
+
+        def score(query: str, texts: list[str]) -> list[float]:
+            prompt = llm_rerank_prompt(query, texts)
+            call = asyncio.wait_for(
+                self.plugin.invoke_llm(model, [Message(role="user", content=prompt)]), timeout=LLM_TIMEOUT
+            )
+            try:
+                msg = asyncio.run_coroutine_threadsafe(call, loop).result(timeout=LLM_TIMEOUT + 5)
+            except Exception as exc:  # noqa: BLE001 - any failure of the call: first-stage order
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                raise RerankerError(f"rerank LLM {model!r} failed: {reason}") from None
+            return llm_rank_scores(_message_text(msg), len(texts), model)
+
+        return CallableReranker(score, name=f"host LLM {model}", score_scale="probability")
 
     async def _rewrite(self, query: str, s: dict[str, Any], notes: dict[str, Any]) -> tuple[list[str], str | None]:
         """(the query texts to search, original first; a HyDE passage or None), asking the host
