@@ -346,6 +346,8 @@ def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_req
         "main.py",
         "requirements.txt",
         "README.md",
+        "readme/README_zh_Hans.md",  # LangBot shows readme/README_<language>.md when it exists
+        "readme/README_ja_JP.md",
         "components/kbcore_home.py",
         "components/knowledge_engine/kbcore_engine.yaml",
         "components/knowledge_engine/kbcore_engine.py",
