@@ -1173,18 +1173,23 @@ def general_parsers_sections():
     ]
 
 
-def test_parser_sections_keep_their_page_and_heading_path_in_the_results(loaded):
+@pytest.mark.parametrize(
+    "settings",
+    [HOST_SETTINGS, {**HOST_SETTINGS, "index_type": "parent_child", "parent_chunk_size": 400, "child_chunk_size": 100}],
+    ids=["chunk", "parent_child"],
+)
+def test_parser_sections_keep_their_page_and_heading_path_in_the_results(loaded, settings):
     _, _, component, _, _ = loaded
-    run(component.on_knowledge_base_create(KB, dict(HOST_SETTINGS)))
-    ctx = ingestion(KB, "doc-p", "kb/plant.pdf", parsed="the parser's flat text")
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    ctx = ingestion(KB, "doc-p", "kb/plant.pdf", settings=settings, parsed="the parser's flat text")
     ctx.parsed_content.sections = general_parsers_sections()
     ctx.parsed_content.metadata = {"page_count": 3, "language": "en", "images": [{"page": 2}], "bad key": 1}
     res = ingest(component, ctx)
     assert res["status"] == "completed" and res["metadata"]["format"] == "host-parsed-sections", res
 
     def top(query: str, **kw):
-        hits = retrieve(component, retrieval(KB, query, settings={"search_type": "full_text"}, **kw)).results
-        return hits[0]
+        hits = retrieve(component, retrieval(KB, query, settings={"search_type": "full_text"}, creation=settings, **kw))
+        return hits.results[0]
 
     for query, section, page in (
         ("plant handbook revision", "plant.pdf", 1),
@@ -1201,7 +1206,10 @@ def test_parser_sections_keep_their_page_and_heading_path_in_the_results(loaded)
     assert not any(k.startswith("doc_images") or k.startswith("doc_bad") for k in meta)
     where = {"page": 3}
     on_page_3 = retrieve(
-        component, retrieval(KB, "tested calibrated flushed", settings={"search_type": "full_text"}, filters=where)
+        component,
+        retrieval(
+            KB, "tested calibrated flushed", settings={"search_type": "full_text"}, filters=where, creation=settings
+        ),
     ).results
     assert on_page_3 and {h.metadata["page"] for h in on_page_3} == {3}
 
