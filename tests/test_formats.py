@@ -235,6 +235,29 @@ def test_markdown_and_html_headings_give_heading_paths():
     assert parse(b"no headings here", filename="a.md").sections == ()
 
 
+def test_markdown_page_markers_give_pages_under_the_heading_path_in_force():
+    md = parse(
+        b"Cover text.\n\n<!-- PAGE:1 -->\n# Survey\n\nWelcome.\n\n<!-- PAGE:2 -->\nStill the survey.\n\n"
+        b"## Method\n\nWe measured.\n\n```\n<!-- PAGE:9 -->\n```\n\n<!-- PAGE:0 -->\nNot a page.\n\n"
+        b"<!-- page three -->\n  <!-- PAGE: 3 -->\nLast page.",
+        filename="s.md",
+    )
+    pieces = [(s.path, s.page, md.text[s.start : s.end]) for s in md.sections]
+    assert pieces == [
+        ("", None, "Cover text."),
+        ("Survey", 1, "Survey\n\nWelcome."),
+        ("Survey", 2, "Still the survey."),
+        ("Survey > Method", 2, "Method\n\nWe measured.\n\nNot a page."),
+        ("Survey > Method", 3, "Last page."),
+    ]
+    assert "PAGE" not in md.text
+    plain = parse(b"Just text.\n\n<!-- PAGE:1 -->\nOn page one.", filename="p.md")
+    assert [(s.page, plain.text[s.start : s.end]) for s in plain.sections] == [
+        (None, "Just text."),
+        (1, "On page one."),
+    ]
+
+
 def test_pdf_pages_carry_the_outline_path():
     pypdf = pytest.importorskip("pypdf", reason="the pdf extra (pypdf) is not installed")
     from test_parsing import _minimal_pdf

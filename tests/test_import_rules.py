@@ -80,12 +80,17 @@ _CORE_LEAVES = {
     },
     "kbcore.parsers": set(),
     "kbcore.parsers.archive": set(),
-    "kbcore.parsers.structure": {"kbcore.sections"},
+    "kbcore.parsers.structure": {"kbcore.sections", "kbcore.parsers.tables"},
     "kbcore.parsers.tables": {"kbcore.sections", "kbcore.parsers.archive"},
     "kbcore.parsers.office": {"kbcore.sections", "kbcore.parsers.archive"},
     "kbcore.parsers.qa": {"kbcore.parsers.archive", "kbcore.parsers.tables"},
-    "kbcore.parsers.epub": {"kbcore.sections", "kbcore.parsers.archive", "kbcore.parsers.tables"},
-    "kbcore.parsers.odt": {"kbcore.sections", "kbcore.parsers.archive", "kbcore.parsers.tables"},
+    "kbcore.parsers.epub": {"kbcore.sections", "kbcore.parsers.archive", "kbcore.parsers.structure"},
+    "kbcore.parsers.odt": {
+        "kbcore.sections",
+        "kbcore.parsers.archive",
+        "kbcore.parsers.structure",
+        "kbcore.parsers.tables",
+    },
     "kbcore.fusion": set(),
     # Embedders: one module per kind behind the package's registry (__init__).
     "kbcore.embedders": {

@@ -285,6 +285,7 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
         "vector_weight",
         "rerank",
         "rerank_model_uuid",
+        "rerank_llm_model_uuid",
         "rerank_top_n",
         "query_rewrite",
         "rewrite_llm_model_uuid",
@@ -345,6 +346,8 @@ def test_build_lbpkg_makes_a_package_that_carries_the_wheel_and_not_a_kbcore_req
         "main.py",
         "requirements.txt",
         "README.md",
+        "readme/README_zh_Hans.md",  # LangBot shows readme/README_<language>.md when it exists
+        "readme/README_ja_JP.md",
         "components/kbcore_home.py",
         "components/knowledge_engine/kbcore_engine.yaml",
         "components/knowledge_engine/kbcore_engine.py",
@@ -853,8 +856,9 @@ def test_schemas_declare_the_retrieval_layer_in_three_languages(loaded):
     assert fields["search_type"]["default"] == "vector"
     assert [o["name"] for o in fields["search_type"]["options"]] == ["vector", "full_text", "hybrid"]
     assert fields["vector_weight"]["default"] == 0.7
-    assert [o["name"] for o in fields["rerank"]["options"]] == ["off", "rerank_model"]
+    assert [o["name"] for o in fields["rerank"]["options"]] == ["off", "rerank_model", "llm"]
     assert fields["rerank_model_uuid"]["type"] == "rerank-model-selector"
+    assert fields["rerank_llm_model_uuid"]["type"] == "llm-model-selector"
     assert fields["rewrite_llm_model_uuid"]["type"] == "llm-model-selector"
     assert [o["name"] for o in fields["query_rewrite"]["options"]] == ["off", "hyde", "multi_query", "step_back"]
     assert [o["name"] for o in fields["index_type"]["options"]] == ["chunk", "parent_child", "qa"]
@@ -867,6 +871,18 @@ def test_schemas_declare_the_retrieval_layer_in_three_languages(loaded):
     for name in ("context_window", "parent_chunk_size", "child_chunk_size", "qa_llm_model_uuid", "questions_per_chunk"):
         for lang in ("en_US", "zh_Hans", "ja_JP"):
             assert fields[name]["label"][lang] and fields[name]["description"][lang], (name, lang)
+    # show_if (as LangRAG's schema uses it) names a select of the same schema and one of its options
+    shown = {}
+    for schema in (spec["creation_schema"], spec["retrieval_schema"]):
+        selects = {f["name"]: {o["name"] for o in f.get("options", ())} for f in schema}
+        for f in schema:
+            if "show_if" in f:
+                cond = f["show_if"]
+                assert cond["operator"] in ("eq", "neq") and cond["value"] in selects[cond["field"]], f["name"]
+                shown[f["name"]] = (cond["field"], cond["operator"], cond["value"])
+    assert shown["parent_chunk_size"] == ("index_type", "eq", "parent_child")
+    assert shown["rerank_llm_model_uuid"] == ("rerank", "eq", "llm")
+    assert shown["vector_weight"] == ("search_type", "eq", "hybrid")
 
     def labels(node):
         if isinstance(node, dict):
@@ -960,6 +976,51 @@ def test_rerank_without_a_model_is_off_and_says_so(loaded):
     assert response.results[0].metadata["rerank_error"] == "no rerank model selected"
     with pytest.raises(RetrievalError, match="rerank_top_n"):
         retrieve(component, retrieval(KB, "x", settings={**RERANK, "rerank_top_n": 500}))
+
+
+LLM_RERANK = {"rerank": "llm", "rerank_llm_model_uuid": LLM_MODEL, "rerank_top_n": 10}
+
+
+def test_rerank_with_the_host_llm_orders_the_candidates_as_it_ranks_them(loaded):
+    _, _, component, host, _ = loaded
+    populate(component)
+    query = "signing keys and ingress controllers"
+    plain = retrieve(component, retrieval(KB, query, settings={"top_k": 10})).results  # every chunk: 4
+    prompts = []
+
+    def reverse(prompt):  # the LLM ranks the listed passages in reverse, with some chatter
+        prompts.append(prompt)
+        n = prompt.count("\n[")
+        return "Ranking: " + ", ".join(str(i) for i in range(n, 0, -1)) + " (99 is not a passage)"
+
+    host.llm_reply = reverse
+    settings = {**LLM_RERANK, "top_k": 3}
+    response = retrieve(component, retrieval(KB, query, settings=settings))
+    (prompt,) = prompts
+    assert f"Query: {query}" in prompt and prompt.count("\n[") == len(plain) == 4
+    assert [r.id for r in response.results] == [r.id for r in plain[::-1][:3]]
+    assert [r.score for r in response.results] == pytest.approx([1.0, 0.75, 0.5])
+    assert all(r.metadata["reranked"] is True for r in response.results)
+
+
+@pytest.mark.parametrize(
+    "reply, fragment",
+    [
+        (lambda prompt: (_ for _ in ()).throw(RuntimeError("LLM quota exceeded")), "LLM quota exceeded"),
+        (lambda prompt: "I cannot rank these.", "no ranking"),
+    ],
+)
+def test_a_failing_rerank_llm_answers_the_first_stage_and_says_so(loaded, reply, fragment):
+    _, _, component, host, _ = loaded
+    populate(component)
+    plain = retrieve(component, retrieval(KB, "how often are signing keys rotated?"))
+    host.llm_reply = reply
+    response = retrieve(component, retrieval(KB, "how often are signing keys rotated?", settings=LLM_RERANK))
+    assert _ids(response) == _ids(plain)
+    for r in response.results:
+        assert r.metadata["reranked"] is False and fragment in r.metadata["rerank_error"]
+    none = retrieve(component, retrieval(KB, "signing keys", settings={"rerank": "llm"}))
+    assert none.results[0].metadata["rerank_error"] == "no LLM selected for reranking"
 
 
 def test_query_rewrite_hyde_embeds_the_generated_passage(loaded):
@@ -1096,6 +1157,75 @@ def test_parser_sections_become_heading_paths(loaded):
     assert res["status"] == "completed" and res["metadata"]["format"] == "host-parsed-sections"
     hits = retrieve(component, retrieval(KB, "restores tested monthly", settings={"search_type": "full_text"}))
     assert hits.results[0].metadata["section"] == "Operations > Restores"
+
+
+def general_parsers_sections():
+    """Sections shaped as LangBot's GeneralParsers makes them of a PDF: the text before the
+    first heading under the file name (level 0), each content starting with its heading, the
+    page its heading is on; the last section has no page (it continues page 3)."""
+    from langbot_plugin.api.entities.builtin.rag.models import TextSection
+
+    return [
+        TextSection(content="Plant handbook, revision four. " * 4, heading="plant.pdf", level=0, page=1),
+        TextSection(content="Boilers\n" + "Boilers are flushed every spring. " * 5, heading="Boilers", level=1, page=1),
+        TextSection(content="Valves\n" + "Relief valves are bench tested. " * 5, heading="Valves", level=2, page=3),
+        TextSection(content="Gauges\n" + "Gauges are calibrated yearly. " * 5, heading="Gauges", level=2),
+    ]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [HOST_SETTINGS, {**HOST_SETTINGS, "index_type": "parent_child", "parent_chunk_size": 400, "child_chunk_size": 100}],
+    ids=["chunk", "parent_child"],
+)
+def test_parser_sections_keep_their_page_and_heading_path_in_the_results(loaded, settings):
+    _, _, component, _, _ = loaded
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    ctx = ingestion(KB, "doc-p", "kb/plant.pdf", settings=settings, parsed="the parser's flat text")
+    ctx.parsed_content.sections = general_parsers_sections()
+    ctx.parsed_content.metadata = {"page_count": 3, "language": "en", "images": [{"page": 2}], "bad key": 1}
+    res = ingest(component, ctx)
+    assert res["status"] == "completed" and res["metadata"]["format"] == "host-parsed-sections", res
+
+    def top(query: str, **kw):
+        hits = retrieve(component, retrieval(KB, query, settings={"search_type": "full_text"}, creation=settings, **kw))
+        return hits.results[0]
+
+    for query, section, page in (
+        ("plant handbook revision", "plant.pdf", 1),
+        ("boilers flushed spring", "Boilers", 1),
+        ("relief valves bench tested", "Boilers > Valves", 3),
+        ("gauges calibrated yearly", "Boilers > Gauges", 3),
+    ):
+        hit = top(query)
+        assert (hit.metadata["section"], hit.metadata["heading_path"], hit.metadata["page"]) == (section, section, page)
+        assert hit.content[0].text.split("\n").count(section.rsplit(" > ", 1)[-1]) == 1  # the heading, once
+        assert hit.content[0].file_name == "plant.pdf"
+    meta = top("boilers flushed spring").metadata
+    assert meta["doc_page_count"] == 3 and meta["doc_language"] == "en"
+    assert not any(k.startswith("doc_images") or k.startswith("doc_bad") for k in meta)
+    where = {"page": 3}
+    on_page_3 = retrieve(
+        component,
+        retrieval(
+            KB, "tested calibrated flushed", settings={"search_type": "full_text"}, filters=where, creation=settings
+        ),
+    ).results
+    assert on_page_3 and {h.metadata["page"] for h in on_page_3} == {3}
+
+
+def test_generated_questions_keep_the_page_and_heading_path_of_their_chunk(loaded):
+    _, _, component, host, _ = loaded
+    settings = {**QA_SETTINGS, "qa_llm_model_uuid": LLM_MODEL}
+    host.llm_reply = fake_questions
+    run(component.on_knowledge_base_create(KB, dict(settings)))
+    ctx = ingestion(KB, "doc-qp", "kb/plant.pdf", settings=settings, parsed="the parser's flat text")
+    ctx.parsed_content.sections = general_parsers_sections()
+    res = ingest(component, ctx)
+    assert res["status"] == "completed" and res["metadata"]["questions_generated"] is True, res
+    hit = retrieve(component, retrieval(KB, "relief valves bench tested", creation=settings)).results[0]
+    assert "Relief valves" in hit.content[0].text
+    assert (hit.metadata["section"], hit.metadata["page"]) == ("Boilers > Valves", 3)
 
 
 LONG_DOC = (

@@ -15,9 +15,10 @@ What it does, in order:
    fake OpenAI-compatible ``/v1/embeddings`` server, then drives the host's own HTTP API (the web
    UI's): admin setup and login, an embedding model on the fake server, plugin install from a
    local file, knowledge bases on the kbcore engine, document upload, retrieval (top_k, filters,
-   one result per document), office files and zips, search types, rerank and query rewrite,
-   parent-child (the parent with ``part_ids``), ``context_window``, Q&A from a CSV and from
-   questions the fake chat model writes per chunk (and a generation failure), document delete,
+   one result per document), office files and zips, search types, rerank (a rerank model and
+   an LLM) and query rewrite, parent-child (the parent with ``part_ids``), ``context_window``,
+   Q&A from a CSV and from questions the fake chat model writes per chunk (and a generation
+   failure), document delete,
    a host restart, data left by an older version in an old package folder, a plugin upgrade,
    knowledge base delete and uninstall, checking the runtime's disk after each step. Every
    process it started is killed in a ``finally``.
@@ -848,6 +849,19 @@ def run_phase(args: argparse.Namespace) -> int:
             and rhy
             and "ingress controllers" in rhy[0]["content"][0]["text"],
             (emb.texts[n_emb:], rhy[:1]),
+        )
+        # LLM rerank (LangRAG's third mode): the fake chat model ranks the listed passages in reverse
+        emb.chat_reply = lambda prompt: ", ".join(str(i) for i in range(prompt.count("\n["), 0, -1))
+        pool = retrieve(kb_office, rq, top_k=10)
+        n_prompts = len(emb.prompts)
+        rl = retrieve(kb_office, rq, top_k=3, rerank="llm", rerank_llm_model_uuid=llm, rerank_top_n=10)
+        c.check(
+            "rerank: the host LLM (a fake chat model) ranked the candidates, results in its order, reranked=true",
+            len(emb.prompts) == n_prompts + 1
+            and f"Query: {rq}" in emb.prompts[-1]
+            and [e["id"] for e in rl] == [e["id"] for e in pool[::-1][:3]]
+            and all(e["metadata"].get("reranked") is True for e in rl),
+            (emb.prompts[-1:], rl),
         )
         api.call("DELETE", f"/api/v1/knowledge/bases/{kb_office}")
 

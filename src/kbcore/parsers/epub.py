@@ -18,9 +18,9 @@ import io
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..sections import PATH_SEPARATOR, Part
+from ..sections import Part
 from .archive import MAX_OFFICE_UNPACKED, check_zip
-from .tables import MAX_TABLE_CHARS, render_rows
+from .structure import PartBuilder
 
 __all__ = ["epub_parts"]
 
@@ -66,27 +66,8 @@ def _has_blocks(el: Any) -> bool:
     return any(_tag(c) in _BLOCKS for c in el.iterdescendants())
 
 
-class _Book:
+class _Book(PartBuilder):
     """The parts of a book being read, with the heading path of the current chapter."""
-
-    def __init__(self, filename: str | None) -> None:
-        self.filename = filename
-        self.parts: list[Part] = []
-        self.heads: list[tuple[int, str]] = []
-        self.lines: list[str] = []
-        self.budget = [MAX_TABLE_CHARS]
-
-    def path(self) -> str:
-        return PATH_SEPARATOR.join(t for _, t in self.heads)
-
-    def flush(self) -> None:
-        if self.lines:
-            self.parts.append(Part("\n".join(self.lines), self.path()))
-            self.lines.clear()
-
-    def chapter(self, title: str | None) -> None:
-        self.flush()
-        self.heads = [(0, title)] if title else []
 
     def walk(self, el: Any, bullet: str = "") -> None:
         for child in el.iterchildren():
@@ -96,19 +77,9 @@ class _Book:
             if tag in _HEADINGS:
                 text = _text(child)
                 if text:
-                    self.flush()
-                    level = _HEADINGS[tag]
-                    while self.heads and self.heads[-1][0] >= level:
-                        self.heads.pop()
-                    if self.heads == [(0, text)]:  # the chapter's own title: not nested in itself
-                        self.heads.clear()
-                    self.heads.append((level, text))
-                    self.lines.append(text)
+                    self.heading(_HEADINGS[tag], text)
             elif tag == "table":
-                self.flush()
-                part = render_rows(self._rows(child), self.path(), self.filename, self.budget)
-                if part is not None:
-                    self.parts.append(part)
+                self.table(self._rows(child))
             elif tag in ("ul", "ol"):
                 self.walk(child, "- ")
             elif tag in _BLOCKS and _has_blocks(child):

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..sections import PATH_SEPARATOR, Part
+from ..sections import Part
 from .archive import MAX_OFFICE_UNPACKED, check_zip
-from .tables import MAX_EMPTY_RUN, MAX_TABLE_CHARS, render_rows
+from .structure import PartBuilder
+from .tables import MAX_EMPTY_RUN
 
 __all__ = ["MAX_COLUMNS", "odt_parts"]
 
@@ -74,23 +75,8 @@ def _repeat(el: Any, attr: str) -> int:
         return 1
 
 
-class _Doc:
+class _Doc(PartBuilder):
     """The parts of a document being read, with the current heading path."""
-
-    def __init__(self, filename: str | None) -> None:
-        self.filename = filename
-        self.parts: list[Part] = []
-        self.heads: list[tuple[int, str]] = []
-        self.lines: list[str] = []
-        self.budget = [MAX_TABLE_CHARS]
-
-    def path(self) -> str:
-        return PATH_SEPARATOR.join(t for _, t in self.heads)
-
-    def flush(self) -> None:
-        if self.lines:
-            self.parts.append(Part("\n".join(self.lines), self.path()))
-            self.lines.clear()
 
     def walk(self, el: Any, bullet: str = "") -> None:
         for child in el.children:
@@ -98,12 +84,7 @@ class _Doc:
             if tag == "text:h":
                 text = _text(child)
                 if text:
-                    self.flush()
-                    level = _repeat(child, "text:outline-level")
-                    while self.heads and self.heads[-1][0] >= level:
-                        self.heads.pop()
-                    self.heads.append((level, text))
-                    self.lines.append(text)
+                    self.heading(_repeat(child, "text:outline-level"), text)
             elif tag == "text:p":
                 text = _text(child)
                 if text:
@@ -111,10 +92,7 @@ class _Doc:
             elif tag == "text:list":
                 self.walk(child, "- ")
             elif tag == "table:table":
-                self.flush()
-                part = render_rows(self._rows(child), self.path(), self.filename, self.budget)
-                if part is not None:
-                    self.parts.append(part)
+                self.table(self._rows(child))
             elif tag in ("office:annotation", "text:tracked-changes", "text:sequence-decls"):
                 continue
             else:  # sections, list items, indexes, frames: their blocks in order

@@ -26,6 +26,7 @@ is better; see :mod:`kbcore.engine` for the mapping).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -70,6 +71,7 @@ from kbcore.engine.reranking import apply as apply_rerank  # noqa: E402
 from kbcore.errors import InvalidArgumentError, KbcoreError, NotFoundError, RerankerError  # noqa: E402
 from kbcore.index import KINDS, METRICS, QUANTIZATIONS, IndexSpec  # noqa: E402
 from kbcore.rerankers.function import CallableReranker  # noqa: E402
+from kbcore.sections import SectionChunk  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ CONTEXT_WINDOW_MAX = 5
 BUILTIN_EMBEDDERS = ("auto", "e5", "hashing")
 #: Retrieval choices.
 SEARCH_TYPES = ("vector", "full_text", "hybrid")
-RERANK_MODES = ("off", "rerank_model")
+RERANK_MODES = ("off", "rerank_model", "llm")
 QUERY_REWRITES = ("off", "hyde", "multi_query", "step_back")
 #: Multi-query: rewrites asked of the LLM; reciprocal rank fusion constant of the merge.
 MULTI_QUERIES = 3
@@ -119,6 +121,8 @@ RERANK_MAX = 64
 #: Seconds to wait for one host rerank / LLM call.
 RERANK_TIMEOUT = 60.0
 LLM_TIMEOUT = 60.0
+#: LLM rerank: characters of each candidate shown to the LLM (the prompt stays bounded).
+LLM_RERANK_CHARS = 400
 #: Seconds between two log lines about failing rerank calls of one knowledge base.
 RERANK_LOG_INTERVAL = 60.0
 
@@ -257,6 +261,7 @@ def retrieval_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "vector_weight": _float(s, "vector_weight", 0.7, 0.0, 1.0),
         "rerank": _choice(s, "rerank", "off", RERANK_MODES),
         "rerank_model_uuid": _str(s, "rerank_model_uuid"),
+        "rerank_llm_model_uuid": _str(s, "rerank_llm_model_uuid"),
         "rerank_top_n": _int(s, "rerank_top_n", 20, 1),
         "query_rewrite": _choice(s, "query_rewrite", "off", QUERY_REWRITES),
         "rewrite_llm_model_uuid": _str(s, "rewrite_llm_model_uuid"),
@@ -304,17 +309,41 @@ def builtin_embedder(choice: str) -> Any:
     return default_embedder()
 
 
+#: The largest page number a host parser's section may carry (a larger one is not a page).
+MAX_PAGE = 999_999_999
+
+
+def _page(sec: Any) -> int | None:
+    page = getattr(sec, "page", None)
+    if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
+        return None
+    return page
+
+
 def sections_markdown(sections: Sequence[Any]) -> str:
-    """A host parser's ``sections`` (heading, level, content) as Markdown, so that kbcore's
-    structure-aware chunker keeps each heading path as the chunks' ``section``."""
+    """A host parser's ``sections`` (SDK ``TextSection``: heading, level, content, page) as
+    Markdown for kbcore's structure-aware chunker: each heading a Markdown heading of its
+    level (so the chunks' ``section`` is the heading path), and a page marker
+    (``<!-- PAGE:n -->``) before each section whose page differs from the one before (so the
+    chunks' ``page`` is the page their section starts on; a section without a page continues
+    the page before it). A content whose first line repeats the heading (LangBot's
+    GeneralParsers writes it so) does not repeat it in the chunk."""
     parts: list[str] = []
+    current: int | None = None
     for sec in sections:
-        heading = (getattr(sec, "heading", None) or "").strip()
+        heading = " ".join((getattr(sec, "heading", None) or "").split())
         content = (getattr(sec, "content", None) or "").strip()
+        page = _page(sec)
+        if page is not None and page != current:
+            parts.append(f"<!-- PAGE:{page} -->")
+            current = page
         if heading:
             level = getattr(sec, "level", 0)
             level = min(max(int(level) if isinstance(level, int) else 1, 1), 6)
-            parts.append("#" * level + " " + " ".join(heading.split()))
+            parts.append("#" * level + " " + heading)
+            first, _, rest = content.partition("\n")
+            if " ".join(first.lstrip("#").split()) == heading:
+                content = rest.strip()
         if content:
             parts.append(content)
     return "\n\n".join(parts)
@@ -339,6 +368,37 @@ def rerank_scores(results: Any, n: int, model: str) -> list[float]:
     if missing:
         raise RerankerError(f"rerank model {model!r} scored {n - missing} of {n} candidates")
     return [float(v) for v in scores if v is not None]
+
+
+def llm_rerank_prompt(query: str, texts: Sequence[str]) -> str:
+    """The prompt asking the host LLM to order candidates (numbered from 1, each cut to
+    ``LLM_RERANK_CHARS`` characters) by relevance to the query."""
+    listed = "\n".join(f"[{i}] {' '.join(t[:LLM_RERANK_CHARS].split())}" for i, t in enumerate(texts, 1))
+    return (
+        "Rank the passages below by how well they answer the query, most relevant first. Reply "
+        "with the passage numbers only, separated by commas (for example: 3, 1, 2).\n\n"
+        f"Query: {query}\n\nPassages:\n{listed}\n\nRanking:"
+    )
+
+
+def llm_rank_scores(answer: str, n: int, model: str) -> list[float]:
+    """One score per candidate from an LLM's ranking (passage numbers 1..n, best first):
+    ``1 - rank / n``; numbers out of range and repeats are ignored, candidates the answer
+    leaves out follow in their first-stage order. RerankerError when it names none."""
+    order: list[int] = []
+    for m in re.finditer(r"\d+", answer):
+        i = int(m.group()) - 1
+        if 0 <= i < n and i not in order:
+            order.append(i)
+    if not order:
+        snippet = " ".join(answer.split())[:100]
+        raise RerankerError(f"rerank LLM {model!r} answered no ranking of the {n} candidates: {snippet!r}")
+    ranked = set(order)
+    order.extend(i for i in range(n) if i not in ranked)
+    scores = [0.0] * n
+    for rank, i in enumerate(order):
+        scores[i] = 1.0 - rank / n
+    return scores
 
 
 def rewrite_lines(text: str, limit: int) -> list[str]:
@@ -501,6 +561,41 @@ def _file_metadata(ctx: IngestionContext, title: str | None) -> dict[str, Any]:
         if isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value)):
             out[key] = value
     return out
+
+
+def _parser_metadata(parsed: Any) -> dict[str, Any]:
+    """A host parser's document metadata (``ParseResult.metadata``: page count, language, ...)
+    as chunk metadata ``doc_<key>``, as LangRAG keeps it: scalar entries only (lists such as
+    ``images`` and objects are skipped: the index stores scalars)."""
+    out: dict[str, Any] = {}
+    reserved = set(RESERVED_METADATA)
+    for key, value in (getattr(parsed, "metadata", None) or {}).items():
+        name = f"doc_{key}" if isinstance(key, str) else ""
+        if name in reserved or not _META_KEY_RE.fullmatch(name):
+            continue
+        if isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+            out[name] = value
+    return out
+
+
+def _with_sources(prepared: Any, sources: Sequence[Any]) -> Any:
+    """``prepared`` (question-answer pairs, a chunk per question) with each question carrying
+    the heading path (``section``) and ``page`` of the document chunk that answers it."""
+    if all(getattr(c, "section", None) is None and getattr(c, "page", None) is None for c in sources):
+        return prepared
+    chunks = tuple(
+        SectionChunk(
+            c.text,
+            c.index,
+            c.start,
+            c.end,
+            c.document_id,
+            section=getattr(src, "section", None),
+            page=getattr(src, "page", None),
+        )
+        for c, src in zip(prepared.chunks, sources, strict=True)
+    )
+    return dataclasses.replace(prepared, chunks=chunks)
 
 
 class _HostEmbedder:
@@ -688,6 +783,8 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         settings = creation_settings(ctx.creation_settings)
         parsed = ctx.parsed_content
         meta = _file_metadata(ctx, None)
+        if parsed is not None:
+            meta.update((k, v) for k, v in _parser_metadata(parsed).items() if k not in meta)
         name = fm.filename or None
         qa_table = settings["index_type"] == "qa" and (name or "").lower().endswith(QA_TABLE_SUFFIXES)
         if qa_table:  # question-answer rows: the file itself, whatever a parser made of it
@@ -767,7 +864,9 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 lambda: kb.prepare(document_id=doc_id, filename=filename, metadata=meta, **source)
             )
             pairs = await self._generate_pairs(s, doc.texts, what)
-            rows = "".join(json.dumps({"question": q, "answer": a}, ensure_ascii=False) + "\n" for q, a in pairs)
+            rows = "".join(
+                json.dumps({"question": q, "answer": doc.chunks[i].text}, ensure_ascii=False) + "\n" for q, i in pairs
+            )
             prepared = await asyncio.to_thread(
                 kb.prepare_qa,
                 rows.encode("utf-8"),
@@ -776,13 +875,15 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 filename=filename,
                 metadata=meta,
             )
+            prepared = _with_sources(prepared, [doc.chunks[i] for _, i in pairs])
         vectors = await self._embed(kb, ctx.creation_settings, prepared.texts)
         return await asyncio.to_thread(kb.ingest_prepared, prepared, vectors), not table
 
-    async def _generate_pairs(self, s: Mapping[str, Any], chunks: Sequence[str], what: str) -> list[tuple[str, str]]:
-        """(question, chunk) pairs: the host LLM asked for ``questions_per_chunk`` questions per
-        chunk (at most QA_CONCURRENCY calls at a time). A failing call, a timeout or an answer
-        without a question raises QuestionGenerationError naming the chunk."""
+    async def _generate_pairs(self, s: Mapping[str, Any], chunks: Sequence[str], what: str) -> list[tuple[str, int]]:
+        """(question, chunk index) pairs, in chunk order: the host LLM asked for
+        ``questions_per_chunk`` questions per chunk (at most QA_CONCURRENCY calls at a time). A
+        failing call, a timeout or an answer without a question raises QuestionGenerationError
+        naming the chunk."""
         model, n = s["qa_llm_model_uuid"], s["questions_per_chunk"]
         if len(chunks) > QA_MAX_CHUNKS:
             raise InvalidArgumentError(
@@ -791,7 +892,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             )
         gate = asyncio.Semaphore(QA_CONCURRENCY)
 
-        async def one(i: int, text: str) -> list[tuple[str, str]]:
+        async def one(i: int, text: str) -> list[tuple[str, int]]:
             where = f"chunk {i + 1} of {len(chunks)} of {what!r}"
             async with gate:
                 try:
@@ -805,7 +906,7 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             questions = generated_questions(_message_text(msg), n)
             if not questions:
                 raise QuestionGenerationError(f"LLM {model!r} answered no question for {where}")
-            return [(q, text) for q in questions]
+            return [(q, i) for q in questions]
 
         tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(chunks)]
         try:
@@ -896,13 +997,16 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             meta = dict(h.metadata)
             if meta.get("filename"):
                 meta.setdefault("document_name", meta["filename"])
+            if meta.get("section"):  # LangRAG's name of the heading path
+                meta.setdefault("heading_path", meta["section"])
             if h.part_ids:  # parent-child: the children that matched; dedup: the chunks of the document
                 meta["part_ids"] = list(h.part_ids)
             meta.update(notes)
             entries.append(
                 RetrievalResultEntry(
                     id=f"{h.document_id}#{h.chunk_index}",
-                    content=[ContentElement.from_text(h.content)],
+                    # file_name: the source document, as LangRAG's results name it
+                    content=[ContentElement(type="text", text=h.content, file_name=meta.get("document_name") or None)],
                     metadata=meta,
                     distance=float(h.distance),
                     score=min(max(float(h.score), 0.0), 1.0),  # the engine applied the threshold
@@ -922,6 +1026,11 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 reranker = self._host_reranker(s["rerank_model_uuid"], asyncio.get_running_loop())
             else:
                 notes.update(reranked=False, rerank_error="no rerank model selected")
+        elif s["rerank"] == "llm":
+            if s["rerank_llm_model_uuid"]:
+                reranker = self._llm_reranker(s["rerank_llm_model_uuid"], asyncio.get_running_loop())
+            else:
+                notes.update(reranked=False, rerank_error="no LLM selected for reranking")
         depth = max(s["rerank_top_n"], s["top_k"]) if reranker is not None else s["top_k"]
         lists = []
         for i, text in enumerate(texts):
@@ -1009,6 +1118,26 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
             return rerank_scores(results, len(texts), model)
 
         return CallableReranker(score, name=f"host rerank model {model}", score_scale="probability")
+
+    def _llm_reranker(self, model: str, loop: asyncio.AbstractEventLoop) -> CallableReranker:
+        """The host LLM as a listwise reranker (LangRAG's ``llm`` rerank): asked once to order
+        the numbered candidates; a candidate's score is ``1 - rank / candidates`` (those it
+        leaves out follow in first-stage order). A failing call or an answer without a ranking
+        raises RerankerError: the first stage's order is answered and the results say so."""
+
+        def score(query: str, texts: list[str]) -> list[float]:
+            prompt = llm_rerank_prompt(query, texts)
+            call = asyncio.wait_for(
+                self.plugin.invoke_llm(model, [Message(role="user", content=prompt)]), timeout=LLM_TIMEOUT
+            )
+            try:
+                msg = asyncio.run_coroutine_threadsafe(call, loop).result(timeout=LLM_TIMEOUT + 5)
+            except Exception as exc:  # noqa: BLE001 - any failure of the call: first-stage order
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                raise RerankerError(f"rerank LLM {model!r} failed: {reason}") from None
+            return llm_rank_scores(_message_text(msg), len(texts), model)
+
+        return CallableReranker(score, name=f"host LLM {model}", score_scale="probability")
 
     async def _rewrite(self, query: str, s: dict[str, Any], notes: dict[str, Any]) -> tuple[list[str], str | None]:
         """(the query texts to search, original first; a HyDE passage or None), asking the host
