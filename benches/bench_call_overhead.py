@@ -1,20 +1,23 @@
 """Per-call overhead of one-query search (issue 28): where the time outside the graph walk goes.
 
 On SciFact chunks (19,369 x 384, 300 queries, cosine), kbcore sq8 and SymphonyQG (``rabitqlib``,
-when installed) are each built once, each at the smallest ef of ``--efs`` reaching recall@10
-``--target``; then, interleaved in one process (the order rotated every pass, so a burst of
-outside load lands on every variant), each pass times for every variant one sweep over all
-queries:
+when installed) are each built once and searched at the smallest ef of ``DEFAULT_EFS`` whose
+batch answer reaches recall@10 ``--target``; then, interleaved in one process (in a fresh seeded
+random order every pass, so a burst of outside load lands on every variant), each pass times ``--repeat``
+sweeps over all queries for every variant, by this thread's CPU time (``--wall``: wall clock):
 
 - ``batch``: one ``Index.search`` call on the [300, 384] array, one thread, per query;
 - ``native-batch``: the same through ``_core.Index.search`` (no Python layer);
 - ``search_one``: ``_core.Index.search_one`` per query (the binding, no Python layer);
 - ``Index.search``: the public call per query (what a RAG request runs);
 - ``symqg`` / ``symqg-batch``: SymphonyQG's ``search(q[None], ...)`` per query and its
-  ``search_batch`` per query.
+  ``search_batch`` per query;
+- ``floor: ...``: the kbcore calls on an index of two rows (the walk is a few distances): the
+  cost of the call itself.
 
 Printed: the median over passes of microseconds per query, each variant's ratio to ``batch``
-and the per-call overhead (one-query minus batch per query), with ``os.getloadavg()`` before and
+and the per-call overhead (one-query minus batch per query; for the floor rows, minus the
+floor's batch; for SymphonyQG, minus its own batch), with ``os.getloadavg()`` before and
 after. Ratios within the process are what to read on a shared machine.
 
 Run from the repository root::
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -102,6 +106,14 @@ def main(argv: list[str] | None = None) -> None:
         "search_one": lambda: sweep(lambda r: native.search_one(r, K, ef, None), rows, reps),
         "Index.search": lambda: sweep(lambda r: index.search(r, k=K, ef=ef, threads=1), rows, reps),
     }
+    # The floor: the same calls on an index of two rows, where the walk is a few distances, so
+    # what is left is the cost of a call itself (argument checks, result arrays, GIL, set-up).
+    tiny = kbcore.Index(x.shape[1], metric="cosine", kind="hnsw", M=M, quantization="sq8")
+    tiny.add(x[:2], np.arange(2, dtype=np.int64), threads=1)
+    tiny_native = tiny._native
+    variants["floor: native-batch"] = lambda: sweep(lambda a: tiny_native.search(a, K, ef, 1, None), [q], reps)
+    variants["floor: search_one"] = lambda: sweep(lambda r: tiny_native.search_one(r, K, ef, None), rows, reps)
+    variants["floor: Index.search"] = lambda: sweep(lambda r: tiny.search(r, k=K, ef=ef, threads=1), rows, reps)
     notes = [f"kbcore {kbcore.__version__} sq8 ef={ef} recall@{K}={recall(index.search(q, k=K, ef=ef)[0], truth):.3f}"]
     if not args.no_symqg:
         try:
@@ -125,9 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[str, list[float]] = {n: [] for n in names}
     for run in variants.values():  # warm-up pass
         run()
+    # A fresh order each pass: a rotation would keep each variant behind the same predecessor
+    # (whose cache footprint it inherits) in every pass.
+    shuffle = random.Random(28)
     load_before = os.getloadavg()
-    for p in range(args.passes):
-        order = names[p % len(names) :] + names[: p % len(names)]
+    for _ in range(args.passes):
+        order = list(names)
+        shuffle.shuffle(order)
         for n in order:
             times[n].append(variants[n]() / nq * 1e6)
     load_after = os.getloadavg()
@@ -142,7 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|---:|---:|")
     for n in names:
         med = statistics.median(times[n])
-        ref = statistics.median(times["symqg-batch"]) if n == "symqg" else base
+        ref = base
+        if n == "symqg":
+            ref = statistics.median(times["symqg-batch"])
+        elif n.startswith("floor"):
+            ref = statistics.median(times["floor: native-batch"])
         print(f"| {n} | {med:.2f} | {min(times[n]):.2f}-{max(times[n]):.2f} | {med / base:.2f} | {med - ref:+.2f} |")
 
 
