@@ -19,7 +19,8 @@
 // and the walk's candidates (the list of kbcore's RaBitQ search, max(ef, 2k)) go through
 // kbcore's bounded exact re-rank, as in kbcore's own RaBitQ search. The descent is kbcore's on
 // the codes. Compared, interleaved in one process over an ef grid (thread CPU time): kbcore's
-// sq8 search, kbcore's RaBitQ 1-bit search, and the FastScan walk on the same 1-bit index.
+// sq8 search, kbcore's RaBitQ 1-bit search, the FastScan walk on the same 1-bit index, and the
+// SymphonyQG-ordered walk (search_qg) on blocks that also hold each node's float32 row.
 #define private public
 #define protected public
 #include "graph_search.h"
@@ -240,6 +241,107 @@ std::vector<Scored> search_fs(const HnswIndex& g, const FsBlocks& b, const Rabit
   return rerank_bounded(g.store_, codes, pq, g.metric_, q, std::move(res), std::max(depth, k), k);
 }
 
+// The SymphonyQG walk on the same graph: each node's block also holds its own float32 row, so
+// that expanding a node reads one contiguous block for its exact distance and its neighbours'
+// estimates. A pool of the `ef` best estimates (sorted, each with a checked flag) is walked
+// best unchecked first; each checked node's exact distance goes to the k results; the walk ends
+// when every pooled node is checked. No re-rank.
+struct QgBlocks {
+  std::size_t groups = 0;
+  std::size_t raw_bytes = 0;  // dim floats, rounded to 64
+  std::size_t bytes = 0;      // raw, codes (groups * 16), kNb floats F_x; a multiple of 64
+  std::vector<std::uint8_t> data;
+  const std::uint8_t* block(Slot s) const { return data.data() + static_cast<std::size_t>(s) * bytes; }
+};
+
+QgBlocks make_qg_blocks(const HnswIndex& g, const RabitqCodes& codes, const FsBlocks& fs) {
+  QgBlocks b;
+  b.groups = fs.groups;
+  const std::size_t dim = g.store_.dim();
+  b.raw_bytes = (dim * sizeof(float) + 63) / 64 * 64;
+  b.bytes = b.raw_bytes + fs.bytes;
+  const std::size_t n = g.levels_.size();
+  b.data.assign(n * b.bytes + 64, 0);
+  for (Slot s = 0; s < n; ++s) {
+    std::uint8_t* p = b.data.data() + static_cast<std::size_t>(s) * b.bytes;
+    std::memcpy(p, g.store_.vector(s), dim * sizeof(float));
+    std::memcpy(p + b.raw_bytes, fs.block(s), fs.bytes);
+  }
+  (void)codes;
+  return b;
+}
+
+struct Pooled {
+  float est;
+  Slot slot;
+  bool checked;
+};
+
+std::vector<Scored> search_qg(const HnswIndex& g, const QgBlocks& b, const RabitqCodes& codes, const float* q,
+                              std::size_t k, std::size_t ef) {
+  auto& pq = code_query<RabitqCodes>(search_scratch());
+  codes.prepare(q, pq);
+  thread_local Luts lt;
+  make_luts(pq, b.groups, lt);
+  const std::size_t dim = g.store_.dim();
+  const Kernels& kern = active_kernels();
+  auto visited = g.visited_.acquire(g.levels_.size());
+  const Scored ep = GraphSearch::descend(g, CodeScorer<RabitqCodes>(codes, pq), *visited);
+  visited->reset(g.levels_.size());
+  const VisitedSet::View vis = visited->view();
+  const std::size_t width = std::max(ef, k);
+  thread_local std::vector<Pooled> pool;  // ascending by est, at most width
+  pool.clear();
+  pool.push_back({ep.dist, ep.slot, false});
+  vis.test_and_set(ep.slot);
+  std::vector<Scored> results;  // max-heap of k exact
+  results.reserve(k + 1);
+  std::uint32_t acc[kNb];
+  std::size_t first = 0;  // no unchecked entry before it
+  while (first < pool.size()) {
+    Pooled& c = pool[first];
+    c.checked = true;
+    const Slot cs = c.slot;
+    const std::uint8_t* blk = b.block(cs);
+    // The next unchecked entry's block starts loading now.
+    std::size_t next = first + 1;
+    while (next < pool.size() && pool[next].checked) ++next;
+    if (next < pool.size()) {
+      const std::uint8_t* nb = b.block(pool[next].slot);
+      for (std::size_t o = 0; o < b.bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(nb + o), _MM_HINT_T0);
+    }
+    const float exact = 1.0f - kern.dot(q, reinterpret_cast<const float*>(blk), dim);
+    if (results.size() < k) {
+      results.push_back({exact, cs});
+      std::push_heap(results.begin(), results.end());
+    } else if (exact < results.front().dist) {
+      std::pop_heap(results.begin(), results.end());
+      results.back() = {exact, cs};
+      std::push_heap(results.begin(), results.end());
+    }
+    fastscan_avx2(blk + b.raw_bytes, lt.lut.data(), b.groups, acc);
+    const float* fx = reinterpret_cast<const float*>(blk + b.raw_bytes + b.groups * 16);
+    const std::uint32_t* l = g.links(cs, 0);
+    std::size_t lowest = pool.size();  // the first position an insertion touched
+    for (std::size_t j = 0; j < l[0]; ++j) {
+      const Slot n = l[1 + j];
+      if (vis.test_and_set(n)) continue;
+      const float dot = static_cast<float>(acc[j]) * lt.inv_scale + lt.sum_min;
+      const float d = pq.c0 + fx[j] * (pq.c1 * dot + pq.c2);
+      if (pool.size() >= width && d >= pool.back().est) continue;
+      auto it = std::upper_bound(pool.begin(), pool.end(), d, [](float v, const Pooled& e) { return v < e.est; });
+      const std::size_t pos = static_cast<std::size_t>(it - pool.begin());
+      pool.insert(it, {d, n, false});
+      if (pool.size() > width) pool.pop_back();
+      lowest = std::min(lowest, pos);
+    }
+    first = std::min(next, lowest);
+    while (first < pool.size() && pool[first].checked) ++first;
+  }
+  std::sort_heap(results.begin(), results.end());
+  return results;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -263,6 +365,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const FsBlocks b = make_blocks(grb, rcodes);
+  const QgBlocks qb = make_qg_blocks(grb, rcodes, b);
   std::printf("FastScan blocks: %zu B per node, %.1f MB; RaBitQ 1-bit rows %zu B; SQ8 rows %zu B\n", b.bytes,
               static_cast<double>(b.data.size()) / 1e6, rcodes.stride(), scodes.stride());
   // The AVX2 kernel against the scalar one, and the estimate against kbcore's exact-integer one.
@@ -302,16 +405,18 @@ int main(int argc, char** argv) {
     }
     return static_cast<double>(hit) / static_cast<double>(nq * k);
   };
-  const char* names[3] = {"kbcore sq8", "kbcore rabitq1", "fastscan rabitq1"};
-  std::printf("%5s | %-18s %8s %9s | %-18s %8s %9s | %-18s %8s %9s\n", "ef", names[0], "recall", "QPS", names[1],
-              "recall", "QPS", names[2], "recall", "QPS");
-  for (std::size_t ef : {10, 16, 24, 32, 48, 64, 96, 128, 192, 256}) {
-    std::vector<std::vector<Scored>> res[3];
-    std::vector<double> times[3];
+  constexpr int kVariants = 4;
+  std::printf("QG blocks (own float32 row + FastScan block): %zu B per node\n", qb.bytes);
+  std::printf("%5s | %-16s %7s %7s | %-16s %7s %7s | %-16s %7s %7s | %-16s %7s %7s\n", "ef", "kbcore sq8", "recall",
+              "QPS", "kbcore rabitq1", "recall", "QPS", "fastscan walk", "recall", "QPS", "fastscan QG walk", "recall",
+              "QPS");
+  for (std::size_t ef : {10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384}) {
+    std::vector<std::vector<Scored>> res[kVariants];
+    std::vector<double> times[kVariants];
     for (auto& r : res) r.resize(nq);
     for (int pass = 0; pass < 6; ++pass) {  // pass 0 warms up
-      for (int v0 = 0; v0 < 3; ++v0) {
-        const int v = (v0 + pass) % 3;
+      for (int v0 = 0; v0 < kVariants; ++v0) {
+        const int v = (v0 + pass) % kVariants;
         const double t0 = cpu_now();
         for (std::size_t i = 0; i < nq; ++i) {
           const float* q = queries.data() + i * dim;
@@ -319,17 +424,19 @@ int main(int argc, char** argv) {
             res[v][i] = HnswCodeSearch::search(gsq, scodes, q, k, ef, sq->rerank_depth(ef, k), AcceptAll{});
           } else if (v == 1) {
             res[v][i] = HnswCodeSearch::search(grb, rcodes, q, k, ef, rb->rerank_depth(ef, k), AcceptAll{});
-          } else {
+          } else if (v == 2) {
             res[v][i] = search_fs(grb, b, rcodes, q, k, ef, rb->rerank_depth(ef, k));
+          } else {
+            res[v][i] = search_qg(grb, qb, rcodes, q, k, ef);
           }
         }
         if (pass > 0) times[v].push_back(cpu_now() - t0);
       }
     }
     std::printf("%5zu", ef);
-    for (int v = 0; v < 3; ++v) {
+    for (int v = 0; v < kVariants; ++v) {
       std::sort(times[v].begin(), times[v].end());
-      std::printf(" | %-18s %8.4f %9.0f", "", recall(v == 0 ? *sq : *rb, res[v]),
+      std::printf(" | %-16s %7.4f %7.0f", "", recall(v == 0 ? *sq : *rb, res[v]),
                   static_cast<double>(nq) / times[v][times[v].size() / 2]);
     }
     std::printf("\n");
