@@ -16,10 +16,18 @@ namespace kbcore {
 /// cores only adds stacks (8 MiB of address space each), and `threads` comes from the user.
 inline constexpr std::size_t kMaxThreads = 256;
 
+/// The hardware threads (at least 1), read once per process: std::thread::hardware_concurrency
+/// opens and reads /sys/devices/system/cpu/online on every call (three system calls, about as
+/// long as the rest of a one-query search's per-call work together).
+inline std::size_t hardware_threads() {
+  static const std::size_t hardware = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  return hardware;
+}
+
 /// Number of threads to use for a request of `threads` (0 = all hardware threads) over n items:
-/// at most n and at most max(kMaxThreads, hardware threads).
+/// at most n and at most max(kMaxThreads, hardware threads). O(1), no system call.
 inline std::size_t resolve_threads(std::size_t threads, std::size_t n) {
-  const std::size_t hardware = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  const std::size_t hardware = hardware_threads();
   if (threads == 0) threads = hardware;
   return std::max<std::size_t>(1, std::min({threads, n, std::max(kMaxThreads, hardware)}));
 }
