@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "index.h"
 #include "multi_search.h"
+#include "parallel.h"
 #include "test_util.h"
 #include "thread_pool.h"
 
