@@ -12,7 +12,8 @@ further knowledge base ``all`` holds every document. Each round times, query by 
 interleaved (so machine load hits every variant alike): ``kb0.retrieve`` (one of the parts),
 ``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (the
 vector searches as one native call on the search pool, ``kbcore.index.search_many``;
-candidates merged, hits built only for the ``top_k`` kept), the same with each knowledge
+candidates merged, hits built only for the ``top_k`` kept), the same with that call on the
+caller's thread only (``search_many(threads=1)``), the same with each knowledge
 base's search its own call one after the other (the path before ``search_many``), the same
 with those calls forced onto Python threads, and the same merging whole hit lists (every
 knowledge base's ``top_k`` hits built, the path a reranker or a context window takes).
@@ -61,6 +62,20 @@ def _serial(engine, names: list[str], q: str):
         return engine.retrieve(names, q, TOP_K)
     finally:
         KnowledgeBase._vector_search = saved
+
+
+def _one_thread(engine, names: list[str], q: str):
+    """``Engine.retrieve`` with its one native call searching on the caller's thread only."""
+    from functools import partial
+
+    from kbcore.engine import retrieval
+    from kbcore.index import search_many
+
+    retrieval.search_many = partial(search_many, threads=1)
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        retrieval.search_many = search_many
 
 
 def _whole_lists(engine, names: list[str], q: str):
@@ -132,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one part (kb0)": lambda q: one.retrieve(q, TOP_K),
             "one whole (all)": lambda q: whole.retrieve(q, TOP_K),
             f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
+            f"{args.kbs} parts merged, one search thread": lambda q: _one_thread(engine, names, q),
             f"{args.kbs} parts merged, serial searches": lambda q: _serial(engine, names, q),
             f"{args.kbs} parts merged, threads": lambda q: _threaded(engine, names, q),
             f"{args.kbs} parts merged, whole lists": lambda q: _whole_lists(engine, names, q),

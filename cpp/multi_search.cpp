@@ -35,12 +35,13 @@ void run_one(SearchTask& task) {
 
 }  // namespace
 
-void search_many(std::vector<SearchTask>& tasks, ThreadPool& pool) {
+void search_many(std::vector<SearchTask>& tasks, ThreadPool& pool, std::size_t threads) {
   // k is checked before any task runs: a bad one fails the call before output is sized.
   for (const SearchTask& task : tasks) {
     if (task.params.k == 0) throw InvalidArgument("k must be positive, got 0");
   }
-  pool.run(tasks.size(), [&tasks](std::size_t i) { run_one(tasks[i]); });
+  pool.run(
+      tasks.size(), [&tasks](std::size_t i) { run_one(tasks[i]); }, threads);
 }
 
 std::shared_ptr<ThreadPool> search_pool() {

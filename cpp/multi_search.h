@@ -26,10 +26,11 @@ struct SearchTask {
   Index::GroupPage page;
 };
 
-/// Runs every task, concurrently on `pool` (the caller takes tasks too). Each task is what
-/// Index::search / Index::search_groups of one query would return. Throws the first task's
-/// error (the others may or may not have run). Each index is only read (shared lock).
-void search_many(std::vector<SearchTask>& tasks, ThreadPool& pool);
+/// Runs every task, concurrently on `pool` (the caller takes tasks too; at most `threads`
+/// threads, 0 = the pool's workers and the caller). Each task is what Index::search /
+/// Index::search_groups of one query would return. Throws the first task's error (the others
+/// may or may not have run). Each index is only read (shared lock).
+void search_many(std::vector<SearchTask>& tasks, ThreadPool& pool, std::size_t threads = 0);
 
 /// Default size of the search pool: the threads working on one search_many call, the
 /// caller included (hardware threads, at most this many).

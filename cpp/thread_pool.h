@@ -47,13 +47,14 @@ class ThreadPool {
   /// Number of worker threads (the caller of run() works besides them).
   std::size_t workers() const { return threads_.size(); }
 
-  /// Calls fn(i) for i in [0, n), on the caller and up to n - 1 workers; returns when every
-  /// call has finished. After an exception, items not yet started are skipped and the first
-  /// exception is rethrown here.
+  /// Calls fn(i) for i in [0, n), on the caller and up to min(n, threads) - 1 workers
+  /// (threads = 0: every worker); returns when every call has finished. After an exception,
+  /// items not yet started are skipped and the first exception is rethrown here.
   template <typename Fn>
-  void run(std::size_t n, Fn&& fn) {
+  void run(std::size_t n, Fn&& fn, std::size_t threads = 0) {
     if (n == 0) return;
-    const std::size_t helpers = std::min(n - 1, threads_.size());
+    std::size_t helpers = std::min(n - 1, threads_.size());
+    if (threads != 0) helpers = std::min(helpers, threads - 1);
     if (helpers == 0) {
       for (std::size_t i = 0; i < n; ++i) fn(i);
       return;

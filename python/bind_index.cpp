@@ -553,7 +553,7 @@ void bind_index(py::module_& m) {
       // One query per index, the searches run concurrently on the search pool with the GIL
       // released. Each request is (index, query [dim] float32, k, ef, filter, group_by or None,
       // group_size); each result is (ids [k], distances [k]) or, grouped, a list of groups.
-      [](const py::list& requests, const py::object& group_type) {
+      [](const py::list& requests, std::size_t threads, const py::object& group_type) {
         PyTypeObject* type = group_tuple_type(group_type);
         const std::size_t n = requests.size();
         std::vector<py::object> keep;  // the indexes and queries stay alive without the GIL
@@ -593,7 +593,7 @@ void bind_index(py::module_& m) {
         {
           py::gil_scoped_release nogil;
           std::shared_ptr<ThreadPool> pool = search_pool();
-          search_many(tasks, *pool);
+          search_many(tasks, *pool, threads);
         }
         py::list out(n);
         for (std::size_t i = 0; i < n; ++i) {
@@ -613,8 +613,9 @@ void bind_index(py::module_& m) {
         }
         return out;
       },
-      py::arg("requests"), py::arg("group_type") = py::none(),
-      "One query per index, searched concurrently on the search pool (the GIL released).");
+      py::arg("requests"), py::arg("threads") = 0, py::arg("group_type") = py::none(),
+      "One query per index, searched concurrently on the search pool (the GIL released) by at most "
+      "`threads` threads (0: the pool's size).");
   m.def("set_search_threads", &set_search_threads, py::arg("threads"),
         "Threads (the caller included) working on one search_many call: 1 = serial, 0 = the default.");
   m.def("search_threads", &search_threads, "Threads (the caller included) working on one search_many call.");

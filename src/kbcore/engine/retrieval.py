@@ -22,7 +22,6 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, NamedTuple, cast
 
@@ -316,32 +315,42 @@ def shortlists(searches: Sequence[VectorSearch]) -> list[Shortlist]:
     """The :class:`Shortlist` of each search, as :func:`shortlist` would give it, the searches
     of native indexes run as one :func:`~kbcore.index.search_many` call (concurrently, the
     GIL released) under every knowledge base's read lock (each taken once)."""
-    with ExitStack() as locks:
-        cells = {id(s.cell): s.cell for s in searches}
-        for cell in cells.values():
-            locks.enter_context(cell.rw.read())
-        out: list[Shortlist] = []
-        batch: list[Search] = []
-        at: list[tuple[int, KbState, bool]] = []
-        for i, s in enumerate(searches):
-            state = s.cell.state
-            index = state.index
-            if index is None or len(index) == 0:
-                out.append(_EMPTY)
-                continue
-            group_by = _group_field(state, s.deduplicate)
-            k = min(s.top_k, len(index))  # no more hits than rows
-            if isinstance(index, Index):
-                batch.append(Search(index, s.q, k, s.where, s.ef, group_by))
-                at.append((i, state, group_by is not None))
-                out.append(_EMPTY)  # replaced below
-                continue
-            cands = vector_candidates(index, s.q, k, s.where, group_by is not None, s.ef, group_by or GROUP_FIELD)
-            out.append(_shortlist_of(state, cands, s.threshold))
-        for (i, state, grouped), result in zip(at, search_many(batch) if batch else ()):
-            cands = _group_candidates(result) if grouped else _knn_candidates(*result)
-            out[i] = _shortlist_of(state, cands, searches[i].threshold)
-        return out
+    holds = list({id(s.cell): s.cell.rw.read() for s in searches}.values())
+    taken = 0
+    try:
+        for hold in holds:
+            hold.__enter__()
+            taken += 1
+        return _shortlists_locked(searches)
+    finally:
+        for hold in holds[:taken]:
+            hold.__exit__(None, None, None)
+
+
+def _shortlists_locked(searches: Sequence[VectorSearch]) -> list[Shortlist]:
+    out: list[Shortlist] = []
+    batch: list[Search] = []
+    at: list[tuple[int, KbState, bool]] = []
+    for i, s in enumerate(searches):
+        state = s.cell.state
+        index = state.index
+        n = 0 if index is None else len(index)
+        if n == 0:
+            out.append(_EMPTY)
+            continue
+        group_by = _group_field(state, s.deduplicate)
+        k = min(s.top_k, n)  # no more hits than rows
+        if isinstance(index, Index):
+            batch.append(Search(index, s.q, k, s.where, s.ef, group_by))
+            at.append((i, state, group_by is not None))
+            out.append(_EMPTY)  # replaced below
+            continue
+        cands = vector_candidates(index, s.q, k, s.where, group_by is not None, s.ef, group_by or GROUP_FIELD)
+        out.append(_shortlist_of(state, cands, s.threshold))
+    for (i, state, grouped), result in zip(at, search_many(batch) if batch else ()):
+        cands = _group_candidates(result) if grouped else _knn_candidates(*result)
+        out[i] = _shortlist_of(state, cands, searches[i].threshold)
+    return out
 
 
 def _shortlist_of(state: KbState, cands: list[Candidate], threshold: float) -> Shortlist:

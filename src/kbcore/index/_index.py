@@ -614,9 +614,10 @@ class Search(NamedTuple):
     group_size: int = 1
 
 
-def search_many(searches: Sequence[Search]) -> list[Any]:
+def search_many(searches: Sequence[Search], *, threads: int = 0) -> list[Any]:
     """Several searches of one query each, run concurrently natively (a persistent pool of
-    :func:`search_threads` threads, the GIL released): for each, what :meth:`Index.search`
+    :func:`search_threads` threads, the GIL released; at most ``threads`` of them for this
+    call, 0 = all, 1 = one after the other on the caller): for each, what :meth:`Index.search`
     (``(ids, distances)``, 1-D) or :meth:`Index.search_groups` (a list of :class:`Group`)
     returns for that one query, the same results. The first failing search raises (an
     invalid filter, a NaN query...), as its own call would. Each index must not be mutated
@@ -644,7 +645,7 @@ def search_many(searches: Sequence[Search]) -> list[Any]:
             group_size = s.group_size if s.group_size == 1 else _positive("group_size", s.group_size)
         where = None if s.where is None else native_filter(s.where)
         requests.append((index._native, q, k, ef, where, group_by, group_size))
-    return _core.search_many(requests, Group)
+    return _core.search_many(requests, _threads(threads), Group)
 
 
 def set_search_threads(threads: int) -> None:
