@@ -1,9 +1,14 @@
 """Retrieval over several knowledge bases at once (:meth:`Engine.retrieve`).
 
-Each knowledge base is searched on its own (its filters, search type, dedup and context
-window), in parallel threads when they hold at least ``PARALLEL_MIN_CHUNKS`` chunks together
-(the native searches release the GIL; below that, one after the other, which is faster), with
-the query embedded once per distinct embedder spec. The hit lists are then merged:
+Each knowledge base is searched on its own terms (its filters, search type, dedup and
+context window), with the query embedded once per distinct embedder spec. The vector searches
+(no reranker, no context window) run as **one** native call,
+:func:`kbcore.index.search_many`: each knowledge base's checks in Python, then every search
+under every read lock, concurrently on the native search pool with the GIL released
+(:func:`kbcore.index.set_search_threads` sizes it), the same answers as one call per knowledge
+base. The other first stages (full text, hybrid) run one after the other, or in Python
+threads when the knowledge bases hold at least ``PARALLEL_MIN_CHUNKS`` chunks together. The
+hit lists are then merged:
 
 - **by score** when every knowledge base has the same metric, the same embedder spec and the
   same search type and fusion: their scores are on one scale, so the merged list is the
