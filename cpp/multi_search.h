@@ -42,8 +42,20 @@ inline constexpr std::size_t kMaxSearchThreads = 8;
 std::shared_ptr<ThreadPool> search_pool();
 
 /// Replaces the search pool by one where `threads` threads (the caller included) work on one
-/// call: 1 = serial, 0 = the default. Throws InvalidArgument above kMaxThreads.
+/// call: 1 = serial, 0 = the default, which also takes only the idle hardware threads of the
+/// moment (idle_threads()): on a machine whose cores are all busy, handing searches to a
+/// worker that then waits for a core costs more than it saves. Throws InvalidArgument above
+/// kMaxThreads.
 void set_search_threads(std::size_t threads);
+
+/// The runnable tasks in the text of /proc/loadavg ("0.50 0.40 0.30 3/512 1234" gives 3), or
+/// 0 when the text does not parse.
+std::size_t running_tasks(const char* loadavg);
+
+/// Hardware threads a call may use now, the caller included: those not taken by the other
+/// runnable tasks of the machine (/proc/loadavg, read at most every 20 ms), at least 1; the
+/// hardware threads where that file cannot be read. Thread-safe.
+std::size_t idle_threads();
 
 /// Threads working on one search_many call, the caller included.
 std::size_t search_threads();

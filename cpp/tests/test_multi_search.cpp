@@ -1,5 +1,6 @@
 // search_many against one Index::search / search_groups call per index, on pools of several
 // sizes; the persistent pool under concurrent callers and its first-error rethrow.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -40,6 +41,7 @@ KBCORE_TEST(search_many_equals_one_search_per_index) {
   std::vector<std::unique_ptr<kbcore::Index>> indexes;
   for (std::uint64_t s = 1; s <= 4; ++s) indexes.push_back(make_index(300 + 50 * s, s));
   const auto q = clustered(1, kDim, 99);
+  kbcore::set_search_threads(4);  // a fixed size: every call may use the pool's workers
   for (std::size_t threads : {1, 2, 4}) {
     kbcore::ThreadPool pool(threads - 1);
     std::vector<kbcore::SearchTask> tasks(2 * indexes.size());
@@ -68,6 +70,7 @@ KBCORE_TEST(search_many_equals_one_search_per_index) {
       CHECK(page.key_ints == pages[0].key_ints);
     }
   }
+  kbcore::set_search_threads(0);
 }
 
 KBCORE_TEST(search_many_rethrows_a_failing_search) {
@@ -117,4 +120,13 @@ KBCORE_TEST(search_threads_are_configurable) {
   CHECK(throws<kbcore::InvalidArgument>([] { kbcore::set_search_threads(kbcore::kMaxThreads + 1); }));
   kbcore::set_search_threads(0);
   CHECK(kbcore::search_threads() >= 1);
+}
+
+KBCORE_TEST(running_tasks_reads_the_fourth_field_of_loadavg) {
+  CHECK(kbcore::running_tasks("0.50 0.40 0.30 3/512 1234\n") == 3);
+  CHECK(kbcore::running_tasks("12.01 7.70 5.50 17/2048 99") == 17);
+  CHECK(kbcore::running_tasks("") == 0);
+  CHECK(kbcore::running_tasks("0.50 0.40 0.30 x/512 1234") == 0);
+  const std::size_t idle = kbcore::idle_threads();
+  CHECK(idle >= 1 && idle <= std::max<std::size_t>(1, std::thread::hardware_concurrency()));
 }

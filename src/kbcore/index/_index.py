@@ -650,8 +650,11 @@ def search_many(searches: Sequence[Search], *, threads: int = 0) -> list[Any]:
 
 def set_search_threads(threads: int) -> None:
     """How many threads (the caller included) work on one :func:`search_many` call: 1 runs
-    the searches one after the other; 0 restores the default (the hardware threads, at most
-    8). Replaces the pool; calls under way finish on the old one."""
+    the searches one after the other; 0 restores the default: a pool of the hardware threads
+    (at most 8) of which a call takes only those idle at the moment (the runnable tasks of
+    ``/proc/loadavg``, read at most every 20 ms), since on a machine whose cores are all busy
+    a search handed to a worker waits for a core longer than it saves. Replaces the pool;
+    calls under way finish on the old one."""
     _core.set_search_threads(_threads(threads))
 
 
