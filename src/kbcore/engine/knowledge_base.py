@@ -876,6 +876,16 @@ class KnowledgeBase:
             return None
         return self._candidates(query, top_k, opts)
 
+    def _vector_search(self, query: str | Any, top_k: int, opts: SearchOptions) -> retrieval.VectorSearch | None:
+        """Hook of :meth:`Engine.retrieve`: :meth:`_shortlist`'s search checked and ready, so
+        that several knowledge bases search in one native call
+        (:func:`~kbcore.engine.retrieval.shortlists`); None when it is not a vector search
+        without reranker or context window: then call :meth:`_shortlist`."""
+        self._check_open()
+        if opts.rerank is not False and self._reranker.choose(opts.rerank, query) is not None:
+            return None
+        return retrieval.vector_search(self._cell, query, top_k, opts, self._embed_query)
+
     def _candidates(self, query: str | Any, top_k: int, opts: SearchOptions) -> retrieval.Shortlist | None:
         """The first stage's :class:`~kbcore.engine.retrieval.Shortlist` (no reranker), or
         None when hits must be built whole (a context window, a re-embed meanwhile)."""

@@ -1,9 +1,14 @@
 """Retrieval over several knowledge bases at once (:meth:`Engine.retrieve`).
 
-Each knowledge base is searched on its own (its filters, search type, dedup and context
-window), in parallel threads when they hold at least ``PARALLEL_MIN_CHUNKS`` chunks together
-(the native searches release the GIL; below that, one after the other, which is faster), with
-the query embedded once per distinct embedder spec. The hit lists are then merged:
+Each knowledge base is searched on its own terms (its filters, search type, dedup and
+context window), with the query embedded once per distinct embedder spec. The vector searches
+(no reranker, no context window) run as **one** native call,
+:func:`kbcore.index.search_many`: each knowledge base's checks in Python, then every search
+under every read lock, concurrently on the native search pool with the GIL released
+(:func:`kbcore.index.set_search_threads` sizes it), the same answers as one call per knowledge
+base. The other first stages (full text, hybrid) run one after the other, or in Python
+threads when the knowledge bases hold at least ``PARALLEL_MIN_CHUNKS`` chunks together. The
+hit lists are then merged:
 
 - **by score** when every knowledge base has the same metric, the same embedder spec and the
   same search type and fusion: their scores are on one scale, so the merged list is the
@@ -35,7 +40,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..rerankers import as_reranker
 from . import reranking
-from .retrieval import check_k
+from .retrieval import check_k, shortlists
 from .types import Hit, SearchOptions
 
 #: Rank constant of the reciprocal-rank merge (Cormack et al. 2009).
@@ -146,12 +151,7 @@ def _merge_shortlists(
     (``_shortlist``), merged by the same keys as the hits would be, then hits built only for
     the ``top_k`` kept. None when a knowledge base's call is not that simple (a reranker, a
     context window) or changed before its hits were built: the caller merges whole hit lists."""
-    if parallel:
-        pool = _executor()
-        futures = [pool.submit(kb._shortlist, q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
-        shorts = [f.result() for f in futures]
-    else:
-        shorts = [kb._shortlist(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+    shorts = _shortlists(kbs, calls, top_k, parallel)
     tagged: list[tuple[float, float, int, int]] = []
     for i, short in enumerate(shorts):
         if short is None:
@@ -172,6 +172,32 @@ def _merge_shortlists(
             return None
         built.update(zip(((i, r) for r in rows), hits))
     return [(kbs[i], built[i, r]) for _, _, i, r in kept]
+
+
+def _shortlists(kbs: Sequence[Any], calls: list[tuple[Any, SearchOptions]], top_k: int, parallel: bool) -> list[Any]:
+    """Each knowledge base's first stage without its hits (a ``Shortlist``, or None: merge
+    whole hit lists). The vector searches run as one native call, concurrently with the GIL
+    released (:func:`kbcore.engine.retrieval.shortlists`); the others (full text, hybrid)
+    one by one, or in threads when ``parallel``."""
+    searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+    batch = [s for s in searches if s is not None]
+    if len(batch) > 1:
+        try:
+            found = iter(shortlists(batch))
+        except InvalidArgumentError:
+            # e.g. a re-embed switched a knowledge base to another dimension since its query
+            # was embedded: its own call sorts that out, or raises the same error.
+            searches = [None] * len(kbs)
+        else:
+            searches = [next(found) if s is not None else None for s in searches]
+    else:
+        searches = [None] * len(kbs)
+    todo = [i for i, s in enumerate(searches) if s is None]
+    if parallel and len(todo) > 1:
+        pool = _executor()
+        futures = {i: pool.submit(kbs[i]._shortlist, calls[i][0], top_k, calls[i][1]) for i in todo}
+        return [futures[i].result() if i in futures else s for i, s in enumerate(searches)]
+    return [kbs[i]._shortlist(calls[i][0], top_k, calls[i][1]) if s is None else s for i, s in enumerate(searches)]
 
 
 def _tag(pairs: list[tuple[Any, Hit]], merged_by: str) -> list[Hit]:

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
 from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf, zscore
-from ..index import Group, Index, collapse_by_key
+from ..index import Group, Index, Search, collapse_by_key, search_many
 from .scores import score_from_distance
 from .state import KbState, StateCell
 from .types import (
@@ -239,21 +239,7 @@ def _retrieve(
     cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery, *, lazy: bool = False
 ) -> list[Hit] | Shortlist:
     """The hits (or, ``lazy``, the :class:`Shortlist`) of one search."""
-    top_k = check_k(top_k, "top_k")
-    threshold = opts.score_threshold
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise InvalidTypeError(f"score_threshold must be a number, got {type(threshold).__name__}")
-    state = cell.state
-    mode, fusion, weight = _search_mode(state, query, opts)
-    if opts is not _DEFAULT_OPTIONS:  # checked whatever the search type (the defaults are valid)
-        rrf_k = opts.rrf_k
-        if type(rrf_k) is not int or rrf_k < 0:  # an int >= 0 is valid: no numbers.Real check
-            check_rrf_k(rrf_k, "rrf_k")
-        if opts.window is not None:
-            check_k(opts.window, "window")
-    if opts.query_vector is not None and not isinstance(query, str):
-        raise InvalidArgumentError("query_vector= goes with a text query; the query is already a vector")
-    where = _where(state, opts.filters, opts.pipelines)
+    top_k, threshold, mode, fusion, weight, where = _checked(cell, query, top_k, opts)
     if mode != "vector":
         return _retrieve_fused(cell, query, top_k, opts, where, mode, fusion, weight, embed_query, lazy)
     q = _query_vector(query if opts.query_vector is None else opts.query_vector, embed_query)
@@ -274,6 +260,106 @@ def _retrieve(
         return make_hits(state, cands, metric, fused=False)
 
 
+def _checked(cell: StateCell, query: Any, top_k: Any, opts: SearchOptions) -> tuple[int, Any, str, str, float, Any]:
+    """The checks every search makes before it searches: (top_k, score threshold, search
+    type, fusion, vector weight, the where clause with the pipelines)."""
+    top_k = check_k(top_k, "top_k")
+    threshold = opts.score_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise InvalidTypeError(f"score_threshold must be a number, got {type(threshold).__name__}")
+    state = cell.state
+    mode, fusion, weight = _search_mode(state, query, opts)
+    if opts is not _DEFAULT_OPTIONS:  # checked whatever the search type (the defaults are valid)
+        rrf_k = opts.rrf_k
+        if type(rrf_k) is not int or rrf_k < 0:  # an int >= 0 is valid: no numbers.Real check
+            check_rrf_k(rrf_k, "rrf_k")
+        if opts.window is not None:
+            check_k(opts.window, "window")
+    if opts.query_vector is not None and not isinstance(query, str):
+        raise InvalidArgumentError("query_vector= goes with a text query; the query is already a vector")
+    return top_k, threshold, mode, fusion, weight, _where(state, opts.filters, opts.pipelines)
+
+
+class VectorSearch(NamedTuple):
+    """A vector first stage checked and ready to search (:func:`vector_search`), so that
+    several knowledge bases' searches run as one native call (:func:`shortlists`)."""
+
+    cell: StateCell
+    q: np.ndarray
+    top_k: int
+    where: Any
+    deduplicate: bool
+    ef: int | None
+    threshold: float
+
+
+def vector_search(
+    cell: StateCell, query: Any, top_k: Any, opts: SearchOptions, embed_query: EmbedQuery
+) -> VectorSearch | None:
+    """:func:`shortlist`'s checks and query vector, without searching; None when the call is
+    not a vector search without context window (then :func:`shortlist` it is). Raises what
+    :func:`shortlist` would raise before it searches."""
+    n = opts.context_window
+    if n is None:
+        n = cell.state.config.get("context_window", 0)
+    if n != 0:
+        return None
+    top_k, threshold, mode, _, _, where = _checked(cell, query, top_k, opts)
+    if mode != "vector":
+        return None
+    q = _query_vector(query if opts.query_vector is None else opts.query_vector, embed_query)
+    return VectorSearch(cell, q, top_k, where, bool(opts.deduplicate), opts.ef, threshold)
+
+
+def shortlists(searches: Sequence[VectorSearch]) -> list[Shortlist]:
+    """The :class:`Shortlist` of each search, as :func:`shortlist` would give it, the searches
+    of native indexes run as one :func:`~kbcore.index.search_many` call (concurrently, the
+    GIL released) under every knowledge base's read lock (each taken once)."""
+    holds = list({id(s.cell): s.cell.rw.read() for s in searches}.values())
+    taken = 0
+    try:
+        for hold in holds:
+            hold.__enter__()
+            taken += 1
+        return _shortlists_locked(searches)
+    finally:
+        for hold in holds[:taken]:
+            hold.__exit__(None, None, None)
+
+
+def _shortlists_locked(searches: Sequence[VectorSearch]) -> list[Shortlist]:
+    out: list[Shortlist] = []
+    batch: list[Search] = []
+    at: list[tuple[int, KbState, bool]] = []
+    for i, s in enumerate(searches):
+        state = s.cell.state
+        index = state.index
+        n = 0 if index is None else len(index)
+        if n == 0:
+            out.append(_EMPTY)
+            continue
+        group_by = _group_field(state, s.deduplicate)
+        k = min(s.top_k, n)  # no more hits than rows
+        if isinstance(index, Index):
+            batch.append(Search(index, s.q, k, s.where, s.ef, group_by))
+            at.append((i, state, group_by is not None))
+            out.append(_EMPTY)  # replaced below
+            continue
+        cands = vector_candidates(index, s.q, k, s.where, group_by is not None, s.ef, group_by or GROUP_FIELD)
+        out.append(_shortlist_of(state, cands, s.threshold))
+    for (i, state, grouped), result in zip(at, search_many(batch) if batch else ()):
+        cands = _group_candidates(result) if grouped else _knn_candidates(*result)
+        out[i] = _shortlist_of(state, cands, searches[i].threshold)
+    return out
+
+
+def _shortlist_of(state: KbState, cands: list[Candidate], threshold: float) -> Shortlist:
+    metric = state.config["metric"]
+    if threshold > 0.0:
+        cands = [c for c in cands if score_from_distance(c[1], metric) >= threshold]
+    return Shortlist(state, cands, metric, False)
+
+
 def vector_candidates(
     index: Index,
     q: np.ndarray,
@@ -291,8 +377,17 @@ def vector_candidates(
             "list[Group]",
             index.search_groups(q, top_k, group_by=group_by, group_size=1, where=where, ef=ef, threads=1),
         )  # q is 1-D
-        return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
-    ids, dist = index.search(q, top_k, where=where, ef=ef, threads=1)
+        return _group_candidates(groups)
+    return _knn_candidates(*index.search(q, top_k, where=where, ef=ef, threads=1))
+
+
+def _group_candidates(groups: list[Group]) -> list[Candidate]:
+    """The candidates of one query's groups: each group's best chunk."""
+    return [(int(g.ids[0]), float(g.distances[0]), g.part_ids) for g in groups]
+
+
+def _knn_candidates(ids: np.ndarray, dist: np.ndarray) -> list[Candidate]:
+    """The candidates of one query's k nearest (padding dropped)."""
     return [(i, d, ()) for i, d in zip(ids.tolist(), dist.tolist()) if i >= 0]
 
 

@@ -1,6 +1,8 @@
 """The native vector index: HNSW (approximate) or flat (exact), with stable int64 ids.
 
-- :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`;
+- :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`, and one query
+  against several indexes at once (:class:`Search`, :func:`search_many`, its thread pool's
+  size :func:`set_search_threads` / :func:`search_threads`);
 - :mod:`.params`: the one list of metric, kind, quantization and vectors names, the native
   limits and the parameter checks;
 - :mod:`.spec`: :class:`IndexSpec`, the one frozen description of an index, validated once;
@@ -9,7 +11,7 @@
 
 from __future__ import annotations
 
-from ._index import Group, Index, collapse_by_key
+from ._index import Group, Index, Search, collapse_by_key, search_many, search_threads, set_search_threads
 from .params import (
     DIM_RANGE,
     EF_RANGE,
@@ -54,4 +56,8 @@ __all__ = [
     "check_bits",
     "check_vectors",
     "collapse_by_key",
+    "Search",
+    "search_many",
+    "search_threads",
+    "set_search_threads",
 ]

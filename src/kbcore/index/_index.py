@@ -30,7 +30,7 @@ from .spec import IndexSpec, as_index_spec
 # numpy's float32 dtype (a singleton: `dtype is _FLOAT32` is the cheapest exact test).
 _FLOAT32 = np.dtype(np.float32)
 
-__all__ = ["Index", "Group", "collapse_by_key"]
+__all__ = ["Index", "Group", "Search", "collapse_by_key", "search_many", "search_threads", "set_search_threads"]
 
 _MAX_EF = EF_RANGE[1]
 # The keywords' defaults, to tell an explicit keyword from an absent one when a spec is given.
@@ -599,3 +599,65 @@ class Index:
         if vectors not in (None, "memory", "disk"):
             raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory', 'disk' or None")
         return cls._wrap(_core.Index.load(p, vectors))
+
+
+class Search(NamedTuple):
+    """One search of :func:`search_many`: ``query`` (one vector [dim]) against ``index``, as
+    :meth:`Index.search` (``group_by`` None) or :meth:`Index.search_groups` would run it."""
+
+    index: Index
+    query: npt.ArrayLike
+    k: int = 10
+    where: Any = None
+    ef: int | None = None
+    group_by: str | None = None
+    group_size: int = 1
+
+
+def search_many(searches: Sequence[Search], *, threads: int = 0) -> list[Any]:
+    """Several searches of one query each, run concurrently natively (a persistent pool of
+    :func:`search_threads` threads, the GIL released; at most ``threads`` of them for this
+    call, 0 = all, 1 = one after the other on the caller): for each, what :meth:`Index.search`
+    (``(ids, distances)``, 1-D) or :meth:`Index.search_groups` (a list of :class:`Group`)
+    returns for that one query, the same results. The first failing search raises (an
+    invalid filter, a NaN query...), as its own call would. Each index must not be mutated
+    meanwhile (the caller holds whatever lock orders its writes)."""
+    requests = []
+    for s in searches:
+        if type(s) is not Search:
+            raise InvalidTypeError(f"search_many takes Search tuples, got {type(s).__name__}")
+        index = s.index
+        if not isinstance(index, Index):
+            raise InvalidTypeError(f"a Search's index must be an Index, got {type(index).__name__}")
+        q = s.query
+        if not (type(q) is np.ndarray and q.dtype is _FLOAT32 and q.ndim == 1):
+            arr, one = _as_vectors(q, index.dim, "query")
+            if not one:
+                raise InvalidArgumentError(f"a Search's query is one vector [dim], got shape {list(np.shape(q))}")
+            q = arr[0]
+        k = s.k if type(s.k) is int and 0 < s.k <= _MAX_EF else _bounded("k", s.k)
+        ef = 0 if s.ef is None else (s.ef if type(s.ef) is int and 0 < s.ef <= _MAX_EF else _bounded("ef", s.ef))
+        group_by = s.group_by
+        group_size = 1
+        if group_by is not None:
+            if not isinstance(group_by, str) or not group_by:
+                raise InvalidTypeError(f"group_by must be a non-empty field name, got {group_by!r}")
+            group_size = s.group_size if s.group_size == 1 else _positive("group_size", s.group_size)
+        where = None if s.where is None else native_filter(s.where)
+        requests.append((index._native, q, k, ef, where, group_by, group_size))
+    return _core.search_many(requests, _threads(threads), Group)
+
+
+def set_search_threads(threads: int) -> None:
+    """How many threads (the caller included) work on one :func:`search_many` call: 1 runs
+    the searches one after the other; 0 restores the default: a pool of the hardware threads
+    (at most 8) of which a call takes only those idle at the moment (the runnable tasks of
+    ``/proc/loadavg``, read at most every 20 ms), since on a machine whose cores are all busy
+    a search handed to a worker waits for a core longer than it saves. Replaces the pool;
+    calls under way finish on the old one."""
+    _core.set_search_threads(_threads(threads))
+
+
+def search_threads() -> int:
+    """The threads (the caller included) working on one :func:`search_many` call."""
+    return int(_core.search_threads())

@@ -1,0 +1,137 @@
+#pragma once
+// A small persistent pool of std::thread workers (no OpenMP, no thread per call): the
+// per-call cost of handing a few tasks to threads that already exist is a queue push and a
+// wake-up, against the tens of microseconds of starting a thread. The caller of run() takes
+// items too, so a call finishes even when every worker is busy with another caller's items
+// (never a hang waiting for the pool), and the first exception is rethrown on the caller.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace kbcore {
+
+/// A fixed set of worker threads serving run() calls from any number of threads.
+/// Thread-safe: run() may be called concurrently. The destructor joins every worker.
+class ThreadPool {
+ public:
+  /// A pool with `workers` threads (0 is valid: run() then works on the caller alone). If the
+  /// system refuses a thread, the pool keeps those already started.
+  explicit ThreadPool(std::size_t workers) {
+    threads_.reserve(workers);
+    try {
+      for (std::size_t w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+    } catch (...) {
+      // std::system_error from std::thread: fewer workers, never a crash.
+    }
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// Number of worker threads (the caller of run() works besides them).
+  std::size_t workers() const { return threads_.size(); }
+
+  /// Calls fn(i) for i in [0, n), on the caller and up to min(n, threads) - 1 workers
+  /// (threads = 0: every worker); returns when every call has finished. After an exception,
+  /// items not yet started are skipped and the first exception is rethrown here.
+  template <typename Fn>
+  void run(std::size_t n, Fn&& fn, std::size_t threads = 0) {
+    if (n == 0) return;
+    std::size_t helpers = std::min(n - 1, threads_.size());
+    if (threads != 0) helpers = std::min(helpers, threads - 1);
+    if (helpers == 0) {
+      for (std::size_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    // The batch outlives this call if a worker dequeues a helper job late: the job then finds
+    // no item left and never touches `fn` (which lives on this stack frame only while an item
+    // can still be claimed: this call waits for every claimed item).
+    auto batch = std::make_shared<Batch>();
+    batch->n = n;
+    batch->item = [&fn](std::size_t i) { fn(i); };
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (std::size_t h = 0; h < helpers; ++h) jobs_.emplace_back(batch);
+    }
+    if (helpers == 1) {
+      wake_.notify_one();
+    } else {
+      wake_.notify_all();
+    }
+    batch->drain();
+    std::unique_lock<std::mutex> lock(batch->mutex);
+    batch->done_cv.wait(lock, [&] { return batch->done == batch->n; });
+    batch->item = nullptr;  // no item is left to claim: drop the reference to fn
+    if (batch->error) std::rethrow_exception(batch->error);
+  }
+
+ private:
+  struct Batch {
+    std::size_t n = 0;
+    std::function<void(std::size_t)> item;
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex mutex;  // guards done, error
+    std::condition_variable done_cv;
+    std::size_t done = 0;
+    std::exception_ptr error;
+
+    /// Claims and runs items until none is left; counts each claimed item as done.
+    void drain() {
+      for (;;) {
+        const std::size_t i = next.fetch_add(1);
+        if (i >= n) return;
+        std::exception_ptr caught;
+        if (!failed.load(std::memory_order_relaxed)) {
+          try {
+            item(i);
+          } catch (...) {
+            caught = std::current_exception();
+            failed.store(true);
+          }
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        if (caught && !error) error = caught;
+        if (++done == n) done_cv.notify_all();
+      }
+    }
+  };
+
+  void work() {
+    for (;;) {
+      std::shared_ptr<Batch> batch;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stop_ and nothing left
+        batch = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      batch->drain();
+    }
+  }
+
+  std::mutex mutex_;  // guards jobs_, stop_
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Batch>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kbcore
