@@ -20,8 +20,6 @@ std::mutex pool_mutex;
 std::shared_ptr<ThreadPool> pool_instance;  // guarded by pool_mutex
 std::atomic<bool> pool_auto{true};          // the default size: only the idle threads per call
 
-std::size_t hardware_threads() { return std::max<std::size_t>(1, std::thread::hardware_concurrency()); }
-
 // The last idle_threads() answer and when it was read (steady clock, ns; 0 = never).
 std::atomic<std::int64_t> idle_read_ns{0};
 std::atomic<std::size_t> idle_cached{1};
