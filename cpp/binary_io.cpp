@@ -407,6 +407,15 @@ void BinaryReader::skip(std::size_t n, std::size_t elem) {
   require(n, elem);
   pos_ += n * elem;
 }
+BinaryReader BinaryReader::section(std::size_t begin, std::size_t end) const {
+  if (begin > end || end > size_) fail("invalid section range");
+  BinaryReader out = *this;
+  out.data_ = data_ + begin;
+  out.size_ = end - begin;
+  out.pos_ = 0;
+  return out;
+}
+
 void BinaryReader::skip_padding(std::size_t align) {
   const std::size_t pad = (align - (kHeaderBytes + pos_) % align) % align;
   require(pad, 1);

@@ -126,6 +126,12 @@ class BinaryReader {
   const unsigned char* here() const { return data_ + pos_; }
   /// Passes over n elements of `elem` bytes (FormatError unless they are present).
   void skip(std::size_t n, std::size_t elem);
+  /// Payload bytes read so far.
+  std::size_t position() const { return pos_; }
+  /// A reader of payload bytes [begin, end) (end <= position()) of this file, sharing its
+  /// bytes, name and version, positioned at begin: for a section checked now and parsed
+  /// again later. Its offsets start at 0 (skip_padding is meaningless on it).
+  BinaryReader section(std::size_t begin, std::size_t end) const;
   /// Throws FormatError with `what` and the file name.
   [[noreturn]] void fail(const std::string& what) const;
 

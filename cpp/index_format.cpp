@@ -221,7 +221,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
     index->graph_->load(r);
   }
   index->meta_.load(r, index->store_);
-  index->text_.load(r, index->store_);
+  index->text_.load_deferred(r, index->store_);
   if (r.version() >= kFormatVersionQuantized && r.version() < kFormatVersionTagged) {
     // Versions 2 to 4: the trailing quantization section (the type's legacy id, the re-rank
     // depth, its parameters one byte each).
