@@ -132,7 +132,21 @@ void Index::save(const std::string& path) const {
 }
 
 std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> vectors) {
-  BinaryReader r(path, kMagic, kFormatVersionTagged);
+  // The payload checksum is computed on a second thread while the sections below are parsed
+  // and checked (every read bounds-checked, as for any untrusted bytes): the index is returned,
+  // and any error other than the checksum's reported, only once the checksum matches.
+  BinaryReader r(path, kMagic, kFormatVersionTagged, BinaryReader::Checksum::kAlongside);
+  try {
+    std::unique_ptr<Index> index = load_sections(r, vectors);
+    r.verify();
+    return index;
+  } catch (...) {
+    r.verify();
+    throw;
+  }
+}
+
+std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool> vectors) {
   IndexConfig c;
   c.dim = r.u64();
   const std::uint8_t metric = r.u8();

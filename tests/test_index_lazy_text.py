@@ -135,3 +135,29 @@ def test_committed_v1_bm25_fixture_loads_lazily_and_answers_as_built():
     assert loaded.text_documents() == built.text_documents() > 0
     for q in ["café gamma", "大阪 x", "co-op Beta 42", "absent"]:
         assert [x.tolist() for x in loaded.search_text(q, k=50)] == [x.tolist() for x in built.search_text(q, k=50)]
+
+
+def _large_index_file(tmp_path) -> tuple:
+    """An index file above the size from which the payload checksum runs on a second thread
+    (4 MiB), and the payload offset of its float32 rows."""
+    n, dim = 3000, 384
+    vecs = np.random.default_rng(11).standard_normal((n, dim)).astype(np.float32)
+    index = kbcore.Index(dim, "l2", M=4, ef_construction=8)
+    index.add(vecs, np.arange(n, dtype=np.int64), texts=["w1 w2"] * n)
+    path = tmp_path / "big.kbi"
+    index.save(path)
+    blob = bytearray(path.read_bytes())
+    assert len(blob) > 4 << 20
+    return path, blob, blob.index(vecs[:4].tobytes())
+
+
+@pytest.mark.parametrize("damage", ["nan row", "quiet byte"])
+def test_a_damaged_large_file_reports_the_checksum_whatever_the_sections_say(tmp_path, damage):
+    path, blob, rows = _large_index_file(tmp_path)
+    if damage == "nan row":  # a structure check would refuse it too, first
+        blob[rows : rows + 4] = np.array([np.nan], np.float32).tobytes()
+    else:  # the low byte of a mantissa: every structure check passes
+        blob[rows + 4000] ^= 1
+    path.write_bytes(bytes(blob))
+    with pytest.raises(errors.FormatError, match=r"big\.kbi.*checksum mismatch"):
+        kbcore.Index.load(path)
