@@ -161,3 +161,31 @@ def test_a_damaged_large_file_reports_the_checksum_whatever_the_sections_say(tmp
     path.write_bytes(bytes(blob))
     with pytest.raises(errors.FormatError, match=r"big\.kbi.*checksum mismatch"):
         kbcore.Index.load(path)
+
+
+def test_reopened_knowledge_base_answers_full_text_as_before_and_vector_search_skips_the_build(tmp_path):
+    from kbcore.engine import Engine
+
+    kb = Engine(tmp_path).create_knowledge_base("kb", chunk_size=200, chunk_overlap=0)
+    rng = random.Random(3)
+    for i in range(30):
+        kb.ingest(text=" ".join(rng.choice(WORDS) for _ in range(120)), document_id=f"d{i}")
+    kb.wait_until_indexed()
+    queries = ["w1 w2", "w17 w250", "w3"]
+
+    def answers(k, mode):
+        return [[(h.id, round(h.score, 6)) for h in k.retrieve(q, top_k=8, search_type=mode)] for q in queries]
+
+    before = {mode: answers(kb, mode) for mode in ("full_text", "hybrid")}
+    kb.checkpoint()  # so that the reopen loads the index file instead of replaying the rows
+    kb.close()
+    kb2 = Engine(tmp_path).get_knowledge_base("kb")
+    # White box: the loaded checkpoint's memory shows whether its postings were built.
+    state = kb2._cell.state
+    postings = sum(len(set(kbcore.tokenize(seg.text_of(r)))) for seg in state.segments for r in range(seg.rows))
+    opened = state.index.memory_usage()
+    assert kb2.retrieve("w1 w2", top_k=5)  # a vector search
+    assert state.index.memory_usage() == opened
+    assert {mode: answers(kb2, mode) for mode in ("full_text", "hybrid")} == before
+    assert state.index.memory_usage() - opened > 12 * postings  # see the Index-level test
+    kb2.close()
