@@ -3,6 +3,7 @@
 #include "index.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "binary_io.h"
 #include "code_types.h"
 #include "errors.h"
+#include "parallel.h"
 #include "vector_checks.h"
 
 namespace kbcore {
@@ -207,21 +209,37 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
       }
     }
   };
+  // Rows are copied (unless used in place) and checked a block at a time, so that the checks
+  // read rows still in cache instead of a second pass over all of them from memory; blocks go
+  // to the hardware's threads once the rows pass 4 MiB (first exception rethrown here).
+  constexpr std::size_t kBlockRows = 256;
+  const std::size_t blocks = (slots + kBlockRows - 1) / kBlockRows;
+  const std::size_t threads = slots * c.dim * sizeof(float) >= (std::size_t{4} << 20) ? 0 : 1;
+  r.require(slots * c.dim, sizeof(float));
   if (in_place) {
-    r.require(slots * c.dim, sizeof(float));
     rows = reinterpret_cast<const float*>(r.here());
     r.skip(slots * c.dim, sizeof(float));
-    check_rows(0, slots);
-  } else {
-    r.require(slots * c.dim, sizeof(float));
+    parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+      check_rows(b * kBlockRows, std::min<std::size_t>(slots, (b + 1) * kBlockRows));
+    });
+  } else if (host_little_endian()) {
     data.resize(slots * c.dim);
     rows = data.data();
-    // Copied and checked a block at a time, so that the checks read rows still in cache
-    // instead of a second pass over all of them from memory.
-    constexpr std::size_t kBlockRows = 256;
+    const unsigned char* src = r.here();
+    r.skip(slots * c.dim, sizeof(float));
+    parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+      const std::size_t begin = b * kBlockRows;
+      const std::size_t end = std::min<std::size_t>(slots, begin + kBlockRows);
+      std::memcpy(data.data() + begin * c.dim, src + begin * c.dim * sizeof(float),
+                  (end - begin) * c.dim * sizeof(float));
+      check_rows(begin, end);
+    });
+  } else {
+    data.resize(slots * c.dim);
+    rows = data.data();
     for (std::size_t s = 0; s < slots; s += kBlockRows) {
       const std::size_t end = std::min<std::size_t>(slots, s + kBlockRows);
-      r.array_into(data.data() + s * c.dim, (end - s) * c.dim);
+      r.array_into(data.data() + s * c.dim, (end - s) * c.dim);  // byte-swapped
       check_rows(s, end);
     }
   }

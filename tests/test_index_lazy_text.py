@@ -189,3 +189,28 @@ def test_reopened_knowledge_base_answers_full_text_as_before_and_vector_search_s
     assert {mode: answers(kb2, mode) for mode in ("full_text", "hybrid")} == before
     assert state.index.memory_usage() - opened > 12 * postings  # see the Index-level test
     kb2.close()
+
+
+def _reseal(blob: bytearray) -> bytes:
+    """The file with its payload checksum recomputed (header: magic, version, flags, payload
+    bytes, checksum; cpp/binary_io.h), as a crafted file would have it."""
+    from kbcore import _core
+
+    blob[24:32] = _core.checksum64(bytes(blob[32:])).to_bytes(8, "little")
+    return bytes(blob)
+
+
+@pytest.mark.parametrize("spec", [{}, {"quantization": "sq8", "vectors": "disk"}])
+def test_rows_checked_in_parallel_blocks_still_refuse_a_bad_row_of_a_resealed_file(tmp_path, spec):
+    n, dim = 3000, 384  # 4.6 MB of rows: checked on several threads
+    vecs = np.random.default_rng(12).standard_normal((n, dim)).astype(np.float32)
+    index = kbcore.Index(dim, "l2", M=4, ef_construction=8, **spec)
+    index.add(vecs, np.arange(n, dtype=np.int64))
+    path = tmp_path / "rows.kbi"
+    index.save(path)
+    blob = bytearray(path.read_bytes())
+    at = blob.index(vecs[:4].tobytes()) + 2345 * dim * 4 + 17 * 4
+    blob[at : at + 4] = np.array([np.inf], np.float32).tobytes()
+    path.write_bytes(_reseal(blob))
+    with pytest.raises(errors.FormatError, match=r"rows\.kbi.*vector of id 2345 contains NaN or infinity"):
+        kbcore.Index.load(path)
