@@ -387,6 +387,9 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
 }
 
 std::size_t Bm25Index::memory_bytes() const {
+  // A deferred build may be filling the arrays on another searching thread: wait for it.
+  std::unique_lock<std::mutex> lock(build_mutex_, std::defer_lock);
+  if (!built_.load(std::memory_order_acquire)) lock.lock();
   std::size_t b = terms_.memory_bytes();
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
@@ -456,7 +459,6 @@ void Bm25Index::ensure_built() const {
   // by built_; writers hold the owning Index's exclusive lock and so never race with them.
   auto* self = const_cast<Bm25Index*>(this);
   BinaryReader r = deferred_->reader;
-  self->n_docs_ = 0;
   // The bytes are a mapping of a file that kbcore replaces only by rename, but another program
   // could have rewritten it in place since the load: the build reads only the bytes checked then.
   if (checksum64(r.here(), r.remaining()) != deferred_->sum) {
@@ -473,7 +475,6 @@ void Bm25Index::ensure_built() const {
     self->doc_len_.clear();
     self->gen_.clear();
     self->has_.clear();
-    self->n_docs_ = 0;
     self->total_len_ = 0;
     self->live_postings_ = 0;
     throw;
@@ -483,11 +484,13 @@ void Bm25Index::ensure_built() const {
 }
 
 void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build) {
-  params_.k1 = r.f32();
-  params_.b = r.f32();
-  if (!(params_.k1 >= 0) || !std::isfinite(params_.k1) || !(params_.b >= 0 && params_.b <= 1)) {
+  Bm25Params params;
+  params.k1 = r.f32();
+  params.b = r.f32();
+  if (!(params.k1 >= 0) || !std::isfinite(params.k1) || !(params.b >= 0 && params.b <= 1)) {
     r.fail("invalid BM25 parameters");
   }
+  if (store != nullptr) params_ = params;  // a deferred build leaves them: params() may be reading
   const std::uint64_t nterms = r.u64();
   r.require(nterms, 8);
   // Without `build`, the terms are checked as views of the file's bytes (no copy).
@@ -539,7 +542,6 @@ void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slo
       }
     }
     if (sum != len) r.fail("BM25 document length disagrees with its terms");
-    ++n_docs_;
     if (!build) continue;
     for (const auto& [term, tf] : *terms) {
       ++df_[term];
@@ -554,6 +556,8 @@ void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slo
   for (std::size_t t = 0; t < nterms; ++t) {
     if (build ? df_[t] == 0 : used[t] == 0) r.fail("BM25 term used by no row");
   }
+  // A deferred build leaves the count the check set: documents() may be reading it meanwhile.
+  if (store != nullptr) n_docs_ = static_cast<std::size_t>(docs);
 }
 
 }  // namespace kbcore

@@ -116,8 +116,9 @@ class Bm25Index {
   void compact();
   void resize_slots(std::size_t n);  // grow() without building a deferred section first
   // Reads the section at r. With `build`, fills the vocabulary, postings and per-slot arrays
-  // (grown to `slots`); without, only checks it and sets params_ and n_docs_. Slots are
-  // checked against `store` when given (a deferred build has checked them at load).
+  // (grown to `slots`); without, only checks it. With `store` (a load, not a deferred build:
+  // that one's slots were checked at load) checks the slots against it and sets params_ and
+  // n_docs_, which a deferred build leaves for concurrent readers.
   void parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build);
   // Builds a section load_deferred() checked, once, under build_mutex_ (callers may be
   // concurrent const searches). Rethrows the FormatError of bytes that changed since.
