@@ -142,6 +142,10 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   try {
     std::unique_ptr<Index> index = load_sections(r, vectors);
     r.verify();
+    // The checks read every page of the file; a file mapping's pages are not anonymous memory,
+    // but they need not stay resident either, whether the mapping lives on (rows used in place,
+    // a BM25 section not built yet) or not.
+    if (r.bytes()->mapped()) r.bytes()->release_resident();
     return index;
   } catch (...) {
     r.verify();
@@ -306,9 +310,6 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   if (vectors_on_disk && !index->quantized()) {
     throw InvalidArgument("vectors='disk' needs a quantized index file (quantization='sq8' or 'rabitq')");
   }
-  // The checks above read every page of the file; a file mapping's pages are not anonymous
-  // memory, but they need not stay resident either.
-  if (in_place) r.bytes()->release_resident();
   return index;
 }
 
