@@ -435,7 +435,10 @@ void Bm25Index::save(BinaryWriter& w) const {
   }
 }
 
-void Bm25Index::load(BinaryReader& r, const VectorStore& store) { parse(r, &store, store.slot_count(), true); }
+void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
+  std::vector<std::uint32_t> df;
+  parse(r, &store, store.slot_count(), true, df);
+}
 
 void Bm25Index::load_deferred(BinaryReader& r, const VectorStore& store) {
   if (!r.bytes()->mapped()) {
@@ -443,11 +446,12 @@ void Bm25Index::load_deferred(BinaryReader& r, const VectorStore& store) {
     return;
   }
   const std::size_t begin = r.position();
-  parse(r, &store, store.slot_count(), false);
+  std::vector<std::uint32_t> df;
+  parse(r, &store, store.slot_count(), false, df);
   BinaryReader section = r.section(begin, r.position());
   // The section's own checksum, so that the build uses exactly the bytes checked here.
   const std::uint64_t sum = checksum64(section.here(), section.remaining());
-  deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum});
+  deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum, std::move(df)});
   built_.store(false, std::memory_order_release);
 }
 
@@ -465,7 +469,7 @@ void Bm25Index::ensure_built() const {
     r.fail("BM25 section changed since the file was loaded (checksum mismatch)");
   }
   try {
-    self->parse(r, nullptr, deferred_->slots, true);
+    self->parse(r, nullptr, deferred_->slots, true, deferred_->df);
     r.expect_end();
   } catch (...) {
     self->terms_.clear();
@@ -483,7 +487,8 @@ void Bm25Index::ensure_built() const {
   built_.store(true, std::memory_order_release);
 }
 
-void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build) {
+void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build,
+                      std::vector<std::uint32_t>& df) {
   Bm25Params params;
   params.k1 = r.f32();
   params.b = r.f32();
@@ -511,8 +516,15 @@ void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slo
       r.fail("repeated BM25 term");
     }
   }
-  if (build) resize_slots(slots);
-  std::vector<std::uint8_t> used(build ? 0 : nterms, 0);
+  if (build) {
+    resize_slots(slots);
+    // Each term's posting list at its final size at once (df counted by the check).
+    if (df.size() == nterms) {
+      for (std::size_t t = 0; t < nterms; ++t) postings_[t].reserve(df[t]);
+    }
+  } else {
+    df.assign(nterms, 0);
+  }
   const std::uint64_t docs = r.u64();
   r.require(docs, 16);
   std::int64_t last = -1;  // save() writes rows by ascending slot, each once
@@ -538,7 +550,7 @@ void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slo
       if (terms != nullptr) {
         terms->emplace_back(term, tf);
       } else {
-        used[term] = 1;
+        ++df[term];
       }
     }
     if (sum != len) r.fail("BM25 document length disagrees with its terms");
@@ -554,7 +566,7 @@ void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slo
   }
   // save() writes only the terms some row uses.
   for (std::size_t t = 0; t < nterms; ++t) {
-    if (build ? df_[t] == 0 : used[t] == 0) r.fail("BM25 term used by no row");
+    if ((build ? df_[t] : df[t]) == 0) r.fail("BM25 term used by no row");
   }
   // A deferred build leaves the count the check set: documents() may be reading it meanwhile.
   if (store != nullptr) n_docs_ = static_cast<std::size_t>(docs);

@@ -119,17 +119,19 @@ class Bm25Index {
   // (grown to `slots`); without, only checks it. With `store` (a load, not a deferred build:
   // that one's slots were checked at load) checks the slots against it and sets params_ and
   // n_docs_, which a deferred build leaves for concurrent readers.
-  void parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build);
+  // `df`: filled with each term's row count by a check; read by a build (if sized) to reserve.
+  void parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build, std::vector<std::uint32_t>& df);
   // Builds a section load_deferred() checked, once, under build_mutex_ (callers may be
   // concurrent const searches). Rethrows the FormatError of bytes that changed since.
   void ensure_built() const;
 
-  // A section checked by load_deferred and not yet built: its bytes, the slot count then, and
-  // the bytes' checksum64.
+  // A section checked by load_deferred and not yet built: its bytes, the slot count then, the
+  // bytes' checksum64 and each term's row count.
   struct Deferred {
     BinaryReader reader;
     std::size_t slots;
     std::uint64_t sum;
+    std::vector<std::uint32_t> df;
   };
   mutable std::unique_ptr<Deferred> deferred_;
   mutable std::atomic<bool> built_{true};
