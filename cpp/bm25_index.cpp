@@ -12,6 +12,15 @@
 #include "tokenizer.h"
 
 namespace kbcore {
+namespace {
+
+// A little-endian u32 (one load on little-endian hosts).
+inline std::uint32_t le32(const unsigned char* p) {
+  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
+}
+
+}  // namespace
 
 Bm25Index::Bm25Index(Bm25Params params) : params_(params) {
   if (!(params.k1 >= 0) || !(params.b >= 0 && params.b <= 1)) {
@@ -537,13 +546,15 @@ void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slo
     }
     last = s;
     r.require(nt, 8);
+    const unsigned char* pairs = r.here();  // nt (term, tf) pairs of u32, bounds checked above
+    r.skip(nt, 8);
     std::uint64_t sum = 0;
     std::int64_t prev = -1;
     auto* terms = build ? &doc_terms_[s] : nullptr;
     if (terms != nullptr) terms->reserve(nt);
     for (std::uint64_t j = 0; j < nt; ++j) {
-      const std::uint32_t term = r.u32();
-      const std::uint32_t tf = r.u32();
+      const std::uint32_t term = le32(pairs + 8 * j);
+      const std::uint32_t tf = le32(pairs + 8 * j + 4);
       if (term >= nterms || tf == 0 || static_cast<std::int64_t>(term) <= prev) r.fail("invalid BM25 term list");
       prev = term;
       sum += tf;

@@ -214,3 +214,22 @@ def test_rows_checked_in_parallel_blocks_still_refuse_a_bad_row_of_a_resealed_fi
     path.write_bytes(_reseal(blob))
     with pytest.raises(errors.FormatError, match=r"rows\.kbi.*vector of id 2345 contains NaN or infinity"):
         kbcore.Index.load(path)
+
+
+def test_sq8_codes_checked_in_parallel_blocks_still_refuse_a_bad_code_row(tmp_path):
+    from kbcore import _core
+
+    n, dim = 20000, 250  # 5 MB of codes, rows padded to 256 bytes: checked on several threads
+    vecs = np.random.default_rng(13).standard_normal((n, dim)).astype(np.float32)
+    index = kbcore.Index(dim, "l2", M=4, ef_construction=8, quantization="sq8")
+    index.add(vecs, np.arange(n, dtype=np.int64), defer_graph=True)
+    path = tmp_path / "codes.kbi"
+    index.save(path)
+    blob = bytearray(path.read_bytes())
+    stride = 256
+    assert blob[-(n - 17000) * stride + dim] == 0  # the codes are the file's last section
+    blob[-(n - 17000) * stride + dim] = 1  # a padding byte of code row 17000
+    blob[24:32] = _core.checksum64(bytes(blob[32:])).to_bytes(8, "little")
+    path.write_bytes(bytes(blob))
+    with pytest.raises(errors.FormatError, match=r"codes\.kbi.*nonzero padding byte in a code row"):
+        kbcore.Index.load(path)
