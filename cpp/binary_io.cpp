@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <system_error>
 
 #include "errors.h"
 
@@ -332,7 +333,8 @@ void FileBytes::release_resident() const {
 #endif
 }
 
-BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version) : path_(path) {
+BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version, Checksum when)
+    : path_(path) {
   // The file is mapped, not read: a section used in place (vectors='disk' rows) costs no
   // anonymous memory, and the checksum pass below only brings pages into the page cache.
   file_ = std::make_shared<const FileBytes>(path);
@@ -357,7 +359,23 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
   }
   data_ = header + kHeaderBytes;
   size_ = static_cast<std::size_t>(payload);
+  sum_ = sum;
+  // Below a few MiB a thread costs more than it saves. The task holds the file's bytes alive.
+  if (when == Checksum::kAlongside && size_ >= (std::size_t{4} << 20)) {
+    try {
+      alongside_ = std::async(std::launch::async, [file = file_, data = data_, n = size_] {
+                     return checksum64(data, n, 0);
+                   }).share();
+      return;
+    } catch (const std::system_error&) {
+      // No thread to be had: compare it now.
+    }
+  }
   if (checksum64(data_, size_, 0) != sum) fail("checksum mismatch (corrupted file)");
+}
+
+void BinaryReader::verify() const {
+  if (alongside_.valid() && alongside_.get() != sum_) fail("checksum mismatch (corrupted file)");
 }
 
 void BinaryReader::fail(const std::string& what) const { throw FormatError("cannot load '" + path_ + "': " + what); }
@@ -407,6 +425,15 @@ void BinaryReader::skip(std::size_t n, std::size_t elem) {
   require(n, elem);
   pos_ += n * elem;
 }
+BinaryReader BinaryReader::section(std::size_t begin, std::size_t end) const {
+  if (begin > end || end > size_) fail("invalid section range");
+  BinaryReader out = *this;
+  out.data_ = data_ + begin;
+  out.size_ = end - begin;
+  out.pos_ = 0;
+  return out;
+}
+
 void BinaryReader::skip_padding(std::size_t align) {
   const std::size_t pad = (align - (kHeaderBytes + pos_) % align) % align;
   require(pad, 1);

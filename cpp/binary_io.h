@@ -6,6 +6,7 @@
 // File layout: magic[8] | u32 format_version | u32 flags | u64 payload_bytes | u64 checksum | payload
 #include <cstdint>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,9 +89,18 @@ class FileBytes {
 /// before any field is parsed. Every read is bounds-checked and throws FormatError.
 class BinaryReader {
  public:
+  /// When the payload checksum is compared: before the constructor returns, or on a second
+  /// thread while the caller parses (the caller then calls verify() before using anything it
+  /// read, and on any exception, so that a damaged file reports the checksum).
+  enum class Checksum { kBefore, kAlongside };
+
   /// Throws FileNotFound-style IoError if the file can't be opened, FormatError if it is
   /// not a valid file of this magic, or if its version is newer than `max_version`.
-  BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version);
+  BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version,
+               Checksum when = Checksum::kBefore);
+  /// Waits for a checksum computed alongside (kAlongside) and throws FormatError if it does not
+  /// match; nothing otherwise. May be called more than once.
+  void verify() const;
 
   std::uint32_t version() const { return version_; }
   std::uint8_t u8();
@@ -126,6 +136,12 @@ class BinaryReader {
   const unsigned char* here() const { return data_ + pos_; }
   /// Passes over n elements of `elem` bytes (FormatError unless they are present).
   void skip(std::size_t n, std::size_t elem);
+  /// Payload bytes read so far.
+  std::size_t position() const { return pos_; }
+  /// A reader of payload bytes [begin, end) (end <= position()) of this file, sharing its
+  /// bytes, name and version, positioned at begin: for a section checked now and parsed
+  /// again later. Its offsets start at 0 (skip_padding is meaningless on it).
+  BinaryReader section(std::size_t begin, std::size_t end) const;
   /// Throws FormatError with `what` and the file name.
   [[noreturn]] void fail(const std::string& what) const;
 
@@ -137,6 +153,8 @@ class BinaryReader {
   std::size_t size_ = 0;                 // payload bytes
   std::size_t pos_ = 0;
   std::uint32_t version_ = 0;
+  std::uint64_t sum_ = 0;                        // the header's checksum
+  std::shared_future<std::uint64_t> alongside_;  // the payload's, when computed on a second thread
 };
 
 }  // namespace kbcore

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <unordered_set>
 
 #include "binary_io.h"
 #include "errors.h"
@@ -11,6 +12,15 @@
 #include "tokenizer.h"
 
 namespace kbcore {
+namespace {
+
+// A little-endian u32 (one load on little-endian hosts).
+inline std::uint32_t le32(const unsigned char* p) {
+  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
+}
+
+}  // namespace
 
 Bm25Index::Bm25Index(Bm25Params params) : params_(params) {
   if (!(params.k1 >= 0) || !(params.b >= 0 && params.b <= 1)) {
@@ -19,6 +29,11 @@ Bm25Index::Bm25Index(Bm25Params params) : params_(params) {
 }
 
 void Bm25Index::grow(std::size_t n) {
+  ensure_built();
+  resize_slots(n);
+}
+
+void Bm25Index::resize_slots(std::size_t n) {
   if (doc_len_.size() >= n) return;
   doc_terms_.resize(n);
   doc_len_.resize(n, 0);
@@ -36,6 +51,7 @@ std::uint32_t Bm25Index::term_id(std::string_view t) {
 }
 
 void Bm25Index::clear(Slot s) {
+  ensure_built();
   if (s >= has_.size() || !has_[s]) return;
   for (const auto& [term, tf] : doc_terms_[s]) --df_[term];
   stale_postings_ += doc_terms_[s].size();
@@ -176,6 +192,7 @@ void Bm25Index::set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots
     throw InvalidArgument("got " + std::to_string(slots.size()) + " slots for a text batch of " + std::to_string(n) +
                           " rows");
   }
+  ensure_built();
   if (n == 0) return;
   grow(static_cast<std::size_t>(*std::max_element(slots.begin(), slots.end())) + 1);
   // Drop the rows' old text first: clear() may compact, which renumbers terms.
@@ -272,6 +289,7 @@ std::vector<std::string> query_terms(std::string_view query) {
 }  // namespace
 
 Bm25Stats Bm25Index::stats(std::string_view query) const {
+  ensure_built();
   Bm25Stats out;
   out.documents = n_docs_;
   out.total_length = total_len_;
@@ -286,6 +304,7 @@ Bm25Stats Bm25Index::stats(std::string_view query) const {
 
 std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, const Bitmap* allowed,
                                       const Bm25Stats* global) const {
+  ensure_built();
   if (global != nullptr) {
     if (global->df.size() != global->terms.size()) {
       throw InvalidArgument("BM25 statistics have " + std::to_string(global->terms.size()) + " terms but " +
@@ -377,6 +396,9 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
 }
 
 std::size_t Bm25Index::memory_bytes() const {
+  // A deferred build may be filling the arrays on another searching thread: wait for it.
+  std::unique_lock<std::mutex> lock(build_mutex_, std::defer_lock);
+  if (!built_.load(std::memory_order_acquire)) lock.lock();
   std::size_t b = terms_.memory_bytes();
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
@@ -390,6 +412,7 @@ std::size_t Bm25Index::memory_bytes() const {
 // Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.
 // Postings, df and lengths are rebuilt on load.
 void Bm25Index::save(BinaryWriter& w) const {
+  ensure_built();
   w.f32(params_.k1);
   w.f32(params_.b);
   std::vector<std::uint32_t> remap(terms_.size(), 0xFFFFFFFFu);
@@ -422,25 +445,95 @@ void Bm25Index::save(BinaryWriter& w) const {
 }
 
 void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
-  params_.k1 = r.f32();
-  params_.b = r.f32();
-  if (!(params_.k1 >= 0) || !std::isfinite(params_.k1) || !(params_.b >= 0 && params_.b <= 1)) {
+  std::vector<std::uint32_t> df;
+  parse(r, &store, store.slot_count(), true, df);
+}
+
+void Bm25Index::load_deferred(BinaryReader& r, const VectorStore& store) {
+  if (!r.bytes()->mapped()) {
+    load(r, store);
+    return;
+  }
+  const std::size_t begin = r.position();
+  std::vector<std::uint32_t> df;
+  parse(r, &store, store.slot_count(), false, df);
+  BinaryReader section = r.section(begin, r.position());
+  // The section's own checksum, so that the build uses exactly the bytes checked here.
+  const std::uint64_t sum = checksum64(section.here(), section.remaining());
+  deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum, std::move(df)});
+  built_.store(false, std::memory_order_release);
+}
+
+void Bm25Index::ensure_built() const {
+  if (built_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(build_mutex_);
+  if (built_.load(std::memory_order_relaxed)) return;
+  // The only writes a const call makes to this index, serialised by build_mutex_ and published
+  // by built_; writers hold the owning Index's exclusive lock and so never race with them.
+  auto* self = const_cast<Bm25Index*>(this);
+  BinaryReader r = deferred_->reader;
+  // The bytes are a mapping of a file that kbcore replaces only by rename, but another program
+  // could have rewritten it in place since the load: the build reads only the bytes checked then.
+  if (checksum64(r.here(), r.remaining()) != deferred_->sum) {
+    r.fail("BM25 section changed since the file was loaded (checksum mismatch)");
+  }
+  try {
+    self->parse(r, nullptr, deferred_->slots, true, deferred_->df);
+    r.expect_end();
+  } catch (...) {
+    self->terms_.clear();
+    self->df_.clear();
+    self->postings_.clear();
+    self->doc_terms_.clear();
+    self->doc_len_.clear();
+    self->gen_.clear();
+    self->has_.clear();
+    self->total_len_ = 0;
+    self->live_postings_ = 0;
+    throw;
+  }
+  deferred_.reset();
+  built_.store(true, std::memory_order_release);
+}
+
+void Bm25Index::parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build,
+                      std::vector<std::uint32_t>& df) {
+  Bm25Params params;
+  params.k1 = r.f32();
+  params.b = r.f32();
+  if (!(params.k1 >= 0) || !std::isfinite(params.k1) || !(params.b >= 0 && params.b <= 1)) {
     r.fail("invalid BM25 parameters");
   }
+  if (store != nullptr) params_ = params;  // a deferred build leaves them: params() may be reading
   const std::uint64_t nterms = r.u64();
   r.require(nterms, 8);
+  // Without `build`, the terms are checked as views of the file's bytes (no copy).
+  std::unordered_set<std::string_view> seen;
+  if (!build) seen.reserve(nterms);
   for (std::uint64_t i = 0; i < nterms; ++i) {
     const std::uint64_t len = r.u64();
-    std::vector<std::uint8_t> bytes;
-    r.array(bytes, len);
-    const std::string t(bytes.begin(), bytes.end());
+    r.require(len, 1);
+    const std::string_view t(reinterpret_cast<const char*>(r.here()), len);
+    r.skip(len, 1);
     // Terms come back to Python as str (text_stats): invalid UTF-8 is refused here. add()
     // cannot store one: the tokenizer emits only well-formed code points (tokenizer.h).
     if (!is_valid_utf8(t)) r.fail("BM25 term is not valid UTF-8");
-    if (terms_.find(t)) r.fail("repeated BM25 term");
-    term_id(t);
+    if (build) {
+      if (terms_.find(t)) r.fail("repeated BM25 term");
+      term_id(t);
+    } else if (!seen.insert(t).second) {
+      r.fail("repeated BM25 term");
+    }
   }
-  grow(store.slot_count());
+  if (build) {
+    resize_slots(slots);
+    // Each term's posting list at its final size at once (df counted by the check).
+    if (df.size() == nterms) {
+      for (std::size_t t = 0; t < nterms; ++t) postings_[t].reserve(df[t]);
+    }
+  } else {
+    df.assign(nterms, 0);
+  }
   const std::uint64_t docs = r.u64();
   r.require(docs, 16);
   std::int64_t last = -1;  // save() writes rows by ascending slot, each once
@@ -448,37 +541,46 @@ void Bm25Index::load(BinaryReader& r, const VectorStore& store) {
     const Slot s = r.u32();
     const std::uint32_t len = r.u32();
     const std::uint64_t nt = r.u64();
-    if (s >= store.slot_count() || !store.is_live(s) || static_cast<std::int64_t>(s) <= last) {
+    if (s >= slots || (store != nullptr && !store->is_live(s)) || static_cast<std::int64_t>(s) <= last) {
       r.fail("BM25 row for a missing, repeated or out-of-order slot");
     }
     last = s;
     r.require(nt, 8);
-    auto& terms = doc_terms_[s];
+    const unsigned char* pairs = r.here();  // nt (term, tf) pairs of u32, bounds checked above
+    r.skip(nt, 8);
     std::uint64_t sum = 0;
+    std::int64_t prev = -1;
+    auto* terms = build ? &doc_terms_[s] : nullptr;
+    if (terms != nullptr) terms->reserve(nt);
     for (std::uint64_t j = 0; j < nt; ++j) {
-      const std::uint32_t term = r.u32();
-      const std::uint32_t tf = r.u32();
-      if (term >= terms_.size() || tf == 0 || (!terms.empty() && terms.back().first >= term)) {
-        r.fail("invalid BM25 term list");
-      }
-      terms.emplace_back(term, tf);
+      const std::uint32_t term = le32(pairs + 8 * j);
+      const std::uint32_t tf = le32(pairs + 8 * j + 4);
+      if (term >= nterms || tf == 0 || static_cast<std::int64_t>(term) <= prev) r.fail("invalid BM25 term list");
+      prev = term;
       sum += tf;
+      if (terms != nullptr) {
+        terms->emplace_back(term, tf);
+      } else {
+        ++df[term];
+      }
     }
     if (sum != len) r.fail("BM25 document length disagrees with its terms");
-    for (const auto& [term, tf] : terms) {
+    if (!build) continue;
+    for (const auto& [term, tf] : *terms) {
       ++df_[term];
       postings_[term].push_back({s, tf, gen_[s]});
     }
-    live_postings_ += terms.size();
+    live_postings_ += terms->size();
     doc_len_[s] = len;
     total_len_ += len;
     has_[s] = 1;
-    ++n_docs_;
   }
   // save() writes only the terms some row uses.
-  for (std::size_t t = 0; t < df_.size(); ++t) {
-    if (df_[t] == 0) r.fail("BM25 term used by no row");
+  for (std::size_t t = 0; t < nterms; ++t) {
+    if ((build ? df_[t] : df[t]) == 0) r.fail("BM25 term used by no row");
   }
+  // A deferred build leaves the count the check set: documents() may be reading it meanwhile.
+  if (store != nullptr) n_docs_ = static_cast<std::size_t>(docs);
 }
 
 }  // namespace kbcore

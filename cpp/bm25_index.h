@@ -6,22 +6,22 @@
 // Deletes are lazy: a posting whose slot was cleared or reused (generation mismatch) is skipped
 // and the postings are rebuilt from the per-row term lists once stale entries reach half.
 // Thread-safety as for the owning Index: search is const and concurrent; set/clear exclusive.
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "binary_io.h"
 #include "bitmap.h"
 #include "string_dict.h"
 #include "topk.h"
 #include "vector_store.h"
 
 namespace kbcore {
-
-class BinaryReader;
-class BinaryWriter;
 
 struct Bm25Params {
   float k1 = 1.2f;
@@ -78,7 +78,10 @@ class Bm25Index {
   void set_batch(const Bm25Batch& batch, const std::vector<Slot>& slots, std::size_t threads);
   /// Removes slot s's text. O(terms of s).
   void clear(Slot s);
-  bool has_text(Slot s) const { return s < doc_len_.size() && has_[s]; }
+  bool has_text(Slot s) const {
+    ensure_built();
+    return s < doc_len_.size() && has_[s];
+  }
   /// Rows with text.
   std::size_t documents() const { return n_docs_; }
   /// This index's statistics for the distinct terms of `query` (df 0 for an unknown term).
@@ -94,7 +97,14 @@ class Bm25Index {
                              const Bm25Stats* global = nullptr) const;
   std::size_t memory_bytes() const;
   void save(BinaryWriter& w) const;
+  /// Reads the section save() wrote and builds the postings. O(postings).
   void load(BinaryReader& r, const VectorStore& store);
+  /// Reads and checks the section save() wrote as load() does (every check, FormatError), but
+  /// builds the vocabulary and postings only when a call first needs them (search, stats,
+  /// save, writes): opening an index for vector search does not pay for them. documents() is
+  /// known at once. Keeps the file's mapping alive until then (a file read into the heap, on a
+  /// platform without mmap, is loaded at once). O(section bytes + terms).
+  void load_deferred(BinaryReader& r, const VectorStore& store);
 
  private:
   struct Posting {
@@ -104,6 +114,28 @@ class Bm25Index {
   };
   std::uint32_t term_id(std::string_view t);
   void compact();
+  void resize_slots(std::size_t n);  // grow() without building a deferred section first
+  // Reads the section at r. With `build`, fills the vocabulary, postings and per-slot arrays
+  // (grown to `slots`); without, only checks it. With `store` (a load, not a deferred build:
+  // that one's slots were checked at load) checks the slots against it and sets params_ and
+  // n_docs_, which a deferred build leaves for concurrent readers.
+  // `df`: filled with each term's row count by a check; read by a build (if sized) to reserve.
+  void parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build, std::vector<std::uint32_t>& df);
+  // Builds a section load_deferred() checked, once, under build_mutex_ (callers may be
+  // concurrent const searches). Rethrows the FormatError of bytes that changed since.
+  void ensure_built() const;
+
+  // A section checked by load_deferred and not yet built: its bytes, the slot count then, the
+  // bytes' checksum64 and each term's row count.
+  struct Deferred {
+    BinaryReader reader;
+    std::size_t slots;
+    std::uint64_t sum;
+    std::vector<std::uint32_t> df;
+  };
+  mutable std::unique_ptr<Deferred> deferred_;
+  mutable std::atomic<bool> built_{true};
+  mutable std::mutex build_mutex_;
 
   Bm25Params params_;
   StringTable terms_;                           // the vocabulary: term string <-> term id

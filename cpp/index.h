@@ -196,6 +196,8 @@ class Index {
   double evals_per_ef() const { return evals_.per_ef(); }
 
  private:
+  // load() after the header: every section, parsed and checked (the checksum is load()'s).
+  static std::unique_ptr<Index> load_sections(BinaryReader& r, std::optional<bool> vectors);
   /// Checks k and the filter, then copies and (for cosine) normalises the queries; throws
   /// InvalidArgument on k = 0, an invalid filter, NaN / infinity or a zero cosine query.
   std::vector<float> prepare_queries(const float* queries, std::size_t nq, std::size_t k,

@@ -2,6 +2,8 @@
 // validation that a loaded file is one save() could have written.
 #include "index.h"
 
+#include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "binary_io.h"
 #include "code_types.h"
 #include "errors.h"
+#include "parallel.h"
 #include "vector_checks.h"
 
 namespace kbcore {
@@ -132,7 +135,25 @@ void Index::save(const std::string& path) const {
 }
 
 std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> vectors) {
-  BinaryReader r(path, kMagic, kFormatVersionTagged);
+  // The payload checksum is computed on a second thread while the sections below are parsed
+  // and checked (every read bounds-checked, as for any untrusted bytes): the index is returned,
+  // and any error other than the checksum's reported, only once the checksum matches.
+  BinaryReader r(path, kMagic, kFormatVersionTagged, BinaryReader::Checksum::kAlongside);
+  try {
+    std::unique_ptr<Index> index = load_sections(r, vectors);
+    r.verify();
+    // The checks read every page of the file; a file mapping's pages are not anonymous memory,
+    // but they need not stay resident either, whether the mapping lives on (rows used in place,
+    // a BM25 section not built yet) or not.
+    if (r.bytes()->mapped()) r.bytes()->release_resident();
+    return index;
+  } catch (...) {
+    r.verify();
+    throw;
+  }
+}
+
+std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool> vectors) {
   IndexConfig c;
   c.dim = r.u64();
   const std::uint8_t metric = r.u8();
@@ -179,24 +200,51 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
       vectors_on_disk && aligned && r.bytes()->mapped() && host_little_endian() && c.kind == IndexKind::kHnsw;
   AlignedVector<float> data;
   const float* rows = nullptr;
-  if (in_place) {
-    r.require(slots * c.dim, sizeof(float));
-    rows = reinterpret_cast<const float*>(r.here());
-    r.skip(slots * c.dim, sizeof(float));
-  } else {
-    data.resize(slots * c.dim);
-    r.array_into(data.data(), data.size());
-    rows = data.data();
-  }
   // What add() refuses, load refuses too: the reserved id, NaN or infinity, and (cosine) a
   // zero vector.
-  for (std::size_t s = 0; s < slots; ++s) {
-    if (live[s] != 1) continue;
-    if (ids[s] == -1) r.fail("slot " + std::to_string(s) + " holds the reserved id -1");
-    const float* row = rows + s * c.dim;
-    if (!all_finite(row, c.dim)) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
-    if (c.metric == Metric::kCosine && !inverse_norm(row, c.dim)) {
-      r.fail("vector of id " + std::to_string(ids[s]) + " is all zeros under the cosine metric");
+  const auto check_rows = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t s = begin; s < end; ++s) {
+      if (live[s] != 1) continue;
+      if (ids[s] == -1) r.fail("slot " + std::to_string(s) + " holds the reserved id -1");
+      const float* row = rows + s * c.dim;
+      if (!all_finite(row, c.dim)) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
+      if (c.metric == Metric::kCosine && !inverse_norm(row, c.dim)) {
+        r.fail("vector of id " + std::to_string(ids[s]) + " is all zeros under the cosine metric");
+      }
+    }
+  };
+  // Rows are copied (unless used in place) and checked a block at a time, so that the checks
+  // read rows still in cache instead of a second pass over all of them from memory; blocks go
+  // to the hardware's threads once the rows pass 4 MiB (first exception rethrown here).
+  constexpr std::size_t kBlockRows = 256;
+  const std::size_t blocks = (slots + kBlockRows - 1) / kBlockRows;
+  const std::size_t threads = slots * c.dim * sizeof(float) >= (std::size_t{4} << 20) ? 0 : 1;
+  r.require(slots * c.dim, sizeof(float));
+  if (in_place) {
+    rows = reinterpret_cast<const float*>(r.here());
+    r.skip(slots * c.dim, sizeof(float));
+    parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+      check_rows(b * kBlockRows, std::min<std::size_t>(slots, (b + 1) * kBlockRows));
+    });
+  } else if (host_little_endian()) {
+    data.resize(slots * c.dim);
+    rows = data.data();
+    const unsigned char* src = r.here();
+    r.skip(slots * c.dim, sizeof(float));
+    parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+      const std::size_t begin = b * kBlockRows;
+      const std::size_t end = std::min<std::size_t>(slots, begin + kBlockRows);
+      std::memcpy(data.data() + begin * c.dim, src + begin * c.dim * sizeof(float),
+                  (end - begin) * c.dim * sizeof(float));
+      check_rows(begin, end);
+    });
+  } else {
+    data.resize(slots * c.dim);
+    rows = data.data();
+    for (std::size_t s = 0; s < slots; s += kBlockRows) {
+      const std::size_t end = std::min<std::size_t>(slots, s + kBlockRows);
+      r.array_into(data.data() + s * c.dim, (end - s) * c.dim);  // byte-swapped
+      check_rows(s, end);
     }
   }
   auto index = std::make_unique<Index>(c);
@@ -221,7 +269,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
     index->graph_->load(r);
   }
   index->meta_.load(r, index->store_);
-  index->text_.load(r, index->store_);
+  index->text_.load_deferred(r, index->store_);
   if (r.version() >= kFormatVersionQuantized && r.version() < kFormatVersionTagged) {
     // Versions 2 to 4: the trailing quantization section (the type's legacy id, the re-rank
     // depth, its parameters one byte each).
@@ -262,9 +310,6 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   if (vectors_on_disk && !index->quantized()) {
     throw InvalidArgument("vectors='disk' needs a quantized index file (quantization='sq8' or 'rabitq')");
   }
-  // The checks above read every page of the file; a file mapping's pages are not anonymous
-  // memory, but they need not stay resident either.
-  if (in_place) r.bytes()->release_resident();
   return index;
 }
 
