@@ -335,7 +335,7 @@ def _shortlists_locked(searches: Sequence[VectorSearch]) -> list[Shortlist]:
         state = s.cell.state
         index = state.index
         n = 0 if index is None else len(index)
-        if n == 0:
+        if index is None or n == 0:
             out.append(_EMPTY)
             continue
         group_by = _group_field(state, s.deduplicate)

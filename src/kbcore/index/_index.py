@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -601,7 +602,8 @@ class Index:
         return cls._wrap(_core.Index.load(p, vectors))
 
 
-class Search(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Search:
     """One search of :func:`search_many`: ``query`` (one vector [dim]) against ``index``, as
     :meth:`Index.search` (``group_by`` None) or :meth:`Index.search_groups` would run it."""
 
@@ -625,7 +627,7 @@ def search_many(searches: Sequence[Search], *, threads: int = 0) -> list[Any]:
     requests = []
     for s in searches:
         if type(s) is not Search:
-            raise InvalidTypeError(f"search_many takes Search tuples, got {type(s).__name__}")
+            raise InvalidTypeError(f"search_many takes Search values, got {type(s).__name__}")
         index = s.index
         if not isinstance(index, Index):
             raise InvalidTypeError(f"a Search's index must be an Index, got {type(index).__name__}")
