@@ -40,8 +40,7 @@ def test_search_stats_counts_are_positive_grow_with_ef_and_repeat(quantization: 
     np.testing.assert_array_equal(large["upper_hops"], again["upper_hops"])
 
 
-def test_search_stats_walk_gives_the_answers_of_search() -> None:
-    # The counted walk is the walk search() runs: k and ef bounded alike, one query or many.
+def test_search_stats_of_one_query_equal_its_row_of_a_batch() -> None:
     index, queries = _index("sq8")
     one = index.search_stats(queries[0], 5, ef=32)
     batch = index.search_stats(queries, 5, ef=32)
