@@ -60,6 +60,33 @@ inline void min_heap_replace_top(Scored* h, std::size_t n, const Scored& s) {
 }
 }  // namespace detail
 
+/// Work counts of one search walk (the debug statistics of Index::search_stats): hops are
+/// the level-0 nodes expanded (link lists read), upper_hops the link lists the greedy descent
+/// read, scored the distances evaluated (code or row scores, descent and level 0).
+struct WalkStats {
+  std::uint64_t hops = 0;
+  std::uint64_t upper_hops = 0;
+  std::uint64_t scored = 0;
+};
+
+namespace detail {
+/// The counter of the walks: a template argument, so that the walk of ordinary searches
+/// (kOn false) compiles to no counting at all and only the statistics entry point pays.
+template <bool kOn>
+struct WalkCounter {
+  WalkStats* stats;
+  void hop() const {
+    if constexpr (kOn) ++stats->hops;
+  }
+  void upper_hop() const {
+    if constexpr (kOn) ++stats->upper_hops;
+  }
+  void scored(std::size_t m) const {
+    if constexpr (kOn) stats->scored += m;
+  }
+};
+}  // namespace detail
+
 /// The search walk over an HnswIndex (a friend: it reads the link lists). Every function is
 /// thread-safe against other searches (per-thread scratch, pooled visited sets).
 class GraphSearch {
@@ -69,7 +96,7 @@ class GraphSearch {
   template <typename Scorer>
   static Slot entry_point(const HnswIndex& g, Scorer sc) {
     auto visited = g.visited_.acquire(g.levels_.size());
-    return descend(g, sc, *visited).slot;
+    return descend(g, sc, *visited, detail::WalkCounter<false>{nullptr}).slot;
   }
 
   /// Descent, then the level-0 search with a candidate list of ef; `accept` admits slots to
@@ -78,10 +105,15 @@ class GraphSearch {
   template <typename Scorer, typename Accept>
   static std::vector<Scored> search(const HnswIndex& g, Scorer sc, std::size_t ef, const Accept& accept,
                                     std::size_t* evals) {
-    auto visited = g.visited_.acquire(g.levels_.size());
-    const Scored ep = descend(g, sc, *visited);
-    visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
-    return layer0(g, sc, ep, ef, accept, *visited, evals);
+    return walk(g, sc, ef, accept, evals, detail::WalkCounter<false>{nullptr});
+  }
+
+  /// search() counting its work into `stats` (added to; the debug statistics): the same
+  /// walk, the same results.
+  template <typename Scorer, typename Accept>
+  static std::vector<Scored> search_counted(const HnswIndex& g, Scorer sc, std::size_t ef, const Accept& accept,
+                                            WalkStats& stats) {
+    return walk(g, sc, ef, accept, nullptr, detail::WalkCounter<true>{&stats});
   }
 
   /// Descent, then a level-0 search whose candidate list starts at ef (clamped to [1, rows])
@@ -98,19 +130,28 @@ class GraphSearch {
   /// marks the nodes scored: a node scored once cannot beat the current node again (the
   /// current distance only decreases), so it is not scored twice; the entry point is the one
   /// a descent re-scoring every list would reach.
-  template <typename Scorer>
-  static Scored descend(const HnswIndex& g, Scorer sc, VisitedSet& visited);
-  template <typename Scorer, typename Accept>
+  template <typename Scorer, typename Counter = detail::WalkCounter<false>>
+  static Scored descend(const HnswIndex& g, Scorer sc, VisitedSet& visited, Counter count = {nullptr});
+  template <typename Scorer, typename Accept, typename Counter>
+  static std::vector<Scored> walk(const HnswIndex& g, Scorer sc, std::size_t ef, const Accept& accept,
+                                  std::size_t* evals, Counter count) {
+    auto visited = g.visited_.acquire(g.levels_.size());
+    const Scored ep = descend(g, sc, *visited, count);
+    visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
+    return layer0(g, sc, ep, ef, accept, *visited, evals, count);
+  }
+  template <typename Scorer, typename Accept, typename Counter>
   static std::vector<Scored> layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
-                                    VisitedSet& visited, std::size_t* evals);
+                                    VisitedSet& visited, std::size_t* evals, Counter count);
 };
 
 // ---- template implementation -------------------------------------------------------------
 
-template <typename Scorer>
-Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_set) {
+template <typename Scorer, typename Counter>
+Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_set, Counter count) {
   const VisitedSet::View visited = visited_set.view();
   Scored cur{sc.one(g.entry_), g.entry_};
+  count.scored(1);
   visited.test_and_set(g.entry_);
   std::uint32_t fresh[4 + kMaxLinks];
   float d[4 + kMaxLinks];
@@ -119,15 +160,17 @@ Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_s
     while (changed) {
       changed = false;
       const std::uint32_t* src = g.links(cur.slot, level);
-      const std::size_t count = src[0];
+      const std::size_t links = src[0];
       std::size_t m = 0;
-      for (std::size_t j = 0; j < count; ++j) {
+      for (std::size_t j = 0; j < links; ++j) {
         const Slot n = src[1 + j];
         if (visited.test_and_set(n)) continue;
         sc.prefetch(n);
         fresh[m++] = n;
       }
       sc.block(fresh, m, d);
+      count.upper_hop();
+      count.scored(m);
       for (std::size_t j = 0; j < m; ++j) {
         if (d[j] < cur.dist) {
           cur = {d[j], fresh[j]};
@@ -139,9 +182,9 @@ Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_s
   return cur;
 }
 
-template <typename Scorer, typename Accept>
+template <typename Scorer, typename Accept, typename Counter>
 std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
-                                        VisitedSet& visited_set, std::size_t* evals) {
+                                        VisitedSet& visited_set, std::size_t* evals, Counter count) {
   const VisitedSet::View visited = visited_set.view();
   std::vector<Scored>& candidates = search_scratch().walk_candidates;  // a min-heap (ScoredGreater)
   candidates.clear();
@@ -174,10 +217,10 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep
     if (nc > 1) g.prefetch_links(candidates[nc > 2 && candidates[2] < candidates[1] ? 2 : 1].slot, 0);
     bool top_open = true;
     const std::uint32_t* src = g.links(c.slot, 0);
-    const std::size_t count = src[0];
+    const std::size_t links = src[0];
     std::size_t m = 0;
     // Gather the unvisited neighbours first, prefetching them, then score them in blocks.
-    for (std::size_t j = 0; j < count; ++j) {
+    for (std::size_t j = 0; j < links; ++j) {
       const Slot n = src[1 + j];
       if (visited.test_and_set(n)) continue;
       sc.prefetch(n);
@@ -185,6 +228,8 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep
     }
     sc.block(fresh, m, dists);
     if (evals != nullptr) *evals += m;
+    count.hop();
+    count.scored(m);
     for (std::size_t j = 0; j < m; ++j) {
       const float d = dists[j];
       if (results.size() < ef || d < results.front().dist) {
@@ -312,6 +357,16 @@ std::vector<Scored> HnswIndex::search_with(const float* q, std::size_t k, std::s
   if (entry_ == kNoSlot || k == 0) return {};
   const RowScorer sc(store_, metric_, active_kernels(), q);
   std::vector<Scored> res = GraphSearch::search(*this, sc, std::max(ef, k), accept, evals);
+  std::sort_heap(res.begin(), res.end());
+  if (res.size() > k) res.resize(k);
+  return res;
+}
+
+inline std::vector<Scored> HnswIndex::search_counted(const float* q, std::size_t k, std::size_t ef,
+                                                     WalkStats& stats) const {
+  if (entry_ == kNoSlot || k == 0) return {};
+  const RowScorer sc(store_, metric_, active_kernels(), q);
+  std::vector<Scored> res = GraphSearch::search_counted(*this, sc, std::max(ef, k), AcceptAll{}, stats);
   std::sort_heap(res.begin(), res.end());
   if (res.size() > k) res.resize(k);
   return res;

@@ -89,6 +89,12 @@ class HnswCodeSearch {
                                     std::size_t ef, std::size_t rerank, const Accept& accept,
                                     std::size_t* evals = nullptr);
 
+  /// search() counting the walk's work into `stats` (added to; Index::search_stats): the
+  /// same walk and re-rank, the same results.
+  template <typename Codes>
+  static std::vector<Scored> search_counted(const HnswIndex& g, const Codes& codes, const float* q, std::size_t k,
+                                            std::size_t ef, std::size_t rerank, WalkStats& stats);
+
   /// HnswIndex::local_selectivity with the greedy descent on codes (the float32 rows, which
   /// may be on disk, are not read).
   template <typename Codes>
@@ -122,6 +128,23 @@ std::vector<Scored> HnswCodeSearch::search(const HnswIndex& g, const Codes& code
   const std::size_t depth = std::max(rerank, k);
   std::vector<Scored> res =
       GraphSearch::search(g, CodeScorer<Codes>(codes, pq), std::max({ef, k, depth}), accept, evals);
+  if constexpr (CodeTraits<Codes>::kBounded) {
+    return rerank_bounded(g.store_, codes, pq, g.metric_, q, std::move(res), depth, k);
+  } else {
+    return rerank_exact(g.store_, g.metric_, q, std::move(res), depth, k);
+  }
+}
+
+template <typename Codes>
+std::vector<Scored> HnswCodeSearch::search_counted(const HnswIndex& g, const Codes& codes, const float* q,
+                                                   std::size_t k, std::size_t ef, std::size_t rerank,
+                                                   WalkStats& stats) {
+  if (g.entry_ == kNoSlot || k == 0) return {};
+  auto& pq = code_query<Codes>(search_scratch());
+  codes.prepare(q, pq);
+  const std::size_t depth = std::max(rerank, k);
+  std::vector<Scored> res =
+      GraphSearch::search_counted(g, CodeScorer<Codes>(codes, pq), std::max({ef, k, depth}), AcceptAll{}, stats);
   if constexpr (CodeTraits<Codes>::kBounded) {
     return rerank_bounded(g.store_, codes, pq, g.metric_, q, std::move(res), depth, k);
   } else {

@@ -27,6 +27,7 @@ namespace kbcore {
 
 class BinaryReader;
 class BinaryWriter;
+struct WalkStats;
 
 /// Upper bound of HnswParams::M, checked by the constructor and by load.
 inline constexpr std::size_t kMaxM = 256;
@@ -84,6 +85,9 @@ class HnswIndex {
   template <typename Accept>
   std::vector<Scored> search_with(const float* q, std::size_t k, std::size_t ef, const Accept& accept,
                                   std::size_t* evals = nullptr) const;
+  /// search() counting the walk's work into `stats` (added to; Index::search_stats): the
+  /// same walk, the same results.
+  std::vector<Scored> search_counted(const float* q, std::size_t k, std::size_t ef, WalkStats& stats) const;
   /// Fraction of the slots within two hops of the query's level-0 entry point (found by the
   /// greedy descent of every search) that pass `allowed`: the selectivity of the filter in
   /// the query's own neighbourhood. Far below the global selectivity, the passing rows lie

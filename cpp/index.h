@@ -190,6 +190,14 @@ class Index {
   /// them in place), and the codes last. A new code type needs no new version (docs/index.md).
   static constexpr std::uint32_t kFormatVersionTagged = 5;
 
+  /// Debug statistics of unfiltered graph search: for each query, the work of the walk that
+  /// search() with these k and ef (0 = the default) runs (graph rows only; rows whose graph
+  /// insertion is deferred are not counted): level-0 hops, upper-level hops and distances
+  /// scored, into caller buffers [nq] each. The walk is the one search() runs, compiled with
+  /// counters (search() itself counts nothing). One thread; shared lock. Throws
+  /// InvalidArgument for a flat index and as search() does for bad queries or k.
+  void search_stats(const float* queries, std::size_t nq, std::size_t k, std::size_t ef, std::uint64_t* out_hops,
+                    std::uint64_t* out_upper_hops, std::uint64_t* out_scored) const;
   /// The strategy the cost model picks for `passing` rows out of `live` at this ef.
   Strategy choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const;
   /// Measured distance evaluations per unit of ef of recent unfiltered graph searches.

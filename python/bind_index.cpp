@@ -521,6 +521,26 @@ void bind_index(py::module_& m) {
       .def_property_readonly("vectors",
                              [](const Index& self) { return self.config().vectors_on_disk ? "disk" : "memory"; })
       .def_property_readonly("evals_per_ef", &Index::evals_per_ef)
+      .def(
+          "search_stats",
+          // Debug statistics of the unfiltered graph walk (Index::search_stats): per query,
+          // uint64 [nq] arrays of level-0 hops, upper-level hops and distances scored.
+          [](const Index& self, const FloatArray& queries, std::size_t k, std::size_t ef) {
+            const std::size_t nq = rows_of(queries, self.dim(), "queries");
+            using CountArray = py::array_t<std::uint64_t, py::array::c_style>;
+            CountArray hops(static_cast<py::ssize_t>(nq));
+            CountArray upper(static_cast<py::ssize_t>(nq));
+            CountArray scored(static_cast<py::ssize_t>(nq));
+            {
+              std::uint64_t* ph = hops.mutable_data();
+              std::uint64_t* pu = upper.mutable_data();
+              std::uint64_t* ps = scored.mutable_data();
+              py::gil_scoped_release nogil;
+              self.search_stats(queries.data(), nq, k, ef, ph, pu, ps);
+            }
+            return py::make_tuple(hops, upper, scored);
+          },
+          py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"))
       .def_property_readonly("quantization", [](const Index& self) { return self.config().quantization; })
       .def_property_readonly("rerank", [](const Index& self) { return self.config().rerank; })
       .def_property_readonly("bits", [](const Index& self) { return code_param(self.config().code_params, "bits", 0); })

@@ -423,6 +423,24 @@ class Index:
             return ids[0], dist[0]
         return ids, dist
 
+    def search_stats(self, queries: npt.ArrayLike, k: int = 10, *, ef: int | None = None) -> dict[str, np.ndarray]:
+        """Debug statistics of the unfiltered graph walk that :meth:`search` runs.
+
+        For each query (one vector [dim] or a batch [q, dim]) and the same ``k`` and ``ef``,
+        returns uint64 arrays [q] (shape [1] for one query) under
+        ``"hops"`` (level-0 nodes expanded), ``"upper_hops"`` (link lists read by the greedy
+        descent) and ``"scored"`` (distances evaluated on codes or rows, descent included;
+        the exact re-rank of a quantized index is not counted). Rows whose graph insertion is
+        deferred are not counted. One thread; for analysis, not for serving: :meth:`search`
+        itself counts nothing. Raises :class:`~kbcore.errors.InvalidArgumentError` for a
+        flat index.
+        """
+        arr, _ = _as_vectors(queries, self._dim, "queries")
+        k = _bounded("k", k)
+        ef_value = 0 if ef is None else _bounded("ef", ef)
+        hops, upper, scored = self._native.search_stats(arr, k, ef_value)
+        return {"hops": hops, "upper_hops": upper, "scored": scored}
+
     def get_vectors(self, ids: npt.ArrayLike) -> np.ndarray:
         """Stored vectors of ids as float32 [n, dim] (unit-normalised under cosine)."""
         return self._native.get_vectors(_as_ids(ids))
