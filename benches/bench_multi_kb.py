@@ -9,13 +9,14 @@ SciFact's documents (title + text) are split round-robin into ``--kbs`` knowledg
 (``kb0``...), each built through ``ingest_many`` with the built-in ``HashingEmbedder`` (so a
 text query is embedded once per call, as a user's would be), HNSW index, vector search; a
 further knowledge base ``all`` holds every document. Each round times, query by query and
-interleaved (so machine load hits every variant alike): ``kb0.retrieve`` (one of the parts),
+interleaved in an order rotating each query (so machine load and cache state hit every
+variant alike): ``kb0.retrieve`` (one of the parts),
 ``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (the
 vector searches as one native call on the search pool, ``kbcore.index.search_many``;
 candidates merged, hits built only for the ``top_k`` kept), the same with that call on the
 caller's thread only (``search_many(threads=1)``), the same with each knowledge
-base's search its own call one after the other (the path before ``search_many``), the same
-with those calls forced onto Python threads, and the same merging whole hit lists (every
+base's search its own call one after the other (the path before ``search_many``), and the
+same merging whole hit lists (every
 knowledge base's ``top_k`` hits built, the path a reranker or a context window takes).
 ``--search-threads N`` sets the search pool's size (``kbcore.index.set_search_threads``).
 Prints the median per-query microseconds and the ratios. Timings on a shared machine are
@@ -37,18 +38,6 @@ from benches.datasets import DEFAULT_DATA_ROOT
 from benches.eval_hybrid import _jsonl
 
 TOP_K = 10
-
-
-def _threaded(engine, names: list[str], q: str):
-    """``Engine.retrieve`` with the searches forced onto threads, whatever the sizes."""
-    from kbcore.engine import multi
-
-    saved = multi.PARALLEL_MIN_CHUNKS
-    multi.PARALLEL_MIN_CHUNKS = 0
-    try:
-        return engine.retrieve(names, q, TOP_K)
-    finally:
-        multi.PARALLEL_MIN_CHUNKS = saved
 
 
 def _serial(engine, names: list[str], q: str):
@@ -149,16 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
             f"{args.kbs} parts merged, one search thread": lambda q: _one_thread(engine, names, q),
             f"{args.kbs} parts merged, serial searches": lambda q: _serial(engine, names, q),
-            f"{args.kbs} parts merged, threads": lambda q: _threaded(engine, names, q),
             f"{args.kbs} parts merged, whole lists": lambda q: _whole_lists(engine, names, q),
         }
         for q in queries[:20]:  # warm up
             for fn in variants.values():
                 fn(q)
         times: dict[str, list[float]] = {k: [] for k in variants}
+        order = list(variants.items())
         for _ in range(args.rounds):
-            for q in queries:
-                for label, fn in variants.items():
+            for j, q in enumerate(queries):
+                # The order rotates by one each query, so that no variant always runs after the
+                # same other one (whose cache footprint it would inherit).
+                for label, fn in order[j % len(order) :] + order[: j % len(order)]:
                     t0 = time.perf_counter()
                     fn(q)
                     times[label].append(time.perf_counter() - t0)
