@@ -130,7 +130,7 @@ _E = "kbcore.engine."
 _ENGINE = {
     # The engine owns its storage and the manifest's structural check.
     _E + "manifest_check": {"kbcore.index", "kbcore.fusion", "kbcore.rerankers.http", "kbcore.chunking"},
-    _E + "storage": {_E + "manifest_check"},
+    _E + "storage": {_E + "manifest_check", _E + "columns"},
     _E + "columns": set(),
     _E + "types": {"kbcore.chunking", "kbcore.fusion"},
     _E + "scores": set(),

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, StorageError
+from .columns import to_numpy
 from .manifest_check import FORMAT_NAME, FORMAT_VERSION, validate_manifest
 
 __all__ = [
@@ -642,7 +643,7 @@ def _check_schema(table: Any, columns: dict[str, Any], path: str, optional: dict
 
 
 def _int_column(table: Any, col: str) -> np.ndarray:
-    return np.asarray(table.column(col).to_numpy(), dtype=np.int64)
+    return to_numpy(table.column(col), np.int64)
 
 
 def read_segments(dirpath: str, manifest: dict[str, Any]) -> list[tuple[dict[str, Any], Any, Any]]:
