@@ -289,7 +289,10 @@ def test_multi_kb_searches_again_when_a_knowledge_base_changes_before_its_hits_a
     engine = _three(tmp_path)
     names = ["k0", "k1", "k2"]
     q = np.random.default_rng(12).standard_normal(DIM).astype(np.float32)
-    first = engine.retrieve(names, q, 4)
+    # A hybrid first stage: its hits are built after the read lock is released (the vector
+    # searches build theirs under the locks of the search, where no write can come between).
+    kw = {"search_type": "hybrid", "query_vector": q}
+    first = engine.retrieve(names, "doc 1 chunk 2", 4, **kw)
     victim = first[0].metadata["knowledge_base"], first[0].document_id
     original = KnowledgeBase._hits_of
     calls = []
@@ -301,9 +304,70 @@ def test_multi_kb_searches_again_when_a_knowledge_base_changes_before_its_hits_a
         return original(self, short, cands)
 
     monkeypatch.setattr(KnowledgeBase, "_hits_of", deleting)
-    got = engine.retrieve(names, q, 4)
+    got = engine.retrieve(names, "doc 1 chunk 2", 4, **kw)
     monkeypatch.setattr(KnowledgeBase, "_hits_of", original)
     assert calls  # the merge of candidates ran, met the change and searched again
     assert (victim[0], victim[1]) not in {(h.metadata["knowledge_base"], h.document_id) for h in got}
-    assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in engine.retrieve(names, q, 4)]
+    assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in engine.retrieve(names, "doc 1 chunk 2", 4, **kw)]
+    engine.close()
+
+
+@pytest.mark.parametrize("metrics", [("cosine", "cosine", "cosine"), ("cosine", "l2", "ip")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"score_threshold": 0.55},
+        # 2 passing rows per knowledge base, 6 in all: fewer than top_k (padded native answers)
+        {"filters": {"$and": [{"chunk_index": 0}, {"document_id": {"$in": ["d0", "d1"]}}]}},
+        {"deduplicate": True},
+        {"deduplicate": True, "score_threshold": 0.5},
+    ],
+)
+def test_multi_kb_merged_vector_hits_equal_the_merge_of_whole_hit_lists(tmp_path, monkeypatch, metrics, kw):
+    """The vector fast path (one native search, the merge on scores, hits built for the kept
+    candidates only: ``retrieval.merged_hits``) against the general path (every knowledge
+    base's whole hit list, merged) and the oracle of each knowledge base's own retrieve, on
+    HNSW indexes holding the same rows (so scores tie exactly across knowledge bases) and one
+    empty knowledge base."""
+    from kbcore.engine import multi
+
+    engine = Engine(tmp_path / "hnsw")
+    table, vecs = _table(6, 5, seed=21)
+    names = []
+    for i, m in enumerate(metrics):
+        kb = engine.create_knowledge_base(f"h{i}", embedder=False, metric=m)
+        kb.ingest_table(table, vectors=vecs)
+        names.append(kb.name)
+    engine.create_knowledge_base("empty", embedder=False)
+    names.insert(1, "empty")
+    fast_calls = []
+    fast = multi.merged_hits
+
+    def counting(*a):
+        fast_calls.append(1)
+        return fast(*a)
+
+    def rows(hits):
+        return [
+            (h.metadata["knowledge_base"], h.id, h.content, h.metadata, h.distance, h.score, h.part_ids) for h in hits
+        ]
+
+    rng = np.random.default_rng(22)
+    for _ in range(6):
+        q = rng.standard_normal(DIM).astype(np.float32)
+        monkeypatch.setattr(multi, "merged_hits", counting)
+        got = engine.retrieve(names, q, 8, **kw)
+        monkeypatch.setattr(multi, "_merge_shortlists", lambda *a: None)
+        whole = engine.retrieve(names, q, 8, **kw)
+        monkeypatch.undo()
+        assert fast_calls  # the fast path ran (and did not fall back)
+        fast_calls.clear()
+        assert rows(got) == rows(whole)
+        want = _merged_oracle(engine, names, q, 8, len(set(metrics)) == 1, **kw)
+        assert [(n, i, c, {**m}, d, s, p) for n, i, _, c, m, d, s, p in want] == [
+            (n, i, c, {k: v for k, v in m.items() if k not in ("knowledge_base", "merged_by")}, d, s, p)
+            for n, i, c, m, d, s, p in rows(got)
+        ]
+        assert len(got) > 0
     engine.close()

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..rerankers import as_reranker
 from . import reranking
-from .retrieval import check_k, shortlists
+from .retrieval import check_k, merged_hits, shortlists
 from .types import Hit, SearchOptions
 
 #: Rank constant of the reciprocal-rank merge (Cormack et al. 2009).
@@ -107,6 +107,7 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
     specs = _spec_ids([kb.embedder_spec for kb in kbs])
     calls: list[tuple[Any, SearchOptions]] = []
     vectors: dict[int, np.ndarray] = {}
+    vector_opts: SearchOptions | None = None  # one for every vector search (a NamedTuple: shared)
     text = isinstance(query, str) and opts.query_vector is None
     for kb, (mode, _), spec in zip(kbs, modes, specs):
         if not text or mode == "full_text" or not query.strip():
@@ -116,7 +117,9 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
         if vec is None:
             vec = vectors[spec] = kb.embed_query(query)
         if mode == "vector":
-            calls.append((vec, opts._replace(search_type="vector")))
+            if vector_opts is None:
+                vector_opts = opts._replace(search_type="vector")
+            calls.append((vec, vector_opts))
         else:
             calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
     parallel = len(kbs) > 1 and sum(len(kb) for kb in kbs) >= PARALLEL_MIN_CHUNKS
@@ -150,8 +153,20 @@ def _merge_shortlists(
     """The merge over candidates: each knowledge base's first stage without its hits
     (``_shortlist``), merged by the same keys as the hits would be, then hits built only for
     the ``top_k`` kept. None when a knowledge base's call is not that simple (a reranker, a
-    context window) or changed before its hits were built: the caller merges whole hit lists."""
-    shorts = _shortlists(kbs, calls, top_k, parallel)
+    context window) or changed before its hits were built: the caller merges whole hit lists.
+    When every call is a vector search, the searches, the merge and the hits run as one
+    :func:`~kbcore.engine.retrieval.merged_hits` call (one native search call, the merge on
+    the candidates' scores, the hits built under the read locks of the search: no knowledge
+    base can change before its hits are built)."""
+    searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+    if all(s is not None for s in searches):
+        try:
+            pairs = merged_hits(searches, lambda scores: _pick(scores, top_k, same))  # type: ignore[arg-type]
+        except InvalidArgumentError:
+            pass  # e.g. a re-embed changed a dimension since the query was embedded: below
+        else:
+            return [(kbs[i], h) for i, h in pairs]
+    shorts = _shortlists(kbs, calls, top_k, parallel, searches)
     tagged: list[tuple[float, float, int, int]] = []
     for i, short in enumerate(shorts):
         if short is None:
@@ -174,12 +189,32 @@ def _merge_shortlists(
     return [(kbs[i], built[i, r]) for _, _, i, r in kept]
 
 
-def _shortlists(kbs: Sequence[Any], calls: list[tuple[Any, SearchOptions]], top_k: int, parallel: bool) -> list[Any]:
+def _pick(scores: list[list[float]], top_k: int, same: bool) -> list[tuple[int, int]]:
+    """The (knowledge base, rank) pairs of the ``top_k`` best candidates, best first, from each
+    knowledge base's scores (best first): the keys of the merge of whole hit lists (by score,
+    or by reciprocal rank then score; then the order of the knowledge bases, then rank)."""
+    if same:
+        tagged = [(-v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
+    else:
+        tagged = [(-1.0 / (RANK_K + r + 1), -v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
+    tagged.sort()
+    return [(t[-2], t[-1]) for t in tagged[:top_k]]
+
+
+def _shortlists(
+    kbs: Sequence[Any],
+    calls: list[tuple[Any, SearchOptions]],
+    top_k: int,
+    parallel: bool,
+    searches: list[Any] | None = None,
+) -> list[Any]:
     """Each knowledge base's first stage without its hits (a ``Shortlist``, or None: merge
-    whole hit lists). The vector searches run as one native call, concurrently with the GIL
-    released (:func:`kbcore.engine.retrieval.shortlists`); the others (full text, hybrid)
-    one by one, or in threads when ``parallel``."""
-    searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
+    whole hit lists). The vector searches (``searches``: each knowledge base's
+    ``_vector_search``, made here when not given) run as one native call, concurrently with
+    the GIL released (:func:`kbcore.engine.retrieval.shortlists`); the others (full text,
+    hybrid) one by one, or in threads when ``parallel``."""
+    if searches is None:
+        searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
     batch = [s for s in searches if s is not None]
     if len(batch) > 1:
         try:

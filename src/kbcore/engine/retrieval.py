@@ -315,42 +315,120 @@ def shortlists(searches: Sequence[VectorSearch]) -> list[Shortlist]:
     """The :class:`Shortlist` of each search, as :func:`shortlist` would give it, the searches
     of native indexes run as one :func:`~kbcore.index.search_many` call (concurrently, the
     GIL released) under every knowledge base's read lock (each taken once)."""
+    return _under_read_locks(searches, _shortlists_locked)
+
+
+#: Picks the candidates kept over several searches: given each search's scores (best first,
+#: after its threshold), the (search, rank) pairs kept, in their final order.
+Pick = Callable[[list[list[float]]], list[tuple[int, int]]]
+
+
+def merged_hits(searches: Sequence[VectorSearch], pick: Pick) -> list[tuple[int, Hit]]:
+    """Several vector searches merged into one list: every search run as in
+    :func:`shortlists` (one native call), ``pick`` choosing the candidates kept from their
+    scores, and hits built for those alone, as :func:`retrieve` builds them, without leaving
+    the read locks (no knowledge base can change between the search and its hits). Returns
+    (search's position, hit) pairs in ``pick``'s order. The scores ``pick`` reads are each
+    candidate's ``Hit.score`` (:meth:`Shortlist.scores`); the candidates not kept get no
+    candidate tuple, no :class:`Shortlist` and no hit."""
+    return _under_read_locks(searches, lambda s: _merged_locked(s, pick))
+
+
+def _under_read_locks(searches: Sequence[VectorSearch], run: Callable[[Sequence[VectorSearch]], Any]) -> Any:
+    """``run(searches)`` under every searched knowledge base's read lock, each taken once."""
     holds = list({id(s.cell): s.cell.rw.read() for s in searches}.values())
     taken = 0
     try:
         for hold in holds:
             hold.__enter__()
             taken += 1
-        return _shortlists_locked(searches)
+        return run(searches)
     finally:
         for hold in holds[:taken]:
             hold.__exit__(None, None, None)
 
 
-def _shortlists_locked(searches: Sequence[VectorSearch]) -> list[Shortlist]:
-    out: list[Shortlist] = []
+def _searched_locked(searches: Sequence[VectorSearch]) -> list[tuple[KbState | None, Any, bool | None]]:
+    """Each search run (the native ones as one :func:`search_many` call), as (snapshot or None
+    for an empty knowledge base, the raw answer, how to read it): ``True`` a native search's
+    groups, ``False`` its ``(ids, distances)``, ``None`` a candidate list already."""
+    out: list[tuple[KbState | None, Any, bool | None]] = []
     batch: list[Search] = []
-    at: list[tuple[int, KbState, bool]] = []
-    for i, s in enumerate(searches):
+    at: list[int] = []
+    for s in searches:
         state = s.cell.state
         index = state.index
         n = 0 if index is None else len(index)
         if index is None or n == 0:
-            out.append(_EMPTY)
+            out.append((None, [], None))
             continue
         group_by = _group_field(state, s.deduplicate)
         k = min(s.top_k, n)  # no more hits than rows
         if isinstance(index, Index):
             batch.append(Search(index, s.q, k, s.where, s.ef, group_by))
-            at.append((i, state, group_by is not None))
-            out.append(_EMPTY)  # replaced below
+            at.append(len(out))
+            out.append((state, None, group_by is not None))  # the answer is filled in below
             continue
         cands = vector_candidates(index, s.q, k, s.where, group_by is not None, s.ef, group_by or GROUP_FIELD)
-        out.append(_shortlist_of(state, cands, s.threshold))
-    for (i, state, grouped), result in zip(at, search_many(batch) if batch else ()):
-        cands = _group_candidates(result) if grouped else _knn_candidates(*result)
-        out[i] = _shortlist_of(state, cands, searches[i].threshold)
+        out.append((state, cands, None))
+    for i, result in zip(at, search_many(batch) if batch else ()):
+        state, _, grouped = out[i]
+        out[i] = (state, result, grouped)
     return out
+
+
+def _shortlists_locked(searches: Sequence[VectorSearch]) -> list[Shortlist]:
+    out: list[Shortlist] = []
+    for s, (state, found, grouped) in zip(searches, _searched_locked(searches)):
+        if state is None:
+            out.append(_EMPTY)
+            continue
+        if grouped is not None:  # a native search's answer
+            found = _group_candidates(found) if grouped else _knn_candidates(*found)
+        out.append(_shortlist_of(state, found, s.threshold))
+    return out
+
+
+def _merged_locked(searches: Sequence[VectorSearch], pick: Pick) -> list[tuple[int, Hit]]:
+    # Per search: (snapshot, metric, candidates or None while they are still the answer's
+    # ids and distances, those ids, those distances), and the scores pick reads.
+    found: list[tuple[KbState | None, str, list[Candidate] | None, list[int], list[float]]] = []
+    scores: list[list[float]] = []
+    for s, (state, raw, grouped) in zip(searches, _searched_locked(searches)):
+        if state is None:
+            found.append((None, "", [], [], []))
+            scores.append([])
+            continue
+        metric = state.config["metric"]
+        cands: list[Candidate] | None = None
+        if grouped is False:
+            ids, dist = raw[0].tolist(), raw[1].tolist()
+            if ids[-1] < 0:  # padding (fewer passing rows than k) ends the list
+                dist = [d for i, d in zip(ids, dist) if i >= 0]
+                ids = [i for i in ids if i >= 0]
+        else:
+            cands = _group_candidates(raw) if grouped else raw
+            ids, dist = [c[0] for c in cands], [c[1] for c in cands]
+        score = [score_from_distance(d, metric) for d in dist]
+        threshold = s.threshold
+        if threshold > 0.0 and score and min(score) < threshold:
+            keep = [j for j, v in enumerate(score) if v >= threshold]
+            ids, dist, score = [ids[j] for j in keep], [dist[j] for j in keep], [score[j] for j in keep]
+            if cands is not None:
+                cands = [cands[j] for j in keep]
+        found.append((state, metric, cands, ids, dist))
+        scores.append(score)
+    kept = pick(scores)
+    rows_of: dict[int, list[int]] = {}
+    for i, r in kept:
+        rows_of.setdefault(i, []).append(r)
+    built: dict[tuple[int, int], Hit] = {}
+    for i, rows in rows_of.items():
+        state, metric, cands, ids, dist = found[i]
+        assert state is not None
+        picked = [cands[r] for r in rows] if cands is not None else [(ids[r], dist[r], ()) for r in rows]
+        built.update(zip(((i, r) for r in rows), make_hits(state, picked, metric, fused=False)))
+    return [(i, built[i, r]) for i, r in kept]
 
 
 def _shortlist_of(state: KbState, cands: list[Candidate], threshold: float) -> Shortlist:
