@@ -9,8 +9,9 @@ SciFact's documents (title + text) are split round-robin into ``--kbs`` knowledg
 (``kb0``...), each built through ``ingest_many`` with the built-in ``HashingEmbedder`` (so a
 text query is embedded once per call, as a user's would be), HNSW index, vector search; a
 further knowledge base ``all`` holds every document. Each round times, query by query and
-interleaved in an order rotating each query (so machine load and cache state hit every
-variant alike): ``kb0.retrieve`` (one of the parts),
+interleaved in a seeded random order per query (so machine load and cache state hit every
+variant alike; a rotating order would keep each variant right after the same other one,
+which then warms the caches for it on the same query): ``kb0.retrieve`` (one of the parts),
 ``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (the
 vector searches as one native call on the search pool, ``kbcore.index.search_many``;
 candidates merged, hits built only for the ``top_k`` kept), the same with that call on the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -38,6 +40,8 @@ from benches.datasets import DEFAULT_DATA_ROOT
 from benches.eval_hybrid import _jsonl
 
 TOP_K = 10
+#: Seed of the order the variants run in, per query.
+SEED = 20261205
 
 
 def _serial(engine, names: list[str], q: str):
@@ -145,11 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fn(q)
         times: dict[str, list[float]] = {k: [] for k in variants}
         order = list(variants.items())
+        rng = random.Random(SEED)
         for _ in range(args.rounds):
-            for j, q in enumerate(queries):
-                # The order rotates by one each query, so that no variant always runs after the
-                # same other one (whose cache footprint it would inherit).
-                for label, fn in order[j % len(order) :] + order[: j % len(order)]:
+            for q in queries:
+                # A random order each query: every variant follows every other one alike (a
+                # variant run right after another on the same query finds its hits' metadata
+                # and texts in cache; a rotation keeps that neighbour fixed).
+                for label, fn in rng.sample(order, len(order)):
                     t0 = time.perf_counter()
                     fn(q)
                     times[label].append(time.perf_counter() - t0)
