@@ -20,6 +20,10 @@ base's search its own call one after the other (the path before ``search_many``)
 same merging whole hit lists (every
 knowledge base's ``top_k`` hits built, the path a reranker or a context window takes).
 ``--search-threads N`` sets the search pool's size (``kbcore.index.set_search_threads``).
+``--python-share`` adds a table of the Python around the native search alone: the queries
+embedded first (the embedding is not timed), each variant's native search answers recorded
+once per query and replayed (``Index.search`` / ``search_many``), so the thread CPU time left
+is the Python of the call (checks, locks, merge, hits), warm, whatever the machine's load.
 Prints the median per-query microseconds and the ratios. Timings on a shared machine are
 noisy: read the ratios, and say how loaded the machine was (``uptime``).
 """
@@ -100,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the shared all-MiniLM-L6-v2 vectors of the same model (one row per document)",
     )
     ap.add_argument("--search-threads", type=int, default=0, help="search pool size (0: the default)")
+    ap.add_argument(
+        "--python-share",
+        action="store_true",
+        help="also time the Python around the native search alone (its answers replayed, thread CPU time)",
+    )
     args = ap.parse_args(argv)
     from kbcore.index import search_threads, set_search_threads
 
@@ -159,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     t0 = time.perf_counter()
                     fn(q)
                     times[label].append(time.perf_counter() - t0)
+        share = _python_share(engine, names, one, whole, queries, args.rounds) if args.python_share else None
         engine.close()
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     base = med["one part (kb0)"]
@@ -171,7 +181,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---:|---:|---:|")
     for k, v in med.items():
         print(f"| {k} | {v:.0f} | {v / base:.2f}x | {v / whole_us:.2f}x |")
+    if share is not None:
+        print()
+        print("| Python around the native search (replayed), query vectors | median us / query |")
+        print("|---|---:|")
+        for k, v in share.items():
+            print(f"| {k} | {v:.1f} |")
     return 0
+
+
+def _python_share(engine, names: list[str], one, whole, queries: list[str], rounds: int) -> dict[str, float]:
+    """Median thread CPU microseconds per query of each variant's Python alone: the query
+    vectors embedded beforehand, each variant's native search answers recorded on a first
+    pass and returned by the replayed ``Index.search`` / ``search_many`` after it. The
+    variants run in a seeded random order per query, as in the main table."""
+    from kbcore.engine import retrieval
+    from kbcore.index import Index
+
+    vectors = [one.embed_query(q) for q in queries]
+    variants = {
+        "one part (kb0)": lambda v: one.retrieve(v, TOP_K),
+        "one whole (all)": lambda v: whole.retrieve(v, TOP_K),
+        f"{len(names)} parts merged": lambda v: engine.retrieve(names, v, TOP_K),
+    }
+    real_search, real_many = Index.search, retrieval.search_many
+    answers: dict[tuple[str, int], list] = {}
+    at: list = [None, 0]  # (variant, query) being run; position in its answers
+
+    def recorded(real):
+        def call(*a, **kw):
+            out = real(*a, **kw)
+            answers.setdefault(at[0], []).append(out)
+            return out
+
+        return call
+
+    def replayed(*a, **kw):
+        out = answers[at[0]][at[1]]
+        at[1] += 1
+        return out
+
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    order = list(variants.items())
+    rng = random.Random(SEED)
+    try:
+        Index.search, retrieval.search_many = recorded(real_search), recorded(real_many)
+        for j, v in enumerate(vectors):
+            for label, fn in order:
+                at[0] = (label, j)
+                fn(v)
+        Index.search, retrieval.search_many = replayed, replayed
+        for _ in range(rounds):
+            for j, v in enumerate(vectors):
+                for label, fn in rng.sample(order, len(order)):
+                    at[0], at[1] = (label, j), 0
+                    t0 = time.thread_time()
+                    fn(v)
+                    times[label].append(time.thread_time() - t0)
+    finally:
+        Index.search, retrieval.search_many = real_search, real_many
+    return {k: statistics.median(t) * 1e6 for k, t in times.items()}
 
 
 if __name__ == "__main__":
