@@ -898,6 +898,16 @@ class KnowledgeBase:
             return None
         return short if self._embed_epoch == epoch else None
 
+    def _merge_facts(self) -> tuple[tuple[str, str, float], Any, str, Any, int]:
+        """Hook of :meth:`Engine.retrieve`: (search defaults, embedder spec, metric, reranker
+        spec, chunks), read from one snapshot in one call; the specs are the manifest's own
+        (not copied: the caller only compares them)."""
+        state = self._cell.state
+        manifest = state.manifest
+        index = state.index
+        chunks = 0 if index is None else len(index)
+        return state.defaults, manifest.get("embedder"), state.config["metric"], manifest.get("reranker"), chunks
+
     def _hits_of(self, short: retrieval.Shortlist, cands: list[Any]) -> list[Hit] | None:
         """Hook of :meth:`Engine.retrieve`: the hits of some of ``short``'s candidates, or
         None when this knowledge base changed since (search again)."""

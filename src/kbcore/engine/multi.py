@@ -82,10 +82,10 @@ def check_names(names: Any) -> list[str]:
     return out
 
 
-def _mode(kb: Any, opts: SearchOptions) -> tuple[str, str]:
-    d = kb.search_defaults
-    mode = opts.search_type if opts.search_type is not None else d["search_type"]
-    fusion = opts.fusion if opts.fusion is not None else d["fusion"]
+def _mode(defaults: tuple[str, str, float], opts: SearchOptions) -> tuple[str, str]:
+    """(search type, fusion or "") of a knowledge base with these search defaults."""
+    mode = opts.search_type if opts.search_type is not None else defaults[0]
+    fusion = opts.fusion if opts.fusion is not None else defaults[1]
     return mode, (fusion if mode == "hybrid" else "")
 
 
@@ -103,8 +103,10 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
         depth = reranking.check_depth(opts.rerank_depth, top_k)
         first = retrieve_many(kbs, query, depth, opts._replace(rerank=False, score_threshold=0.0))
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
-    modes = [_mode(kb, opts) for kb in kbs]
-    specs = _spec_ids([kb.embedder_spec for kb in kbs])
+    # (search defaults, embedder spec, metric, reranker spec, chunks) of each knowledge base.
+    facts = [kb._merge_facts() for kb in kbs]
+    modes = [_mode(f[0], opts) for f in facts]
+    specs = _spec_ids([f[1] for f in facts])
     calls: list[tuple[Any, SearchOptions]] = []
     vectors: dict[int, np.ndarray] = {}
     vector_opts: SearchOptions | None = None  # one for every vector search (a NamedTuple: shared)
@@ -122,10 +124,10 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
             calls.append((vec, vector_opts))
         else:
             calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
-    parallel = len(kbs) > 1 and sum(len(kb) for kb in kbs) >= PARALLEL_MIN_CHUNKS
-    same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({kb.metric for kb in kbs}) == 1
+    parallel = len(kbs) > 1 and sum(f[4] for f in facts) >= PARALLEL_MIN_CHUNKS
+    same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({f[2] for f in facts}) == 1
     if same and rerank is not False:  # each reranked by its default: one scale if one reranker
-        rerankers = [kb.reranker_spec for kb in kbs]
+        rerankers = [f[3] for f in facts]
         same = all(r == rerankers[0] for r in rerankers)
     merged_by = "score" if same else "rank"
     if len(kbs) > 1:
