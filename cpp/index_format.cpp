@@ -96,10 +96,11 @@ bool host_little_endian() {
 
 void Index::save(const std::string& path) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  // A quantized index writes version 5 (its code type tagged by name); an index without
-  // quantization the bytes earlier releases wrote (version 1).
+  // A quantized index writes version 6 (its code type tagged by name, the payload block-
+  // checksummed); an index without quantization the bytes earlier releases wrote (version 1).
   const bool tagged = quantized();
-  BinaryWriter w(path, kMagic, tagged ? kFormatVersionTagged : kFormatVersion);
+  BinaryWriter w(path, kMagic, tagged ? kFormatVersionBlocks : kFormatVersion,
+                 tagged ? PayloadChecksum::kBlocks : PayloadChecksum::kWords);
   w.u64(config_.dim);
   w.u8(static_cast<std::uint8_t>(config_.metric));
   w.u8(static_cast<std::uint8_t>(config_.kind));
@@ -138,7 +139,7 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   // The payload checksum is computed on a second thread while the sections below are parsed
   // and checked (every read bounds-checked, as for any untrusted bytes): the index is returned,
   // and any error other than the checksum's reported, only once the checksum matches.
-  BinaryReader r(path, kMagic, kFormatVersionTagged, BinaryReader::Checksum::kAlongside);
+  BinaryReader r(path, kMagic, kFormatVersionBlocks, BinaryReader::Checksum::kAlongside, kFormatVersionBlocks);
   try {
     std::unique_ptr<Index> index = load_sections(r, vectors);
     r.verify();
@@ -172,7 +173,7 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   }
   std::optional<CodeTag> tag;
   std::uint64_t rerank = 0;
-  if (r.version() == kFormatVersionTagged) {
+  if (r.version() >= kFormatVersionTagged) {
     tag = read_tag(r);
     rerank = r.u64();
   }
