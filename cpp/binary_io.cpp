@@ -364,6 +364,25 @@ void FileBytes::release_resident() const {
 #endif
 }
 
+void FileBytes::release_resident_except(const void* keep, std::size_t keep_bytes) const {
+#if !defined(_WIN32)
+  if (!mapped_) return;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<std::uintptr_t>(data_);
+  const auto k = reinterpret_cast<std::uintptr_t>(keep);
+  // The kept range rounded inward to whole pages (the mapping itself starts page-aligned).
+  const std::size_t begin = std::min<std::size_t>(size_, (k - base + page - 1) / page * page);
+  const std::size_t end =
+      std::max<std::size_t>(begin, std::min<std::size_t>(size_, (k - base + keep_bytes) / page * page));
+  auto* p = const_cast<unsigned char*>(data_);
+  if (begin > 0) ::madvise(p, begin, MADV_DONTNEED);
+  if (end < size_) ::madvise(p + end, size_ - end, MADV_DONTNEED);
+#else
+  (void)keep;
+  (void)keep_bytes;
+#endif
+}
+
 BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version, Checksum when,
                            std::uint32_t blocks_from)
     : path_(path) {

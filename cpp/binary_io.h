@@ -96,6 +96,8 @@ class FileBytes {
   bool mapped() const { return mapped_; }
   /// Drops the mapping's pages from the resident set (they fault back in from the file).
   void release_resident() const;
+  /// The same except the whole pages inside [keep, keep + keep_bytes) (bytes of this file).
+  void release_resident_except(const void* keep, std::size_t keep_bytes) const;
 
  private:
   const unsigned char* data_ = nullptr;
