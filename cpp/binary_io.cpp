@@ -7,6 +7,11 @@
 #include <system_error>
 
 #include "errors.h"
+#include "parallel.h"
+
+// XXH3 (third_party/xxhash, BSD-2-Clause), compiled into this file only.
+#define XXH_INLINE_ALL
+#include "xxhash.h"
 
 #if defined(_WIN32)
 #ifndef NOMINMAX
@@ -165,7 +170,19 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   return hash_finish(h, p + body, n - body, n);
 }
 
-BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version) : path_(path) {
+std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const std::size_t blocks = (n + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+  std::vector<unsigned char> hashes(blocks * 8);
+  parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+    const std::size_t begin = b * kChecksumBlockBytes;
+    store_le64(hashes.data() + b * 8, XXH3_64bits(p + begin, std::min(kChecksumBlockBytes, n - begin)));
+  });
+  return XXH3_64bits(hashes.data(), hashes.size());
+}
+
+BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version, PayloadChecksum sum)
+    : path_(path), sum_kind_(sum) {
   std::random_device rd;
   tmp_path_ = path + ".tmp-" + std::to_string(rd()) + std::to_string(rd());
   file_ = open_file(tmp_path_, "wb");
@@ -179,7 +196,9 @@ BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::ui
     throw IoError("cannot write '" + path + "': " + errno_text());
   }
   hash_state_ = kP1;
-  buffer_.reserve(1 << 20);
+  // A block-checksummed payload is flushed a block at a time, so that each flush hashes one.
+  if (sum_kind_ == PayloadChecksum::kBlocks) buffer_cap_ = kChecksumBlockBytes;
+  buffer_.reserve(buffer_cap_);
 }
 
 BinaryWriter::~BinaryWriter() {
@@ -191,13 +210,17 @@ void BinaryWriter::put(const void* data, std::size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
   payload_bytes_ += bytes;
   while (bytes > 0) {
-    const std::size_t room = (1 << 20) - buffer_.size();
+    const std::size_t room = buffer_cap_ - buffer_.size();
     const std::size_t take = std::min(room, bytes);
     buffer_.insert(buffer_.end(), p, p + take);
     p += take;
     bytes -= take;
-    if (buffer_.size() == (1 << 20)) {
-      hash_state_ = hash_words(hash_state_, buffer_.data(), buffer_.size());
+    if (buffer_.size() == buffer_cap_) {
+      if (sum_kind_ == PayloadChecksum::kBlocks) {
+        blocks_.push_back(XXH3_64bits(buffer_.data(), buffer_.size()));
+      } else {
+        hash_state_ = hash_words(hash_state_, buffer_.data(), buffer_.size());
+      }
       if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
         throw IoError("cannot write '" + path_ + "': " + errno_text());
       }
@@ -236,9 +259,17 @@ void BinaryWriter::f32(float v) {
 }
 
 void BinaryWriter::commit() {
-  const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
-  hash_state_ = hash_words(hash_state_, buffer_.data(), body);
-  const std::uint64_t sum = hash_finish(hash_state_, buffer_.data() + body, buffer_.size() - body, payload_bytes_);
+  std::uint64_t sum = 0;
+  if (sum_kind_ == PayloadChecksum::kBlocks) {
+    if (!buffer_.empty()) blocks_.push_back(XXH3_64bits(buffer_.data(), buffer_.size()));
+    std::vector<unsigned char> hashes(blocks_.size() * 8);
+    for (std::size_t b = 0; b < blocks_.size(); ++b) store_le64(hashes.data() + b * 8, blocks_[b]);
+    sum = XXH3_64bits(hashes.data(), hashes.size());
+  } else {
+    const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
+    hash_state_ = hash_words(hash_state_, buffer_.data(), body);
+    sum = hash_finish(hash_state_, buffer_.data() + body, buffer_.size() - body, payload_bytes_);
+  }
   if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
     throw IoError("cannot write '" + path_ + "': " + errno_text());
   }
@@ -333,7 +364,27 @@ void FileBytes::release_resident() const {
 #endif
 }
 
-BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version, Checksum when)
+void FileBytes::release_resident_except(const void* keep, std::size_t keep_bytes) const {
+#if !defined(_WIN32)
+  if (!mapped_) return;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<std::uintptr_t>(data_);
+  const auto k = reinterpret_cast<std::uintptr_t>(keep);
+  // The kept range rounded inward to whole pages (the mapping itself starts page-aligned).
+  const std::size_t begin = std::min<std::size_t>(size_, (k - base + page - 1) / page * page);
+  const std::size_t end =
+      std::max<std::size_t>(begin, std::min<std::size_t>(size_, (k - base + keep_bytes) / page * page));
+  auto* p = const_cast<unsigned char*>(data_);
+  if (begin > 0) ::madvise(p, begin, MADV_DONTNEED);
+  if (end < size_) ::madvise(p + end, size_ - end, MADV_DONTNEED);
+#else
+  (void)keep;
+  (void)keep_bytes;
+#endif
+}
+
+BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version, Checksum when,
+                           std::uint32_t blocks_from)
     : path_(path) {
   // The file is mapped, not read: a section used in place (vectors='disk' rows) costs no
   // anonymous memory, and the checksum pass below only brings pages into the page cache.
@@ -360,18 +411,23 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
   data_ = header + kHeaderBytes;
   size_ = static_cast<std::size_t>(payload);
   sum_ = sum;
+  const bool blocks = blocks_from != 0 && version_ >= blocks_from;
+  // Block hashes go to every hardware thread (memory bandwidth, not one core, bounds them).
+  const auto payload_sum = [blocks](const unsigned char* data, std::size_t n) {
+    return blocks ? block_checksum(data, n, 0) : checksum64(data, n, 0);
+  };
   // Below a few MiB a thread costs more than it saves. The task holds the file's bytes alive.
   if (when == Checksum::kAlongside && size_ >= (std::size_t{4} << 20)) {
     try {
-      alongside_ = std::async(std::launch::async, [file = file_, data = data_, n = size_] {
-                     return checksum64(data, n, 0);
+      alongside_ = std::async(std::launch::async, [file = file_, data = data_, n = size_, payload_sum] {
+                     return payload_sum(data, n);
                    }).share();
       return;
     } catch (const std::system_error&) {
       // No thread to be had: compare it now.
     }
   }
-  if (checksum64(data_, size_, 0) != sum) fail("checksum mismatch (corrupted file)");
+  if (payload_sum(data_, size_) != sum) fail("checksum mismatch (corrupted file)");
 }
 
 void BinaryReader::verify() const {

@@ -4,6 +4,10 @@
 // every count against the bytes remaining before anything is allocated.
 //
 // File layout: magic[8] | u32 format_version | u32 flags | u64 payload_bytes | u64 checksum | payload
+//
+// The checksum is one of two functions of the payload, chosen by the file kind's format version:
+// checksum64 (one serial pass, about 1.5 GB/s) in older versions, block_checksum (XXH3 per
+// 4 MiB block, the blocks hashed in parallel at memory speed) in newer ones.
 #include <cstdint>
 #include <cstdio>
 #include <future>
@@ -22,12 +26,24 @@ std::wstring wide_path(const std::string& path);
 /// 64-bit checksum of a byte range (a multiply-rotate hash; detects corruption, not tampering).
 std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed = 0);
 
+/// Bytes per block of block_checksum.
+constexpr std::size_t kChecksumBlockBytes = std::size_t{4} << 20;
+
+/// The payload checksum of block-checksummed files: XXH3-64 (seed 0) of each kChecksumBlockBytes
+/// block of the payload (the last one shorter), then XXH3-64 of those hashes stored as
+/// little-endian u64s. O(n); the blocks go to `threads` threads (0: the hardware's).
+std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads = 1);
+
+/// Which function a file's header checksum is (see the file comment).
+enum class PayloadChecksum { kWords, kBlocks };
+
 /// Streams a payload into `path` atomically: bytes go to a temp file beside it, and
 /// commit() fixes the header, fsyncs and renames. Destroying an uncommitted writer removes
 /// the temp file, so a failure never leaves a half-written target.
 class BinaryWriter {
  public:
-  BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version);
+  BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version,
+               PayloadChecksum sum = PayloadChecksum::kWords);
   ~BinaryWriter();
   BinaryWriter(const BinaryWriter&) = delete;
   BinaryWriter& operator=(const BinaryWriter&) = delete;
@@ -56,8 +72,11 @@ class BinaryWriter {
   std::string tmp_path_;
   std::FILE* file_ = nullptr;
   std::uint64_t payload_bytes_ = 0;
-  std::vector<unsigned char> buffer_;
-  std::uint64_t hash_state_ = 0;
+  std::vector<unsigned char> buffer_;  // flushed when it holds buffer_cap_ bytes
+  std::size_t buffer_cap_ = std::size_t{1} << 20;
+  PayloadChecksum sum_kind_ = PayloadChecksum::kWords;
+  std::uint64_t hash_state_ = 0;       // kWords: the running checksum64 state
+  std::vector<std::uint64_t> blocks_;  // kBlocks: the hashes of the blocks flushed so far
   bool committed_ = false;
 };
 
@@ -77,6 +96,8 @@ class FileBytes {
   bool mapped() const { return mapped_; }
   /// Drops the mapping's pages from the resident set (they fault back in from the file).
   void release_resident() const;
+  /// The same except the whole pages inside [keep, keep + keep_bytes) (bytes of this file).
+  void release_resident_except(const void* keep, std::size_t keep_bytes) const;
 
  private:
   const unsigned char* data_ = nullptr;
@@ -95,9 +116,11 @@ class BinaryReader {
   enum class Checksum { kBefore, kAlongside };
 
   /// Throws FileNotFound-style IoError if the file can't be opened, FormatError if it is
-  /// not a valid file of this magic, or if its version is newer than `max_version`.
+  /// not a valid file of this magic, or if its version is newer than `max_version`. Files of
+  /// version `blocks_from` and later carry a block_checksum (0: none does), earlier ones a
+  /// checksum64; block checksums are computed on all hardware threads.
   BinaryReader(const std::string& path, const char magic[8], std::uint32_t max_version,
-               Checksum when = Checksum::kBefore);
+               Checksum when = Checksum::kBefore, std::uint32_t blocks_from = 0);
   /// Waits for a checksum computed alongside (kAlongside) and throws FormatError if it does not
   /// match; nothing otherwise. May be called more than once.
   void verify() const;

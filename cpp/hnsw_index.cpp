@@ -466,28 +466,43 @@ const char* HnswIndex::check_graph(const VectorStore& store, std::size_t m, std:
   // node itself and at most once per list, and every count must fit its list: a crafted file
   // must not make a search read out of bounds (an upper-level link to a node without that
   // level would be a null list) nor leave a graph that a later insert or removal trips on.
-  std::vector<std::uint64_t> stamp(n, 0);  // list number + 1 of the list that last named a slot
-  std::uint64_t list_no = 0;
-  const auto check = [&](Slot s, const std::uint32_t* l, std::size_t cap, int level) -> const char* {
-    if (l[0] > cap) return "link count exceeds capacity";
-    ++list_no;
-    for (std::size_t j = 0; j < l[0]; ++j) {
-      const std::uint32_t t = l[1 + j];
-      if (t >= n || !store.is_live(t) || pending[t]) return "link to a missing node";
-      if (levels[t] < level) return "link to a node without that level";
-      if (t == s) return "node links to itself";
-      if (stamp[t] == list_no) return "repeated link in one list";
-      stamp[t] = list_no;
+  // The nodes are checked a block at a time on the hardware's threads (from 64K slots), each
+  // worker with its own stamps; the defect reported is the one of the first bad block, as a
+  // serial pass would report it.
+  constexpr std::size_t kBlockSlots = 4096;
+  const std::size_t blocks = (n + kBlockSlots - 1) / kBlockSlots;
+  const std::size_t threads = resolve_threads(n >= 16 * kBlockSlots ? 0 : 1, blocks);
+  std::vector<std::vector<std::uint64_t>> stamps(threads);  // list number + 1 of the list that last named a slot
+  std::vector<std::uint64_t> list_nos(threads, 0);
+  std::vector<const char*> defects(blocks, nullptr);
+  parallel_for(blocks, threads, [&](std::size_t b, std::size_t w) {
+    std::vector<std::uint64_t>& stamp = stamps[w];
+    if (stamp.empty()) stamp.assign(n, 0);
+    std::uint64_t& list_no = list_nos[w];
+    const auto check = [&](Slot s, const std::uint32_t* l, std::size_t cap, int level) -> const char* {
+      if (l[0] > cap) return "link count exceeds capacity";
+      ++list_no;
+      for (std::size_t j = 0; j < l[0]; ++j) {
+        const std::uint32_t t = l[1 + j];
+        if (t >= n || !store.is_live(t) || pending[t]) return "link to a missing node";
+        if (levels[t] < level) return "link to a node without that level";
+        if (t == s) return "node links to itself";
+        if (stamp[t] == list_no) return "repeated link in one list";
+        stamp[t] = list_no;
+      }
+      return nullptr;
+    };
+    for (std::size_t s = b * kBlockSlots; s < std::min(n, (b + 1) * kBlockSlots); ++s) {
+      if (!store.is_live(static_cast<Slot>(s)) || pending[s]) continue;
+      const auto slot = static_cast<Slot>(s);
+      if ((defects[b] = check(slot, &links0[s * (1 + m0)], m0, 0)) != nullptr) return;
+      for (int l = 1; l <= levels[s]; ++l) {
+        if ((defects[b] = check(slot, &upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m, l)) != nullptr) return;
+      }
     }
-    return nullptr;
-  };
-  for (std::size_t s = 0; s < n; ++s) {
-    if (!store.is_live(static_cast<Slot>(s)) || pending[s]) continue;
-    const auto slot = static_cast<Slot>(s);
-    if (const char* why = check(slot, &links0[s * (1 + m0)], m0, 0)) return why;
-    for (int l = 1; l <= levels[s]; ++l) {
-      if (const char* why = check(slot, &upper[s][static_cast<std::size_t>(l - 1) * (1 + m)], m, l)) return why;
-    }
+  });
+  for (const char* why : defects) {
+    if (why != nullptr) return why;
   }
   if (graph_nodes == 0) {
     if (entry != kNoSlot || max_level != -1) return "empty graph with an entry point";

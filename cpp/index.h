@@ -189,6 +189,10 @@ class Index {
   /// name, the re-rank depth), the float32 rows aligned to a 64-byte file offset (load maps
   /// them in place), and the codes last. A new code type needs no new version (docs/index.md).
   static constexpr std::uint32_t kFormatVersionTagged = 5;
+  /// Version of files of a quantized index written now: version 5's layout with a
+  /// block_checksum (binary_io.h) instead of checksum64, so that load verifies the payload on
+  /// every core at memory speed. Versions 5 and earlier load with their checksum64.
+  static constexpr std::uint32_t kFormatVersionBlocks = 6;
 
   /// Debug statistics of unfiltered graph search: for each query, the work of the walk that
   /// search() with these k and ef (0 = the default) runs (graph rows only; rows whose graph

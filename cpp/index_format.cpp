@@ -96,10 +96,11 @@ bool host_little_endian() {
 
 void Index::save(const std::string& path) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  // A quantized index writes version 5 (its code type tagged by name); an index without
-  // quantization the bytes earlier releases wrote (version 1).
+  // A quantized index writes version 6 (its code type tagged by name, the payload block-
+  // checksummed); an index without quantization the bytes earlier releases wrote (version 1).
   const bool tagged = quantized();
-  BinaryWriter w(path, kMagic, tagged ? kFormatVersionTagged : kFormatVersion);
+  BinaryWriter w(path, kMagic, tagged ? kFormatVersionBlocks : kFormatVersion,
+                 tagged ? PayloadChecksum::kBlocks : PayloadChecksum::kWords);
   w.u64(config_.dim);
   w.u8(static_cast<std::uint8_t>(config_.metric));
   w.u8(static_cast<std::uint8_t>(config_.kind));
@@ -138,14 +139,21 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   // The payload checksum is computed on a second thread while the sections below are parsed
   // and checked (every read bounds-checked, as for any untrusted bytes): the index is returned,
   // and any error other than the checksum's reported, only once the checksum matches.
-  BinaryReader r(path, kMagic, kFormatVersionTagged, BinaryReader::Checksum::kAlongside);
+  BinaryReader r(path, kMagic, kFormatVersionBlocks, BinaryReader::Checksum::kAlongside, kFormatVersionBlocks);
   try {
     std::unique_ptr<Index> index = load_sections(r, vectors);
     r.verify();
     // The checks read every page of the file; a file mapping's pages are not anonymous memory,
-    // but they need not stay resident either, whether the mapping lives on (rows used in place,
-    // a BM25 section not built yet) or not.
-    if (r.bytes()->mapped()) r.bytes()->release_resident();
+    // but they need not stay resident either, whether the mapping lives on (rows on disk used in
+    // place, a BM25 section not built yet) or not; rows in memory used in place stay.
+    if (r.bytes()->mapped()) {
+      const VectorStore& store = index->store_;
+      if (store.rows_in_place() && !store.rows_on_disk()) {
+        r.bytes()->release_resident_except(store.data(), store.slot_count() * store.dim() * sizeof(float));
+      } else {
+        r.bytes()->release_resident();
+      }
+    }
     return index;
   } catch (...) {
     r.verify();
@@ -172,7 +180,7 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   }
   std::optional<CodeTag> tag;
   std::uint64_t rerank = 0;
-  if (r.version() == kFormatVersionTagged) {
+  if (r.version() >= kFormatVersionTagged) {
     tag = read_tag(r);
     rerank = r.u64();
   }
@@ -194,10 +202,11 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   std::vector<std::uint8_t> live;
   r.array(live, slots);
   if (aligned) r.skip_padding(kRowAlign);
-  // Rows on disk from an aligned (version 4 or 5) mapped file are read in place: nothing is copied,
-  // and the pages the checks below read leave the resident set once the load is done.
-  const bool in_place =
-      vectors_on_disk && aligned && r.bytes()->mapped() && host_little_endian() && c.kind == IndexKind::kHnsw;
+  // Rows from an aligned (version 4 to 6) mapped file are read in place: nothing is copied. Rows
+  // on disk leave the resident set once the load is done; rows in memory stay mapped, and the
+  // first write copies them to the heap (row_buffer.h): a reopen neither copies 4 bytes per
+  // dimension per row nor has the kernel zero the pages of a copy.
+  const bool in_place = aligned && r.bytes()->mapped() && host_little_endian() && c.kind == IndexKind::kHnsw;
   AlignedVector<float> data;
   const float* rows = nullptr;
   // What add() refuses, load refuses too: the reserved id, NaN or infinity, and (cosine) a
@@ -257,7 +266,7 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   }
   try {
     if (in_place) {
-      index->store_.restore_mapped(std::move(ids), std::move(live), r.bytes(), rows);
+      index->store_.restore_mapped(std::move(ids), std::move(live), r.bytes(), rows, vectors_on_disk);
     } else {
       index->store_.restore(std::move(ids), std::move(live), std::move(data));
     }

@@ -218,7 +218,8 @@ RowBuffer::RowBuffer(RowBuffer&& o) noexcept
       dir_(std::move(o.dir_)),
       file_name_(std::move(o.file_name_)),
       owner_(std::move(o.owner_)),
-      view_(std::exchange(o.view_, nullptr)) {}
+      view_(std::exchange(o.view_, nullptr)),
+      view_heap_(std::exchange(o.view_heap_, false)) {}
 
 RowBuffer& RowBuffer::operator=(RowBuffer&& o) noexcept {
   if (this != &o) {
@@ -262,7 +263,28 @@ void RowBuffer::use_mapped(std::shared_ptr<const void> owner, const float* rows,
 #endif
 }
 
+void RowBuffer::use_mapped_heap(std::shared_ptr<const void> owner, const float* rows, std::size_t n) {
+  if (size() != 0 || on_disk() || view_ != nullptr) {
+    throw InvalidArgument("rows can be mapped in place only into an empty buffer");
+  }
+  if (n == 0) return;
+  owner_ = std::move(owner);
+  view_ = rows;
+  size_ = n;
+  view_heap_ = true;
+}
+
 void RowBuffer::materialize() {
+  if (view_heap_) {
+    // Copy the rows read in place to the heap; on failure (bad_alloc) the buffer is unchanged.
+    AlignedVector<float> fresh(view_, view_ + size_);
+    heap_ = std::move(fresh);
+    owner_.reset();
+    view_ = nullptr;
+    size_ = 0;
+    view_heap_ = false;
+    return;
+  }
 #if defined(KBCORE_HAVE_MMAP)
   // Copy the rows read in place into a new row file; on failure the buffer is unchanged.
   std::string name;
@@ -303,6 +325,16 @@ void RowBuffer::remap(std::size_t cap) {
 }
 
 void RowBuffer::reserve(std::size_t n) {
+  if (view_heap_) {  // one copy, into room for n
+    AlignedVector<float> fresh;
+    fresh.reserve(std::max(n, size_));
+    fresh.assign(view_, view_ + size_);
+    heap_ = std::move(fresh);
+    owner_.reset();
+    view_ = nullptr;
+    size_ = 0;
+    view_heap_ = false;
+  }
   if (view_ != nullptr) materialize();
   if (!on_disk()) {
     heap_.reserve(n);
@@ -323,6 +355,12 @@ void RowBuffer::resize(std::size_t n) {
 }
 
 void RowBuffer::assign(AlignedVector<float>&& v) {
+  if (view_heap_) {  // replaced, not copied
+    owner_.reset();
+    view_ = nullptr;
+    size_ = 0;
+    view_heap_ = false;
+  }
 #if defined(KBCORE_HAVE_MMAP)
   if (view_ != nullptr) {  // replaced, not copied
     std::string name;
@@ -348,7 +386,7 @@ void RowBuffer::assign(AlignedVector<float>&& v) {
 void RowBuffer::release_resident() const {
 #if defined(KBCORE_HAVE_MMAP)
   if (map_ != nullptr) drop_resident(map_, cap_ * sizeof(float));
-  if (view_ != nullptr) {
+  if (view_ != nullptr && !view_heap_) {  // rows in memory stay resident
     // The view starts 64-byte aligned inside a page-aligned file mapping: advise whole pages.
     const std::size_t page = page_bytes();
     const auto begin = reinterpret_cast<std::uintptr_t>(view_) / page * page;

@@ -7,6 +7,9 @@
 // recently re-ranked.
 // A loaded index can also read its rows in place from the mapped index file (use_mapped): the
 // first write then copies them into a row file as above, so a saved file is never modified.
+// Rows in memory are read in place the same way (use_mapped_heap), and the first write copies
+// them to the heap: a reopen maps the rows instead of copying them (and the kernel zeroing the
+// pages of the copy first), and they stay mapped (resident while the page cache keeps them).
 // A row file's space is reserved (posix_fallocate) before it is mapped: a full disk is an
 // IoError naming the file, not a SIGBUS on the first write to a sparse page.
 // Not internally synchronised: the owning Index serialises growth against readers.
@@ -34,7 +37,10 @@ class RowBuffer {
   /// file mapping); the first mutable access copies them into a row file in `dir` (as
   /// use_disk). Only on an empty buffer (InvalidArgument otherwise).
   void use_mapped(std::shared_ptr<const void> owner, const float* rows, std::size_t n, const char* dir = nullptr);
-  bool on_disk() const { return fd_ >= 0 || view_ != nullptr; }
+  /// The same for rows in memory: read in place at `rows` until the first mutable access copies
+  /// them to the heap (on_disk() stays false). Only on an empty buffer (InvalidArgument otherwise).
+  void use_mapped_heap(std::shared_ptr<const void> owner, const float* rows, std::size_t n);
+  bool on_disk() const { return fd_ >= 0 || (view_ != nullptr && !view_heap_); }
   /// True while the rows are read in place from a mapped file (before the first write).
   bool in_place() const { return view_ != nullptr; }
 
@@ -44,7 +50,7 @@ class RowBuffer {
     return fd_ >= 0 ? map_ : heap_.data();
   }
   const float* data() const { return view_ != nullptr ? view_ : fd_ >= 0 ? map_ : heap_.data(); }
-  std::size_t size() const { return on_disk() ? size_ : heap_.size(); }
+  std::size_t size() const { return view_ != nullptr || fd_ >= 0 ? size_ : heap_.size(); }
   std::size_t capacity() const { return view_ != nullptr ? size_ : fd_ >= 0 ? cap_ : heap_.capacity(); }
   /// Room for n floats (pointers into the buffer are invalidated when it grows).
   void reserve(std::size_t n);
@@ -55,8 +61,12 @@ class RowBuffer {
   /// Drops the mapping's pages from the resident set (no-op on the heap). Thread-safe
   /// against readers: a page read afterwards faults back in with the same contents.
   void release_resident() const;
-  /// Heap bytes held (a file mapping counts 0: its pages are not resident unless touched).
-  std::size_t heap_bytes() const { return on_disk() ? 0 : heap_.capacity() * sizeof(float); }
+  /// Heap bytes held (a file mapping counts 0: its pages are not resident unless touched; rows
+  /// in memory read in place count as the heap they stand for).
+  std::size_t heap_bytes() const {
+    if (view_heap_) return size_ * sizeof(float);
+    return on_disk() ? 0 : heap_.capacity() * sizeof(float);
+  }
 
  private:
   void remap(std::size_t cap);
@@ -69,6 +79,7 @@ class RowBuffer {
   std::string file_name_;              // the row file's name, for error messages
   std::shared_ptr<const void> owner_;  // keeps view_ mapped
   const float* view_ = nullptr;        // rows read in place (size_ floats)
+  bool view_heap_ = false;             // view_ stands for heap rows (copied there on first write)
 };
 
 }  // namespace kbcore

@@ -79,12 +79,16 @@ void VectorStore::restore(std::vector<std::int64_t> slot_ids, std::vector<std::u
 }
 
 void VectorStore::restore_mapped(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
-                                 std::shared_ptr<const void> owner, const float* rows) {
+                                 std::shared_ptr<const void> owner, const float* rows, bool on_disk) {
   if (slot_ids.size() != live.size()) throw FormatError("inconsistent vector store sizes");
   const std::size_t n = slot_ids.size() * dim_;
   restore_slots(std::move(slot_ids), std::move(live));
   data_ = RowBuffer();
-  data_.use_mapped(std::move(owner), rows, n);
+  if (on_disk) {
+    data_.use_mapped(std::move(owner), rows, n);
+  } else {
+    data_.use_mapped_heap(std::move(owner), rows, n);
+  }
 }
 
 void VectorStore::restore_slots(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live) {

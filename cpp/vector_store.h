@@ -60,9 +60,10 @@ class VectorStore {
   /// Rebuilds from persisted state; validates ids (unique among live slots).
   void restore(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live, AlignedVector<float> data);
   /// The same with the rows read in place from a read-only file mapping kept alive by
-  /// `owner` (slot_ids.size() * dim floats at `rows`, 64-byte aligned; see RowBuffer::use_mapped).
+  /// `owner` (slot_ids.size() * dim floats at `rows`, 64-byte aligned): rows on disk
+  /// (RowBuffer::use_mapped) or, `on_disk` false, rows in memory (RowBuffer::use_mapped_heap).
   void restore_mapped(std::vector<std::int64_t> slot_ids, std::vector<std::uint8_t> live,
-                      std::shared_ptr<const void> owner, const float* rows);
+                      std::shared_ptr<const void> owner, const float* rows, bool on_disk = true);
 
  private:
   /// Validates and installs ids and live flags (the rows are installed by the caller).

@@ -95,6 +95,15 @@ PYBIND11_MODULE(_core, m) {
       "The payload checksum of a saved file (its header's last field), for tools and tests that "
       "craft files.");
   m.def(
+      "block_checksum",
+      [](py::bytes data) {
+        const std::string_view v = data;
+        return block_checksum(v.data(), v.size());
+      },
+      py::arg("data"),
+      "The payload checksum of a block-checksummed file (index format version 6 and later): "
+      "XXH3-64 of each 4 MiB block, then of those hashes. For tools and tests that craft files.");
+  m.def(
       "code_types",
       [] {
         py::dict out;
