@@ -61,7 +61,7 @@ std::vector<Fused> rrf_fuse(const std::int64_t* ids_a, const float* dist_a, std:
     return a.id < b.id || (a.id == b.id && (a.leg < b.leg || (a.leg == b.leg && a.at < b.at)));
   });
   // A repeat of an id within a leg does not count, nor push the ids after it down: mark the
-  // repeats, then number each leg's remaining entries in leg order.
+  // repeats, then (only if there are any) number each leg's remaining entries in leg order.
   std::vector<std::uint8_t> repeat(entries.size(), 0);
   bool repeats = false;
   for (std::size_t i = 1; i < entries.size(); ++i) {
@@ -70,19 +70,21 @@ std::vector<Fused> rrf_fuse(const std::int64_t* ids_a, const float* dist_a, std:
       repeats = true;
     }
   }
-  for (std::uint32_t l = 0; l < 2; ++l) {
-    const std::size_t n = l == 0 ? na : nb;
-    std::vector<std::uint32_t> rank_at(n + 1, 0);  // leg place -> rank (0: a repeat)
-    std::vector<std::uint8_t> dropped(n + 1, 0);
-    if (repeats) {
+  if (!repeats) {
+    for (Entry& e : entries) e.rank = e.at + 1;
+  } else {
+    for (std::uint32_t l = 0; l < 2; ++l) {
+      const std::size_t n = l == 0 ? na : nb;
+      std::vector<std::uint8_t> dropped(n, 0);
       for (std::size_t i = 0; i < entries.size(); ++i) {
         if (entries[i].leg == l && repeat[i] != 0) dropped[entries[i].at] = 1;
       }
-    }
-    std::uint32_t r = 0;
-    for (std::size_t at = 0; at < n; ++at) rank_at[at] = dropped[at] != 0 ? 0 : ++r;
-    for (Entry& e : entries) {
-      if (e.leg == l) e.rank = rank_at[e.at];
+      std::vector<std::uint32_t> rank_at(n, 0);  // leg place -> rank
+      std::uint32_t r = 0;
+      for (std::size_t at = 0; at < n; ++at) rank_at[at] = dropped[at] != 0 ? 0 : ++r;
+      for (Entry& e : entries) {
+        if (e.leg == l) e.rank = rank_at[e.at];
+      }
     }
   }
   // One fused entry per id: the leg-a term first, then the leg-b term (two terms add exactly
