@@ -529,7 +529,8 @@ def _retrieve_fused(
     lazy: bool = False,
 ) -> list[Hit] | Shortlist:
     """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
-    fusion in Python, dedup after fusion (widening the window while too few documents)."""
+    fusion (RRF natively, :func:`~kbcore.index.fuse_rrf`; z-score and linear in Python), dedup
+    after fusion (widening the window while too few documents)."""
     if not query.strip():
         raise InvalidArgumentError("the query is empty")
     rrf_k = float(opts.rrf_k)
