@@ -89,12 +89,12 @@ class Bm25Index {
   Bm25Stats stats(std::string_view query) const;
   /// The k best rows for `query` by BM25 score (descending; Scored.dist holds -score), among
   /// `allowed` when given. Rows that match no query term are not returned. Exact top k with
-  /// dynamic pruning (MaxScore): the same rows and scores as scoring every posting, in
+  /// dynamic pruning (MaxScore): the same rows, scores and order as scoring every posting, in
   /// O(postings of the query terms) at worst and usually far fewer. Thread-safe against other
-  /// searches. With `global` (statistics summed over
-  /// every index of a sharded corpus, see stats()), N, avgdl and df come from it instead of
-  /// this index; throws InvalidArgument if it lacks a query term this index holds or counts
-  /// fewer rows than this index has.
+  /// searches. With `global` (statistics summed over every index of a sharded corpus, see
+  /// stats()), N, avgdl and df come from it instead of this index and every posting is scored;
+  /// throws InvalidArgument if it lacks a query term this index holds or counts fewer rows
+  /// than this index has.
   std::vector<Scored> search(std::string_view query, std::size_t k, const Bitmap* allowed,
                              const Bm25Stats* global = nullptr) const;
   std::size_t memory_bytes() const;
@@ -160,11 +160,11 @@ class Bm25Index {
   // The scoring layout of the current corpus state, built first if stale. avgdl as search()
   // computes it for this index's own statistics.
   const Scoring& scoring(float avgdl) const;
-  // The exhaustive term-at-a-time scoring of search() under global statistics: every posting
-  // of every query term, summed per slot in ascending term id order.
   // The pruned scoring of search() over the layout `sc` (see its comment in the .cpp).
   void search_pruned(const Scoring& sc, const std::vector<std::pair<std::uint32_t, double>>& ids, double n,
                      const Bitmap* allowed, TopK& top) const;
+  // The exhaustive term-at-a-time scoring of search() under global statistics: every posting
+  // of every query term, summed per slot in ascending term id order.
   void search_exhaustive(const std::vector<std::pair<std::uint32_t, double>>& ids, double n, float avgdl,
                          const Bitmap* allowed, TopK& top) const;
   mutable Scoring scoring_;
