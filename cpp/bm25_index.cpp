@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_set>
 
@@ -337,27 +338,343 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   const double n = static_cast<double>(global != nullptr ? global->documents : n_docs_);
   const std::uint64_t total = global != nullptr ? global->total_length : total_len_;
   const float avgdl = static_cast<float>(static_cast<double>(total) / n);
+  if (global != nullptr) {
+    search_exhaustive(ids, n, avgdl, allowed, top);
+    return top.take_sorted();
+  }
+  search_pruned(scoring(avgdl), ids, n, allowed, top);
+  return top.take_sorted();
+}
+
+const Bm25Index::Scoring& Bm25Index::scoring(float avgdl) const {
+  std::lock_guard<std::mutex> lock(norm_mutex_);
+  if (norm_version_ == version_ && scoring_.begin.size() == postings_.size() + 1) return scoring_;
   const float k1 = params_.k1, b = params_.b;
-  if (global == nullptr) {
-    // Term weights depend on avgdl, so they are cached per corpus state.
-    std::lock_guard<std::mutex> lock(norm_mutex_);
-    if (norm_version_ != version_ || weights_.size() != postings_.size()) {
-      std::vector<float> norm(doc_len_.size());
-      for (std::size_t s = 0; s < doc_len_.size(); ++s) {
-        norm[s] = k1 * (1.0f - b + b * static_cast<float>(doc_len_[s]) / avgdl);
+  std::vector<float> norm(doc_len_.size());
+  for (std::size_t s = 0; s < doc_len_.size(); ++s) {
+    norm[s] = k1 * (1.0f - b + b * static_cast<float>(doc_len_[s]) / avgdl);
+  }
+  Scoring& out = scoring_;
+  out.begin.assign(postings_.size() + 1, 0);
+  out.max_weight.assign(postings_.size(), 0.0f);
+  out.slot.clear();
+  out.weight.clear();
+  out.slot.reserve(live_postings_);
+  out.weight.reserve(live_postings_);
+  std::vector<std::pair<Slot, float>> run;  // one term's run, when it needs sorting
+  for (std::size_t t = 0; t < postings_.size(); ++t) {
+    const std::size_t first = out.slot.size();
+    bool ascending = true;
+    float top = 0.0f;
+    for (const Posting& p : postings_[t]) {
+      if (p.gen != gen_[p.slot]) continue;  // a cleared or rewritten row's old posting
+      const auto tf = static_cast<float>(p.tf);
+      const float w = tf * (k1 + 1.0f) / (tf + norm[p.slot]);
+      if (out.slot.size() > first && p.slot < out.slot.back()) ascending = false;
+      out.slot.push_back(p.slot);
+      out.weight.push_back(w);
+      top = std::max(top, w);
+    }
+    if (!ascending) {
+      // Postings are appended in order of writing, and a write may reuse a lower, freed slot.
+      run.clear();
+      for (std::size_t i = first; i < out.slot.size(); ++i) run.emplace_back(out.slot[i], out.weight[i]);
+      std::sort(run.begin(), run.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        out.slot[first + i] = run[i].first;
+        out.weight[first + i] = run[i].second;
       }
-      weights_.resize(postings_.size());
-      for (std::size_t t = 0; t < postings_.size(); ++t) {
-        auto& w = weights_[t];
-        w.resize(postings_[t].size());
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          const auto tf = static_cast<float>(postings_[t][i].tf);
-          w[i] = tf * (k1 + 1.0f) / (tf + norm[postings_[t][i].slot]);
-        }
-      }
-      norm_version_ = version_;
+    }
+    out.max_weight[t] = top;
+    out.begin[t + 1] = out.slot.size();
+  }
+  norm_version_ = version_;
+  return scoring_;
+}
+
+namespace {
+
+// One query term of a pruned search: its run of the scoring layout and a cursor over it.
+struct TermCursor {
+  const Slot* slot;     // the run's slots, ascending
+  const float* weight;  // their weights
+  std::size_t pos;      // the cursor (lookups move it forward only)
+  std::size_t end;
+  float idf;
+  float bound;          // idf * the run's largest weight: no posting of the term contributes more
+  std::uint32_t order;  // the term's place in the summation order (ascending term id)
+};
+
+// The first position in [pos, end) whose slot is >= d (slots ascending): galloping from pos,
+// then a binary search, so that skipping far ahead costs O(log distance).
+std::size_t seek(const Slot* slot, std::size_t pos, std::size_t end, Slot d) {
+  if (pos >= end || slot[pos] >= d) return pos;
+  std::size_t lo = pos;  // slot[lo] < d
+  std::size_t step = 1;
+  std::size_t hi = pos + 1;
+  while (hi < end && slot[hi] < d) {
+    lo = hi;
+    step *= 2;
+    hi = lo + step;
+  }
+  hi = std::min(hi, end);
+  return static_cast<std::size_t>(std::lower_bound(slot + lo + 1, slot + hi, d) - slot);
+}
+
+// Queries with more distinct terms are scored exhaustively (a kept row's contributions are
+// put in summation order by a sort of up to this many).
+constexpr std::size_t kPrunedTerms = 64;
+
+// One contribution of a term to a candidate row, in the candidate's list (newest first).
+struct Contribution {
+  float value;
+  std::uint32_t order;  // the term's place in the summation order
+  std::uint32_t next;   // the candidate's previous contribution, kNone at its first
+};
+// A row met by a pruned search that may still reach the top k.
+struct Candidate {
+  double partial;  // its contributions so far, summed
+  Slot slot;
+  std::uint32_t head;  // its newest contribution
+  bool live;           // false once dropped
+};
+constexpr std::uint32_t kNone = 0xFFFFFFFFu;  // cell_of: a row not met yet
+constexpr std::uint32_t kDead = 0xFFFFFFFEu;  // cell_of: a row met that cannot reach the top k
+
+// Buckets of the histogram of candidates' partial scores (a lower bound of the k-th best).
+constexpr std::size_t kBuckets = 256;
+
+// The per-thread buffers of a pruned search, reused so that a search allocates nothing in
+// steady state. Between searches `cell_of` is all kNone.
+struct PrunedScratch {
+  std::vector<std::uint32_t> cell_of;  // per slot: its candidate's index, kNone or kDead
+  std::vector<Candidate> cells;
+  std::vector<Slot> dead;  // the rows marked kDead
+  std::vector<Contribution> contrib;
+  std::vector<std::uint32_t> kept;                   // candidates still in the running
+  std::vector<std::pair<std::uint32_t, float>> sum;  // one candidate's contributions, sorted
+  std::vector<TermCursor> terms;
+  std::vector<double> rest;         // rest[i]: the bounds of terms[i..m) summed; rest[m] = 0
+  std::vector<std::uint32_t> hist;  // candidates per bucket of partial score
+};
+
+// Out of line on purpose, as search_scratch() (search_scratch.h): inlined into the search, GCC
+// re-resolves the thread_local (a __tls_get_addr call in a shared library) at nearly every use.
+#if defined(_MSC_VER)
+__declspec(noinline)
+#else
+__attribute__((noinline))
+#endif
+    PrunedScratch& pruned_scratch() {
+  thread_local PrunedScratch scratch;
+  return scratch;
+}
+
+// Every posting of every term in `terms` (in summation order) added up per row, the rows in
+// `allowed` (if given) offered to `top`: the exhaustive scoring that the pruned search is
+// exact against. O(postings of the terms).
+void score_every_posting(const std::vector<TermCursor>& terms, std::size_t slots, const Bitmap* allowed, TopK& top) {
+  SearchScratch& scratch = search_scratch();
+  std::vector<float>& acc = scratch.bm25_acc;
+  std::vector<Slot>& rows = scratch.bm25_touched;
+  if (acc.size() < slots) acc.resize(slots, 0.0f);
+  rows.clear();
+  for (const TermCursor& c : terms) {
+    for (std::size_t p = c.pos; p < c.end; ++p) {
+      const Slot d = c.slot[p];
+      if (acc[d] == 0.0f) rows.push_back(d);  // contributions are > 0
+      acc[d] += c.idf * c.weight[p];
     }
   }
+  for (const Slot d : rows) {
+    if (allowed == nullptr || allowed->test(d)) top.push(-acc[d], d);
+    acc[d] = 0.0f;
+  }
+}
+
+}  // namespace
+
+void Bm25Index::search_pruned(const Scoring& sc, const std::vector<std::pair<std::uint32_t, double>>& ids, double n,
+                              const Bitmap* allowed, TopK& top) const {
+  // Term at a time with MaxScore's bounds (Turtle & Flood 1995; the "quit / continue" strategy
+  // of Moffat & Zobel 1996, made exact). The terms are taken by decreasing bound (the most one
+  // posting can contribute: rare terms first). Each term's postings add to per-row candidates
+  // until the bounds of the terms left sum below the k-th best candidate's partial score: a row
+  // met in none of the terms so far can no longer reach the top k. The rest (the long lists of
+  // frequent terms) then only add to the candidates that can still make it, by a scan of the
+  // term's postings or, when the candidates are few against them, by skipping ahead to each;
+  // after each term the candidates that can no longer make it are dropped. Exact: a row is
+  // dropped only when a bound of its score is strictly below a lower bound of the k-th best
+  // score, and a row kept gets the sum an exhaustive scoring computes (its terms' float
+  // contributions added in ascending term id order), so the rows, scores and order are bit for
+  // bit those of scoring every posting (score_every_posting).
+  const std::size_t m = ids.size();
+  if (m == 0) return;
+  PrunedScratch& s = pruned_scratch();
+  std::vector<TermCursor>& terms = s.terms;
+  terms.clear();
+  for (std::size_t i = 0; i < m; ++i) {
+    const auto [term, df] = ids[i];
+    const auto idf = static_cast<float>(std::log(1.0 + (n - df + 0.5) / (df + 0.5)));
+    terms.push_back({sc.slot.data(), sc.weight.data(), sc.begin[term], sc.begin[term + 1], idf,
+                     idf * sc.max_weight[term], static_cast<std::uint32_t>(i)});
+  }
+  const std::size_t k = top.capacity();
+  std::size_t postings = 0;
+  for (const TermCursor& c : terms) postings += c.end - c.pos;
+  // Contributions are numbered in 32 bits (kNone aside).
+  if (m > kPrunedTerms || k == 0 || postings >= kDead) {
+    score_every_posting(terms, doc_len_.size(), allowed, top);
+    return;
+  }
+  std::sort(terms.begin(), terms.end(), [](const TermCursor& a, const TermCursor& b) {
+    return a.bound > b.bound || (a.bound == b.bound && a.order < b.order);
+  });
+  s.rest.assign(m + 1, 0.0);
+  for (std::size_t i = m; i-- > 0;) s.rest[i] = s.rest[i + 1] + terms[i].bound;
+  // Bounds and partial scores are summed in double. A float sum of m non-negative terms is
+  // within (m - 1) units in the last place of a float of their exact sum (Higham, "Accuracy and
+  // Stability of Numerical Algorithms", 2002, section 4.2): with twice that margin on each
+  // side, a row whose bound is below the k-th best partial score scores strictly below the
+  // k-th best.
+  const double slack = static_cast<double>(m + 1) * 1.2e-7;
+  const double up = 1.0 + slack, down = 1.0 - slack;
+  // The histogram of the candidates' partial scores, in kBuckets buckets of `width` over
+  // [0, rest[0]]: counting from the top, the bucket where k candidates are reached has a low
+  // edge that k candidates' partial scores (lower bounds of their scores) reach.
+  const double width = s.rest[0] / static_cast<double>(kBuckets);
+  const double per = static_cast<double>(kBuckets) / s.rest[0];
+  s.hist.assign(kBuckets, 0);
+  std::uint32_t* hist = s.hist.data();
+  const auto bucket = [per](double x) { return std::min(kBuckets - 1, static_cast<std::size_t>(x * per)); };
+  const auto kth_bound = [&] {
+    std::size_t count = 0;
+    for (std::size_t b = kBuckets; b-- > 0;) {
+      count += hist[b];
+      if (count >= k) return static_cast<double>(b) * width * (1.0 - 1e-12);
+    }
+    return -std::numeric_limits<double>::infinity();
+  };
+  if (s.cell_of.size() < doc_len_.size()) s.cell_of.resize(doc_len_.size(), kNone);
+  std::uint32_t* cell_of = s.cell_of.data();
+  std::vector<Candidate>& cells = s.cells;
+  cells.clear();
+  s.dead.clear();
+  s.contrib.clear();
+  // Puts cell_of back to all kNone on every way out (an allocation may throw midway).
+  struct Reset {
+    PrunedScratch& s;
+    ~Reset() {
+      for (const Candidate& c : s.cells) s.cell_of[c.slot] = kNone;
+      for (const Slot d : s.dead) s.cell_of[d] = kNone;
+    }
+  } reset{s};
+  // Adds contribution v of the term in summation place `order` to candidate `cell`.
+  const auto add = [&](std::uint32_t cell, float v, std::uint32_t order) {
+    Candidate& c = cells[cell];
+    s.contrib.push_back({v, order, c.head});
+    c.head = static_cast<std::uint32_t>(s.contrib.size() - 1);
+    const std::size_t from = bucket(c.partial);
+    c.partial += v;
+    const std::size_t to = bucket(c.partial);
+    if (from != to) {
+      --hist[from];
+      ++hist[to];
+    }
+  };
+  double bar = -std::numeric_limits<double>::infinity();  // k candidates' partial scores reach it
+  std::size_t t = 0;
+  // 1. Terms whose postings may still bring a new row into the top k: every posting. A row
+  //    first met at term t scores at most its contribution there plus rest[t + 1]: below the
+  //    bar, it is marked dead rather than made a candidate.
+  for (; t < m; ++t) {
+    if (cells.size() >= k) {
+      bar = kth_bound();
+      if (s.rest[t] * up < bar * down) break;
+    }
+    const TermCursor& c = terms[t];
+    const double after = s.rest[t + 1];
+    for (std::size_t p = c.pos; p < c.end; ++p) {
+      const Slot d = c.slot[p];
+      const float v = c.idf * c.weight[p];
+      std::uint32_t cell = cell_of[d];
+      if (cell == kDead) continue;
+      if (cell == kNone) {
+        if ((allowed != nullptr && !allowed->test(d)) || (v + after) * up < bar * down) {
+          cell_of[d] = kDead;
+          s.dead.push_back(d);
+          continue;
+        }
+        cell = cell_of[d] = static_cast<std::uint32_t>(cells.size());
+        cells.push_back({0.0, d, kNone, true});
+        ++hist[0];
+      }
+      add(cell, v, c.order);
+      if ((p & 511) == 511 && cells.size() >= k) bar = kth_bound();
+    }
+  }
+  std::vector<std::uint32_t>& kept = s.kept;
+  kept.clear();
+  for (std::uint32_t cell = 0; cell < cells.size(); ++cell) {
+    if (t == m || (cells[cell].partial + s.rest[t]) * up >= bar * down) {
+      kept.push_back(cell);
+    } else {
+      cells[cell].live = false;
+    }
+  }
+  // 2. The other terms, added to the candidates that can still reach the top k: by a scan of
+  //    the term's postings, or by skipping ahead to each candidate when they are few.
+  bool by_slot = false;  // kept is in slot order (skipping ahead needs it)
+  for (; t < m && !kept.empty(); ++t) {
+    TermCursor& c = terms[t];
+    if (c.end - c.pos <= 8 * kept.size()) {
+      for (std::size_t p = c.pos; p < c.end; ++p) {
+        const std::uint32_t cell = cell_of[c.slot[p]];
+        if (cell < kDead && cells[cell].live) add(cell, c.idf * c.weight[p], c.order);
+      }
+    } else {
+      if (!by_slot) {
+        std::sort(kept.begin(), kept.end(),
+                  [&](std::uint32_t a, std::uint32_t b) { return cells[a].slot < cells[b].slot; });
+        by_slot = true;
+      }
+      for (const std::uint32_t cell : kept) {
+        const Slot d = cells[cell].slot;
+        c.pos = seek(c.slot, c.pos, c.end, d);
+        if (c.pos == c.end) break;
+        if (c.slot[c.pos] == d) add(cell, c.idf * c.weight[c.pos], c.order);
+      }
+    }
+    if (kept.size() > k) {
+      bar = std::max(bar, kth_bound());
+      const double rest = s.rest[t + 1];
+      std::size_t out = 0;
+      for (const std::uint32_t cell : kept) {
+        if ((cells[cell].partial + rest) * up < bar * down) {
+          cells[cell].live = false;
+        } else {
+          kept[out++] = cell;
+        }
+      }
+      kept.resize(out);
+    }
+  }
+  // 3. The exact score of each candidate kept: its contributions in summation order.
+  for (const std::uint32_t cell : kept) {
+    s.sum.clear();
+    for (std::uint32_t e = cells[cell].head; e != kNone; e = s.contrib[e].next) {
+      s.sum.emplace_back(s.contrib[e].order, s.contrib[e].value);
+    }
+    std::sort(s.sum.begin(), s.sum.end());
+    float score = 0.0f;
+    for (const auto& [order, v] : s.sum) score += v;
+    top.push(-score, cells[cell].slot);
+  }
+}
+
+void Bm25Index::search_exhaustive(const std::vector<std::pair<std::uint32_t, double>>& ids, double n, float avgdl,
+                                  const Bitmap* allowed, TopK& top) const {
+  const float k1 = params_.k1, b = params_.b;
   SearchScratch& scratch = search_scratch();
   std::vector<float>& acc = scratch.bm25_acc;
   std::vector<Slot>& touched = scratch.bm25_touched;
@@ -365,25 +682,16 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
   touched.clear();
   for (const auto& [term, df] : ids) {
     const auto idf = static_cast<float>(std::log(1.0 + (n - df + 0.5) / (df + 0.5)));
-    const std::vector<Posting>& plist = postings_[term];
     const std::uint32_t* gen = gen_.data();
-    // With global statistics the cached weights (local avgdl) do not apply: the same
-    // expression is evaluated per posting with the global avgdl, so the values are identical
-    // to those of one index holding every row.
-    const float* w = global == nullptr ? weights_[term].data() : nullptr;
-    for (std::size_t i = 0; i < plist.size(); ++i) {
-      const Posting& p = plist[i];
+    // The weight expression of scoring(), with the global avgdl: the values are identical to
+    // those of one index holding every row.
+    for (const Posting& p : postings_[term]) {
       // A cleared or rewritten row has a newer generation than its old postings.
       if (p.gen != gen[p.slot]) continue;
       if (allowed != nullptr && !allowed->test(p.slot)) continue;
-      float weight;
-      if (w != nullptr) {
-        weight = w[i];
-      } else {
-        const auto tf = static_cast<float>(p.tf);
-        const float norm = k1 * (1.0f - b + b * static_cast<float>(doc_len_[p.slot]) / avgdl);
-        weight = tf * (k1 + 1.0f) / (tf + norm);
-      }
+      const auto tf = static_cast<float>(p.tf);
+      const float norm = k1 * (1.0f - b + b * static_cast<float>(doc_len_[p.slot]) / avgdl);
+      const float weight = tf * (k1 + 1.0f) / (tf + norm);
       if (acc[p.slot] == 0.0f) touched.push_back(p.slot);
       acc[p.slot] += idf * weight;
     }
@@ -392,7 +700,6 @@ std::vector<Scored> Bm25Index::search(std::string_view query, std::size_t k, con
     top.push(-acc[s], s);
     acc[s] = 0.0f;
   }
-  return top.take_sorted();
 }
 
 std::size_t Bm25Index::memory_bytes() const {
@@ -402,11 +709,10 @@ std::size_t Bm25Index::memory_bytes() const {
   std::size_t b = terms_.memory_bytes();
   for (const auto& p : postings_) b += p.capacity() * sizeof(Posting) + sizeof(p);
   for (const auto& d : doc_terms_) b += d.capacity() * 8 + sizeof(d);
-  return b + doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4 + [&] {
-    std::size_t w = 0;
-    for (const auto& v : weights_) w += v.capacity() * 4;
-    return w;
-  }();
+  b += doc_len_.capacity() * 4 + gen_.capacity() * 4 + has_.capacity() + df_.capacity() * 4;
+  std::lock_guard<std::mutex> scoring_lock(norm_mutex_);  // a search may be rebuilding the layout
+  return b + scoring_.begin.capacity() * 8 + scoring_.slot.capacity() * sizeof(Slot) + scoring_.weight.capacity() * 4 +
+         scoring_.max_weight.capacity() * 4;
 }
 
 // Persisted as the term strings in use, then per slot with text: slot, length, (term, tf) pairs.

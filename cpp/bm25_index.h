@@ -88,11 +88,13 @@ class Bm25Index {
   /// O(query terms).
   Bm25Stats stats(std::string_view query) const;
   /// The k best rows for `query` by BM25 score (descending; Scored.dist holds -score), among
-  /// `allowed` when given. Rows that match no query term are not returned. O(postings of the
-  /// query terms). Thread-safe against other searches. With `global` (statistics summed over
-  /// every index of a sharded corpus, see stats()), N, avgdl and df come from it instead of
-  /// this index; throws InvalidArgument if it lacks a query term this index holds or counts
-  /// fewer rows than this index has.
+  /// `allowed` when given. Rows that match no query term are not returned. Exact top k with
+  /// dynamic pruning (MaxScore): the same rows, scores and order as scoring every posting, in
+  /// O(postings of the query terms) at worst and usually far fewer. Thread-safe against other
+  /// searches. With `global` (statistics summed over every index of a sharded corpus, see
+  /// stats()), N, avgdl and df come from it instead of this index and every posting is scored;
+  /// throws InvalidArgument if it lacks a query term this index holds or counts fewer rows
+  /// than this index has.
   std::vector<Scored> search(std::string_view query, std::size_t k, const Bitmap* allowed,
                              const Bm25Stats* global = nullptr) const;
   std::size_t memory_bytes() const;
@@ -144,9 +146,28 @@ class Bm25Index {
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms_;  // per slot: (term, tf)
   std::vector<std::uint32_t> doc_len_;                                           // tokens per slot
   std::vector<std::uint32_t> gen_;  // per slot; a compaction runs before it can wrap
-  // Per posting, tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)): depends on avgdl, so it
-  // is cached for the corpus state `norm_version_` and rebuilt lazily after writes.
-  mutable std::vector<std::vector<float>> weights_;
+  // The postings as a search without global statistics reads them, for the corpus state
+  // `norm_version_` (built lazily at the first search after a write, under norm_mutex_): per
+  // term one contiguous run of its live postings, ascending by slot, each with its term weight
+  // tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)) (it depends on avgdl, hence the
+  // cache), and the run's largest weight, the bound that dynamic pruning needs.
+  struct Scoring {
+    std::vector<std::uint64_t> begin;  // term t's run: [begin[t], begin[t + 1]); size terms + 1
+    std::vector<Slot> slot;            // per posting, ascending within a run
+    std::vector<float> weight;         // per posting
+    std::vector<float> max_weight;     // per term: the largest weight of its run (0 if empty)
+  };
+  // The scoring layout of the current corpus state, built first if stale. avgdl as search()
+  // computes it for this index's own statistics.
+  const Scoring& scoring(float avgdl) const;
+  // The pruned scoring of search() over the layout `sc` (see its comment in the .cpp).
+  void search_pruned(const Scoring& sc, const std::vector<std::pair<std::uint32_t, double>>& ids, double n,
+                     const Bitmap* allowed, TopK& top) const;
+  // The exhaustive term-at-a-time scoring of search() under global statistics: every posting
+  // of every query term, summed per slot in ascending term id order.
+  void search_exhaustive(const std::vector<std::pair<std::uint32_t, double>>& ids, double n, float avgdl,
+                         const Bitmap* allowed, TopK& top) const;
+  mutable Scoring scoring_;
   mutable std::uint64_t norm_version_ = ~std::uint64_t{0};
   mutable std::mutex norm_mutex_;
   std::uint64_t version_ = 0;      // bumped by every set / clear

@@ -20,6 +20,8 @@ class TopK {
  public:
   explicit TopK(std::size_t k) : k_(k) { heap_.reserve(k + 1); }
   std::size_t size() const { return heap_.size(); }
+  /// The k it keeps.
+  std::size_t capacity() const { return k_; }
   bool full() const { return heap_.size() >= k_; }
   /// Distance an item must beat to enter (+inf until k items are held).
   float worst() const { return full() ? heap_.front().dist : std::numeric_limits<float>::infinity(); }

@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "index.h"
 #include "multi_search.h"
+#include "rank_fusion.h"
 
 namespace kbcore::python {
 namespace {
@@ -200,6 +201,29 @@ void bind_index(py::module_& m) {
       py::arg("limit"), py::arg("group_type") = py::none(),
       "Collapses a ranked list (best first) by given int64 group keys: the first `limit` groups, each "
       "(key, ids, values, part_ids) with its first group_size hits and every part.");
+  m.def(
+      "rrf_fuse",
+      [](const IdArray& ids_a, const FloatArray& dist_a, const IdArray& ids_b, const FloatArray& score_b, double k) {
+        const std::size_t na = ranked_len(ids_a, dist_a), nb = ranked_len(ids_b, score_b);
+        std::vector<Fused> fused;
+        {
+          py::gil_scoped_release nogil;
+          fused = rrf_fuse(ids_a.data(), dist_a.data(), na, ids_b.data(), score_b.data(), nb, k);
+        }
+        IdArray ids(fused.size());
+        py::array_t<double> scores(fused.size());
+        auto* pi = ids.mutable_data();
+        auto* ps = scores.mutable_data();
+        for (std::size_t i = 0; i < fused.size(); ++i) {
+          pi[i] = fused[i].id;
+          ps[i] = fused[i].score;
+        }
+        return py::make_tuple(ids, scores);
+      },
+      py::arg("ids_a").noconvert(), py::arg("dist_a").noconvert(), py::arg("ids_b").noconvert(),
+      py::arg("score_b").noconvert(), py::arg("k"),
+      "Reciprocal rank fusion of a distance leg (ascending) and a score leg (descending): (ids int64, "
+      "scores float64), every id once, best first, scores normalised to [0, 1] (rank_fusion.h).");
   py::class_<Index>(m, "Index")
       .def(py::init([](std::size_t dim, const std::string& metric, const std::string& kind, std::size_t M,
                        std::size_t ef_construction, std::size_t ef, std::uint64_t seed, const std::string& quantization,

@@ -45,6 +45,16 @@ def collapse_keys(
     """Collapses a ranked list (best first) by given int64 group keys: the first `limit` groups,
     each (key, ids, values, part_ids) with its first group_size hits and every part."""
 
+def rrf_fuse(
+    ids_a: npt.NDArray[np.int64],
+    dist_a: npt.NDArray[np.float32],
+    ids_b: npt.NDArray[np.int64],
+    score_b: npt.NDArray[np.float32],
+    k: float,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Reciprocal rank fusion of a distance leg (ascending) and a score leg (descending): (ids,
+    scores), every id once, best first, scores normalised to [0, 1] (``kbcore.index.fuse_rrf``)."""
+
 def search_many(
     requests: list[tuple[Index, np.ndarray, int, int, Filter | None, str | None, int]],
     threads: int = ...,

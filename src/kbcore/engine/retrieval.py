@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
 from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf, zscore
-from ..index import Group, Index, Search, collapse_by_key, search_many
+from ..index import Group, Index, Search, collapse_by_key, fuse_rrf, search_many
 from .scores import score_from_distance
 from .state import KbState, StateCell
 from .types import (
@@ -607,7 +607,8 @@ def _retrieve_fused(
     lazy: bool = False,
 ) -> list[Hit] | Shortlist:
     """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
-    fusion in Python, dedup after fusion (widening the window while too few documents)."""
+    fusion (RRF natively, :func:`~kbcore.index.fuse_rrf`; z-score and linear in Python), dedup
+    after fusion (widening the window while too few documents)."""
     if not query.strip():
         raise InvalidArgumentError("the query is empty")
     rrf_k = float(opts.rrf_k)
@@ -638,25 +639,45 @@ def _retrieve_fused(
             window = min(window, top_k)  # one leg, no collapse: top_k candidates suffice
         while True:
             w = min(window, n)
-            vec_leg: list[tuple[int, float]] = []
-            if q is not None:
+            if q is not None and fusion == "rrf":
+                # Both legs fused natively as the searches return them (index.fuse_rrf).
                 ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
-                if ids[-1] < 0:
-                    keep = ids >= 0
-                    ids, dist = ids[keep], dist[keep]
-                ids, dist = _by_id_on_ties(ids, dist)
-                vec_leg = list(zip(ids.tolist(), score_from_distance(dist, metric).tolist()))
-            tids, tscores = index.search_text(query, w, where=nf)
-            tids, tscores = _by_id_on_ties(tids, -tscores)
-            text_leg = list(zip(tids.tolist(), (-tscores).tolist()))
-            # A text leg shorter than the window returned every match: the vector leg's other
-            # candidates (the chunks of the window BM25 did not match) score 0 there.
-            fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k, len(vec_leg) - len(tids))
-            if group_by is None:
-                cands: list[Candidate] = [(i, s, ()) for i, s in fused[:top_k]]
-                break
-            cands = _dedup_fused(index, state, fused, top_k, group_by)
-            full = len(tids) == w or len(vec_leg) == w
+                tids, tscores = index.search_text(query, w, where=nf)
+                fids, fscores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+                if group_by is None:
+                    top_ids, top_scores = fids[:top_k].tolist(), fscores[:top_k].tolist()
+                    cands: list[Candidate] = [(i, s, ()) for i, s in zip(top_ids, top_scores)]
+                    break
+                cands = _dedup_fused(index, state, fids, fscores, top_k, group_by)
+                full = len(tids) == w or np.count_nonzero(ids >= 0) == w
+            else:
+                vec_leg: list[tuple[int, float]] = []
+                if q is not None:
+                    ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
+                    if ids[-1] < 0:
+                        keep = ids >= 0
+                        ids, dist = ids[keep], dist[keep]
+                    ids, dist = _by_id_on_ties(ids, dist)
+                    vec_leg = list(zip(ids.tolist(), score_from_distance(dist, metric).tolist()))
+                tids, tscores = index.search_text(query, w, where=nf)
+                tids, tscores = _by_id_on_ties(tids, -tscores)
+                text_leg = list(zip(tids.tolist(), (-tscores).tolist()))
+                # A text leg shorter than the window returned every match: the vector leg's other
+                # candidates (the chunks of the window BM25 did not match) score 0 there.
+                fused = _fuse(mode, fusion, vec_leg, text_leg, weight, rrf_k, len(vec_leg) - len(tids))
+                if group_by is None:
+                    cands = [(i, s, ()) for i, s in fused[:top_k]]
+                    break
+                n_fused = len(fused)
+                cands = _dedup_fused(
+                    index,
+                    state,
+                    np.fromiter((f[0] for f in fused), np.int64, n_fused),
+                    np.fromiter((f[1] for f in fused), np.float64, n_fused),
+                    top_k,
+                    group_by,
+                )
+                full = len(tids) == w or len(vec_leg) == w
             if len(cands) >= top_k or not full or w >= n:
                 break
             window = w * 4
@@ -696,21 +717,20 @@ def _fuse(
 
 
 def _dedup_fused(
-    index: Any, state: KbState, fused: list[tuple[int, float]], top_k: int, group_by: str = GROUP_FIELD
+    index: Any, state: KbState, ids: np.ndarray, fused: np.ndarray, top_k: int, group_by: str = GROUP_FIELD
 ) -> list[Candidate]:
-    """The best chunk of each (pipeline, document) in fused order, with the ids of every chunk
-    of that document among the fused candidates (best first): natively, by the rule of grouped
-    search (:meth:`Index.collapse` over the ``_group`` field; a sharded index by the segments'
-    group column through :func:`~kbcore.index.collapse_by_key`)."""
-    if not fused:
+    """The best chunk of each (pipeline, document) in fused order (``ids`` int64 with their
+    float64 ``fused`` scores, best first), with the ids of every chunk of that document among
+    the fused candidates (best first): natively, by the rule of grouped search
+    (:meth:`Index.collapse` over the ``_group`` field; a sharded index by the segments' group
+    column through :func:`~kbcore.index.collapse_by_key`)."""
+    if not len(ids):
         return []
-    n = len(fused)
-    ids = np.fromiter((f[0] for f in fused), np.int64, n)
-    scores = np.fromiter((f[1] for f in fused), np.float32, n)
+    scores = fused.astype(np.float32)
     if isinstance(index, Index):
         groups = index.collapse(ids, scores, group_by=group_by, limit=top_k)
     else:
         groups = collapse_by_key(ids, scores, state.groups_of(ids), limit=top_k)
     # The fused (float64) score of each best chunk, not the float32 copy the collapse carried.
-    score_of = dict(fused)
+    score_of = dict(zip(ids.tolist(), fused.tolist()))
     return [(g.ids[0], score_of[g.ids[0]], g.part_ids) for g in groups]

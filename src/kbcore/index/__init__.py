@@ -1,6 +1,7 @@
 """The native vector index: HNSW (approximate) or flat (exact), with stable int64 ids.
 
-- :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`, and one query
+- :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`, :func:`fuse_rrf`
+  (a hybrid search's two legs fused natively), and one query
   against several indexes at once (:class:`Search`, :func:`search_many`, its thread pool's
   size :func:`set_search_threads` / :func:`search_threads`);
 - :mod:`.params`: the one list of metric, kind, quantization and vectors names, the native
@@ -11,7 +12,7 @@
 
 from __future__ import annotations
 
-from ._index import Group, Index, Search, collapse_by_key, search_many, search_threads, set_search_threads
+from ._index import Group, Index, Search, collapse_by_key, fuse_rrf, search_many, search_threads, set_search_threads
 from .params import (
     DIM_RANGE,
     EF_RANGE,
@@ -56,6 +57,7 @@ __all__ = [
     "check_bits",
     "check_vectors",
     "collapse_by_key",
+    "fuse_rrf",
     "Search",
     "search_many",
     "search_threads",

@@ -31,7 +31,16 @@ from .spec import IndexSpec, as_index_spec
 # numpy's float32 dtype (a singleton: `dtype is _FLOAT32` is the cheapest exact test).
 _FLOAT32 = np.dtype(np.float32)
 
-__all__ = ["Index", "Group", "Search", "collapse_by_key", "search_many", "search_threads", "set_search_threads"]
+__all__ = [
+    "Index",
+    "Group",
+    "Search",
+    "collapse_by_key",
+    "fuse_rrf",
+    "search_many",
+    "search_threads",
+    "set_search_threads",
+]
 
 _MAX_EF = EF_RANGE[1]
 # The keywords' defaults, to tell an explicit keyword from an absent one when a spec is given.
@@ -120,6 +129,35 @@ def collapse_by_key(
     id_arr, values = _ranked(ids, scores)
     key_arr = _as_ids(keys, "keys")
     return _core.collapse_keys(id_arr, values, key_arr, _positive("group_size", group_size), _limit(limit), Group)
+
+
+def fuse_rrf(
+    vector_ids: np.ndarray,
+    vector_distances: np.ndarray,
+    text_ids: np.ndarray,
+    text_scores: np.ndarray,
+    k: float = 60,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`kbcore.fusion.rrf` then :func:`kbcore.fusion.normalize_rrf` of a hybrid search's
+    two legs as the searches return them, natively in one call: ``(ids, scores)``, int64 and
+    float64 arrays, best first.
+
+    The vector leg is :meth:`Index.search`'s ``(ids, distances)`` of one query (ascending
+    distance; ids < 0 are padding and skipped), the text leg :meth:`Index.search_text`'s
+    ``(ids, scores)`` (descending score); each leg ranks equal values by id ascending. The
+    result holds exactly the ids, scores and order of ``normalize_rrf(rrf([vector_leg,
+    text_leg], k), 2, k)`` over those ranked legs. Raises InvalidArgumentError for legs whose
+    ids and values differ in length or ``k`` not a finite number >= 0.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)):
+        raise InvalidTypeError(f"rrf k must be a number, got {type(k).__name__}")
+    return _core.rrf_fuse(
+        np.ascontiguousarray(vector_ids, dtype=np.int64),
+        np.ascontiguousarray(vector_distances, dtype=np.float32),
+        np.ascontiguousarray(text_ids, dtype=np.int64),
+        np.ascontiguousarray(text_scores, dtype=np.float32),
+        float(k),
+    )
 
 
 class Index:
