@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from chunk_tables import chunk_table
 
 from kbcore import Engine
 from kbcore.errors import InvalidArgumentError, InvalidTypeError, NotFoundError
@@ -14,18 +15,7 @@ DIM = 8
 
 
 def _table(n_docs: int, per_doc: int, seed: int) -> tuple[pa.Table, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    doc = np.repeat(np.arange(n_docs), per_doc)
-    idx = np.tile(np.arange(per_doc), n_docs)
-    table = pa.table(
-        {
-            "document_id": [f"d{d}" for d in doc],
-            "chunk_index": idx,
-            "text": [f"doc {d} chunk {i}" for d, i in zip(doc, idx)],
-            "team": [("a", "b")[d % 2] for d in doc],
-        }
-    )
-    return table, rng.standard_normal((len(doc), DIM)).astype(np.float32)
+    return chunk_table(n_docs, per_doc, seed, DIM)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from chunk_tables import chunk_table
 
 from kbcore import Engine
 from kbcore.engine import KnowledgeBase
@@ -77,18 +78,7 @@ def test_search_many_raises_the_failing_searchs_error(pool_sizes):
 
 
 def _table(seed: int, n_docs: int = 9, per_doc: int = 5) -> tuple[pa.Table, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    doc = np.repeat(np.arange(n_docs), per_doc)
-    idx = np.tile(np.arange(per_doc), n_docs)
-    table = pa.table(
-        {
-            "document_id": [f"d{d}" for d in doc],
-            "chunk_index": idx,
-            "text": [f"doc {d} chunk {i} {TOPICS[(d + i) % 8]}" for d, i in zip(doc, idx)],
-            "team": [("a", "b")[d % 2] for d in doc],
-        }
-    )
-    return table, rng.standard_normal((len(doc), DIM)).astype(np.float32)
+    return chunk_table(n_docs, per_doc, seed, DIM, TOPICS)
 
 
 def _engine(tmp_path, kinds=("hnsw", "flat", "hnsw", "hnsw")) -> Engine:
