@@ -147,7 +147,7 @@ class GraphSearch {
   }
   /// The longest candidate list layer0_pool keeps sorted (an insertion moves up to this many
   /// entries); longer lists use the heaps of layer0.
-  static constexpr std::size_t kPoolMaxEf = 256;
+  static constexpr std::size_t kPoolMaxEf = 1024;
   template <typename Scorer, typename Accept, typename Counter>
   static std::vector<Scored> layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
                                     VisitedSet& visited, std::size_t* evals, Counter count);

@@ -244,7 +244,7 @@ KBCORE_TEST(the_unfiltered_walk_expands_what_the_filtered_walk_admitting_all_exp
   std::size_t ties = 0;
   for (std::size_t i = 0; i < 30; ++i) {
     const float* qi = q.data() + i * dim;
-    for (std::size_t ef : {1, 2, 10, 33, 100, 300}) {
+    for (std::size_t ef : {1, 2, 10, 33, 100, 300, 1100}) {
       std::map<kbcore::Slot, int> scored_pool, scored_heaps;
       std::size_t evals_pool = 0, evals_heaps = 0;
       const TyingScorer a{kbcore::RowScorer(store, kbcore::Metric::kL2, kern, qi), &scored_pool};
