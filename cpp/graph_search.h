@@ -20,6 +20,8 @@
 // or re-ranks them exactly (codes).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "bitmap.h"
@@ -138,11 +140,22 @@ class GraphSearch {
     auto visited = g.visited_.acquire(g.levels_.size());
     const Scored ep = descend(g, sc, *visited, count);
     visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
+    if constexpr (std::is_same_v<Accept, AcceptAll>) {
+      if (ef <= kPoolMaxEf) return layer0_pool(g, sc, ep, ef, *visited, evals, count);
+    }
     return layer0(g, sc, ep, ef, accept, *visited, evals, count);
   }
+  /// The longest candidate list layer0_pool keeps sorted (an insertion moves up to this many
+  /// entries); longer lists use the heaps of layer0.
+  static constexpr std::size_t kPoolMaxEf = 1024;
   template <typename Scorer, typename Accept, typename Counter>
   static std::vector<Scored> layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
                                     VisitedSet& visited, std::size_t* evals, Counter count);
+  /// layer0 admitting every slot, on one sorted list of the ef best (a linear pool, as
+  /// NSG / SymphonyQG walk it) instead of a frontier heap and a result heap.
+  template <typename Scorer, typename Counter>
+  static std::vector<Scored> layer0_pool(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, VisitedSet& visited,
+                                         std::size_t* evals, Counter count);
 };
 
 // ---- template implementation -------------------------------------------------------------
@@ -251,6 +264,89 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep
       candidates.pop_back();
     }
   }
+  return results;
+}
+
+// Without a filter, the frontier and the result list of layer0 hold the same nodes that can
+// still be expanded: a node evicted from the results is worse than the list's worst from then
+// on, and layer0 stops at the first candidate whose distance exceeds the worst's, so it never
+// expands it, unless its distance ties the worst's exactly (frequent on codes: their distances
+// come from integer sums). One sorted list of the ef best, followed by the evicted nodes that
+// tie the worst, with a flag per entry "not expanded yet", therefore walks the same nodes in
+// the same order (expand the best open entry; stop when none is open) and keeps the same
+// results, with one binary search and one short move per admitted node instead of two heap
+// insertions.
+template <typename Scorer, typename Counter>
+std::vector<Scored> GraphSearch::layer0_pool(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef,
+                                             VisitedSet& visited_set, std::size_t* evals, Counter count) {
+  const VisitedSet::View visited = visited_set.view();
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& pool = scratch.walk_pool;        // ascending, [0, size) in use
+  std::vector<std::uint8_t>& open = scratch.walk_open;  // 1: not expanded yet
+  if (pool.size() < ef + 1) {
+    pool.resize(ef + 1);
+    open.resize(ef + 1);
+  }
+  Scored* list = pool.data();
+  std::uint8_t* flag = open.data();
+  std::size_t size = 1;
+  list[0] = ep;
+  flag[0] = 1;
+  visited.test_and_set(ep.slot);
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(sizeof(fresh) / sizeof(fresh[0]) >= kMaxLinks + 3, "fresh must hold a full list");
+  std::size_t cur = 0;  // the first open entry; every entry before it is expanded
+  while (cur < size) {
+    const Slot c = list[cur].slot;
+    flag[cur] = 0;
+    // The best open entry after c is expanded next unless a neighbour displaces it.
+    std::size_t nx = cur + 1;
+    while (nx < size && flag[nx] == 0) ++nx;
+    if (nx < size) g.prefetch_links(list[nx].slot, 0);
+    const std::uint32_t* src = g.links(c, 0);
+    const std::size_t links = src[0];
+    std::size_t m = 0;
+    // Gather the unvisited neighbours first, prefetching them, then score them in blocks.
+    for (std::size_t j = 0; j < links; ++j) {
+      const Slot n = src[1 + j];
+      if (visited.test_and_set(n)) continue;
+      sc.prefetch(n);
+      fresh[m++] = n;
+    }
+    sc.block(fresh, m, dists);
+    if (evals != nullptr) *evals += m;
+    count.hop();
+    count.scored(m);
+    std::size_t first_new = size;
+    for (std::size_t j = 0; j < m; ++j) {
+      const float d = dists[j];
+      if (size < ef || d < list[ef - 1].dist) {
+        if (size == pool.size()) {  // ties past the ef-th entry filled the buffer
+          pool.resize(2 * size);
+          open.resize(2 * size);
+          list = pool.data();
+          flag = open.data();
+        }
+        const Scored e{d, fresh[j]};
+        const std::size_t p = static_cast<std::size_t>(std::upper_bound(list, list + size, e) - list);
+        std::memmove(list + p + 1, list + p, (size - p) * sizeof(Scored));
+        std::memmove(flag + p + 1, flag + p, size - p);
+        list[p] = e;
+        flag[p] = 1;
+        ++size;
+        // The entries past the ef-th that no longer tie the worst can never be expanded.
+        while (size > ef && list[size - 1].dist > list[ef - 1].dist) --size;
+        first_new = std::min(first_new, p);
+        // Its link list is read if it is expanded: start loading it now.
+        prefetch_l1(g.links(fresh[j], 0));
+      }
+    }
+    cur = std::min(cur, first_new);
+    while (cur < size && flag[cur] == 0) ++cur;
+  }
+  std::vector<Scored> results(list, list + std::min(size, ef));
+  std::make_heap(results.begin(), results.end());  // the heap order of layer0's results
   return results;
 }
 

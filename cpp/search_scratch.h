@@ -28,6 +28,8 @@ struct SearchScratch {
                                            // one prepared query per code type (code_query());
                                            // none calls another while it holds the query
   std::vector<Scored> walk_candidates;     // GraphSearch::layer0: the frontier
+  std::vector<Scored> walk_pool;           // GraphSearch::layer0_pool: the sorted list of the ef best
+  std::vector<std::uint8_t> walk_open;     // ... and per entry, 1 until it is expanded
   std::vector<Slot> rerank_slots;          // rerank_exact / rerank_bounded: the candidates' slots
   std::vector<float> rerank_dists;         // rerank_exact / rerank_bounded: their exact distances
 };

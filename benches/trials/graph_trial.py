@@ -32,9 +32,13 @@ import kbcore
 
 
 def load(name: str) -> datasets.Dataset:
-    """SciFact chunks, or ``synth100k`` / ``synthN`` (datasets.make_synthetic)."""
+    """SciFact or ArguAna chunks, or ``synth100k`` / ``synthN`` (datasets.make_synthetic)."""
     if name == "scifact":
         return datasets.load_scifact()
+    if name == "arguana":  # the same folder layout, under $KBCORE_DATA
+        ds = datasets.load_scifact(Path(os.environ.get("KBCORE_DATA", datasets.DEFAULT_DATA_ROOT)) / "arguana")
+        ds.name = "arguana"
+        return ds
     n = 100_000 if name == "synth100k" else int(name.removeprefix("synth"))
     return datasets.make_synthetic(n, 1000)
 

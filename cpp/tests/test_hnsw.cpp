@@ -1,6 +1,7 @@
 // HNSW through Index: recall against brute force, removal, save/load, and bad input; and the
 // search walk (graph_search.h) driven by a scorer of the test's own.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -203,4 +204,64 @@ KBCORE_TEST(the_walk_takes_any_scorer_and_descends_scoring_each_slot_once) {
     for (std::size_t j = 0; j < n; ++j) ids[j] = static_cast<std::int64_t>(j);
     CHECK(recall(top, exact_topk(x, ids, qi, dim, 10)) == 1.0);
   }
+}
+
+namespace {
+// A Scorer whose distances are RowScorer's rounded down to whole units: many neighbours tie
+// (as code distances, integer sums, do), the case where the unfiltered walk's sorted list must
+// keep the evicted nodes that tie the worst result.
+struct TyingScorer {
+  kbcore::RowScorer inner;
+  std::map<kbcore::Slot, int>* scored;
+  float one(kbcore::Slot s) const {
+    ++(*scored)[s];
+    return std::floor(inner.one(s));
+  }
+  void block(std::uint32_t* slots, std::size_t m, float* out) const {
+    for (std::size_t j = 0; j < m; ++j) ++(*scored)[slots[j]];
+    inner.block(slots, m, out);
+    for (std::size_t j = 0; j < m; ++j) out[j] = std::floor(out[j]);
+  }
+  void prefetch(kbcore::Slot s) const { inner.prefetch(s); }
+};
+}  // namespace
+
+KBCORE_TEST(the_unfiltered_walk_expands_what_the_filtered_walk_admitting_all_expands) {
+  // AcceptAll walks one sorted list (layer0_pool), any other accept the two heaps (layer0):
+  // with every slot admitted both must score the same slots and return the same results,
+  // ties included, at lists shorter and longer than the sorted list's limit.
+  const std::size_t n = 3000, dim = 16;
+  const auto x = clustered(n, dim, 31);
+  kbcore::VectorStore store(dim);
+  store.reserve_more(n);
+  std::vector<kbcore::Slot> slots(n);
+  for (std::size_t i = 0; i < n; ++i) slots[i] = store.allocate(static_cast<std::int64_t>(i), x.data() + i * dim);
+  kbcore::HnswIndex g(store, kbcore::Metric::kL2, kbcore::HnswParams{8, 64, 7});
+  g.insert_batch(slots, 1);
+  const auto q = clustered(30, dim, 32);
+  const kbcore::Kernels& kern = kbcore::active_kernels();
+  const auto admit_all = [](kbcore::Slot) { return true; };
+  std::size_t ties = 0;
+  for (std::size_t i = 0; i < 30; ++i) {
+    const float* qi = q.data() + i * dim;
+    for (std::size_t ef : {1, 2, 10, 33, 100, 300, 1100}) {
+      std::map<kbcore::Slot, int> scored_pool, scored_heaps;
+      std::size_t evals_pool = 0, evals_heaps = 0;
+      const TyingScorer a{kbcore::RowScorer(store, kbcore::Metric::kL2, kern, qi), &scored_pool};
+      const TyingScorer b{kbcore::RowScorer(store, kbcore::Metric::kL2, kern, qi), &scored_heaps};
+      std::vector<kbcore::Scored> got = kbcore::GraphSearch::search(g, a, ef, kbcore::AcceptAll{}, &evals_pool);
+      std::vector<kbcore::Scored> want = kbcore::GraphSearch::search(g, b, ef, admit_all, &evals_heaps);
+      CHECK(std::is_heap(got.begin(), got.end()));
+      std::sort_heap(got.begin(), got.end());
+      std::sort_heap(want.begin(), want.end());
+      CHECK(evals_pool == evals_heaps);
+      CHECK(scored_pool == scored_heaps);
+      CHECK(got.size() == want.size());
+      for (std::size_t j = 0; j < got.size() && j < want.size(); ++j) {
+        CHECK(got[j].slot == want[j].slot && got[j].dist == want[j].dist);
+      }
+      for (std::size_t j = 1; j < want.size(); ++j) ties += want[j].dist == want[j - 1].dist;
+    }
+  }
+  CHECK(ties > 0);  // the rounding made ties, so the test covers them
 }
