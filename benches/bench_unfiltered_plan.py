@@ -63,9 +63,7 @@ def _one(label: str, data: np.ndarray, queries: np.ndarray, quantization: str | 
             else:
                 scan_ids = ids
         hits += len(set(walk_ids[0].tolist()) & set(scan_ids[0].tolist()))
-    auto = native.search(queries[:1], K, EF, 1, None, "auto")
-    exact = native.search(queries[:1], K, EF, 1, None, "exact")
-    chosen = "exact" if np.array_equal(auto[1], exact[1]) and np.array_equal(auto[0], exact[0]) else "graph?"
+    chosen = native.unfiltered_strategy(EF)
     walk, scan = statistics.median(walk_t), statistics.median(scan_t)
     print(
         f"{label:<16} {quantization or 'float32':<8} {data.shape[0]:>6} "

@@ -42,13 +42,14 @@ def _recall(got: np.ndarray, expected: np.ndarray) -> float:
 @pytest.mark.parametrize(
     "n, ef, plan",
     [
-        # A fresh index: the walk is expected to make 12 * ef evaluations, each worth 4 rows of
-        # scan, so the scan is chosen up to 48 * ef rows.
+        # A fresh index: the walk is expected to make 12 * ef evaluations, each worth 2 rows of
+        # scan, so the scan is chosen up to 24 * ef rows.
         (200, 16, "exact"),
-        (700, 16, "exact"),
-        (900, 16, "graph"),
-        (900, 64, "exact"),
-        (4000, 64, "graph"),
+        (380, 16, "exact"),
+        (400, 16, "graph"),
+        (1500, 64, "exact"),
+        (1600, 64, "graph"),
+        (5000, 64, "graph"),
     ],
 )
 def test_unfiltered_plan_scans_when_rows_are_fewer_than_the_walks_cost(n, ef, plan):
@@ -63,27 +64,27 @@ def test_unfiltered_plan_of_a_flat_index_is_the_scan():
 
 
 def test_unfiltered_plan_follows_the_measured_walk_cost():
-    # Near-orthogonal rows: the walk scores far more than a fresh index expects, and once it
-    # has measured that, the scan is chosen where the walk was.
-    n, ef = 2000, 16
+    # Near-orthogonal rows and M 32: the walk scores more than a fresh index expects (about 22
+    # evaluations per unit of ef), and once it has measured that, the scan is chosen where the
+    # walk was.
+    n, ef = 1000, 32
     data = _data(n, 256, seed=3)
     queries = _data(40, 256, seed=4)
-    index = _index(data)
+    index = _index(data, M=32)
     assert index._native.unfiltered_strategy(ef) == "graph"
     index.search(queries, K, ef=ef, threads=1)
     per_ef = index._native.evals_per_ef
-    assert per_ef > FRESH_EVALS_PER_EF
-    expected = "exact" if n <= per_ef * ef * 4 else "graph"
-    assert index._native.unfiltered_strategy(ef) == expected
-    if expected == "exact":
-        # Scans are not walks: the measured average is left as it was.
-        index.search(queries, K, ef=ef, threads=1)
-        assert index._native.evals_per_ef == per_ef
+    assert n <= per_ef * ef * 2
+    assert index._native.unfiltered_strategy(ef) == "exact"
+    # Scans are not walks: the measured average is left as it was, and answers are exact.
+    ids, _ = index.search(queries, K, ef=ef, threads=1)
+    assert index._native.evals_per_ef == per_ef
+    np.testing.assert_array_equal(ids, _brute_force(data, queries, K))
 
 
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_unfiltered_search_equals_brute_force_where_the_scan_is_chosen(metric):
-    n, ef = 1000, 32
+    n, ef = 1000, 48
     data = _data(n, 256, seed=1)
     queries = _data(50, 256, seed=2)
     index = _index(data, metric=metric)
@@ -103,7 +104,7 @@ def test_unfiltered_search_equals_brute_force_where_the_scan_is_chosen(metric):
 
 
 def test_forced_plans_of_an_unfiltered_search():
-    n, ef = 1000, 32
+    n, ef = 1000, 48
     data = _data(n, 256, seed=5)
     queries = _data(50, 256, seed=6)
     index = _index(data)
@@ -123,7 +124,7 @@ def test_forced_plans_of_an_unfiltered_search():
 def test_quantized_unfiltered_scan_equals_the_forced_exact_filtered_scan(quantization):
     # The scan of a quantized graph reads the codes and re-ranks, as the filtered exact strategy
     # does with every row passing.
-    n, ef = 1200, 32
+    n, ef = 1200, 64
     data = _data(n, 64, seed=7)
     queries = _data(30, 64, seed=8)
     index = kbcore.Index(dim=64, metric="l2", M=8, ef_construction=40, quantization=quantization)
