@@ -7,10 +7,11 @@
 namespace kbcore {
 
 /// Cost of a walk's distance evaluation (a cache miss per node, link reads, visited set and
-/// heaps) in rows of sequential scan: measured 1.9-2.4 on float32 and 2.3-3.1 on sq8 codes, at
-/// 1k-19k x 384 rows and ef 64 (benches/bench_unfiltered_plan.py, figures in docs/index.md); the
-/// lower end, so that the scan is chosen only where it wins.
-inline constexpr double kWalkEvalCost = 2.0;
+/// heaps) in rows of sequential scan. Measured at ef 64 on 1k-19k x 384 rows
+/// (benches/bench_unfiltered_plan.py, figures in docs/index.md): 2.3 on float32 rows that fit in
+/// L2, falling to 1.2-2.0 once they do not (the scan then streams from L3), and 2.3-3.1 on sq8
+/// codes. A lower value than most, so that the scan is chosen only where it wins.
+inline constexpr double kWalkEvalCost = 1.5;
 
 /// Whether an unfiltered search over `live` rows at this ef (max(ef, k)) is cheaper as the exact
 /// scan of every row than as a graph walk that makes `evals_per_ef` * ef distance evaluations
