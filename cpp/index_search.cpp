@@ -15,6 +15,7 @@
 #include "hnsw_codes.h"
 #include "index.h"
 #include "parallel.h"
+#include "search_plan_unfiltered.h"
 #include "search_scratch.h"
 #include "vector_checks.h"
 
@@ -254,7 +255,12 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     });
     return;
   }
-  if (graph_) {
+  // Unfiltered: the graph walk, unless scanning every row costs less (search_plan_unfiltered.h);
+  // `force` picks either (kExact the scan, any graph strategy the walk).
+  const bool walk =
+      graph_ && (p.force != Strategy::kAuto ? p.force != Strategy::kExact
+                                            : !scan_beats_walk(store_.size(), std::max(ef, k), evals_.per_ef()));
+  if (walk) {
     std::atomic<std::uint64_t> evals{0};
     with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {
       parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
@@ -266,6 +272,15 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       });
     });
     evals_.record(evals.load(), nq, std::max(ef, k));
+    return;
+  }
+  if (codes != nullptr) {
+    // A quantized graph index scans its codes, as the filtered exact strategy does.
+    const std::vector<Slot> rows = candidate_rows(nullptr, store_.size());
+    with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {
+      parallel_for(nq, p.threads,
+                   [&](std::size_t qi, std::size_t) { write(qi, ex.exact(prepared.data() + qi * dim, rows, k)); });
+    });
     return;
   }
   // Exact: each worker scans for a contiguous group of queries so that row blocks are shared.

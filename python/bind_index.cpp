@@ -12,6 +12,7 @@
 #include "index.h"
 #include "multi_search.h"
 #include "rank_fusion.h"
+#include "search_plan_unfiltered.h"
 
 namespace kbcore::python {
 namespace {
@@ -490,6 +491,17 @@ void bind_index(py::module_& m) {
             return strategy_name(self.choose_strategy(passing, self.size(), ef));
           },
           py::arg("passing"), py::arg("ef"))
+      .def(
+          "unfiltered_strategy",
+          // The plan of an unfiltered search at this ef (max(ef, k)) now: "exact" (the scan of
+          // every row) or "graph" (the walk); search_plan_unfiltered.h.
+          [](const Index& self, std::size_t ef) {
+            const std::size_t n = self.size();
+            const std::size_t e = std::min(ef == 0 ? self.config().ef_search : ef, n);
+            const bool scan = self.config().kind != IndexKind::kHnsw || scan_beats_walk(n, e, self.evals_per_ef());
+            return scan ? "exact" : "graph";
+          },
+          py::arg("ef"))
       .def(
           "get_metadata",
           [](const Index& self, const IdArray& ids) {

@@ -1,0 +1,21 @@
+#pragma once
+// Planning of an unfiltered k-NN search on a graph index: the graph walk, or the exact scan of
+// every row when the walk would score a large share of them anyway (small graphs, and nearly
+// orthogonal vectors such as the hashing embedder's, where the walk finds no short path).
+#include <cstddef>
+
+namespace kbcore {
+
+/// Cost of a walk's distance evaluation (a cache miss per node, link reads, visited set and
+/// heaps) in rows of sequential scan. Measured at ef 64 on 1k-19k x 384 rows
+/// (benches/bench_unfiltered_plan.py, figures in docs/index.md): 2.3 on float32 rows that fit in
+/// L2, falling to 1.2-2.0 once they do not (the scan then streams from L3), and 2.3-3.1 on sq8
+/// codes. A lower value than most, so that the scan is chosen only where it wins.
+inline constexpr double kWalkEvalCost = 1.5;
+
+/// Whether an unfiltered search over `live` rows at this ef (max(ef, k)) is cheaper as the exact
+/// scan of every row than as a graph walk that makes `evals_per_ef` * ef distance evaluations
+/// (EvalStats, the running average of this index's recent walks). O(1).
+bool scan_beats_walk(std::size_t live, std::size_t ef, double evals_per_ef);
+
+}  // namespace kbcore
