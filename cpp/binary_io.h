@@ -13,6 +13,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kbcore {
@@ -96,8 +97,9 @@ class FileBytes {
   bool mapped() const { return mapped_; }
   /// Drops the mapping's pages from the resident set (they fault back in from the file).
   void release_resident() const;
-  /// The same except the whole pages inside [keep, keep + keep_bytes) (bytes of this file).
-  void release_resident_except(const void* keep, std::size_t keep_bytes) const;
+  /// The same except the whole pages inside each kept range [start, start + bytes) (bytes of
+  /// this file; ranges in any order, empty ones ignored).
+  void release_resident_except(std::vector<std::pair<const void*, std::size_t>> keep) const;
 
  private:
   const unsigned char* data_ = nullptr;
