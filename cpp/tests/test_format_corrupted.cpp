@@ -336,7 +336,7 @@ KBCORE_TEST(every_structural_field_set_to_hostile_values_is_rejected_or_harmless
   for (int variant = 0; variant < 3; ++variant) {
     const auto kind = variant == 1 ? kbcore::IndexKind::kFlat : kbcore::IndexKind::kHnsw;
     save_victim(victim, kind, kbcore::Metric::kL2, variant == 2);
-    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionBlocks);
+    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionAligned);
     const std::string good = read_file(victim);
     std::string sealed = good;
     reseal(sealed);
@@ -493,7 +493,7 @@ KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
   // The header's version must match the sections present: a v5 file labelled v1, v2 or v4
   // does not parse, a v1 file labelled v2 lacks its section, and v6 is from a newer kbcore.
   for (const std::uint32_t v : {kbcore::Index::kFormatVersion, kbcore::Index::kFormatVersionQuantized,
-                                kbcore::Index::kFormatVersionDiskRows, kbcore::Index::kFormatVersionBlocks + 1}) {
+                                kbcore::Index::kFormatVersionDiskRows, kbcore::Index::kFormatVersionAligned + 1}) {
     std::string relabelled = good;
     put(relabelled, 8, 4, v);
     CHECK(rejected_bytes(relabelled));
@@ -525,7 +525,7 @@ KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
   save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, true);
   kbcore::Index::load(victim, true)->save(victim);
   const std::string good = read_file(victim);
-  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionBlocks);
+  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionAligned);
   CHECK(load_and_use(victim, good) == Outcome::kAccepted);
   CHECK(kbcore::Index::load(victim)->config().vectors_on_disk);
   CHECK(!kbcore::Index::load(victim, false)->config().vectors_on_disk);
@@ -560,7 +560,7 @@ KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
   put(bad, rows_at, 4, 0x7FC00000u);  // a NaN in a row read in place
   CHECK(rejected_bytes(bad));
   bad = good;
-  put(bad, 8, 4, kbcore::Index::kFormatVersionBlocks + 1);  // from a newer kbcore
+  put(bad, 8, 4, kbcore::Index::kFormatVersionAligned + 1);  // from a newer kbcore
   CHECK(rejected_bytes(bad));
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
