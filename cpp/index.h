@@ -166,6 +166,8 @@ class Index {
   /// True while the codes of a quantized index are read in place from the mapped file it was
   /// loaded from (format version 7; the first write copies them to the heap). Diagnostics.
   bool codes_in_place() const;
+  /// True while the graph's level-0 link lists are read in place the same way. Diagnostics.
+  bool links_in_place() const;
   /// True once a quantized index has trained its codes (always false for kNone).
   bool quantizer_trained() const;
   /// Trains the quantizer again from the live rows and re-encodes every row (after the data

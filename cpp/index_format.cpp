@@ -127,7 +127,7 @@ void Index::save(const std::string& path) const {
   w.array(store_.live_flags().data(), slots);
   if (tagged) w.pad_to(kRowAlign);
   w.array(store_.data(), slots * config_.dim);
-  if (graph_) graph_->save(w);
+  if (graph_) graph_->save(w, tagged);
   meta_.save(w, store_);
   text_.save(w);
   if (tagged) std::visit([&](const auto& c) { c.save(w); }, *codes_);  // the codes, last
@@ -146,13 +146,14 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
     // The checks read every page of the file; a file mapping's pages are not anonymous memory,
     // but they need not stay resident either, whether the mapping lives on (rows on disk used in
     // place, a BM25 section not built yet) or not; rows in memory used in place stay.
-    // Codes read in place stay too (a search reads them on every hop).
+    // Codes and level-0 lists read in place stay too (a search reads them on every hop).
     if (r.bytes()->mapped()) {
       const VectorStore& store = index->store_;
       std::vector<std::pair<const void*, std::size_t>> keep;
       if (store.rows_in_place() && !store.rows_on_disk()) {
         keep.emplace_back(store.data(), store.slot_count() * store.dim() * sizeof(float));
       }
+      if (index->graph_ && index->graph_->links_in_place()) keep.push_back(index->graph_->level0_bytes());
       if (index->codes_) {
         std::visit(
             [&](const auto& c) {
@@ -176,6 +177,11 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
 bool Index::codes_in_place() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return codes_ && std::visit([](const auto& c) { return c.codes_in_place(); }, *codes_);
+}
+
+bool Index::links_in_place() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return graph_ && graph_->links_in_place();
 }
 
 std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool> vectors) {

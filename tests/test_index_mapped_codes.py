@@ -1,13 +1,13 @@
-"""Codes read in place from the loaded file (issue 28).
+"""Codes and graph links read in place from the loaded file (issue 28).
 
-Format version 7 aligns the SQ8 and RaBitQ code rows to a 64-byte file offset, so that
-``Index.load`` of a mapped file reads them where they lie instead of copying them (the copy, and
-the kernel zeroing its fresh pages, was most of what a 1M reopen still spent); the first write
-copies them to the heap. These tests hold that a reopened index reads its codes in place, that
-it answers like the index that was saved, and like a brute-force oracle, through every kind of
-write and a save, that its codes outlive the file being replaced or deleted, that a nonzero
-alignment byte is refused, and that a committed version 6 file (codes unaligned) still loads,
-with its codes copied, and answers the same.
+Format version 7 aligns the SQ8 and RaBitQ code rows and the graph's level-0 link lists to a
+64-byte file offset, so that ``Index.load`` of a mapped file reads them where they lie instead of
+copying them (the copy, and the kernel zeroing its fresh pages, was most of what a 1M reopen
+still spent); the first write copies them to the heap. These tests hold that a reopened index
+reads both in place, that it answers like the index that was saved, and like a brute-force
+oracle, through every kind of write and a save, that its codes outlive the file being replaced
+or deleted, that a nonzero alignment byte is refused, and that a committed version 6 file
+(unaligned) still loads, with both copied, and answers the same.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_a_reopened_index_reads_its_codes_in_place_and_writes_like_the_saved_one
     index.save(tmp_path / "a.kbi")
     back = kbcore.Index.load(tmp_path / "a.kbi")
     assert back._native._codes_in_place and not index._native._codes_in_place
+    assert back._native._links_in_place and not index._native._links_in_place
     _same(index, back, queries)
     back.save(tmp_path / "b.kbi")  # reads the codes in place, writes nothing to them
     assert back._native._codes_in_place
@@ -71,10 +72,11 @@ def test_a_reopened_index_reads_its_codes_in_place_and_writes_like_the_saved_one
         target.add(replaced, np.arange(500, 510, dtype=np.int64), threads=1)  # re-encodes in place
         target.add(fresh, np.arange(N, N + 60, dtype=np.int64), threads=1)  # reuses slots, grows
     assert not back._native._codes_in_place  # the first write copied them
+    assert not back._native._links_in_place
     _same(index, back, queries)
     back.save(tmp_path / "c.kbi")
     again = kbcore.Index.load(tmp_path / "c.kbi")
-    assert again._native._codes_in_place
+    assert again._native._codes_in_place and again._native._links_in_place
     _same(index, again, queries)
 
     # And against brute force over the rows the writes left.
@@ -139,12 +141,13 @@ def test_the_committed_version_6_fixture_loads_with_codes_copied_and_answers_the
     data, ids = gen.fixture_rows()
     index = kbcore.Index.load(path)
     assert not index._native._codes_in_place  # unaligned in version 6: copied
+    assert not index._native._links_in_place
     queries = np.random.default_rng(5).standard_normal((10, gen.DIM)).astype(np.float32)
     got_ids, got_dist = index.search(queries, 10, ef=64)
     assert _recall(got_ids, _oracle(data, ids, queries, "cosine", 10)) >= 0.9
     index.save(tmp_path / "v7.kbi")
     assert struct.unpack_from("<I", (tmp_path / "v7.kbi").read_bytes(), 8)[0] == 7
     again = kbcore.Index.load(tmp_path / "v7.kbi")
-    assert again._native._codes_in_place
+    assert again._native._codes_in_place and again._native._links_in_place
     for a, b in zip(again.search(queries, 10, ef=64), (got_ids, got_dist)):
         np.testing.assert_array_equal(a, b)
