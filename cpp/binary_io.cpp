@@ -183,7 +183,7 @@ std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t thread
 }
 
 BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version, PayloadChecksum sum)
-    : path_(path), sum_kind_(sum) {
+    : path_(path), sum_kind_(sum), version_(version) {
   std::random_device rd;
   tmp_path_ = path + ".tmp-" + std::to_string(rd()) + std::to_string(rd());
   file_ = open_file(tmp_path_, "wb");

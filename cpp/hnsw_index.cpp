@@ -531,7 +531,7 @@ const char* HnswIndex::check_graph(const VectorStore& store, std::size_t m, std:
   return nullptr;
 }
 
-void HnswIndex::save(BinaryWriter& w, bool align_links) const {
+void HnswIndex::save(BinaryWriter& w) const {
   // What load() would refuse is never written: the caller's previous file stays in place.
   if (const char* why =
           check_graph(store_, params_.M, m0_, levels_, links0_.data(), upper_, pending_, entry_, max_level_)) {
@@ -544,7 +544,7 @@ void HnswIndex::save(BinaryWriter& w, bool align_links) const {
   w.u32(static_cast<std::uint32_t>(max_level_ + 1));
   w.u64(levels_.size());
   w.array(levels_.data(), levels_.size());
-  if (align_links) w.pad_to(kLinksAlign);
+  if (w.version() >= Index::kFormatVersionAligned) w.pad_to(kLinksAlign);
   w.array(links0_.data(), links0_.size());
   for (std::size_t s = 0; s < levels_.size(); ++s) {
     if (levels_[s] > 0) w.array(upper_[s].get(), upper_words(static_cast<Slot>(s)));

@@ -112,8 +112,8 @@ class HnswIndex {
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
-  /// Writes the graph; `align_links`: the level-0 lists at a 64-byte file offset (version 7).
-  void save(BinaryWriter& w, bool align_links) const;
+  /// Writes the graph (from format version 7 on, the level-0 lists at a 64-byte file offset).
+  void save(BinaryWriter& w) const;
   /// Replaces the graph with a persisted one; validates every link against slot_count. From a
   /// mapped file of format version 7 the level-0 lists are read in place (not copied).
   void load(BinaryReader& r);

@@ -127,7 +127,7 @@ void Index::save(const std::string& path) const {
   w.array(store_.live_flags().data(), slots);
   if (tagged) w.pad_to(kRowAlign);
   w.array(store_.data(), slots * config_.dim);
-  if (graph_) graph_->save(w, tagged);
+  if (graph_) graph_->save(w);
   meta_.save(w, store_);
   text_.save(w);
   if (tagged) std::visit([&](const auto& c) { c.save(w); }, *codes_);  // the codes, last

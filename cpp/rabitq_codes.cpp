@@ -596,8 +596,8 @@ void RabitqCodes::save(BinaryWriter& w) const {
   w.u64(slots_);
   // Rows as raw bytes: the float constants inside are in native byte order (little-endian on
   // every platform the kernels build for), aligned so that load reads them in place (format
-  // version 7).
-  w.pad_to(kRowsAlign);
+  // version 7 on).
+  if (w.version() >= Index::kFormatVersionAligned) w.pad_to(kRowsAlign);
   w.array(rows_.data(), slots_ * stride_);
 }
 

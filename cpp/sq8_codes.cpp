@@ -239,7 +239,8 @@ void Sq8Codes::save(BinaryWriter& w) const {
     w.array(scale_.data(), dim_);
   }
   w.u64(slots_);
-  w.pad_to(kSq8Align);  // so that load reads the codes in place, aligned (format version 7)
+  // Aligned from version 7 on, so that load reads the codes in place.
+  if (w.version() >= Index::kFormatVersionAligned) w.pad_to(kSq8Align);
   w.array(codes_.data(), slots_ * stride_);
 }
 

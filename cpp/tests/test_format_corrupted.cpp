@@ -86,6 +86,12 @@ std::vector<FieldAt> parse(const std::string& b) {
     pos += size;
     return v;
   };
+  // Version 7's zero bytes up to a 64-byte file offset (the first of them a field).
+  const auto align = [&](const std::string& name) {
+    const std::size_t to = (pos + 63) / 64 * 64;
+    if (to > pos) take(name, 1);
+    pos = to;
+  };
   const auto dim = take("dim", 8);
   take("metric", 1);
   const auto kind = take("kind", 1);
@@ -120,6 +126,7 @@ std::vector<FieldAt> parse(const std::string& b) {
     take("graph.slots", 8);
     std::vector<std::uint64_t> levels;
     for (std::uint64_t s = 0; s < n; ++s) levels.push_back(take("graph.level", 1));
+    if (version >= kbcore::Index::kFormatVersionAligned) align("graph.links0.align");
     for (std::uint64_t s = 0; s < n; ++s) {
       take("graph.links0.count", 4);
       for (std::uint64_t j = 0; j < 2 * m; ++j) take("graph.links0.target", 4);
@@ -184,6 +191,7 @@ std::vector<FieldAt> parse(const std::string& b) {
       for (std::uint64_t d = 0; d < qdim; ++d) take("sq8.scale", 4, true);
     }
     const auto codes = take("sq8.slots", 8);
+    if (version >= kbcore::Index::kFormatVersionAligned) align("sq8.codes.align");
     for (std::uint64_t s = 0; s < codes; ++s) {
       const std::size_t row = pos;
       take("sq8.code.byte0", 1);
