@@ -65,7 +65,7 @@ def test_the_block_checksum_changes_with_any_byte_and_with_the_length():
 
 
 def _offsets(raw: bytes) -> dict[str, int]:
-    """A byte of each block and each section of a version 6 file of _saved's index."""
+    """A byte of each block and each section of a block-checksummed file of _saved's index."""
     ids_at = raw.find(np.arange(N, dtype=np.int64).tobytes())
     assert ids_at > HEADER
     rows_at = -(-(ids_at + 9 * N) // 64) * 64  # after the ids and live flags, at a 64-byte offset
@@ -87,7 +87,7 @@ def _offsets(raw: bytes) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("vectors", ["memory", "disk"])
-def test_a_byte_flipped_anywhere_in_a_version_6_file_is_refused_naming_the_file(tmp_path, vectors):
+def test_a_byte_flipped_anywhere_in_a_block_checksummed_file_is_refused_naming_the_file(tmp_path, vectors):
     _, path, _ = _saved(tmp_path, vectors)
     raw = path.read_bytes()
     crafted = tmp_path / "flipped.kbi"
