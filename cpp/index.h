@@ -194,14 +194,14 @@ class Index {
   /// name, the re-rank depth), the float32 rows aligned to a 64-byte file offset (load maps
   /// them in place), and the codes last. A new code type needs no new version (docs/index.md).
   static constexpr std::uint32_t kFormatVersionTagged = 5;
-  /// Version 5's layout with a
-  /// block_checksum (binary_io.h) instead of checksum64, so that load verifies the payload on
-  /// every core at memory speed. Versions 5 and earlier load with their checksum64.
+  /// Version 5's layout with a block_checksum (binary_io.h) instead of checksum64, so that load
+  /// verifies the payload on every core at memory speed. Versions 5 and earlier load with their
+  /// checksum64.
   static constexpr std::uint32_t kFormatVersionBlocks = 6;
-  /// Version of files of a quantized index written now: version 6 with the code rows aligned
-  /// to a 64-byte file offset, so that load reads them in place from the mapped file (the first
-  /// write copies them to the heap) instead of copying them. Version 6 loads with its codes
-  /// copied.
+  /// Version of files of a quantized index written now: version 6 with the graph's level-0
+  /// link lists and the code rows each aligned to a 64-byte file offset, so that load reads them
+  /// in place from the mapped file (the first write copies them to the heap) instead of copying
+  /// them. Version 6 loads with both copied.
   static constexpr std::uint32_t kFormatVersionAligned = 7;
 
   /// Debug statistics of unfiltered graph search: for each query, the work of the walk that
