@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <system_error>
 
@@ -182,7 +183,7 @@ std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t thread
 }
 
 BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version, PayloadChecksum sum)
-    : path_(path), sum_kind_(sum) {
+    : path_(path), sum_kind_(sum), version_(version) {
   std::random_device rd;
   tmp_path_ = path + ".tmp-" + std::to_string(rd()) + std::to_string(rd());
   file_ = open_file(tmp_path_, "wb");
@@ -364,22 +365,28 @@ void FileBytes::release_resident() const {
 #endif
 }
 
-void FileBytes::release_resident_except(const void* keep, std::size_t keep_bytes) const {
+void FileBytes::release_resident_except(std::vector<std::pair<const void*, std::size_t>> keep) const {
 #if !defined(_WIN32)
   if (!mapped_) return;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const auto base = reinterpret_cast<std::uintptr_t>(data_);
-  const auto k = reinterpret_cast<std::uintptr_t>(keep);
-  // The kept range rounded inward to whole pages (the mapping itself starts page-aligned).
-  const std::size_t begin = std::min<std::size_t>(size_, (k - base + page - 1) / page * page);
-  const std::size_t end =
-      std::max<std::size_t>(begin, std::min<std::size_t>(size_, (k - base + keep_bytes) / page * page));
+  std::sort(keep.begin(), keep.end(),
+            [](const auto& x, const auto& y) { return std::less<const void*>()(x.first, y.first); });
   auto* p = const_cast<unsigned char*>(data_);
-  if (begin > 0) ::madvise(p, begin, MADV_DONTNEED);
-  if (end < size_) ::madvise(p + end, size_ - end, MADV_DONTNEED);
+  std::size_t from = 0;  // the first byte not yet released or kept
+  for (const auto& [start, bytes] : keep) {
+    if (bytes == 0) continue;
+    const auto k = reinterpret_cast<std::uintptr_t>(start);
+    // The kept range rounded inward to whole pages (the mapping itself starts page-aligned).
+    const std::size_t begin = std::min<std::size_t>(size_, (k - base + page - 1) / page * page);
+    const std::size_t end =
+        std::max<std::size_t>(begin, std::min<std::size_t>(size_, (k - base + bytes) / page * page));
+    if (begin > from) ::madvise(p + from, begin - from, MADV_DONTNEED);
+    from = std::max(from, end);
+  }
+  if (from < size_) ::madvise(p + from, size_ - from, MADV_DONTNEED);
 #else
   (void)keep;
-  (void)keep_bytes;
 #endif
 }
 

@@ -13,6 +13,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kbcore {
@@ -64,6 +65,8 @@ class BinaryWriter {
   void pad_to(std::size_t align);
   /// Finishes the file and moves it into place. Throws IoError on failure.
   void commit();
+  /// The format version the file is written in (sections whose layout depends on it read it).
+  std::uint32_t version() const { return version_; }
 
  private:
   void raw_le(const void* data, std::size_t n, std::size_t elem);
@@ -75,6 +78,7 @@ class BinaryWriter {
   std::vector<unsigned char> buffer_;  // flushed when it holds buffer_cap_ bytes
   std::size_t buffer_cap_ = std::size_t{1} << 20;
   PayloadChecksum sum_kind_ = PayloadChecksum::kWords;
+  std::uint32_t version_ = 0;
   std::uint64_t hash_state_ = 0;       // kWords: the running checksum64 state
   std::vector<std::uint64_t> blocks_;  // kBlocks: the hashes of the blocks flushed so far
   bool committed_ = false;
@@ -96,8 +100,9 @@ class FileBytes {
   bool mapped() const { return mapped_; }
   /// Drops the mapping's pages from the resident set (they fault back in from the file).
   void release_resident() const;
-  /// The same except the whole pages inside [keep, keep + keep_bytes) (bytes of this file).
-  void release_resident_except(const void* keep, std::size_t keep_bytes) const;
+  /// The same except the whole pages inside each kept range [start, start + bytes) (bytes of
+  /// this file; ranges in any order, empty ones ignored).
+  void release_resident_except(std::vector<std::pair<const void*, std::size_t>> keep) const;
 
  private:
   const unsigned char* data_ = nullptr;

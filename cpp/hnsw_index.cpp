@@ -2,13 +2,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "binary_io.h"
 #include "errors.h"
+#include "index.h"
 #include "parallel.h"
 
 namespace kbcore {
+namespace {
+
+bool host_little_endian() {
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return false;
+#else
+  return true;
+#endif
+}
+
+}  // namespace
 
 HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
     : store_(store),
@@ -28,6 +42,9 @@ HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
 }
 
 void HnswIndex::grow() {
+  // Every mutator passes here (or remove_batch) first: level-0 lists read in place are copied
+  // to the heap now, on this thread, before any worker writes one.
+  (void)links0_.mutable_data();
   const std::size_t n = store_.slot_count();
   if (levels_.size() >= n) return;
   links0_.resize(n * (1 + m0_), 0);
@@ -40,7 +57,7 @@ void HnswIndex::grow() {
 void HnswIndex::reset_slot(Slot s, int level) {
   levels_[s] = static_cast<std::uint8_t>(level);
   upper_[s] = level > 0 ? std::make_unique<std::uint32_t[]>(upper_words(s)) : nullptr;  // zeroed
-  links0_[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
+  links0_.mutable_data()[static_cast<std::size_t>(s) * (1 + m0_)] = 0;
   core0_[s] = 0;
 }
 
@@ -326,6 +343,7 @@ void HnswIndex::pick_new_entry(const std::vector<std::uint8_t>& dead) {
 
 void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads) {
   if (slots.empty()) return;
+  (void)links0_.mutable_data();  // lists read in place copied before the workers (as grow)
   const std::size_t n = levels_.size();
   std::vector<std::uint8_t> dead(n, 0);
   bool pending_removed = false;
@@ -426,8 +444,8 @@ double HnswIndex::local_selectivity_at(Slot ep, const Bitmap& allowed) const {
 }
 
 std::size_t HnswIndex::memory_bytes() const {
-  std::size_t bytes = links0_.capacity() * sizeof(std::uint32_t) + core0_.capacity() * sizeof(std::uint16_t) +
-                      levels_.capacity() + upper_.capacity() * sizeof(upper_[0]);
+  std::size_t bytes = links0_.heap_bytes() + core0_.capacity() * sizeof(std::uint16_t) + levels_.capacity() +
+                      upper_.capacity() * sizeof(upper_[0]);
   for (std::size_t s = 0; s < levels_.size(); ++s) bytes += upper_words(static_cast<Slot>(s)) * sizeof(std::uint32_t);
   return bytes;
 }
@@ -526,6 +544,7 @@ void HnswIndex::save(BinaryWriter& w) const {
   w.u32(static_cast<std::uint32_t>(max_level_ + 1));
   w.u64(levels_.size());
   w.array(levels_.data(), levels_.size());
+  if (w.version() >= Index::kFormatVersionAligned) w.pad_to(kLinksAlign);
   w.array(links0_.data(), links0_.size());
   for (std::size_t s = 0; s < levels_.size(); ++s) {
     if (levels_[s] > 0) w.array(upper_[s].get(), upper_words(static_cast<Slot>(s)));
@@ -547,13 +566,27 @@ void HnswIndex::load(BinaryReader& r) {
   if (slots != n) r.fail("graph covers " + std::to_string(slots) + " slots, store has " + std::to_string(n));
   std::vector<std::uint8_t> levels;
   r.array(levels, n);
-  AlignedVector<std::uint32_t> links0;  // huge-page backed when large (aligned.h)
-  r.array(links0, n * (1 + m0_));
+  // Version 7 aligns the level-0 lists to a 64-byte file offset: from a mapped file (on a
+  // little-endian host) they are read in place, checked below like a copy, and the first write
+  // copies them to the heap: a reopen neither copies them nor has the kernel zero a copy's pages.
+  if (r.version() >= Index::kFormatVersionAligned) r.skip_padding(kLinksAlign);
+  const std::size_t words = n * (1 + m0_);
+  r.require(words, sizeof(std::uint32_t));
+  MappedArray<std::uint32_t> links0;
+  if (r.bytes()->mapped() && host_little_endian() && reinterpret_cast<std::uintptr_t>(r.here()) % kLinksAlign == 0) {
+    links0.use_mapped(r.bytes(), reinterpret_cast<const std::uint32_t*>(r.here()), words);
+    r.skip(words, sizeof(std::uint32_t));
+  } else {
+    AlignedVector<std::uint32_t> copy;  // huge-page backed when large (aligned.h)
+    r.array(copy, words);
+    links0.resize(words);
+    if (words != 0) std::memcpy(links0.mutable_data(), copy.data(), words * sizeof(std::uint32_t));
+  }
   std::vector<std::unique_ptr<std::uint32_t[]>> upper(n);
   for (std::size_t s = 0; s < n; ++s) {
     if (levels[s] > kMaxLevel) r.fail("node level out of range");
     if (!store_.is_live(static_cast<Slot>(s))) {
-      if (levels[s] != 0 || links0[s * (1 + m0_)] != 0) r.fail("free slot has links");
+      if (levels[s] != 0 || links0.data()[s * (1 + m0_)] != 0) r.fail("free slot has links");
       continue;
     }
     if (levels[s] > 0) {
@@ -579,7 +612,7 @@ void HnswIndex::load(BinaryReader& r) {
   links0_ = std::move(links0);
   // Persisted lists do not record which links are fill links: all count as core links.
   core0_.assign(n, 0);
-  for (std::size_t s = 0; s < n; ++s) core0_[s] = static_cast<std::uint16_t>(links0_[s * (1 + m0_)]);
+  for (std::size_t s = 0; s < n; ++s) core0_[s] = static_cast<std::uint16_t>(links0_.data()[s * (1 + m0_)]);
   upper_ = std::move(upper);
   entry_ = entry;
   max_level_ = max_level;

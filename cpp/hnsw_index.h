@@ -11,11 +11,13 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "aligned.h"
 #include "bitmap.h"
 #include "distance.h"
+#include "mapped_array.h"
 #include "prefetch.h"
 #include "row_scorer.h"
 #include "search_scratch.h"
@@ -110,9 +112,17 @@ class HnswIndex {
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
+  /// Writes the graph (from format version 7 on, the level-0 lists at a 64-byte file offset).
   void save(BinaryWriter& w) const;
-  /// Replaces the graph with a persisted one; validates every link against slot_count.
+  /// Replaces the graph with a persisted one; validates every link against slot_count. From a
+  /// mapped file of format version 7 the level-0 lists are read in place (not copied).
   void load(BinaryReader& r);
+  /// True while the level-0 lists are read in place from the mapped file (before a write).
+  bool links_in_place() const { return links0_.in_place(); }
+  /// The level-0 lists' bytes (diagnostics; the range a load keeps resident).
+  std::pair<const void*, std::size_t> level0_bytes() const {
+    return {links0_.data(), links0_.size() * sizeof(std::uint32_t)};
+  }
 
  private:
   friend class GraphSearch;     // the search walk (graph_search.h)
@@ -120,13 +130,16 @@ class HnswIndex {
   using Lock = std::mutex;
   static constexpr std::size_t kLockStripes = 4096;
   static constexpr int kMaxLevel = 32;
+  static constexpr std::size_t kLinksAlign = 64;  // file offset of the level-0 lists (version 7)
 
+  // Mutable lists: level-0 lists read in place are copied to the heap first (every public
+  // mutator does that on its calling thread before any worker runs, so here it is a test).
   std::uint32_t* links(Slot s, int level) {
-    return level == 0 ? &links0_[static_cast<std::size_t>(s) * (1 + m0_)]
+    return level == 0 ? links0_.mutable_data() + static_cast<std::size_t>(s) * (1 + m0_)
                       : &upper_[s][static_cast<std::size_t>(level - 1) * (1 + params_.M)];
   }
   const std::uint32_t* links(Slot s, int level) const {
-    return level == 0 ? &links0_[static_cast<std::size_t>(s) * (1 + m0_)]
+    return level == 0 ? links0_.data() + static_cast<std::size_t>(s) * (1 + m0_)
                       : &upper_[s][static_cast<std::size_t>(level - 1) * (1 + params_.M)];
   }
   std::size_t capacity(int level) const { return level == 0 ? m0_ : params_.M; }
@@ -215,9 +228,11 @@ class HnswIndex {
   HnswParams params_;
   std::size_t m0_;
   double level_mult_;
-  AlignedVector<std::uint32_t> links0_;  // slot_count * (1 + m0_): [count, ids...]; huge pages
-  std::vector<std::uint16_t> core0_;     // per slot: leading level-0 links that are not fill
-  std::vector<std::uint8_t> levels_;     // top level per slot
+  // slot_count * (1 + m0_): [count, ids...]; huge pages, or read in place from the mapped file
+  // of a format version 7 load (mapped_array.h) until the first write.
+  MappedArray<std::uint32_t> links0_;
+  std::vector<std::uint16_t> core0_;  // per slot: leading level-0 links that are not fill
+  std::vector<std::uint8_t> levels_;  // top level per slot
   // Per slot: levels_[s] lists of [count, ids...] (1 + M each), null at level 0 (most slots):
   // 8 B per slot where a std::vector would take 24.
   std::vector<std::unique_ptr<std::uint32_t[]>> upper_;

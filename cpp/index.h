@@ -163,6 +163,11 @@ class Index {
   std::vector<std::int64_t> ids() const;
   /// Approximate bytes held by vectors, ids and graph.
   std::size_t memory_bytes() const;
+  /// True while the codes of a quantized index are read in place from the mapped file it was
+  /// loaded from (format version 7; the first write copies them to the heap). Diagnostics.
+  bool codes_in_place() const;
+  /// True while the graph's level-0 link lists are read in place the same way. Diagnostics.
+  bool links_in_place() const;
   /// True once a quantized index has trained its codes (always false for kNone).
   bool quantizer_trained() const;
   /// Trains the quantizer again from the live rows and re-encodes every row (after the data
@@ -189,10 +194,15 @@ class Index {
   /// name, the re-rank depth), the float32 rows aligned to a 64-byte file offset (load maps
   /// them in place), and the codes last. A new code type needs no new version (docs/index.md).
   static constexpr std::uint32_t kFormatVersionTagged = 5;
-  /// Version of files of a quantized index written now: version 5's layout with a
-  /// block_checksum (binary_io.h) instead of checksum64, so that load verifies the payload on
-  /// every core at memory speed. Versions 5 and earlier load with their checksum64.
+  /// Version 5's layout with a block_checksum (binary_io.h) instead of checksum64, so that load
+  /// verifies the payload on every core at memory speed. Versions 5 and earlier load with their
+  /// checksum64.
   static constexpr std::uint32_t kFormatVersionBlocks = 6;
+  /// Version of files of a quantized index written now: version 6 with the graph's level-0
+  /// link lists and the code rows each aligned to a 64-byte file offset, so that load reads them
+  /// in place from the mapped file (the first write copies them to the heap) instead of copying
+  /// them. Version 6 loads with both copied.
+  static constexpr std::uint32_t kFormatVersionAligned = 7;
 
   /// Debug statistics of unfiltered graph search: for each query, the work of the walk that
   /// search() with these k and ef (0 = the default) runs (graph rows only; rows whose graph

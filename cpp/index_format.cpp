@@ -96,10 +96,10 @@ bool host_little_endian() {
 
 void Index::save(const std::string& path) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  // A quantized index writes version 6 (its code type tagged by name, the payload block-
-  // checksummed); an index without quantization the bytes earlier releases wrote (version 1).
+  // A quantized index writes version 7 (its code type tagged by name, the payload block-
+  // checksummed, the codes aligned); an index without quantization the bytes earlier releases wrote (version 1).
   const bool tagged = quantized();
-  BinaryWriter w(path, kMagic, tagged ? kFormatVersionBlocks : kFormatVersion,
+  BinaryWriter w(path, kMagic, tagged ? kFormatVersionAligned : kFormatVersion,
                  tagged ? PayloadChecksum::kBlocks : PayloadChecksum::kWords);
   w.u64(config_.dim);
   w.u8(static_cast<std::uint8_t>(config_.metric));
@@ -139,19 +139,32 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   // The payload checksum is computed on a second thread while the sections below are parsed
   // and checked (every read bounds-checked, as for any untrusted bytes): the index is returned,
   // and any error other than the checksum's reported, only once the checksum matches.
-  BinaryReader r(path, kMagic, kFormatVersionBlocks, BinaryReader::Checksum::kAlongside, kFormatVersionBlocks);
+  BinaryReader r(path, kMagic, kFormatVersionAligned, BinaryReader::Checksum::kAlongside, kFormatVersionBlocks);
   try {
     std::unique_ptr<Index> index = load_sections(r, vectors);
     r.verify();
     // The checks read every page of the file; a file mapping's pages are not anonymous memory,
     // but they need not stay resident either, whether the mapping lives on (rows on disk used in
     // place, a BM25 section not built yet) or not; rows in memory used in place stay.
+    // Codes and level-0 lists read in place stay too (a search reads them on every hop).
     if (r.bytes()->mapped()) {
       const VectorStore& store = index->store_;
+      std::vector<std::pair<const void*, std::size_t>> keep;
       if (store.rows_in_place() && !store.rows_on_disk()) {
-        r.bytes()->release_resident_except(store.data(), store.slot_count() * store.dim() * sizeof(float));
-      } else {
+        keep.emplace_back(store.data(), store.slot_count() * store.dim() * sizeof(float));
+      }
+      if (index->graph_ && index->graph_->links_in_place()) keep.push_back(index->graph_->level0_bytes());
+      if (index->codes_) {
+        std::visit(
+            [&](const auto& c) {
+              if (c.codes_in_place()) keep.emplace_back(c.code(0), c.slot_count() * c.stride());
+            },
+            *index->codes_);
+      }
+      if (keep.empty()) {
         r.bytes()->release_resident();
+      } else {
+        r.bytes()->release_resident_except(std::move(keep));
       }
     }
     return index;
@@ -159,6 +172,16 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
     r.verify();
     throw;
   }
+}
+
+bool Index::codes_in_place() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return codes_ && std::visit([](const auto& c) { return c.codes_in_place(); }, *codes_);
+}
+
+bool Index::links_in_place() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return graph_ && graph_->links_in_place();
 }
 
 std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool> vectors) {

@@ -15,6 +15,7 @@
 
 #include "binary_io.h"
 #include "errors.h"
+#include "index.h"
 
 namespace kbcore {
 namespace {
@@ -375,7 +376,7 @@ void RabitqCodes::encode(std::uint32_t s, const float* x) {
   for (std::size_t d = 0; d < padded_; ++d) n2 += static_cast<double>(r[d]) * r[d];
   if (!std::isfinite(n2)) throw InvalidArgument("rabitq: the encoded vector contains NaN or infinity");
 
-  std::uint8_t* row = rows_.data() + static_cast<std::size_t>(s) * stride_;
+  std::uint8_t* row = rows_.mutable_data() + static_cast<std::size_t>(s) * stride_;
   std::memset(row, 0, stride_);
   const unsigned container = rabitq_container_bits(bits_);
   const int half = 1 << (bits_ - 1);
@@ -582,7 +583,7 @@ float RabitqCodes::error_bound(const RabitqQuery& q, std::uint32_t s) const {
 }
 
 std::size_t RabitqCodes::memory_bytes() const {
-  return rows_.capacity() + (centroid_.capacity() + signs_.capacity()) * sizeof(float);
+  return rows_.heap_bytes() + (centroid_.capacity() + signs_.capacity()) * sizeof(float);
 }
 
 void RabitqCodes::save(BinaryWriter& w) const {
@@ -594,7 +595,9 @@ void RabitqCodes::save(BinaryWriter& w) const {
   if (trained_) w.array(centroid_.data(), dim_);
   w.u64(slots_);
   // Rows as raw bytes: the float constants inside are in native byte order (little-endian on
-  // every platform the kernels build for).
+  // every platform the kernels build for), aligned so that load reads them in place (format
+  // version 7 on).
+  if (w.version() >= Index::kFormatVersionAligned) w.pad_to(kRowsAlign);
   w.array(rows_.data(), slots_ * stride_);
 }
 
@@ -624,8 +627,18 @@ void RabitqCodes::load(BinaryReader& r) {
   const std::uint64_t slots = r.u64();
   if (slots > r.remaining() / stride_) r.fail("rabitq section: row count exceeds the file");
   if (!trained_flag && slots != 0) r.fail("rabitq section: rows stored for an untrained quantizer");
-  fresh.resize(slots);
-  r.array_into(fresh.rows_.data(), slots * stride_);
+  // Version 7 aligns the rows to a 64-byte file offset: from a mapped file they are read in
+  // place (checked below, not copied); the first write copies them to the heap.
+  if (r.version() >= Index::kFormatVersionAligned) r.skip_padding(kRowsAlign);
+  r.require(slots * stride_, 1);
+  if (r.bytes()->mapped() && reinterpret_cast<std::uintptr_t>(r.here()) % kRowsAlign == 0) {
+    fresh.rows_.use_mapped(r.bytes(), r.here(), slots * stride_);
+    fresh.slots_ = slots;
+    r.skip(slots * stride_, 1);
+  } else {
+    fresh.resize(slots);
+    r.array_into(fresh.rows_.mutable_data(), slots * stride_);
+  }
   const unsigned container = rabitq_container_bits(bits_);
   // Every dimension of the padded code carries data (the rotation mixes the zero padding of x
   // in), so the check per code value is only that it uses no more than its bits.

@@ -34,6 +34,7 @@
 #include "aligned.h"
 #include "code_traits.h"
 #include "distance.h"
+#include "mapped_array.h"
 
 namespace kbcore {
 
@@ -109,6 +110,9 @@ struct RabitqQuery {
 /// The quantizer (centroid, rotation) and the code rows of every slot.
 class RabitqCodes {
  public:
+  /// File offset alignment of the saved rows (format version 7), so that load reads them in
+  /// place at the alignment the heap gives them.
+  static constexpr std::size_t kRowsAlign = 64;
   /// bits in [kRabitqMinBits, kRabitqMaxBits]; the rotation is drawn from `seed`. Throws
   /// InvalidArgument for dim 0 or bits out of range.
   RabitqCodes(std::size_t dim, Metric metric, unsigned bits, std::uint64_t seed);
@@ -134,6 +138,9 @@ class RabitqCodes {
   void encode(std::uint32_t s, const float* x);
   /// The row of slot s (stride bytes, 64-byte aligned).
   const std::uint8_t* code(std::uint32_t s) const { return rows_.data() + static_cast<std::size_t>(s) * stride_; }
+  /// True while the rows are read in place from the mapped index file (load of a format
+  /// version 7 file; the first write copies them to the heap).
+  bool codes_in_place() const { return rows_.in_place(); }
   /// The approximate vector a row stands for, c + P^T (F_x y) (tests, diagnostics).
   void decode(std::uint32_t s, float* out) const;
 
@@ -171,7 +178,7 @@ class RabitqCodes {
   // 1 / sqrt(block) inside the round's Walsh-Hadamard block (the transform's normalisation).
   std::vector<float> signs_;
   std::size_t slots_ = 0;
-  AlignedVector<std::uint8_t> rows_;  // slots_ * stride_
+  MappedArray<std::uint8_t> rows_;  // slots_ * stride_, 64-byte aligned
 
   void rotate(float* v) const;          // v <- P v (padded_ floats, in place)
   void rotate_inverse(float* v) const;  // v <- P^T v

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -12,6 +13,7 @@
 
 #include "binary_io.h"
 #include "errors.h"
+#include "index.h"
 #include "parallel.h"
 
 namespace kbcore {
@@ -111,7 +113,7 @@ float Sq8Codes::encode_to(const float* x, std::uint8_t* out) const {
 
 void Sq8Codes::encode(std::uint32_t s, const float* x) {
   if (s >= slots_) throw InvalidArgument("sq8: slot out of range");
-  const float t = encode_to(x, codes_.data() + static_cast<std::size_t>(s) * stride_);
+  const float t = encode_to(x, codes_.mutable_data() + static_cast<std::size_t>(s) * stride_);
   if (metric_ == Metric::kL2) terms_[s] = t;
 }
 
@@ -225,7 +227,7 @@ void Sq8Codes::prepare(const float* q, Sq8Query& out) const {
 }
 
 std::size_t Sq8Codes::memory_bytes() const {
-  return codes_.capacity() + terms_.capacity() * sizeof(float) + 3 * dim_ * sizeof(float);
+  return codes_.heap_bytes() + terms_.capacity() * sizeof(float) + 3 * dim_ * sizeof(float);
 }
 
 void Sq8Codes::save(BinaryWriter& w) const {
@@ -237,6 +239,8 @@ void Sq8Codes::save(BinaryWriter& w) const {
     w.array(scale_.data(), dim_);
   }
   w.u64(slots_);
+  // Aligned from version 7 on, so that load reads the codes in place.
+  if (w.version() >= Index::kFormatVersionAligned) w.pad_to(kSq8Align);
   w.array(codes_.data(), slots_ * stride_);
 }
 
@@ -262,19 +266,34 @@ void Sq8Codes::load(BinaryReader& r) {
       r.fail(std::string("sq8 section: ") + e.what());
     }
   }
-  fresh.resize(slots);
+  // Version 7 aligns the codes to a 64-byte file offset: from a mapped file they are read in
+  // place (checked, not copied), so that a reopen neither copies them nor has the kernel zero
+  // the pages of a copy; the first write copies them to the heap (mapped_array.h).
+  if (r.version() >= Index::kFormatVersionAligned) r.skip_padding(kSq8Align);
   r.require(slots * stride_, 1);
   const unsigned char* src = r.here();
+  const bool in_place = r.bytes()->mapped() && reinterpret_cast<std::uintptr_t>(src) % kSq8Align == 0;
+  if (in_place) {
+    fresh.codes_.use_mapped(r.bytes(), src, slots * stride_);
+    if (metric_ == Metric::kL2) fresh.terms_.resize(slots, 0.0f);
+    fresh.slots_ = slots;
+  } else {
+    fresh.resize(slots);
+  }
   r.skip(slots * stride_, 1);
-  // Copied and checked a block of rows at a time (the checks read rows still in cache), on the
-  // hardware's threads once the codes pass 4 MiB; the first failure is rethrown here.
+  // Copied (unless read in place) and checked a block of rows at a time (the checks read rows
+  // still in cache), on the hardware's threads once the codes pass 4 MiB; the first failure is
+  // rethrown here.
   constexpr std::size_t kBlockRows = 1024;
   const std::size_t blocks = (slots + kBlockRows - 1) / kBlockRows;
   const std::size_t threads = slots * stride_ >= (std::size_t{4} << 20) ? 0 : 1;
+  std::uint8_t* dst = in_place ? nullptr : fresh.codes_.mutable_data();
   parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
     const std::size_t begin = b * kBlockRows;
     const std::size_t end = std::min<std::size_t>(slots, begin + kBlockRows);
-    if (end > begin) std::memcpy(fresh.codes_.data() + begin * stride_, src + begin * stride_, (end - begin) * stride_);
+    if (dst != nullptr && end > begin) {
+      std::memcpy(dst + begin * stride_, src + begin * stride_, (end - begin) * stride_);
+    }
     for (std::size_t s = begin; s < end; ++s) {
       const std::uint8_t* c = fresh.code(static_cast<std::uint32_t>(s));
       for (std::size_t d = dim_; d < stride_; ++d) {

@@ -22,6 +22,7 @@
 #include "aligned.h"
 #include "code_traits.h"
 #include "distance.h"
+#include "mapped_array.h"
 
 namespace kbcore {
 
@@ -113,6 +114,9 @@ class Sq8Codes {
   /// Encodes into caller memory (stride bytes) and returns the row's |scale * c|^2 term.
   float encode_to(const float* x, std::uint8_t* out) const;
   const std::uint8_t* code(std::uint32_t s) const { return codes_.data() + static_cast<std::size_t>(s) * stride_; }
+  /// True while the codes are read in place from the mapped index file (load of a format
+  /// version 7 file; the first write copies them to the heap).
+  bool codes_in_place() const { return codes_.in_place(); }
   /// Per-row constant (|scale * c|^2 for L2, 0 otherwise).
   float term(std::uint32_t s) const { return metric_ == Metric::kL2 ? terms_[s] : 0.0f; }
   /// Decodes slot s into dim floats (tests, diagnostics).
@@ -147,6 +151,7 @@ class Sq8Codes {
   /// Writes parameters and the codes of the first slot_count() slots.
   void save(BinaryWriter& w) const;
   /// Reads what save wrote; validates sizes, finiteness and that every padding byte is zero.
+  /// From a mapped file of format version 7 on, the codes are read in place (not copied).
   void load(BinaryReader& r);
 
  private:
@@ -155,8 +160,8 @@ class Sq8Codes {
   Metric metric_;
   std::vector<float> lo_, scale_, inv_scale_;
   std::size_t slots_ = 0;
-  AlignedVector<std::uint8_t> codes_;  // slots_ * stride_
-  std::vector<float> terms_;           // per slot, L2 only
+  MappedArray<std::uint8_t> codes_;  // slots_ * stride_, 64-byte aligned
+  std::vector<float> terms_;         // per slot, L2 only
 };
 
 /// Re-rank depth when none is configured: the candidate list up to max(2k, 16) rows. The codes'

@@ -535,6 +535,8 @@ void bind_index(py::module_& m) {
       .def("contains", &Index::contains, py::arg("id"))
       .def("size", &Index::size)
       .def("memory_bytes", &Index::memory_bytes)
+      .def_property_readonly("_codes_in_place", &Index::codes_in_place)
+      .def_property_readonly("_links_in_place", &Index::links_in_place)
       .def(
           "save",
           [](const Index& self, const std::string& path) {

@@ -88,12 +88,12 @@ def test_the_native_constructor_checks_parameters_against_the_registry():
 
 @pytest.mark.parametrize("vectors", ["memory", "disk"])
 @pytest.mark.parametrize(("quantization", "params"), CONFIGS, ids=[f"{q}{p.get('bits', '')}" for q, p in CONFIGS])
-def test_version_6_round_trips_each_code_type(tmp_path, quantization, params, vectors):
+def test_version_7_round_trips_each_code_type(tmp_path, quantization, params, vectors):
     index, queries = _built(quantization, params, vectors)
     path = tmp_path / "a.kbi"
     index.save(path)
     raw = path.read_bytes()
-    assert struct.unpack_from("<I", raw, 8)[0] == 6
+    assert struct.unpack_from("<I", raw, 8)[0] == 7
     bits = params.get("bits", 0)
     assert raw[TAG_AT:].startswith(_tag(quantization, params))  # the type and parameters by name
     back = kbcore.Index.load(path)
@@ -148,7 +148,7 @@ def test_a_tag_with_a_bad_parameter_is_refused_naming_it(tmp_path, params, messa
         kbcore.Index.load(path)
 
 
-def test_a_file_of_an_older_version_loads_and_saves_as_version_6(tmp_path):
+def test_a_file_of_an_older_version_loads_and_saves_as_version_7(tmp_path):
     for fixture, (quantization, bits) in {
         "sq8_v2_hnsw_cosine.kbi": ("sq8", None),
         "rabitq_v3_hnsw_l2.kbi": ("rabitq", 3),
@@ -156,7 +156,7 @@ def test_a_file_of_an_older_version_loads_and_saves_as_version_6(tmp_path):
         old = kbcore.Index.load(DATA_DIR / fixture)
         assert (old.quantization, old.bits) == (quantization, bits)
         old.save(tmp_path / fixture)
-        assert struct.unpack_from("<I", (tmp_path / fixture).read_bytes(), 8)[0] == 6
+        assert struct.unpack_from("<I", (tmp_path / fixture).read_bytes(), 8)[0] == 7
         new = kbcore.Index.load(tmp_path / fixture)
         assert (new.quantization, new.bits, len(new)) == (quantization, bits, len(old))
         queries = np.random.default_rng(3).standard_normal((6, old.dim)).astype(np.float32)
@@ -190,9 +190,9 @@ def test_the_committed_version_4_fixture_loads_on_disk_and_answers_at_exact_dist
     truth = np.argsort(1.0 - data @ queries.T, axis=0)[:10].T
     recall = np.mean([len(set(ids[t].tolist()) & set(g.tolist())) / 10 for t, g in zip(truth, got_ids)])
     assert recall >= 0.9
-    index.save(tmp_path / "v6.kbi")
-    assert struct.unpack_from("<I", (tmp_path / "v6.kbi").read_bytes(), 8)[0] == 6
-    again = kbcore.Index.load(tmp_path / "v6.kbi")
+    index.save(tmp_path / "v7.kbi")
+    assert struct.unpack_from("<I", (tmp_path / "v7.kbi").read_bytes(), 8)[0] == 7
+    again = kbcore.Index.load(tmp_path / "v7.kbi")
     assert (again.vectors, again.bits, again.rerank) == ("disk", gen.BITS, 30)
     for a, b in zip(again.search(queries, 10, ef=64), (got_ids, got_dist)):
         np.testing.assert_array_equal(a, b)

@@ -44,7 +44,7 @@ def test_memory_to_disk_to_reload_gives_bit_identical_answers(tmp_path, quantiza
     disk = kbcore.Index.load(tmp_path / "m.kbi", vectors="disk")  # override: a memory file onto disk
     assert disk.vectors == "disk"
     disk.save(tmp_path / "d.kbi")
-    assert (tmp_path / "d.kbi").read_bytes()[8] == 6  # format version 6 (as 5) records vectors="disk"
+    assert (tmp_path / "d.kbi").read_bytes()[8] == 7  # format version 7 (as 5) records vectors="disk"
     back = kbcore.Index.load(tmp_path / "d.kbi")  # as saved
     assert back.vectors == "disk"
     _same_answers(mem, back, queries)
@@ -74,7 +74,7 @@ def test_load_overrides_where_rows_live(tmp_path):
     _same_answers(ix, mem, queries)
     mem.save(tmp_path / "m.kbi")
     m, d = (tmp_path / "m.kbi").read_bytes(), (tmp_path / "d.kbi").read_bytes()
-    assert m[8] == d[8] == 6 and (m[74], d[74]) == (0, 1)  # version 6's vectors byte: memory, disk
+    assert m[8] == d[8] == 7 and (m[74], d[74]) == (0, 1)  # version 7's vectors byte: memory, disk
     assert kbcore.Index.load(tmp_path / "m.kbi").vectors == "memory"
     with pytest.raises(InvalidArgumentError, match="vectors"):
         kbcore.Index.load(tmp_path / "d.kbi", vectors="tape")
@@ -119,14 +119,14 @@ def test_a_corrupted_row_section_is_a_format_error_naming_the_file(tmp_path):
 
 
 def test_a_newer_version_is_refused_by_its_number(tmp_path):
-    # Older builds read versions 1..5 and refuse version 6 the same way ("has format version
-    # 6, this kbcore reads versions 1..5; upgrade kbcore to load it").
+    # Older builds read versions 1..6 and refuse version 7 the same way ("has format version
+    # 7, this kbcore reads versions 1..6; upgrade kbcore to load it").
     path, _ = _disk_file(tmp_path)
-    assert int.from_bytes(path.read_bytes()[8:12], "little") == 6
+    assert int.from_bytes(path.read_bytes()[8:12], "little") == 7
     raw = bytearray(path.read_bytes())
-    raw[8:12] = (7).to_bytes(4, "little")
+    raw[8:12] = (8).to_bytes(4, "little")
     path.write_bytes(bytes(raw))
-    with pytest.raises(FormatError, match="format version 7.*upgrade kbcore"):
+    with pytest.raises(FormatError, match="format version 8.*upgrade kbcore"):
         kbcore.Index.load(path)
 
 
@@ -182,7 +182,7 @@ def test_a_knowledge_base_created_with_disk_rows_reopens_with_them(tmp_path, qua
     manifest = json.loads((tmp_path / "kb" / "manifest.json").read_text())
     assert manifest["config"]["vectors"] == "disk"
     kbi = tmp_path / "kb" / manifest["index"]["path"]
-    assert kbi.read_bytes()[8] == 6
+    assert kbi.read_bytes()[8] == 7
     kb = Engine(tmp_path)["kb"]
     assert kb.vectors == "disk" and kb.index.vectors == "disk"
     assert [[h.id for h in kb.retrieve(q, 5)] for q in queries] == want

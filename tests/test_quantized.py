@@ -36,7 +36,7 @@ QUANTS = {
     "rabitq8": dict(quantization="rabitq", bits=8),
 }
 #: The file format version each writes (6: the code type tagged by name, a block checksum; 2, 3 and 5 are read only).
-FORMAT = {"sq8": 6, "rabitq": 6}
+FORMAT = {"sq8": 7, "rabitq": 7}
 #: How far below float32 the recall@10 of 1- and 2-bit RaBitQ codes may fall at each ef on this
 #: data (48 dimensions, where so few bits are coarse). Measured, worst metric: 1 bit 0.24 / 0.24 /
 #: 0.09 / 0.01 at ef 10 / 16 / 32 / 64, 2 bits 0.06 / 0.06 / 0.003 / 0; at 256 dimensions 1 bit

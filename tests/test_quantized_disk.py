@@ -35,9 +35,9 @@ def test_disk_rows_give_the_in_memory_answers_through_changes_and_reloading(tmp_
     path = tmp_path / "d.kbi"
     disk.save(path)
     mem.save(tmp_path / "m.kbi")
-    # Where rows live is persisted (format version 6's vectors byte, as 5's); converted to memory,
+    # Where rows live is persisted (format version 7's vectors byte, as 5's); converted to memory,
     # the file is the in-memory index's byte for byte.
-    assert path.read_bytes()[8] == 6 and (tmp_path / "m.kbi").read_bytes()[8] == 6
+    assert path.read_bytes()[8] == 7 and (tmp_path / "m.kbi").read_bytes()[8] == 7
     kbcore.Index.load(path, vectors="memory").save(tmp_path / "c.kbi")
     assert (tmp_path / "c.kbi").read_bytes() == (tmp_path / "m.kbi").read_bytes()
     back = kbcore.Index.load(path)

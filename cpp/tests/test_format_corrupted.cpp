@@ -86,6 +86,12 @@ std::vector<FieldAt> parse(const std::string& b) {
     pos += size;
     return v;
   };
+  // Version 7's zero bytes up to a 64-byte file offset (the first of them a field).
+  const auto align = [&](const std::string& name) {
+    const std::size_t to = (pos + 63) / 64 * 64;
+    if (to > pos) take(name, 1);
+    pos = to;
+  };
   const auto dim = take("dim", 8);
   take("metric", 1);
   const auto kind = take("kind", 1);
@@ -120,6 +126,7 @@ std::vector<FieldAt> parse(const std::string& b) {
     take("graph.slots", 8);
     std::vector<std::uint64_t> levels;
     for (std::uint64_t s = 0; s < n; ++s) levels.push_back(take("graph.level", 1));
+    if (version >= kbcore::Index::kFormatVersionAligned) align("graph.links0.align");
     for (std::uint64_t s = 0; s < n; ++s) {
       take("graph.links0.count", 4);
       for (std::uint64_t j = 0; j < 2 * m; ++j) take("graph.links0.target", 4);
@@ -184,6 +191,7 @@ std::vector<FieldAt> parse(const std::string& b) {
       for (std::uint64_t d = 0; d < qdim; ++d) take("sq8.scale", 4, true);
     }
     const auto codes = take("sq8.slots", 8);
+    if (version >= kbcore::Index::kFormatVersionAligned) align("sq8.codes.align");
     for (std::uint64_t s = 0; s < codes; ++s) {
       const std::size_t row = pos;
       take("sq8.code.byte0", 1);
@@ -336,7 +344,7 @@ KBCORE_TEST(every_structural_field_set_to_hostile_values_is_rejected_or_harmless
   for (int variant = 0; variant < 3; ++variant) {
     const auto kind = variant == 1 ? kbcore::IndexKind::kFlat : kbcore::IndexKind::kHnsw;
     save_victim(victim, kind, kbcore::Metric::kL2, variant == 2);
-    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionBlocks);
+    if (variant == 2) CHECK(get(read_file(victim), 8, 4) == kbcore::Index::kFormatVersionAligned);
     const std::string good = read_file(victim);
     std::string sealed = good;
     reseal(sealed);
@@ -493,7 +501,7 @@ KBCORE_TEST(each_sq8_section_defect_is_rejected_with_format_error) {
   // The header's version must match the sections present: a v5 file labelled v1, v2 or v4
   // does not parse, a v1 file labelled v2 lacks its section, and v6 is from a newer kbcore.
   for (const std::uint32_t v : {kbcore::Index::kFormatVersion, kbcore::Index::kFormatVersionQuantized,
-                                kbcore::Index::kFormatVersionDiskRows, kbcore::Index::kFormatVersionBlocks + 1}) {
+                                kbcore::Index::kFormatVersionDiskRows, kbcore::Index::kFormatVersionAligned + 1}) {
     std::string relabelled = good;
     put(relabelled, 8, 4, v);
     CHECK(rejected_bytes(relabelled));
@@ -525,7 +533,7 @@ KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
   save_victim(victim, kbcore::IndexKind::kHnsw, kbcore::Metric::kL2, true);
   kbcore::Index::load(victim, true)->save(victim);
   const std::string good = read_file(victim);
-  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionBlocks);
+  CHECK(get(good, 8, 4) == kbcore::Index::kFormatVersionAligned);
   CHECK(load_and_use(victim, good) == Outcome::kAccepted);
   CHECK(kbcore::Index::load(victim)->config().vectors_on_disk);
   CHECK(!kbcore::Index::load(victim, false)->config().vectors_on_disk);
@@ -560,7 +568,7 @@ KBCORE_TEST(each_disk_rows_defect_is_rejected_with_format_error) {
   put(bad, rows_at, 4, 0x7FC00000u);  // a NaN in a row read in place
   CHECK(rejected_bytes(bad));
   bad = good;
-  put(bad, 8, 4, kbcore::Index::kFormatVersionBlocks + 1);  // from a newer kbcore
+  put(bad, 8, 4, kbcore::Index::kFormatVersionAligned + 1);  // from a newer kbcore
   CHECK(rejected_bytes(bad));
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
