@@ -1,0 +1,96 @@
+"""Filtered search when every passing row is far from the query (issue 28: exact filters).
+
+A filter that passes whole clusters none of which holds a query passes about as many rows around
+the query as an uncorrelated filter of the same size, so a probe that only counts passing rows
+lets the two-hop traversal run, and it settles on the wrong rows. These tests hold the planner
+to recall@10 >= 0.95 with full pages on such a filter at ~20 % passing (the two-hop band of
+docs/filter-ir.md) and check that an uncorrelated 20 % filter still runs on the graph. The data
+are seeded; the oracle is the exact float64 scan of conftest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import recall_at_k
+
+import kbcore
+from kbcore.filters import compile_where
+
+N_ROWS = 30_000
+DIM = 64
+N_CLUSTERS = 300
+N_QUERY_CLUSTERS = 20
+N_QUERIES = 200
+FRACTION = 0.2
+# ef values at which the cost model picks the two-hop traversal for ~6,000 passing rows (from
+# ef 64 the exact scan costs less and answers every query exactly).
+GRAPH_EFS = [16, 32]
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def far_rows_index():
+    """An index over clustered unit vectors with two ~20 % filters: ``cluster $in far`` passes
+    the clusters least similar to every query cluster, ``r $lt 0.2`` passes rows at random.
+    One build thread: the graph, hence every recall below, is the same on every run."""
+    rng = np.random.default_rng(7)
+    centres = _unit(rng.standard_normal((N_CLUSTERS, DIM)))
+    labels = rng.integers(0, N_CLUSTERS, N_ROWS)
+    data = _unit(centres[labels] + 0.15 * rng.standard_normal((N_ROWS, DIM)))
+    query_clusters = rng.choice(N_CLUSTERS, N_QUERY_CLUSTERS, replace=False)
+    queries = _unit(centres[rng.choice(query_clusters, N_QUERIES)] + 0.15 * rng.standard_normal((N_QUERIES, DIM)))
+    closeness = (centres @ centres[query_clusters].T).max(axis=1)
+    closeness[query_clusters] = np.inf
+    order = np.argsort(closeness, kind="stable")
+    sizes = np.bincount(labels, minlength=N_CLUSTERS)
+    far = sorted(int(c) for c in order[: int(np.searchsorted(np.cumsum(sizes[order]), FRACTION * N_ROWS)) + 1])
+    uniform = rng.random(N_ROWS)
+    ids = np.arange(N_ROWS, dtype=np.int64)
+    index = kbcore.Index(DIM, "cosine", "hnsw", M=16, ef_construction=100)
+    index.add(data, ids, metadata=pa.table({"cluster": labels.astype(np.int64), "r": uniform}), threads=1)
+    for q in queries:  # unfiltered searches calibrate the cost model, as in normal use
+        index.search(q, 10, threads=1)
+    filters = {
+        "anti-correlated": ({"cluster": {"$in": far}}, np.isin(labels, far)),
+        "uncorrelated": ({"r": {"$lt": FRACTION}}, uniform < FRACTION),
+    }
+    return index, data, ids, queries, filters
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (docs/filter-ir.md): the per-query probe does not catch a two-hop traversal "
+    "trapped among far passing rows; measured recall@10 0.82 at ef 16, 0.90 at ef 32",
+)
+@pytest.mark.parametrize("ef", GRAPH_EFS)
+def test_filter_passing_only_far_rows_keeps_recall_and_full_pages(far_rows_index, ef):
+    index, data, ids, queries, filters = far_rows_index
+    where, mask = filters["anti-correlated"]
+    assert 0.17 <= mask.mean() <= 0.25
+    # The case only tests something if the planner picks the two-hop traversal.
+    assert index._native.strategy(int(mask.sum()), ef) == "graph"
+    got_ids, _ = index.search(queries, 10, where=where, ef=ef, threads=1)
+    assert np.all(got_ids >= 0), "a page came back short"
+    assert np.all(mask[got_ids]), "a result fails the filter"
+    recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "cosine")
+    assert recall >= 0.95, f"recall@10 {recall:.3f} at ef {ef}"
+
+
+@pytest.mark.parametrize("ef", GRAPH_EFS)
+def test_uncorrelated_filter_still_runs_on_the_graph(far_rows_index, ef):
+    index, data, ids, queries, filters = far_rows_index
+    where, mask = filters["uncorrelated"]
+    assert index._native.strategy(int(mask.sum()), ef) == "graph"
+    got_ids, _ = index.search(queries, 10, where=where, ef=ef, threads=1)
+    graph_ids, _ = index._native.search(queries, 10, ef, 1, compile_where(where), "graph")
+    # A query answered by the traversal returns its page; one sent to the exact scan differs
+    # from it wherever the traversal missed a row. Nearly all must stay on the graph.
+    same = np.mean(np.all(got_ids == graph_ids, axis=1))
+    assert same >= 0.9, f"only {same:.0%} of the queries ran the two-hop traversal"
+    recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "cosine")
+    assert recall >= 0.95, f"recall@10 {recall:.3f} at ef {ef}"
