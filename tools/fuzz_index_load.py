@@ -288,9 +288,10 @@ def crafted(data: bytes, n: int, seed: int) -> Iterator[tuple[bytes, str]]:
 
 def make_seed_files(folder: Path) -> list[Path]:
     """Saves a few small indexes (graph with upper levels, removals, pending rows, every
-    metadata kind, texts; one SQ8-quantized, a version 5 file) into folder and returns their
-    paths. (The committed corpus also holds seed_hnsw_l2_sq8.kbi, the same index saved as
-    version 2 by an earlier kbcore.)"""
+    metadata kind, texts) into folder and returns their paths. (The committed corpus also holds
+    seed_hnsw_l2_sq8.kbi, an SQ8 index saved as version 2 by an earlier kbcore, and
+    seed_hnsw_l2_sq8_v5.kbi, the same index as version 5: a kbcore that writes version 7 cannot
+    make that file again, since version 7 adds alignment bytes to the layout.)"""
     import numpy as np
 
     import kbcore
@@ -301,7 +302,6 @@ def make_seed_files(folder: Path) -> list[Path]:
         ("hnsw_l2", "hnsw", "l2", False),
         ("hnsw_cos_pending", "hnsw", "cosine", True),
         ("flat_ip", "flat", "ip", False),
-        ("hnsw_l2_sq8_v5", "hnsw", "l2", False),
     ):
         n, dim = 40, 4
         vecs = rng.standard_normal((n, dim)).astype(np.float32)
@@ -319,13 +319,15 @@ def make_seed_files(folder: Path) -> list[Path]:
             index.retrain_quantizer(threads=1)  # 40 rows are below the automatic threshold
         path = folder / f"seed_{name}.kbi"
         index.save(path)
-        if name.endswith("_v5"):
-            # Version 5 is version 6's payload under checksum64 (the seed predates version 6).
-            raw = bytearray(path.read_bytes())
-            struct.pack_into("<I", raw, 8, 5)
-            path.write_bytes(reseal(raw))
         paths.append(path)
     return paths
+
+
+def committed_old_seeds() -> list[Path]:
+    """The corpus's seeds in formats this kbcore no longer writes (SQ8 as versions 2 and 5), when
+    the repository's tests/data/fuzz is beside this tool; else none."""
+    corpus = Path(__file__).resolve().parents[1] / "tests" / "data" / "fuzz"
+    return [p for p in (corpus / "seed_hnsw_l2_sq8.kbi", corpus / "seed_hnsw_l2_sq8_v5.kbi") if p.is_file()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +362,7 @@ def exercise(index, path: str | Path) -> None:
         index.save(again)
         original = Path(path).read_bytes()
         if 2 <= struct.unpack_from("<I", original, 8)[0] <= 5:
-            # An older quantized version saves as version 6, which must then round-trip.
+            # An older quantized version saves as the current one, which must then round-trip.
             import kbcore
 
             original = again.read_bytes()
@@ -539,7 +541,7 @@ def atheris_main(argv: list[str]) -> None:
         import kbcore  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="kbcore-atheris-"))
-    seeds = [p.read_bytes() for p in make_seed_files(work)]
+    seeds = [p.read_bytes() for p in make_seed_files(work) + committed_old_seeds()]
     parsed = [parse_fields(s) for s in seeds]
     target = work / "input.kbi"
 
@@ -581,7 +583,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        seeds = make_seed_files(work)
+        seeds = make_seed_files(work) + committed_old_seeds()
         counts, findings = sweep(seeds, args.files, args.seed, work)
         print(json.dumps(counts, sort_keys=True))
         for f in findings[:50]:
