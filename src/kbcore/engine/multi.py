@@ -163,7 +163,7 @@ def _merge_shortlists(
     searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
     if all(s is not None for s in searches):
         try:
-            pairs = merged_hits(searches, lambda scores: _pick(scores, top_k, same))  # type: ignore[arg-type]
+            pairs = merged_hits(searches, lambda scores: _pick(scores, top_k, same))
         except InvalidArgumentError:
             pass  # e.g. a re-embed changed a dimension since the query was embedded: below
         else:
@@ -195,12 +195,13 @@ def _pick(scores: list[list[float]], top_k: int, same: bool) -> list[tuple[int, 
     """The (knowledge base, rank) pairs of the ``top_k`` best candidates, best first, from each
     knowledge base's scores (best first): the keys of the merge of whole hit lists (by score,
     or by reciprocal rank then score; then the order of the knowledge bases, then rank)."""
+    tagged: list[tuple[float, ...]]
     if same:
         tagged = [(-v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
     else:
         tagged = [(-1.0 / (RANK_K + r + 1), -v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
     tagged.sort()
-    return [(t[-2], t[-1]) for t in tagged[:top_k]]
+    return [(int(t[-2]), int(t[-1])) for t in tagged[:top_k]]
 
 
 def _shortlists(

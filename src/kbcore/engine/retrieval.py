@@ -372,8 +372,8 @@ def _searched_locked(searches: Sequence[VectorSearch]) -> list[tuple[KbState | N
         cands = vector_candidates(index, s.q, k, s.where, group_by is not None, s.ef, group_by or GROUP_FIELD)
         out.append((state, cands, None))
     for i, result in zip(at, search_many(batch) if batch else ()):
-        state, _, grouped = out[i]
-        out[i] = (state, result, grouped)
+        snapshot, _, grouped = out[i]
+        out[i] = (snapshot, result, grouped)
     return out
 
 
@@ -426,6 +426,7 @@ def _merged_locked(searches: Sequence[VectorSearch], pick: Pick) -> list[tuple[i
     for i, rows in rows_of.items():
         state, metric, cands, ids, dist = found[i]
         assert state is not None
+        picked: list[tuple[int, float, Sequence[int]]]
         picked = [cands[r] for r in rows] if cands is not None else [(ids[r], dist[r], ()) for r in rows]
         built.update(zip(((i, r) for r in rows), make_hits(state, picked, metric, fused=False)))
     return [(i, built[i, r]) for i, r in kept]
