@@ -127,6 +127,10 @@ class Segment:
             text = self._text = combined(self.chunks.column("__text"))
         return text
 
+    @text.setter
+    def text(self, value: Any) -> None:  # a test's stand-in column
+        self._text = value
+
     @property
     def text_views(self) -> tuple[memoryview, memoryview, int] | None:
         """Zero-copy views of :attr:`text` (see :func:`_string_views`), or None."""
@@ -134,6 +138,10 @@ class Segment:
         if views is _UNSET:
             views = self._text_views = _string_views(self.text)
         return views
+
+    @text_views.setter
+    def text_views(self, value: tuple[memoryview, memoryview, int] | None) -> None:
+        self._text_views = value
 
     @property
     def start(self) -> np.ndarray:
