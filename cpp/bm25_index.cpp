@@ -764,8 +764,10 @@ void Bm25Index::load_deferred(BinaryReader& r, const VectorStore& store) {
   std::vector<std::uint32_t> df;
   parse(r, &store, store.slot_count(), false, df);
   BinaryReader section = r.section(begin, r.position());
-  // The section's own checksum, so that the build uses exactly the bytes checked here.
-  const std::uint64_t sum = checksum64(section.here(), section.remaining());
+  // The section's own checksum, so that the build uses exactly the bytes checked here. Kept in
+  // memory only (never written): XXH3 in 4 MiB blocks on this thread, about ten times the speed
+  // of checksum64's serial pass, which took a sixth of a reopen's CPU time (issue 28).
+  const std::uint64_t sum = block_checksum(section.here(), section.remaining(), 1);
   deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum, std::move(df)});
   built_.store(false, std::memory_order_release);
 }
@@ -780,7 +782,7 @@ void Bm25Index::ensure_built() const {
   BinaryReader r = deferred_->reader;
   // The bytes are a mapping of a file that kbcore replaces only by rename, but another program
   // could have rewritten it in place since the load: the build reads only the bytes checked then.
-  if (checksum64(r.here(), r.remaining()) != deferred_->sum) {
+  if (block_checksum(r.here(), r.remaining(), 1) != deferred_->sum) {
     r.fail("BM25 section changed since the file was loaded (checksum mismatch)");
   }
   try {

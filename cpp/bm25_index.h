@@ -128,7 +128,7 @@ class Bm25Index {
   void ensure_built() const;
 
   // A section checked by load_deferred and not yet built: its bytes, the slot count then, the
-  // bytes' checksum64 and each term's row count.
+  // bytes' block_checksum (one thread) and each term's row count.
   struct Deferred {
     BinaryReader reader;
     std::size_t slots;

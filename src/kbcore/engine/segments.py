@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from .ingest import ChunkBatch
 
 
+#: a lazily decoded Segment column not decoded yet (None is a value: no such column)
+_UNSET: Any = object()
+
+
 class Segment:
     """One segment as loaded: its tables and numpy views of the columns the engine reads.
 
@@ -50,18 +54,18 @@ class Segment:
         "min_id",
         "max_id",
         "contiguous",
-        "text",
-        "text_views",
-        "start",
-        "end",
-        "chunk_index",
+        "_text",
+        "_text_views",
+        "_start",
+        "_end",
+        "_chunk_index",
         "groups",
         "doc_offsets",
         "_doc_ids",
         "_doc_pipelines",
         "doc_live",
-        "content",
-        "steps",
+        "_content",
+        "_steps",
     )
 
     def __init__(self, entry: dict[str, Any], chunks: Any, docs: Any) -> None:
@@ -73,11 +77,14 @@ class Segment:
         self.min_id = int(self.ids[0]) if len(self.ids) else 0
         self.max_id = int(self.ids[-1]) if len(self.ids) else -1
         self.contiguous = len(self.ids) == 0 or self.max_id - self.min_id + 1 == len(self.ids)
-        self.text = combined(chunks.column("__text"))
-        self.text_views = _string_views(self.text)
-        self.start = to_numpy(chunks.column("__start"), np.int64)
-        self.end = to_numpy(chunks.column("__end"), np.int64)
-        self.chunk_index = to_numpy(chunks.column("chunk_index"), np.int64)
+        # The columns a hit, a context window or a document's text reads, decoded at their
+        # first use (per segment: a query touches the few segments its hits are in). The
+        # bytes behind them were checked when the files were read (storage.read_segments).
+        self._text: Any = _UNSET
+        self._text_views: Any = _UNSET
+        self._start: Any = _UNSET
+        self._end: Any = _UNSET
+        self._chunk_index: Any = _UNSET
         self.groups = to_numpy(chunks.column(GROUP_FIELD), np.int64)
         counts = to_numpy(docs.column("n_chunks"), np.int64)
         self.doc_offsets = np.concatenate(([0], np.cumsum(counts)))
@@ -86,11 +93,8 @@ class Segment:
         self._doc_ids: list[str] | None = None
         self._doc_pipelines: list[str] | None = None
         self.doc_live = _liveness(len(counts), self.deleted)
-        names = chunks.column_names
-        # Optional columns, None when the segment has none (or only nulls): a QA pair's answer,
-        # a pipeline's stored intermediate step outputs.
-        self.content = _optional_text(chunks, "__content") if "__content" in names else None
-        self.steps = _optional_text(chunks, "__steps") if "__steps" in names else None
+        self._content: Any = _UNSET
+        self._steps: Any = _UNSET
 
     @classmethod
     def read(cls, dirpath: str, entry: dict[str, Any]) -> Segment:
@@ -113,6 +117,75 @@ class Segment:
         new.deleted = deleted
         new.doc_live = _liveness(len(self.doc_offsets) - 1, deleted)
         return new
+
+    # Lazily decoded columns (built once; a racing first use builds them twice, equal).
+    @property
+    def text(self) -> Any:
+        """The chunk texts (one Arrow string array)."""
+        text = self._text
+        if text is _UNSET:
+            text = self._text = combined(self.chunks.column("__text"))
+        return text
+
+    @text.setter
+    def text(self, value: Any) -> None:  # a test's stand-in column
+        self._text = value
+
+    @property
+    def text_views(self) -> tuple[memoryview, memoryview, int] | None:
+        """Zero-copy views of :attr:`text` (see :func:`_string_views`), or None."""
+        views = self._text_views
+        if views is _UNSET:
+            views = self._text_views = _string_views(self.text)
+        return views
+
+    @text_views.setter
+    def text_views(self, value: tuple[memoryview, memoryview, int] | None) -> None:
+        self._text_views = value
+
+    @property
+    def start(self) -> np.ndarray:
+        """Each chunk's start offset in its document (-1: unknown)."""
+        col = self._start
+        if col is _UNSET:
+            col = self._start = to_numpy(self.chunks.column("__start"), np.int64)
+        return col
+
+    @property
+    def end(self) -> np.ndarray:
+        """Each chunk's end offset in its document (-1: unknown)."""
+        col = self._end
+        if col is _UNSET:
+            col = self._end = to_numpy(self.chunks.column("__end"), np.int64)
+        return col
+
+    @property
+    def chunk_index(self) -> np.ndarray:
+        """Each chunk's index in its document."""
+        col = self._chunk_index
+        if col is _UNSET:
+            col = self._chunk_index = to_numpy(self.chunks.column("chunk_index"), np.int64)
+        return col
+
+    @property
+    def content(self) -> Any:
+        """The optional answer column (a QA pair's answer), None when the segment has none
+        (or only nulls)."""
+        col = self._content
+        if col is _UNSET:
+            names = self.chunks.column_names
+            col = self._content = _optional_text(self.chunks, "__content") if "__content" in names else None
+        return col
+
+    @property
+    def steps(self) -> Any:
+        """The optional stored intermediate step outputs (JSON text), None when the segment
+        has none (or only nulls)."""
+        col = self._steps
+        if col is _UNSET:
+            names = self.chunks.column_names
+            col = self._steps = _optional_text(self.chunks, "__steps") if "__steps" in names else None
+        return col
 
     @property
     def doc_ids(self) -> list[str]:
