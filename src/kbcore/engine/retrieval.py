@@ -42,9 +42,8 @@ from .types import (
     SEARCH_TYPES,
     Hit,
     SearchOptions,
-    _MutableHit,
-    _set_attr,
     check_choice,
+    new_hit,
 )
 
 #: (chunk id, distance or fused score, ids of the chunks of its document met) of one result.
@@ -502,7 +501,7 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     contiguous segment whose texts are Arrow string views and that holds no QA answers is
     located by one bisect and its text sliced from the views (what :meth:`KbState.locate`
     and :meth:`Segment.text_of` do, without their calls); its score is
-    :func:`score_from_distance`'s float formula; the hit is filled as :func:`new_hit` does."""
+    :func:`score_from_distance`'s float formula."""
     if not cands:
         return []
     parents = state.config.get("index_type") == "parent_child"
@@ -513,7 +512,7 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     mins = state.seg_mins
     first = segs[0] if len(segs) == 1 else None
     l2 = metric == "l2"
-    hit_class, set_attr, group_field, parent_field = Hit, _set_attr, GROUP_FIELD, PARENT_FIELD
+    group_field, parent_field = GROUP_FIELD, PARENT_FIELD
     for (cid, value, parts), meta in zip(cands, metas):
         seg = first if first is not None else segs[_bisect_right(mins, cid) - 1]
         del meta[group_field]
@@ -547,9 +546,9 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
                     content = answer
             if parents:
                 content = parent_text(state, cid, meta[PARENT_INDEX])
-        h = _MutableHit(cid, meta["document_id"], content, meta, dist, score, meta["pipeline_name"], chunk_index, parts)
-        set_attr(h, "__class__", hit_class)
-        hits.append(h)
+        hits.append(
+            new_hit(cid, meta["document_id"], content, meta, dist, score, meta["pipeline_name"], chunk_index, parts)
+        )
     return hits
 
 
