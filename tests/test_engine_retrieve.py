@@ -243,3 +243,42 @@ def test_new_hit_builds_an_ordinary_frozen_hit():
     assert dataclasses.astuple(fast) == args
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.score = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip", "l2"])
+def test_hits_over_several_segments_equal_the_general_path(tmp_path, metric):
+    """make_hits' inlined path (bisect, text slice, score formula, Hit fill) builds what
+    locate + text_of + score_from_distance + Hit(...) build, for hits spread over segments."""
+    from kbcore.engine import Hit
+    from kbcore.engine.scores import score_from_distance
+
+    table, vecs, _ = _corpus(5)
+    engine = Engine(tmp_path / metric)
+    kb = engine.create_knowledge_base("kb", embedder=False, index="flat", metric=metric)
+    docs = table.column("document_id").to_pylist()
+    cuts = [0] + [i for i in range(1, len(docs)) if docs[i] != docs[i - 1]][::7] + [len(docs)]
+    for lo, hi in zip(cuts, cuts[1:]):
+        if lo < hi:
+            kb.ingest_table(table.slice(lo, hi - lo), vectors=vecs[lo:hi])
+    state = kb._cell.state
+    assert len(state.segments) > 2
+    rng = np.random.default_rng(11)
+    for q in rng.standard_normal((5, DIM)).astype(np.float32):
+        hits = kb.retrieve(q, 12)
+        ids, dist = state.index.search(q, 12)
+        assert [h.id for h in hits] == ids.tolist()
+        for h, cid, d, meta in zip(hits, ids.tolist(), dist.tolist(), state.index.get_metadata(ids)):
+            seg, row = state.locate(cid)
+            meta = {k: v for k, v in meta.items() if not k.startswith("_")}
+            want = Hit(
+                cid,
+                meta["document_id"],
+                seg.text_of(row),
+                meta,
+                d,
+                score_from_distance(d, metric),
+                meta["pipeline_name"],
+                meta["chunk_index"],
+                (),
+            )
+            assert type(h) is Hit and h == want

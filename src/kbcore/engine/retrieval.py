@@ -21,6 +21,7 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 
 from __future__ import annotations
 
+from bisect import bisect_right as _bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, cast
@@ -494,7 +495,13 @@ def parent_text(state: KbState, chunk_id: int, parent: int) -> str:
 def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: bool) -> list[Hit]:
     """Hits of candidates (values are distances, or fused scores when ``fused``). Caller
     holds the read lock: ``state.index`` holds every candidate. A parent-child knowledge
-    base's hit holds its parent's text."""
+    base's hit holds its parent's text.
+
+    This is the per-hit cost of every search, so the common case is inlined: a chunk of a
+    contiguous segment whose texts are Arrow string views and that holds no QA answers is
+    located by one bisect and its text sliced from the views (what :meth:`KbState.locate`
+    and :meth:`Segment.text_of` do, without their calls); its score is
+    :func:`score_from_distance`'s float formula."""
     if not cands:
         return []
     parents = state.config.get("index_type") == "parent_child"
@@ -502,15 +509,14 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     hits = []
     locate = state.locate
     segs = state.segments
-    # One contiguous segment (a compacted knowledge base): a row is the id minus its first id.
-    only = segs[0] if len(segs) == 1 and segs[0].contiguous else None
+    mins = state.seg_mins
+    first = segs[0] if len(segs) == 1 else None
+    l2 = metric == "l2"
+    group_field, parent_field = GROUP_FIELD, PARENT_FIELD
     for (cid, value, parts), meta in zip(cands, metas):
-        if only is not None:
-            seg, row = only, cid - only.min_id
-        else:
-            seg, row = locate(cid)
-        del meta[GROUP_FIELD]
-        meta.pop(PARENT_FIELD, None)
+        seg = first if first is not None else segs[_bisect_right(mins, cid) - 1]
+        del meta[group_field]
+        meta.pop(parent_field, None)
         chunk_index = meta["chunk_index"]
         if not parts:
             parts = ()
@@ -520,26 +526,28 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
             parts = tuple(int(s.chunk_index[r]) for s, r in map(locate, parts))
         if fused:
             score, dist = value, 1.0 - value
+        elif l2:
+            score, dist = 1.0 / (1.0 + (value if value > 0.0 else 0.0)), value
         else:
-            score, dist = score_from_distance(value, metric), value
-        content = seg.text_of(row)
-        if seg.content is not None:  # a QA pair: its question was searched, its answer is returned
-            answer = seg.content_of(row)
-            if answer is not None:
-                meta["question"] = content
-                content = answer
+            score, dist = 1.0 - value / 2.0, value
+            score = 0.0 if score < 0.0 else 1.0 if score > 1.0 else score
+        views = seg.text_views
+        if views is not None and seg.contiguous and seg.content is None and not parents:
+            offsets, data, base = views
+            i = cid - seg.min_id + base
+            content = str(data[offsets[i] : offsets[i + 1]], "utf-8")
+        else:
+            row = seg.row(cid)
+            content = seg.text_of(row)
+            if seg.content is not None:  # a QA pair: its question was searched, its answer is returned
+                answer = seg.content_of(row)
+                if answer is not None:
+                    meta["question"] = content
+                    content = answer
+            if parents:
+                content = parent_text(state, cid, meta[PARENT_INDEX])
         hits.append(
-            new_hit(
-                cid,
-                meta["document_id"],
-                parent_text(state, cid, meta[PARENT_INDEX]) if parents else content,
-                meta,
-                dist,
-                score,
-                meta["pipeline_name"],
-                chunk_index,
-                parts,
-            )
+            new_hit(cid, meta["document_id"], content, meta, dist, score, meta["pipeline_name"], chunk_index, parts)
         )
     return hits
 
