@@ -10,8 +10,12 @@ version 6 moved the payload to a block checksum; this file was made once with th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import kbcore
 
 HERE = Path(__file__).parent
 FILE_NAME = "sq8_v5_hnsw_cosine.kbi"
@@ -42,7 +46,8 @@ def text_of(row_id: int) -> str:
     return f"row{row_id} group{row_id % 7}"
 
 
-def main() -> None:
+def build() -> kbcore.Index:
+    """The fixture's index (also the index of make_v6_fixture.py)."""
     import kbcore
 
     data, refill = _draw()
@@ -52,7 +57,11 @@ def main() -> None:
     index.remove(list(REMOVED), threads=1)
     again = 9000 + np.arange(len(REMOVED))
     index.add(refill, again, texts=[text_of(i) for i in again], threads=1)
-    index.save(HERE / FILE_NAME)
+    return index
+
+
+def main() -> None:
+    build().save(HERE / FILE_NAME)
 
 
 if __name__ == "__main__":

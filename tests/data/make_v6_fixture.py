@@ -9,50 +9,24 @@ kbcore (commit 94c91e9) and is never regenerated (tests/test_index_mapped_codes.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
-
-import numpy as np
 
 HERE = Path(__file__).parent
 FILE_NAME = "sq8_v6_hnsw_cosine.kbi"
 FORMAT_VERSION = 6
-SEED = 20261207
-N, DIM = 1100, 24  # training happens at 1,000 rows
-REMOVED = range(3, N, 19)
 
-
-def _draw() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(SEED)
-    data = rng.standard_normal((N, DIM)).astype(np.float32)
-    refill = rng.standard_normal((len(REMOVED), DIM)).astype(np.float32)
-    return data, refill
-
-
-def fixture_rows() -> tuple[np.ndarray, np.ndarray]:
-    """The live rows and ids the fixture holds (after removal and slot reuse)."""
-    data, refill = _draw()
-    removed = set(REMOVED)
-    keep = np.array([i not in removed for i in range(N)])
-    ids = np.concatenate([np.arange(N)[keep], 9000 + np.arange(len(REMOVED))]).astype(np.int64)
-    return np.concatenate([data[keep], refill]), ids
-
-
-def text_of(row_id: int) -> str:
-    """The text stored with id `row_id`."""
-    return f"row{row_id} group{row_id % 7}"
+_spec = importlib.util.spec_from_file_location("make_v5_fixture", HERE / "make_v5_fixture.py")
+assert _spec is not None and _spec.loader is not None
+_v5 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_v5)
+SEED, N, DIM, REMOVED = _v5.SEED, _v5.N, _v5.DIM, _v5.REMOVED
+fixture_rows = _v5.fixture_rows
+text_of = _v5.text_of
 
 
 def main() -> None:
-    import kbcore
-
-    data, refill = _draw()
-    index = kbcore.Index(DIM, "cosine", M=8, ef_construction=64, ef=20, seed=17, quantization="sq8", rerank=20)
-    ids = np.arange(N)
-    index.add(data, ids, texts=[text_of(i) for i in ids], threads=1)
-    index.remove(list(REMOVED), threads=1)
-    again = 9000 + np.arange(len(REMOVED))
-    index.add(refill, again, texts=[text_of(i) for i in again], threads=1)
-    index.save(HERE / FILE_NAME)
+    _v5.build().save(HERE / FILE_NAME)
 
 
 if __name__ == "__main__":
