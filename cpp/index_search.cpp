@@ -259,7 +259,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
   // `force` picks either (kExact the scan, any graph strategy the walk).
   const bool walk =
       graph_ && (p.force != Strategy::kAuto ? p.force != Strategy::kExact
-                                            : !scan_beats_walk(store_.size(), std::max(ef, k), evals_.per_ef()));
+                                            : !scan_beats_walk(store_.size(), std::max(ef, k), kPlanEvalsPerEf));
   if (walk) {
     std::atomic<std::uint64_t> evals{0};
     with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {

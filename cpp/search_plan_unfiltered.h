@@ -13,9 +13,14 @@ namespace kbcore {
 /// codes. A lower value than most, so that the scan is chosen only where it wins.
 inline constexpr double kWalkEvalCost = 1.5;
 
+/// Distance evaluations per unit of ef the plan assumes for a walk: a fixed figure (EvalStats'
+/// value before any walk is measured), not the index's running average, so that the plan, and
+/// with it the answer, depends only on the rows, the configuration and the query: the same
+/// after a save and load, in any process, whatever was searched before.
+inline constexpr double kPlanEvalsPerEf = 12.0;
 /// Whether an unfiltered search over `live` rows at this ef (max(ef, k)) is cheaper as the exact
 /// scan of every row than as a graph walk that makes `evals_per_ef` * ef distance evaluations
-/// (EvalStats, the running average of this index's recent walks). O(1).
+/// (kPlanEvalsPerEf in the search). O(1).
 bool scan_beats_walk(std::size_t live, std::size_t ef, double evals_per_ef);
 
 }  // namespace kbcore

@@ -498,7 +498,7 @@ void bind_index(py::module_& m) {
           [](const Index& self, std::size_t ef) {
             const std::size_t n = self.size();
             const std::size_t e = std::min(ef == 0 ? self.config().ef_search : ef, n);
-            const bool scan = self.config().kind != IndexKind::kHnsw || scan_beats_walk(n, e, self.evals_per_ef());
+            const bool scan = self.config().kind != IndexKind::kHnsw || scan_beats_walk(n, e, kPlanEvalsPerEf);
             return scan ? "exact" : "graph";
           },
           py::arg("ef"))
