@@ -37,14 +37,6 @@ constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 8;
 constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ULL;
 constexpr std::uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
 
-constexpr bool host_is_little_endian() {
-#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return false;
-#else
-  return true;
-#endif
-}
-
 inline std::uint64_t rotl(std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
 inline std::uint64_t mix(std::uint64_t h, std::uint64_t w) {
@@ -231,7 +223,7 @@ void BinaryWriter::put(const void* data, std::size_t bytes) {
 }
 
 void BinaryWriter::raw_le(const void* data, std::size_t n, std::size_t elem) {
-  if (host_is_little_endian() || elem == 1) {
+  if (host_little_endian() || elem == 1) {
     put(data, n * elem);
     return;
   }
@@ -455,7 +447,7 @@ void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
   if (n == 0) return;  // out may be null (an empty vector's data()): memcpy must not see it
   std::memcpy(out, data_ + pos_, n * elem);
   pos_ += n * elem;
-  if (!host_is_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
+  if (!host_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
 }
 
 std::uint8_t BinaryReader::u8() {

@@ -24,6 +24,15 @@ namespace kbcore {
 std::wstring wide_path(const std::string& path);
 #endif
 
+/// Whether this machine stores integers little-endian (the byte order of every kbcore file).
+constexpr bool host_little_endian() {
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return false;
+#else
+  return true;
+#endif
+}
+
 /// 64-bit checksum of a byte range (a multiply-rotate hash; detects corruption, not tampering).
 std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed = 0);
 

@@ -12,17 +12,6 @@
 #include "parallel.h"
 
 namespace kbcore {
-namespace {
-
-bool host_little_endian() {
-#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return false;
-#else
-  return true;
-#endif
-}
-
-}  // namespace
 
 HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
     : store_(store),

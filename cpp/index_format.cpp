@@ -84,14 +84,6 @@ CodeTag read_legacy_tag(BinaryReader& r, std::uint8_t id) {
   return t;
 }
 
-bool host_little_endian() {
-#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return false;
-#else
-  return true;
-#endif
-}
-
 }  // namespace
 
 void Index::save(const std::string& path) const {
