@@ -1,7 +1,7 @@
-// A/B of the SQ8 filtered exact scan (issue 28, h44), in one process: the scan as it was
-// (prefetch_row_l2, 16 rows ahead; copied below as old_scan) against scan_slots_codes as the
-// headers now have it, on 100k x 384 clustered unit rows, 10 % of the slots passing (uniform,
-// ascending), k 10, re-rank depth 20. Answers are checked identical (ids and distances) before
+// A/B of the filtered exact scan (issue 28, h44), in one process: the scans as they were
+// (prefetch_row_l2; copied below as old_scan for SQ8 codes, old_scan_rows for float32 rows)
+// against scan_slots_codes and scan_slots as the headers now have them, on 100k x 384 clustered unit rows, 10 % of the
+// slots passing (uniform, ascending), k 10, re-rank depth 20. Answers are checked identical (ids and distances) before
 // timing; thread CPU time per query, alternating passes, medians. A trial, not part of the
 // build; after `cmake --build build/ctest`:
 //   g++ -O3 -std=c++17 -Icpp -o /tmp/ab benches/trials/filter_scan_ab.cpp build/ctest/libkbcore_core.a -lpthread
@@ -59,6 +59,22 @@ std::vector<Scored> old_scan(const VectorStore& store, const Sq8Codes& codes, Me
   return rerank_exact(store, metric, q, heap.take_sorted(), depth, k);
 }
 
+// scan_slots (float32 rows) before this change.
+std::vector<Scored> old_scan_rows(const VectorStore& store, Metric metric, const float* q,
+                                  const std::vector<Slot>& slots, std::size_t k) {
+  TopK heap(k);
+  constexpr std::size_t kBlock = 256;
+  float d[kBlock];
+  for (std::size_t b = 0; b < slots.size(); b += kBlock) {
+    const std::size_t n = std::min(kBlock, slots.size() - b);
+    score_slots(store, metric, q, slots.data() + b, n, d);
+    for (std::size_t j = 0; j < n; ++j) {
+      if (d[j] <= heap.worst()) heap.push(d[j], slots[b + j]);
+    }
+  }
+  return heap.take_sorted();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,35 +108,44 @@ int main(int argc, char** argv) {
   }
   std::vector<float> queries(kQueries * kDim);
   for (std::size_t i = 0; i < kQueries; ++i) draw(queries.data() + i * kDim);
-  for (std::size_t i = 0; i < kQueries; ++i) {
-    const float* q = queries.data() + i * kDim;
-    const auto a = old_scan(store, codes, Metric::kCosine, q, slots, 10, 20);
-    const auto b = scan_slots_codes(store, codes, Metric::kCosine, q, slots, 10, 20);
-    bool same = a.size() == b.size();
-    for (std::size_t j = 0; same && j < a.size(); ++j) same = a[j].slot == b[j].slot && a[j].dist == b[j].dist;
-    if (!same) {
-      std::printf("answers differ at query %zu\n", i);
-      return 1;
-    }
-  }
-  std::vector<double> t_old, t_new;
-  std::size_t sink = 0;
-  for (int p = 0; p < passes; ++p) {
-    for (int side = 0; side < 2; ++side) {
-      const bool run_new = (side == 0) == (p % 2 == 0);
-      const double t0 = thread_ns();
-      for (std::size_t i = 0; i < kQueries; ++i) {
-        const float* q = queries.data() + i * kDim;
-        sink += run_new ? scan_slots_codes(store, codes, Metric::kCosine, q, slots, 10, 20)[0].slot
-                        : old_scan(store, codes, Metric::kCosine, q, slots, 10, 20)[0].slot;
+  // One A/B: the answers of every query identical, then alternating timed passes.
+  const auto ab = [&](const char* name, const auto& old_fn, const auto& new_fn) {
+    for (std::size_t i = 0; i < kQueries; ++i) {
+      const float* q = queries.data() + i * kDim;
+      const auto a = old_fn(q);
+      const auto b = new_fn(q);
+      bool same = a.size() == b.size();
+      for (std::size_t j = 0; same && j < a.size(); ++j) same = a[j].slot == b[j].slot && a[j].dist == b[j].dist;
+      if (!same) {
+        std::printf("%s: answers differ at query %zu\n", name, i);
+        std::exit(1);
       }
-      (run_new ? t_new : t_old).push_back((thread_ns() - t0) / kQueries);
     }
-  }
-  std::sort(t_old.begin(), t_old.end());
-  std::sort(t_new.begin(), t_new.end());
-  const double mo = t_old[t_old.size() / 2], mn = t_new[t_new.size() / 2];
-  std::printf("old %.1f us/query (%.1f ns/row), new %.1f us/query (%.1f ns/row): old/new %.3f (sink %zu)\n", mo / 1e3,
-              mo / slots.size(), mn / 1e3, mn / slots.size(), mo / mn, sink);
+    std::vector<double> t_old, t_new;
+    std::size_t sink = 0;
+    for (int p = 0; p < passes; ++p) {
+      for (int side = 0; side < 2; ++side) {
+        const bool run_new = (side == 0) == (p % 2 == 0);
+        const double t0 = thread_ns();
+        for (std::size_t i = 0; i < kQueries; ++i) {
+          const float* q = queries.data() + i * kDim;
+          sink += run_new ? new_fn(q)[0].slot : old_fn(q)[0].slot;
+        }
+        (run_new ? t_new : t_old).push_back((thread_ns() - t0) / kQueries);
+      }
+    }
+    std::sort(t_old.begin(), t_old.end());
+    std::sort(t_new.begin(), t_new.end());
+    const double mo = t_old[t_old.size() / 2], mn = t_new[t_new.size() / 2];
+    std::printf("%s: old %.1f us/query (%.1f ns/row), new %.1f us/query (%.1f ns/row): old/new %.3f (sink %zu)\n", name,
+                mo / 1e3, mo / slots.size(), mn / 1e3, mn / slots.size(), mo / mn, sink);
+  };
+  const Metric m = Metric::kCosine;
+  ab(
+      "sq8", [&](const float* q) { return old_scan(store, codes, m, q, slots, 10, 20); },
+      [&](const float* q) { return scan_slots_codes(store, codes, m, q, slots, 10, 20); });
+  ab(
+      "float32", [&](const float* q) { return old_scan_rows(store, m, q, slots, 10); },
+      [&](const float* q) { return scan_slots(store, m, q, slots, 10); });
   return 0;
 }
