@@ -1,9 +1,11 @@
-// A/B of the filtered exact scan (issue 28, h44), in one process: the scans as they were
-// (prefetch_row_l2; copied below as old_scan for SQ8 codes, old_scan_rows for float32 rows)
-// against scan_slots_codes and scan_slots as the headers now have them, on 100k x 384 clustered unit rows, 10 % of the
-// slots passing (uniform, ascending), k 10, re-rank depth 20. Answers are checked identical (ids and distances) before
-// timing; thread CPU time per query, alternating passes, medians. A trial, not part of the
-// build; after `cmake --build build/ctest`:
+// A/B of the filtered exact scan (issue 28, h44), in one process, on 100k x 384 clustered unit
+// rows, 10 % of the slots passing (uniform, ascending), k 10, re-rank depth 20:
+//   sq8      the scan of codes as it was (prefetch_row_l2, copied below as old_scan) against
+//            scan_slots_codes as hnsw_codes.h now has it (prefetch_row_pairs_l1);
+//   float32  scan_slots as it was (old_scan_rows) against scan_slots now: the same code since the
+//            pair prefetch measured 1.01x there and was not kept, so a control of the harness.
+// Answers are checked identical (ids and distances) before timing; thread CPU time per query,
+// alternating passes, medians. A trial, not part of the build; after `cmake --build build/ctest`:
 //   g++ -O3 -std=c++17 -Icpp -o /tmp/ab benches/trials/filter_scan_ab.cpp build/ctest/libkbcore_core.a -lpthread
 //   /tmp/ab [passes]
 #include <time.h>
