@@ -31,6 +31,7 @@ hits of the same document id in two knowledge bases are two hits.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -195,11 +196,23 @@ def _pick(scores: list[list[float]], top_k: int, same: bool) -> list[tuple[int, 
     """The (knowledge base, rank) pairs of the ``top_k`` best candidates, best first, from each
     knowledge base's scores (best first): the keys of the merge of whole hit lists (by score,
     or by reciprocal rank then score; then the order of the knowledge bases, then rank)."""
-    tagged: list[tuple[float, ...]]
     if same:
-        tagged = [(-v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
-    else:
-        tagged = [(-1.0 / (RANK_K + r + 1), -v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
+        # By score, ties in list order: a stable sort of the concatenated scores, descending
+        # (reverse keeps equal items in their order), is the sort by (-score, list, rank)
+        # without a key tuple per candidate; a kept position maps back to its list by the
+        # lists' start offsets (an empty list shares its start with the next one: bisect
+        # finds the last list starting at or before the position, the one holding it).
+        flat: list[float] = []
+        start: list[int] = []
+        for vs in scores:
+            start.append(len(flat))
+            flat += vs
+        out = []
+        for j in sorted(range(len(flat)), key=flat.__getitem__, reverse=True)[:top_k]:
+            i = bisect_right(start, j) - 1
+            out.append((i, j - start[i]))
+        return out
+    tagged = [(-1.0 / (RANK_K + r + 1), -v, i, r) for i, vs in enumerate(scores) for r, v in enumerate(vs)]
     tagged.sort()
     return [(int(t[-2]), int(t[-1])) for t in tagged[:top_k]]
 

@@ -109,7 +109,7 @@ class KbReranker:
         if rerank is False:
             return None
         if rerank is None:
-            if self._spec_of() is None or not isinstance(query, str):
+            if not isinstance(query, str) or self._spec_of() is None:
                 return None
             return self.default()
         if not isinstance(query, str):
