@@ -18,7 +18,10 @@ with one search thread where it has the setting. For each system:
 2. **Operating point**: the system's search knob (ef, nprobes) swept upwards until unfiltered
    recall@10 against the exact top-10 reaches 0.95; every retrieve below uses it.
 3. **p50 latency** (ms) of single-query calls, ``--rounds`` passes over the queries, GC paused:
-   ``vector``; ``filter 10%`` (``bucket < 100``) and ``filter 1%`` (``bucket < 10``), with their
+   ``vector`` (each system's fastest path, which for the peers returns ids only); ``vector with
+   text`` (the same search returning each hit's text and document id, what a knowledge base's
+   caller uses; kbcore's ``kb.retrieve`` always returns them, so its two rows are one path);
+   ``filter 10%`` (``bucket < 100``) and ``filter 1%`` (``bucket < 10``), with their
    recall against the exact filtered top-10; ``one per document`` (the 10 best documents, each by
    its best chunk, through the system's group-by where it has one, otherwise over-fetched and
    collapsed in Python, said in the path); ``hybrid`` (vector + BM25 full text fused by RRF)
@@ -59,7 +62,8 @@ BATCH_ROWS = 1000
 BUCKET_SEED = 20261205
 FILTERS = {"filter 10%": 100, "filter 1%": 10}
 GROUP_FETCH = 50  # chunks over-fetched when a system has no group-by (collapsed to documents in Python)
-CASES = ("vector", "filter 10%", "filter 1%", "one per document", "hybrid")
+CASES = ("vector", "vector with text", "filter 10%", "filter 1%", "one per document", "hybrid")
+WITH_TEXT = "vector with text"  # the ten hits with their text and document id, as a chatbot needs them
 DEFAULT_PEERS = ("kbcore", "zvec", "lancedb", "chroma", "milvus-lite")
 
 
@@ -137,6 +141,7 @@ def exact(data: Data) -> dict[str, list[list[Any]]]:
                     break
         per_doc.append(seen)
     out["one per document"] = per_doc
+    out[WITH_TEXT] = out["vector"]
     return out
 
 
@@ -238,7 +243,7 @@ class Kbcore(Peer):
     def fn(self, case: str) -> Callable[[int], Any] | None:
         kb, qs, ef, row = self.kb, self.data.queries, self.knob, self.row
         texts = self.data.query_texts
-        if case == "vector":
+        if case in ("vector", WITH_TEXT):  # hits always carry their text and document id
             return lambda i: [row[h.document_id, h.chunk_index] for h in kb.retrieve(qs[i], K, ef=ef)]
         if case in FILTERS:
             flt = {"bucket": {"$lt": FILTERS[case]}}
@@ -269,7 +274,8 @@ class Zvec(Peer):
     PATH = (
         "HNSW INT8 (m=16, ef_construction=200) + invert index on bucket + FTS on text, optimized, reopened "
         "read-only; "
-        "query_internal_ids (vector, filter str), group_by_query (one per document), "
+        "query_internal_ids (vector, filter str), query(output_fields=[doc_id, text]) (vector with text), "
+        "group_by_query (one per document), "
         "query([vector, fts], reranker=RrfReRanker) (hybrid)"
     )
 
@@ -331,6 +337,13 @@ class Zvec(Peer):
             return lambda i: rows[
                 np.asarray(search(zv.Query("v", vector=qs[i], param=param), topk=K, filter=flt))[:K]
             ].tolist()
+        if case == WITH_TEXT:
+
+            def with_text(i: int) -> list[int]:
+                docs = coll.query(zv.Query("v", vector=qs[i], param=param), topk=K, output_fields=["doc_id", "text"])
+                return [int(d.id) for d in docs if isinstance(d.field("text"), str)][:K]
+
+            return with_text
         if case == "one per document":
             group = coll.group_by_query
 
@@ -372,6 +385,7 @@ class LanceDB(Peer):
         "HnswSq index (IVF_HNSW_SQ, one partition per 100k rows, m=16, ef_construction=200, cosine), BTree on bucket, "
         "native FTS on "
         "text; tbl.search(q).limit(10).ef().where(prefilter=True).select([]).to_arrow(); "
+        "with text: .select(['row', 'doc_id', 'text']); "
         "hybrid: search(query_type='hybrid') with RRF; no group-by (over-fetch 50, collapse in Python)"
     )
     knobs = (16, 32, 64, 128, 256, 512)
@@ -426,6 +440,13 @@ class LanceDB(Peer):
                 return s.to_arrow()["row"].to_pylist()
 
             return one
+        if case == WITH_TEXT:
+
+            def with_text(i: int) -> list[int]:
+                t = tbl.search(qs[i]).limit(K).ef(ef).select(["row", "doc_id", "text"]).to_arrow()
+                return [r for r, x in zip(t["row"].to_pylist(), t["text"].to_pylist()) if isinstance(x, str)]
+
+            return with_text
         if case == "one per document":
             doc_ids = self.data.doc_ids
             return lambda i: collapse(
@@ -460,7 +481,8 @@ class Chroma(Peer):
     )
     PATH = (
         "PersistentClient; HNSW (max_neighbors=16, ef_construction=200, cosine, num_threads=1); "
-        "collection.query(query_embeddings=[q], n_results=10, where=, include=[]); no group-by "
+        "collection.query(query_embeddings=[q], n_results=10, where=, include=[]) "
+        "(with text: include=['documents', 'metadatas']); no group-by "
         "(over-fetch 50, collapse in Python); no hybrid in the local client"
     )
 
@@ -497,6 +519,13 @@ class Chroma(Peer):
             return lambda i: [
                 int(x) for x in query(query_embeddings=[qs[i]], n_results=K, where=where, include=[])["ids"][0]
             ]
+        if case == WITH_TEXT:
+
+            def with_text(i: int) -> list[int]:
+                r = query(query_embeddings=[qs[i]], n_results=K, include=["documents", "metadatas"])
+                return [int(x) for x, t in zip(r["ids"][0], r["documents"][0]) if isinstance(t, str)]
+
+            return with_text
         if case == "one per document":
             doc_ids = self.data.doc_ids
             return lambda i: collapse(
@@ -523,7 +552,8 @@ class MilvusLite(Peer):
     )
     PATH = (
         "MilvusClient('file.db'); HNSW (M=16, efConstruction=200, COSINE) + BM25 function on text; "
-        "client.search(data=[q], limit=10, filter=, search_params={'ef'}, group_by_field='doc_id'); "
+        "client.search(data=[q], limit=10, filter=, search_params={'ef'}, group_by_field='doc_id'; "
+        "with text: output_fields=['doc_id', 'text']); "
         "hybrid_search with RRFRanker. Limits: Milvus Lite runs its engine in a child server process "
         "(each call is a local gRPC round trip); its only scalar index is INVERTED; reopen reconnects to "
         "that server, which may still hold the collection"
@@ -575,6 +605,14 @@ class MilvusLite(Peer):
             flt = "" if case == "vector" else f"bucket < {FILTERS[case]}"
             return lambda i: [
                 _pk(h) for h in search("c", data=[qs[i]], limit=K, filter=flt, search_params=sp, anns_field="vector")[0]
+            ]
+        if case == WITH_TEXT:
+            return lambda i: [
+                _pk(h)
+                for h in search(
+                    "c", data=[qs[i]], limit=K, search_params=sp, anns_field="vector", output_fields=["doc_id", "text"]
+                )[0]
+                if isinstance(h["entity"]["text"], str)
             ]
         if case == "one per document":
             return lambda i: [
