@@ -52,9 +52,13 @@ void search_many(std::vector<SearchTask>& tasks, ThreadPool& pool, std::size_t t
   for (const SearchTask& task : tasks) {
     if (task.params.k == 0) throw InvalidArgument("k must be positive, got 0");
   }
-  if (threads == 0 && pool_auto.load(std::memory_order_relaxed) && tasks.size() > 1) threads = idle_threads();
+  if (threads == 0) threads = pool_threads(tasks.size());
   pool.run(
       tasks.size(), [&tasks](std::size_t i) { run_one(tasks[i]); }, threads);
+}
+
+std::size_t pool_threads(std::size_t tasks) {
+  return tasks > 1 && pool_auto.load(std::memory_order_relaxed) ? idle_threads() : 0;
 }
 
 std::shared_ptr<ThreadPool> search_pool() {

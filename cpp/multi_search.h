@@ -57,6 +57,11 @@ std::size_t running_tasks(const char* loadavg);
 /// hardware threads where that file cannot be read. Thread-safe.
 std::size_t idle_threads();
 
+/// Threads that a call of `tasks` concurrent searches on the search pool uses, the caller
+/// included, as search_many decides: idle_threads() under the default pool size (when
+/// tasks > 1), else 0 (the pool's workers and the caller). Thread-safe.
+std::size_t pool_threads(std::size_t tasks);
+
 /// Threads working on one search_many call, the caller included.
 std::size_t search_threads();
 

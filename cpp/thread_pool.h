@@ -6,6 +6,7 @@
 // (never a hang waiting for the pool), and the first exception is rethrown on the caller.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -18,6 +19,17 @@
 #include <vector>
 
 namespace kbcore {
+
+/// How long run() polls for items still running on workers before it sleeps on a condition
+/// variable (the caller's share of a small batch ends first, the workers' soon after).
+inline constexpr std::chrono::microseconds kSpinWait{100};
+
+/// A hint to the core that this thread is busy-waiting (x86 PAUSE), else nothing.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 /// A fixed set of worker threads serving run() calls from any number of threads.
 /// Thread-safe: run() may be called concurrently. The destructor joins every worker.
@@ -75,6 +87,12 @@ class ThreadPool {
       wake_.notify_all();
     }
     batch->drain();
+    // An item still running on a worker usually ends within tens of microseconds, about what
+    // a futex wake-up of this thread costs: look for a while before sleeping.
+    const auto give_up = std::chrono::steady_clock::now() + kSpinWait;
+    while (batch->finished.load(std::memory_order_acquire) != n && std::chrono::steady_clock::now() < give_up) {
+      cpu_relax();
+    }
     std::unique_lock<std::mutex> lock(batch->mutex);
     batch->done_cv.wait(lock, [&] { return batch->done == batch->n; });
     batch->item = nullptr;  // no item is left to claim: drop the reference to fn
@@ -90,6 +108,7 @@ class ThreadPool {
     std::mutex mutex;  // guards done, error
     std::condition_variable done_cv;
     std::size_t done = 0;
+    std::atomic<std::size_t> finished{0};  // a copy of done, read without the mutex
     std::exception_ptr error;
 
     /// Claims and runs items until none is left; counts each claimed item as done.
@@ -108,6 +127,7 @@ class ThreadPool {
         }
         std::lock_guard<std::mutex> lock(mutex);
         if (caught && !error) error = caught;
+        finished.store(done + 1, std::memory_order_release);
         if (++done == n) done_cv.notify_all();
       }
     }

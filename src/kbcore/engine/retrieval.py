@@ -649,16 +649,22 @@ def _retrieve_fused(
         while True:
             w = min(window, n)
             if q is not None and fusion == "rrf":
-                # Both legs fused natively as the searches return them (index.fuse_rrf).
-                ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
-                tids, tscores = index.search_text(query, w, where=nf)
-                fids, fscores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+                # Both legs fused natively as the searches return them: one call that runs the
+                # BM25 leg here and the vector leg on a pool worker (Index.search_hybrid_rrf),
+                # or, for a sharded index, the legs one after the other and fuse_rrf.
+                if isinstance(index, Index):
+                    fids, fscores, n_vec, n_text = index.search_hybrid_rrf(q, query, w, where=nf, ef=ef, rrf_k=rrf_k)
+                else:
+                    ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
+                    tids, tscores = index.search_text(query, w, where=nf)
+                    fids, fscores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+                    n_vec, n_text = int(np.count_nonzero(ids >= 0)), len(tids)
                 if group_by is None:
                     top_ids, top_scores = fids[:top_k].tolist(), fscores[:top_k].tolist()
                     cands: list[Candidate] = [(i, s, ()) for i, s in zip(top_ids, top_scores)]
                     break
                 cands = _dedup_fused(index, state, fids, fscores, top_k, group_by)
-                full = len(tids) == w or np.count_nonzero(ids >= 0) == w
+                full = n_text == w or n_vec == w
             else:
                 vec_leg: list[tuple[int, float]] = []
                 if q is not None:
