@@ -39,7 +39,7 @@ HybridRrf search_hybrid_rrf(const Index& index, const float* query, const std::s
           index.search(query, 1, params, ids.data(), dist.data());
         }
       },
-      threads == 0 ? pool_threads(2) : threads);
+      threads == 0 ? pool_threads(2, pool) : threads);
   HybridRrf out;
   for (const std::int64_t id : ids) out.vector_hits += id >= 0 ? 1 : 0;
   out.text_hits = matches.size();

@@ -24,6 +24,10 @@ namespace kbcore {
 /// variable (the caller's share of a small batch ends first, the workers' soon after).
 inline constexpr std::chrono::microseconds kSpinWait{100};
 
+/// How long a worker that just ran a batch polls for the next one before it sleeps: the gap
+/// between two searches of a query loop (the caller's Python work) is shorter.
+inline constexpr std::chrono::microseconds kWorkerSpin{300};
+
 /// A hint to the core that this thread is busy-waiting (x86 PAUSE), else nothing.
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -59,6 +63,10 @@ class ThreadPool {
   /// Number of worker threads (the caller of run() works besides them).
   std::size_t workers() const { return threads_.size(); }
 
+  /// Workers polling for the next batch right now: runnable for the scheduler (they count in
+  /// /proc/loadavg) but free to take a batch at once.
+  std::size_t spinning() const { return spinning_.load(std::memory_order_relaxed); }
+
   /// Calls fn(i) for i in [0, n), on the caller and up to min(n, threads) - 1 workers
   /// (threads = 0: every worker); returns when every call has finished. After an exception,
   /// items not yet started are skipped and the first exception is rethrown here.
@@ -80,6 +88,7 @@ class ThreadPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (std::size_t h = 0; h < helpers; ++h) jobs_.emplace_back(batch);
+      queued_.store(jobs_.size(), std::memory_order_release);
     }
     if (helpers == 1) {
       wake_.notify_one();
@@ -134,22 +143,38 @@ class ThreadPool {
   };
 
   void work() {
+    bool served = false;  // this worker ran a batch since it last slept
     for (;;) {
       std::shared_ptr<Batch> batch;
+      if (served) {
+        // Calls come in bursts (a query loop): look for the next batch for a while before
+        // sleeping, since waking a sleeping worker takes tens of microseconds, as long as a
+        // one-query search. A worker that has served nothing does not spin.
+        spinning_.fetch_add(1, std::memory_order_relaxed);
+        const auto give_up = std::chrono::steady_clock::now() + kWorkerSpin;
+        while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < give_up) {
+          cpu_relax();
+        }
+        spinning_.fetch_sub(1, std::memory_order_relaxed);
+      }
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
         if (jobs_.empty()) return;  // stop_ and nothing left
         batch = std::move(jobs_.front());
         jobs_.pop_front();
+        queued_.store(jobs_.size(), std::memory_order_release);
       }
       batch->drain();
+      served = true;
     }
   }
 
   std::mutex mutex_;  // guards jobs_, stop_
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Batch>> jobs_;
+  std::atomic<std::size_t> queued_{0};    // jobs_.size(), read without the mutex by spinning workers
+  std::atomic<std::size_t> spinning_{0};  // workers in their polling loop
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -175,6 +175,17 @@ KBCORE_TEST(search_threads_are_configurable) {
   CHECK(kbcore::search_threads() >= 1);
 }
 
+KBCORE_TEST(idle_threads_leave_out_polling_pool_workers) {
+  CHECK(kbcore::idle_of(0, 0, 2) == 2);  // /proc/loadavg unreadable
+  CHECK(kbcore::idle_of(1, 0, 2) == 2);  // the caller alone
+  CHECK(kbcore::idle_of(2, 0, 2) == 1);  // one other runnable task
+  CHECK(kbcore::idle_of(2, 1, 2) == 2);  // ... that is this process's polling worker
+  CHECK(kbcore::idle_of(3, 1, 2) == 1);
+  CHECK(kbcore::idle_of(9, 1, 2) == 1);
+  CHECK(kbcore::idle_of(1, 3, 8) == 8);  // never fewer than the caller counted
+  CHECK(kbcore::idle_of(4, 1, 8) == 6);
+}
+
 KBCORE_TEST(running_tasks_reads_the_fourth_field_of_loadavg) {
   CHECK(kbcore::running_tasks("0.50 0.40 0.30 3/512 1234\n") == 3);
   CHECK(kbcore::running_tasks("12.01 7.70 5.50 17/2048 99") == 17);
