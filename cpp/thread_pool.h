@@ -153,7 +153,7 @@ class ThreadPool {
         spinning_.fetch_add(1, std::memory_order_relaxed);
         const auto give_up = std::chrono::steady_clock::now() + kWorkerSpin;
         while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < give_up) {
-          cpu_relax();
+          std::this_thread::yield();  // on a busy core, the other runnable tasks go first
         }
         spinning_.fetch_sub(1, std::memory_order_relaxed);
       }
