@@ -269,7 +269,8 @@ _WHERES = (None, {"bucket": {"$lt": 30}}, {"bucket": 7}, {"bucket": 1000})
 def test_search_hybrid_rrf_is_the_two_searches_then_fuse_rrf(pool_sizes):
     """One native call, the legs run concurrently or one after the other: the same ids, scores
     (bit for bit) and order as Index.search + Index.search_text + fuse_rrf, and each leg's hit
-    count, with filters, padding, every pool size and rrf_k."""
+    count, with filters, padding, every pool size and rrf_k; search_hybrid_legs returns the two
+    searches' arrays themselves."""
     rng, words, texts, index = _hybrid_index(13, 1500)
     queries = _queries(rng, words, texts, 12)
     vectors = rng.standard_normal((len(queries), DIM)).astype(np.float32)
@@ -287,6 +288,9 @@ def test_search_hybrid_rrf_is_the_two_searches_then_fuse_rrf(pool_sizes):
                     assert got[0].tolist() == want_ids.tolist(), (threads, query, where, k)
                     assert got[1].tolist() == want_scores.tolist(), (threads, query, where, k)
                     assert got[2:] == (int(np.count_nonzero(ids >= 0)), len(tids)), (threads, query, where, k)
+                    legs = index.search_hybrid_legs(qvec, query, k, where=where, ef=ef)
+                    for leg, want in zip(legs, (ids, dist, tids, tscores)):
+                        assert leg.dtype == want.dtype and leg.tolist() == want.tolist(), (threads, query, where, k)
                     checked += len(want_ids)
     assert checked > 50_000
 
@@ -407,3 +411,45 @@ def test_hybrid_rrf_with_dedup_and_filters_is_the_reference(tmp_path):
                 checked += len(want)
     engine.close()
     assert checked > 500
+
+
+@pytest.mark.parametrize("fusion", ["zscore", "linear"])
+def test_hybrid_zscore_and_linear_are_the_documented_fusion_of_the_two_searches(tmp_path, fusion):
+    """The engine's z-score and linear hybrid (both legs from one native call) against the
+    fusion of the two public searches written out: the vector leg's scores from its distances,
+    each leg ranked with ties by id, z-score with the BM25 leg's floor of zeros."""
+    import pyarrow as pa
+
+    from kbcore.engine.scores import score_from_distance
+    from kbcore.fusion import linear, zscore
+
+    rng, words, texts, _ = _corpus(29, 700)
+    vecs = rng.standard_normal((len(texts), DIM)).astype(np.float32)
+    buckets = rng.integers(0, 100, len(texts))
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", embedder=False, chunk_size=100_000)
+    kb.ingest_table(
+        pa.table({"document_id": [f"d{i}" for i in range(len(texts))], "text": texts, "bucket": buckets}),
+        vectors=vecs,
+        span_columns=None,
+        metadata_columns=["bucket"],
+    )
+    kb.wait_until_indexed()
+    index = kb.index
+    for query in _queries(rng, words, texts, 12):
+        qvec = rng.standard_normal(DIM).astype(np.float32)
+        for where in (None, {"bucket": {"$lt": 25}}, {"bucket": 3}):
+            hits = kb.retrieve(query, 10, search_type="hybrid", fusion=fusion, query_vector=qvec, filters=where)
+            w = min(50, len(index))
+            ids, dist = index.search(qvec, w, where=where)
+            pairs = sorted((float(d), int(i)) for i, d in zip(ids, dist) if i >= 0)
+            vec_leg = [(i, float(score_from_distance(d, "cosine"))) for d, i in pairs]
+            tids, tscores = index.search_text(query, w, where=where)
+            text_leg = [(i, -v) for v, i in sorted((-float(v), int(i)) for i, v in zip(tids, tscores))]
+            if fusion == "zscore":
+                unmatched = len(vec_leg) - len(tids)
+                fused = zscore([vec_leg, text_leg], floors=[None, (0.0, unmatched) if unmatched > 0 else None])
+            else:
+                fused = linear(vec_leg, text_leg, 0.7)
+            assert [(h.id, h.score) for h in hits] == fused[:10], (query, where)
+    engine.close()
