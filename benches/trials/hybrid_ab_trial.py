@@ -2,10 +2,11 @@
 base commit against the working tree's, interleaved passes over SciFact's 300 queries.
 
     python -m benches.trials.hybrid_ab_trial [--base a1f9cd6] [--ef 32] [--passes 6] [--kb DIR]
+        [--fusion rrf|zscore|linear] [--threads 0]
 
 Builds (once, into --kb) the knowledge base of ``benches.bench_engine_peers`` (SciFact chunks,
 pre-embedded, SQ8 HNSW), then alternates passes of ``kb.retrieve(text, 10, ef=, search_type=
-"hybrid", fusion="rrf", query_vector=v)`` through the base module and the current one. Per pass
+"hybrid", fusion=, query_vector=v)`` through the base module and the current one. Per pass
 it records each query's wall time, calling-thread CPU time and process CPU time (all threads);
 prints the median over passes of each pass's p50, and new / old ratios. Also checks that both
 paths return identical hits (ids, scores, order) for every query.
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--kb", default="/tmp/h41kb")
     ap.add_argument("--data", default=None)
+    ap.add_argument("--fusion", default="rrf", choices=["rrf", "zscore", "linear"])
     ap.add_argument("--threads", type=int, default=0, help="kbcore.index.set_search_threads (0: the default)")
     args = ap.parse_args()
 
@@ -75,7 +77,7 @@ def main() -> None:
         wall, thr, proc, out = [], [], [], []
         for i in range(len(texts)):
             w0, t0, p0 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
-            hits = kb.retrieve(texts[i], 10, ef=ef, search_type="hybrid", fusion="rrf", query_vector=qs[i])
+            hits = kb.retrieve(texts[i], 10, ef=ef, search_type="hybrid", fusion=args.fusion, query_vector=qs[i])
             p1, t1, w1 = time.process_time_ns(), time.thread_time_ns(), time.perf_counter_ns()
             wall.append(w1 - w0)
             thr.append(t1 - t0)
