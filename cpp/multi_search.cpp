@@ -52,9 +52,13 @@ void search_many(std::vector<SearchTask>& tasks, ThreadPool& pool, std::size_t t
   for (const SearchTask& task : tasks) {
     if (task.params.k == 0) throw InvalidArgument("k must be positive, got 0");
   }
-  if (threads == 0 && pool_auto.load(std::memory_order_relaxed) && tasks.size() > 1) threads = idle_threads();
+  if (threads == 0) threads = pool_threads(tasks.size(), pool);
   pool.run(
       tasks.size(), [&tasks](std::size_t i) { run_one(tasks[i]); }, threads);
+}
+
+std::size_t pool_threads(std::size_t tasks, const ThreadPool& pool) {
+  return tasks > 1 && pool_auto.load(std::memory_order_relaxed) ? idle_threads(pool.spinning()) : 0;
 }
 
 std::shared_ptr<ThreadPool> search_pool() {
@@ -89,7 +93,14 @@ std::size_t running_tasks(const char* loadavg) {
   return static_cast<std::size_t>(running);
 }
 
-std::size_t idle_threads() {
+std::size_t idle_of(std::size_t running, std::size_t polling, std::size_t hardware) {
+  if (running == 0) return hardware;  // unreadable: as if idle
+  // The caller is runnable itself: at least one task stays counted.
+  running = running > polling ? running - polling : 1;
+  return running > hardware ? 1 : hardware - running + 1;
+}
+
+std::size_t idle_threads(std::size_t polling) {
   const std::int64_t now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   const std::int64_t last = idle_read_ns.load(std::memory_order_relaxed);
@@ -102,8 +113,7 @@ std::size_t idle_threads() {
     char text[128] = {};
     const std::size_t got = std::fread(text, 1, sizeof(text) - 1, file.get());
     text[got] = '\0';
-    const std::size_t running = running_tasks(text);
-    if (running > 0) idle = running > hardware ? 1 : hardware - running + 1;
+    idle = idle_of(running_tasks(text), polling, hardware);
   }
   idle_cached.store(idle, std::memory_order_relaxed);
   idle_read_ns.store(now, std::memory_order_relaxed);

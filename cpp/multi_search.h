@@ -52,10 +52,23 @@ void set_search_threads(std::size_t threads);
 /// 0 when the text does not parse.
 std::size_t running_tasks(const char* loadavg);
 
+/// The hardware threads a call may use when `running` tasks are runnable (this thread
+/// included; 0: unknown, then all of them), `polling` of them this process's idle pool
+/// workers (not counted), on `hardware` threads: at least 1. O(1).
+std::size_t idle_of(std::size_t running, std::size_t polling, std::size_t hardware);
+
 /// Hardware threads a call may use now, the caller included: those not taken by the other
 /// runnable tasks of the machine (/proc/loadavg, read at most every 20 ms), at least 1; the
-/// hardware threads where that file cannot be read. Thread-safe.
-std::size_t idle_threads();
+/// hardware threads where that file cannot be read. `polling` runnable threads of this
+/// process that give their core up to a call (a pool's workers waiting for a batch,
+/// ThreadPool::spinning()) are left out of the count. Thread-safe.
+std::size_t idle_threads(std::size_t polling = 0);
+
+/// Threads that a call of `tasks` concurrent searches on the search pool uses, the caller
+/// included, as search_many decides: idle_threads() under the default pool size (when
+/// tasks > 1; `pool`'s polling workers count as idle), else 0 (the pool's workers and the
+/// caller). Thread-safe.
+std::size_t pool_threads(std::size_t tasks, const ThreadPool& pool);
 
 /// Threads working on one search_many call, the caller included.
 std::size_t search_threads();

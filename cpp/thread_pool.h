@@ -6,6 +6,7 @@
 // (never a hang waiting for the pool), and the first exception is rethrown on the caller.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -18,6 +19,21 @@
 #include <vector>
 
 namespace kbcore {
+
+/// How long run() polls for items still running on workers before it sleeps on a condition
+/// variable (the caller's share of a small batch ends first, the workers' soon after).
+inline constexpr std::chrono::microseconds kSpinWait{100};
+
+/// How long a worker that just ran a batch polls for the next one before it sleeps: the gap
+/// between two searches of a query loop (the caller's Python work) is shorter.
+inline constexpr std::chrono::microseconds kWorkerSpin{300};
+
+/// A hint to the core that this thread is busy-waiting (x86 PAUSE), else nothing.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 /// A fixed set of worker threads serving run() calls from any number of threads.
 /// Thread-safe: run() may be called concurrently. The destructor joins every worker.
@@ -47,6 +63,10 @@ class ThreadPool {
   /// Number of worker threads (the caller of run() works besides them).
   std::size_t workers() const { return threads_.size(); }
 
+  /// Workers polling for the next batch right now: runnable for the scheduler (they count in
+  /// /proc/loadavg) but free to take a batch at once.
+  std::size_t spinning() const { return spinning_.load(std::memory_order_relaxed); }
+
   /// Calls fn(i) for i in [0, n), on the caller and up to min(n, threads) - 1 workers
   /// (threads = 0: every worker); returns when every call has finished. After an exception,
   /// items not yet started are skipped and the first exception is rethrown here.
@@ -68,6 +88,7 @@ class ThreadPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (std::size_t h = 0; h < helpers; ++h) jobs_.emplace_back(batch);
+      queued_.store(jobs_.size(), std::memory_order_release);
     }
     if (helpers == 1) {
       wake_.notify_one();
@@ -75,6 +96,12 @@ class ThreadPool {
       wake_.notify_all();
     }
     batch->drain();
+    // An item still running on a worker usually ends within tens of microseconds, about what
+    // a futex wake-up of this thread costs: look for a while before sleeping.
+    const auto give_up = std::chrono::steady_clock::now() + kSpinWait;
+    while (batch->finished.load(std::memory_order_acquire) != n && std::chrono::steady_clock::now() < give_up) {
+      cpu_relax();
+    }
     std::unique_lock<std::mutex> lock(batch->mutex);
     batch->done_cv.wait(lock, [&] { return batch->done == batch->n; });
     batch->item = nullptr;  // no item is left to claim: drop the reference to fn
@@ -90,6 +117,7 @@ class ThreadPool {
     std::mutex mutex;  // guards done, error
     std::condition_variable done_cv;
     std::size_t done = 0;
+    std::atomic<std::size_t> finished{0};  // a copy of done, read without the mutex
     std::exception_ptr error;
 
     /// Claims and runs items until none is left; counts each claimed item as done.
@@ -108,28 +136,45 @@ class ThreadPool {
         }
         std::lock_guard<std::mutex> lock(mutex);
         if (caught && !error) error = caught;
+        finished.store(done + 1, std::memory_order_release);
         if (++done == n) done_cv.notify_all();
       }
     }
   };
 
   void work() {
+    bool served = false;  // this worker ran a batch since it last slept
     for (;;) {
       std::shared_ptr<Batch> batch;
+      if (served) {
+        // Calls come in bursts (a query loop): look for the next batch for a while before
+        // sleeping, since waking a sleeping worker takes tens of microseconds, as long as a
+        // one-query search. A worker that has served nothing does not spin.
+        spinning_.fetch_add(1, std::memory_order_relaxed);
+        const auto give_up = std::chrono::steady_clock::now() + kWorkerSpin;
+        while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < give_up) {
+          std::this_thread::yield();  // on a busy core, the other runnable tasks go first
+        }
+        spinning_.fetch_sub(1, std::memory_order_relaxed);
+      }
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
         if (jobs_.empty()) return;  // stop_ and nothing left
         batch = std::move(jobs_.front());
         jobs_.pop_front();
+        queued_.store(jobs_.size(), std::memory_order_release);
       }
       batch->drain();
+      served = true;
     }
   }
 
   std::mutex mutex_;  // guards jobs_, stop_
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Batch>> jobs_;
+  std::atomic<std::size_t> queued_{0};    // jobs_.size(), read without the mutex by spinning workers
+  std::atomic<std::size_t> spinning_{0};  // workers in their polling loop
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -9,6 +9,7 @@
 
 #include "bindings.h"
 #include "errors.h"
+#include "hybrid_search.h"
 #include "index.h"
 #include "multi_search.h"
 #include "rank_fusion.h"
@@ -430,6 +431,57 @@ void bind_index(py::module_& m) {
             return py::make_tuple(ids, dist);
           },
           py::arg("query"), py::arg("k"), py::arg("ef"), py::arg("filter"))
+      .def(
+          "search_hybrid_legs",
+          // Both legs of one hybrid query, concurrently (hybrid_search.h), unfused: (ids [k],
+          // distances [k], text ids, text scores) as search_one and search_text return them.
+          [](const Index& self, const FloatArray& query, const std::string& text, std::size_t k, std::size_t ef,
+             const py::object& filter) {
+            if (query.ndim() != 1 || static_cast<std::size_t>(query.shape(0)) != self.dim()) {
+              throw InvalidArgument("query must be a 1-D array of the index's dimension " + std::to_string(self.dim()));
+            }
+            const FilterRef node(filter);
+            HybridLegs legs;
+            {
+              py::gil_scoped_release nogil;
+              std::shared_ptr<ThreadPool> pool = search_pool();
+              legs = search_hybrid_legs(self, query.data(), text, k, ef, node.get(), *pool);
+            }
+            IdArray ids(static_cast<py::ssize_t>(legs.ids.size()), legs.ids.data());
+            FloatArray dist(static_cast<py::ssize_t>(legs.distances.size()), legs.distances.data());
+            IdArray tids(static_cast<py::ssize_t>(legs.text_ids.size()), legs.text_ids.data());
+            FloatArray tscores(static_cast<py::ssize_t>(legs.text_scores.size()), legs.text_scores.data());
+            return py::make_tuple(ids, dist, tids, tscores);
+          },
+          py::arg("query"), py::arg("text"), py::arg("k"), py::arg("ef"), py::arg("filter"))
+      .def(
+          "search_hybrid_rrf",
+          // Both legs of one hybrid query, concurrently, fused by RRF (hybrid_search.h): one
+          // GIL release instead of three calls. Returns (ids int64, scores float64, vector
+          // hits, text hits).
+          [](const Index& self, const FloatArray& query, const std::string& text, std::size_t k, std::size_t ef,
+             const py::object& filter, double rrf_k) {
+            if (query.ndim() != 1 || static_cast<std::size_t>(query.shape(0)) != self.dim()) {
+              throw InvalidArgument("query must be a 1-D array of the index's dimension " + std::to_string(self.dim()));
+            }
+            const FilterRef node(filter);
+            HybridRrf res;
+            {
+              py::gil_scoped_release nogil;
+              std::shared_ptr<ThreadPool> pool = search_pool();
+              res = search_hybrid_rrf(self, query.data(), text, k, ef, node.get(), rrf_k, *pool);
+            }
+            IdArray ids(static_cast<py::ssize_t>(res.fused.size()));
+            py::array_t<double> scores(static_cast<py::ssize_t>(res.fused.size()));
+            auto* pi = ids.mutable_data();
+            auto* ps = scores.mutable_data();
+            for (std::size_t i = 0; i < res.fused.size(); ++i) {
+              pi[i] = res.fused[i].id;
+              ps[i] = res.fused[i].score;
+            }
+            return py::make_tuple(ids, scores, res.vector_hits, res.text_hits);
+          },
+          py::arg("query"), py::arg("text"), py::arg("k"), py::arg("ef"), py::arg("filter"), py::arg("rrf_k"))
       .def(
           "search_groups",
           [](const Index& self, const FloatArray& queries, std::size_t k, const std::string& group_by,

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 
 import numpy as np
 import pytest
 
 from kbcore import Engine, Index
+from kbcore.errors import InvalidArgumentError, InvalidTypeError
 from kbcore.fusion import normalize_rrf, rrf
-from kbcore.index import fuse_rrf
+from kbcore.index import fuse_rrf, set_search_threads
 
 K1 = np.float32(1.2)
 B = np.float32(0.75)
@@ -237,3 +239,217 @@ def test_hybrid_rrf_is_exhaustive_bm25_and_the_rrf_formula(tmp_path, window):
             fused = sorted(acc, key=lambda i: (-acc[i], best[i], i))[:top_k]
             assert [h.id for h in hits] == fused, (query, top_k)
             assert [h.score for h in hits] == [min(1.0, acc[i] / top) for i in fused], (query, top_k)
+
+
+@pytest.fixture
+def pool_sizes():
+    """Each test leaves the process's search pool at its default size."""
+    yield (1, 2, 3)
+    set_search_threads(0)
+
+
+def _hybrid_index(seed: int, n: int):
+    """An SQ8 HNSW index (the engine's default kind) with texts and a bucket field."""
+    rng, words, texts, ids = _corpus(seed, n)
+    index = Index(DIM, metric="cosine", kind="hnsw", M=8, ef_construction=64, quantization="sq8")
+    buckets = rng.integers(0, 100, n)
+    index.add(
+        rng.standard_normal((n, DIM)).astype(np.float32),
+        ids,
+        texts=texts,
+        metadata=[{"bucket": int(b)} for b in buckets],
+    )
+    return rng, words, texts, index
+
+
+# Filters: none, ~30 % of rows, ~1 % (the vector leg pads: fewer passing rows than k), none pass.
+_WHERES = (None, {"bucket": {"$lt": 30}}, {"bucket": 7}, {"bucket": 1000})
+
+
+def test_search_hybrid_rrf_is_the_two_searches_then_fuse_rrf(pool_sizes):
+    """One native call, the legs run concurrently or one after the other: the same ids, scores
+    (bit for bit) and order as Index.search + Index.search_text + fuse_rrf, and each leg's hit
+    count, with filters, padding, every pool size and rrf_k; search_hybrid_legs returns the two
+    searches' arrays themselves."""
+    rng, words, texts, index = _hybrid_index(13, 1500)
+    queries = _queries(rng, words, texts, 12)
+    vectors = rng.standard_normal((len(queries), DIM)).astype(np.float32)
+    checked = 0
+    for threads in pool_sizes:
+        set_search_threads(threads)
+        for query, qvec in zip(queries, vectors):
+            for where in _WHERES:
+                for k, ef, rrf_k in ((1, None, 60), (10, 16, 0), (50, None, 60), (2000, 40, 1e6)):
+                    got = index.search_hybrid_rrf(qvec, query, k, where=where, ef=ef, rrf_k=rrf_k)
+                    ids, dist = index.search(qvec, k, where=where, ef=ef, threads=1)
+                    tids, tscores = index.search_text(query, k, where=where)
+                    want_ids, want_scores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+                    assert got[0].dtype == np.int64 and got[1].dtype == np.float64
+                    assert got[0].tolist() == want_ids.tolist(), (threads, query, where, k)
+                    assert got[1].tolist() == want_scores.tolist(), (threads, query, where, k)
+                    assert got[2:] == (int(np.count_nonzero(ids >= 0)), len(tids)), (threads, query, where, k)
+                    legs = index.search_hybrid_legs(qvec, query, k, where=where, ef=ef)
+                    for leg, want in zip(legs, (ids, dist, tids, tscores)):
+                        assert leg.dtype == want.dtype and leg.tolist() == want.tolist(), (threads, query, where, k)
+                    checked += len(want_ids)
+    assert checked > 50_000
+
+
+def test_search_hybrid_rrf_from_many_threads_at_once(pool_sizes):
+    """Calls from several Python threads share the process's pool: each gets its own answer."""
+    rng, words, texts, index = _hybrid_index(17, 800)
+    queries = _queries(rng, words, texts, 16)
+    vectors = rng.standard_normal((len(queries), DIM)).astype(np.float32)
+    set_search_threads(1)
+    want = [index.search_hybrid_rrf(v, q, 50, where=_WHERES[j % 3]) for j, (q, v) in enumerate(zip(queries, vectors))]
+    set_search_threads(2)
+    errors: list[str] = []
+
+    def worker(t: int) -> None:
+        for rep in range(20):
+            j = (t * 5 + rep) % len(queries)
+            got = index.search_hybrid_rrf(vectors[j], queries[j], 50, where=_WHERES[j % 3])
+            if got[0].tolist() != want[j][0].tolist() or got[1].tolist() != want[j][1].tolist():
+                errors.append(f"thread {t} query {j}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_search_hybrid_rrf_rejects_bad_arguments():
+    _, _, _, index = _hybrid_index(19, 50)
+    q = np.zeros(DIM, dtype=np.float32)
+    q[0] = 1.0
+    with pytest.raises(InvalidArgumentError, match="rrf k"):
+        index.search_hybrid_rrf(q, "a", 10, rrf_k=-1.0)
+    with pytest.raises(InvalidArgumentError, match="rrf k"):
+        index.search_hybrid_rrf(q, "a", 10, rrf_k=float("inf"))
+    with pytest.raises(InvalidTypeError, match="rrf k"):
+        index.search_hybrid_rrf(q, "a", 10, rrf_k="60")
+    with pytest.raises(InvalidTypeError, match="query_text"):
+        index.search_hybrid_rrf(q, b"a", 10)
+    with pytest.raises(InvalidArgumentError, match="dimension"):
+        index.search_hybrid_rrf(q[:-1], "a", 10)
+    with pytest.raises(InvalidArgumentError, match="one query vector"):
+        index.search_hybrid_rrf(np.stack([q, q]), "a", 10)
+    with pytest.raises(InvalidArgumentError, match="k must be"):
+        index.search_hybrid_rrf(q, "a", 0)
+    with pytest.raises(InvalidArgumentError, match="ef must be"):
+        index.search_hybrid_rrf(q, "a", 10, ef=2**31)
+    with pytest.raises(InvalidArgumentError):
+        index.search_hybrid_rrf(np.full(DIM, np.nan, dtype=np.float32), "a", 10)
+    with pytest.raises(InvalidArgumentError):
+        index.search_hybrid_rrf(q, "a", 10, where={"bucket": {"$bogus": 1}})
+    # A 2-D [1, dim] query and a float64 vector are converted once, as search does.
+    got = index.search_hybrid_rrf(q[None, :].astype(np.float64), "a", 10)
+    assert got[0].tolist() == index.search_hybrid_rrf(q, "a", 10)[0].tolist()
+
+
+def _dedup_reference(index, qvec, query, top_k, where, rrf_k=60.0):
+    """The engine's hybrid RRF with deduplicate=True written out with the public calls: legs
+    of `window` candidates, fuse_rrf, the first chunk of each document in fused order, the
+    window widened 4x while too few documents come back and a leg was full."""
+    n = len(index)
+    window = max(4 * top_k, 50)
+    while True:
+        w = min(window, n)
+        ids, dist = index.search(qvec, w, where=where, threads=1)
+        tids, tscores = index.search_text(query, w, where=where)
+        fids, fscores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+        seen: dict[str, tuple[int, float]] = {}
+        for i, s, m in zip(fids.tolist(), fscores.tolist(), index.get_metadata(fids) if len(fids) else []):
+            if m["document_id"] not in seen:
+                seen[m["document_id"]] = (i, s)
+        picked = list(seen.values())[:top_k]
+        full = len(tids) == w or int(np.count_nonzero(ids >= 0)) == w
+        if len(picked) >= top_k or not full or w >= n:
+            return picked
+        window = w * 4
+
+
+def test_hybrid_rrf_with_dedup_and_filters_is_the_reference(tmp_path):
+    """The engine's hybrid RRF path (one native call for both legs) with deduplicate=True and
+    filters, including a narrow filter that widens the window: the documented computation."""
+    import pyarrow as pa
+
+    rng, words, texts, _ = _corpus(23, 1200)
+    vecs = rng.standard_normal((len(texts), DIM)).astype(np.float32)
+    docs = [f"d{i // 6}" for i in range(len(texts))]  # six chunks per document
+    buckets = rng.integers(0, 100, len(texts))
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", embedder=False, chunk_size=100_000)
+    kb.ingest_table(
+        pa.table(
+            {
+                "document_id": docs,
+                "chunk_index": pa.array([i % 6 for i in range(len(texts))], pa.int64()),
+                "text": texts,
+                "bucket": pa.array(buckets, pa.int64()),
+            }
+        ),
+        vectors=vecs,
+        span_columns=None,
+        metadata_columns=["bucket"],
+    )
+    kb.wait_until_indexed()
+    index = kb.index
+    checked = 0
+    for query in _queries(rng, words, texts, 10):
+        qvec = rng.standard_normal(DIM).astype(np.float32)
+        for where in (None, {"bucket": {"$lt": 20}}, {"bucket": {"$lt": 2}}):
+            for top_k in (1, 10, 30):
+                hits = kb.retrieve(
+                    query, top_k, search_type="hybrid", fusion="rrf", query_vector=qvec, deduplicate=True, filters=where
+                )
+                want = _dedup_reference(index, qvec, query, top_k, where)
+                assert [(h.id, h.score) for h in hits] == want, (query, where, top_k)
+                assert len({h.document_id for h in hits}) == len(hits)
+                checked += len(want)
+    engine.close()
+    assert checked > 500
+
+
+@pytest.mark.parametrize("fusion", ["zscore", "linear"])
+def test_hybrid_zscore_and_linear_are_the_documented_fusion_of_the_two_searches(tmp_path, fusion):
+    """The engine's z-score and linear hybrid (both legs from one native call) against the
+    fusion of the two public searches written out: the vector leg's scores from its distances,
+    each leg ranked with ties by id, z-score with the BM25 leg's floor of zeros."""
+    import pyarrow as pa
+
+    from kbcore.engine.scores import score_from_distance
+    from kbcore.fusion import linear, zscore
+
+    rng, words, texts, _ = _corpus(29, 700)
+    vecs = rng.standard_normal((len(texts), DIM)).astype(np.float32)
+    buckets = rng.integers(0, 100, len(texts))
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", embedder=False, chunk_size=100_000)
+    kb.ingest_table(
+        pa.table({"document_id": [f"d{i}" for i in range(len(texts))], "text": texts, "bucket": buckets}),
+        vectors=vecs,
+        span_columns=None,
+        metadata_columns=["bucket"],
+    )
+    kb.wait_until_indexed()
+    index = kb.index
+    for query in _queries(rng, words, texts, 12):
+        qvec = rng.standard_normal(DIM).astype(np.float32)
+        for where in (None, {"bucket": {"$lt": 25}}, {"bucket": 3}):
+            hits = kb.retrieve(query, 10, search_type="hybrid", fusion=fusion, query_vector=qvec, filters=where)
+            w = min(50, len(index))
+            ids, dist = index.search(qvec, w, where=where)
+            pairs = sorted((float(d), int(i)) for i, d in zip(ids, dist) if i >= 0)
+            vec_leg = [(i, float(score_from_distance(d, "cosine"))) for d, i in pairs]
+            tids, tscores = index.search_text(query, w, where=where)
+            text_leg = [(i, -v) for v, i in sorted((-float(v), int(i)) for i, v in zip(tids, tscores))]
+            if fusion == "zscore":
+                unmatched = len(vec_leg) - len(tids)
+                fused = zscore([vec_leg, text_leg], floors=[None, (0.0, unmatched) if unmatched > 0 else None])
+            else:
+                fused = linear(vec_leg, text_leg, 0.7)
+            assert [(h.id, h.score) for h in hits] == fused[:10], (query, where)
+    engine.close()

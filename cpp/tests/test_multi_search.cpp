@@ -5,11 +5,14 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "errors.h"
+#include "hybrid_search.h"
 #include "index.h"
 #include "multi_search.h"
 #include "parallel.h"
@@ -73,6 +76,56 @@ KBCORE_TEST(search_many_equals_one_search_per_index) {
   kbcore::set_search_threads(0);
 }
 
+KBCORE_TEST(hybrid_rrf_equals_both_searches_then_rrf_fuse) {
+  const std::size_t n = 600;
+  kbcore::Index index(config(kDim, kbcore::IndexKind::kHnsw));
+  const auto x = clustered(n, kDim, 21);
+  const char* words[] = {"tide", "moon", "rock", "salt", "wave", "reef", "sand", "kelp"};
+  std::vector<std::int64_t> ids(n);
+  std::vector<std::optional<std::string>> texts(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<std::int64_t>(7 * i + 3);
+    texts[i] = std::string(words[i % 8]) + " " + words[(i * 5 + 1) % 8] + " " + words[(i / 3) % 8];
+  }
+  index.add(x.data(), ids.data(), n, 1, {}, &texts);
+  const auto q = clustered(1, kDim, 22);
+  for (std::size_t threads : {1, 2, 3}) {
+    kbcore::ThreadPool pool(threads - 1);
+    for (std::size_t k : {1, 10, 50, 1000}) {
+      const kbcore::HybridRrf got =
+          kbcore::search_hybrid_rrf(index, q.data(), "moon kelp", k, 0, nullptr, 60.0, pool, threads);
+      kbcore::SearchParams params;
+      params.k = k;
+      params.threads = 1;
+      std::vector<std::int64_t> vid(k, -1);
+      std::vector<float> vdist(k);
+      index.search(q.data(), 1, params, vid.data(), vdist.data());
+      const auto text = index.search_text("moon kelp", k);
+      std::vector<std::int64_t> tid;
+      std::vector<float> tscore;
+      for (const auto& [id, score] : text) {
+        tid.push_back(id);
+        tscore.push_back(score);
+      }
+      const auto want = kbcore::rrf_fuse(vid.data(), vdist.data(), k, tid.data(), tscore.data(), tid.size(), 60.0);
+      CHECK(got.fused.size() == want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        CHECK(got.fused[i].id == want[i].id && got.fused[i].score == want[i].score);
+      }
+      CHECK(got.vector_hits ==
+            static_cast<std::size_t>(std::count_if(vid.begin(), vid.end(), [](auto v) { return v >= 0; })));
+      CHECK(got.text_hits == text.size());
+    }
+    std::vector<float> bad(kDim, std::numeric_limits<float>::quiet_NaN());
+    CHECK(throws<kbcore::InvalidArgument>(
+        [&] { kbcore::search_hybrid_rrf(index, bad.data(), "moon", 10, 0, nullptr, 60.0, pool, threads); }));
+    CHECK(throws<kbcore::InvalidArgument>(
+        [&] { kbcore::search_hybrid_rrf(index, q.data(), "moon", 0, 0, nullptr, 60.0, pool, threads); }));
+    CHECK(throws<kbcore::InvalidArgument>(
+        [&] { kbcore::search_hybrid_rrf(index, q.data(), "moon", 10, 0, nullptr, -1.0, pool, threads); }));
+  }
+}
+
 KBCORE_TEST(search_many_rethrows_a_failing_search) {
   const auto index = make_index(200, 5);
   const auto q = clustered(1, kDim, 6);
@@ -120,6 +173,17 @@ KBCORE_TEST(search_threads_are_configurable) {
   CHECK(throws<kbcore::InvalidArgument>([] { kbcore::set_search_threads(kbcore::kMaxThreads + 1); }));
   kbcore::set_search_threads(0);
   CHECK(kbcore::search_threads() >= 1);
+}
+
+KBCORE_TEST(idle_threads_leave_out_polling_pool_workers) {
+  CHECK(kbcore::idle_of(0, 0, 2) == 2);  // /proc/loadavg unreadable
+  CHECK(kbcore::idle_of(1, 0, 2) == 2);  // the caller alone
+  CHECK(kbcore::idle_of(2, 0, 2) == 1);  // one other runnable task
+  CHECK(kbcore::idle_of(2, 1, 2) == 2);  // ... that is this process's polling worker
+  CHECK(kbcore::idle_of(3, 1, 2) == 1);
+  CHECK(kbcore::idle_of(9, 1, 2) == 1);
+  CHECK(kbcore::idle_of(1, 3, 8) == 8);  // never fewer than the caller counted
+  CHECK(kbcore::idle_of(4, 1, 8) == 6);
 }
 
 KBCORE_TEST(running_tasks_reads_the_fourth_field_of_loadavg) {

@@ -113,6 +113,23 @@ class Index:
         ef: int,
         filter: _FilterArg | None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+    def search_hybrid_legs(
+        self,
+        query: npt.NDArray[np.float32],
+        text: str,
+        k: int,
+        ef: int,
+        filter: _FilterArg | None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+    def search_hybrid_rrf(
+        self,
+        query: npt.NDArray[np.float32],
+        text: str,
+        k: int,
+        ef: int,
+        filter: _FilterArg | None,
+        rrf_k: float,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int, int]: ...
     def search_groups(
         self,
         queries: npt.NDArray[np.float32],

@@ -623,9 +623,11 @@ def _retrieve_fused(
     embed_query: EmbedQuery,
     lazy: bool = False,
 ) -> list[Hit] | Shortlist:
-    """Full-text and hybrid retrieval: one native call per leg over ``window`` candidates,
-    fusion (RRF natively, :func:`~kbcore.index.fuse_rrf`; z-score and linear in Python), dedup
-    after fusion (widening the window while too few documents)."""
+    """Full-text and hybrid retrieval: both legs over ``window`` candidates in one native call
+    (:meth:`Index.search_hybrid_legs`, the vector leg on a pool worker; a sharded index: one
+    call per leg), fusion (RRF in the same native call, :meth:`Index.search_hybrid_rrf`;
+    z-score and linear in Python), dedup after fusion (widening the window while too few
+    documents)."""
     if not query.strip():
         raise InvalidArgumentError("the query is empty")
     rrf_k = float(opts.rrf_k)
@@ -657,26 +659,37 @@ def _retrieve_fused(
         while True:
             w = min(window, n)
             if q is not None and fusion == "rrf":
-                # Both legs fused natively as the searches return them (index.fuse_rrf).
-                ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
-                tids, tscores = index.search_text(query, w, where=nf)
-                fids, fscores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+                # Both legs fused natively as the searches return them: one call that runs the
+                # BM25 leg here and the vector leg on a pool worker (Index.search_hybrid_rrf),
+                # or, for a sharded index, the legs one after the other and fuse_rrf.
+                if isinstance(index, Index):
+                    fids, fscores, n_vec, n_text = index.search_hybrid_rrf(q, query, w, where=nf, ef=ef, rrf_k=rrf_k)
+                else:
+                    ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
+                    tids, tscores = index.search_text(query, w, where=nf)
+                    fids, fscores = fuse_rrf(ids, dist, tids, tscores, rrf_k)
+                    n_vec, n_text = int(np.count_nonzero(ids >= 0)), len(tids)
                 if group_by is None:
                     top_ids, top_scores = fids[:top_k].tolist(), fscores[:top_k].tolist()
                     cands: list[Candidate] = [(i, s, ()) for i, s in zip(top_ids, top_scores)]
                     break
                 cands = _dedup_fused(index, state, fids, fscores, top_k, group_by)
-                full = len(tids) == w or np.count_nonzero(ids >= 0) == w
+                full = n_text == w or n_vec == w
             else:
                 vec_leg: list[tuple[int, float]] = []
                 if q is not None:
-                    ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
+                    if isinstance(index, Index):  # both legs in one call, concurrently
+                        ids, dist, tids, tscores = index.search_hybrid_legs(q, query, w, where=nf, ef=ef)
+                    else:
+                        ids, dist = index.search(q, w, where=nf, ef=ef, threads=1)
+                        tids, tscores = index.search_text(query, w, where=nf)
                     if ids[-1] < 0:
                         keep = ids >= 0
                         ids, dist = ids[keep], dist[keep]
                     ids, dist = _by_id_on_ties(ids, dist)
                     vec_leg = list(zip(ids.tolist(), score_from_distance(dist, metric).tolist()))
-                tids, tscores = index.search_text(query, w, where=nf)
+                else:
+                    tids, tscores = index.search_text(query, w, where=nf)
                 tids, tscores = _by_id_on_ties(tids, -tscores)
                 text_leg = list(zip(tids.tolist(), (-tscores).tolist()))
                 # A text leg shorter than the window returned every match: the vector leg's other

@@ -461,6 +461,67 @@ class Index:
             return ids[0], dist[0]
         return ids, dist
 
+    def _hybrid_args(
+        self, query_vector: npt.ArrayLike, query_text: str, k: int, where: Any, ef: int | None
+    ) -> tuple[np.ndarray, str, int, int, Any]:
+        """The checked arguments of the two-leg calls (the checks of search and search_text)."""
+        if not isinstance(query_text, str):
+            raise InvalidTypeError(f"query_text must be a str, got {type(query_text).__name__}")
+        if not (
+            type(query_vector) is np.ndarray
+            and query_vector.dtype is _FLOAT32
+            and query_vector.ndim == 1
+            and query_vector.shape[0] == self._dim
+        ):
+            arr, _ = _as_vectors(query_vector, self._dim, "the query vector")
+            if arr.shape[0] != 1:
+                raise InvalidArgumentError(f"a hybrid search takes one query vector, got {arr.shape[0]}")
+            query_vector = arr[0]
+        k = k if type(k) is int and 0 < k <= _MAX_EF else _bounded("k", k)
+        ef_value = 0 if ef is None else ef if type(ef) is int and 0 < ef <= _MAX_EF else _bounded("ef", ef)
+        return query_vector, query_text, k, ef_value, None if where is None else native_filter(where)
+
+    def search_hybrid_legs(
+        self,
+        query_vector: npt.ArrayLike,
+        query_text: str,
+        k: int = 50,
+        *,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Both legs of one hybrid query in one native call: ``(ids, distances, text_ids,
+        text_scores)``, exactly ``search(query_vector, k, where=where, ef=ef)`` followed by
+        ``search_text(query_text, k, where=where)``. The BM25 leg runs on the calling thread
+        while the vector leg runs on a worker of the search pool (when a hardware thread is
+        idle, see :func:`set_search_threads`). Raises InvalidArgumentError /
+        InvalidTypeError as those calls do.
+        """
+        return self._native.search_hybrid_legs(*self._hybrid_args(query_vector, query_text, k, where, ef))
+
+    def search_hybrid_rrf(
+        self,
+        query_vector: npt.ArrayLike,
+        query_text: str,
+        k: int = 50,
+        *,
+        where: Mapping[str, Any] | None = None,
+        ef: int | None = None,
+        rrf_k: float = 60,
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """:meth:`search_hybrid_legs` then :func:`fuse_rrf` of the two legs with ``rrf_k``, in
+        one native call: the hits and scores of the three calls made one after the other.
+
+        Returns ``(ids, scores, vector_hits, text_hits)``: the fused int64 ids and float64
+        scores, best first, and how many hits each leg had (a leg with fewer than ``k``
+        returned every row it could). Raises InvalidArgumentError / InvalidTypeError as
+        those calls do.
+        """
+        if isinstance(rrf_k, bool) or not isinstance(rrf_k, (int, float, np.integer, np.floating)):
+            raise InvalidTypeError(f"rrf k must be a number, got {type(rrf_k).__name__}")
+        q, text, k, ef_value, nf = self._hybrid_args(query_vector, query_text, k, where, ef)
+        return self._native.search_hybrid_rrf(q, text, k, ef_value, nf, float(rrf_k))
+
     def search_stats(self, queries: npt.ArrayLike, k: int = 10, *, ef: int | None = None) -> dict[str, np.ndarray]:
         """Debug statistics of the unfiltered graph walk that :meth:`search` runs.
 
