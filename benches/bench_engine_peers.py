@@ -811,6 +811,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None, help="a prefix of the chunks (smoke runs)")
     ap.add_argument("--nq", type=int, default=None, help="a prefix of the queries (smoke runs)")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--kbcore-threads",
+        type=int,
+        default=0,
+        help="kbcore's search pool size (kbcore.set_search_threads; 0: its default, which runs a hybrid "
+        "call's two legs side by side on an idle core; 1: everything on the calling thread)",
+    )
     args = ap.parse_args(argv)
     peers = [p for p in args.peers.split(",") if p]
     unknown = [p for p in peers if p not in PEERS]
@@ -820,6 +827,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (folder / "chunk_embeddings.npy").exists():
         print(f"SciFact not found at {folder}; pass --data or set KBCORE_DATA", file=sys.stderr)
         return 2
+    if args.kbcore_threads:
+        from kbcore.index import set_search_threads
+
+        set_search_threads(args.kbcore_threads)
+        print(f"kbcore search threads: {args.kbcore_threads}", flush=True)
     load0 = os.getloadavg()
     print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
     data = load(args.data, args.n, args.nq)
