@@ -7,10 +7,14 @@
 #include <random>
 #include <system_error>
 
+#include "distance.h"
 #include "errors.h"
 #include "parallel.h"
+#if defined(KBCORE_HAVE_X86_KERNELS)
+#include "xxh3_avx2.h"
+#endif
 
-// XXH3 (third_party/xxhash, BSD-2-Clause), compiled into this file only.
+// XXH3 (third_party/xxhash, BSD-2-Clause), compiled into this file (and with AVX2 into xxh3_avx2.cpp).
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
@@ -75,6 +79,15 @@ std::uint64_t hash_finish(std::uint64_t h, const unsigned char* tail, std::size_
   h *= kP2;
   h ^= h >> 29;
   return h;
+}
+
+// XXH3-64 of n bytes: the AVX2 build where the CPU has it and the distance kernels may use it
+// (KBCORE_SIMD=scalar forces the portable one here too), else the portable build; one hash.
+std::uint64_t xxh3(const void* data, std::size_t n) {
+#if defined(KBCORE_HAVE_X86_KERNELS)
+  if (active_simd_level() != SimdLevel::kScalar) return xxh3_64_avx2(data, n);
+#endif
+  return XXH3_64bits(data, n);
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -169,9 +182,9 @@ std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t thread
   std::vector<unsigned char> hashes(blocks * 8);
   parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
     const std::size_t begin = b * kChecksumBlockBytes;
-    store_le64(hashes.data() + b * 8, XXH3_64bits(p + begin, std::min(kChecksumBlockBytes, n - begin)));
+    store_le64(hashes.data() + b * 8, xxh3(p + begin, std::min(kChecksumBlockBytes, n - begin)));
   });
-  return XXH3_64bits(hashes.data(), hashes.size());
+  return xxh3(hashes.data(), hashes.size());
 }
 
 BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version, PayloadChecksum sum)
@@ -210,7 +223,7 @@ void BinaryWriter::put(const void* data, std::size_t bytes) {
     bytes -= take;
     if (buffer_.size() == buffer_cap_) {
       if (sum_kind_ == PayloadChecksum::kBlocks) {
-        blocks_.push_back(XXH3_64bits(buffer_.data(), buffer_.size()));
+        blocks_.push_back(xxh3(buffer_.data(), buffer_.size()));
       } else {
         hash_state_ = hash_words(hash_state_, buffer_.data(), buffer_.size());
       }
@@ -254,10 +267,10 @@ void BinaryWriter::f32(float v) {
 void BinaryWriter::commit() {
   std::uint64_t sum = 0;
   if (sum_kind_ == PayloadChecksum::kBlocks) {
-    if (!buffer_.empty()) blocks_.push_back(XXH3_64bits(buffer_.data(), buffer_.size()));
+    if (!buffer_.empty()) blocks_.push_back(xxh3(buffer_.data(), buffer_.size()));
     std::vector<unsigned char> hashes(blocks_.size() * 8);
     for (std::size_t b = 0; b < blocks_.size(); ++b) store_le64(hashes.data() + b * 8, blocks_[b]);
-    sum = XXH3_64bits(hashes.data(), hashes.size());
+    sum = xxh3(hashes.data(), hashes.size());
   } else {
     const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
     hash_state_ = hash_words(hash_state_, buffer_.data(), body);
@@ -338,7 +351,13 @@ FileBytes::FileBytes(const std::string& path) {
   if (!S_ISREG(st.st_mode)) throw IoError("'" + path + "' is not a regular file");
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ == 0) return;
-  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Every byte is read at once (the payload checksum): populating the page table in the mmap
+  // call costs a fraction of faulting the pages in one 64 KiB window at a time (issue 28).
+  int flags = MAP_PRIVATE;
+#if defined(MAP_POPULATE)
+  flags |= MAP_POPULATE;
+#endif
+  void* p = ::mmap(nullptr, size_, PROT_READ, flags, fd, 0);
   if (p == MAP_FAILED) throw IoError("cannot map '" + path + "': " + errno_text());
   data_ = static_cast<const unsigned char*>(p);
   mapped_ = true;

@@ -230,9 +230,9 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
     for (std::size_t s = begin; s < end; ++s) {
       if (live[s] != 1) continue;
       if (ids[s] == -1) r.fail("slot " + std::to_string(s) + " holds the reserved id -1");
-      const float* row = rows + s * c.dim;
-      if (!all_finite(row, c.dim)) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
-      if (c.metric == Metric::kCosine && !inverse_norm(row, c.dim)) {
+      const RowCheck row = check_row(rows + s * c.dim, c.dim);
+      if (!row.finite) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
+      if (c.metric == Metric::kCosine && !row.nonzero) {
         r.fail("vector of id " + std::to_string(ids[s]) + " is all zeros under the cosine metric");
       }
     }

@@ -351,18 +351,19 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
   const std::size_t n = store.slot_count();
   grow(n);
   // Strings come back to Python as str: invalid UTF-8 is refused here, not at get_metadata.
+  // A view of the file's bytes (alive until the load returns): no copy per string.
   const auto get_str = [&r]() {
     const std::uint64_t len = r.u64();
-    std::vector<std::uint8_t> bytes;
-    r.array(bytes, len);
-    std::string s(bytes.begin(), bytes.end());
+    r.require(len, 1);
+    const std::string_view s(reinterpret_cast<const char*>(r.here()), len);
+    r.skip(len, 1);
     if (!is_valid_utf8(s)) r.fail("metadata string is not valid UTF-8");
     return s;
   };
   const std::uint64_t nfields = r.u64();
   r.require(nfields, 16);
   for (std::uint64_t fi = 0; fi < nfields; ++fi) {
-    const std::string name = get_str();
+    const std::string name(get_str());
     if (name.empty() || by_name_.count(name)) r.fail("invalid or repeated metadata field name");
     Field& f = field_for(name);
     const std::uint64_t present = r.u64();
