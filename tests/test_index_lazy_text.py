@@ -1,15 +1,17 @@
 """The BM25 leg of a loaded index is checked at load and built at its first use (issue 28).
 
-``Index.load`` reads and checks the whole text section (every check the eager load made) but
-builds the vocabulary and postings only when a call first needs them: a text search, text
-statistics, a write or a save. These tests hold that first use to the answers of the index
-before it was saved, show the deferral (memory), and show that bytes changed in place after
-the load are a FormatError naming the file, never a wrong answer.
+``Index.load`` checks the text section's parameters, extent and row slots and keeps its
+checksum, but checks its terms and term lists and builds the vocabulary and postings only when
+a call first needs them: a text search, text statistics, a write or a save. These tests hold
+that first use to the answers of the index before it was saved, show the deferral (memory),
+and show that a bad leg (crafted, or bytes changed in place after the load) is a FormatError
+naming the file at that first use and at every later one, never a wrong answer nor a write.
 """
 
 from __future__ import annotations
 
 import random
+import struct
 import sys
 import threading
 
@@ -231,3 +233,71 @@ def test_sq8_codes_checked_in_parallel_blocks_still_refuse_a_bad_code_row(tmp_pa
     path.write_bytes(_reseal(blob))
     with pytest.raises(errors.FormatError, match=r"codes\.kbi.*nonzero padding byte in a code row"):
         kbcore.Index.load(path)
+
+
+def _fuzz_tool():
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    if not (tools / "fuzz_index_load.py").is_file():
+        pytest.skip("tools/fuzz_index_load.py (the file crafter) is not beside the tests")
+    sys.path.insert(0, str(tools))
+    import fuzz_index_load
+
+    return fuzz_index_load
+
+
+def _crafted(tmp_path, defect: str):
+    """A version 1 file (checksum64, which the tool recomputes) whose BM25 leg carries one
+    defect that Index.load leaves to the leg's first use."""
+    fuzz = _fuzz_tool()
+    index, _ = _index(n=60)
+    seed = tmp_path / "seed.kbi"
+    index.save(seed)  # unquantized: format version 1
+    blob = bytearray(seed.read_bytes())
+    fields = {f.name: f for f in fuzz.parse_fields(bytes(blob))}
+
+    def get(name: str) -> int:
+        return struct.unpack_from("<" + fields[name].fmt, blob, fields[name].offset)[0]
+
+    def put(name: str, value: int) -> None:
+        struct.pack_into("<" + fields[name].fmt, blob, fields[name].offset, value)
+
+    if defect == "not valid UTF-8":
+        put("bm25.term[0].byte0", 0xFF)
+    elif defect == "repeated BM25 term":  # term 1 spelled as term 0 (both 'w' + digits)
+        assert get("bm25.term[0].len") == get("bm25.term[1].len") or pytest.fail("seed terms differ in length")
+        at0, at1 = fields["bm25.term[0].byte0"].offset, fields["bm25.term[1].byte0"].offset
+        n = get("bm25.term[0].len")
+        blob[at1 : at1 + n] = blob[at0 : at0 + n]
+    elif defect == "document length disagrees":
+        put("bm25.doc[0].len", get("bm25.doc[0].len") + 1)
+    elif defect == "invalid BM25 term list":
+        put("bm25.doc[0][0].tf", 0)
+    path = tmp_path / "bad.kbi"
+    path.write_bytes(fuzz.reseal(blob))
+    return index, path
+
+
+@pytest.mark.parametrize(
+    "defect", ["not valid UTF-8", "repeated BM25 term", "document length disagrees", "invalid BM25 term list"]
+)
+def test_text_leg_checked_at_first_use_refuses_a_bad_leg_and_changes_nothing(tmp_path, defect):
+    index, path = _crafted(tmp_path, defect)
+    loaded = kbcore.Index.load(path)  # the vectors, graph and metadata were checked: they answer
+    q = np.random.default_rng(1).standard_normal(DIM).astype(np.float32)
+    want = [r.tolist() for r in index.search(q, k=10)]
+    assert [r.tolist() for r in loaded.search(q, k=10)] == want
+    for call in (
+        lambda: loaded.search_text("w1", k=5),
+        lambda: loaded.text_stats("w1"),
+        lambda: loaded.search_text("w1", k=5),  # refused again, not remembered as an empty leg
+        lambda: loaded.add(np.ones((1, DIM), np.float32), np.array([999], np.int64), texts=["w1"]),
+        lambda: loaded.remove(np.array([0], np.int64)),
+        lambda: loaded.save(tmp_path / "again.kbi"),
+    ):
+        with pytest.raises(errors.FormatError, match=rf"bad\.kbi.*{defect}"):
+            call()
+    assert len(loaded) == len(index)  # the refused writes changed nothing
+    assert [r.tolist() for r in loaded.search(q, k=10)] == want
+    assert not (tmp_path / "again.kbi").exists()
