@@ -454,11 +454,9 @@ void BinaryReader::verify() const {
 
 void BinaryReader::fail(const std::string& what) const { throw FormatError("cannot load '" + path_ + "': " + what); }
 
-void BinaryReader::require(std::size_t n, std::size_t elem) const {
-  if (elem != 0 && n > remaining() / elem) {
-    fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) + " bytes, " +
-         std::to_string(remaining()) + " remain");
-  }
+void BinaryReader::fail_truncated(std::size_t n, std::size_t elem) const {
+  fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) + " bytes, " +
+       std::to_string(remaining()) + " remain");
 }
 
 void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
@@ -469,23 +467,6 @@ void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
   if (!host_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
 }
 
-std::uint8_t BinaryReader::u8() {
-  require(1, 1);
-  return data_[pos_++];
-}
-std::uint32_t BinaryReader::u32() {
-  require(1, 4);
-  const auto v = static_cast<std::uint32_t>(load_le(data_ + pos_, 4));
-  pos_ += 4;
-  return v;
-}
-std::uint64_t BinaryReader::u64() {
-  require(1, 8);
-  const std::uint64_t v = load_le(data_ + pos_, 8);
-  pos_ += 8;
-  return v;
-}
-std::int64_t BinaryReader::i64() { return static_cast<std::int64_t>(u64()); }
 float BinaryReader::f32() {
   const std::uint32_t bits = u32();
   float v;

@@ -140,10 +140,24 @@ class BinaryReader {
   void verify() const;
 
   std::uint32_t version() const { return version_; }
-  std::uint8_t u8();
-  std::uint32_t u32();
-  std::uint64_t u64();
-  std::int64_t i64();
+  // The field readers are inline: a load reads a few fields per row (metadata, BM25 rows).
+  std::uint8_t u8() {
+    require(1, 1);
+    return data_[pos_++];
+  }
+  std::uint32_t u32() {
+    require(1, 4);
+    const auto v = static_cast<std::uint32_t>(le(data_ + pos_, 4));
+    pos_ += 4;
+    return v;
+  }
+  std::uint64_t u64() {
+    require(1, 8);
+    const std::uint64_t v = le(data_ + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
   float f32();
   /// Reads n elements into out (resized); checks n * sizeof(T) against the bytes remaining
   /// before allocating.
@@ -161,7 +175,9 @@ class BinaryReader {
     raw_le(out, n, sizeof(T));
   }
   /// Throws FormatError unless n elements of `elem` bytes remain.
-  void require(std::size_t n, std::size_t elem) const;
+  void require(std::size_t n, std::size_t elem) const {
+    if (elem != 0 && n > remaining() / elem) fail_truncated(n, elem);
+  }
   std::size_t remaining() const { return size_ - pos_; }
   /// Throws FormatError if any payload bytes are left unread.
   void expect_end() const;
@@ -184,6 +200,13 @@ class BinaryReader {
 
  private:
   void raw_le(void* out, std::size_t n, std::size_t elem);
+  [[noreturn]] void fail_truncated(std::size_t n, std::size_t elem) const;
+  // The little-endian unsigned integer of `bytes` (<= 8) bytes at p.
+  static std::uint64_t le(const unsigned char* p, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+    return v;
+  }
   std::string path_;
   std::shared_ptr<const FileBytes> file_;
   const unsigned char* data_ = nullptr;  // the payload (after the header)
