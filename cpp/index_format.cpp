@@ -288,10 +288,9 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   } catch (const FormatError& e) {
     r.fail(e.what());
   }
-  if (index->graph_) {
-    index->graph_->grow();
-    index->graph_->load(r);
-  }
+  // HnswIndex::load sets every per-slot array itself (no grow() first: it would allocate and
+  // zero level-0 lists that the mapped ones replace).
+  if (index->graph_) index->graph_->load(r);
   index->meta_.load(r, index->store_);
   index->text_.load_deferred(r, index->store_);
   if (r.version() >= kFormatVersionQuantized && r.version() < kFormatVersionTagged) {

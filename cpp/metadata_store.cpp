@@ -360,6 +360,19 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
     if (!is_valid_utf8(s)) r.fail("metadata string is not valid UTF-8");
     return s;
   };
+  // Rows in slot order often repeat a string value (a document's chunks share its id, every
+  // row its pipeline): the last one interned is remembered, so a repeat costs one comparison.
+  std::string_view last_str;
+  std::uint32_t last_id = 0;
+  bool have_last = false;
+  const auto intern = [&](std::string_view s) {
+    if (!have_last || s != last_str) {
+      last_id = dict_.intern(s);
+      last_str = s;
+      have_last = true;
+    }
+    return last_id;
+  };
   const std::uint64_t nfields = r.u64();
   r.require(nfields, 16);
   for (std::uint64_t fi = 0; fi < nfields; ++fi) {
@@ -389,13 +402,13 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
           break;
         }
         case ValueKind::kStr:
-          set(f, s, kind, dict_.intern(get_str()));
+          set(f, s, kind, intern(get_str()));
           break;
         case ValueKind::kStrList: {
           const std::uint64_t len = r.u64();
           r.require(len, 8);
           std::vector<std::uint32_t> ids;
-          for (std::uint64_t j = 0; j < len; ++j) ids.push_back(dict_.intern(get_str()));
+          for (std::uint64_t j = 0; j < len; ++j) ids.push_back(intern(get_str()));
           const auto li = static_cast<std::uint32_t>(f.lists_.size());
           f.lists_.push_back(std::move(ids));
           set(f, s, kind, li);
