@@ -176,15 +176,28 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   return hash_finish(h, p + body, n - body, n);
 }
 
-std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads) {
+std::vector<std::uint64_t> block_hashes(const void* data, std::size_t n, std::size_t threads) {
   const auto* p = static_cast<const unsigned char*>(data);
-  const std::size_t blocks = (n + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-  std::vector<unsigned char> hashes(blocks * 8);
-  parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+  std::vector<std::uint64_t> hashes((n + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
+  parallel_for(hashes.size(), threads, [&](std::size_t b, std::size_t) {
     const std::size_t begin = b * kChecksumBlockBytes;
-    store_le64(hashes.data() + b * 8, xxh3(p + begin, std::min(kChecksumBlockBytes, n - begin)));
+    hashes[b] = xxh3(p + begin, std::min(kChecksumBlockBytes, n - begin));
   });
-  return xxh3(hashes.data(), hashes.size());
+  return hashes;
+}
+
+namespace {
+
+std::uint64_t combine_blocks(const std::vector<std::uint64_t>& hashes) {
+  std::vector<unsigned char> bytes(hashes.size() * 8);
+  for (std::size_t b = 0; b < hashes.size(); ++b) store_le64(bytes.data() + b * 8, hashes[b]);
+  return xxh3(bytes.data(), bytes.size());
+}
+
+}  // namespace
+
+std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads) {
+  return combine_blocks(block_hashes(data, n, threads));
 }
 
 BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version, PayloadChecksum sum)
@@ -268,9 +281,7 @@ void BinaryWriter::commit() {
   std::uint64_t sum = 0;
   if (sum_kind_ == PayloadChecksum::kBlocks) {
     if (!buffer_.empty()) blocks_.push_back(xxh3(buffer_.data(), buffer_.size()));
-    std::vector<unsigned char> hashes(blocks_.size() * 8);
-    for (std::size_t b = 0; b < blocks_.size(); ++b) store_le64(hashes.data() + b * 8, blocks_[b]);
-    sum = xxh3(hashes.data(), hashes.size());
+    sum = combine_blocks(blocks_);
   } else {
     const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
     hash_state_ = hash_words(hash_state_, buffer_.data(), body);
@@ -427,29 +438,57 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
          std::to_string(actual) + " (truncated or appended to)");
   }
   data_ = header + kHeaderBytes;
+  payload_ = data_;
   size_ = static_cast<std::size_t>(payload);
+  payload_size_ = size_;
   sum_ = sum;
   const bool blocks = blocks_from != 0 && version_ >= blocks_from;
-  // Block hashes go to every hardware thread (memory bandwidth, not one core, bounds them).
-  const auto payload_sum = [blocks](const unsigned char* data, std::size_t n) {
-    return blocks ? block_checksum(data, n, 0) : checksum64(data, n, 0);
+  blocks_ = blocks;
+  // Block hashes go to every hardware thread (memory bandwidth, not one core, bounds them); they
+  // are kept, so that a section checked later can tell its bytes unchanged (blocks_unchanged).
+  const auto payload_sums = [blocks](const unsigned char* data, std::size_t n) {
+    auto out = std::make_shared<PayloadSums>();
+    if (blocks) {
+      out->blocks = block_hashes(data, n, 0);
+      out->sum = combine_blocks(out->blocks);
+    } else {
+      out->sum = checksum64(data, n, 0);
+    }
+    return std::shared_ptr<const PayloadSums>(std::move(out));
   };
   // Below a few MiB a thread costs more than it saves. The task holds the file's bytes alive.
   if (when == Checksum::kAlongside && size_ >= (std::size_t{4} << 20)) {
     try {
-      alongside_ = std::async(std::launch::async, [file = file_, data = data_, n = size_, payload_sum] {
-                     return payload_sum(data, n);
-                   }).share();
+      sums_ = std::async(std::launch::async, [file = file_, data = data_, n = size_, payload_sums] {
+                return payload_sums(data, n);
+              }).share();
+      alongside_ = true;
       return;
     } catch (const std::system_error&) {
       // No thread to be had: compare it now.
     }
   }
-  if (payload_sum(data_, size_) != sum) fail("checksum mismatch (corrupted file)");
+  std::promise<std::shared_ptr<const PayloadSums>> now;
+  now.set_value(payload_sums(data_, size_));
+  sums_ = now.get_future().share();
+  if (sums_.get()->sum != sum) fail("checksum mismatch (corrupted file)");
 }
 
 void BinaryReader::verify() const {
-  if (alongside_.valid() && alongside_.get() != sum_) fail("checksum mismatch (corrupted file)");
+  if (alongside_ && sums_.get()->sum != sum_) fail("checksum mismatch (corrupted file)");
+}
+
+std::optional<bool> BinaryReader::blocks_unchanged() const {
+  const std::vector<std::uint64_t>& hashes = sums_.get()->blocks;
+  if (hashes.empty()) return std::nullopt;
+  const std::size_t begin = static_cast<std::size_t>(data_ - payload_);
+  for (std::size_t b = begin / kChecksumBlockBytes; b * kChecksumBlockBytes < begin + size_; ++b) {
+    if (b >= hashes.size()) return false;  // not reached: the reader's bytes lie in the payload
+    // The block as the checksum took it: kChecksumBlockBytes, the payload's last one shorter.
+    const std::size_t from = b * kChecksumBlockBytes;
+    if (xxh3(payload_ + from, std::min(kChecksumBlockBytes, payload_size_ - from)) != hashes[b]) return false;
+  }
+  return true;
 }
 
 void BinaryReader::fail(const std::string& what) const { throw FormatError("cannot load '" + path_ + "': " + what); }

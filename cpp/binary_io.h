@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,9 @@ constexpr std::size_t kChecksumBlockBytes = std::size_t{4} << 20;
 /// block of the payload (the last one shorter), then XXH3-64 of those hashes stored as
 /// little-endian u64s. O(n); the blocks go to `threads` threads (0: the hardware's).
 std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads = 1);
+
+/// The per-block XXH3-64 hashes block_checksum combines (one per kChecksumBlockBytes block).
+std::vector<std::uint64_t> block_hashes(const void* data, std::size_t n, std::size_t threads = 1);
 
 /// Which function a file's header checksum is (see the file comment).
 enum class PayloadChecksum { kWords, kBlocks };
@@ -138,6 +142,13 @@ class BinaryReader {
   /// Waits for a checksum computed alongside (kAlongside) and throws FormatError if it does not
   /// match; nothing otherwise. May be called more than once.
   void verify() const;
+  /// For a block-checksummed file: whether the payload blocks under this reader's bytes (all of
+  /// them, from its start, not its position) still hash as when the payload checksum was
+  /// computed (waits for it; a file rewritten in place since shows through a private mapping).
+  /// nullopt for a checksum64 file. O(bytes, rounded out to whole blocks).
+  std::optional<bool> blocks_unchanged() const;
+  /// Whether the file carries a block_checksum (so blocks_unchanged() answers).
+  bool block_checksummed() const { return blocks_; }
 
   std::uint32_t version() const { return version_; }
   // The field readers are inline: a load reads a few fields per row (metadata, BM25 rows).
@@ -213,8 +224,19 @@ class BinaryReader {
   std::size_t size_ = 0;                 // payload bytes
   std::size_t pos_ = 0;
   std::uint32_t version_ = 0;
-  std::uint64_t sum_ = 0;                        // the header's checksum
-  std::shared_future<std::uint64_t> alongside_;  // the payload's, when computed on a second thread
+  // The payload's checksum as computed, and for a block checksum the hashes of its blocks.
+  struct PayloadSums {
+    std::uint64_t sum = 0;
+    std::vector<std::uint64_t> blocks;  // empty for checksum64
+  };
+  const unsigned char* payload_ = nullptr;  // the payload's first byte (a section() keeps its file's)
+  std::size_t payload_size_ = 0;            // the payload's bytes (likewise)
+  std::uint64_t sum_ = 0;                   // the header's checksum
+  // The payload's sums: computed on a second thread (kAlongside, from 4 MiB), else before the
+  // constructor returned; shared by the readers section() makes.
+  std::shared_future<std::shared_ptr<const PayloadSums>> sums_;
+  bool alongside_ = false;  // sums_ still to be compared with sum_ by verify()
+  bool blocks_ = false;     // a block_checksum file
 };
 
 }  // namespace kbcore

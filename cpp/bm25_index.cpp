@@ -763,10 +763,13 @@ void Bm25Index::load_deferred(BinaryReader& r, const VectorStore& store) {
   const std::size_t begin = r.position();
   skim(r, store);
   BinaryReader section = r.section(begin, r.position());
-  // The section's own checksum, so that the build uses exactly the bytes checked here. Kept in
-  // memory only (never written): XXH3 in 4 MiB blocks on this thread, about ten times the speed
-  // of checksum64's serial pass, which took a sixth of a reopen's CPU time (issue 28).
-  const std::uint64_t sum = block_checksum(section.here(), section.remaining(), 1);
+  // The build must use exactly the bytes the load's payload checksum covered. A block-
+  // checksummed file keeps its blocks' hashes: the build re-hashes the blocks under the section
+  // and compares (BinaryReader::blocks_unchanged), so the load reads the section only to skim
+  // it. A checksum64 file has none: the section's own checksum is taken now, kept in memory
+  // only (XXH3 in 4 MiB blocks on this thread, issue 28).
+  std::optional<std::uint64_t> sum;
+  if (!r.block_checksummed()) sum = block_checksum(section.here(), section.remaining(), 1);
   deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum});
   built_.store(false, std::memory_order_release);
 }
@@ -812,7 +815,9 @@ void Bm25Index::ensure_built() const {
   BinaryReader r = deferred_->reader;
   // The bytes are a mapping of a file that kbcore replaces only by rename, but another program
   // could have rewritten it in place since the load: the build reads only the bytes checked then.
-  if (block_checksum(r.here(), r.remaining(), 1) != deferred_->sum) {
+  const bool same = deferred_->sum ? block_checksum(r.here(), r.remaining(), 1) == *deferred_->sum
+                                   : r.blocks_unchanged().value_or(false);
+  if (!same) {
     r.fail("BM25 section changed since the file was loaded (checksum mismatch)");
   }
   try {

@@ -133,12 +133,12 @@ class Bm25Index {
   // the bytes left) and each row's slot, setting params_ and n_docs_. O(terms + rows).
   void skim(BinaryReader& r, const VectorStore& store);
 
-  // A section read by load_deferred and not yet built: its bytes, the slot count then and the
-  // bytes' block_checksum (one thread).
+  // A section read by load_deferred and not yet built: its bytes, the slot count then and, in
+  // a file without block hashes (checksum64), the bytes' block_checksum (one thread).
   struct Deferred {
     BinaryReader reader;
     std::size_t slots;
-    std::uint64_t sum;
+    std::optional<std::uint64_t> sum;
   };
   mutable std::unique_ptr<Deferred> deferred_;
   mutable std::atomic<bool> built_{true};

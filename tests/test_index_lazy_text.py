@@ -26,12 +26,12 @@ WORDS = [f"w{i}" for i in range(300)]
 QUERIES = ["w1 w2", "w17", "w250 w3 w3 w99", "nothing matches this", "w0 w5 w10 w15 w20"]
 
 
-def _index(seed: int = 7, n: int = 400) -> tuple[kbcore.Index, list[str]]:
+def _index(seed: int = 7, n: int = 400, **spec: object) -> tuple[kbcore.Index, list[str]]:
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 30))) for _ in range(n)]
     texts[5] = texts[5] + " zebraterm"  # one term the in-place corruption below can find
     vecs = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
-    index = kbcore.Index(DIM, M=8, ef_construction=32)
+    index = kbcore.Index(DIM, M=8, ef_construction=32, **spec)
     index.add(vecs, np.arange(n, dtype=np.int64), texts=texts, metadata=[{"even": i % 2 == 0} for i in range(n)])
     return index, texts
 
@@ -106,11 +106,22 @@ def test_writes_after_load_build_the_text_leg_first(tmp_path):
     not sys.platform.startswith("linux"),
     reason="a private mapping shows later in-place writes to its file on Linux only",
 )
-def test_text_section_rewritten_in_place_after_load_is_a_format_error_naming_the_file(tmp_path):
-    index, _ = _index()
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},  # format version 1 (checksum64): the section's own checksum, taken at load
+        # Version 7 (block checksum), more than one 4 MiB block: the blocks under the section
+        # hashed again and compared with the hashes the load's payload checksum took.
+        {"quantization": "sq8"},
+    ],
+)
+def test_text_section_rewritten_in_place_after_load_is_a_format_error_naming_the_file(tmp_path, spec):
+    index, _ = _index(n=400 if not spec else 40_000, **spec)
     path = tmp_path / "i.kbi"
     index.save(path)
     blob = path.read_bytes()
+    assert int.from_bytes(blob[8:12], "little") == (7 if spec else 1)
+    assert spec == {} or len(blob) > 2 * (4 << 20)
     at = blob.index(len("zebraterm").to_bytes(8, "little") + b"zebraterm") + 8
     loaded = kbcore.Index.load(path)
     with open(path, "r+b") as f:  # rewritten in place by another program (kbcore renames)
