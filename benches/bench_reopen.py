@@ -5,8 +5,12 @@ base and answers one query. The knowledge base is built once (``--work``, kept b
 rebuilt with ``--rebuild``); every timing then runs in its own fresh interpreter, ``--repeats``
 times, and the median is printed with ``os.getloadavg()`` before each run.
 
-Phases, timed by calling the functions ``KbState.load`` calls, in its order:
+Phases, timed by calling the functions ``KbState.load`` calls, in its order (``KbState.load``
+itself runs the native ``index`` load on a thread beside ``segments``, so its total is not
+their sum):
 
+0. ``pyarrow import``: the first load in a process imports pyarrow (kbcore imports it lazily);
+   ``total`` includes it, ``reopen again`` does not;
 1. ``manifest``: read the manifest, check its CRC-32 and fields (``storage.load_manifest``);
 2. ``segments``: map and check every segment's Arrow files, build the per-segment views
    (``storage.read_segments``, ``Segment``);
@@ -136,6 +140,10 @@ def child(work: str, what: str) -> None:
         out["reopen again"] = _open_and_query(work, q)
         print("RESULT " + json.dumps(out), flush=True)
         return
+    t = time.perf_counter()
+    import pyarrow.ipc  # noqa: F401 - what the first load imports (storage.read_arrow)
+
+    out["pyarrow import"] = time.perf_counter() - t
     t = time.perf_counter()
     with storage.reading(path):
         m = storage.load_manifest(path)

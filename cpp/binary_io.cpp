@@ -7,10 +7,14 @@
 #include <random>
 #include <system_error>
 
+#include "distance.h"
 #include "errors.h"
 #include "parallel.h"
+#if defined(KBCORE_HAVE_X86_KERNELS)
+#include "xxh3_avx2.h"
+#endif
 
-// XXH3 (third_party/xxhash, BSD-2-Clause), compiled into this file only.
+// XXH3 (third_party/xxhash, BSD-2-Clause), compiled into this file (and with AVX2 into xxh3_avx2.cpp).
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
@@ -75,6 +79,15 @@ std::uint64_t hash_finish(std::uint64_t h, const unsigned char* tail, std::size_
   h *= kP2;
   h ^= h >> 29;
   return h;
+}
+
+// XXH3-64 of n bytes: the AVX2 build where the CPU has it and the distance kernels may use it
+// (KBCORE_SIMD=scalar forces the portable one here too), else the portable build; one hash.
+std::uint64_t xxh3(const void* data, std::size_t n) {
+#if defined(KBCORE_HAVE_X86_KERNELS)
+  if (active_simd_level() != SimdLevel::kScalar) return xxh3_64_avx2(data, n);
+#endif
+  return XXH3_64bits(data, n);
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -163,15 +176,28 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   return hash_finish(h, p + body, n - body, n);
 }
 
-std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads) {
+std::vector<std::uint64_t> block_hashes(const void* data, std::size_t n, std::size_t threads) {
   const auto* p = static_cast<const unsigned char*>(data);
-  const std::size_t blocks = (n + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-  std::vector<unsigned char> hashes(blocks * 8);
-  parallel_for(blocks, threads, [&](std::size_t b, std::size_t) {
+  std::vector<std::uint64_t> hashes((n + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
+  parallel_for(hashes.size(), threads, [&](std::size_t b, std::size_t) {
     const std::size_t begin = b * kChecksumBlockBytes;
-    store_le64(hashes.data() + b * 8, XXH3_64bits(p + begin, std::min(kChecksumBlockBytes, n - begin)));
+    hashes[b] = xxh3(p + begin, std::min(kChecksumBlockBytes, n - begin));
   });
-  return XXH3_64bits(hashes.data(), hashes.size());
+  return hashes;
+}
+
+namespace {
+
+std::uint64_t combine_blocks(const std::vector<std::uint64_t>& hashes) {
+  std::vector<unsigned char> bytes(hashes.size() * 8);
+  for (std::size_t b = 0; b < hashes.size(); ++b) store_le64(bytes.data() + b * 8, hashes[b]);
+  return xxh3(bytes.data(), bytes.size());
+}
+
+}  // namespace
+
+std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads) {
+  return combine_blocks(block_hashes(data, n, threads));
 }
 
 BinaryWriter::BinaryWriter(const std::string& path, const char magic[8], std::uint32_t version, PayloadChecksum sum)
@@ -210,7 +236,7 @@ void BinaryWriter::put(const void* data, std::size_t bytes) {
     bytes -= take;
     if (buffer_.size() == buffer_cap_) {
       if (sum_kind_ == PayloadChecksum::kBlocks) {
-        blocks_.push_back(XXH3_64bits(buffer_.data(), buffer_.size()));
+        blocks_.push_back(xxh3(buffer_.data(), buffer_.size()));
       } else {
         hash_state_ = hash_words(hash_state_, buffer_.data(), buffer_.size());
       }
@@ -254,10 +280,8 @@ void BinaryWriter::f32(float v) {
 void BinaryWriter::commit() {
   std::uint64_t sum = 0;
   if (sum_kind_ == PayloadChecksum::kBlocks) {
-    if (!buffer_.empty()) blocks_.push_back(XXH3_64bits(buffer_.data(), buffer_.size()));
-    std::vector<unsigned char> hashes(blocks_.size() * 8);
-    for (std::size_t b = 0; b < blocks_.size(); ++b) store_le64(hashes.data() + b * 8, blocks_[b]);
-    sum = XXH3_64bits(hashes.data(), hashes.size());
+    if (!buffer_.empty()) blocks_.push_back(xxh3(buffer_.data(), buffer_.size()));
+    sum = combine_blocks(blocks_);
   } else {
     const std::size_t body = buffer_.size() & ~static_cast<std::size_t>(7);
     hash_state_ = hash_words(hash_state_, buffer_.data(), body);
@@ -338,7 +362,13 @@ FileBytes::FileBytes(const std::string& path) {
   if (!S_ISREG(st.st_mode)) throw IoError("'" + path + "' is not a regular file");
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ == 0) return;
-  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Every byte is read at once (the payload checksum): populating the page table in the mmap
+  // call costs a fraction of faulting the pages in one 64 KiB window at a time (issue 28).
+  int flags = MAP_PRIVATE;
+#if defined(MAP_POPULATE)
+  flags |= MAP_POPULATE;
+#endif
+  void* p = ::mmap(nullptr, size_, PROT_READ, flags, fd, 0);
   if (p == MAP_FAILED) throw IoError("cannot map '" + path + "': " + errno_text());
   data_ = static_cast<const unsigned char*>(p);
   mapped_ = true;
@@ -408,38 +438,64 @@ BinaryReader::BinaryReader(const std::string& path, const char magic[8], std::ui
          std::to_string(actual) + " (truncated or appended to)");
   }
   data_ = header + kHeaderBytes;
+  payload_ = data_;
   size_ = static_cast<std::size_t>(payload);
+  payload_size_ = size_;
   sum_ = sum;
   const bool blocks = blocks_from != 0 && version_ >= blocks_from;
-  // Block hashes go to every hardware thread (memory bandwidth, not one core, bounds them).
-  const auto payload_sum = [blocks](const unsigned char* data, std::size_t n) {
-    return blocks ? block_checksum(data, n, 0) : checksum64(data, n, 0);
+  blocks_ = blocks;
+  // Block hashes go to every hardware thread (memory bandwidth, not one core, bounds them); they
+  // are kept, so that a section checked later can tell its bytes unchanged (blocks_unchanged).
+  const auto payload_sums = [blocks](const unsigned char* data, std::size_t n) {
+    auto out = std::make_shared<PayloadSums>();
+    if (blocks) {
+      out->blocks = block_hashes(data, n, 0);
+      out->sum = combine_blocks(out->blocks);
+    } else {
+      out->sum = checksum64(data, n, 0);
+    }
+    return std::shared_ptr<const PayloadSums>(std::move(out));
   };
   // Below a few MiB a thread costs more than it saves. The task holds the file's bytes alive.
   if (when == Checksum::kAlongside && size_ >= (std::size_t{4} << 20)) {
     try {
-      alongside_ = std::async(std::launch::async, [file = file_, data = data_, n = size_, payload_sum] {
-                     return payload_sum(data, n);
-                   }).share();
+      sums_ = std::async(std::launch::async, [file = file_, data = data_, n = size_, payload_sums] {
+                return payload_sums(data, n);
+              }).share();
+      alongside_ = true;
       return;
     } catch (const std::system_error&) {
       // No thread to be had: compare it now.
     }
   }
-  if (payload_sum(data_, size_) != sum) fail("checksum mismatch (corrupted file)");
+  std::promise<std::shared_ptr<const PayloadSums>> now;
+  now.set_value(payload_sums(data_, size_));
+  sums_ = now.get_future().share();
+  if (sums_.get()->sum != sum) fail("checksum mismatch (corrupted file)");
 }
 
 void BinaryReader::verify() const {
-  if (alongside_.valid() && alongside_.get() != sum_) fail("checksum mismatch (corrupted file)");
+  if (alongside_ && sums_.get()->sum != sum_) fail("checksum mismatch (corrupted file)");
+}
+
+std::optional<bool> BinaryReader::blocks_unchanged() const {
+  const std::vector<std::uint64_t>& hashes = sums_.get()->blocks;
+  if (hashes.empty()) return std::nullopt;
+  const std::size_t begin = static_cast<std::size_t>(data_ - payload_);
+  for (std::size_t b = begin / kChecksumBlockBytes; b * kChecksumBlockBytes < begin + size_; ++b) {
+    if (b >= hashes.size()) return false;  // not reached: the reader's bytes lie in the payload
+    // The block as the checksum took it: kChecksumBlockBytes, the payload's last one shorter.
+    const std::size_t from = b * kChecksumBlockBytes;
+    if (xxh3(payload_ + from, std::min(kChecksumBlockBytes, payload_size_ - from)) != hashes[b]) return false;
+  }
+  return true;
 }
 
 void BinaryReader::fail(const std::string& what) const { throw FormatError("cannot load '" + path_ + "': " + what); }
 
-void BinaryReader::require(std::size_t n, std::size_t elem) const {
-  if (elem != 0 && n > remaining() / elem) {
-    fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) + " bytes, " +
-         std::to_string(remaining()) + " remain");
-  }
+void BinaryReader::fail_truncated(std::size_t n, std::size_t elem) const {
+  fail("truncated payload: need " + std::to_string(n) + " x " + std::to_string(elem) + " bytes, " +
+       std::to_string(remaining()) + " remain");
 }
 
 void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
@@ -450,23 +506,6 @@ void BinaryReader::raw_le(void* out, std::size_t n, std::size_t elem) {
   if (!host_little_endian() && elem > 1) swap_bytes(static_cast<unsigned char*>(out), n, elem);
 }
 
-std::uint8_t BinaryReader::u8() {
-  require(1, 1);
-  return data_[pos_++];
-}
-std::uint32_t BinaryReader::u32() {
-  require(1, 4);
-  const auto v = static_cast<std::uint32_t>(load_le(data_ + pos_, 4));
-  pos_ += 4;
-  return v;
-}
-std::uint64_t BinaryReader::u64() {
-  require(1, 8);
-  const std::uint64_t v = load_le(data_ + pos_, 8);
-  pos_ += 8;
-  return v;
-}
-std::int64_t BinaryReader::i64() { return static_cast<std::int64_t>(u64()); }
 float BinaryReader::f32() {
   const std::uint32_t bits = u32();
   float v;

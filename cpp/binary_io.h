@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,9 @@ constexpr std::size_t kChecksumBlockBytes = std::size_t{4} << 20;
 /// block of the payload (the last one shorter), then XXH3-64 of those hashes stored as
 /// little-endian u64s. O(n); the blocks go to `threads` threads (0: the hardware's).
 std::uint64_t block_checksum(const void* data, std::size_t n, std::size_t threads = 1);
+
+/// The per-block XXH3-64 hashes block_checksum combines (one per kChecksumBlockBytes block).
+std::vector<std::uint64_t> block_hashes(const void* data, std::size_t n, std::size_t threads = 1);
 
 /// Which function a file's header checksum is (see the file comment).
 enum class PayloadChecksum { kWords, kBlocks };
@@ -138,12 +142,33 @@ class BinaryReader {
   /// Waits for a checksum computed alongside (kAlongside) and throws FormatError if it does not
   /// match; nothing otherwise. May be called more than once.
   void verify() const;
+  /// For a block-checksummed file: whether the payload blocks under this reader's bytes (all of
+  /// them, from its start, not its position) still hash as when the payload checksum was
+  /// computed (waits for it; a file rewritten in place since shows through a private mapping).
+  /// nullopt for a checksum64 file. O(bytes, rounded out to whole blocks).
+  std::optional<bool> blocks_unchanged() const;
+  /// Whether the file carries a block_checksum (so blocks_unchanged() answers).
+  bool block_checksummed() const { return blocks_; }
 
   std::uint32_t version() const { return version_; }
-  std::uint8_t u8();
-  std::uint32_t u32();
-  std::uint64_t u64();
-  std::int64_t i64();
+  // The field readers are inline: a load reads a few fields per row (metadata, BM25 rows).
+  std::uint8_t u8() {
+    require(1, 1);
+    return data_[pos_++];
+  }
+  std::uint32_t u32() {
+    require(1, 4);
+    const auto v = static_cast<std::uint32_t>(le(data_ + pos_, 4));
+    pos_ += 4;
+    return v;
+  }
+  std::uint64_t u64() {
+    require(1, 8);
+    const std::uint64_t v = le(data_ + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
   float f32();
   /// Reads n elements into out (resized); checks n * sizeof(T) against the bytes remaining
   /// before allocating.
@@ -161,7 +186,9 @@ class BinaryReader {
     raw_le(out, n, sizeof(T));
   }
   /// Throws FormatError unless n elements of `elem` bytes remain.
-  void require(std::size_t n, std::size_t elem) const;
+  void require(std::size_t n, std::size_t elem) const {
+    if (elem != 0 && n > remaining() / elem) fail_truncated(n, elem);
+  }
   std::size_t remaining() const { return size_ - pos_; }
   /// Throws FormatError if any payload bytes are left unread.
   void expect_end() const;
@@ -184,14 +211,32 @@ class BinaryReader {
 
  private:
   void raw_le(void* out, std::size_t n, std::size_t elem);
+  [[noreturn]] void fail_truncated(std::size_t n, std::size_t elem) const;
+  // The little-endian unsigned integer of `bytes` (<= 8) bytes at p.
+  static std::uint64_t le(const unsigned char* p, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+    return v;
+  }
   std::string path_;
   std::shared_ptr<const FileBytes> file_;
   const unsigned char* data_ = nullptr;  // the payload (after the header)
   std::size_t size_ = 0;                 // payload bytes
   std::size_t pos_ = 0;
   std::uint32_t version_ = 0;
-  std::uint64_t sum_ = 0;                        // the header's checksum
-  std::shared_future<std::uint64_t> alongside_;  // the payload's, when computed on a second thread
+  // The payload's checksum as computed, and for a block checksum the hashes of its blocks.
+  struct PayloadSums {
+    std::uint64_t sum = 0;
+    std::vector<std::uint64_t> blocks;  // empty for checksum64
+  };
+  const unsigned char* payload_ = nullptr;  // the payload's first byte (a section() keeps its file's)
+  std::size_t payload_size_ = 0;            // the payload's bytes (likewise)
+  std::uint64_t sum_ = 0;                   // the header's checksum
+  // The payload's sums: computed on a second thread (kAlongside, from 4 MiB), else before the
+  // constructor returned; shared by the readers section() makes.
+  std::shared_future<std::shared_ptr<const PayloadSums>> sums_;
+  bool alongside_ = false;  // sums_ still to be compared with sum_ by verify()
+  bool blocks_ = false;     // a block_checksum file
 };
 
 }  // namespace kbcore

@@ -761,15 +761,48 @@ void Bm25Index::load_deferred(BinaryReader& r, const VectorStore& store) {
     return;
   }
   const std::size_t begin = r.position();
-  std::vector<std::uint32_t> df;
-  parse(r, &store, store.slot_count(), false, df);
+  skim(r, store);
   BinaryReader section = r.section(begin, r.position());
-  // The section's own checksum, so that the build uses exactly the bytes checked here. Kept in
-  // memory only (never written): XXH3 in 4 MiB blocks on this thread, about ten times the speed
-  // of checksum64's serial pass, which took a sixth of a reopen's CPU time (issue 28).
-  const std::uint64_t sum = block_checksum(section.here(), section.remaining(), 1);
-  deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum, std::move(df)});
+  // The build must use exactly the bytes the load's payload checksum covered. A block-
+  // checksummed file keeps its blocks' hashes: the build re-hashes the blocks under the section
+  // and compares (BinaryReader::blocks_unchanged), so the load reads the section only to skim
+  // it. A checksum64 file has none: the section's own checksum is taken now, kept in memory
+  // only (XXH3 in 4 MiB blocks on this thread, issue 28).
+  std::optional<std::uint64_t> sum;
+  if (!r.block_checksummed()) sum = block_checksum(section.here(), section.remaining(), 1);
+  deferred_ = std::make_unique<Deferred>(Deferred{std::move(section), store.slot_count(), sum});
   built_.store(false, std::memory_order_release);
+}
+
+void Bm25Index::skim(BinaryReader& r, const VectorStore& store) {
+  Bm25Params params;
+  params.k1 = r.f32();
+  params.b = r.f32();
+  if (!(params.k1 >= 0) || !std::isfinite(params.k1) || !(params.b >= 0 && params.b <= 1)) {
+    r.fail("invalid BM25 parameters");
+  }
+  const std::uint64_t nterms = r.u64();
+  r.require(nterms, 8);
+  for (std::uint64_t i = 0; i < nterms; ++i) {
+    const std::uint64_t len = r.u64();
+    r.skip(len, 1);
+  }
+  const std::size_t slots = store.slot_count();
+  const std::uint64_t docs = r.u64();
+  r.require(docs, 16);
+  std::int64_t last = -1;
+  for (std::uint64_t d = 0; d < docs; ++d) {
+    const Slot s = r.u32();
+    r.u32();  // the length, checked against the terms by the build
+    const std::uint64_t nt = r.u64();
+    if (s >= slots || !store.is_live(s) || static_cast<std::int64_t>(s) <= last) {
+      r.fail("BM25 row for a missing, repeated or out-of-order slot");
+    }
+    last = s;
+    r.skip(nt, 8);
+  }
+  params_ = params;
+  n_docs_ = static_cast<std::size_t>(docs);
 }
 
 void Bm25Index::ensure_built() const {
@@ -782,11 +815,19 @@ void Bm25Index::ensure_built() const {
   BinaryReader r = deferred_->reader;
   // The bytes are a mapping of a file that kbcore replaces only by rename, but another program
   // could have rewritten it in place since the load: the build reads only the bytes checked then.
-  if (block_checksum(r.here(), r.remaining(), 1) != deferred_->sum) {
+  const bool same = deferred_->sum ? block_checksum(r.here(), r.remaining(), 1) == *deferred_->sum
+                                   : r.blocks_unchanged().value_or(false);
+  if (!same) {
     r.fail("BM25 section changed since the file was loaded (checksum mismatch)");
   }
   try {
-    self->parse(r, nullptr, deferred_->slots, true, deferred_->df);
+    // The checks the load left (terms UTF-8 and distinct, term lists, lengths, every term
+    // used), counting each term's rows, then the build, which reserves the postings by them.
+    std::vector<std::uint32_t> df;
+    BinaryReader check = r;
+    self->parse(check, nullptr, deferred_->slots, false, df);
+    check.expect_end();
+    self->parse(r, nullptr, deferred_->slots, true, df);
     r.expect_end();
   } catch (...) {
     self->terms_.clear();

@@ -101,12 +101,18 @@ class Bm25Index {
   void save(BinaryWriter& w) const;
   /// Reads the section save() wrote and builds the postings. O(postings).
   void load(BinaryReader& r, const VectorStore& store);
-  /// Reads and checks the section save() wrote as load() does (every check, FormatError), but
-  /// builds the vocabulary and postings only when a call first needs them (search, stats,
-  /// save, writes): opening an index for vector search does not pay for them. documents() is
-  /// known at once. Keeps the file's mapping alive until then (a file read into the heap, on a
-  /// platform without mmap, is loaded at once). O(section bytes + terms).
+  /// Reads the section save() wrote, checking at once its parameters, its extent and its rows'
+  /// slots (live, ascending), and keeps its bytes' checksum; the rest of load()'s checks (terms
+  /// UTF-8 and distinct, term lists, lengths) and the vocabulary and postings wait until a call
+  /// first needs them (search, stats, save, writes), which then throws FormatError for a bad
+  /// section, before it answers or changes anything: opening an index for vector search pays
+  /// for neither. documents() is known at once. Keeps the file's mapping alive until then (a
+  /// file read into the heap, on a platform without mmap, is loaded at once). O(terms + rows).
   void load_deferred(BinaryReader& r, const VectorStore& store);
+  /// Checks and builds a section load_deferred() read, once (FormatError if it fails a check or
+  /// its bytes changed since; nothing otherwise). Index's writers call it before their first
+  /// change, so that a bad section changes nothing. Thread-safe against searches.
+  void ensure_built() const;
 
  private:
   struct Posting {
@@ -123,17 +129,16 @@ class Bm25Index {
   // n_docs_, which a deferred build leaves for concurrent readers.
   // `df`: filled with each term's row count by a check; read by a build (if sized) to reserve.
   void parse(BinaryReader& r, const VectorStore* store, std::size_t slots, bool build, std::vector<std::uint32_t>& df);
-  // Builds a section load_deferred() checked, once, under build_mutex_ (callers may be
-  // concurrent const searches). Rethrows the FormatError of bytes that changed since.
-  void ensure_built() const;
+  // load_deferred()'s pass over the section: its parameters, its extent (every count against
+  // the bytes left) and each row's slot, setting params_ and n_docs_. O(terms + rows).
+  void skim(BinaryReader& r, const VectorStore& store);
 
-  // A section checked by load_deferred and not yet built: its bytes, the slot count then, the
-  // bytes' block_checksum (one thread) and each term's row count.
+  // A section read by load_deferred and not yet built: its bytes, the slot count then and, in
+  // a file without block hashes (checksum64), the bytes' block_checksum (one thread).
   struct Deferred {
     BinaryReader reader;
     std::size_t slots;
-    std::uint64_t sum;
-    std::vector<std::uint32_t> df;
+    std::optional<std::uint64_t> sum;
   };
   mutable std::unique_ptr<Deferred> deferred_;
   mutable std::atomic<bool> built_{true};

@@ -143,6 +143,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   std::optional<Bm25Batch> text_batch;
   if (texts != nullptr) text_batch.emplace(*texts, threads);
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  text_.ensure_built();  // a loaded BM25 section that fails its deferred checks changes nothing
   // Upsert: ids already present are removed (with graph repair) and inserted anew.
   std::vector<Slot> replaced;
   for (std::size_t i = 0; i < n; ++i) {
@@ -250,6 +251,7 @@ void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
 void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) {
   if (n == 0) return;
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  text_.ensure_built();  // as in add()
   std::vector<Slot> slots;
   slots.reserve(n);
   std::unordered_set<std::int64_t> seen;

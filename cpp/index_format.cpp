@@ -230,9 +230,9 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
     for (std::size_t s = begin; s < end; ++s) {
       if (live[s] != 1) continue;
       if (ids[s] == -1) r.fail("slot " + std::to_string(s) + " holds the reserved id -1");
-      const float* row = rows + s * c.dim;
-      if (!all_finite(row, c.dim)) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
-      if (c.metric == Metric::kCosine && !inverse_norm(row, c.dim)) {
+      const RowCheck row = check_row(rows + s * c.dim, c.dim);
+      if (!row.finite) r.fail("vector of id " + std::to_string(ids[s]) + " contains NaN or infinity");
+      if (c.metric == Metric::kCosine && !row.nonzero) {
         r.fail("vector of id " + std::to_string(ids[s]) + " is all zeros under the cosine metric");
       }
     }
@@ -288,10 +288,9 @@ std::unique_ptr<Index> Index::load_sections(BinaryReader& r, std::optional<bool>
   } catch (const FormatError& e) {
     r.fail(e.what());
   }
-  if (index->graph_) {
-    index->graph_->grow();
-    index->graph_->load(r);
-  }
+  // HnswIndex::load sets every per-slot array itself (no grow() first: it would allocate and
+  // zero level-0 lists that the mapped ones replace).
+  if (index->graph_) index->graph_->load(r);
   index->meta_.load(r, index->store_);
   index->text_.load_deferred(r, index->store_);
   if (r.version() >= kFormatVersionQuantized && r.version() < kFormatVersionTagged) {

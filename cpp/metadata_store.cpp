@@ -351,18 +351,32 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
   const std::size_t n = store.slot_count();
   grow(n);
   // Strings come back to Python as str: invalid UTF-8 is refused here, not at get_metadata.
+  // A view of the file's bytes (alive until the load returns): no copy per string.
   const auto get_str = [&r]() {
     const std::uint64_t len = r.u64();
-    std::vector<std::uint8_t> bytes;
-    r.array(bytes, len);
-    std::string s(bytes.begin(), bytes.end());
+    r.require(len, 1);
+    const std::string_view s(reinterpret_cast<const char*>(r.here()), len);
+    r.skip(len, 1);
     if (!is_valid_utf8(s)) r.fail("metadata string is not valid UTF-8");
     return s;
+  };
+  // Rows in slot order often repeat a string value (a document's chunks share its id, every
+  // row its pipeline): the last one interned is remembered, so a repeat costs one comparison.
+  std::string_view last_str;
+  std::uint32_t last_id = 0;
+  bool have_last = false;
+  const auto intern = [&](std::string_view s) {
+    if (!have_last || s != last_str) {
+      last_id = dict_.intern(s);
+      last_str = s;
+      have_last = true;
+    }
+    return last_id;
   };
   const std::uint64_t nfields = r.u64();
   r.require(nfields, 16);
   for (std::uint64_t fi = 0; fi < nfields; ++fi) {
-    const std::string name = get_str();
+    const std::string name(get_str());
     if (name.empty() || by_name_.count(name)) r.fail("invalid or repeated metadata field name");
     Field& f = field_for(name);
     const std::uint64_t present = r.u64();
@@ -388,13 +402,13 @@ void MetadataStore::load(BinaryReader& r, const VectorStore& store) {
           break;
         }
         case ValueKind::kStr:
-          set(f, s, kind, dict_.intern(get_str()));
+          set(f, s, kind, intern(get_str()));
           break;
         case ValueKind::kStrList: {
           const std::uint64_t len = r.u64();
           r.require(len, 8);
           std::vector<std::uint32_t> ids;
-          for (std::uint64_t j = 0; j < len; ++j) ids.push_back(dict_.intern(get_str()));
+          for (std::uint64_t j = 0; j < len; ++j) ids.push_back(intern(get_str()));
           const auto li = static_cast<std::uint32_t>(f.lists_.size());
           f.lists_.push_back(std::move(ids));
           set(f, s, kind, li);

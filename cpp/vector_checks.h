@@ -17,6 +17,26 @@ inline bool all_finite(const float* v, std::size_t n) {
   return bad == 0;
 }
 
+/// What load() checks of a stored row, in one branch-free pass: whether every value is finite
+/// and whether any is non-zero. For finite values, inverse_norm() is nullopt exactly when none
+/// is (it sums squares in double, where a float's square neither underflows to 0 nor
+/// overflows), so a load tells a zero cosine row without summing squares. O(n).
+struct RowCheck {
+  bool finite;
+  bool nonzero;
+};
+inline RowCheck check_row(const float* v, std::size_t n) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  int bad = 0;
+  int any = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(v[i]);
+    bad |= !(a <= kMax);  // NaN compares false
+    any |= a > 0.0f;
+  }
+  return {bad == 0, any != 0};
+}
+
 /// 1 / (L2 norm of v), accumulated in double over four lanes (element i into lane i % 4, the
 /// lanes summed in order 0..3: a fixed order, so that it vectorises without -ffast-math);
 /// nullopt for a zero (or overflowing) vector.

@@ -92,3 +92,48 @@ def test_a_corrupted_segment_is_reported_before_any_answer_uses_it(tmp_path):
         f.write(b"W")  # 'wordbx1' -> 'Wordbx1': same length, valid UTF-8
     with pytest.raises(FormatError, match="corrupted"):
         Engine(tmp_path).get_knowledge_base("kb")
+
+
+def _flip_byte(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+def _checkpointed_kb(tmp_path) -> tuple[str, str, str]:
+    """A closed knowledge base with an index checkpoint and one segment: (kb dir, index file,
+    chunks file)."""
+    import json
+
+    rng = np.random.default_rng(SEED)
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", embedder=False, dim=DIM)
+    table, _ = _table(["a", "b", "c"], 5)
+    kb.ingest_table(table, vectors=_vectors(rng, table.num_rows), span_columns=None)
+    kb.compact()  # rewrites the segment and checkpoints the index
+    engine.close()
+    path = os.path.join(tmp_path, "kb")
+    with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    assert m.get("index"), "compact() wrote no index checkpoint"
+    chunks = m["segments"][0]["files"]["chunks"]["path"]
+    return path, os.path.join(path, m["index"]["path"]), os.path.join(path, chunks)
+
+
+def test_an_open_loading_the_index_beside_the_segments_reports_the_failing_file(tmp_path):
+    """KbState.load runs Index.load on a thread while the segments are checked: a damaged
+    index alone is the index's FormatError; a damaged segment is the segment's, even when the
+    index is damaged too; no loading thread outlives the open."""
+    import threading
+
+    path, index_file, chunks_file = _checkpointed_kb(tmp_path)
+    before = threading.active_count()
+    _flip_byte(index_file, os.path.getsize(index_file) // 2)
+    with pytest.raises(FormatError, match=os.path.basename(index_file)):
+        Engine(tmp_path).get_knowledge_base("kb")
+    _flip_byte(chunks_file, os.path.getsize(chunks_file) // 2)
+    with pytest.raises(FormatError, match=os.path.basename(chunks_file)):
+        Engine(tmp_path).get_knowledge_base("kb")
+    assert threading.active_count() == before

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kbcore
@@ -50,6 +51,9 @@ EXPECTED_REJECTION = {
     "vector_inf": "NaN or infinity",
     "vector_nan": "NaN or infinity",
 }
+#: Defects of the BM25 leg's terms and term lists, which Index.load leaves to the leg's first
+#: use (cpp/bm25_index.h load_deferred): FormatError there, before any text answer.
+AT_FIRST_USE = {"bm25_term_not_utf8"}
 
 
 def test_python_checksum_matches_the_native_checksum():
@@ -76,8 +80,14 @@ def test_every_committed_crafted_file_is_rejected_with_format_error_naming_its_d
     results = fuzz.run_files(files, timeout=120)
     assert {p.name: results[p]["result"] for p in files} == {p.name: "rejected" for p in files}
     for path in files:
-        with pytest.raises(errors.FormatError, match=EXPECTED_REJECTION[path.stem.removeprefix("reject_")]):
-            kbcore.Index.load(path)
+        defect = path.stem.removeprefix("reject_")
+        with pytest.raises(errors.FormatError, match=EXPECTED_REJECTION[defect]):
+            if defect not in AT_FIRST_USE:
+                kbcore.Index.load(path)
+            else:  # loads and answers vector searches; the text leg's first use refuses
+                index = kbcore.Index.load(path)
+                assert len(index.search(np.ones(index.dim, np.float32), k=3)[0]) == 3
+                index.search_text("word1", k=3)
 
 
 def test_committed_seed_files_load_work_and_save_back_identically():

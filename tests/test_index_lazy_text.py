@@ -1,15 +1,17 @@
 """The BM25 leg of a loaded index is checked at load and built at its first use (issue 28).
 
-``Index.load`` reads and checks the whole text section (every check the eager load made) but
-builds the vocabulary and postings only when a call first needs them: a text search, text
-statistics, a write or a save. These tests hold that first use to the answers of the index
-before it was saved, show the deferral (memory), and show that bytes changed in place after
-the load are a FormatError naming the file, never a wrong answer.
+``Index.load`` checks the text section's parameters, extent and row slots and keeps its
+checksum, but checks its terms and term lists and builds the vocabulary and postings only when
+a call first needs them: a text search, text statistics, a write or a save. These tests hold
+that first use to the answers of the index before it was saved, show the deferral (memory),
+and show that a bad leg (crafted, or bytes changed in place after the load) is a FormatError
+naming the file at that first use and at every later one, never a wrong answer nor a write.
 """
 
 from __future__ import annotations
 
 import random
+import struct
 import sys
 import threading
 
@@ -24,12 +26,12 @@ WORDS = [f"w{i}" for i in range(300)]
 QUERIES = ["w1 w2", "w17", "w250 w3 w3 w99", "nothing matches this", "w0 w5 w10 w15 w20"]
 
 
-def _index(seed: int = 7, n: int = 400) -> tuple[kbcore.Index, list[str]]:
+def _index(seed: int = 7, n: int = 400, **spec: object) -> tuple[kbcore.Index, list[str]]:
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 30))) for _ in range(n)]
     texts[5] = texts[5] + " zebraterm"  # one term the in-place corruption below can find
     vecs = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
-    index = kbcore.Index(DIM, M=8, ef_construction=32)
+    index = kbcore.Index(DIM, M=8, ef_construction=32, **spec)
     index.add(vecs, np.arange(n, dtype=np.int64), texts=texts, metadata=[{"even": i % 2 == 0} for i in range(n)])
     return index, texts
 
@@ -104,11 +106,22 @@ def test_writes_after_load_build_the_text_leg_first(tmp_path):
     not sys.platform.startswith("linux"),
     reason="a private mapping shows later in-place writes to its file on Linux only",
 )
-def test_text_section_rewritten_in_place_after_load_is_a_format_error_naming_the_file(tmp_path):
-    index, _ = _index()
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},  # format version 1 (checksum64): the section's own checksum, taken at load
+        # Version 7 (block checksum), more than one 4 MiB block: the blocks under the section
+        # hashed again and compared with the hashes the load's payload checksum took.
+        {"quantization": "sq8"},
+    ],
+)
+def test_text_section_rewritten_in_place_after_load_is_a_format_error_naming_the_file(tmp_path, spec):
+    index, _ = _index(n=400 if not spec else 40_000, **spec)
     path = tmp_path / "i.kbi"
     index.save(path)
     blob = path.read_bytes()
+    assert int.from_bytes(blob[8:12], "little") == (7 if spec else 1)
+    assert spec == {} or len(blob) > 2 * (4 << 20)
     at = blob.index(len("zebraterm").to_bytes(8, "little") + b"zebraterm") + 8
     loaded = kbcore.Index.load(path)
     with open(path, "r+b") as f:  # rewritten in place by another program (kbcore renames)
@@ -231,3 +244,71 @@ def test_sq8_codes_checked_in_parallel_blocks_still_refuse_a_bad_code_row(tmp_pa
     path.write_bytes(_reseal(blob))
     with pytest.raises(errors.FormatError, match=r"codes\.kbi.*nonzero padding byte in a code row"):
         kbcore.Index.load(path)
+
+
+def _fuzz_tool():
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    if not (tools / "fuzz_index_load.py").is_file():
+        pytest.skip("tools/fuzz_index_load.py (the file crafter) is not beside the tests")
+    sys.path.insert(0, str(tools))
+    import fuzz_index_load
+
+    return fuzz_index_load
+
+
+def _crafted(tmp_path, defect: str):
+    """A version 1 file (checksum64, which the tool recomputes) whose BM25 leg carries one
+    defect that Index.load leaves to the leg's first use."""
+    fuzz = _fuzz_tool()
+    index, _ = _index(n=60)
+    seed = tmp_path / "seed.kbi"
+    index.save(seed)  # unquantized: format version 1
+    blob = bytearray(seed.read_bytes())
+    fields = {f.name: f for f in fuzz.parse_fields(bytes(blob))}
+
+    def get(name: str) -> int:
+        return struct.unpack_from("<" + fields[name].fmt, blob, fields[name].offset)[0]
+
+    def put(name: str, value: int) -> None:
+        struct.pack_into("<" + fields[name].fmt, blob, fields[name].offset, value)
+
+    if defect == "not valid UTF-8":
+        put("bm25.term[0].byte0", 0xFF)
+    elif defect == "repeated BM25 term":  # term 1 spelled as term 0 (both 'w' + digits)
+        assert get("bm25.term[0].len") == get("bm25.term[1].len") or pytest.fail("seed terms differ in length")
+        at0, at1 = fields["bm25.term[0].byte0"].offset, fields["bm25.term[1].byte0"].offset
+        n = get("bm25.term[0].len")
+        blob[at1 : at1 + n] = blob[at0 : at0 + n]
+    elif defect == "document length disagrees":
+        put("bm25.doc[0].len", get("bm25.doc[0].len") + 1)
+    elif defect == "invalid BM25 term list":
+        put("bm25.doc[0][0].tf", 0)
+    path = tmp_path / "bad.kbi"
+    path.write_bytes(fuzz.reseal(blob))
+    return index, path
+
+
+@pytest.mark.parametrize(
+    "defect", ["not valid UTF-8", "repeated BM25 term", "document length disagrees", "invalid BM25 term list"]
+)
+def test_text_leg_checked_at_first_use_refuses_a_bad_leg_and_changes_nothing(tmp_path, defect):
+    index, path = _crafted(tmp_path, defect)
+    loaded = kbcore.Index.load(path)  # the vectors, graph and metadata were checked: they answer
+    q = np.random.default_rng(1).standard_normal(DIM).astype(np.float32)
+    want = [r.tolist() for r in index.search(q, k=10)]
+    assert [r.tolist() for r in loaded.search(q, k=10)] == want
+    for call in (
+        lambda: loaded.search_text("w1", k=5),
+        lambda: loaded.text_stats("w1"),
+        lambda: loaded.search_text("w1", k=5),  # refused again, not remembered as an empty leg
+        lambda: loaded.add(np.ones((1, DIM), np.float32), np.array([999], np.int64), texts=["w1"]),
+        lambda: loaded.remove(np.array([0], np.int64)),
+        lambda: loaded.save(tmp_path / "again.kbi"),
+    ):
+        with pytest.raises(errors.FormatError, match=rf"bad\.kbi.*{defect}"):
+            call()
+    assert len(loaded) == len(index)  # the refused writes changed nothing
+    assert [r.tolist() for r in loaded.search(q, k=10)] == want
+    assert not (tmp_path / "again.kbi").exists()

@@ -233,7 +233,8 @@ def test_a_crafted_file_with_a_huge_rerank_depth_searches_bounded(tmp_path):
 # item 13: BM25 terms are UTF-8, on load and on add
 
 
-def test_load_refuses_a_bm25_term_that_is_not_utf8(tmp_path):
+def test_a_bm25_term_that_is_not_utf8_is_refused_at_the_text_legs_first_use(tmp_path):
+    # Index.load leaves the BM25 leg's terms to its first use (cpp/bm25_index.h load_deferred).
     index = kbcore.Index(4, "l2")
     index.add(np.eye(4, dtype=np.float32), np.arange(4), texts=["zqxjterm one", "two", None, "three"])
     good = tmp_path / "good.kbi"
@@ -243,8 +244,11 @@ def test_load_refuses_a_bm25_term_that_is_not_utf8(tmp_path):
     for bad_term in (b"zqxj\xffrm", b"zqxj\xed\xa0\x80", b"zqxj\xc0\xafm"):  # stray byte, surrogate, overlong
         bad = tmp_path / "bad.kbi"
         bad.write_bytes(fuzz.reseal(blob.replace(b"zqxjterm", bad_term.ljust(8, b"m"))))
-        with pytest.raises(errors.FormatError, match="BM25 term is not valid UTF-8"):
-            kbcore.Index.load(bad)
+        loaded = kbcore.Index.load(bad)
+        assert loaded.search(np.eye(4, dtype=np.float32)[1], k=1)[0].tolist() == [1]  # vectors answer
+        for _ in range(2):
+            with pytest.raises(errors.FormatError, match="bad.kbi.*BM25 term is not valid UTF-8"):
+                loaded.search_text("two", k=2)
     assert kbcore.Index.load(good).text_documents() == 3
 
 

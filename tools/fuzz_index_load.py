@@ -8,7 +8,8 @@ depth, then the quantizer ranges and codes; cpp/index_format.cpp, hnsw_index.cpp
 metadata_store.cpp, bm25_index.cpp, sq8_codes.cpp ``save``), mutates one or a few of them,
 RECOMPUTES the payload checksum
 (``checksum64`` of cpp/binary_io.cpp, reimplemented below) and loads the result in a child
-process. A crafted file must either be rejected with FormatError or load into an index on
+process. A crafted file must either be rejected with FormatError (by the load, or for the
+BM25 leg, checked at its first use, by that first use) or load into an index on
 which every operation works (search, filtered and grouped search, text search, metadata,
 vectors, remove, add) and which saves back to the same bytes (a version 2 to 5 file: to a
 version 6 file that does). Anything else, a crash (the
@@ -378,6 +379,26 @@ def exercise(index, path: str | Path) -> None:
     index.search(q, k=5)
 
 
+def first_use_of_lazy_sections(index) -> None:
+    """What a loaded index checks only at a section's first use: the BM25 leg's terms and
+    term lists (cpp/bm25_index.h ``load_deferred``). Vector search must answer before it (the
+    rest of the file was checked at load); the first text call then raises FormatError for a
+    bad leg, and again on every later call, never answering from it."""
+    import numpy as np
+
+    from kbcore import errors
+
+    index.search(np.ones((1, index.dim), np.float32), k=5)
+    try:
+        index.text_stats("word1")
+    except errors.FormatError:
+        try:
+            index.text_stats("word1")
+        except errors.FormatError:
+            raise
+        raise AssertionError("a text leg that failed its checks answered on a second call") from None
+
+
 def check_file(path: str | Path) -> dict:
     """Loads one file and exercises it if accepted: {"result": rejected | accepted |
     bad-error | failed-later, "detail": ...}. A crash ends the process."""
@@ -390,6 +411,12 @@ def check_file(path: str | Path) -> dict:
         return {"path": str(path), "result": "rejected"}
     except Exception as e:  # noqa: BLE001 - any other exception is the finding
         return {"path": str(path), "result": "bad-error", "detail": f"{type(e).__name__}: {e}"}
+    try:
+        first_use_of_lazy_sections(index)
+    except errors.FormatError:
+        return {"path": str(path), "result": "rejected", "detail": "at the text leg's first use"}
+    except Exception as e:  # noqa: BLE001
+        return {"path": str(path), "result": "failed-later", "detail": f"{type(e).__name__}: {e}"}
     try:
         exercise(index, path)
     except Exception as e:  # noqa: BLE001

@@ -319,7 +319,13 @@ Outcome load_and_use(const std::string& path, const std::string& bytes) {
   index->search(q.data(), 1, params(5, 0, 1), out.data(), d.data());
   const auto ids = index->ids();
   index->get_metadata(ids.data(), ids.size());
-  index->search_text("word1 common", 5);
+  // The BM25 leg's terms and term lists are checked at its first use (Bm25Index::load_deferred):
+  // a bad leg is refused there, after vector search answered, and again at every later use.
+  if (throws<kbcore::FormatError>([&] { index->search_text("word1 common", 5); })) {
+    CHECK(throws<kbcore::FormatError>([&] { index->search_text("word1 common", 5); }));
+    CHECK(throws<kbcore::FormatError>([&] { index->save(path + ".again"); }));
+    return Outcome::kRejected;
+  }
   // A crafted field name may leave no field "n": that is an InvalidArgument, not a defect.
   if (!ids.empty() &&
       !throws<kbcore::InvalidArgument>([&] { index->search_groups(q.data(), 1, group_params(3, "n", 2, 0, 1)); })) {
@@ -406,6 +412,21 @@ KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
     write_file(crafted, bytes);
     return throws<kbcore::FormatError>([&] { kbcore::Index::load(crafted); });
   };
+  // A defect of the BM25 leg's terms or term lists: the load succeeds and vector search
+  // answers, the leg's first use throws FormatError (Bm25Index::load_deferred).
+  const auto refused_at_first_text_use = [&](const FieldAt& f, std::uint64_t value) {
+    std::string bytes = good;
+    put(bytes, f.offset, f.size, value);
+    reseal(bytes);
+    write_file(crafted, bytes);
+    const auto index = kbcore::Index::load(crafted);
+    const std::vector<float> q(index->dim(), 0.5f);
+    std::vector<std::int64_t> out(5);
+    std::vector<float> d(5);
+    index->search(q.data(), 1, params(5, 0, 1), out.data(), d.data());
+    return out[0] != -1 && throws<kbcore::FormatError>([&] { index->search_text("word1 common", 5); }) &&
+           throws<kbcore::FormatError>([&] { index->text_stats("word1"); });
+  };
   const std::uint64_t n = get(good, first("slots").offset, 8);
   // An upper-level link to a node without that level (it crashed search: a null list).
   std::size_t up = 0;
@@ -444,12 +465,12 @@ KBCORE_TEST(each_structural_defect_is_rejected_with_format_error) {
   CHECK(rejected(first("meta.float"), 0x7FF0000000000000ull));  // infinity
   CHECK(rejected(first("bm25.k1"), 0x7F800000u));
   CHECK(rejected(first("bm25.doc.slot"), get(good, first("bm25.doc.slot", 1).offset, 4) + 1));  // out of order
-  CHECK(rejected(first("bm25.doc.len"), 0));
-  CHECK(rejected(first("bm25.doc.tf"), 0));
-  CHECK(rejected(first("bm25.doc.term"), 1u << 30));
+  CHECK(refused_at_first_text_use(first("bm25.doc.len"), 0));
+  CHECK(refused_at_first_text_use(first("bm25.doc.tf"), 0));
+  CHECK(refused_at_first_text_use(first("bm25.doc.term"), 1u << 30));
   CHECK(rejected(first("bm25.terms"), get(good, first("bm25.terms").offset, 8) + 1));
-  CHECK(rejected(first("bm25.term.byte0"), 0xFF));  // a term that is not UTF-8
-  CHECK(rejected(first("bm25.term.byte0"), 0xC0));
+  CHECK(refused_at_first_text_use(first("bm25.term.byte0"), 0xFF));  // a term that is not UTF-8
+  CHECK(refused_at_first_text_use(first("bm25.term.byte0"), 0xC0));
   std::remove(victim.c_str());
   std::remove(crafted.c_str());
 }

@@ -209,13 +209,23 @@ class KbState:
         m = storage.load_manifest(path)
         cfg = m["config"]
         vectors = vectors_of(cfg, override)
-        segments = tuple(Segment(e, c, d) for e, c, d in storage.read_segments(path, m))
-        index = None
+        loading = None
         if m.get("index"):
             # The size against the manifest here; the content when the native loader reads it
-            # (its header fields and the payload checksum cover every byte: FormatError).
+            # (its header fields and the payload checksum cover every byte: FormatError). The
+            # native load (no GIL) runs beside the segments' checks, which are mostly CRC-32 and
+            # Arrow validation without the GIL too: a reopen waits for the longer of the two.
             storage.check_size(path, m["index"])
-            index = Index.load(os.path.join(path, m["index"]["path"]), vectors=vectors)
+            loading = _Background(Index.load, os.path.join(path, m["index"]["path"]), vectors=vectors)
+        try:
+            segments = tuple(Segment(e, c, d) for e, c, d in storage.read_segments(path, m))
+        except BaseException:
+            if loading is not None:
+                loading.abandon()
+            raise
+        index = None
+        if loading is not None:
+            index = loading.result()
         elif cfg.get("dim"):
             index = new_index(cfg, int(cfg["dim"]), path, vectors=vectors)
         stale_text = False
@@ -227,6 +237,38 @@ class KbState:
                 index = _rebuild_text_leg(index, segments, cfg)
                 stale_text = True
         return cls.build(name, path, m, segments, LazyDocMap(segments), index, stale_text, vectors)
+
+
+class _Background:
+    """``fn(*args, **kwargs)`` on a thread of its own, started at once: :meth:`result` waits and
+    returns its value or raises its exception; :meth:`abandon` waits and drops both (a caller
+    that failed meanwhile reports its own error)."""
+
+    __slots__ = ("_error", "_thread", "_value")
+
+    def __init__(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="kbcore-load", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._value
+
+    def abandon(self) -> None:
+        self._thread.join()
+        self._value = self._error = None
 
 
 class StateCell:
