@@ -467,19 +467,22 @@ class Index:
         """The checked arguments of the two-leg calls (the checks of search and search_text)."""
         if not isinstance(query_text, str):
             raise InvalidTypeError(f"query_text must be a str, got {type(query_text).__name__}")
-        if not (
+        vector: np.ndarray
+        if (
             type(query_vector) is np.ndarray
             and query_vector.dtype is _FLOAT32
             and query_vector.ndim == 1
             and query_vector.shape[0] == self._dim
         ):
+            vector = query_vector
+        else:
             arr, _ = _as_vectors(query_vector, self._dim, "the query vector")
             if arr.shape[0] != 1:
                 raise InvalidArgumentError(f"a hybrid search takes one query vector, got {arr.shape[0]}")
-            query_vector = arr[0]
+            vector = arr[0]
         k = k if type(k) is int and 0 < k <= _MAX_EF else _bounded("k", k)
         ef_value = 0 if ef is None else ef if type(ef) is int and 0 < ef <= _MAX_EF else _bounded("ef", ef)
-        return query_vector, query_text, k, ef_value, None if where is None else native_filter(where)
+        return vector, query_text, k, ef_value, None if where is None else native_filter(where)
 
     def search_hybrid_legs(
         self,
