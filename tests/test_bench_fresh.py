@@ -169,7 +169,9 @@ def test_engine_peers_runs_kbcore_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())["results"]["kbcore"]
     assert r["unfiltered_recall"] >= 0.95
-    assert set(r["cases"]) == {"vector", "filter 10%", "filter 1%", "one per document", "hybrid"}
+    cases = {"vector", "vector with text", "filter 10%", "filter 1%", "one per document", "hybrid"}
+    assert set(r["cases"]) == cases
+    assert r["cases"]["vector with text"]["recall"] == r["cases"]["vector"]["recall"]  # kbcore: one path
     assert all("p50_ms" in c for c in r["cases"].values()), r["cases"]
     assert r["cases"]["filter 1%"]["recall"] >= 0.95
     assert r["ingest_rows_per_s"] > 0 and r["reopen_first_query_s"] > 0
