@@ -82,7 +82,7 @@ def main() -> None:
                 row.append(f"{'on ' if on else 'off'} auto {ra:.3f} (full {full:.2f}) {force} {rf:.3f}")
             times = {False: [], True: []}
             for p in range(passes):
-                for on in ((False, True) if p % 2 == 0 else (True, False)):
+                for on in (False, True) if p % 2 == 0 else (True, False):
                     set_seeds(on)
                     t0 = time.thread_time()
                     index._native.search(queries, 10, ef, 1, cw, "auto")
