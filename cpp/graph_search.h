@@ -148,6 +148,8 @@ class GraphSearch {
   /// The longest candidate list layer0_pool keeps sorted (an insertion moves up to this many
   /// entries); longer lists use the heaps of layer0.
   static constexpr std::size_t kPoolMaxEf = 1024;
+  /// The nodes the near probe of layer0 counts (the first it expands).
+  static constexpr std::size_t kNearProbe = 32;
   template <typename Scorer, typename Accept, typename Counter>
   static std::vector<Scored> layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
                                     VisitedSet& visited, std::size_t* evals, Counter count);
@@ -213,6 +215,15 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep
       detail::heap_replace_top(results.data(), results.size(), s);
     }
   };
+  // The near probe (SearchScratch::near_probe_floor): how many of the first kNearProbe nodes
+  // the walk expands pass. The walk expands nearest first from an entry point near the query,
+  // so these are about the query's nearest rows; a filter passing far fewer of them than of
+  // all rows is anti-correlated with the query, and the walk, which reaches only the passing
+  // rows near where it starts, misses the nearest ones elsewhere (docs/filter-ir.md).
+  SearchScratch& scratch = search_scratch();
+  const double near_floor = scratch.near_probe_floor;
+  std::size_t near_seen = 0;
+  std::size_t near_pass = 0;
   visited.test_and_set(ep.slot);
   candidates.push_back(ep);
   if (accept(ep.slot)) push_result(ep);
@@ -223,6 +234,10 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep
   while (!candidates.empty()) {
     const Scored c = candidates.front();
     if (results.size() >= ef && c.dist > results.front().dist) break;
+    if (near_floor > 0.0 && near_seen < kNearProbe) {
+      ++near_seen;
+      near_pass += accept(c.slot) ? 1 : 0;
+    }
     // c stays at the root until the first neighbour admitted replaces it (one sift instead of
     // a pop and a push); it is popped only if none is. The pop order is that of popping first:
     // the order is total (distance, then slot) and c is the smallest either way.
@@ -263,6 +278,9 @@ std::vector<Scored> GraphSearch::layer0(const HnswIndex& g, Scorer sc, Scored ep
       std::pop_heap(candidates.begin(), candidates.end(), detail::ScoredGreater{});
       candidates.pop_back();
     }
+  }
+  if (near_seen == kNearProbe && static_cast<double>(near_pass) < near_floor * static_cast<double>(near_seen)) {
+    scratch.near_probe_failed = true;
   }
   return results;
 }

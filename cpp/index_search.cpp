@@ -115,6 +115,26 @@ void with_executor(const CodeStore* codes, const HnswIndex* graph, const VectorS
   }
 }
 
+// Sets this thread's near-probe floor for one filtered walk (GraphSearch::layer0) and reads
+// its verdict.
+class NearProbeScope {
+ public:
+  explicit NearProbeScope(double floor) : s_(search_scratch()) {
+    s_.near_probe_floor = floor;
+    s_.near_probe_failed = false;
+  }
+  ~NearProbeScope() {
+    s_.near_probe_floor = 0.0;
+    s_.near_probe_failed = false;
+  }
+  NearProbeScope(const NearProbeScope&) = delete;
+  NearProbeScope& operator=(const NearProbeScope&) = delete;
+  bool failed() const { return s_.near_probe_failed; }
+
+ private:
+  SearchScratch& s_;
+};
+
 }  // namespace
 
 Strategy Index::choose_strategy(std::size_t passing, std::size_t live, std::size_t ef) const {
@@ -217,6 +237,8 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       return matches.rows;
     };
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
+    // A forced strategy runs as asked: no near probe.
+    const double near_floor = p.force == Strategy::kAuto ? kNearProbeRatio * sel : 0.0;
     with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {
       // A graph answer is completed with the exact scan of rows not linked yet; a traversal
       // that could not reach k passing rows is replaced by the exact answer.
@@ -247,7 +269,16 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
           return;
         }
         if (strategy == Strategy::kFilteredWalk) {
-          finish_graph(qi, q, ex.walk(q, k, ef, admits));
+          // Per query, as for the two-hop traversal: where the walk's first nodes, the rows
+          // nearest the query, pass far less than `sel`, the nearest passing rows lie away from
+          // the query and the walk does not reach them; the exact scan answers instead.
+          const NearProbeScope probe(near_floor);
+          std::vector<Scored> res = ex.walk(q, k, ef, admits);
+          if (probe.failed()) {
+            write(qi, ex.exact(q, passing_rows(), k));
+            return;
+          }
+          finish_graph(qi, q, std::move(res));
           return;
         }
         write(qi, ex.exact(q, passing_rows(), k));

@@ -38,6 +38,12 @@ struct GroupParams : SearchParams {
 /// A query whose two-hop neighbourhood passes less than this fraction of the global
 /// selectivity is answered by the exact scan (the passing rows lie away from the query).
 inline constexpr double kLocalSelectivityRatio = 0.8;
+/// The filtered walk's near probe (GraphSearch::layer0): a query whose walk finds fewer than
+/// this fraction of the selectivity passing among the first nodes it expands (about its
+/// nearest rows) is answered by the exact scan (docs/filter-ir.md, "Known limit"). On the
+/// far-rows sets, 35-50 % passing, such queries pass about 1 in 50 of them, uncorrelated ones
+/// about `sel`; at 0.25 and 32 nodes, a 30 % uncorrelated filter trips it with odds ~0.1 %.
+inline constexpr double kNearProbeRatio = 0.25;
 /// Below this passing fraction a filtered search always scans the passing rows exactly (the
 /// floor of choose_strategy), so the filter evaluation hands over their list at once.
 inline constexpr double kRowsListFraction = 0.15;

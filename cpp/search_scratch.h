@@ -32,6 +32,11 @@ struct SearchScratch {
   std::vector<std::uint8_t> walk_open;     // ... and per entry, 1 until it is expanded
   std::vector<Slot> rerank_slots;          // rerank_exact / rerank_bounded: the candidates' slots
   std::vector<float> rerank_dists;         // rerank_exact / rerank_bounded: their exact distances
+  // GraphSearch::layer0 with a filter: when set (> 0), near_probe_failed is set if fewer than
+  // this fraction of the nearest nodes the walk scored pass (Index::search sets it around one
+  // call; docs/filter-ir.md).
+  double near_probe_floor = 0.0;
+  bool near_probe_failed = false;
 };
 
 /// The prepared query of code type Codes in scratch s.
