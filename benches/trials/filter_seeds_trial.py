@@ -19,15 +19,10 @@ import statistics
 import sys
 import time
 
+import far_rows_set  # benches/trials/, beside this script
 import numpy as np
-import pyarrow as pa
 
-import kbcore
 from kbcore.filters import compile_where
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
 def set_seeds(on: bool) -> None:
@@ -40,32 +35,8 @@ def set_seeds(on: bool) -> None:
 def main() -> None:
     noise, dim, n, clusters = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     passes = int(sys.argv[5]) if len(sys.argv) > 5 else 5
-    query_clusters, nq = 20, 200
-    rng = np.random.default_rng(7)
-    centres = unit(rng.standard_normal((clusters, dim)))
-    labels = rng.integers(0, clusters, n)
-    data = unit(centres[labels] + noise * rng.standard_normal((n, dim)))
-    qc = rng.choice(clusters, query_clusters, replace=False)
-    queries = unit(centres[rng.choice(qc, nq)] + noise * rng.standard_normal((nq, dim)))
-    close = (centres @ centres[qc].T).max(axis=1)
-    close[qc] = np.inf
-    order = np.argsort(close, kind="stable")
-    sizes = np.bincount(labels, minlength=clusters)
-    uniform = rng.random(n)
-    index = kbcore.Index(dim, "cosine", "hnsw", M=16, ef_construction=100)
-    meta = pa.table({"cluster": labels.astype(np.int64), "r": uniform})
-    index.add(data, np.arange(n, dtype=np.int64), metadata=meta, threads=2)
-    for q in queries:  # calibrates the cost model, as in normal use
-        index.search(q, 10, threads=1)
-    cases = []
-    for frac in (0.2, 0.35, 0.5):
-        far = sorted(int(c) for c in order[: int(np.searchsorted(np.cumsum(sizes[order]), frac * n)) + 1])
-        cases.append((f"anti {frac:.0%}", {"cluster": {"$in": far}}, np.isin(labels, far)))
-        cases.append((f"uncorr {frac:.0%}", {"r": {"$lt": frac}}, uniform < frac))
-    for name, where, mask in cases:
-        ids = np.flatnonzero(mask)
-        sims = queries @ data[mask].T
-        truth = ids[np.argsort(-sims, axis=1)[:, :10]]
+    index, queries, cases = far_rows_set.build(noise, dim, n, clusters)
+    for name, where, mask, truth in cases:
         force = "graph" if mask.mean() < 0.3 else "walk"
         cw = compile_where(where)
         print(f"{name}: passing {mask.mean():.3f}")
