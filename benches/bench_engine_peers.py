@@ -27,6 +27,9 @@ with one search thread where it has the setting. For each system:
    collapsed in Python, said in the path); ``hybrid`` (vector + BM25 full text fused by RRF)
    where the system has full text.
 4. **Reopen + first query** (s): close, open the same directory in this process, one vector query.
+   Close releases what the system would keep for that path in this process (Chroma's shared
+   System through ``Client.close()``, Milvus Lite's in-process server), so that the reopen reads
+   the directory as a restarted server would (files in the page cache).
 
 A system that is not installed, or a case it cannot run, is reported with the reason, never
 dropped. Nothing asserts; each row of the table names the path and its limits.
@@ -534,6 +537,11 @@ class Chroma(Peer):
         return None
 
     def close(self) -> None:
+        # Client.close() stops the shared System once no client holds it; without it a new
+        # PersistentClient on the same path reuses the cached in-memory System (its SQLite
+        # connection and loaded HNSW segments), and a "reopen" would read nothing from disk.
+        if self.client is not None:
+            self.client.close()
         self.coll = None
         self.client = None
         gc.collect()
@@ -554,9 +562,9 @@ class MilvusLite(Peer):
         "MilvusClient('file.db'); HNSW (M=16, efConstruction=200, COSINE) + BM25 function on text; "
         "client.search(data=[q], limit=10, filter=, search_params={'ef'}, group_by_field='doc_id'; "
         "with text: output_fields=['doc_id', 'text']); "
-        "hybrid_search with RRFRanker. Limits: Milvus Lite runs its engine in a child server process "
-        "(each call is a local gRPC round trip); its only scalar index is INVERTED; reopen reconnects to "
-        "that server, which may still hold the collection"
+        "hybrid_search with RRFRanker. Limits: Milvus Lite serves the file from a gRPC server it starts "
+        "in this process (each call is a local gRPC round trip); its only scalar index is INVERTED; "
+        "before the reopen that server is stopped (release_server), so the collection loads from disk"
     )
 
     def __init__(self, root: str, data: Data) -> None:
@@ -643,6 +651,11 @@ class MilvusLite(Peer):
     def close(self) -> None:
         self.client.close()
         self.client = None
+        # Milvus Lite serves each .db file from an in-process server that outlives the client;
+        # stop it, so that a reopen loads the collection from disk as a restart would.
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(self.uri)
 
     def reopen(self) -> None:
         self.client = self.MilvusClient(self.uri)
