@@ -238,7 +238,7 @@ def test_a_knowledge_base_with_disk_rows_missing_its_index_file_names_it(tmp_pat
 def test_creation_checks_vectors(tmp_path):
     engine = Engine(tmp_path)
     with pytest.raises(InvalidArgumentError, match="quantization"):
-        engine.create_knowledge_base("a", embedder=False, dim=DIM, vectors="disk")
+        engine.create_knowledge_base("a", embedder=False, dim=DIM, quantization=None, vectors="disk")
     with pytest.raises(InvalidArgumentError, match="vectors"):
         engine.create_knowledge_base("b", embedder=False, dim=DIM, quantization="sq8", vectors="ssd")
     assert engine.knowledge_bases() == []
