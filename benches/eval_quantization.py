@@ -12,7 +12,7 @@ vector leg reads the same index). Printed per set and layout: nDCG@10 of each mo
 recall@10 of the dense retrieve against the exact top 10 of the knowledge base's own rows (the
 index's forced exact float32 scan). ``--hashing`` adds SciFact's documents ingested as text
 with the built-in ``HashingEmbedder`` (what a new user's knowledge base holds), queries embedded
-by it. Also printed: each index's file size on disk (``index.bin`` of the checkpoint).
+by it. Also printed: each index's ``memory_usage()`` in bytes.
 Relevance labels are only used to score.
 """
 
@@ -46,8 +46,8 @@ def _recall(kb, vectors: np.ndarray) -> float:
 
 
 def _index_bytes(kb) -> int:
-    """Bytes of the knowledge base's index files on disk."""
-    return sum(p.stat().st_size for p in Path(kb.path).rglob("*") if p.is_file() and "index" in p.name)
+    """Bytes the knowledge base's index holds in memory (``Index.memory_usage``)."""
+    return int(kb._cell.state.index.memory_usage())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hashing", action="store_true")
     args = ap.parse_args(argv)
     root = Path(args.data or os.environ.get("KBCORE_DATA", DEFAULT_DATA_ROOT))
-    print("| set | rows | layout | dense nDCG@10 | zscore nDCG@10 | recall@10 | index bytes |")
+    print("| set | rows | layout | dense nDCG@10 | zscore nDCG@10 | recall@10 | index memory bytes |")
     print("|---|---:|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="kbcore-quant-") as tmp:
         engine = Engine(tmp)
