@@ -155,9 +155,18 @@ def test_the_cli_flags_become_one_spec_in_the_manifest(tmp_path):
     cfg = storage.load_manifest(str(data / "k"))["config"]
     assert IndexSpec.from_config(cfg) == IndexSpec(quantization="rabitq", bits=2, rerank=33, vectors="disk")
     bad = subprocess.run(
-        [*cmd[:-2], "--kb", "k2", "--data", str(data), "--index-rerank", "5"], capture_output=True, text=True
+        [*cmd[:-2], "--kb", "k2", "--data", str(data), "--quantization", "none", "--index-rerank", "5"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode != 0 and "rerank applies to a quantized index" in bad.stderr
+    # No flag: the engine's default, sq8 codes for hnsw and none for flat.
+    for kb, extra, want in (
+        ("k3", [], IndexSpec(quantization="sq8")),
+        ("k4", ["--index", "flat"], IndexSpec(kind="flat")),
+    ):
+        subprocess.run([*cmd[:-2], "--kb", kb, "--data", str(data), *extra], check=True, capture_output=True)
+        assert IndexSpec.from_config(storage.load_manifest(str(data / kb))["config"]) == want
 
 
 def test_a_sharded_index_turns_its_spec_into_the_options_every_shard_builds_from():
