@@ -45,7 +45,7 @@ LAYOUTS: tuple[str | None, ...] = (None, "sq8")
 
 def _recall(kb, queries: list[str]) -> float:
     """recall@10 of ``kb.retrieve`` against the exact top 10 of its rows."""
-    index = kb._cell.state.index
+    index = kb.index
     hits = 0
     for q in queries:
         vec = kb.embed_query(q).reshape(1, -1)
@@ -85,14 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in names:
                 engine[name].wait_until_indexed()
             one = engine[names[0]]
-            index = one._cell.state.index
+            index = one.index
             vectors = [one.embed_query(q) for q in queries]
-            scored = [
-                float(np.median(engine[n]._cell.state.index.search_stats(np.stack(vectors))["scored"])) for n in names
-            ]
+            scored = [float(np.median(engine[n].index.search_stats(np.stack(vectors))["scored"])) for n in names]
             recall = [_recall(engine[n], queries) for n in names]
             print(
-                f"{tag}: rows {[len(engine[n]._cell.state.index) for n in names]}, "
+                f"{tag}: rows {[len(engine[n].index) for n in names]}, "
                 f"plan {index._native.unfiltered_strategy(0)}, scored (median) {scored}, "
                 f"recall@10 {[round(r, 4) for r in recall]}",
                 flush=True,

@@ -36,7 +36,7 @@ MODES = (("dense", "vector", "rrf", 0.7), ("zscore", "hybrid", "zscore", 0.7))
 
 def _recall(kb, vectors: np.ndarray) -> float:
     """recall@10 of the dense ``kb.retrieve`` of each query vector against the exact top 10."""
-    index = kb._cell.state.index
+    index = kb.index
     hits = 0
     for v in vectors:
         exact, _ = index._native.search(v.reshape(1, -1), TOP_K, 0, 1, None, "exact")
@@ -47,7 +47,7 @@ def _recall(kb, vectors: np.ndarray) -> float:
 
 def _index_bytes(kb) -> int:
     """Bytes the knowledge base's index holds in memory (``Index.memory_usage``)."""
-    return int(kb._cell.state.index.memory_usage())
+    return int(kb.index.memory_usage())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     vecs.append(kb.embed_query(q["text"]))
                 nd = ndcg_at_10(ranked, data["queries"], data["qrels"])
                 rec = _recall(kb, np.stack(vecs))
-                rows = len(kb._cell.state.index)
+                rows = len(kb.index)
                 print(
                     f"| scifact, hashing embedder, chunks | {rows} | {layout or 'float32'} | {nd:.4f} | - | "
                     f"{rec:.4f} | {_index_bytes(kb)} |",

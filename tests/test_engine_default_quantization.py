@@ -63,7 +63,7 @@ def test_an_existing_float32_knowledge_base_stays_float32_when_reopened(tmp_path
     again = Engine(tmp_path)
     kb = again.get_knowledge_base("old")
     assert _config(kb).get("quantization") is None
-    assert kb._cell.state.index.spec.quantization is None
+    assert kb.index.spec.quantization is None
     again.close()
 
 
@@ -75,7 +75,7 @@ def test_the_default_answers_with_exact_distances_and_the_float32_recall(tmp_pat
     plain = engine.create_knowledge_base("plain", embedder=False, dim=DIM, quantization=None)
     for kb in (default, plain):
         _ingest(kb, data)
-    assert default._cell.state.index.quantizer_trained
+    assert default.index.quantizer_trained
     exact = np.argsort(1.0 - queries @ data.T, axis=1, kind="stable")[:, :K]
     recall = {}
     for kb in (default, plain):
