@@ -269,7 +269,9 @@ def test_the_cli_creates_a_knowledge_base_with_disk_rows(tmp_path):
     cmd = [sys.executable, "-m", "kbcore", "ingest", str(doc), "--kb", "k", "--data", str(data)]
     subprocess.run(cmd + ["--quantization", "sq8", "--vectors", "disk"], check=True, capture_output=True)
     assert json.loads((data / "k" / "manifest.json").read_text())["config"]["vectors"] == "disk"
-    bad = subprocess.run(cmd[:-2] + ["--data", str(tmp_path / "d2"), "--vectors", "disk"], capture_output=True)
+    bad = subprocess.run(
+        cmd[:-2] + ["--data", str(tmp_path / "d2"), "--quantization", "none", "--vectors", "disk"], capture_output=True
+    )
     assert bad.returncode != 0 and b"quantization" in bad.stderr
 
 
