@@ -19,7 +19,9 @@ caller's thread only (``search_many(threads=1)``), the same with each knowledge
 base's search its own call one after the other (the path before ``search_many``), and the
 same merging whole hit lists (every
 knowledge base's ``top_k`` hits built, the path a reranker or a context window takes).
-``--search-threads N`` sets the search pool's size (``kbcore.index.set_search_threads``).
+``--search-threads N`` sets the search pool's size (``kbcore.index.set_search_threads``);
+``--quantization`` every knowledge base's index codes (``none``: float32 rows, the layout
+before the engine's SQ8 default).
 ``--python-share`` adds a table of the Python around the native search alone: the queries
 embedded first (the embedding is not timed), each variant's native search answers recorded
 once per query and replayed (``Index.search`` / ``search_many``), so the thread CPU time left
@@ -105,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--search-threads", type=int, default=0, help="search pool size (0: the default)")
     ap.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none", "sq8", "rabitq"),
+        help="every knowledge base's index codes (auto: the engine's default, sq8 for hnsw; none: float32 rows)",
+    )
+    ap.add_argument(
         "--python-share",
         action="store_true",
         help="also time the Python around the native search alone (its answers replayed, thread CPU time)",
@@ -119,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for d in _jsonl(root / "scifact" / "documents.jsonl.gz")
     ]
     queries = [q["text"] for q in _jsonl(root / "scifact" / "queries.jsonl")][: args.queries]
+    quantization = None if args.quantization == "none" else args.quantization
     with tempfile.TemporaryDirectory(prefix="kbcore-multi-") as tmp:
         engine = Engine(tmp)
         names = [f"kb{i}" for i in range(args.kbs)]
@@ -134,13 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = np.arange(len(docs))
             for i, name in enumerate(names):
                 part = rows[i :: args.kbs]
-                engine.create_knowledge_base(name, embedder=emb).ingest_table(table.take(part), vectors=vecs[part])
-            whole = engine.create_knowledge_base("all", embedder=emb)
+                kb = engine.create_knowledge_base(name, embedder=emb, quantization=quantization)
+                kb.ingest_table(table.take(part), vectors=vecs[part])
+            whole = engine.create_knowledge_base("all", embedder=emb, quantization=quantization)
             whole.ingest_table(table, vectors=vecs)
         else:
             for i, name in enumerate(names):
-                engine.create_knowledge_base(name).ingest_many(docs[i :: args.kbs], progress=False)
-            whole = engine.create_knowledge_base("all")
+                engine.create_knowledge_base(name, quantization=quantization).ingest_many(
+                    docs[i :: args.kbs], progress=False
+                )
+            whole = engine.create_knowledge_base("all", quantization=quantization)
             whole.ingest_many(docs, progress=False)
         for name in [*names, "all"]:
             engine[name].wait_until_indexed()
@@ -174,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = med["one part (kb0)"]
     whole_us = med["one whole (all)"]
     print(
-        f"embedder: {args.embedder}; search threads: {search_threads()}; "
+        f"embedder: {args.embedder}; quantization: {args.quantization}; search threads: {search_threads()}; "
         f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     print("| variant | median us / query | vs one part | vs one whole |")

@@ -238,7 +238,7 @@ def test_a_knowledge_base_with_disk_rows_missing_its_index_file_names_it(tmp_pat
 def test_creation_checks_vectors(tmp_path):
     engine = Engine(tmp_path)
     with pytest.raises(InvalidArgumentError, match="quantization"):
-        engine.create_knowledge_base("a", embedder=False, dim=DIM, vectors="disk")
+        engine.create_knowledge_base("a", embedder=False, dim=DIM, quantization=None, vectors="disk")
     with pytest.raises(InvalidArgumentError, match="vectors"):
         engine.create_knowledge_base("b", embedder=False, dim=DIM, quantization="sq8", vectors="ssd")
     assert engine.knowledge_bases() == []
@@ -269,7 +269,9 @@ def test_the_cli_creates_a_knowledge_base_with_disk_rows(tmp_path):
     cmd = [sys.executable, "-m", "kbcore", "ingest", str(doc), "--kb", "k", "--data", str(data)]
     subprocess.run(cmd + ["--quantization", "sq8", "--vectors", "disk"], check=True, capture_output=True)
     assert json.loads((data / "k" / "manifest.json").read_text())["config"]["vectors"] == "disk"
-    bad = subprocess.run(cmd[:-2] + ["--data", str(tmp_path / "d2"), "--vectors", "disk"], capture_output=True)
+    bad = subprocess.run(
+        cmd[:-2] + ["--data", str(tmp_path / "d2"), "--quantization", "none", "--vectors", "disk"], capture_output=True
+    )
     assert bad.returncode != 0 and b"quantization" in bad.stderr
 
 

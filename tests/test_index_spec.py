@@ -115,13 +115,14 @@ def test_the_engine_keywords_still_work_and_rerank_is_one_of_them(tmp_path):
         with pytest.raises(InvalidArgumentError, match="not both"):
             engine.create_knowledge_base("kb2", index=IndexSpec(), M=8, embedder=False, dim=8)
         with pytest.raises(InvalidArgumentError, match="rerank applies to a quantized index"):
-            engine.create_knowledge_base("kb3", rerank=8, embedder=False, dim=8)
+            engine.create_knowledge_base("kb3", quantization=None, rerank=8, embedder=False, dim=8)
         assert engine.create_knowledge_base("kb4", index={"kind": "flat"}, embedder=False, dim=8).index.kind == "flat"
 
 
 def test_a_manifest_written_before_the_spec_opens(tmp_path):
     with Engine(tmp_path) as engine:
-        engine.create_knowledge_base("kb", index="hnsw", M=12, embedder=False, dim=8)
+        # quantization=None: the layout of every knowledge base made before the SQ8 default.
+        engine.create_knowledge_base("kb", index="hnsw", M=12, quantization=None, embedder=False, dim=8)
     m = _manifest(tmp_path / "kb")
     old = {k: m["config"][k] for k in ("metric", "index", "M", "ef_construction", "ef")}
     assert set(old) <= set(m["config"]) and not {"quantization", "bits", "rerank", "vectors"} & set(m["config"])
@@ -134,7 +135,7 @@ def test_the_manifest_check_refuses_rerank_without_quantization(tmp_path):
     from kbcore.engine.manifest_check import validate_manifest
 
     with Engine(tmp_path) as engine:
-        engine.create_knowledge_base("kb", embedder=False, dim=8)
+        engine.create_knowledge_base("kb", quantization=None, embedder=False, dim=8)
     m = storage.load_manifest(str(tmp_path / "kb"))
     m["config"]["rerank"] = 10
     with pytest.raises(Exception, match="config.rerank"):
@@ -154,9 +155,18 @@ def test_the_cli_flags_become_one_spec_in_the_manifest(tmp_path):
     cfg = storage.load_manifest(str(data / "k"))["config"]
     assert IndexSpec.from_config(cfg) == IndexSpec(quantization="rabitq", bits=2, rerank=33, vectors="disk")
     bad = subprocess.run(
-        [*cmd[:-2], "--kb", "k2", "--data", str(data), "--index-rerank", "5"], capture_output=True, text=True
+        [*cmd[:-2], "--kb", "k2", "--data", str(data), "--quantization", "none", "--index-rerank", "5"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode != 0 and "rerank applies to a quantized index" in bad.stderr
+    # No flag: the engine's default, sq8 codes for hnsw and none for flat.
+    for kb, extra, want in (
+        ("k3", [], IndexSpec(quantization="sq8")),
+        ("k4", ["--index", "flat"], IndexSpec(kind="flat")),
+    ):
+        subprocess.run([*cmd[:-2], "--kb", kb, "--data", str(data), *extra], check=True, capture_output=True)
+        assert IndexSpec.from_config(storage.load_manifest(str(data / kb))["config"]) == want
 
 
 def test_a_sharded_index_turns_its_spec_into_the_options_every_shard_builds_from():

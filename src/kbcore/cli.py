@@ -384,9 +384,11 @@ def _add_ingest_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
     )
     ing.add_argument(
         "--quantization",
-        default=None,
-        choices=QUANTIZATIONS,
-        help="for a new hnsw knowledge base: walk the graph on compressed codes (sq8: 8-bit; rabitq: --bits)",
+        default="auto",
+        choices=("auto", "none", *QUANTIZATIONS),
+        help="for a new knowledge base: walk the graph on compressed codes (sq8: 8-bit; rabitq: --bits; "
+        "hnsw only), re-ranked from the float32 rows; none: float32 rows only; auto (default): sq8 "
+        "for an hnsw index, none for flat",
     )
     ing.add_argument(
         "--bits",
@@ -719,11 +721,17 @@ _CLI_ALLOWED = {
 def _index_spec(args: argparse.Namespace) -> Any:
     """The one :class:`~kbcore.index.IndexSpec` of ``kbcore ingest``'s index flags (validated
     there: InvalidArgumentError names the bad value)."""
+    from .engine.directory import AUTO_QUANTIZATION, DEFAULT_HNSW_QUANTIZATION
     from .index import IndexSpec
 
+    quantization = args.quantization
+    if quantization == AUTO_QUANTIZATION:  # the engine's default (docs/engine.md, "Index layout")
+        quantization = DEFAULT_HNSW_QUANTIZATION if args.index == "hnsw" else None
+    elif quantization == "none":
+        quantization = None
     return IndexSpec(
         kind=args.index,
-        quantization=args.quantization,
+        quantization=quantization,
         bits=args.bits,
         rerank=args.index_rerank,
         vectors=args.vectors,

@@ -33,6 +33,13 @@ from .types import (
     is_valid_name,
 )
 
+#: ``create_knowledge_base``'s default ``quantization``: SQ8 codes for an HNSW index (the walk
+#: reads a quarter of the bytes; candidates are re-ranked from the float32 rows, so distances
+#: and order stay exact), none for a flat one. Measured in docs/engine.md ("Index layout").
+AUTO_QUANTIZATION = "auto"
+#: What ``AUTO_QUANTIZATION`` means for an HNSW index.
+DEFAULT_HNSW_QUANTIZATION = "sq8"
+
 
 def _index_spec(
     index: str | IndexSpec | Mapping[str, Any],
@@ -46,7 +53,11 @@ def _index_spec(
     vectors: str,
 ) -> IndexSpec:
     """The one :class:`IndexSpec` of ``create_knowledge_base``'s ``index`` and keywords (a spec
-    given whole refuses a keyword that would contradict it)."""
+    given whole refuses a keyword that would contradict it). ``quantization`` "auto": SQ8
+    for an HNSW index of the keywords, none for a flat one; a spec given whole keeps its own."""
+    auto = isinstance(quantization, str) and quantization == AUTO_QUANTIZATION
+    if auto:
+        quantization = DEFAULT_HNSW_QUANTIZATION if index == "hnsw" else None
     given: dict[str, Any] = {
         "metric": metric,
         "M": M,
@@ -63,7 +74,7 @@ def _index_spec(
         return IndexSpec(kind=index, **given)
     spec = as_index_spec(index)
     defaults = IndexSpec().to_dict()
-    clash = sorted(k for k, v in given.items() if v != defaults[k])
+    clash = sorted(k for k, v in given.items() if v != defaults[k] and not (auto and k == "quantization"))
     if clash:
         raise InvalidArgumentError(f"pass either index=IndexSpec(...) or the keywords it holds, not both: {clash}")
     return spec
@@ -145,7 +156,7 @@ class Engine:
         fusion: str = DEFAULT_FUSION,
         vector_weight: float = 0.7,
         shards: int | None = None,
-        quantization: str | None = None,
+        quantization: str | None = AUTO_QUANTIZATION,
         bits: int | None = None,
         index_type: str = "chunk",
         parent_chunk_size: int = 2048,
@@ -162,7 +173,8 @@ class Engine:
         base for pre-embedded data, whose dimension is ``dim`` or that of its first ingest.
         ``index``: an :class:`~kbcore.index.IndexSpec` (or its dict) configures the native index
         whole; else the kind name, and ``metric`` / ``index`` / ``M`` / ``ef_construction`` /
-        ``ef`` / ``quantization`` (None, ``"sq8"`` or ``"rabitq"``, hnsw only), ``bits``
+        ``ef`` / ``quantization`` (``"auto"``, the default: ``"sq8"`` for an hnsw index, none
+        for a flat one; None: float32 rows only; ``"sq8"`` or ``"rabitq"``, hnsw only), ``bits``
         (RaBitQ's bits per dimension, 1 to 8, default 4), ``rerank`` (the exact re-rank depth of
         a quantized search) and ``vectors`` are turned into one (see :class:`kbcore.Index`);
         the spec is recorded in the manifest;
