@@ -109,6 +109,7 @@ def test_equal_batches_keep_a_logarithmic_number_of_segments(batch):
 @pytest.mark.parametrize("ckpt_rows", [4096, 24], ids=["vector-files", "checkpointed"])
 def test_merged_knowledge_base_answers_as_one_that_never_merges(tmp_path, monkeypatch, ckpt_rows):
     monkeypatch.setattr(policy, "CKPT_MIN_ROWS", ckpt_rows)
+    factor = policy.MERGE_FACTOR
     merged = _create(tmp_path / "a", "kb")
     _fill(merged, range(BATCHES))
     monkeypatch.setattr(policy, "MERGE_FACTOR", 10**9)
@@ -119,7 +120,7 @@ def test_merged_knowledge_base_answers_as_one_that_never_merges(tmp_path, monkey
     assert _answers(merged) == expected
     if ckpt_rows == 4096:  # no checkpoint yet: segments with vector files are never merged
         assert merged.stats().segments == BATCHES
-    monkeypatch.setattr(policy, "MERGE_FACTOR", 4)
+    monkeypatch.setattr(policy, "MERGE_FACTOR", factor)
     merged.checkpoint()  # covers every segment: the small ones merge
     bound = (policy.MERGE_FACTOR - 1) * (math.ceil(math.log(BATCHES, policy.MERGE_FACTOR)) + 1)
     assert merged.stats().segments <= bound
@@ -131,7 +132,7 @@ def test_merged_knowledge_base_answers_as_one_that_never_merges(tmp_path, monkey
     # deletes and a replacement land in merged segments; compare again, then reopened
     monkeypatch.setattr(policy, "MERGE_FACTOR", 10**9)
     plain.checkpoint()
-    monkeypatch.setattr(policy, "MERGE_FACTOR", 4)
+    monkeypatch.setattr(policy, "MERGE_FACTOR", factor)
     for kb in (merged, plain):
         for doc in ("d0-1", "d5-0", "d17-2"):
             kb.delete_document(doc)
@@ -165,6 +166,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # another process
 def test_a_writer_killed_inside_a_merge_leaves_the_committed_batches(tmp_path):
     first = policy.MERGE_FACTOR - 1
     kb = _create(tmp_path, "kb")

@@ -38,8 +38,8 @@ COMPACT_MIN_ROWS = 256
 #: log_MERGE_FACTOR(n / batch) times. MERGE_RATIO is above MERGE_FACTOR so that a merge of
 #: MERGE_FACTOR batches is alike to a slightly smaller batch (else tiers split by a few rows
 #: never merge again). A merge never makes a segment of more than MERGE_MAX_ROWS rows.
-MERGE_FACTOR = 4
-MERGE_RATIO = 5
+MERGE_FACTOR = 8
+MERGE_RATIO = 10
 MERGE_MAX_ROWS = 1 << 20
 
 
