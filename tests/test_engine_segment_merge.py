@@ -195,3 +195,32 @@ def test_a_writer_killed_inside_a_merge_leaves_the_committed_batches(tmp_path):
     assert _files(path) == live
     assert stray - live  # there were stray files, and they are gone
     assert _answers(reopened) == _answers(plain)
+
+
+def test_segments_whose_columns_differ_in_type_are_not_merged_together(tmp_path):
+    """A metadata column of strings in some batches and of integers in others: such tables do
+    not concatenate, so a merge takes only the newest segments of one schema."""
+    kb = Engine(tmp_path).create_knowledge_base("kb", embedder=False, dim=DIM, index="flat")
+    rng = np.random.default_rng(3)
+    runs = 3
+    kinds = {}
+    for r in range(runs):  # runs of MERGE_FACTOR batches of one type, each then checkpointed
+        for j in range(policy.MERGE_FACTOR):
+            b = r * policy.MERGE_FACTOR + j
+            kinds[b] = r % 2
+            bucket = [b, b + 1] if r % 2 else [f"s{b}", f"t{b}"]
+            table = pa.table({"document_id": [f"x{b}-0", f"x{b}-1"], "text": ["alpha beta", "gamma"], "bucket": bucket})
+            kb.ingest_table(table, vectors=rng.standard_normal((2, DIM)).astype(np.float32), span_columns=None)
+        kb.checkpoint()  # every segment covered: the run merges, and never with the one before
+    assert kb.stats().segments == runs
+    ids = sorted(f"x{b}-{i}" for b in kinds for i in range(2))
+    assert sorted(d.document_id for d in kb.documents()) == ids
+    kb.close()
+    reopened = Engine(tmp_path)["kb"]
+    assert reopened.stats().segments == runs
+    assert sorted(d.document_id for d in reopened.documents()) == ids
+    hits = reopened.retrieve(rng.standard_normal(DIM).astype(np.float32), len(ids))
+    assert len(hits) == len(ids)
+    for h in hits:
+        b = int(h.document_id[1:].split("-")[0])
+        assert isinstance(h.metadata["bucket"], int if kinds[b] else str), h

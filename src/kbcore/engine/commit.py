@@ -380,10 +380,11 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
             compact(cell, on_checkpoint)
             return
         stop = policy.covered_prefix(state.manifest)
-        start = policy.merge_start(live[:stop])
+        first = _alike_schemas(state.segments, stop)
+        start = policy.merge_start(live[first:stop])
         if start is not None:
             merging = True
-            merge(cell, start, stop)
+            merge(cell, first + start, stop)
     except OSError as exc:  # the mutation before it is committed: do not report it failed
         what = "merging segments" if merging else "compaction"
         warnings.warn(
@@ -391,6 +392,21 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def _alike_schemas(segments: tuple[Segment, ...], stop: int) -> int:
+    """Where the trailing run of ``segments[:stop]`` whose chunk and document tables have the
+    schemas of ``segments[stop - 1]`` starts: only those concatenate (a metadata column may
+    change type from one batch to the next)."""
+    first = stop - 1
+    if first <= 0:
+        return max(first, 0)
+    chunks, docs = segments[first].chunks.schema, segments[first].docs.schema
+    while (
+        first > 0 and segments[first - 1].chunks.schema.equals(chunks) and segments[first - 1].docs.schema.equals(docs)
+    ):
+        first -= 1
+    return first
 
 
 def merge(cell: StateCell, start: int, stop: int) -> None:
