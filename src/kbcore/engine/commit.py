@@ -1,8 +1,8 @@
 """Commits: the only code that writes a knowledge base's files or mutates its published index.
 
-Every mutation (ingest, delete, pipeline or configuration change, checkpoint, compaction) runs
-here as a staged transaction, with the knowledge base's writer held by the caller
-(:meth:`KnowledgeBase._writing`).
+Every mutation (ingest, delete, pipeline or configuration change, checkpoint, compaction,
+merging small segments) runs here as a staged transaction, with the knowledge base's writer
+held by the caller (:meth:`KnowledgeBase._writing`).
 
 Lock order (always taken in this order, released in reverse):
 
@@ -30,9 +30,10 @@ Invariants:
    that reopening can always re-sync the shards from the manifest.
 
 :data:`fault_hook` (tests only) is called with the name of a point of a commit:
-``"index-written"`` (the index holds the commit's rows, the manifest is not replaced yet) and
+``"index-written"`` (the index holds the commit's rows, the manifest is not replaced yet),
 ``"manifest-committed"`` (the manifest is replaced, rows it dropped may still be in the
-index); a test kills the process there to check the recovery.
+index) and ``"segments-merged"`` (a merge's segment and manifest are written, not yet
+installed); a test kills the process there to check the recovery.
 """
 
 from __future__ import annotations
@@ -335,6 +336,7 @@ def checkpoint(cell: StateCell, on_checkpoint: OnCheckpoint, graph_unsaved: bool
         with txn.exclusive():
             txn.publish(state.applied(m, removed=(), stale_text=False))
     _collect(cell)
+    maybe_compact(cell, on_checkpoint)  # every segment is covered now: small ones may merge
 
 
 def switch_index(
@@ -369,15 +371,74 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
     state = cell.state
     # The live rows from the segments, not len(index): that waits for the native lock, which
     # the background graph builder holds while it links a batch.
-    if state.index is not None and policy.needs_compaction(state.manifest, sum(s.live_rows for s in state.segments)):
-        try:
+    if state.index is None:
+        return
+    live = [s.live_rows for s in state.segments]
+    merging = False
+    try:
+        if policy.needs_compaction(state.manifest, sum(live)):
             compact(cell, on_checkpoint)
-        except OSError as exc:  # the mutation before it is committed: do not report it failed
-            warnings.warn(
-                f"knowledge base {state.name!r}: compaction failed ({exc}); it is retried after the next change",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            return
+        stop = policy.covered_prefix(state.manifest)
+        first = _alike_schemas(state.segments, stop)
+        start = policy.merge_start(live[first:stop])
+        if start is not None:
+            merging = True
+            merge(cell, first + start, stop)
+    except OSError as exc:  # the mutation before it is committed: do not report it failed
+        what = "merging segments" if merging else "compaction"
+        warnings.warn(
+            f"knowledge base {state.name!r}: {what} failed ({exc}); it is retried after the next change",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _alike_schemas(segments: tuple[Segment, ...], stop: int) -> int:
+    """Where the trailing run of ``segments[:stop]`` whose chunk and document tables have the
+    schemas of ``segments[stop - 1]`` starts: only those concatenate (a metadata column may
+    change type from one batch to the next)."""
+    first = stop - 1
+    if first <= 0:
+        return max(first, 0)
+    chunks, docs = segments[first].chunks.schema, segments[first].docs.schema
+    while (
+        first > 0 and segments[first - 1].chunks.schema.equals(chunks) and segments[first - 1].docs.schema.equals(docs)
+    ):
+        first -= 1
+    return first
+
+
+def merge(cell: StateCell, start: int, stop: int) -> None:
+    """Rewrites the live chunks of segments ``start`` to ``stop`` (exclusive; segments the
+    index checkpoint covers, without vector files) as one segment in their place, in their
+    order. The index is not touched: the chunks keep their ids. Fewer segments, fewer files
+    for a reopen to map and check."""
+    state = cell.state
+    m = policy.next_generation(state.manifest)
+    tables = live_tables(state.segments[start:stop])
+    new_seg = None
+    merged: list[dict[str, Any]] = []
+    if tables is not None:  # else nothing is live (mark_deleted drops such segments)
+        chunks, docs = tables
+        name = f"seg-{m['generation']:08d}"
+        entry = {"name": name, "rows": chunks.num_rows, "docs": docs.num_rows, "deleted_docs": [], "files": None}
+        new_seg = Segment(entry, chunks, docs)
+        merged.append(entry)
+    m["segments"][start:stop] = merged
+
+    def final_manifest(files: dict[str, Any]) -> dict[str, Any]:
+        merged[0]["files"] = files
+        return m
+
+    with _transaction(cell) as txn:
+        if new_seg is not None:
+            txn.write_segment(new_seg.name, new_seg.chunks, new_seg.docs, None, fsync_dir=True, manifest=final_manifest)
+            _fault("segments-merged")
+        txn.commit_manifest(m)
+        with txn.exclusive():
+            txn.publish(state.applied(m, new_segment=new_seg))
+    _collect(cell)
 
 
 def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:

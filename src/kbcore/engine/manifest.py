@@ -30,6 +30,17 @@ CKPT_FRACTION = 0.5
 #: than half of the stored rows (and more than COMPACT_MIN_ROWS rows are stored).
 MAX_SEGMENTS = 32
 COMPACT_MIN_ROWS = 256
+#: Small segments are merged as they accumulate (size-tiered, as an LSM tree does): when the
+#: newest MERGE_FACTOR or more segments the checkpoint covers (no vector file) are alike (the
+#: largest less than MERGE_RATIO times the smallest), they are rewritten as one, and so on up
+#: the tiers. A knowledge base ingested in small batches then keeps O(MERGE_FACTOR * log n)
+#: covered segments instead of one per batch, each row rewritten about
+#: log_MERGE_FACTOR(n / batch) times. MERGE_RATIO is above MERGE_FACTOR so that a merge of
+#: MERGE_FACTOR batches is alike to a slightly smaller batch (else tiers split by a few rows
+#: never merge again). A merge never makes a segment of more than MERGE_MAX_ROWS rows.
+MERGE_FACTOR = 8
+MERGE_RATIO = 10
+MERGE_MAX_ROWS = 1 << 20
 
 
 def chunking_settings(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -102,3 +113,39 @@ def needs_checkpoint(m: dict[str, Any], new_rows: int) -> bool:
 def needs_compaction(m: dict[str, Any], live_rows: int) -> bool:
     stored = sum(s["rows"] for s in m["segments"])
     return len(m["segments"]) > MAX_SEGMENTS or (stored > COMPACT_MIN_ROWS and stored - live_rows > stored // 2)
+
+
+def covered_prefix(m: dict[str, Any]) -> int:
+    """How many of ``m``'s segments, from the oldest, have no vector file (the index checkpoint
+    holds their rows). They come first: a segment is written with a vector file, and a
+    checkpoint drops every segment's."""
+    n = 0
+    for seg in m["segments"]:
+        if seg["files"].get("vectors"):
+            break
+        n += 1
+    return n
+
+
+def merge_start(rows: list[int]) -> int | None:
+    """Where the trailing run of segments to merge into one starts (an index into ``rows``),
+    or None: nothing to merge. ``rows`` are the live rows of segments the checkpoint covers,
+    oldest first.
+
+    The tiers are merged bottom-up as one merge: the newest alike segments (see
+    :data:`MERGE_FACTOR`) become one, which may complete the tier above, and so on."""
+    sim = [(r, i) for i, r in enumerate(rows)]
+    start = None
+    while sim:
+        lo = hi = total = sim[-1][0]
+        i = len(sim) - 1
+        while i > 0:
+            r = sim[i - 1][0]
+            if max(hi, r) >= MERGE_RATIO * max(min(lo, r), 1) or total + r > MERGE_MAX_ROWS:
+                break
+            lo, hi, total, i = min(lo, r), max(hi, r), total + r, i - 1
+        if len(sim) - i < MERGE_FACTOR:
+            break
+        start = sim[i][1]
+        sim[i:] = [(total, start)]
+    return start

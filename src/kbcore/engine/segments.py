@@ -347,7 +347,10 @@ def live_tables(segments: tuple[Segment, ...]) -> tuple[Any, Any] | None:
 
     chunk_parts, doc_parts = [], []
     for seg in segments:
-        if seg.doc_live.any():
+        if seg.doc_live.all():  # no filter: it would copy every column once more
+            chunk_parts.append(seg.chunks)
+            doc_parts.append(seg.docs)
+        elif seg.doc_live.any():
             chunk_parts.append(seg.chunks.filter(pa.array(seg.live_mask())))
             doc_parts.append(seg.docs.filter(pa.array(seg.doc_live)))
     if not chunk_parts:
