@@ -376,7 +376,7 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
     live = [s.live_rows for s in state.segments]
     merging = False
     try:
-        if policy.needs_compaction(state.manifest, sum(live)):
+        if policy.needs_compaction(state.manifest, sum(live), len(schema_runs(state.segments))):
             compact(cell, on_checkpoint)
             return
         stop = policy.covered_prefix(state.manifest)
@@ -385,7 +385,7 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
         if start is not None:
             merging = True
             merge(cell, first + start, stop)
-    except OSError as exc:  # the mutation before it is committed: do not report it failed
+    except Exception as exc:  # the mutation before it is committed: do not report it failed
         what = "merging segments" if merging else "compaction"
         warnings.warn(
             f"knowledge base {state.name!r}: {what} failed ({exc}); it is retried after the next change",
@@ -442,25 +442,48 @@ def merge(cell: StateCell, start: int, stop: int) -> None:
 
 
 def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
-    """Rewrites the live chunks into one segment and checkpoints the index, so that deleted
-    chunks' text and vectors no longer take disk space. Searches keep running meanwhile."""
+    """Rewrites the live chunks into as few segments as their tables allow and checkpoints the
+    index, so that deleted chunks' text and vectors no longer take disk space. Searches keep
+    running meanwhile. Segments concatenate only with neighbours of the same table schemas (a
+    metadata column may change type from one batch to the next, and a value keeps the type it
+    was ingested with): each run of alike segments becomes one segment, in id order."""
     state = cell.state
     if state.index is None:
         return
     m = policy.next_generation(state.manifest)
-    name = f"seg-{m['generation']:08d}"
-    tables = live_tables(state.segments)
-    new_seg = None
+    runs = schema_runs(state.segments)
+    first_gen = m["generation"]
+    m["generation"] = first_gen + max(len(runs) - 1, 0)  # a new segment per run, each its own name
+    new_segs: list[Segment] = []
     m["segments"] = []
     with _transaction(cell) as txn:
-        if tables is not None:
+        for i, (start, stop) in enumerate(runs):
+            tables = live_tables(state.segments[start:stop])
+            if tables is None:
+                continue
             chunks, docs = tables
+            name = f"seg-{first_gen + i:08d}"
             files = txn.write_segment(name, chunks, docs, None, fsync_dir=True)
             entry = {"name": name, "rows": chunks.num_rows, "docs": docs.num_rows, "deleted_docs": [], "files": files}
-            m["segments"] = [entry]
-            new_seg = Segment(entry, chunks, docs)
+            m["segments"].append(entry)
+            new_segs.append(Segment(entry, chunks, docs))
         txn.checkpoint(m, state.index, on_checkpoint)
         txn.commit_manifest(m)
         with txn.exclusive():
-            txn.publish(state.applied(m, new_segment=new_seg, stale_text=False))
+            txn.publish(state.applied(m, new_segments=new_segs, stale_text=False))
     _collect(cell)
+
+
+def schema_runs(segments: tuple[Segment, ...]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each maximal run of consecutive segments whose chunk and document
+    tables have equal schemas: what one concatenation can hold."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(segments) + 1):
+        if i == len(segments) or not (
+            segments[i].chunks.schema.equals(segments[start].chunks.schema)
+            and segments[i].docs.schema.equals(segments[start].docs.schema)
+        ):
+            runs.append((start, i))
+            start = i
+    return runs

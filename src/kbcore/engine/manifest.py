@@ -110,9 +110,15 @@ def needs_checkpoint(m: dict[str, Any], new_rows: int) -> bool:
     return tail_rows(m) + new_rows >= max(CKPT_MIN_ROWS, CKPT_FRACTION * checkpoint_rows(m))
 
 
-def needs_compaction(m: dict[str, Any], live_rows: int) -> bool:
+def needs_compaction(m: dict[str, Any], live_rows: int, schema_runs: int | None = None) -> bool:
+    """Whether to compact: more than half of the stored rows deleted, or more than
+    MAX_SEGMENTS segments that compaction would bring down to at most half as many
+    (``schema_runs``: how many segments it would leave, one per run of alike table schemas;
+    None: one)."""
     stored = sum(s["rows"] for s in m["segments"])
-    return len(m["segments"]) > MAX_SEGMENTS or (stored > COMPACT_MIN_ROWS and stored - live_rows > stored // 2)
+    if stored > COMPACT_MIN_ROWS and stored - live_rows > stored // 2:
+        return True
+    return len(m["segments"]) > MAX_SEGMENTS and (schema_runs or 1) <= MAX_SEGMENTS // 2
 
 
 def covered_prefix(m: dict[str, Any]) -> int:

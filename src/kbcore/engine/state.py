@@ -150,15 +150,18 @@ class KbState:
         *,
         index: Index | None = None,
         new_segment: Segment | None = None,
+        new_segments: Iterable[Segment] = (),
         removed: Iterable[tuple[str, str]] | None = None,
         stale_text: bool | None = None,
     ) -> KbState:
         """The snapshot of manifest ``m`` (committed), built from this one.
 
-        ``new_segment`` is the segment the mutation wrote; ``removed`` the (pipeline, document)
-        keys it deleted, so that the document map is updated instead of rebuilt (None:
-        rebuild it from the segments)."""
+        ``new_segment`` is the segment the mutation wrote (``new_segments``: the several a
+        compaction writes); ``removed`` the (pipeline, document) keys it deleted, so that the
+        document map is updated instead of rebuilt (None: rebuild it from the segments)."""
         old = dict(self.by_name)
+        for seg in new_segments:
+            old[seg.name] = seg
         if new_segment is not None:
             old[new_segment.name] = new_segment
         segments = tuple(old[e["name"]].with_entry(e) for e in m["segments"])
