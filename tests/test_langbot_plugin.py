@@ -272,8 +272,8 @@ def test_plugin_loads_through_sdk_discovery_with_the_schemas_langbot_renders(loa
     assert creation["chunk_size"]["default"] == 500 and creation["chunk_overlap"]["default"] == 50
     assert {o["name"] for o in creation["metric"]["options"]} == {"cosine", "ip", "l2"}
     assert {o["name"] for o in creation["index_kind"]["options"]} == {"hnsw", "flat"}
-    assert {o["name"] for o in creation["quantization"]["options"]} == {"none", "sq8", "rabitq"}
-    assert creation["quantization"]["default"] == "none"
+    assert {o["name"] for o in creation["quantization"]["options"]} == {"auto", "none", "sq8", "rabitq"}
+    assert creation["quantization"]["default"] == "auto"
     assert {o["name"] for o in creation["vectors"]["options"]} == {"memory", "disk"}
     assert creation["vectors"]["default"] == "memory"
     for lang in ("en_US", "zh_Hans", "ja_JP"):
@@ -775,7 +775,9 @@ def test_bad_creation_settings_are_rejected(loaded):
     with pytest.raises(ValueError, match="needs index_kind 'hnsw'"):
         run(component.on_knowledge_base_create("kb-x", {"quantization": "sq8", "index_kind": "flat"}))
     with pytest.raises(ValueError, match="'vectors'.*quantization"):
-        run(component.on_knowledge_base_create("kb-x", {"vectors": "disk"}))
+        run(component.on_knowledge_base_create("kb-x", {"vectors": "disk", "quantization": "none"}))
+    with pytest.raises(ValueError, match="'vectors'.*quantization"):  # "auto" on a flat index: no codes
+        run(component.on_knowledge_base_create("kb-x", {"vectors": "disk", "index_kind": "flat"}))
     with pytest.raises(ValueError, match="vectors"):
         run(component.on_knowledge_base_create("kb-x", {"quantization": "sq8", "vectors": "tape"}))
 
@@ -791,6 +793,23 @@ def test_the_quantization_setting_creates_a_quantized_knowledge_base(loaded, qua
     assert kb.info()["index"] == "hnsw" and kb.index.quantization == quantization
     top = retrieve(component, retrieval(name, "rotate signing keys every ninety days", creation=settings))
     assert top.results and top.results[0].metadata["document_id"] == "doc-1"
+
+
+@pytest.mark.parametrize(
+    ("kind", "given", "want"),
+    [("hnsw", None, "sq8"), ("hnsw", "auto", "sq8"), ("flat", "auto", None), ("hnsw", "none", None)],
+)
+def test_the_default_quantization_follows_the_engine_s(loaded, kind, given, want):
+    _, _, component, _, _ = loaded
+    settings = {k: v for k, v in HOST_SETTINGS.items() if k != "quantization"}
+    settings["index_kind"] = kind
+    if given is not None:
+        settings["quantization"] = given
+    name = f"kb-auto-{kind}-{given}"
+    out = ingest(component, ingestion(name, "doc-1", "kb/search.txt", settings=settings))
+    assert out["status"] == "completed"
+    kb = component.engine().get_knowledge_base(name)
+    assert kb.info()["index"] == kind and kb.index.quantization == want
 
 
 def test_the_vectors_setting_creates_a_knowledge_base_with_disk_rows(loaded):

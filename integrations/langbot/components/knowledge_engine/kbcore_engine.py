@@ -215,13 +215,15 @@ def creation_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
         "chunk_overlap": _int(s, "chunk_overlap", 50, 0),
         "metric": _choice(s, "metric", "cosine", tuple(METRICS)),
         "index_kind": _choice(s, "index_kind", "hnsw", tuple(KINDS)),
-        "quantization": _choice(s, "quantization", "none", ("none", *QUANTIZATIONS)),
+        "quantization": _choice(s, "quantization", "auto", ("auto", "none", *QUANTIZATIONS)),
         "vectors": _choice(s, "vectors", "memory", ("memory", "disk")),
     }
     if out["chunk_overlap"] >= out["chunk_size"]:
         raise InvalidArgumentError(
             f"chunk_overlap ({out['chunk_overlap']}) must be smaller than chunk_size ({out['chunk_size']})"
         )
+    if out["quantization"] == "auto":  # the engine's default: SQ8 codes for an HNSW graph
+        out["quantization"] = "sq8" if out["index_kind"] == "hnsw" else "none"
     if out["quantization"] != "none" and out["index_kind"] != "hnsw":
         raise InvalidArgumentError(
             f"setting 'quantization' ({out['quantization']}) needs index_kind 'hnsw', got {out['index_kind']!r}"
