@@ -153,6 +153,20 @@ class GraphSearch {
   template <typename Scorer, typename Accept, typename Counter>
   static std::vector<Scored> layer0(const HnswIndex& g, Scorer sc, Scored ep, std::size_t ef, const Accept& accept,
                                     VisitedSet& visited, std::size_t* evals, Counter count);
+  /// The two-hop traversal's near probe (run by expanding() with `allowed` when
+  /// SearchScratch::near_probe_floor is set): a best-first level-0 walk from ep that scores
+  /// every node it meets, as the filtered walk does, for kProbeExpansions expansions of the
+  /// first kProbeLinks links of each node. False when fewer than floor * kProbeRows of the
+  /// kProbeRows nearest nodes it scored (about the query's nearest rows) pass; true when it
+  /// met fewer (a graph too small to probe). O(kProbeExpansions * kProbeLinks) distances.
+  template <typename Scorer>
+  static bool near_rows_pass(const HnswIndex& g, Scorer sc, Scored ep, const Bitmap& allowed, double floor,
+                             VisitedSet& visited);
+  /// The near probe of expanding(): its expansions, the links it reads per node, and the
+  /// nearest nodes it counts (docs/filter-ir.md, "Far passing rows").
+  static constexpr std::size_t kProbeExpansions = 16;
+  static constexpr std::size_t kProbeLinks = 16;
+  static constexpr std::size_t kProbeRows = 64;
   /// layer0 admitting every slot, on one sorted list of the ef best (a linear pool, as
   /// NSG / SymphonyQG walk it) instead of a frontier heap and a result heap.
   template <typename Scorer, typename Counter>
@@ -368,6 +382,52 @@ std::vector<Scored> GraphSearch::layer0_pool(const HnswIndex& g, Scorer sc, Scor
   return results;
 }
 
+template <typename Scorer>
+bool GraphSearch::near_rows_pass(const HnswIndex& g, Scorer sc, Scored ep, const Bitmap& allowed, double floor,
+                                 VisitedSet& visited_set) {
+  const VisitedSet::View visited = visited_set.view();
+  SearchScratch& scratch = search_scratch();
+  std::vector<Scored>& frontier = scratch.walk_candidates;  // a min-heap (ScoredGreater)
+  std::vector<Scored>& met = scratch.probe_met;
+  frontier.clear();
+  met.clear();
+  visited.test_and_set(ep.slot);
+  frontier.push_back(ep);
+  met.push_back(ep);
+  std::uint32_t fresh[4 + kMaxLinks];
+  float dists[4 + kMaxLinks];
+  static_assert(kProbeLinks <= kMaxLinks, "fresh must hold the links read");
+  for (std::size_t expanded = 0; expanded < kProbeExpansions && !frontier.empty(); ++expanded) {
+    const Scored c = frontier.front();
+    std::pop_heap(frontier.begin(), frontier.end(), detail::ScoredGreater{});
+    frontier.pop_back();
+    if (!frontier.empty()) g.prefetch_links(frontier.front().slot, 0);
+    // A list holds its heuristic links nearest first, then the nearest pruned candidates
+    // (HnswIndex::select_neighbors): its head points at the node's own surroundings.
+    const std::uint32_t* src = g.links(c.slot, 0);
+    const std::size_t links = std::min<std::size_t>(src[0], kProbeLinks);
+    std::size_t m = 0;
+    for (std::size_t j = 0; j < links; ++j) {
+      const Slot n = src[1 + j];
+      if (visited.test_and_set(n)) continue;
+      sc.prefetch(n);
+      fresh[m++] = n;
+    }
+    sc.block(fresh, m, dists);
+    for (std::size_t j = 0; j < m; ++j) {
+      const Scored e{dists[j], fresh[j]};
+      frontier.push_back(e);
+      std::push_heap(frontier.begin(), frontier.end(), detail::ScoredGreater{});
+      met.push_back(e);
+    }
+  }
+  if (met.size() < kProbeRows) return true;
+  std::nth_element(met.begin(), met.begin() + (kProbeRows - 1), met.end());
+  std::size_t pass = 0;
+  for (std::size_t j = 0; j < kProbeRows; ++j) pass += allowed.test(met[j].slot) ? 1 : 0;
+  return static_cast<double>(pass) >= floor * static_cast<double>(kProbeRows);
+}
+
 template <typename Scorer, typename Enough>
 std::vector<Scored> GraphSearch::expanding(const HnswIndex& g, Scorer sc, std::size_t ef, const Bitmap* allowed,
                                            Enough enough, std::size_t* evals) {
@@ -379,6 +439,16 @@ std::vector<Scored> GraphSearch::expanding(const HnswIndex& g, Scorer sc, std::s
   const Scored cur = descend(g, sc, *visited);
   visited->reset(g.levels_.size());  // a fresh epoch for level 0: O(1)
   SearchScratch& scratch = search_scratch();
+  // The near probe (Index::search sets its floor for the two-hop traversal): where the query's
+  // nearest rows pass far less than the filter's selectivity, the nearest passing rows lie in
+  // regions the traversal, which scores passing rows only, does not reach from here.
+  if (allowed != nullptr && scratch.near_probe_floor > 0.0) {
+    if (!near_rows_pass(g, sc, cur, *allowed, scratch.near_probe_floor, *visited)) {
+      scratch.near_probe_failed = true;
+      return {};
+    }
+    visited->reset(g.levels_.size());
+  }
   std::vector<Scored>& candidates = scratch.expand_candidates;
   candidates.clear();
   std::vector<Scored> results;

@@ -95,11 +95,6 @@ class HnswCodeSearch {
   static std::vector<Scored> search_counted(const HnswIndex& g, const Codes& codes, const float* q, std::size_t k,
                                             std::size_t ef, std::size_t rerank, WalkStats& stats);
 
-  /// HnswIndex::local_selectivity with the greedy descent on codes (the float32 rows, which
-  /// may be on disk, are not read).
-  template <typename Codes>
-  static double local_selectivity(const HnswIndex& g, const Codes& codes, const float* q, const Bitmap& allowed);
-
   /// HnswIndex::search_expanding on codes (grouped search, and with `allowed` the two-hop
   /// filtered traversal); every result kept is re-ranked exactly, ascending.
   template <typename Codes, typename Enough>
@@ -108,15 +103,6 @@ class HnswCodeSearch {
 };
 
 // ---- template implementation -------------------------------------------------------------
-
-template <typename Codes>
-double HnswCodeSearch::local_selectivity(const HnswIndex& g, const Codes& codes, const float* q,
-                                         const Bitmap& allowed) {
-  if (g.entry_ == kNoSlot) return 0.0;
-  auto& pq = code_query<Codes>(search_scratch());
-  codes.prepare(q, pq);
-  return g.local_selectivity_at(GraphSearch::entry_point(g, CodeScorer<Codes>(codes, pq)), allowed);
-}
 
 template <typename Codes, typename Accept>
 std::vector<Scored> HnswCodeSearch::search(const HnswIndex& g, const Codes& codes, const float* q, std::size_t k,

@@ -407,31 +407,6 @@ void HnswIndex::remove_batch(const std::vector<Slot>& slots, std::size_t threads
   ensure_reachable(k, &dead);
 }
 
-double HnswIndex::local_selectivity(const float* q, const Bitmap& allowed) const {
-  if (entry_ == kNoSlot) return 0.0;
-  const Slot ep = GraphSearch::entry_point(*this, RowScorer(store_, metric_, active_kernels(), q));
-  return local_selectivity_at(ep, allowed);
-}
-
-double HnswIndex::local_selectivity_at(Slot ep, const Bitmap& allowed) const {
-  if (entry_ == kNoSlot) return 0.0;
-  auto visited = visited_.acquire(levels_.size());
-  std::size_t seen = 0, pass = 0;
-  const auto visit = [&](Slot s) {
-    if (visited->test_and_set(s)) return;
-    ++seen;
-    pass += allowed.test(s) ? 1 : 0;
-  };
-  visit(ep);
-  const std::uint32_t* nl = links(ep, 0);
-  for (std::size_t j = 0; j < nl[0]; ++j) {
-    visit(nl[1 + j]);
-    const std::uint32_t* nl2 = links(nl[1 + j], 0);
-    for (std::size_t t = 0; t < nl2[0]; ++t) visit(nl2[1 + t]);
-  }
-  return seen == 0 ? 0.0 : static_cast<double>(pass) / static_cast<double>(seen);
-}
-
 std::size_t HnswIndex::memory_bytes() const {
   std::size_t bytes = links0_.heap_bytes() + core0_.capacity() * sizeof(std::uint16_t) + levels_.capacity() +
                       upper_.capacity() * sizeof(upper_[0]);

@@ -90,15 +90,6 @@ class HnswIndex {
   /// search() counting the walk's work into `stats` (added to; Index::search_stats): the
   /// same walk, the same results.
   std::vector<Scored> search_counted(const float* q, std::size_t k, std::size_t ef, WalkStats& stats) const;
-  /// Fraction of the slots within two hops of the query's level-0 entry point (found by the
-  /// greedy descent of every search) that pass `allowed`: the selectivity of the filter in
-  /// the query's own neighbourhood. Far below the global selectivity, the passing rows lie
-  /// away from the query (anti-correlated) and a filtered traversal would have to cross a
-  /// long stretch of failing nodes. O(M^2) bitmap tests.
-  double local_selectivity(const float* q, const Bitmap& allowed) const;
-  /// The same measured around a given level-0 entry point (HnswCodeSearch finds it on codes).
-  double local_selectivity_at(Slot ep, const Bitmap& allowed) const;
-
   /// Level-0 search whose candidate list starts at ef and doubles whenever the search
   /// converges before enough(results) holds (results in heap order, not sorted), until the
   /// reachable (filtered) graph is exhausted. With `allowed`, only passing slots are scored: a

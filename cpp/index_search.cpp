@@ -53,7 +53,7 @@ std::vector<Scored> merge_topk(std::vector<Scored> a, const std::vector<Scored>&
 // thin adapter over graph_search.h's walk (HnswIndex's float32 searches, HnswCodeSearch).
 //   walk:      descent and level-0 search admitting `accept`, ascending, at most k
 //   expanding: the expanding (with `allowed`, two-hop) walk, every result kept, ascending
-//   local_selectivity, exact: the per-query check of two-hop search and the exact scan
+//   exact:     the exact scan
 struct RowExecutor {
   const HnswIndex* graph;  // null for a flat index (exact only)
   const VectorStore& store;
@@ -68,7 +68,6 @@ struct RowExecutor {
   std::vector<Scored> expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough) const {
     return graph->search_expanding(q, ef, allowed, enough);
   }
-  double local_selectivity(const float* q, const Bitmap& allowed) const { return graph->local_selectivity(q, allowed); }
   std::vector<Scored> exact(const float* q, const std::vector<Slot>& rows, std::size_t k) const {
     return scan_slots(store, metric, q, rows, k);
   }
@@ -91,9 +90,6 @@ struct CodeExecutor {
   template <typename Enough>
   std::vector<Scored> expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough) const {
     return HnswCodeSearch::search_expanding(*graph, codes, q, ef, allowed, enough);
-  }
-  double local_selectivity(const float* q, const Bitmap& allowed) const {
-    return HnswCodeSearch::local_selectivity(*graph, codes, q, allowed);
   }
   std::vector<Scored> exact(const float* q, const std::vector<Slot>& rows, std::size_t k) const {
     return scan_slots_codes(store, codes, metric, q, rows, k, scan_depth);
@@ -239,6 +235,7 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
     const double sel = static_cast<double>(passing) / static_cast<double>(std::max<std::size_t>(store_.size(), 1));
     // A forced strategy runs as asked: no near probe.
     const double near_floor = p.force == Strategy::kAuto ? kNearProbeRatio * sel : 0.0;
+    const double two_hop_floor = p.force == Strategy::kAuto ? kTwoHopProbeRatio * sel : 0.0;
     with_executor(codes, graph_.get(), store_, config_.metric, depth, scan_depth, [&](const auto& ex) {
       // A graph answer is completed with the exact scan of rows not linked yet; a traversal
       // that could not reach k passing rows is replaced by the exact answer.
@@ -253,17 +250,18 @@ void Index::search(const float* queries, std::size_t nq, const SearchParams& p, 
       parallel_for(nq, p.threads, [&](std::size_t qi, std::size_t) {
         const float* q = prepared.data() + qi * dim;
         if (strategy == Strategy::kTwoHop) {
-          // Per query: where the passing rows are scarce around the query itself (the filter
-          // is anti-correlated with it), a filtered walk must cross long failing stretches and
-          // loses recall; the exact scan is used instead. The cost model chose the graph, so
-          // this is the exception, measured per query in O(M^2) (on codes when quantized: the
-          // descent then reads no float32 row).
-          if (p.force == Strategy::kAuto && ex.local_selectivity(q, allowed) < kLocalSelectivityRatio * sel) {
+          // Per query: where the query's nearest rows pass far less than `sel` (the filter is
+          // anti-correlated with it), the nearest passing rows lie in regions a traversal that
+          // scores passing rows only does not reach from the query, and it settles on far
+          // ones; the exact scan answers instead. The traversal's near probe measures this
+          // after its descent (GraphSearch::expanding), on codes when quantized.
+          const NearProbeScope probe(two_hop_floor);
+          std::vector<Scored> res =
+              ex.expanding(q, std::max(ef, k), &allowed, [](const std::vector<Scored>&) { return true; });
+          if (probe.failed()) {
             write(qi, ex.exact(q, passing_rows(), k));
             return;
           }
-          std::vector<Scored> res =
-              ex.expanding(q, std::max(ef, k), &allowed, [](const std::vector<Scored>&) { return true; });
           if (res.size() > k) res.resize(k);
           finish_graph(qi, q, std::move(res));
           return;

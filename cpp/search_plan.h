@@ -35,12 +35,16 @@ struct GroupParams : SearchParams {
   std::size_t group_size = 1;
 };
 
-/// A query whose two-hop neighbourhood passes less than this fraction of the global
-/// selectivity is answered by the exact scan (the passing rows lie away from the query).
-inline constexpr double kLocalSelectivityRatio = 0.8;
+/// The two-hop traversal's near probe (GraphSearch::near_rows_pass): a query whose 64 nearest
+/// rows the probe meets pass less than this fraction of the selectivity is answered by the
+/// exact scan (the passing rows lie away from the query; docs/filter-ir.md, "Far passing
+/// rows"). On the far-rows sets, 15-29 % passing, such queries pass about 1 in 50 of their
+/// nearest rows, uncorrelated ones about `sel`; at 0.4 and 64 rows an uncorrelated filter
+/// trips it with binomial odds 0.9 % at 15 % passing, 0.7 % at 20 %, 0.15 % at 25 %.
+inline constexpr double kTwoHopProbeRatio = 0.4;
 /// The filtered walk's near probe (GraphSearch::layer0): a query whose walk finds fewer than
 /// this fraction of the selectivity passing among the first nodes it expands (about its
-/// nearest rows) is answered by the exact scan (docs/filter-ir.md, "Known limit"). On the
+/// nearest rows) is answered by the exact scan (docs/filter-ir.md, "Far passing rows"). On the
 /// far-rows sets, 35-50 % passing, such queries pass about 1 in 50 of them, uncorrelated ones
 /// about `sel`; at 0.25 and 32 nodes, a 30 % uncorrelated filter trips it with odds ~0.1 %.
 inline constexpr double kNearProbeRatio = 0.25;

@@ -30,11 +30,12 @@ struct SearchScratch {
   std::vector<Scored> walk_candidates;     // GraphSearch::layer0: the frontier
   std::vector<Scored> walk_pool;           // GraphSearch::layer0_pool: the sorted list of the ef best
   std::vector<std::uint8_t> walk_open;     // ... and per entry, 1 until it is expanded
+  std::vector<Scored> probe_met;           // GraphSearch::near_rows_pass: every node it scored
   std::vector<Slot> rerank_slots;          // rerank_exact / rerank_bounded: the candidates' slots
   std::vector<float> rerank_dists;         // rerank_exact / rerank_bounded: their exact distances
-  // GraphSearch::layer0 with a filter: when set (> 0), near_probe_failed is set if fewer than
-  // this fraction of the nearest nodes the walk scored pass (Index::search sets it around one
-  // call; docs/filter-ir.md).
+  // GraphSearch::layer0 with a filter and GraphSearch::expanding with `allowed`: when set
+  // (> 0), near_probe_failed is set if fewer than this fraction of the nearest nodes the walk
+  // or its probe met pass (Index::search sets it around one call; docs/filter-ir.md).
   double near_probe_floor = 0.0;
   bool near_probe_failed = false;
 };

@@ -4,8 +4,9 @@ A filter that passes whole clusters none of which holds a query passes about as 
 the query as an uncorrelated filter of the same size, so a probe that only counts passing rows
 lets the two-hop traversal run, and it settles on the wrong rows. These tests hold the planner
 to recall@10 >= 0.95 with full pages on such a filter at ~20 % passing (the two-hop band of
-docs/filter-ir.md) and at 35 % and 50 % (the filtered walk, whose near probe sends such queries
-to the exact scan), and check that uncorrelated filters of those sizes still run on the graph.
+docs/filter-ir.md) and at 35 % and 50 % (the filtered walk): in both, a near probe of the
+query's nearest rows sends such queries to the exact scan. They also check that uncorrelated
+filters of those sizes still run on the graph.
 The data are seeded; the oracle is the exact float64 scan of conftest.
 """
 
@@ -28,6 +29,9 @@ FRACTION = 0.2
 # ef values at which the cost model picks the two-hop traversal for ~6,000 passing rows (from
 # ef 64 the exact scan costs less and answers every query exactly).
 GRAPH_EFS = [16, 32]
+# The anti-correlated filter is held to recall@10 >= 0.95 from ef 10 (main before the two-hop
+# near probe: 0.82 at ef 16, 0.90 at ef 32).
+ANTI_GRAPH_EFS = [10, 16, 24, 32]
 # Fractions the cost model answers with the filtered walk at ef 16 and 32.
 WALK_FRACTIONS = [0.35, 0.5]
 
@@ -73,12 +77,7 @@ def far_rows_index():
     return index, data, ids, queries, filters
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit (docs/filter-ir.md): the per-query probe does not catch a two-hop traversal "
-    "trapped among far passing rows; measured recall@10 0.82 at ef 16, 0.90 at ef 32",
-)
-@pytest.mark.parametrize("ef", GRAPH_EFS)
+@pytest.mark.parametrize("ef", ANTI_GRAPH_EFS)
 def test_filter_passing_only_far_rows_keeps_recall_and_full_pages(far_rows_index, ef):
     index, data, ids, queries, filters = far_rows_index
     where, mask = filters["anti-correlated"]
@@ -99,10 +98,11 @@ def test_uncorrelated_filter_still_runs_on_the_graph(far_rows_index, ef):
     assert index._native.strategy(int(mask.sum()), ef) == "graph"
     got_ids, _ = index.search(queries, 10, where=where, ef=ef, threads=1)
     graph_ids, _ = index._native.search(queries, 10, ef, 1, compile_where(where), "graph")
-    # A query answered by the traversal returns its page; one sent to the exact scan differs
-    # from it wherever the traversal missed a row. Nearly all must stay on the graph.
+    # A query answered by the traversal returns its page; one sent to the exact scan by the
+    # near probe differs from it wherever the traversal missed a row. Nearly all must stay on
+    # the graph (measured: 199 of 200 at ef 16, 200 at ef 32).
     same = np.mean(np.all(got_ids == graph_ids, axis=1))
-    assert same >= 0.9, f"only {same:.0%} of the queries ran the two-hop traversal"
+    assert same >= 0.98, f"only {same:.0%} of the queries ran the two-hop traversal"
     recall = recall_at_k(got_ids, data[mask], ids[mask], queries, 10, "cosine")
     assert recall >= 0.95, f"recall@10 {recall:.3f} at ef {ef}"
 

@@ -3,8 +3,9 @@
 
 Unit vectors around ``clusters`` random centres (``noise`` around each), 200 queries drawn from
 20 of the clusters, an HNSW index (M 16, ef_construction 100) holding each row's cluster and a
-uniform ``r``, and for 20, 35 and 50 % of rows two filters: "anti" passes the clusters farthest
-from every query cluster, "uncorr" the rows with ``r`` below the fraction. ``0.15 64 30000 300``
+uniform ``r``, and for each of ``fractions`` of rows (by default 20, 35 and 50 %) two filters:
+"anti" passes the clusters farthest from every query cluster, "uncorr" the rows with ``r``
+below the fraction. ``0.15 64 30000 300``
 is the set of tests/test_filtered_far_rows.py; ``0.05 384 100000 1000`` a synthetic 100k x 384.
 """
 
@@ -23,7 +24,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 def build(
-    noise: float, dim: int, n: int, clusters: int
+    noise: float, dim: int, n: int, clusters: int, fractions: tuple[float, ...] = (0.2, 0.35, 0.5)
 ) -> tuple[kbcore.Index, np.ndarray, list[tuple[str, dict[str, Any], np.ndarray, np.ndarray]]]:
     """``(index, queries, cases)``; each case is ``(name, where, mask of passing rows, exact
     top-10 ids per query among them)``. The index has answered every query once unfiltered, which
@@ -46,7 +47,7 @@ def build(
     for q in queries:
         index.search(q, 10, threads=1)
     cases = []
-    for frac in (0.2, 0.35, 0.5):
+    for frac in fractions:
         far = sorted(int(c) for c in order[: int(np.searchsorted(np.cumsum(sizes[order]), frac * n)) + 1])
         for name, where, mask in (
             (f"anti {frac:.0%}", {"cluster": {"$in": far}}, np.isin(labels, far)),
