@@ -17,6 +17,7 @@
 #include "aligned.h"
 #include "bitmap.h"
 #include "distance.h"
+#include "graph_reorder.h"
 #include "mapped_array.h"
 #include "prefetch.h"
 #include "row_scorer.h"
@@ -109,6 +110,15 @@ class HnswIndex {
   template <typename Enough>
   std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
                                        std::size_t* evals = nullptr) const;
+
+  /// A new slot order in which a node's level-0 neighbours have nearby slots (graph_reorder.h):
+  /// the slots a level-0 walk from the entry point reaches, then every other slot in its old
+  /// order. O(n * M) (RCM: and a sort of each list by degree). Thread-safe against searches.
+  std::vector<Slot> locality_order(ReorderMethod method) const;
+  /// Renumbers the graph's slots by `p` (the store's rows are moved by its owner in the same
+  /// step, under the same exclusive lock): every per-slot array and every link. O(n * M).
+  /// Not thread-safe.
+  void permute_slots(const SlotPermutation& p);
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;

@@ -175,6 +175,11 @@ class Index {
   /// index without quantization or without rows. Exclusive lock; O(n * dim).
   void retrain_quantizer(std::size_t threads);
 
+  /// Renumbers the slots so that graph neighbours sit near each other in memory
+  /// (graph_reorder.h; `method` "bfs" | "rcm"): the same graph, ids and answers. TRIAL: refuses
+  /// indexes with metadata, text or rows waiting for the graph. Exclusive lock; O(n * (dim + M)).
+  void reorder(const std::string& method, std::size_t threads);
+
   /// Writes the index to one file atomically (temp file, fsync, rename).
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.
