@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <queue>
+#include <utility>
 
+#include "bm25_index.h"
 #include "errors.h"
 #include "hnsw_index.h"
 #include "index.h"
+#include "metadata_store.h"
 #include "parallel.h"
 #include "vector_store.h"
 
@@ -19,7 +23,8 @@ namespace kbcore {
 ReorderMethod parse_reorder_method(const std::string& name) {
   if (name == "bfs") return ReorderMethod::kBfs;
   if (name == "rcm") return ReorderMethod::kRcm;
-  throw InvalidArgument("unknown reorder method '" + name + "': expected 'bfs' or 'rcm'");
+  if (name == "gorder") return ReorderMethod::kGorder;
+  throw InvalidArgument("unknown reorder method '" + name + "': expected 'bfs', 'rcm' or 'gorder'");
 }
 
 SlotPermutation make_permutation(std::vector<Slot> new_to_old) {
@@ -35,6 +40,70 @@ SlotPermutation make_permutation(std::vector<Slot> new_to_old) {
   }
   p.new_to_old = std::move(new_to_old);
   return p;
+}
+
+std::vector<Slot> HnswIndex::window_order(const std::vector<Slot>& reached) const {
+  // Gorder (Wei et al., SIGMOD 2016) scores a candidate by its links to, and the in-neighbours
+  // it shares with, the last w placed nodes; the shared in-neighbours cost O(degree^2) per node
+  // and are left out here. Scores change by one per link as nodes enter and leave the window:
+  // a max-heap with lazy deletion (an entry is valid while its score is the node's score).
+  constexpr std::size_t kWindow = 5;
+  const std::size_t n = levels_.size();
+  std::vector<std::uint32_t> in_begin(n + 1, 0);
+  for (const Slot v : reached) {
+    const std::uint32_t* l = links(v, 0);
+    for (std::uint32_t j = 1; j <= l[0]; ++j) ++in_begin[l[j] + 1];
+  }
+  for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
+  std::vector<Slot> in_links(in_begin[n]);
+  std::vector<std::uint32_t> fill(in_begin.begin(), in_begin.end() - 1);
+  for (const Slot v : reached) {
+    const std::uint32_t* l = links(v, 0);
+    for (std::uint32_t j = 1; j <= l[0]; ++j) in_links[fill[l[j]]++] = v;
+  }
+  std::vector<std::int32_t> score(n, 0);
+  std::vector<std::uint8_t> placed(n, 0);
+  using Entry = std::pair<std::int32_t, std::uint32_t>;  // (score, ~slot): lower slots first on ties
+  std::priority_queue<Entry> heap;
+  const auto bump = [&](Slot v, std::int32_t delta) {
+    const auto touch = [&](Slot u) {
+      if (placed[u]) return;
+      score[u] += delta;
+      if (score[u] > 0) heap.push({score[u], ~u});
+    };
+    const std::uint32_t* l = links(v, 0);
+    for (std::uint32_t j = 1; j <= l[0]; ++j) touch(l[j]);
+    for (std::uint32_t j = in_begin[v]; j < in_begin[v + 1]; ++j) touch(in_links[j]);
+  };
+  std::vector<Slot> order;
+  order.reserve(reached.size());
+  std::deque<Slot> window;
+  std::size_t next_seed = 0;  // unplaced nodes restart from the breadth-first order
+  while (order.size() < reached.size()) {
+    Slot v = kNoSlot;
+    while (!heap.empty()) {
+      const Entry e = heap.top();
+      heap.pop();
+      const Slot u = ~e.second;
+      if (!placed[u] && score[u] == e.first) {
+        v = u;
+        break;
+      }
+    }
+    if (v == kNoSlot) {
+      while (placed[reached[next_seed]]) ++next_seed;
+      v = reached[next_seed];
+    }
+    placed[v] = 1;
+    order.push_back(v);
+    bump(v, 1);
+    window.push_back(v);
+    if (window.size() > kWindow) {
+      bump(window.front(), -1);
+      window.pop_front();
+    }
+  }
+  return order;
 }
 
 std::vector<Slot> HnswIndex::locality_order(ReorderMethod method) const {
@@ -63,6 +132,7 @@ std::vector<Slot> HnswIndex::locality_order(ReorderMethod method) const {
       }
     }
     if (method == ReorderMethod::kRcm) std::reverse(order.begin(), order.end());
+    if (method == ReorderMethod::kGorder) order = window_order(order);
   }
   // Free and pending slots (not linked) and anything unreachable keep their relative order.
   for (std::size_t s = 0; s < n; ++s) {
@@ -128,16 +198,51 @@ void VectorStore::permute_slots(const SlotPermutation& p) {
   if (n > 0) std::memcpy(data_.data(), rows.data(), rows.size() * sizeof(float));
 }
 
+void MetadataStore::permute_slots(const SlotPermutation& p) {
+  const std::size_t n = p.new_to_old.size();
+  grow(n);
+  for (const auto& f : fields_) {
+    std::vector<std::uint8_t> kinds(f->kinds_.size(), 0);
+    std::vector<std::int64_t> payload(f->payload_.size(), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      kinds[i] = f->kinds_[p.new_to_old[i]];
+      payload[i] = f->payload_[p.new_to_old[i]];
+    }
+    f->kinds_ = std::move(kinds);
+    f->payload_ = std::move(payload);
+    ++f->version_;  // the sorted indexes and derived data hold slots: stale now
+  }
+}
+
+void Bm25Index::permute_slots(const SlotPermutation& p) {
+  ensure_built();
+  const std::size_t n = p.new_to_old.size();
+  resize_slots(n);
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> doc_terms(doc_terms_.size());
+  std::vector<std::uint32_t> doc_len(doc_len_.size(), 0);
+  std::vector<std::uint8_t> has(has_.size(), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Slot o = p.new_to_old[i];
+    doc_terms[i] = std::move(doc_terms_[o]);
+    doc_len[i] = doc_len_[o];
+    has[i] = has_[o];
+  }
+  doc_terms_ = std::move(doc_terms);
+  doc_len_ = std::move(doc_len);
+  has_ = std::move(has);
+  compact();  // postings rebuilt from doc_terms_, ascending by the new slots; generations reset
+  ++version_;
+}
+
 void Index::reorder(const std::string& method, std::size_t threads) {
   const ReorderMethod m = parse_reorder_method(method);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (!graph_) throw InvalidArgument("reorder needs an hnsw index: a flat index has no graph to follow");
-  if (!meta_.empty() || text_.documents() != 0 || !graph_->pending().empty()) {
-    throw InvalidArgument("reorder (trial) supports indexes without metadata, text or pending rows only");
-  }
   const SlotPermutation p = make_permutation(graph_->locality_order(m));
   store_.permute_slots(p);
   graph_->permute_slots(p);
+  meta_.permute_slots(p);
+  text_.permute_slots(p);
   if (codes_trained()) {
     // Encoding is a function of the row and the trained parameters: the same codes, moved.
     std::vector<Slot> live;

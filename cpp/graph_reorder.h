@@ -15,9 +15,12 @@ namespace kbcore {
 enum class ReorderMethod : std::uint8_t {
   kBfs,  ///< breadth-first from the entry point, neighbours in link-list order
   kRcm,  ///< reverse Cuthill-McKee: breadth-first, neighbours by ascending degree, reversed
+  /// Gorder's greedy window (Wei et al., SIGMOD 2016) on direct links only: the next slot goes
+  /// to the unplaced node with the most links (either direction) to the last few placed
+  kGorder,
 };
 
-/// Parses "bfs" | "rcm"; throws InvalidArgument otherwise.
+/// Parses "bfs" | "rcm" | "gorder"; throws InvalidArgument otherwise.
 ReorderMethod parse_reorder_method(const std::string& name);
 
 /// A permutation of slots: new_to_old[i] is the old slot that becomes slot i, old_to_new its

@@ -175,6 +175,8 @@ class HnswIndex {
   /// Searches call it for every unvisited neighbour of an expanded node before scoring any.
   void prefetch_row(Slot s) const;
 
+  /// Gorder's window order (graph_reorder.cpp) of the slots `reached` (a breadth-first order).
+  std::vector<Slot> window_order(const std::vector<Slot>& reached) const;
   int draw_level();
   void insert(Slot s, const Kernels& k);
   /// Links s (whose own level is set) into levels [0, level]; used by insert and repair.
