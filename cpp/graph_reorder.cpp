@@ -1,9 +1,11 @@
 // Slot orders for locality and the renumbering of a graph and its rows (graph_reorder.h).
 //
-// Coleman et al. (NeurIPS 2022) found breadth-first and Cuthill-McKee orders of an HNSW graph
-// close to the best (Gorder) at a fraction of the cost: the walk reads a node's neighbours'
-// rows right after its own, and in those orders they sit a few slots apart, so fewer pages and
-// fewer lines of the caches' sets are touched per query.
+// The walk reads a node's neighbours' code rows right after its own; when they sit a few slots
+// apart they share pages (TLB entries) and the hardware prefetchers' streams. Coleman et al.
+// (NeurIPS 2022) measured Gorder best on HNSW, breadth-first and Cuthill-McKee orders close.
+// Here (docs/graph-quality.md) breadth-first and RCM were slower than the rows' own order on
+// ArguAna chunks (rows stored by debate, already local) and Gorder's window was not: a BFS
+// layer of a small-world graph spans the whole data set, so it scatters what was together.
 #include <algorithm>
 #include <cstring>
 #include <deque>
