@@ -201,3 +201,25 @@ def test_reorder_of_an_empty_index_is_a_no_op() -> None:
     index = kbcore.Index(DIM, "l2")
     index.reorder()
     assert len(index) == 0
+
+
+@pytest.mark.parametrize("vectors", ["memory", "disk"])
+def test_reorder_of_a_loaded_index_read_in_place(tmp_path: Path, vectors: str) -> None:
+    # A loaded quantized file is read in place (rows, codes, level-0 lists mapped); reorder
+    # copies what it writes, and rows on disk stay on disk.
+    x = _data(8)
+    ids = np.arange(N, dtype=np.int64)
+    index = kbcore.Index(DIM, "cosine", M=8, ef_construction=64, seed=5, quantization="sq8")
+    index.add(x, ids, threads=2)
+    path = tmp_path / "a.kbi"
+    index.save(path)
+    loaded = kbcore.Index.load(path, vectors=vectors)  # type: ignore[arg-type]
+    q = _queries(8)
+    before = loaded.search(q, 10, ef=40, threads=1)
+    rows = loaded.get_vectors(ids)
+    loaded.reorder()
+    assert loaded.vectors == vectors
+    np.testing.assert_array_equal(loaded.get_vectors(ids), rows)
+    _assert_same_answers(before, loaded.search(q, 10, ef=40, threads=1))
+    # The file it was loaded from is untouched.
+    _assert_same_answers(before, kbcore.Index.load(path).search(q, 10, ef=40, threads=1))
