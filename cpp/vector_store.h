@@ -9,7 +9,6 @@
 
 #include "aligned.h"
 #include "bitmap.h"
-#include "graph_reorder.h"
 #include "id_map.h"
 #include "row_buffer.h"
 #include "slot.h"
@@ -54,10 +53,6 @@ class VectorStore {
   void release_resident_rows() const { data_.release_resident(); }
   /// Bytes held (rows, ids, map), approximately.
   std::size_t memory_bytes() const;
-
-  /// Moves row, id and live flag of old slot p.new_to_old[i] to slot i (graph_reorder.h); the
-  /// id map follows. O(slot_count * dim), one temporary copy of the rows. Not thread-safe.
-  void permute_slots(const SlotPermutation& p);
 
   /// Raw state for persistence: ids per slot, live flags per slot, rows.
   const std::vector<std::int64_t>& slot_ids() const { return slot_ids_; }

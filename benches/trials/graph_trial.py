@@ -7,7 +7,8 @@ reported as ratios next to ``os.getloadavg()``.
     # A/B of two builds of the same index file: BASE is a PYTHONPATH holding the other build
     python -m benches.trials.graph_trial save --out /tmp/sf.kbi --quantization sq8
     python -m benches.trials.graph_trial ab --index /tmp/sf.kbi --base-path BASE --rounds 6
-    # slot reordering (issue 28): the same build on an index file and its reordered copy
+    # slot reordering (issue 28; needs benches/trials/reorder_trial.patch applied and built):
+    # the same build on an index file and its reordered copy
     python -m benches.trials.graph_trial reorder --index /tmp/sf.kbi --out /tmp/sf-bfs.kbi --method bfs
     python -m benches.trials.graph_trial ab --index /tmp/sf-bfs.kbi --base-index /tmp/sf.kbi --rounds 8 --fresh-copy
     # time one build (what `ab` runs in each process)
@@ -101,13 +102,16 @@ def cmd_time(args: argparse.Namespace) -> None:
 
 
 def cmd_reorder(args: argparse.Namespace) -> None:
-    """Reorders the slots of --index by --method, checks the answers, saves it to --out."""
+    """Reorders the slots of --index by --method (bfs, rcm, gorder; Index.reorder of
+    benches/trials/reorder_trial.patch), checks the answers, saves it to --out."""
     ds = load(args.dataset)
     index = kbcore.Index.load(args.index)
     efs = [int(e) for e in args.efs.split(",")]
     before = {ef: index.search(ds.queries, 10, ef=ef, threads=1) for ef in efs}
     stats = {ef: index.search_stats(ds.queries, 10, ef=ef) for ef in efs}
     t0 = time.perf_counter()
+    if not hasattr(index._native, "reorder"):
+        sys.exit("reorder needs benches/trials/reorder_trial.patch applied to the native build")
     index._native.reorder(args.method, 1)
     seconds = time.perf_counter() - t0
     for ef in efs:

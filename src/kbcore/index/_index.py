@@ -336,21 +336,6 @@ class Index:
         """
         self._native.retrain_quantizer(_threads(threads))
 
-    def reorder(self, *, method: str = "gorder", threads: int = 0) -> None:
-        """Renumbers the rows' internal slots so that graph neighbours sit near each other in
-        memory: a faster unfiltered walk on large indexes (docs/graph-quality.md).
-
-        ``method``: ``"gorder"`` (Gorder's greedy window on direct links, the fastest walk
-        measured), ``"bfs"`` (breadth-first from the graph's entry point) or ``"rcm"``
-        (reverse Cuthill-McKee). Rows, codes, links, metadata and text move together: ids,
-        metadata and answers are unchanged (up to the order of equal distances), and a saved
-        file keeps the order, so a reload needs no work. Worth calling after a bulk build, before
-        :meth:`save`; later adds take free or new slots and are not reordered. Raises
-        InvalidArgumentError for a flat index or an unknown method. Holds the exclusive lock:
-        about 3 s per 100k rows of 384 dimensions (gorder; bfs 1 s).
-        """
-        self._native.reorder(method, _threads(threads))
-
     @property
     def ef(self) -> int:
         """Default size of the search candidate list (raised to k when smaller)."""
