@@ -141,10 +141,10 @@ def cmd_ab(args: argparse.Namespace) -> None:
             path = args.base_index if tag == "A" and args.base_index is not None else args.index
             with tempfile.TemporaryDirectory() as tmp:
                 if args.fresh_copy:
-                    # A loaded file is read in place from the page cache, whose physical pages
-                    # stay put across processes: a file written later read up to 10 % faster
-                    # than its byte-identical original. A fresh copy per process gives both
-                    # files new pages every round.
+                    # A loaded file is read in place from the page cache, the same pages in
+                    # every process: a byte copy written later read up to 10 % faster than its
+                    # original, in either arm (docs/graph-quality.md). A fresh copy per process
+                    # gives both files new pages every round.
                     path = shutil.copy(path, Path(tmp) / "index.kbi")
                 cmd = [sys.executable, "-m", "benches.trials.graph_trial", "time", "--index", str(path)]
                 cmd += ["--dataset", args.dataset, "--efs", args.efs, "--passes", str(args.passes)]
