@@ -7,6 +7,10 @@ reported as ratios next to ``os.getloadavg()``.
     # A/B of two builds of the same index file: BASE is a PYTHONPATH holding the other build
     python -m benches.trials.graph_trial save --out /tmp/sf.kbi --quantization sq8
     python -m benches.trials.graph_trial ab --index /tmp/sf.kbi --base-path BASE --rounds 6
+    # slot reordering (issue 28; needs benches/trials/reorder_trial.patch applied and built):
+    # the same build on an index file and its reordered copy
+    python -m benches.trials.graph_trial reorder --index /tmp/sf.kbi --out /tmp/sf-bfs.kbi --method bfs
+    python -m benches.trials.graph_trial ab --index /tmp/sf-bfs.kbi --base-index /tmp/sf.kbi --rounds 8 --fresh-copy
     # time one build (what `ab` runs in each process)
     python -m benches.trials.graph_trial time --index /tmp/sf.kbi --efs 16,32,64
     # alpha-pruning (needs benches/trials/alpha_trial.patch applied) or degree, interleaved
@@ -19,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,17 +101,54 @@ def cmd_time(args: argparse.Namespace) -> None:
     print(json.dumps({"us": out, "load": os.getloadavg()[0]}))
 
 
+def cmd_reorder(args: argparse.Namespace) -> None:
+    """Reorders the slots of --index by --method (bfs, rcm, gorder; Index.reorder of
+    benches/trials/reorder_trial.patch), checks the answers, saves it to --out."""
+    ds = load(args.dataset)
+    index = kbcore.Index.load(args.index)
+    efs = [int(e) for e in args.efs.split(",")]
+    before = {ef: index.search(ds.queries, 10, ef=ef, threads=1) for ef in efs}
+    stats = {ef: index.search_stats(ds.queries, 10, ef=ef) for ef in efs}
+    t0 = time.perf_counter()
+    if not hasattr(index._native, "reorder"):
+        sys.exit("reorder needs benches/trials/reorder_trial.patch applied to the native build")
+    index._native.reorder(args.method, 1)
+    seconds = time.perf_counter() - t0
+    for ef in efs:
+        ids, dist = index.search(ds.queries, 10, ef=ef, threads=1)
+        st = index.search_stats(ds.queries, 10, ef=ef)
+        same = int((ids == before[ef][0]).all(axis=1).sum())
+        print(
+            f"ef {ef}: queries with identical ids {same}/{len(ids)}, max |d| change "
+            f"{float(np.abs(dist - before[ef][1]).max()):.2e}, hops equal "
+            f"{bool((st['hops'] == stats[ef]['hops']).all())}, scored equal "
+            f"{bool((st['scored'] == stats[ef]['scored']).all())}"
+        )
+    index.save(args.out)
+    print(f"reordered {args.method} in {seconds:.3f} s (one thread), saved to {args.out}")
+
+
 def cmd_ab(args: argparse.Namespace) -> None:
-    """Alternates processes of the installed build (B) and of --base-path (A)."""
+    """Alternates processes of the installed build (B) and of --base-path (A), or, with
+    --base-index, processes of the installed build on --base-index (A) and --index (B)."""
     here = Path(__file__).resolve().parents[2]
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     for r in range(args.rounds):
         for tag in ("A", "B") if r % 2 == 0 else ("B", "A"):
             env = dict(os.environ)
-            env["PYTHONPATH"] = (args.base_path + os.pathsep if tag == "A" else "") + str(here)
-            cmd = [sys.executable, "-m", "benches.trials.graph_trial", "time", "--index", args.index]
-            cmd += ["--dataset", args.dataset, "--efs", args.efs, "--passes", str(args.passes)]
-            res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+            base = tag == "A" and args.base_index is None
+            env["PYTHONPATH"] = (args.base_path + os.pathsep if base else "") + str(here)
+            path = args.base_index if tag == "A" and args.base_index is not None else args.index
+            with tempfile.TemporaryDirectory() as tmp:
+                if args.fresh_copy:
+                    # A loaded file is read in place from the page cache, the same pages in
+                    # every process: a byte copy written later read up to 10 % faster than its
+                    # original, in either arm (docs/graph-quality.md). A fresh copy per process
+                    # gives both files new pages every round.
+                    path = shutil.copy(path, Path(tmp) / "index.kbi")
+                cmd = [sys.executable, "-m", "benches.trials.graph_trial", "time", "--index", str(path)]
+                cmd += ["--dataset", args.dataset, "--efs", args.efs, "--passes", str(args.passes)]
+                res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
             runs[tag].append(res["us"])
             print(tag, res, flush=True)
     for ef in args.efs.split(","):
@@ -196,7 +239,7 @@ def summarise(rows: list[dict], key: str, variants: list[str]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("save", "time", "ab", "sweep"):
+    for name in ("save", "time", "ab", "sweep", "reorder"):
         s = sub.add_parser(name)
         s.add_argument("--dataset", default="scifact")
         s.add_argument("--efs", default="16,32,64")
@@ -206,10 +249,13 @@ def main() -> None:
         s.add_argument("--quantization", default="sq8")
         s.add_argument("--M", type=int, default=16)
         s.add_argument("--base-path")
+        s.add_argument("--base-index")
+        s.add_argument("--fresh-copy", action="store_true", help="ab: time a fresh copy of the file per process")
+        s.add_argument("--method", default="bfs")
         s.add_argument("--rounds", type=int, default=6)
         s.add_argument("--variants", default="alpha=1.0,1.1,1.2")
     args = p.parse_args()
-    {"save": cmd_save, "time": cmd_time, "ab": cmd_ab, "sweep": cmd_sweep}[args.cmd](args)
+    {"save": cmd_save, "time": cmd_time, "ab": cmd_ab, "sweep": cmd_sweep, "reorder": cmd_reorder}[args.cmd](args)
 
 
 if __name__ == "__main__":
