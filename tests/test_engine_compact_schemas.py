@@ -76,3 +76,16 @@ def test_ingest_past_max_segments_with_alternating_schemas(tmp_path, recwarn) ->
     assert not [w for w in recwarn if "compaction failed" in str(w.message)]
     assert _years(kb, 3 * n) == _expected(range(n))
     kb.close()
+
+
+def test_a_column_missing_from_some_batches_still_compacts_into_one_segment(tmp_path) -> None:
+    kb = Engine(tmp_path).create_knowledge_base("kb", embedder=False, dim=DIM, index="flat")
+    for b in (0, 2, 4):
+        table, vecs = _batch(b)
+        kb.ingest_table(table.drop_columns(["year"]) if b == 2 else table, vectors=vecs)
+    kb.compact()
+    assert len(kb._cell.state.segments) == 1
+    want = {d: (None if d.startswith("d2-") else y) for b in (0, 2, 4) for d, y in _expected(range(b, b + 1)).items()}
+    got = {h.document_id: h.metadata.get("year") for h in kb.retrieve(np.ones(DIM, np.float32), 100)}
+    assert got == want
+    kb.close()

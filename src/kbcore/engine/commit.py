@@ -395,18 +395,33 @@ def maybe_compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
 
 
 def _alike_schemas(segments: tuple[Segment, ...], stop: int) -> int:
-    """Where the trailing run of ``segments[:stop]`` whose chunk and document tables have the
-    schemas of ``segments[stop - 1]`` starts: only those concatenate (a metadata column may
-    change type from one batch to the next)."""
+    """Where the trailing run of ``segments[:stop]`` whose tables concatenate with those of
+    ``segments[stop - 1]`` starts (a metadata column may change type from one batch to the
+    next; a column missing from some segments is filled with nulls)."""
     first = stop - 1
     if first <= 0:
         return max(first, 0)
-    chunks, docs = segments[first].chunks.schema, segments[first].docs.schema
-    while (
-        first > 0 and segments[first - 1].chunks.schema.equals(chunks) and segments[first - 1].docs.schema.equals(docs)
-    ):
+    chunks, docs = [segments[first].chunks.schema], [segments[first].docs.schema]
+    while first > 0 and _concatenable(chunks, docs, segments[first - 1]):
         first -= 1
+        chunks.append(segments[first].chunks.schema)
+        docs.append(segments[first].docs.schema)
     return first
+
+
+def _concatenable(chunks: list[Any], docs: list[Any], seg: Segment) -> bool:
+    """Whether ``seg``'s tables concatenate with tables of the ``chunks`` / ``docs`` schemas
+    (as :func:`live_tables` does: missing columns become nulls, types must agree)."""
+    import pyarrow as pa
+
+    if seg.chunks.schema.equals(chunks[-1]) and seg.docs.schema.equals(docs[-1]):
+        return True
+    try:
+        pa.unify_schemas([*chunks, seg.chunks.schema], promote_options="default")
+        pa.unify_schemas([*docs, seg.docs.schema], promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
 
 
 def merge(cell: StateCell, start: int, stop: int) -> None:
@@ -475,15 +490,18 @@ def compact(cell: StateCell, on_checkpoint: OnCheckpoint) -> None:
 
 
 def schema_runs(segments: tuple[Segment, ...]) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each maximal run of consecutive segments whose chunk and document
-    tables have equal schemas: what one concatenation can hold."""
+    """``(start, stop)`` of each maximal run of consecutive segments whose tables concatenate
+    (:func:`_concatenable`): what one segment can hold."""
     runs: list[tuple[int, int]] = []
     start = 0
-    for i in range(1, len(segments) + 1):
-        if i == len(segments) or not (
-            segments[i].chunks.schema.equals(segments[start].chunks.schema)
-            and segments[i].docs.schema.equals(segments[start].docs.schema)
-        ):
+    chunks: list[Any] = []
+    docs: list[Any] = []
+    for i, seg in enumerate(segments):
+        if chunks and not _concatenable(chunks, docs, seg):
             runs.append((start, i))
-            start = i
+            start, chunks, docs = i, [], []
+        chunks.append(seg.chunks.schema)
+        docs.append(seg.docs.schema)
+    if segments:
+        runs.append((start, len(segments)))
     return runs
