@@ -77,8 +77,8 @@ def check_names(names: Any) -> list[str]:
     for n in out:
         if not isinstance(n, str):
             raise InvalidTypeError(f"a knowledge base name must be a str, got {type(n).__name__}")
-    dup = next((n for i, n in enumerate(out) if n in out[:i]), None)
-    if dup is not None:
+    if len(set(out)) != len(out):
+        dup = next(n for i, n in enumerate(out) if n in out[:i])
         raise InvalidArgumentError(f"knowledge base {dup!r} is named twice")
     return out
 
@@ -263,8 +263,17 @@ def _tag(pairs: list[tuple[Any, Hit]], merged_by: str) -> list[Hit]:
 
 
 def _spec_ids(specs: list[Any]) -> list[int]:
-    """For each embedder spec, the index of the first equal one (equal specs embed alike)."""
+    """For each embedder spec, the index of the first equal one (equal specs embed alike).
+    Compares each spec with the distinct ones met so far only (in the usual case, one: the
+    first), in a plain loop: no generator per knowledge base."""
     out: list[int] = []
+    distinct: list[tuple[Any, int]] = []
     for i, spec in enumerate(specs):
-        out.append(next(j for j in range(i + 1) if specs[j] == spec))
+        for seen, j in distinct:
+            if seen == spec:
+                out.append(j)
+                break
+        else:
+            distinct.append((spec, i))
+            out.append(i)
     return out
