@@ -125,11 +125,11 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
             calls.append((vec, vector_opts))
         else:
             calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
-    parallel = len(kbs) > 1 and sum(f[4] for f in facts) >= PARALLEL_MIN_CHUNKS
+    parallel = len(kbs) > 1 and sum([f[4] for f in facts]) >= PARALLEL_MIN_CHUNKS
     same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({f[2] for f in facts}) == 1
     if same and rerank is not False:  # each reranked by its default: one scale if one reranker
         rerankers = [f[3] for f in facts]
-        same = all(r == rerankers[0] for r in rerankers)
+        same = rerankers.count(rerankers[0]) == len(rerankers)
     merged_by = "score" if same else "rank"
     if len(kbs) > 1:
         out = _merge_shortlists(kbs, calls, top_k, same, parallel)
@@ -162,7 +162,7 @@ def _merge_shortlists(
     the candidates' scores, the hits built under the read locks of the search: no knowledge
     base can change before its hits are built)."""
     searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
-    if all(s is not None for s in searches):
+    if None not in searches:
         try:
             pairs = merged_hits(searches, lambda scores: _pick(scores, top_k, same))
         except InvalidArgumentError:

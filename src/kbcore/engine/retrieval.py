@@ -22,7 +22,7 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from bisect import bisect_right as _bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, cast
 
@@ -423,14 +423,16 @@ def _merged_locked(searches: Sequence[VectorSearch], pick: Pick) -> list[tuple[i
     rows_of: dict[int, list[int]] = {}
     for i, r in kept:
         rows_of.setdefault(i, []).append(r)
-    built: dict[tuple[int, int], Hit] = {}
+    # Each search's hits come back in the order its rows were kept: the merged list takes
+    # them back one by one (no (search, row) key per hit).
+    built: dict[int, Iterator[Hit]] = {}
     for i, rows in rows_of.items():
         state, metric, cands, ids, dist = found[i]
         assert state is not None
         picked: list[tuple[int, float, Sequence[int]]]
         picked = [cands[r] for r in rows] if cands is not None else [(ids[r], dist[r], ()) for r in rows]
-        built.update(zip(((i, r) for r in rows), make_hits(state, picked, metric, fused=False)))
-    return [(i, built[i, r]) for i, r in kept]
+        built[i] = iter(make_hits(state, picked, metric, fused=False))
+    return [(i, next(built[i])) for i, _ in kept]
 
 
 def _scores(dist: list[float], metric: str) -> list[float]:
