@@ -352,7 +352,12 @@ class Engine:
         raises NotFoundError before any search.
         """
         opts = retrieval.options(options, kwargs)
-        kbs = [self.get_knowledge_base(n) for n in multi.check_names(names)]
+        kbs = []
+        for n in multi.check_names(names):
+            # An open knowledge base is read from the cache without the engine's lock (a dict
+            # read is atomic; get_knowledge_base's answer is no fresher once it returns).
+            kb = self._kbs.get(n)
+            kbs.append(kb if kb is not None and not kb.closed else self.get_knowledge_base(n))
         return multi.retrieve_many(kbs, query, top_k, opts)
 
     def delete_knowledge_base(self, name: str) -> None:

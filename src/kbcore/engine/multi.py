@@ -77,8 +77,8 @@ def check_names(names: Any) -> list[str]:
     for n in out:
         if not isinstance(n, str):
             raise InvalidTypeError(f"a knowledge base name must be a str, got {type(n).__name__}")
-    dup = next((n for i, n in enumerate(out) if n in out[:i]), None)
-    if dup is not None:
+    if len(set(out)) != len(out):
+        dup = next(n for i, n in enumerate(out) if n in out[:i])
         raise InvalidArgumentError(f"knowledge base {dup!r} is named twice")
     return out
 
@@ -125,11 +125,11 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
             calls.append((vec, vector_opts))
         else:
             calls.append((query, opts._replace(search_type=mode, query_vector=vec)))
-    parallel = len(kbs) > 1 and sum(f[4] for f in facts) >= PARALLEL_MIN_CHUNKS
+    parallel = len(kbs) > 1 and sum([f[4] for f in facts]) >= PARALLEL_MIN_CHUNKS
     same = len(set(specs)) == 1 and len(set(modes)) == 1 and len({f[2] for f in facts}) == 1
     if same and rerank is not False:  # each reranked by its default: one scale if one reranker
         rerankers = [f[3] for f in facts]
-        same = all(r == rerankers[0] for r in rerankers)
+        same = rerankers.count(rerankers[0]) == len(rerankers)
     merged_by = "score" if same else "rank"
     if len(kbs) > 1:
         out = _merge_shortlists(kbs, calls, top_k, same, parallel)
@@ -162,7 +162,7 @@ def _merge_shortlists(
     the candidates' scores, the hits built under the read locks of the search: no knowledge
     base can change before its hits are built)."""
     searches = [kb._vector_search(q, top_k, o) for kb, (q, o) in zip(kbs, calls)]
-    if all(s is not None for s in searches):
+    if None not in searches:
         try:
             pairs = merged_hits(searches, lambda scores: _pick(scores, top_k, same))
         except InvalidArgumentError:
@@ -263,8 +263,17 @@ def _tag(pairs: list[tuple[Any, Hit]], merged_by: str) -> list[Hit]:
 
 
 def _spec_ids(specs: list[Any]) -> list[int]:
-    """For each embedder spec, the index of the first equal one (equal specs embed alike)."""
+    """For each embedder spec, the index of the first equal one (equal specs embed alike).
+    Compares each spec with the distinct ones met so far only (in the usual case, one: the
+    first), in a plain loop: no generator per knowledge base."""
     out: list[int] = []
+    distinct: list[tuple[Any, int]] = []
     for i, spec in enumerate(specs):
-        out.append(next(j for j in range(i + 1) if specs[j] == spec))
+        for seen, j in distinct:
+            if seen == spec:
+                out.append(j)
+                break
+        else:
+            distinct.append((spec, i))
+            out.append(i)
     return out

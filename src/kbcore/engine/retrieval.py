@@ -22,7 +22,7 @@ Every search takes the knowledge base's ``RWLock.read()`` once and uses one
 from __future__ import annotations
 
 from bisect import bisect_right as _bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, cast
 
@@ -423,14 +423,16 @@ def _merged_locked(searches: Sequence[VectorSearch], pick: Pick) -> list[tuple[i
     rows_of: dict[int, list[int]] = {}
     for i, r in kept:
         rows_of.setdefault(i, []).append(r)
-    built: dict[tuple[int, int], Hit] = {}
+    # Each search's hits come back in the order its rows were kept: the merged list takes
+    # them back one by one (no (search, row) key per hit).
+    built: dict[int, Iterator[Hit]] = {}
     for i, rows in rows_of.items():
         state, metric, cands, ids, dist = found[i]
         assert state is not None
         picked: list[tuple[int, float, Sequence[int]]]
         picked = [cands[r] for r in rows] if cands is not None else [(ids[r], dist[r], ()) for r in rows]
-        built.update(zip(((i, r) for r in rows), make_hits(state, picked, metric, fused=False)))
-    return [(i, built[i, r]) for i, r in kept]
+        built[i] = iter(make_hits(state, picked, metric, fused=False))
+    return [(i, next(built[i])) for i, _ in kept]
 
 
 def _scores(dist: list[float], metric: str) -> list[float]:
@@ -438,7 +440,9 @@ def _scores(dist: list[float], metric: str) -> list[float]:
     rather than one call per candidate: the same float formula."""
     if metric == "l2":
         return [1.0 / (1.0 + (d if d > 0.0 else 0.0)) for d in dist]
-    return [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in [1.0 - d / 2.0 for d in dist]]
+    # One comprehension: in [0, 2] the formula needs no clamp (d / 2 is exact, 1 - it is in
+    # [0, 1]); below 0 it clamps to 1, above 2 to 0; NaN stays NaN (tested).
+    return [1.0 - d / 2.0 if 0.0 <= d <= 2.0 else 1.0 if d < 0.0 else 0.0 if d > 2.0 else d for d in dist]
 
 
 def _shortlist_of(state: KbState, cands: list[Candidate], threshold: float) -> Shortlist:
@@ -519,6 +523,11 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     segs = state.segments
     mins = state.seg_mins
     first = segs[0] if len(segs) == 1 else None
+    # One segment whose texts are views (the usual case): its fast-path test and the views
+    # are the same for every candidate, read once here rather than per hit.
+    only_views = None
+    if first is not None and first.contiguous and first.content is None and not parents:
+        only_views = first.text_views
     l2 = metric == "l2"
     group_field, parent_field = GROUP_FIELD, PARENT_FIELD
     for (cid, value, parts), meta in zip(cands, metas):
@@ -539,8 +548,11 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
         else:
             score, dist = 1.0 - value / 2.0, value
             score = 0.0 if score < 0.0 else 1.0 if score > 1.0 else score
-        views = seg.text_views
-        if views is not None and seg.contiguous and seg.content is None and not parents:
+        if first is None:  # several segments: the fast-path test for this hit's own one
+            views = seg.text_views if seg.contiguous and seg.content is None and not parents else None
+        else:
+            views = only_views
+        if views is not None:
             offsets, data, base = views
             i = cid - seg.min_id + base
             content = str(data[offsets[i] : offsets[i + 1]], "utf-8")
