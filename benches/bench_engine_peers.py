@@ -831,6 +831,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kbcore's search pool size (kbcore.set_search_threads; 0: its default, which runs a hybrid "
         "call's two legs side by side on an idle core; 1: everything on the calling thread)",
     )
+    ap.add_argument(
+        "--kbcore-no-merge",
+        action="store_true",
+        help="kbcore keeps one segment per batch (no size-tiered merges): what the merges cost the ingest",
+    )
     args = ap.parse_args(argv)
     peers = [p for p in args.peers.split(",") if p]
     unknown = [p for p in peers if p not in PEERS]
@@ -845,6 +850,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         set_search_threads(args.kbcore_threads)
         print(f"kbcore search threads: {args.kbcore_threads}", flush=True)
+    if args.kbcore_no_merge:
+        from kbcore.engine import manifest as policy
+
+        policy.MERGE_FACTOR = 1 << 62  # a run of that many alike segments never forms
+        print("kbcore: size-tiered merges off", flush=True)
     load0 = os.getloadavg()
     print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
     data = load(args.data, args.n, args.nq)
