@@ -855,7 +855,7 @@ class KnowledgeBase:
         changes hits' ``content`` only, not their rows) and the text and hybrid search types
         (``search_type``, ``fusion``, ``vector_weight``, ``rrf_k``, ``window``,
         ``query_vector``). A str query raises InvalidTypeError: embed it first with
-        :meth:`embed_query`. Costs the native search plus about one microsecond of Python
+        :meth:`embed_query`. Costs the native search plus a few microseconds of Python
         (docs/retrieve-cost.md).
         """
         if unsupported:
