@@ -838,8 +838,9 @@ class KnowledgeBase:
         **unsupported: Any,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The lean path of a vector search: ``(ids, distances)`` of the ``top_k`` chunks
-        nearest to the vector ``query``, an int64 and a float32 array, best first, and nothing else (no text, metadata
-        or :class:`Hit`: the ids-only answer of LanceDB's or zvec's fastest paths).
+        nearest to the vector ``query``, an int64 and a float32 array, best first, and
+        nothing else (no text, metadata or :class:`Hit`: the ids-only answer of LanceDB's or
+        zvec's fastest paths).
 
         For the same vector, ``top_k``, ``filters``, ``pipelines`` and ``ef`` these are
         :meth:`retrieve`'s rows, in its order, with its distances (``[h.id for h in hits]``,
@@ -871,8 +872,8 @@ class KnowledgeBase:
         :meth:`search_ids`) sets each hit's ``distance`` and ``score``; without them both are
         NaN. ``get_hits(*kb.search_ids(q, k))`` equals ``retrieve(q, k)`` unless a context
         window applies (not added here), the knowledge base is parent-child (no ``part_ids``
-        here) or a write came between the two calls. Raises
-        NotFoundError (a KeyError) if an id is not a stored chunk (never, or deleted since).
+        here) or a write came between the two calls. Raises NotFoundError (a KeyError) if an
+        id is not a stored chunk (never, or deleted since).
         """
         self._check_open()
         id_list = _id_list(ids)
