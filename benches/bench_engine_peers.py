@@ -18,10 +18,10 @@ with one search thread where it has the setting. For each system:
 2. **Operating point**: the system's search knob (ef, nprobes) swept upwards until unfiltered
    recall@10 against the exact top-10 reaches 0.95; every retrieve below uses it.
 3. **p50 latency** (ms) of single-query calls, ``--rounds`` passes over the queries, GC paused:
-   ``vector`` (each system's fastest path, which for the peers returns ids only); ``vector with
-   text`` (the same search returning each hit's text and document id, what a knowledge base's
-   caller uses; kbcore's ``kb.retrieve`` always returns them, so its two rows are one path);
-   ``filter 10%`` (``bucket < 100``) and ``filter 1%`` (``bucket < 10``), with their
+   ``vector`` (each system's fastest path, which returns ids only: kbcore's ``kb.search_ids``);
+   ``vector with text`` (the same search returning each hit's text and document id, what a
+   knowledge base's caller uses: kbcore's ``kb.retrieve``); ``filter 10%`` (``bucket < 100``)
+   and ``filter 1%`` (``bucket < 10``), through the ``vector`` path with a filter, with their
    recall against the exact filtered top-10; ``one per document`` (the 10 best documents, each by
    its best chunk, through the system's group-by where it has one, otherwise over-fetched and
    collapsed in Python, said in the path); ``hybrid`` (vector + BM25 full text fused by RRF)
@@ -209,7 +209,11 @@ class Kbcore(Peer):
     )
     PATH = (
         "Engine.create_knowledge_base(embedder=False, quantization='sq8'); ingest_table per batch; "
-        "kb.retrieve(q, 10, ef=, filters=, deduplicate=True, search_type='hybrid', query_vector=)"
+        "kb.search_ids(q, 10, ef=, filters=) (vector, filter 10%, filter 1%: chunk ids and distances, "
+        "like the peers' ids-only paths; chunk id -> row through a map built once, as zvec's); "
+        "kb.retrieve(q, 10, ef=) (vector with text: ten Hits with text and metadata); "
+        "kb.retrieve(q, 10, ef=, deduplicate=True) (one per document); "
+        "kb.retrieve(text, 10, ef=, search_type='hybrid', fusion='rrf', query_vector=) (hybrid)"
     )
 
     def __init__(self, root: str, data: Data) -> None:
@@ -231,6 +235,7 @@ class Kbcore(Peer):
             }
         )
         self.row = {(d, c): i for i, (d, c) in enumerate(zip(data.doc_ids, data.chunk_index))}
+        self._row_map: np.ndarray | None = None
 
     def ingest_batch(self, start: int, end: int) -> None:
         self.kb.ingest_table(
@@ -243,14 +248,32 @@ class Kbcore(Peer):
     def finish_ingest(self) -> None:
         self.kb.wait_until_indexed()
 
+    def _rows(self) -> np.ndarray:
+        """Bench row of each chunk id (-1: none), from the stored metadata: the ids-only
+        cases map their answers through it, as zvec's map its internal ids. Built once (chunk
+        ids are stored: a reopen keeps them), outside the timed calls."""
+        if self._row_map is None:
+            self._row_map = self._build_rows()
+        return self._row_map
+
+    def _build_rows(self) -> np.ndarray:
+        index = self.kb.index
+        assert index is not None
+        ids = index.ids()
+        rows = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+        for i, m in zip(ids.tolist(), index.get_metadata(ids)):
+            rows[i] = self.row[m["document_id"], m["chunk_index"]]
+        return rows
+
     def fn(self, case: str) -> Callable[[int], Any] | None:
         kb, qs, ef, row = self.kb, self.data.queries, self.knob, self.row
         texts = self.data.query_texts
-        if case in ("vector", WITH_TEXT):  # hits always carry their text and document id
+        if case == "vector" or case in FILTERS:  # ids only, as the peers' fastest paths
+            flt = None if case == "vector" else {"bucket": {"$lt": FILTERS[case]}}
+            rows, search_ids = self._rows(), kb.search_ids
+            return lambda i: rows[search_ids(qs[i], K, ef=ef, filters=flt)[0]].tolist()
+        if case == WITH_TEXT:  # the ten hits with their text and document id
             return lambda i: [row[h.document_id, h.chunk_index] for h in kb.retrieve(qs[i], K, ef=ef)]
-        if case in FILTERS:
-            flt = {"bucket": {"$lt": FILTERS[case]}}
-            return lambda i: [row[h.document_id, h.chunk_index] for h in kb.retrieve(qs[i], K, ef=ef, filters=flt)]
         if case == "one per document":
             return lambda i: [h.document_id for h in kb.retrieve(qs[i], K, ef=ef, deduplicate=True)]
         return lambda i: [

@@ -22,7 +22,11 @@ timed once per pass (its one call by CPU time, divided by the queries). The vari
 - ``hits: metadata``, ``hits: text``, ``hits: Hit objects``: the three parts of building ten
   hits (``Index.get_metadata`` of ten ids, ten texts sliced from the segments' Arrow views,
   ten :class:`~kbcore.engine.Hit` objects), timed apart;
-- ``kb.retrieve``: the whole call (what ``bench_engine_peers``' ``vector`` case times);
+- ``kb.retrieve``: the whole call (what ``bench_engine_peers``' ``vector with text`` case times);
+- ``kb.search_ids``: the ids-only call (ids and distances; ``bench_engine_peers``' ``vector``
+  case); its Python over ``Index.search`` is printed below the table as the median over
+  queries of the paired difference (both timed on the same query, same pass);
+  ``kb.get_hits of its answer``: the ten hits built from its answer;
 - ``zvec ids`` (``Collection.query_internal_ids``: internal ids only, ``bench_engine_peers``'
   zvec ``vector`` path) and ``zvec docs with text`` (``Collection.query`` with
   ``output_fields=["doc_id", "text"]``: what a hit with its text costs there).
@@ -112,6 +116,7 @@ def _kbcore_variants(peer: Any, qs: np.ndarray) -> dict[str, Callable[[int], Any
         finally:
             Index.search = real_search  # type: ignore[method-assign]
 
+    ids_answers = [kb.search_ids(q, peers.K, ef=ef) for q in qs]
     segs, mins = state.segments, state.seg_mins
 
     def texts_sliced(i: int) -> list[str]:
@@ -138,6 +143,8 @@ def _kbcore_variants(peer: Any, qs: np.ndarray) -> dict[str, Callable[[int], Any
         "hits: text": texts_sliced,
         "hits: Hit objects": hit_objects,
         "kb.retrieve": lambda i: kb.retrieve(qs[i], peers.K, ef=ef),
+        "kb.search_ids": lambda i: kb.search_ids(qs[i], peers.K, ef=ef),
+        "kb.get_hits of its answer": lambda i: kb.get_hits(*ids_answers[i]),
     }
     variants["native search, batch"].batch_us = batch_us  # type: ignore[attr-defined]
     return variants
@@ -179,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fn(i)
     batch_us.clear()
     passes: dict[str, list[float]] = {k: [] for k in variants}
+    ids_python: list[float] = []  # per pass: median over queries of search_ids - Index.search
     walls: dict[str, list[float]] = {k: [] for k in variants}
     order = list(variants.items())
     rng = random.Random(SEED)
@@ -198,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label in variants:
                 passes[label].append(statistics.median(times[label]) / 1e3)
                 walls[label].append(statistics.median(wall[label]) / 1e3)
+            pairs = zip(times["kb.search_ids"], times["Index.search"])
+            ids_python.append(statistics.median([a - b for a, b in pairs]) / 1e3)
             passes["native search, batch"][-1] = walls["native search, batch"][-1] = batch_us[-1]
     finally:
         gc.enable()
@@ -210,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for k, v in med.items():
         w = med_wall[k]
         print(f"| {k} | {v:.1f} | {v / whole:.2f} | {w:.1f} | {w / whole_wall:.2f} |")
+    print(
+        f"kb.search_ids over Index.search, per query (thread CPU): {statistics.median(ids_python):.1f} us "
+        f"(passes {min(ids_python):.1f}-{max(ids_python):.1f})"
+    )
     return 0
 
 

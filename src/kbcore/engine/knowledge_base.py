@@ -827,6 +827,79 @@ class KnowledgeBase:
         first = self._first_stage(query, depth, first_opts)
         return reranking.apply(reranker, query, first, top_k, opts.score_threshold)
 
+    def search_ids(
+        self,
+        query: Any,
+        top_k: int = 5,
+        *,
+        filters: Mapping[str, Any] | None = None,
+        pipelines: Sequence[str] | str | None = None,
+        ef: int | None = None,
+        **unsupported: Any,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The lean path of a vector search: ``(ids, distances)`` of the ``top_k`` chunks
+        nearest to the vector ``query``, an int64 and a float32 array, best first, and
+        nothing else (no text, metadata or :class:`Hit`: the ids-only answer of LanceDB's or
+        zvec's fastest paths).
+
+        For the same vector, ``top_k``, ``filters``, ``pipelines`` and ``ef`` these are
+        :meth:`retrieve`'s rows, in its order, with its distances (``[h.id for h in hits]``,
+        ``[h.distance for h in hits]``), searched under the same read lock on one snapshot:
+        fewer than ``top_k`` when fewer chunks pass, two empty arrays for an empty knowledge
+        base, and the same exceptions for a bad vector (wrong dimension, NaN, not numeric) or
+        bad options. A parent-child knowledge base answers, as :meth:`retrieve`, the best
+        chunk of each parent. Turn ids into hits with :meth:`get_hits`.
+
+        It skips what :meth:`retrieve` adds around the search, and refuses those options
+        (InvalidArgumentError): ``deduplicate``, ``score_threshold``, ``rerank`` /
+        ``rerank_depth``, ``context_window`` (a knowledge base's default context window
+        changes hits' ``content`` only, not their rows) and the text and hybrid search types
+        (``search_type``, ``fusion``, ``vector_weight``, ``rrf_k``, ``window``,
+        ``query_vector``). A str query raises InvalidTypeError: embed it first with
+        :meth:`embed_query`. Costs the native search plus a few microseconds of Python
+        (docs/retrieve-cost.md).
+        """
+        if unsupported:
+            _refuse(unsupported)
+        if self._closed:
+            self._check_open()
+        return retrieval.nearest_ids(self._cell, query, top_k, filters, pipelines, ef)
+
+    def get_hits(self, ids: Any, distances: Any = None) -> list[Hit]:
+        """The :class:`Hit` of each chunk id, in the order given, as :meth:`retrieve` builds
+        them (content, metadata, ``document_id``...; a parent-child knowledge base's hit holds
+        its parent's text, a QA pair's its answer). ``distances`` (one per id, e.g. from
+        :meth:`search_ids`) sets each hit's ``distance`` and ``score``; without them both are
+        NaN. ``get_hits(*kb.search_ids(q, k))`` equals ``retrieve(q, k)`` unless a context
+        window applies (not added here), the knowledge base is parent-child (no ``part_ids``
+        here) or a write came between the two calls. Raises NotFoundError (a KeyError) if an
+        id is not a stored chunk (never, or deleted since).
+        """
+        self._check_open()
+        id_list = _id_list(ids)
+        cands: list[retrieval.Candidate]
+        if distances is None:
+            cands = [(i, float("nan"), ()) for i in id_list]
+        else:
+            dist = np.asarray(distances)
+            if dist.dtype.kind not in "fiu" or dist.shape != (len(id_list),):
+                raise InvalidArgumentError(
+                    f"distances must be {len(id_list)} numbers (one per id), got shape {list(dist.shape)} "
+                    f"of dtype {dist.dtype}"
+                )
+            cands = [(i, d, ()) for i, d in zip(id_list, dist.astype(np.float64).tolist())]
+        if not cands:
+            return []
+        with self._cell.rw.read():
+            state = self._cell.state
+            if state.index is None:
+                raise NotFoundError(f"knowledge base {self.name!r} has no chunk {id_list[0]}")
+            missing = next((i for i in id_list if i not in state.index), None)
+            if missing is not None:
+                raise NotFoundError(f"knowledge base {self.name!r} has no chunk {missing}")
+            # NaN distances pass through the fused branch: distance and score both NaN.
+            return retrieval.make_hits(state, cands, state.config["metric"], fused=distances is None)
+
     def _rerank_candidates(
         self, reranker: Any, query: str, top_k: int, depth: int, first_opts: SearchOptions, threshold: Any
     ) -> list[Hit] | None:
@@ -1088,6 +1161,50 @@ class KnowledgeBase:
     def _attach_reranker(self, reranker: Any) -> None:
         """Uses ``reranker`` (e.g. a custom one) as the default while the manifest records its spec."""
         self._reranker.attach(reranker)
+
+
+#: The options of :meth:`KnowledgeBase.retrieve` that :meth:`KnowledgeBase.search_ids` has no
+#: answer for (it returns the nearest chunks as found).
+_NOT_IDS_ONLY = {
+    "deduplicate": "dedup (one chunk per document)",
+    "score_threshold": "a score threshold",
+    "rerank": "rerank",
+    "rerank_depth": "rerank",
+    "context_window": "a context window",
+    "search_type": "text or hybrid search",
+    "fusion": "text or hybrid search",
+    "vector_weight": "text or hybrid search",
+    "rrf_k": "text or hybrid search",
+    "window": "text or hybrid search",
+    "query_vector": "text or hybrid search",
+}
+
+
+def _refuse(options: Mapping[str, Any]) -> None:
+    """The error of a :meth:`KnowledgeBase.search_ids` call given options it cannot honour:
+    InvalidArgumentError for :meth:`~KnowledgeBase.retrieve`'s, InvalidTypeError for unknown ones."""
+    name = next(iter(options))
+    if name not in _NOT_IDS_ONLY:
+        raise InvalidTypeError(f"search_ids got an unknown option {name!r}; it takes top_k, filters, pipelines and ef")
+    raise InvalidArgumentError(
+        f"search_ids does not do {_NOT_IDS_ONLY[name]} ({name}=): it returns the nearest chunks as found; "
+        "call retrieve for that"
+    )
+
+
+def _id_list(ids: Any) -> list[int]:
+    """``ids`` (an int sequence or 1-D integer array) as Python ints, else InvalidTypeError /
+    InvalidArgumentError."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise InvalidTypeError(f"ids must be a sequence of chunk ids, got {type(ids).__name__}")
+    arr = np.asarray(ids)
+    if arr.size == 0:
+        return []
+    if arr.dtype.kind not in "iu":
+        raise InvalidTypeError(f"ids must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"ids must be 1-D, got shape {list(arr.shape)}")
+    return [int(i) for i in arr.tolist()]
 
 
 def check_settings(m: dict[str, Any], name: str) -> None:

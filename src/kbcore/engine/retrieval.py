@@ -776,3 +776,50 @@ def _dedup_fused(
     # The fused (float64) score of each best chunk, not the float32 copy the collapse carried.
     score_of = dict(zip(ids.tolist(), fused.tolist()))
     return [(g.ids[0], score_of[g.ids[0]], g.part_ids) for g in groups]
+
+
+def nearest_ids(
+    cell: StateCell, query: Any, top_k: Any, filters: Any, pipelines: Any, ef: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(ids, distances)`` (int64, float32) of :func:`retrieve`'s vector hits for a
+    vector ``query`` without dedup, score threshold or rerank: the same native call under the
+    same read lock (a parent-child knowledge base: the best child of each parent, as
+    :func:`retrieve`), with no candidate, metadata, text or hit built. Padding dropped; an empty
+    knowledge base answers two empty arrays. Raises what :func:`retrieve` raises on the same
+    arguments."""
+    if type(top_k) is not int or top_k < 1:
+        top_k = check_k(top_k, "top_k")
+    if type(query) is not np.ndarray or query.ndim != 1 or query.dtype.kind != "f":
+        if isinstance(query, str):
+            raise InvalidTypeError(
+                "search_ids takes a query vector, got a str; embed the text first (kb.embed_query(text)) "
+                "or call retrieve"
+            )
+        query = _query_vector(query, _no_embedding)
+    where = filters if pipelines is None else _where(cell.state, filters, pipelines)
+    with cell.rw.read():
+        state = cell.state
+        index = state.index
+        n = 0 if index is None else len(index)
+        if n == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        k = top_k if top_k <= n else n  # no more hits than rows, as retrieve
+        if state.config.get("index_type") != "parent_child":
+            ids, dist = index.search(query, k, where=where, ef=ef, threads=1)  # type: ignore[union-attr]
+        else:
+            groups = cast(
+                "list[Group]",
+                index.search_groups(  # type: ignore[union-attr]
+                    query, k, group_by=PARENT_FIELD, group_size=1, where=where, ef=ef, threads=1
+                ),
+            )  # query is 1-D
+            ids = np.array([g.ids[0] for g in groups], np.int64)
+            dist = np.array([g.distances[0] for g in groups], np.float32)
+    if len(ids) and ids[-1] < 0:  # padding (fewer passing rows than k) ends the list
+        keep = ids >= 0
+        ids, dist = ids[keep], dist[keep]
+    return ids, dist
+
+
+def _no_embedding(text: str, what: str) -> np.ndarray:  # pragma: no cover - str is refused first
+    raise InvalidTypeError(f"cannot {what}: a vector is expected")
