@@ -265,3 +265,122 @@ KBCORE_TEST(the_unfiltered_walk_expands_what_the_filtered_walk_admitting_all_exp
   }
   CHECK(ties > 0);  // the rounding made ties, so the test covers them
 }
+
+// ---- level-0 refinement (issue 28 trial: KBCORE_TRIAL_REFINE passes after each insert) ----
+
+namespace {
+/// Sets an environment variable for the life of the object (the refinement trial's knobs).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// Mean recall@k of `index` at ef against brute force over x.
+double mean_recall(const kbcore::Index& index, const std::vector<float>& x, const std::vector<std::int64_t>& ids,
+                   const std::vector<float>& q, std::size_t dim, std::size_t k, std::size_t ef) {
+  const std::size_t nq = q.size() / dim;
+  std::vector<std::int64_t> out(nq * k);
+  std::vector<float> d(nq * k);
+  index.search(q.data(), nq, params(k, ef, 1), out.data(), d.data());
+  double r = 0;
+  for (std::size_t i = 0; i < nq; ++i) {
+    std::vector<std::int64_t> got(out.begin() + i * k, out.begin() + (i + 1) * k);
+    got.erase(std::remove(got.begin(), got.end(), -1), got.end());
+    r += recall(got, exact_topk(x, ids, q.data() + i * dim, dim, k));
+  }
+  return r / static_cast<double>(nq);
+}
+}  // namespace
+
+// A refined graph keeps every list within its capacity, without self or repeated links and
+// every node reachable (save runs load's check_graph and refuses otherwise), and finds the
+// exact neighbours as well as the one-pass graph does.
+KBCORE_TEST(refined_graph_keeps_recall_and_saves_a_file_that_loads) {
+  const std::size_t n = 3000, dim = 24, k = 10;
+  auto x = clustered(n, dim, 11);
+  auto q = clustered(100, dim, 12);
+  std::vector<std::int64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i);
+  kbcore::Index plain(config(dim, kbcore::IndexKind::kHnsw));
+  plain.add(x.data(), ids.data(), n, 1);
+  const double base = mean_recall(plain, x, ids, q, dim, k, 64);
+  const std::string path = "kbcore_test_refined.bin";
+  plain.save(path);
+  const std::string plain_bytes = file_bytes(path);
+  for (const char* passes : {"1", "2"}) {
+    ScopedEnv env("KBCORE_TRIAL_REFINE", passes);
+    kbcore::Index index(config(dim, kbcore::IndexKind::kHnsw));
+    index.add(x.data(), ids.data(), n, 1);
+    const double r = mean_recall(index, x, ids, q, dim, k, 64);
+    std::fprintf(stderr, "refine %s: recall@10 at ef 64 %.4f (one-pass build %.4f)\n", passes, r, base);
+    CHECK(r > 0.9);
+    CHECK(r >= base - 0.01);
+    index.save(path);
+    CHECK(file_bytes(path) != plain_bytes);  // the pass ran and changed the lists
+    auto loaded = kbcore::Index::load(path);
+    CHECK(mean_recall(*loaded, x, ids, q, dim, k, 64) == r);
+  }
+  std::remove(path.c_str());
+}
+
+// The pass reads the lists as they were and writes new ones: the graph it makes does not
+// depend on the thread count (the saved bytes are equal).
+KBCORE_TEST(refinement_is_deterministic_for_any_thread_count) {
+  const std::size_t n = 2000, dim = 16;
+  auto x = clustered(n, dim, 21);
+  std::vector<std::int64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i);
+  ScopedEnv env("KBCORE_TRIAL_REFINE", "2");
+  std::vector<std::string> files;
+  for (const char* threads : {"1", "2", "3"}) {
+    ScopedEnv t("KBCORE_TRIAL_REFINE_THREADS", threads);
+    kbcore::Index index(config(dim, kbcore::IndexKind::kHnsw));
+    index.add(x.data(), ids.data(), n, 1);  // a one-thread build is deterministic
+    const std::string path = std::string("kbcore_test_refine_t") + threads + ".bin";
+    index.save(path);
+    files.push_back(file_bytes(path));
+    std::remove(path.c_str());
+  }
+  CHECK(!files[0].empty());
+  CHECK(files[0] == files[1]);
+  CHECK(files[0] == files[2]);
+}
+
+// Tiny graphs and clusters of identical vectors (all at distance 0 from each other): the
+// pass keeps lists valid and every row findable.
+KBCORE_TEST(refinement_of_tiny_and_duplicate_heavy_inputs) {
+  ScopedEnv env("KBCORE_TRIAL_REFINE", "2");
+  const std::string path = "kbcore_test_refine_small.bin";
+  for (std::size_t n : {1, 2, 3, 9, 400}) {
+    const std::size_t dim = 4;
+    std::vector<float> x(n * dim);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t d = 0; d < dim; ++d) x[i * dim + d] = static_cast<float>((i % 5) + d);  // 5 distinct rows
+    }
+    std::vector<std::int64_t> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i);
+    kbcore::IndexConfig c = config(dim, kbcore::IndexKind::kHnsw);
+    c.hnsw.M = 4;
+    c.hnsw.ef_construction = 16;
+    kbcore::Index index(c);
+    index.add(x.data(), ids.data(), n, 2);
+    index.save(path);
+    auto loaded = kbcore::Index::load(path);
+    CHECK(loaded->size() == n);
+    // Every distinct row is found at distance 0 with enough ef to hold its duplicates.
+    const std::size_t k = std::min<std::size_t>(n, 5);
+    for (std::size_t i = 0; i < std::min<std::size_t>(n, 5); ++i) {
+      std::vector<std::int64_t> out(k);
+      std::vector<float> d(k);
+      loaded->search(&x[i * dim], 1, params(k, n + 8, 1), out.data(), d.data());
+      CHECK(out[0] >= 0 && d[0] == 0.0f);
+    }
+  }
+  std::remove(path.c_str());
+}
