@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -28,8 +27,6 @@ HnswIndex::HnswIndex(const VectorStore& store, Metric metric, HnswParams params)
     throw InvalidArgument("ef_construction must be in [1, 2^30 = " + std::to_string(kMaxEf) + "], got " +
                           std::to_string(params.ef_construction));
   }
-  if (const char* f = std::getenv("KBCORE_TRIAL_FILL")) trial_no_fill_ = std::string(f) == "none";
-  if (const char* f = std::getenv("KBCORE_TRIAL_FLAT")) trial_flat_ = std::string(f) == "1";
   grow();
 }
 
@@ -76,7 +73,6 @@ std::size_t HnswIndex::build_pending(std::size_t max_rows, std::size_t threads) 
 }
 
 int HnswIndex::draw_level() {
-  if (trial_flat_) return 0;
   // Level ~ floor(-ln(U) * mL) with mL = 1/ln(M) (paper, section 4.1).
   std::uniform_real_distribution<double> u(0.0, 1.0);
   const double r = -std::log(std::max(u(rng_), 1e-300)) * level_mult_;
@@ -97,7 +93,7 @@ std::size_t HnswIndex::select_neighbors(std::vector<Scored>& cands, std::size_t 
   }
   const std::size_t core = kept.size();
   // Link slots the heuristic left free take the pruned candidates, nearest first.
-  if (core < m && !trial_no_fill_) {
+  if (core < m) {
     std::size_t next = 0;  // kept[0, core) is ascending and a subsequence of cands
     for (const Scored& c : cands) {
       if (kept.size() >= m) break;
@@ -255,188 +251,6 @@ void HnswIndex::insert_batch(const std::vector<Slot>& slots, std::size_t threads
   parallel_for(
       slots.size() - start, workers, [&](std::size_t i, std::size_t) { insert(slots[start + i], k); }, 16);
   if (workers > 1) ensure_reachable(k);
-  if (trial_flat_) {
-    // Trial: one level; the entry point is the live node nearest the mean row (a medoid-ish
-    // start, as NSG and Vamana use).
-    std::vector<float> mean(store_.dim(), 0.0f);
-    std::size_t live = 0;
-    for (std::size_t s = 0; s < levels_.size(); ++s) {
-      if (!store_.is_live(static_cast<Slot>(s)) || pending_[s]) continue;
-      const float* v = store_.vector(static_cast<Slot>(s));
-      for (std::size_t j = 0; j < mean.size(); ++j) mean[j] += v[j];
-      ++live;
-    }
-    Scored best{std::numeric_limits<float>::infinity(), kNoSlot};
-    for (std::size_t s = 0; s < levels_.size() && live > 0; ++s) {
-      if (!store_.is_live(static_cast<Slot>(s)) || pending_[s]) continue;
-      const float* v = store_.vector(static_cast<Slot>(s));
-      float d = 0.0f;
-      for (std::size_t j = 0; j < mean.size(); ++j) d += (v[j] - mean[j] / live) * (v[j] - mean[j] / live);
-      if (d < best.dist) best = {d, static_cast<Slot>(s)};
-    }
-    if (best.slot != kNoSlot) entry_ = best.slot;
-  }
-  if (const char* p = std::getenv("KBCORE_TRIAL_REFINE")) {
-    const char* t = std::getenv("KBCORE_TRIAL_REFINE_THREADS");  // trial knob: the pass's threads
-    refine(std::strtoul(p, nullptr, 10), t != nullptr ? std::strtoul(t, nullptr, 10) : threads);
-  }
-}
-
-void HnswIndex::refine(std::size_t passes, std::size_t threads) {
-  if (entry_ == kNoSlot || passes == 0) return;
-  (void)links0_.mutable_data();
-  const Kernels& k = active_kernels();
-  for (std::size_t p = 0; p < passes; ++p) refine_pass(threads, k);
-  ensure_reachable(k);
-}
-
-void HnswIndex::refine_pass(std::size_t threads, const Kernels& k) {
-  const std::size_t n = levels_.size();
-  const std::size_t stride = 1 + m0_;
-  std::size_t pool_cap = 0;  // trial knob: candidates kept for the heuristic (0: all)
-  if (const char* p = std::getenv("KBCORE_TRIAL_REFINE_POOL")) pool_cap = std::strtoul(p, nullptr, 10);
-  bool hop2_core = false;  // trial knob: second hop through core links only
-  if (const char* p = std::getenv("KBCORE_TRIAL_REFINE_HOP2")) hop2_core = std::string(p) == "core";
-  bool keep_core = false;  // trial knob: the current core links stay; the heuristic adds to them
-  if (const char* p = std::getenv("KBCORE_TRIAL_REFINE_KEEP")) keep_core = std::string(p) == "1";
-  bool rev_all = false;  // trial knob: reverse links from every selected link, not the core only
-  if (const char* p = std::getenv("KBCORE_TRIAL_REFINE_REV")) rev_all = std::string(p) == "all";
-  const auto in_graph = [&](std::size_t s) { return store_.is_live(static_cast<Slot>(s)) && !pending_[s]; };
-  // The heuristic of select_neighbors with `fixed` (ascending, none of them in cands) kept
-  // first: cands become [core ascending (fixed included), fill ascending]; returns the core.
-  const auto select_with = [&](std::vector<Scored>& cands, const std::vector<Scored>& fixed) -> std::size_t {
-    if (fixed.empty()) return select_neighbors(cands, m0_, k);
-    std::vector<Scored> kept(fixed.begin(), fixed.begin() + static_cast<std::ptrdiff_t>(std::min(fixed.size(), m0_)));
-    std::uint32_t kept_slots[kMaxLinks];
-    for (std::size_t j = 0; j < kept.size(); ++j) kept_slots[j] = kept[j].slot;
-    std::vector<Scored> pruned;
-    for (const Scored& c : cands) {
-      if (kept.size() >= m0_) break;
-      if (any_closer(k, store_.vector(c.slot), kept_slots, kept.size(), c.dist)) {
-        pruned.push_back(c);
-        continue;
-      }
-      kept_slots[kept.size()] = c.slot;
-      kept.push_back(c);
-    }
-    std::sort(kept.begin(), kept.end());
-    const std::size_t core = kept.size();
-    for (const Scored& c : pruned) {
-      if (kept.size() >= m0_) break;
-      kept.push_back(c);
-    }
-    cands.swap(kept);
-    return core;
-  };
-  // Phase 1 reads the lists as they were (`old`) and writes the selections to `sel` (with
-  // their distances), so no worker sees another's writes: the result is independent of the
-  // thread count and of the order of the nodes (NN-descent's "join" of a node with its
-  // neighbours' neighbours, Dong et al. 2011, selected with HNSW's heuristic, Algorithm 4).
-  const std::uint32_t* cur = links0_.data();
-  std::vector<std::uint32_t> old(cur, cur + n * stride);
-  std::vector<std::uint16_t> old_core(core0_);
-  std::vector<std::uint32_t> sel(n * stride, 0);
-  std::vector<float> sel_dist(n * m0_, 0.0f);
-  std::vector<std::uint16_t> sel_core(n, 0);
-  parallel_for(
-      n, threads,
-      [&](std::size_t s, std::size_t) {
-        if (!in_graph(s)) return;
-        const std::uint32_t* sl = &old[s * stride];
-        std::vector<Slot> pool(sl + 1, sl + 1 + sl[0]);
-        for (std::size_t j = 0; j < sl[0]; ++j) {
-          const std::uint32_t* xl = &old[static_cast<std::size_t>(sl[1 + j]) * stride];
-          const std::size_t cnt = hop2_core ? std::min<std::size_t>(old_core[sl[1 + j]], xl[0]) : xl[0];
-          pool.insert(pool.end(), xl + 1, xl + 1 + cnt);
-        }
-        std::sort(pool.begin(), pool.end());
-        pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
-        pool.erase(std::remove(pool.begin(), pool.end(), static_cast<Slot>(s)), pool.end());
-        std::vector<float> d(pool.size() + 4);
-        const float* sv = store_.vector(static_cast<Slot>(s));
-        for (std::size_t i = 0; i < pool.size(); i += kMaxLinks) {
-          const std::size_t m = std::min<std::size_t>(kMaxLinks, pool.size() - i);
-          prefetch_rows(pool.data() + i, m);
-          score(k, sv, pool.data() + i, m, d.data() + i);
-        }
-        std::vector<Scored> cands;
-        std::vector<Scored> fixed;
-        const std::size_t old_n = std::min<std::size_t>(old_core[s], sl[0]);
-        for (std::size_t i = 0; i < pool.size(); ++i) {
-          const bool is_core = keep_core && std::find(sl + 1, sl + 1 + old_n, pool[i]) != sl + 1 + old_n;
-          (is_core ? fixed : cands).push_back({d[i], pool[i]});
-        }
-        std::sort(cands.begin(), cands.end());
-        std::sort(fixed.begin(), fixed.end());
-        if (pool_cap != 0 && cands.size() > pool_cap) cands.resize(pool_cap);
-        sel_core[s] = static_cast<std::uint16_t>(select_with(cands, fixed));
-        std::uint32_t* out = &sel[s * stride];
-        out[0] = static_cast<std::uint32_t>(cands.size());
-        for (std::size_t j = 0; j < cands.size(); ++j) {
-          out[1 + j] = cands[j].slot;
-          sel_dist[s * m0_ + j] = cands[j].dist;
-        }
-      },
-      64);
-  // Phase 2: the reverse links. A node that s selected as a core link learns of s; each node
-  // then re-selects among its selection and those nodes with the same heuristic, as
-  // connect_back does for one new link, but for all of them at once (deterministic).
-  std::vector<std::uint32_t> rev_start(n + 1, 0);
-  for (std::size_t s = 0; s < n; ++s) {
-    const std::size_t srcs = rev_all ? sel[s * stride] : sel_core[s];
-    for (std::size_t j = 0; j < srcs; ++j) ++rev_start[sel[s * stride + 1 + j] + 1];
-  }
-  for (std::size_t s = 0; s < n; ++s) rev_start[s + 1] += rev_start[s];
-  std::vector<Scored> rev(rev_start[n]);
-  {
-    std::vector<std::uint32_t> fill(rev_start.begin(), rev_start.end() - 1);
-    for (std::size_t s = 0; s < n; ++s) {  // ascending s: each node's reverse list is sorted by slot
-      const std::size_t srcs = rev_all ? sel[s * stride] : sel_core[s];
-      for (std::size_t j = 0; j < srcs; ++j) {
-        const Slot t = sel[s * stride + 1 + j];
-        rev[fill[t]++] = {sel_dist[s * m0_ + j], static_cast<Slot>(s)};
-      }
-    }
-  }
-  std::uint32_t* links = links0_.mutable_data();
-  parallel_for(
-      n, threads,
-      [&](std::size_t s, std::size_t) {
-        if (!in_graph(s)) return;
-        const std::uint32_t* sl = &sel[s * stride];
-        std::vector<Scored> cands;
-        std::vector<Scored> fixed;
-        cands.reserve(sl[0] + rev_start[s + 1] - rev_start[s]);
-        for (std::size_t j = 0; j < sl[0]; ++j) {
-          (keep_core && j < sel_core[s] ? fixed : cands).push_back({sel_dist[s * m0_ + j], sl[1 + j]});
-        }
-        cands.insert(cands.end(), rev.begin() + rev_start[s], rev.begin() + rev_start[s + 1]);
-        // A node can be both selected and selecting: keep one entry per slot, then order by
-        // distance with ties broken by slot (Scored's order), so the selection is unique.
-        std::sort(cands.begin(), cands.end(), [](const Scored& a, const Scored& b) {
-          return a.slot < b.slot || (a.slot == b.slot && a.dist < b.dist);
-        });
-        cands.erase(std::unique(cands.begin(), cands.end(),
-                                [](const Scored& a, const Scored& b) { return a.slot == b.slot; }),
-                    cands.end());
-        if (!fixed.empty()) {
-          cands.erase(std::remove_if(cands.begin(), cands.end(),
-                                     [&](const Scored& c) {
-                                       return std::any_of(fixed.begin(), fixed.end(),
-                                                          [&](const Scored& f) { return f.slot == c.slot; });
-                                     }),
-                      cands.end());
-        }
-        std::sort(cands.begin(), cands.end());
-        std::sort(fixed.begin(), fixed.end());
-        const std::size_t core = select_with(cands, fixed);
-        std::vector<Scored>& uniq = cands;
-        std::uint32_t* out = &links[s * stride];
-        out[0] = static_cast<std::uint32_t>(uniq.size());
-        for (std::size_t j = 0; j < uniq.size(); ++j) out[1 + j] = uniq[j].slot;
-        core0_[s] = static_cast<std::uint16_t>(std::min(core, uniq.size()));
-      },
-      64);
 }
 
 void HnswIndex::ensure_reachable(const Kernels& k, const std::vector<std::uint8_t>* dead) {

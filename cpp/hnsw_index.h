@@ -65,11 +65,6 @@ class HnswIndex {
   /// Inserts the given (already stored) slots; `threads` workers (0 = all cores).
   /// Levels are drawn sequentially from the seeded generator, so they are reproducible.
   void insert_batch(const std::vector<Slot>& slots, std::size_t threads);
-  /// Refines level 0 in `passes` passes (issue 28 trial): each node re-selects m0 links with
-  /// the heuristic from its links and their links (exact float32 distances), then each node
-  /// re-selects among those and the nodes that selected it. Deterministic for any thread
-  /// count; O(passes * n * m0^2) distances. Exclusive: no concurrent search or mutation.
-  void refine(std::size_t passes, std::size_t threads);
   /// Registers stored slots whose graph insertion is deferred: they are not linked yet, and
   /// searches must scan them exactly (pending()). build_pending() links them later.
   void add_pending(const std::vector<Slot>& slots);
@@ -215,8 +210,6 @@ class HnswIndex {
                                  const std::vector<std::unique_ptr<std::uint32_t[]>>& upper,
                                  const std::vector<std::uint8_t>& pending, Slot entry, int max_level);
   void pick_new_entry(const std::vector<std::uint8_t>& dead);
-  /// One refinement pass of level 0 (refine()).
-  void refine_pass(std::size_t threads, const Kernels& k);
   /// Re-links live nodes that a level-0 traversal from the entry point cannot reach.
   /// O(n * M) for the check; runs after parallel inserts and after removals.
   void ensure_reachable(const Kernels& k, const std::vector<std::uint8_t>* dead = nullptr);
@@ -225,8 +218,6 @@ class HnswIndex {
   Metric metric_;
   HnswParams params_;
   std::size_t m0_;
-  bool trial_no_fill_ = false;  // trial (KBCORE_TRIAL_FILL=none): no fill links
-  bool trial_flat_ = false;     // trial (KBCORE_TRIAL_FLAT=1): level 0 only, medoid-ish entry
   double level_mult_;
   // slot_count * (1 + m0_): [count, ids...]; huge pages, or read in place from the mapped file
   // of a format version 7 load (mapped_array.h) until the first write.
