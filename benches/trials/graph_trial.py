@@ -16,6 +16,8 @@ reported as ratios next to ``os.getloadavg()``.
     # alpha-pruning (needs benches/trials/alpha_trial.patch applied) or degree, interleaved
     python -m benches.trials.graph_trial sweep --dataset scifact --M 16 --variants alpha=1.0,1.1,1.2
     python -m benches.trials.graph_trial sweep --dataset synth100k --variants M=16,32
+    # the level-0 refinement pass (needs benches/trials/refine_trial.patch): knobs joined by '+'
+    python -m benches.trials.graph_trial sweep --variants "trial=base,refine:1+pool:96,refine:1+keep:1+pool:96"
 """
 
 from __future__ import annotations
@@ -158,12 +160,15 @@ def cmd_ab(args: argparse.Namespace) -> None:
 
 
 # Sweep keys set from environment variables read by a trial build (the refinement pass of
-# issue 28: KBCORE_TRIAL_REFINE passes; KBCORE_TRIAL_FILL=none: no fill links).
+# issue 28, benches/trials/refine_trial.patch; docs/graph-quality.md lists the knobs).
 TRIAL_ENV = {
     "refine": "KBCORE_TRIAL_REFINE",
     "fill": "KBCORE_TRIAL_FILL",
     "pool": "KBCORE_TRIAL_REFINE_POOL",
     "hop2": "KBCORE_TRIAL_REFINE_HOP2",
+    "keep": "KBCORE_TRIAL_REFINE_KEEP",
+    "rev": "KBCORE_TRIAL_REFINE_REV",
+    "flat": "KBCORE_TRIAL_FLAT",
 }
 
 
@@ -172,7 +177,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     Variants: ``alpha=1.0,1.1,1.2`` (KBCORE_TRIAL_ALPHA, benches/trials/alpha_trial.patch),
     ``M=16,32``, or ``order=added,cluster`` (rows added in dataset order or in
-    cluster_order). Per variant and ef: recall@10, mean hops and scored nodes (search_stats)
+    cluster_order), ``refine=0,1`` and the other TRIAL_ENV keys, or ``trial=base,refine:1+pool:96``
+    (several knobs per variant). Per variant and ef: recall@10, mean hops and scored nodes (search_stats)
     and the median thread CPU us per query over --passes rotated passes.
     """
     ds = load(args.dataset)
@@ -187,6 +193,13 @@ def cmd_sweep(args: argparse.Namespace) -> None:
             os.environ[TRIAL_ENV[key]] = v
             indexes[v] = build(ds, args.quantization, args.M)
             os.environ.pop(TRIAL_ENV[key])
+        elif key == "trial":  # knobs joined by "+": refine:1+keep:1+pool:96, or base
+            knobs = [kv.split(":") for kv in v.split("+") if kv != "base"]
+            for name, value in knobs:
+                os.environ[TRIAL_ENV[name]] = value
+            indexes[v] = build(ds, args.quantization, args.M)
+            for name, _ in knobs:
+                os.environ.pop(TRIAL_ENV[name])
         elif key == "alpha":
             os.environ["KBCORE_TRIAL_ALPHA"] = v
             indexes[v] = build(ds, args.quantization, args.M)
