@@ -16,6 +16,8 @@ reported as ratios next to ``os.getloadavg()``.
     # alpha-pruning (needs benches/trials/alpha_trial.patch applied) or degree, interleaved
     python -m benches.trials.graph_trial sweep --dataset scifact --M 16 --variants alpha=1.0,1.1,1.2
     python -m benches.trials.graph_trial sweep --dataset synth100k --variants M=16,32
+    # the level-0 refinement pass (needs benches/trials/refine_trial.patch): knobs joined by '+'
+    python -m benches.trials.graph_trial sweep --variants "trial=base,refine:1+pool:96,refine:1+keep:1+pool:96"
 """
 
 from __future__ import annotations
@@ -157,12 +159,26 @@ def cmd_ab(args: argparse.Namespace) -> None:
         print(f"ef {ef}: A {a:.2f} us, B {b:.2f} us, B/A time {b / a:.3f}")
 
 
+# Sweep keys set from environment variables read by a trial build (the refinement pass of
+# issue 28, benches/trials/refine_trial.patch; docs/graph-quality.md lists the knobs).
+TRIAL_ENV = {
+    "refine": "KBCORE_TRIAL_REFINE",
+    "fill": "KBCORE_TRIAL_FILL",
+    "pool": "KBCORE_TRIAL_REFINE_POOL",
+    "hop2": "KBCORE_TRIAL_REFINE_HOP2",
+    "keep": "KBCORE_TRIAL_REFINE_KEEP",
+    "rev": "KBCORE_TRIAL_REFINE_REV",
+    "flat": "KBCORE_TRIAL_FLAT",
+}
+
+
 def cmd_sweep(args: argparse.Namespace) -> None:
     """Builds one index per variant, then interleaves their searches per ef within one process.
 
     Variants: ``alpha=1.0,1.1,1.2`` (KBCORE_TRIAL_ALPHA, benches/trials/alpha_trial.patch),
     ``M=16,32``, or ``order=added,cluster`` (rows added in dataset order or in
-    cluster_order). Per variant and ef: recall@10, mean hops and scored nodes (search_stats)
+    cluster_order), ``refine=0,1`` and the other TRIAL_ENV keys, or ``trial=base,refine:1+pool:96``
+    (several knobs per variant). Per variant and ef: recall@10, mean hops and scored nodes (search_stats)
     and the median thread CPU us per query over --passes rotated passes.
     """
     ds = load(args.dataset)
@@ -172,7 +188,19 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     indexes = {}
     for v in variants:
         t0 = time.perf_counter()
-        if key == "alpha":
+        c0 = time.process_time()
+        if key in TRIAL_ENV:
+            os.environ[TRIAL_ENV[key]] = v
+            indexes[v] = build(ds, args.quantization, args.M)
+            os.environ.pop(TRIAL_ENV[key])
+        elif key == "trial":  # knobs joined by "+": refine:1+keep:1+pool:96, or base
+            knobs = [kv.split(":") for kv in v.split("+") if kv != "base"]
+            for name, value in knobs:
+                os.environ[TRIAL_ENV[name]] = value
+            indexes[v] = build(ds, args.quantization, args.M)
+            for name, _ in knobs:
+                os.environ.pop(TRIAL_ENV[name])
+        elif key == "alpha":
             os.environ["KBCORE_TRIAL_ALPHA"] = v
             indexes[v] = build(ds, args.quantization, args.M)
         elif key == "order":
@@ -181,7 +209,11 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         else:
             os.environ.pop("KBCORE_TRIAL_ALPHA", None)
             indexes[v] = build(ds, args.quantization, int(v))
-        print(f"built {key}={v} in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"built {key}={v} in {time.perf_counter() - t0:.1f} s wall, {time.process_time() - c0:.1f} s CPU, "
+            f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     os.environ.pop("KBCORE_TRIAL_ALPHA", None)
     rows = []
     for ef in efs:
@@ -220,7 +252,7 @@ def at_recall(rows: list[dict], target: float, field: str) -> float | None:
 
 def summarise(rows: list[dict], key: str, variants: list[str]) -> None:
     """Per target recall: each variant's us, hops and scored, and its time ratio to the first."""
-    for target in (0.95, 0.98):
+    for target in (0.95, 0.98, 0.99):
         base = None
         for v in variants:
             mine = [r for r in rows if r[key] == v]
