@@ -60,6 +60,7 @@ class ThreadPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
+      stopping_.store(true);  // a polling worker stops polling at once
     }
     wake_.notify_all();
     for (auto& t : threads_) t.join();
@@ -193,7 +194,7 @@ class ThreadPool {
         spinning_.fetch_add(1, std::memory_order_relaxed);
         const std::int64_t served_until =
             served ? now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(kWorkerSpin).count() : 0;
-        while (queued_.load(std::memory_order_acquire) == 0 &&
+        while (queued_.load(std::memory_order_acquire) == 0 && !stopping_.load(std::memory_order_relaxed) &&
                now_ns() < std::max(served_until, warm_until_.load(std::memory_order_relaxed))) {
           std::this_thread::yield();  // on a busy core, the other runnable tasks go first
         }
@@ -230,6 +231,7 @@ class ThreadPool {
   std::atomic<std::size_t> sleeping_{0};     // workers in wake_.wait (or about to be)
   std::atomic<std::int64_t> warm_until_{0};  // steady clock ns until which woken workers poll
   bool stop_ = false;
+  std::atomic<bool> stopping_{false};  // stop_, read without the mutex by polling workers
   std::vector<std::thread> threads_;
 };
 

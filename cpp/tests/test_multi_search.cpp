@@ -2,6 +2,7 @@
 // sizes; the persistent pool under concurrent callers and its first-error rethrow.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -198,7 +199,8 @@ KBCORE_TEST(running_tasks_reads_the_fourth_field_of_loadavg) {
 KBCORE_TEST(thread_pool_wake_sets_sleeping_workers_polling) {
   kbcore::ThreadPool none(0);
   none.wake();  // no worker: nothing to do
-  kbcore::ThreadPool pool(2);
+  auto owned = std::make_unique<kbcore::ThreadPool>(2);
+  kbcore::ThreadPool& pool = *owned;
   CHECK(pool.spinning() == 0);  // a worker that has served nothing sleeps
   // A long poll, so that a loaded machine still schedules the worker within it.
   pool.wake(1, std::chrono::milliseconds(2000));
@@ -208,7 +210,10 @@ KBCORE_TEST(thread_pool_wake_sets_sleeping_workers_polling) {
   std::atomic<std::size_t> total{0};
   pool.run(6, [&](std::size_t i) { total += i + 1; });
   CHECK(total.load() == 21U);
-  pool.wake();  // every worker, then the pool is destroyed while they poll: no hang
+  pool.wake();  // every worker, then the pool is destroyed while they poll: no wait for the poll
+  const auto t0 = std::chrono::steady_clock::now();
+  owned.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1000));
 }
 
 KBCORE_TEST(wake_search_pool_keeps_search_many_answers) {
