@@ -15,7 +15,8 @@ which then warms the caches for it on the same query): ``kb0.retrieve`` (one of 
 ``all.retrieve`` (one knowledge base of the whole corpus), ``engine.retrieve([kb0...])`` (the
 vector searches as one native call on the search pool, ``kbcore.index.search_many``;
 candidates merged, hits built only for the ``top_k`` kept), the same with that call on the
-caller's thread only (``search_many(threads=1)``), the same with each knowledge
+caller's thread only (``search_many(threads=1)``), the same without waking the search
+pool's workers while the query is embedded (they wake at the native call instead), the same with each knowledge
 base's search its own call one after the other (the path before ``search_many``), and the
 same merging whole hit lists (every
 knowledge base's ``top_k`` hits built, the path a reranker or a context window takes).
@@ -75,6 +76,19 @@ def _one_thread(engine, names: list[str], q: str):
         return engine.retrieve(names, q, TOP_K)
     finally:
         retrieval.search_many = search_many
+
+
+def _no_wake(engine, names: list[str], q: str):
+    """``Engine.retrieve`` without waking the search pool's workers before the embedding
+    (``retrieval.expect_searches``): they wake at the native call, as before."""
+    from kbcore.engine import multi
+
+    saved = multi.expect_searches
+    multi.expect_searches = lambda n: None
+    try:
+        return engine.retrieve(names, q, TOP_K)
+    finally:
+        multi.expect_searches = saved
 
 
 def _whole_lists(engine, names: list[str], q: str):
@@ -162,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one whole (all)": lambda q: whole.retrieve(q, TOP_K),
             f"{args.kbs} parts merged": lambda q: engine.retrieve(names, q, TOP_K),
             f"{args.kbs} parts merged, one search thread": lambda q: _one_thread(engine, names, q),
+            f"{args.kbs} parts merged, pool not woken early": lambda q: _no_wake(engine, names, q),
             f"{args.kbs} parts merged, serial searches": lambda q: _serial(engine, names, q),
             f"{args.kbs} parts merged, whole lists": lambda q: _whole_lists(engine, names, q),
         }

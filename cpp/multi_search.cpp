@@ -84,6 +84,14 @@ void set_search_threads(std::size_t threads) {
   // `old` is joined here unless a call still holds it (then when that call ends).
 }
 
+void wake_search_pool(std::size_t tasks) {
+  if (tasks < 2) return;
+  const std::shared_ptr<ThreadPool> pool = search_pool();
+  const std::size_t threads = pool_threads(tasks, *pool);  // 0: every worker
+  const std::size_t helpers = std::min(threads == 0 ? pool->workers() : threads - 1, tasks - 1);
+  if (helpers > 0) pool->wake(helpers);
+}
+
 std::size_t search_threads() { return search_pool()->workers() + 1; }
 
 std::size_t running_tasks(const char* loadavg) {

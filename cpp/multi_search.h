@@ -70,6 +70,13 @@ std::size_t idle_threads(std::size_t polling = 0);
 /// caller). Thread-safe.
 std::size_t pool_threads(std::size_t tasks, const ThreadPool& pool);
 
+/// Announces a search_many call of `tasks` searches soon (after the caller's own work, such as
+/// embedding the query): wakes the search pool's workers that call would use (as many as
+/// pool_threads allows, at most tasks - 1), which then poll for it for up to kWakeSpin
+/// instead of being woken by the call itself. Nothing when tasks < 2 or no core is idle.
+/// Thread-safe; O(1) (a futex wake-up when a worker sleeps).
+void wake_search_pool(std::size_t tasks);
+
 /// Threads working on one search_many call, the caller included.
 std::size_t search_threads();
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -27,6 +28,10 @@ inline constexpr std::chrono::microseconds kSpinWait{100};
 /// How long a worker that just ran a batch polls for the next one before it sleeps: the gap
 /// between two searches of a query loop (the caller's Python work) is shorter.
 inline constexpr std::chrono::microseconds kWorkerSpin{300};
+
+/// How long a worker woken by ThreadPool::wake() polls for a batch before it sleeps again:
+/// about what the caller does before its search (embedding a query: ~0.25 ms), with margin.
+inline constexpr std::chrono::microseconds kWakeSpin{1000};
 
 /// A hint to the core that this thread is busy-waiting (x86 PAUSE), else nothing.
 inline void cpu_relax() {
@@ -55,6 +60,7 @@ class ThreadPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
+      stopping_.store(true);  // a polling worker stops polling at once
     }
     wake_.notify_all();
     for (auto& t : threads_) t.join();
@@ -66,6 +72,33 @@ class ThreadPool {
   /// Workers polling for the next batch right now: runnable for the scheduler (they count in
   /// /proc/loadavg) but free to take a batch at once.
   std::size_t spinning() const { return spinning_.load(std::memory_order_relaxed); }
+
+  /// Wakes sleeping workers (one if `workers` is 1, else all) so that they poll for a batch
+  /// for `spin` (at most, then sleep again): a caller that will call run() soon, after work
+  /// of its own (embedding a query), hands its batch to workers already awake instead of
+  /// paying their wake-up (tens of microseconds on a virtual machine, as long as a search)
+  /// at run(). No system call when no worker sleeps. Thread-safe; a hint only.
+  void wake(std::size_t workers = 0, std::chrono::microseconds spin = kWakeSpin) {
+    if (threads_.empty()) return;
+    const std::int64_t until = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(spin).count();
+    std::int64_t seen = warm_until_.load(std::memory_order_relaxed);
+    while (seen < until && !warm_until_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {}
+    // A worker about to sleep sees the new generation (it counts itself in sleeping_ before
+    // it reads the generation, this call the other way round: one of them sees the other's
+    // write); one asleep is notified below.
+    wake_gen_.fetch_add(1);
+    if (sleeping_.load() == 0) return;  // none asleep: no system call
+    {
+      // Between a worker's test of the generation and its sleep the mutex is held: after
+      // this lock, it sleeps (and gets the notification) or has seen the new generation.
+      std::lock_guard<std::mutex> lock(mutex_);
+    }
+    if (workers == 1) {
+      wake_.notify_one();
+    } else {
+      wake_.notify_all();
+    }
+  }
 
   /// Calls fn(i) for i in [0, n), on the caller and up to min(n, threads) - 1 workers
   /// (threads = 0: every worker); returns when every call has finished. After an exception,
@@ -142,25 +175,44 @@ class ThreadPool {
     }
   };
 
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
   void work() {
-    bool served = false;  // this worker ran a batch since it last slept
+    bool served = false;     // this worker ran a batch since it last slept
+    bool woken = false;      // ... or wake() woke it
+    std::uint64_t seen = 0;  // the wake() generation this worker last acted on
     for (;;) {
       std::shared_ptr<Batch> batch;
-      if (served) {
-        // Calls come in bursts (a query loop): look for the next batch for a while before
-        // sleeping, since waking a sleeping worker takes tens of microseconds, as long as a
-        // one-query search. A worker that has served nothing does not spin.
+      if (served || woken) {
+        // Calls come in bursts (a query loop), or wake() announced one: look for the next
+        // batch for a while before sleeping, since waking a sleeping worker takes tens of
+        // microseconds, as long as a one-query search. A worker that has served nothing and
+        // was not woken does not spin.
         spinning_.fetch_add(1, std::memory_order_relaxed);
-        const auto give_up = std::chrono::steady_clock::now() + kWorkerSpin;
-        while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < give_up) {
+        const std::int64_t served_until =
+            served ? now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(kWorkerSpin).count() : 0;
+        while (queued_.load(std::memory_order_acquire) == 0 && !stopping_.load(std::memory_order_relaxed) &&
+               now_ns() < std::max(served_until, warm_until_.load(std::memory_order_relaxed))) {
           std::this_thread::yield();  // on a busy core, the other runnable tasks go first
         }
         spinning_.fetch_sub(1, std::memory_order_relaxed);
       }
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stop_ and nothing left
+        sleeping_.fetch_add(1);
+        wake_.wait(lock, [&] { return stop_ || !jobs_.empty() || wake_gen_.load() != seen; });
+        sleeping_.fetch_sub(1);
+        seen = wake_gen_.load();  // a batch answers a wake() too
+        if (jobs_.empty()) {
+          if (stop_) return;  // nothing left
+          woken = true;       // the wait ended for a wake()
+          served = false;
+          continue;
+        }
+        woken = false;
         batch = std::move(jobs_.front());
         jobs_.pop_front();
         queued_.store(jobs_.size(), std::memory_order_release);
@@ -173,9 +225,13 @@ class ThreadPool {
   std::mutex mutex_;  // guards jobs_, stop_
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Batch>> jobs_;
-  std::atomic<std::size_t> queued_{0};    // jobs_.size(), read without the mutex by spinning workers
-  std::atomic<std::size_t> spinning_{0};  // workers in their polling loop
+  std::atomic<std::size_t> queued_{0};       // jobs_.size(), read without the mutex by spinning workers
+  std::atomic<std::size_t> spinning_{0};     // workers in their polling loop
+  std::atomic<std::uint64_t> wake_gen_{0};   // wake() calls so far
+  std::atomic<std::size_t> sleeping_{0};     // workers in wake_.wait (or about to be)
+  std::atomic<std::int64_t> warm_until_{0};  // steady clock ns until which woken workers poll
   bool stop_ = false;
+  std::atomic<bool> stopping_{false};  // stop_, read without the mutex by polling workers
   std::vector<std::thread> threads_;
 };
 

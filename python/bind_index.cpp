@@ -728,6 +728,8 @@ void bind_index(py::module_& m) {
       "`threads` threads (0: the pool's size).");
   m.def("set_search_threads", &set_search_threads, py::arg("threads"),
         "Threads (the caller included) working on one search_many call: 1 = serial, 0 = the default.");
+  m.def("wake_search_pool", &wake_search_pool, py::arg("tasks"),
+        "Wakes the search pool's workers a search_many call of `tasks` searches will use (a hint).");
   m.def("search_threads", &search_threads, "Threads (the caller included) working on one search_many call.");
 }
 

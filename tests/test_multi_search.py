@@ -13,7 +13,7 @@ from chunk_tables import chunk_table
 from kbcore import Engine
 from kbcore.engine import KnowledgeBase
 from kbcore.errors import InvalidArgumentError, InvalidTypeError, NotFoundError
-from kbcore.index import Index, Search, search_many, search_threads, set_search_threads
+from kbcore.index import Index, Search, search_many, search_threads, set_search_threads, wake_search_pool
 
 DIM = 8
 TOPICS = ["rockets", "volcanoes", "glaciers", "orchids", "bridges", "compilers", "sonnets", "tides"]
@@ -75,6 +75,38 @@ def test_search_many_raises_the_failing_searchs_error(pool_sizes):
         assert len(search_many([Search(ix, q, 3) for ix in indexes])) == 3
     with pytest.raises(InvalidArgumentError, match="threads"):
         set_search_threads(-1)
+
+
+def test_wake_search_pool_is_a_hint_that_keeps_the_answers(pool_sizes):
+    indexes = [_index(s) for s in range(4)]
+    q = np.random.default_rng(5).standard_normal(DIM).astype(np.float32)
+    want = [ix.search(q, 6, threads=1) for ix in indexes]
+    for threads in (*pool_sizes, 0):
+        set_search_threads(threads)
+        for tasks in (0, 1, 4, 100):
+            wake_search_pool(tasks)
+            got = search_many([Search(ix, q, 6) for ix in indexes])
+            assert all(np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1]) for g, w in zip(got, want))
+    with pytest.raises(InvalidArgumentError, match="tasks must be positive"):
+        wake_search_pool(-1)
+    with pytest.raises(InvalidTypeError, match="tasks must be an integer"):
+        wake_search_pool("4")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="tasks must be an integer"):
+        wake_search_pool(True)
+
+
+def test_engine_retrieve_wakes_the_pool_for_its_vector_searches(tmp_path, monkeypatch):
+    from kbcore.engine import multi
+
+    engine = _engine(tmp_path)
+    woken: list[int] = []
+    monkeypatch.setattr(multi, "expect_searches", woken.append)
+    q = np.random.default_rng(6).standard_normal(DIM).astype(np.float32)
+    engine.retrieve(["k0", "k1", "k2", "k3"], q, 5)
+    engine.retrieve(["k0", "k1"], "rockets", 5, search_type="full_text")
+    engine.retrieve(["k0"], q, 5)
+    assert woken == [4, 0]  # four vector searches; none; one knowledge base: no call
+    engine.close()
 
 
 def _table(seed: int, n_docs: int = 9, per_doc: int = 5) -> tuple[pa.Table, np.ndarray]:

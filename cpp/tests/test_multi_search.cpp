@@ -2,6 +2,7 @@
 // sizes; the persistent pool under concurrent callers and its first-error rethrow.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -193,4 +194,53 @@ KBCORE_TEST(running_tasks_reads_the_fourth_field_of_loadavg) {
   CHECK(kbcore::running_tasks("0.50 0.40 0.30 x/512 1234") == 0);
   const std::size_t idle = kbcore::idle_threads();
   CHECK(idle >= 1 && idle <= std::max<std::size_t>(1, std::thread::hardware_concurrency()));
+}
+
+KBCORE_TEST(thread_pool_wake_sets_sleeping_workers_polling) {
+  kbcore::ThreadPool none(0);
+  none.wake();  // no worker: nothing to do
+  auto owned = std::make_unique<kbcore::ThreadPool>(2);
+  kbcore::ThreadPool& pool = *owned;
+  CHECK(pool.spinning() == 0);  // a worker that has served nothing sleeps
+  // A long poll, so that a loaded machine still schedules the worker within it.
+  pool.wake(1, std::chrono::milliseconds(2000));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
+  while (pool.spinning() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  CHECK(pool.spinning() >= 1);
+  std::atomic<std::size_t> total{0};
+  pool.run(6, [&](std::size_t i) { total += i + 1; });
+  CHECK(total.load() == 21U);
+  pool.wake();  // every worker, then the pool is destroyed while they poll: no wait for the poll
+  const auto t0 = std::chrono::steady_clock::now();
+  owned.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1000));
+}
+
+KBCORE_TEST(wake_search_pool_keeps_search_many_answers) {
+  std::vector<std::unique_ptr<kbcore::Index>> indexes;
+  for (std::uint64_t s = 1; s <= 3; ++s) indexes.push_back(make_index(300, s));
+  const auto q = clustered(1, kDim, 7);
+  for (std::size_t threads : {1, 2, 0}) {
+    kbcore::set_search_threads(threads);
+    std::vector<kbcore::SearchTask> tasks(indexes.size());
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      tasks[i].index = indexes[i].get();
+      tasks[i].query = q.data();
+      tasks[i].params.k = 5;
+    }
+    kbcore::wake_search_pool(0);  // fewer than two searches: nothing to announce
+    kbcore::wake_search_pool(1);
+    kbcore::wake_search_pool(tasks.size());
+    kbcore::search_many(tasks, *kbcore::search_pool());
+    for (const auto& t : tasks) {
+      std::vector<std::int64_t> ids(5);
+      std::vector<float> dist(5);
+      kbcore::SearchParams params;
+      params.k = 5;
+      params.threads = 1;
+      t.index->search(q.data(), 1, params, ids.data(), dist.data());
+      CHECK(t.ids == ids && t.distances == dist);
+    }
+  }
+  kbcore::set_search_threads(0);
 }

@@ -65,6 +65,8 @@ def search_many(
 
 def set_search_threads(threads: int) -> None: ...
 def search_threads() -> int: ...
+def wake_search_pool(tasks: int) -> None:
+    """Wakes the search pool's workers a search_many call of ``tasks`` searches will use."""
 
 class Index:
     def __init__(

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..rerankers import as_reranker
 from . import reranking
-from .retrieval import check_k, merged_hits, shortlists
+from .retrieval import check_k, expect_searches, merged_hits, shortlists
 from .types import Hit, SearchOptions
 
 #: Rank constant of the reciprocal-rank merge (Cormack et al. 2009).
@@ -107,6 +107,10 @@ def retrieve_many(kbs: Sequence[Any], query: Any, top_k: Any, opts: SearchOption
     # (search defaults, embedder spec, metric, reranker spec, chunks) of each knowledge base.
     facts = [kb._merge_facts() for kb in kbs]
     modes = [_mode(f[0], opts) for f in facts]
+    if len(kbs) > 1:
+        # The vector searches run as one native call after the embedding: the pool's workers
+        # wake meanwhile (their wake-up would otherwise delay that call by about one search).
+        expect_searches(modes.count(("vector", "")))
     specs = _spec_ids([f[1] for f in facts])
     calls: list[tuple[Any, SearchOptions]] = []
     vectors: dict[int, np.ndarray] = {}

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..filters import native_filter
 from ..fusion import check_rrf_k, check_vector_weight, linear, normalize_rrf, rrf, zscore
-from ..index import Group, Index, Search, collapse_by_key, fuse_rrf, search_many
+from ..index import Group, Index, Search, collapse_by_key, fuse_rrf, search_many, wake_search_pool
 from .scores import score_from_distance
 from .state import KbState, StateCell
 from .types import (
@@ -310,6 +310,12 @@ def vector_search(
         return None
     q = _query_vector(query if opts.query_vector is None else opts.query_vector, embed_query)
     return VectorSearch(cell, q, top_k, where, bool(opts.deduplicate), opts.ef, threshold)
+
+
+def expect_searches(n: int) -> None:
+    """Announces ``n`` vector searches as one :func:`search_many` call soon (after the query's
+    embedding): the native pool's workers wake now instead of at that call (a hint only)."""
+    wake_search_pool(n)
 
 
 def shortlists(searches: Sequence[VectorSearch]) -> list[Shortlist]:

@@ -3,7 +3,8 @@
 - :mod:`._index`: :class:`Index`, :class:`Group`, :func:`collapse_by_key`, :func:`fuse_rrf`
   (a hybrid search's two legs fused natively), and one query
   against several indexes at once (:class:`Search`, :func:`search_many`, its thread pool's
-  size :func:`set_search_threads` / :func:`search_threads`);
+  size :func:`set_search_threads` / :func:`search_threads`, :func:`wake_search_pool` ahead of a
+  call);
 - :mod:`.params`: the one list of metric, kind, quantization and vectors names, the native
   limits and the parameter checks;
 - :mod:`.spec`: :class:`IndexSpec`, the one frozen description of an index, validated once;
@@ -12,7 +13,17 @@
 
 from __future__ import annotations
 
-from ._index import Group, Index, Search, collapse_by_key, fuse_rrf, search_many, search_threads, set_search_threads
+from ._index import (
+    Group,
+    Index,
+    Search,
+    collapse_by_key,
+    fuse_rrf,
+    search_many,
+    search_threads,
+    set_search_threads,
+    wake_search_pool,
+)
 from .params import (
     DIM_RANGE,
     EF_RANGE,
@@ -62,4 +73,5 @@ __all__ = [
     "search_many",
     "search_threads",
     "set_search_threads",
+    "wake_search_pool",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "search_many",
     "search_threads",
     "set_search_threads",
+    "wake_search_pool",
 ]
 
 _MAX_EF = EF_RANGE[1]
@@ -778,6 +779,15 @@ def set_search_threads(threads: int) -> None:
     a search handed to a worker waits for a core longer than it saves. Replaces the pool;
     calls under way finish on the old one."""
     _core.set_search_threads(_threads(threads))
+
+
+def wake_search_pool(tasks: int) -> None:
+    """A hint that a :func:`search_many` call of ``tasks`` searches comes soon (after work of
+    the caller's own, such as embedding the query): the pool's workers that call would use
+    (none when ``tasks`` < 2 or no core is idle) wake now and look for it for up to 1 ms, so
+    the call does not wait for their wake-up (tens of microseconds, as long as a search).
+    Costs about a microsecond; the answers do not depend on it."""
+    _core.wake_search_pool(tasks if type(tasks) is int and tasks >= 0 else _positive("tasks", tasks))
 
 
 def search_threads() -> int:
