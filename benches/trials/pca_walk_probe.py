@@ -10,6 +10,9 @@ timed). QPS is thread CPU time of the walk on the reduced index (its own R-row r
 d-dim rows included); a native version would re-rank R full rows instead, which costs more.
 The full-dimension SQ8 index at k 10 is the reference. One process, best of 5 passes.
 
+Its ~1.2x did not survive the native trial (``pca_walk_trial.py``, docs/graph-quality.md):
+the query projection it leaves untimed costs more than the walk saves unless done in int8.
+
     python -m benches.trials.pca_walk_probe --dataset scifact      # or arguana
 """
 
