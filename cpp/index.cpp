@@ -85,6 +85,16 @@ void Index::set_ef_search(std::size_t ef) {
   config_.ef_search = ef;
 }
 
+void Index::set_rerank(std::size_t rerank) {
+  if (rerank > kMaxEf) {
+    throw InvalidArgument("rerank must be in [0, 2^30 = " + std::to_string(kMaxEf) + "], got " +
+                          std::to_string(rerank));
+  }
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  if (!codes_) throw InvalidArgument("rerank applies to a quantized index (quantization='sq8' or 'rabitq')");
+  config_.rerank = rerank;
+}
+
 void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, std::size_t threads,
                 const std::vector<ColumnInput>& columns, const std::vector<std::optional<std::string>>* texts,
                 bool defer_graph) {

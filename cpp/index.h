@@ -73,6 +73,8 @@ class Index {
   /// Default ef for search (settable; must be positive).
   std::size_t ef_search() const { return config_.ef_search; }
   void set_ef_search(std::size_t ef);
+  /// Sets the exact re-rank depth of a quantized index (0: the code type's default).
+  void set_rerank(std::size_t rerank);
 
   /// Adds n rows (row-major n x dim) under ids; an id already present is replaced (upsert).
   /// Validates all input before changing anything: finite values, unique ids in the batch,

@@ -632,7 +632,8 @@ void bind_index(py::module_& m) {
           },
           py::arg("queries").noconvert(), py::arg("k"), py::arg("ef"))
       .def_property_readonly("quantization", [](const Index& self) { return self.config().quantization; })
-      .def_property_readonly("rerank", [](const Index& self) { return self.config().rerank; })
+      .def_property(
+          "rerank", [](const Index& self) { return self.config().rerank; }, &Index::set_rerank)
       .def_property_readonly("bits", [](const Index& self) { return code_param(self.config().code_params, "bits", 0); })
       .def_property_readonly(
           "code_params",

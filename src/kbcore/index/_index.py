@@ -312,6 +312,15 @@ class Index:
         r = int(self._native.rerank)
         return r if r > 0 else None
 
+    @rerank.setter
+    def rerank(self, value: int | None) -> None:
+        """Changes the re-rank depth of this index (None: the default), e.g. to reach a higher
+        recall on an index loaded from disk without rebuilding it; saved with the index.
+        InvalidArgumentError for an index without codes or a depth outside [1, 2^30]."""
+        if not self.quantization:
+            raise InvalidArgumentError("rerank applies to a quantized index (quantization='sq8' or 'rabitq')")
+        self._native.rerank = 0 if value is None else _bounded("rerank", value)
+
     @property
     def bits(self) -> int | None:
         """Bits per dimension of a RaBitQ index's codes, else None."""
