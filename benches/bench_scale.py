@@ -8,6 +8,7 @@ build, and the query passes are timed)::
     python -m benches.bench_scale --work /big/scale10m [--n 10000000] [--quantization sq8]
                                   [--ef-construction 200] [--json OUT]
     python -m benches.bench_scale --work /big/scale10m --phase reopen   # only the fresh reopen
+    python -m benches.bench_scale --work /big/scale10m --phase reopen --rerank 128   # re-rank deeper
 
 The rows are the seeded synthetic set of ``benches.datasets.make_synthetic`` (the 1M base is
 a prefix of the 10M one), generated one 16,384-row block at a time, so the base never has to
@@ -179,6 +180,9 @@ def reopen(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     res["open_s"] = time.perf_counter() - t0
     ids, _ = index.search(queries[0], K)
     res["open_and_first_query_s"] = time.perf_counter() - t0
+    if args.rerank is not None:
+        index.rerank = args.rerank
+    res["rerank"] = index.rerank
     mem1 = memory()
     n = len(index)
     res["n"] = n
@@ -209,6 +213,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)), help="ef grid, comma-separated")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--phase", default="all", choices=("all", "build", "reopen"))
+    p.add_argument(
+        "--rerank", type=int, default=None, help="re-rank depth set on the reopened index (default: the index's own)"
+    )
     p.add_argument("--no-query", action="store_true", help="build and save only (the fresh process queries)")
     p.add_argument("--json", default=None, help="write the figures here (keep it out of the source tree)")
     args = p.parse_args(argv)
