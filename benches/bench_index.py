@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -120,6 +121,15 @@ class Adapter:
         """Read back what :meth:`save` wrote; return the loaded index object."""
         raise NotImplementedError
 
+    def persist(self, folder: Path) -> None:
+        """Write the built index into the (empty) ``folder`` for ``--index-cache``; an adapter
+        without it raises NotImplementedError and is rebuilt in every process."""
+        raise NotImplementedError
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        """Make ``self.index`` the index :meth:`persist` wrote into ``folder`` (``dim`` x ``n``)."""
+        raise NotImplementedError
+
     def own_memory(self) -> int | None:
         return None
 
@@ -162,6 +172,12 @@ class KbcoreHnsw(Adapter):
 
     def load(self, path: str) -> Any:
         return self.kbcore.Index.load(path)
+
+    def persist(self, folder: Path) -> None:
+        self.index.save(folder / "index.kbi")
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        self.index = self.kbcore.Index.load(folder / "index.kbi")  # reopened as saved
 
     def own_memory(self) -> int | None:
         fn = getattr(self.index, "memory_usage", None)
@@ -206,6 +222,13 @@ class Hnswlib(Adapter):
         index = self.hnswlib.Index(space="cosine", dim=self.index.dim)
         index.load_index(path, max_elements=self.index.get_max_elements())
         return index
+
+    def persist(self, folder: Path) -> None:
+        self.index.save_index(str(folder / "index.bin"))
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        self.index = self.hnswlib.Index(space="cosine", dim=dim)
+        self.index.load_index(str(folder / "index.bin"), max_elements=n)
 
 
 class FaissHnsw(Adapter):

@@ -163,6 +163,9 @@ class KbcoreNoHp(KbcoreHnsw):
     def build(self, x: np.ndarray, threads: int) -> None:
         _without_huge_pages(lambda: KbcoreHnsw.build(self, x, threads))
 
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        raise NotImplementedError("a reopened index would not keep the page-size switch")
+
 
 class KbcoreSq8NoHp(KbcoreSq8):
     """kbcore sq8 with its large arrays on 4 KiB pages (huge pages off while building)."""
@@ -171,6 +174,9 @@ class KbcoreSq8NoHp(KbcoreSq8):
 
     def build(self, x: np.ndarray, threads: int) -> None:
         _without_huge_pages(lambda: KbcoreSq8.build(self, x, threads))
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        raise NotImplementedError("a reopened index would not keep the page-size switch")
 
 
 class FaissHnswSq8(FaissHnsw):
@@ -290,9 +296,18 @@ class Zvec(Adapter):
         coll.optimize(option=zv.OptimizeOption(concurrency=threads))
         coll.flush()
         del coll
-        self.index = zv.open(path, zv.CollectionOption(read_only=True))
-        keys = self.index.resolve_internal_ids(np.arange(x.shape[0], dtype=np.int64))
+        self._open(path, x.shape[0])
+
+    def _open(self, path: str, n: int) -> None:
+        self.index = self.zvec.open(path, self.zvec.CollectionOption(read_only=True))
+        keys = self.index.resolve_internal_ids(np.arange(n, dtype=np.int64))
         self.rows = np.array([-1 if k is None else int(k) for k in keys], dtype=np.int64)
+
+    def persist(self, folder: Path) -> None:
+        shutil.copytree(os.path.join(self.dir, "c"), folder / "c")
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        self._open(str(folder / "c"), n)  # read-only, as after a build
 
     def set_ef(self, ef: int) -> None:
         self.ef = ef
@@ -385,6 +400,12 @@ class SymphonyQG(Adapter):
 
     def set_ef(self, ef: int) -> None:
         self.ef = max(ef, K)
+
+    def persist(self, folder: Path) -> None:
+        self.index.save(str(folder / "index.symqg"))
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        self.index = self.lib.SymqgIndex.load(str(folder / "index.symqg"))
 
     def prepare_single(self, q: np.ndarray) -> list:
         return [row[None, :] for row in q]
@@ -558,7 +579,68 @@ ADAPTERS: dict[str, type[Adapter]] = {
 DEFAULT_LIBS = tuple(name for name in ADAPTERS if name not in AB_VARIANTS)
 
 
-def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[str, dict]]:
+def cache_folder(cache: Path, name: str, ds: Dataset) -> Path:
+    """The ``--index-cache`` folder of one library's index of ``ds``: named by the library, the
+    data set's size and a digest of its rows (every 997th row and the last), the build settings
+    and the library's version, so a changed data set or setting never reuses a stale index."""
+    import hashlib
+    from importlib import metadata
+
+    dist = {"kbcore": "kbcore", "symqg": "rabitqlib", "zvec": "zvec", "hnswlib": "hnswlib"}
+    version = "?"
+    for prefix, package in dist.items():
+        if name.startswith(prefix):
+            try:
+                version = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                pass
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(ds.base[::997]).tobytes())
+    h.update(np.ascontiguousarray(ds.base[-1:]).tobytes())
+    h.update(f"{name} {ds.n} {ds.dim} M{M} efc{EF_CONSTRUCTION} t{BUILD_THREADS} {version}".encode())
+    return cache / f"{name}-{ds.name}-{ds.n}x{ds.dim}-{h.hexdigest()[:16]}"
+
+
+def _restore(adapter: Adapter, folder: Path, ds: Dataset) -> dict | None:
+    """Loads a cached index into ``adapter``; None when there is none (or the adapter has no
+    cache support). The build figures are the ones measured when it was built."""
+    meta = folder / "build.json"
+    if not meta.is_file():
+        return None
+    rss0 = settle_memory()
+    t0 = time.perf_counter()
+    try:
+        adapter.restore(folder, ds.dim, ds.n)
+    except NotImplementedError:
+        return None
+    info = json.loads(meta.read_text())
+    info["restored_from"] = str(folder)
+    info["restore_s"] = time.perf_counter() - t0
+    info["restored_rss_bytes_per_vector"] = (settle_memory() - rss0) / ds.n
+    return info
+
+
+def _persist(adapter: Adapter, folder: Path, info: dict) -> None:
+    """Writes the built index beside its build figures; a partial folder is never reused (the
+    figures are written last, and the folder is renamed into place)."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        adapter.persist(tmp)
+    except NotImplementedError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    (tmp / "build.json").write_text(json.dumps(info))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+
+
+def build_all(
+    names: Sequence[str], ds: Dataset, cache: Path | None = None
+) -> tuple[list[Adapter], dict[str, dict]]:
+    """Builds each library's index (or, with ``cache``, reopens the one an earlier process built
+    and saved there: ``--index-cache``)."""
     adapters: list[Adapter] = []
     info: dict[str, dict] = {}
     for name in names:
@@ -568,6 +650,17 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
             log(f"  {name:15s} SKIPPED: {exc}")
             info[name] = {"skipped": str(exc)}
             continue
+        folder = cache_folder(cache, name, ds) if cache is not None else None
+        if folder is not None:
+            restored = _restore(adapter, folder, ds)
+            if restored is not None:
+                info[name] = restored
+                log(
+                    f"  {name:15s} reopened from {folder.name} in {restored['restore_s']:.2f} s "
+                    f"(built in {restored['build_s']:.2f} s)"
+                )
+                adapters.append(adapter)
+                continue
         rss0 = settle_memory()
         t0 = time.perf_counter()
         adapter.build(ds.base, BUILD_THREADS)
@@ -583,6 +676,8 @@ def build_all(names: Sequence[str], ds: Dataset) -> tuple[list[Adapter], dict[st
             f"  {name:15s} build {build_s:7.2f} s ({BUILD_THREADS} threads)  "
             f"RSS +{info[name]['rss_bytes_per_vector']:.0f} B/vector"
         )
+        if folder is not None:
+            _persist(adapter, folder, info[name])
         adapters.append(adapter)
     return adapters, info
 
@@ -716,6 +811,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also time one batch call over all queries on one thread per pass (libraries with a batch API)",
     )
+    p.add_argument(
+        "--index-cache",
+        default=None,
+        help="folder of built indexes: each library's index is saved there after its build and "
+        "reopened by later processes on the same data and settings (large runs through benches.fresh)",
+    )
     p.add_argument("--reference", default=REFERENCE, help="the library every ratio is taken against")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 passes: checks the script runs (seconds)")
     p.add_argument(
@@ -766,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             raise SystemExit(f"unknown dataset {dname!r}")
         log(f"\n== {ds.name}: {ds.n} x {ds.dim}, {ds.nq} queries")
-        adapters, info = build_all(libs, ds)
+        adapters, info = build_all(libs, ds, Path(args.index_cache) if args.index_cache else None)
         res = sweep(adapters, ds, efs, passes, batch=args.batch)
         summary = summarise(res, ds.nq, args.reference) if passes else {}
         if passes:

@@ -187,3 +187,71 @@ def test_wait_for_quiet_gives_up_after_its_budget():
     t0 = time.monotonic()
     load = fresh.wait_for_quiet(-1.0, 0.3, step_s=0.1)  # never quiet below a negative load
     assert load >= 0 and time.monotonic() - t0 < 5
+
+
+#: Adapters whose index ``--index-cache`` saves and reopens, and the module each one needs.
+CACHED = {"kbcore-sq8": "kbcore", "kbcore-rabitq": "kbcore", "hnswlib": "hnswlib", "symqg": "rabitqlib", "zvec-int8": "zvec"}
+
+
+@pytest.mark.parametrize("name", sorted(CACHED))
+def test_index_cache_reopens_the_index_the_build_saved(name, tmp_path):
+    if importlib.util.find_spec(CACHED[name]) is None:
+        pytest.skip(f"{CACHED[name]} is not installed (pip install the kbcore 'bench' extra)")
+    import numpy as np
+    from benches.bench_quant import build_all, cache_folder
+    from benches.datasets import make_synthetic
+
+    ds = make_synthetic(1500, 20)
+    built, info = build_all([name], ds, tmp_path)
+    assert "restored_from" not in info[name]
+    folder = cache_folder(tmp_path, name, ds)
+    assert (folder / "build.json").is_file() and not list(tmp_path.glob("*.tmp*"))
+    reopened, info2 = build_all([name], ds, tmp_path)
+    assert info2[name]["restored_from"] == str(folder)
+    assert info2[name]["build_s"] == pytest.approx(info[name]["build_s"])  # the build's own figure
+    for a in (built[0], reopened[0]):
+        a.set_ef(64)
+    q = built[0].prepare_single(ds.queries)
+    f1, f2 = built[0].single_fn(), reopened[0].single_fn()
+    ids1 = np.stack([built[0].single_ids(f1(v)) for v in q])
+    ids2 = np.stack([reopened[0].single_ids(f2(v)) for v in q])
+    assert np.array_equal(ids1, ids2)  # the same graph: the same answers
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids2.tolist(), ds.gt_ids.tolist())])
+    assert recall >= 0.5, f"{name}: recall@10 {recall:.3f} after the reopen"  # a real index, not an empty one
+    for a in built + reopened:
+        a.close()
+    other = make_synthetic(1400, 20)  # another data set never reuses the folder
+    assert cache_folder(tmp_path, name, other) != folder
+
+
+def test_index_cache_skips_an_adapter_that_cannot_reopen_as_built(tmp_path):
+    from benches.bench_quant import build_all, cache_folder
+    from benches.datasets import make_synthetic
+
+    ds = make_synthetic(800, 10)
+    _, info = build_all(["kbcore-sq8-nohp"], ds, tmp_path)
+    _, info2 = build_all(["kbcore-sq8-nohp"], ds, tmp_path)
+    assert "restored_from" not in info2["kbcore-sq8-nohp"]  # rebuilt: a reopen loses the page-size switch
+    assert (cache_folder(tmp_path, "kbcore-sq8-nohp", ds) / "build.json").is_file()
+    assert "build_s" in info["kbcore-sq8-nohp"]
+
+
+def test_harness_with_index_cache_builds_once_and_times_reopened_indexes(tmp_path):
+    for mod in ("kbcore", "hnswlib"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed (the smoke run needs kbcore and hnswlib: pip install hnswlib)")
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "benches.fresh", "--dataset", "synthetic", "--n", "2000", "--nq", "50"]
+    cmd += ["--passes", "1", "--repeats", "2", "--libs", "kbcore-sq8,hnswlib", "--efs", "16,64", "--no-batch"]
+    cmd += ["--max-load", "1e9", "--out", str(tmp_path / "out"), "--index-cache", str(cache)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2  # one saved index per library
+    (out,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    assert sorted(p.name for p in out.glob("*-build.log")) == ["hnswlib-build.log", "kbcore-sq8-build.log"]
+    for lib in ("kbcore-sq8", "hnswlib"):
+        for r in (1, 2):
+            raw = json.loads((out / f"{lib}-r{r}.json").read_text())
+            assert "restored_from" in raw["datasets"]["synthetic-2000"]["build"][lib]
