@@ -636,9 +636,7 @@ def _persist(adapter: Adapter, folder: Path, info: dict) -> None:
     os.replace(tmp, folder)
 
 
-def build_all(
-    names: Sequence[str], ds: Dataset, cache: Path | None = None
-) -> tuple[list[Adapter], dict[str, dict]]:
+def build_all(names: Sequence[str], ds: Dataset, cache: Path | None = None) -> tuple[list[Adapter], dict[str, dict]]:
     """Builds each library's index (or, with ``cache``, reopens the one an earlier process built
     and saved there: ``--index-cache``)."""
     adapters: list[Adapter] = []

@@ -190,7 +190,13 @@ def test_wait_for_quiet_gives_up_after_its_budget():
 
 
 #: Adapters whose index ``--index-cache`` saves and reopens, and the module each one needs.
-CACHED = {"kbcore-sq8": "kbcore", "kbcore-rabitq": "kbcore", "hnswlib": "hnswlib", "symqg": "rabitqlib", "zvec-int8": "zvec"}
+CACHED = {
+    "kbcore-sq8": "kbcore",
+    "kbcore-rabitq": "kbcore",
+    "hnswlib": "hnswlib",
+    "symqg": "rabitqlib",
+    "zvec-int8": "zvec",
+}
 
 
 @pytest.mark.parametrize("name", sorted(CACHED))
