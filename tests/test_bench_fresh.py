@@ -27,6 +27,20 @@ if str(REPO) not in sys.path:
 from benches import fresh  # noqa: E402
 
 
+def _need_kbcore_and_hnswlib() -> None:
+    for mod in ("kbcore", "hnswlib"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed (the smoke run needs kbcore and hnswlib: pip install hnswlib)")
+
+
+def _run_from_checkout(cmd: list[str]) -> None:
+    """Runs a benches module from the checkout (benches/ is not installed); fails on a non-zero exit."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_schedule_interleaves_every_library_once_per_repeat_with_rotation():
     plan = fresh.schedule(["a", "b", "c"], 3)
     assert plan == [
@@ -91,17 +105,12 @@ def test_refuses_to_start_above_max_load(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_harness_runs_end_to_end_on_tiny_data(tmp_path):
-    for mod in ("kbcore", "hnswlib"):
-        if importlib.util.find_spec(mod) is None:
-            pytest.skip(f"{mod} is not installed (the smoke run needs kbcore and hnswlib: pip install hnswlib)")
+    _need_kbcore_and_hnswlib()
     md = tmp_path / "table.md"
     cmd = [sys.executable, "-m", "benches.fresh", "--dataset", "synthetic", "--n", "2000", "--nq", "50"]
     cmd += ["--passes", "1", "--repeats", "1", "--libs", "kbcore,hnswlib", "--efs", "16,64,256"]
     cmd += ["--max-load", "1e9", "--out", str(tmp_path), "--markdown", str(md)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_from_checkout(cmd)
     (out,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary = json.loads((out / "summary.json").read_text())
     assert [r["lib"] for r in summary["runs"]] == ["kbcore", "hnswlib"]
@@ -163,10 +172,7 @@ def test_engine_peers_runs_kbcore_end_to_end(tmp_path):
     out = tmp_path / "peers.json"
     cmd = [sys.executable, "-m", "benches.bench_engine_peers", "--peers", "kbcore", "--n", "1500", "--nq", "20"]
     cmd += ["--rounds", "1", "--data", str(data), "--json", str(out)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_from_checkout(cmd)
     r = json.loads(out.read_text())["results"]["kbcore"]
     assert r["unfiltered_recall"] >= 0.95
     cases = {"vector", "vector with text", "filter 10%", "filter 1%", "one per document", "hybrid"}
@@ -243,17 +249,12 @@ def test_index_cache_skips_an_adapter_that_cannot_reopen_as_built(tmp_path):
 
 
 def test_harness_with_index_cache_builds_once_and_times_reopened_indexes(tmp_path):
-    for mod in ("kbcore", "hnswlib"):
-        if importlib.util.find_spec(mod) is None:
-            pytest.skip(f"{mod} is not installed (the smoke run needs kbcore and hnswlib: pip install hnswlib)")
+    _need_kbcore_and_hnswlib()
     cache = tmp_path / "cache"
     cmd = [sys.executable, "-m", "benches.fresh", "--dataset", "synthetic", "--n", "2000", "--nq", "50"]
     cmd += ["--passes", "1", "--repeats", "2", "--libs", "kbcore-sq8,hnswlib", "--efs", "16,64", "--no-batch"]
     cmd += ["--max-load", "1e9", "--out", str(tmp_path / "out"), "--index-cache", str(cache)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_from_checkout(cmd)
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 2  # one saved index per library
     (out,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
     assert sorted(p.name for p in out.glob("*-build.log")) == ["hnswlib-build.log", "kbcore-sq8-build.log"]
