@@ -8,6 +8,7 @@
 #include "code_types.h"
 #include "distance.h"
 #include "errors.h"
+#include "graph_search.h"
 #include "hnsw_index.h"
 #include "index.h"
 #include "tokenizer.h"
@@ -78,6 +79,14 @@ PYBIND11_MODULE(_core, m) {
       "Sets the process-wide huge-page switch for allocations made after the call (including "
       "the reallocation of an array that grows); existing arrays keep their pages. Off marks new "
       "arrays MADV_NOHUGEPAGE. No effect outside Linux (huge_pages_supported()).");
+  m.def(
+      "_set_upper_beam_divisor", [](std::uint32_t d) { g_upper_beam_divisor.store(d); }, py::arg("divisor"),
+      "Process-wide, for measurements and tests: a search of candidate list ef keeps a beam of "
+      "ef // divisor at level 1 of its descent (default 8; 0 or a beam below 2: greedy at every "
+      "level).");
+  m.def(
+      "_upper_beam_divisor", [] { return g_upper_beam_divisor.load(); },
+      "The divisor _set_upper_beam_divisor set (default 8).");
   m.def(
       "huge_pages_supported", [] { return huge_pages_supported(); },
       "True if this build maps large arrays for huge pages itself (Linux); elsewhere the switch "
