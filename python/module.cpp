@@ -80,13 +80,18 @@ PYBIND11_MODULE(_core, m) {
       "the reallocation of an array that grows); existing arrays keep their pages. Off marks new "
       "arrays MADV_NOHUGEPAGE. No effect outside Linux (huge_pages_supported()).");
   m.def(
-      "_set_upper_beam_divisor", [](std::uint32_t d) { g_upper_beam_divisor.store(d); }, py::arg("divisor"),
-      "Process-wide, for measurements and tests: a search of candidate list ef keeps a beam of "
-      "ef // divisor at level 1 of its descent (default 8; 0 or a beam below 2: greedy at every "
-      "level).");
+      "_set_upper_beam",
+      [](std::uint32_t divisor, std::size_t min_slots) {
+        g_upper_beam_divisor.store(divisor);
+        g_upper_beam_min_slots.store(min_slots);
+      },
+      py::arg("divisor"), py::arg("min_slots"),
+      "Process-wide, for measurements and tests: a search of candidate list ef in a graph of at "
+      "least min_slots slots keeps a beam of ef // divisor at level 1 of its descent (defaults 8 "
+      "and 50,000); divisor 0, a beam below 2 or a smaller graph: greedy at every level.");
   m.def(
-      "_upper_beam_divisor", [] { return g_upper_beam_divisor.load(); },
-      "The divisor _set_upper_beam_divisor set (default 8).");
+      "_upper_beam", [] { return py::make_tuple(g_upper_beam_divisor.load(), g_upper_beam_min_slots.load()); },
+      "The (divisor, min_slots) that _set_upper_beam set (default (8, 50000)).");
   m.def(
       "huge_pages_supported", [] { return huge_pages_supported(); },
       "True if this build maps large arrays for huge pages itself (Linux); elsewhere the switch "

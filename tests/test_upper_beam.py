@@ -1,6 +1,7 @@
-"""The descent's beam at level 1 (GraphSearch::descend): a search of candidate list ef keeps
-the ef // divisor best at level 1 instead of one current node, so that on clustered data the
-level-0 walk starts in the query's cluster (docs/graph-quality.md, "The descent")."""
+"""The descent's beam at level 1 (GraphSearch::descend): a search of candidate list ef in a
+graph of at least 50,000 slots keeps the ef // 8 best at level 1 instead of one current node,
+so that on clustered data the level-0 walk starts in the query's cluster
+(docs/graph-quality.md, "A beam at level 1 of the descent")."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ ROWS = 40_000
 
 
 @pytest.fixture(autouse=True)
-def _restore_divisor() -> Iterator[None]:
-    before = _core._upper_beam_divisor()
+def _restore_beam() -> Iterator[None]:
+    before = _core._upper_beam()
     yield
-    _core._set_upper_beam_divisor(before)
+    _core._set_upper_beam(*before)
 
 
 def _recall(ids: np.ndarray, truth: np.ndarray) -> float:
@@ -47,12 +48,12 @@ def clustered() -> tuple[dict[str, kbcore.Index], np.ndarray, np.ndarray]:
     return indexes, queries, truth
 
 
-def test_default_divisor_is_eight_and_settable() -> None:
-    assert _core._upper_beam_divisor() == 8
-    _core._set_upper_beam_divisor(4)
-    assert _core._upper_beam_divisor() == 4
+def test_defaults_and_setter() -> None:
+    assert _core._upper_beam() == (8, 50_000)
+    _core._set_upper_beam(4, 0)
+    assert _core._upper_beam() == (4, 0)
     with pytest.raises(TypeError):
-        _core._set_upper_beam_divisor(-1)  # type: ignore[arg-type]
+        _core._set_upper_beam(-1, 0)
 
 
 @pytest.mark.parametrize("quantization", ["none", "sq8"])
@@ -63,7 +64,7 @@ def test_beam_raises_recall_on_clustered_rows(
     index = indexes[quantization]
     recall = {}
     for divisor in (0, 4):
-        _core._set_upper_beam_divisor(divisor)
+        _core._set_upper_beam(divisor, 0)
         recall[divisor] = _recall(index.search(queries, 10, ef=32)[0], truth)
     # Greedy: about 0.93; a beam of 8 at level 1: about 0.95 (1,000 queries).
     assert recall[4] >= recall[0] + 0.01, recall
@@ -71,29 +72,41 @@ def test_beam_raises_recall_on_clustered_rows(
     # on average, and the walk's counts stay reproducible.
     stats = index.search_stats(queries, 10, ef=32)
     np.testing.assert_array_equal(stats["upper_hops"], index.search_stats(queries, 10, ef=32)["upper_hops"])
-    _core._set_upper_beam_divisor(0)
+    _core._set_upper_beam(0, 0)
     greedy = index.search_stats(queries, 10, ef=32)
     assert stats["upper_hops"].sum() > greedy["upper_hops"].sum()
 
 
+def _same_walk(index: kbcore.Index, queries: np.ndarray, ef: int, a: tuple[int, int], b: tuple[int, int]) -> None:
+    """The answers and the walk's counts under beam settings a and b are identical."""
+    runs = []
+    for setting in (a, b):
+        _core._set_upper_beam(*setting)
+        runs.append((index.search(queries, 10, ef=ef), index.search_stats(queries, 10, ef=ef)))
+    (ids_a, d_a), stats_a = runs[0]
+    (ids_b, d_b), stats_b = runs[1]
+    np.testing.assert_array_equal(ids_a, ids_b)
+    np.testing.assert_array_equal(d_a, d_b)
+    for key in ("hops", "upper_hops", "scored"):
+        np.testing.assert_array_equal(stats_a[key], stats_b[key])
+
+
 @pytest.mark.parametrize("quantization", ["none", "sq8"])
-def test_small_ef_descends_greedily(
+def test_small_ef_and_small_graphs_descend_greedily(
     clustered: tuple[dict[str, kbcore.Index], np.ndarray, np.ndarray], quantization: str
 ) -> None:
-    # A beam below two nodes is the greedy walk: for ef < 2 * divisor the answers and the
-    # walk's counts are those of divisor 0 exactly.
     indexes, queries, _ = clustered
     index = indexes[quantization]
-    _core._set_upper_beam_divisor(8)
-    ids8, d8 = index.search(queries, 10, ef=15)
-    stats8 = index.search_stats(queries, 10, ef=15)
-    _core._set_upper_beam_divisor(0)
-    ids0, d0 = index.search(queries, 10, ef=15)
-    stats0 = index.search_stats(queries, 10, ef=15)
-    np.testing.assert_array_equal(ids8, ids0)
-    np.testing.assert_array_equal(d8, d0)
-    for key in ("hops", "upper_hops", "scored"):
-        np.testing.assert_array_equal(stats8[key], stats0[key])
+    # A beam below two nodes is the greedy walk: ef < 2 * divisor answers as divisor 0.
+    _same_walk(index, queries, 15, (8, 0), (0, 0))
+    # A graph below min_slots descends greedily at any ef: the default's 50,000 here (40,000 rows).
+    _same_walk(index, queries, 64, (8, 50_000), (0, 0))
+    _same_walk(index, queries, 64, (8, ROWS + 1), (0, 0))
+    # ... and at exactly min_slots slots the beam is on: the walk reads more upper-level lists.
+    _core._set_upper_beam(8, ROWS)
+    beam = index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
+    _core._set_upper_beam(0, 0)
+    assert beam > index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
 
 
 def test_a_deep_search_stays_exact_with_and_without_the_beam(
@@ -104,5 +117,5 @@ def test_a_deep_search_stays_exact_with_and_without_the_beam(
     indexes, queries, truth = clustered
     index = indexes["none"]
     for divisor in (0, 8):
-        _core._set_upper_beam_divisor(divisor)
+        _core._set_upper_beam(divisor, 0)
         assert _recall(index.search(queries[:200], 10, ef=400)[0], truth[:200]) >= 0.999
