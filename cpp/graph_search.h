@@ -198,8 +198,7 @@ class GraphSearch {
 // ---- template implementation -------------------------------------------------------------
 
 template <typename Scorer, typename Counter>
-Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_set, std::size_t beam,
-                            Counter count) {
+Scored GraphSearch::descend(const HnswIndex& g, Scorer sc, VisitedSet& visited_set, std::size_t beam, Counter count) {
   const VisitedSet::View visited = visited_set.view();
   Scored cur{sc.one(g.entry_), g.entry_};
   count.scored(1);
