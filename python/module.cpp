@@ -8,6 +8,7 @@
 #include "code_types.h"
 #include "distance.h"
 #include "errors.h"
+#include "graph_search.h"
 #include "hnsw_index.h"
 #include "index.h"
 #include "tokenizer.h"
@@ -78,6 +79,19 @@ PYBIND11_MODULE(_core, m) {
       "Sets the process-wide huge-page switch for allocations made after the call (including "
       "the reallocation of an array that grows); existing arrays keep their pages. Off marks new "
       "arrays MADV_NOHUGEPAGE. No effect outside Linux (huge_pages_supported()).");
+  m.def(
+      "_set_upper_beam",
+      [](std::uint32_t divisor, std::size_t min_slots) {
+        g_upper_beam_divisor.store(divisor);
+        g_upper_beam_min_slots.store(min_slots);
+      },
+      py::arg("divisor"), py::arg("min_slots"),
+      "Process-wide, for measurements and tests: a search of candidate list ef in a graph of at "
+      "least min_slots slots keeps a beam of ef // divisor at level 1 of its descent (defaults 8 "
+      "and 50,000); divisor 0, a beam below 2 or a smaller graph: greedy at every level.");
+  m.def(
+      "_upper_beam", [] { return py::make_tuple(g_upper_beam_divisor.load(), g_upper_beam_min_slots.load()); },
+      "The (divisor, min_slots) that _set_upper_beam set (default (8, 50000)).");
   m.def(
       "huge_pages_supported", [] { return huge_pages_supported(); },
       "True if this build maps large arrays for huge pages itself (Linux); elsewhere the switch "
