@@ -541,8 +541,9 @@ class Index:
         For each query (one vector [dim] or a batch [q, dim]) and the same ``k`` and ``ef``,
         returns uint64 arrays [q] (shape [1] for one query) under
         ``"hops"`` (level-0 nodes expanded), ``"upper_hops"`` (link lists read by the descent
-        through the upper levels: greedy, with a beam at level 1 in graphs of 50,000 slots or more) and ``"scored"`` (distances evaluated on codes or rows, descent included;
-        the exact re-rank of a quantized index is not counted). Rows whose graph insertion is
+        through the upper levels: greedy, with a beam at level 1 in graphs of 50,000 slots or
+        more) and ``"scored"`` (distances evaluated on codes or rows, descent included; the
+        exact re-rank of a quantized index is not counted). Rows whose graph insertion is
         deferred are not counted. One thread; for analysis, not for serving: :meth:`search`
         itself counts nothing. Raises :class:`~kbcore.errors.InvalidArgumentError` for a
         flat index.
