@@ -104,9 +104,9 @@ class GraphSearch {
   /// The level-0 entry point of a query: the greedy descent through the upper levels.
   /// The graph must not be empty. O(levels * M) distances.
   template <typename Scorer>
-  static Slot entry_point(const HnswIndex& g, Scorer sc, std::size_t ef = 1) {
+  static Slot entry_point(const HnswIndex& g, Scorer sc) {
     auto visited = g.visited_.acquire(g.levels_.size());
-    return descend(g, sc, *visited, upper_beam(g, ef), detail::WalkCounter<false>{nullptr}).slot;
+    return descend(g, sc, *visited, /*beam=*/1, detail::WalkCounter<false>{nullptr}).slot;
   }
 
   /// Descent, then the level-0 search with a candidate list of ef; `accept` admits slots to
