@@ -71,8 +71,8 @@ def _knob(peer: Any, truth: list[list[Any]]) -> int:
     return peer.knobs[-1]
 
 
-def _build(cls: type, data: peers.Data, truth: list[list[Any]]) -> Any:
-    peer = cls(tempfile.mkdtemp(prefix=f"bench-floor-{cls.name}-"), data)
+def _build(cls: type, data: peers.Data, truth: list[list[Any]], root: str) -> Any:
+    peer = cls(tempfile.mkdtemp(prefix=f"{cls.name}-", dir=root), data)
     for start, end in data.batches:
         peer.ingest_batch(start, end)
     peer.finish_ingest()
@@ -167,14 +167,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--passes", type=int, default=7)
     args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as root:
+        return _measure(args, root)
+
+
+def _measure(args: argparse.Namespace, root: str) -> int:
     data = peers.load(args.data, None, args.queries)
     truth = peers.exact(data)["vector"]
     qs = data.queries
-    kbcore = _build(peers.Kbcore, data, truth)
+    kbcore = _build(peers.Kbcore, data, truth, root)
     variants = _kbcore_variants(kbcore, qs)
     knobs = f"kbcore ef {kbcore.knob}"
     try:
-        zvec = _build(peers.Zvec, data, truth)
+        zvec = _build(peers.Zvec, data, truth, root)
     except ImportError as exc:
         print(f"zvec not measured: {exc}")
     else:

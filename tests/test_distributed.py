@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -844,6 +845,7 @@ def test_two_node_cluster_places_shards_on_both_nodes(tmp_path):
     finally:
         for p in reversed(procs):
             _stop(p)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @needs_ray

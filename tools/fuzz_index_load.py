@@ -29,9 +29,11 @@ tests/data/fuzz/ as a regression file (the tests load every file there).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -568,6 +570,7 @@ def atheris_main(argv: list[str]) -> None:
         import kbcore  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="kbcore-atheris-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # atheris.Fuzz() ends the process
     seeds = [p.read_bytes() for p in make_seed_files(work) + committed_old_seeds()]
     parsed = [parse_fields(s) for s in seeds]
     target = work / "input.kbi"
