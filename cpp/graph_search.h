@@ -91,11 +91,15 @@ struct WalkCounter {
 }  // namespace detail
 
 /// The beam of the descent at level 1 is ef / g_upper_beam_divisor in a graph of at least
-/// g_upper_beam_min_slots slots; searches of ef below twice the divisor, and every search of
-/// a smaller graph, descend greedily (divisor 0: always). Process-wide, for measurements and
-/// tests (`_core._set_upper_beam`); see GraphSearch::descend.
+/// g_upper_beam_min_slots slots, and the wider ef / g_upper_beam_wide_divisor in a graph of at
+/// least g_upper_beam_wide_min_slots (wide divisor 0: no wider tier); searches whose beam
+/// would be below 2, and every search of a smaller graph, descend greedily (divisor 0:
+/// always). Process-wide, for measurements and tests (`_core._set_upper_beam`); see
+/// GraphSearch::descend and GraphSearch::upper_beam.
 inline std::atomic<std::uint32_t> g_upper_beam_divisor{8};
 inline std::atomic<std::size_t> g_upper_beam_min_slots{50'000};
+inline std::atomic<std::uint32_t> g_upper_beam_wide_divisor{4};
+inline std::atomic<std::size_t> g_upper_beam_wide_min_slots{500'000};
 
 /// The search walk over an HnswIndex (a friend: it reads the link lists). Every function is
 /// thread-safe against other searches (per-thread scratch, pooled visited sets).
@@ -147,12 +151,16 @@ class GraphSearch {
   template <typename Scorer, typename Counter = detail::WalkCounter<false>>
   static Scored descend(const HnswIndex& g, Scorer sc, VisitedSet& visited, std::size_t beam,
                         Counter count = {nullptr});
-  /// The level-1 beam width of a search of g with candidate list ef (g_upper_beam_divisor,
-  /// g_upper_beam_min_slots). In small graphs the greedy descent already lands beside the
-  /// query and a beam only adds distances (SciFact, 19k rows: 5 % more at recall 0.99).
+  /// The level-1 beam width of a search of g with candidate list ef (g_upper_beam_*). In
+  /// small graphs the greedy descent already lands beside the query and a beam only adds
+  /// distances (SciFact, 19k rows: 5 % more at recall 0.99); the larger the graph, the wider
+  /// the beam that pays (synthetic 1M: ef / 4 beats ef / 8, which beats it at 100k).
   static std::size_t upper_beam(const HnswIndex& g, std::size_t ef) {
     const std::uint32_t d = g_upper_beam_divisor.load(std::memory_order_relaxed);
-    if (d == 0 || g.levels_.size() < g_upper_beam_min_slots.load(std::memory_order_relaxed)) return 1;
+    const std::size_t slots = g.levels_.size();
+    if (d == 0 || slots < g_upper_beam_min_slots.load(std::memory_order_relaxed)) return 1;
+    const std::uint32_t wide = g_upper_beam_wide_divisor.load(std::memory_order_relaxed);
+    if (wide != 0 && slots >= g_upper_beam_wide_min_slots.load(std::memory_order_relaxed)) return ef / wide;
     return ef / d;
   }
   template <typename Scorer, typename Accept, typename Counter>

@@ -81,17 +81,26 @@ PYBIND11_MODULE(_core, m) {
       "arrays MADV_NOHUGEPAGE. No effect outside Linux (huge_pages_supported()).");
   m.def(
       "_set_upper_beam",
-      [](std::uint32_t divisor, std::size_t min_slots) {
+      [](std::uint32_t divisor, std::size_t min_slots, std::uint32_t wide_divisor, std::size_t wide_min_slots) {
         g_upper_beam_divisor.store(divisor);
         g_upper_beam_min_slots.store(min_slots);
+        g_upper_beam_wide_divisor.store(wide_divisor);
+        g_upper_beam_wide_min_slots.store(wide_min_slots);
       },
-      py::arg("divisor"), py::arg("min_slots"),
+      py::arg("divisor"), py::arg("min_slots"), py::arg("wide_divisor") = 0, py::arg("wide_min_slots") = 0,
       "Process-wide, for measurements and tests: a search of candidate list ef in a graph of at "
-      "least min_slots slots keeps a beam of ef // divisor at level 1 of its descent (defaults 8 "
-      "and 50,000); divisor 0, a beam below 2 or a smaller graph: greedy at every level.");
+      "least min_slots slots keeps a beam of ef // divisor at level 1 of its descent, and of ef // "
+      "wide_divisor in a graph of at least wide_min_slots (defaults 8 from 50,000 slots and 4 from "
+      "500,000); divisor 0, a beam below 2 or a smaller graph: greedy at every level. "
+      "wide_divisor 0 (the default of this call): ef // divisor at every size from min_slots.");
   m.def(
-      "_upper_beam", [] { return py::make_tuple(g_upper_beam_divisor.load(), g_upper_beam_min_slots.load()); },
-      "The (divisor, min_slots) that _set_upper_beam set (default (8, 50000)).");
+      "_upper_beam",
+      [] {
+        return py::make_tuple(g_upper_beam_divisor.load(), g_upper_beam_min_slots.load(),
+                              g_upper_beam_wide_divisor.load(), g_upper_beam_wide_min_slots.load());
+      },
+      "The (divisor, min_slots, wide_divisor, wide_min_slots) that _set_upper_beam set (default "
+      "(8, 50000, 4, 500000)).");
   m.def(
       "huge_pages_supported", [] { return huge_pages_supported(); },
       "True if this build maps large arrays for huge pages itself (Linux); elsewhere the switch "

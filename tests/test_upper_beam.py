@@ -1,6 +1,7 @@
 """The descent's beam at level 1 (GraphSearch::descend): a search of candidate list ef in a
-graph of at least 50,000 slots keeps the ef // 8 best at level 1 instead of one current node,
-so that on clustered data the level-0 walk starts in the query's cluster
+graph of at least 50,000 slots keeps the ef // 8 best at level 1 instead of one current node
+(ef // 4 from 500,000 slots), so that on clustered data the level-0 walk starts in the query's
+cluster
 (docs/graph-quality.md, "A beam at level 1 of the descent")."""
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def clustered() -> tuple[dict[str, kbcore.Index], np.ndarray, np.ndarray]:
 
 
 def test_defaults_and_setter() -> None:
-    assert _core._upper_beam() == (8, 50_000)
+    assert _core._upper_beam() == (8, 50_000, 4, 500_000)
     _core._set_upper_beam(4, 0)
-    assert _core._upper_beam() == (4, 0)
+    assert _core._upper_beam() == (4, 0, 0, 0)  # no wider tier unless asked for
+    _core._set_upper_beam(8, 10, 2, 20)
+    assert _core._upper_beam() == (8, 10, 2, 20)
     with pytest.raises(TypeError):
         _core._set_upper_beam(-1, 0)
 
@@ -77,7 +80,7 @@ def test_beam_raises_recall_on_clustered_rows(
     assert stats["upper_hops"].sum() > greedy["upper_hops"].sum()
 
 
-def _same_walk(index: kbcore.Index, queries: np.ndarray, ef: int, a: tuple[int, int], b: tuple[int, int]) -> None:
+def _same_walk(index: kbcore.Index, queries: np.ndarray, ef: int, a: tuple[int, ...], b: tuple[int, ...]) -> None:
     """The answers and the walk's counts under beam settings a and b are identical."""
     runs = []
     for setting in (a, b):
@@ -119,3 +122,23 @@ def test_a_deep_search_stays_exact_with_and_without_the_beam(
     for divisor in (0, 8):
         _core._set_upper_beam(divisor, 0)
         assert _recall(index.search(queries[:200], 10, ef=400)[0], truth[:200]) >= 0.999
+
+
+@pytest.mark.parametrize("quantization", ["none", "sq8"])
+def test_the_wide_tier_starts_at_its_size(
+    clustered: tuple[dict[str, kbcore.Index], np.ndarray, np.ndarray], quantization: str
+) -> None:
+    indexes, queries, _ = clustered
+    index = indexes[quantization]
+    # From wide_min_slots slots on, the beam is ef // wide_divisor; below, ef // divisor.
+    _same_walk(index, queries, 64, (8, 0, 4, ROWS), (4, 0))
+    _same_walk(index, queries, 64, (8, 0, 4, ROWS + 1), (8, 0))
+    # Wide divisor 0: no wider tier at any size.
+    _same_walk(index, queries, 64, (8, 0, 0, 0), (8, 0))
+    # The divisors differ in what they do (else the lines above would prove nothing).
+    _core._set_upper_beam(4, 0)
+    wide = index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
+    _core._set_upper_beam(8, 0)
+    assert wide > index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
+    # The tiers sit under the floor: below min_slots the walk is greedy whatever the wide tier says.
+    _same_walk(index, queries, 64, (8, ROWS + 1, 4, 0), (0, 0))
