@@ -1,8 +1,7 @@
 """The descent's beam at level 1 (GraphSearch::descend): a search of candidate list ef in a
 graph of at least 50,000 slots keeps the ef // 8 best at level 1 instead of one current node
 (ef // 4 from 500,000 slots), so that on clustered data the level-0 walk starts in the query's
-cluster
-(docs/graph-quality.md, "A beam at level 1 of the descent")."""
+cluster (docs/graph-quality.md, "A beam at level 1 of the descent")."""
 
 from __future__ import annotations
 

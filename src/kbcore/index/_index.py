@@ -542,11 +542,11 @@ class Index:
         returns uint64 arrays [q] (shape [1] for one query) under
         ``"hops"`` (level-0 nodes expanded), ``"upper_hops"`` (link lists read by the descent
         through the upper levels: greedy, with a beam at level 1 in graphs of 50,000 slots or
-        more, a wider one from 500,000) and ``"scored"`` (distances evaluated on codes or rows, descent included; the
-        exact re-rank of a quantized index is not counted). Rows whose graph insertion is
-        deferred are not counted. One thread; for analysis, not for serving: :meth:`search`
-        itself counts nothing. Raises :class:`~kbcore.errors.InvalidArgumentError` for a
-        flat index.
+        more, a wider one from 500,000) and ``"scored"`` (distances evaluated on codes or
+        rows, descent included; the exact re-rank of a quantized index is not counted). Rows
+        whose graph insertion is deferred are not counted. One thread; for analysis, not for
+        serving: :meth:`search` itself counts nothing. Raises
+        :class:`~kbcore.errors.InvalidArgumentError` for a flat index.
         """
         arr, _ = _as_vectors(queries, self._dim, "queries")
         k = _bounded("k", k)
