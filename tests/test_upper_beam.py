@@ -79,6 +79,12 @@ def test_beam_raises_recall_on_clustered_rows(
     assert stats["upper_hops"].sum() > greedy["upper_hops"].sum()
 
 
+def _upper_hops(index: kbcore.Index, queries: np.ndarray, ef: int, setting: tuple[int, ...]) -> int:
+    """Upper-level link lists read by the whole query set under one beam setting."""
+    _core._set_upper_beam(*setting)
+    return int(index.search_stats(queries, 10, ef=ef)["upper_hops"].sum())
+
+
 def _same_walk(index: kbcore.Index, queries: np.ndarray, ef: int, a: tuple[int, ...], b: tuple[int, ...]) -> None:
     """The answers and the walk's counts under beam settings a and b are identical."""
     runs = []
@@ -105,10 +111,7 @@ def test_small_ef_and_small_graphs_descend_greedily(
     _same_walk(index, queries, 64, (8, 50_000), (0, 0))
     _same_walk(index, queries, 64, (8, ROWS + 1), (0, 0))
     # ... and at exactly min_slots slots the beam is on: the walk reads more upper-level lists.
-    _core._set_upper_beam(8, ROWS)
-    beam = index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
-    _core._set_upper_beam(0, 0)
-    assert beam > index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
+    assert _upper_hops(index, queries, 64, (8, ROWS)) > _upper_hops(index, queries, 64, (0, 0))
 
 
 def test_a_deep_search_stays_exact_with_and_without_the_beam(
@@ -135,9 +138,6 @@ def test_the_wide_tier_starts_at_its_size(
     # Wide divisor 0: no wider tier at any size.
     _same_walk(index, queries, 64, (8, 0, 0, 0), (8, 0))
     # The divisors differ in what they do (else the lines above would prove nothing).
-    _core._set_upper_beam(4, 0)
-    wide = index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
-    _core._set_upper_beam(8, 0)
-    assert wide > index.search_stats(queries, 10, ef=64)["upper_hops"].sum()
+    assert _upper_hops(index, queries, 64, (4, 0)) > _upper_hops(index, queries, 64, (8, 0))
     # The tiers sit under the floor: below min_slots the walk is greedy whatever the wide tier says.
     _same_walk(index, queries, 64, (8, ROWS + 1, 4, 0), (0, 0))
