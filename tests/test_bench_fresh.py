@@ -198,6 +198,7 @@ def test_wait_for_quiet_gives_up_after_its_budget():
 #: Adapters whose index ``--index-cache`` saves and reopens, and the module each one needs.
 CACHED = {
     "kbcore-sq8": "kbcore",
+    "kbcore-sq8-tuned": "kbcore",
     "kbcore-rabitq": "kbcore",
     "hnswlib": "hnswlib",
     "symqg": "rabitqlib",
@@ -234,6 +235,22 @@ def test_index_cache_reopens_the_index_the_build_saved(name, tmp_path):
         a.close()
     other = make_synthetic(1400, 20)  # another data set never reuses the folder
     assert cache_folder(tmp_path, name, other) != folder
+
+
+def test_the_tuned_kbcore_twin_builds_at_the_tuned_anchors_degree_and_beam(tmp_path):
+    """kbcore-sq8-tuned is compared with symqg-tuned at equal level-0 degree and build beam: a
+    reopened cached index keeps M 32 (64 level-0 links) and ef_construction 400."""
+    from benches.bench_quant import ADAPTERS, build_all
+    from benches.datasets import make_synthetic
+
+    assert ADAPTERS["symqg-tuned"].degree == 2 * 32 and ADAPTERS["symqg-tuned"].ef_construction == 400
+    ds = make_synthetic(600, 5)
+    build_all(["kbcore-sq8-tuned"], ds, tmp_path)
+    (reopened,), info = build_all(["kbcore-sq8-tuned"], ds, tmp_path)
+    assert "restored_from" in info["kbcore-sq8-tuned"]
+    index = reopened.index
+    assert (index.M, index.ef_construction, index.quantization) == (32, 400, "sq8")
+    reopened.close()
 
 
 def test_index_cache_skips_an_adapter_that_cannot_reopen_as_built(tmp_path):
