@@ -35,25 +35,27 @@ constexpr std::size_t kDim = 384;
 constexpr std::size_t kRows = 512;
 constexpr int kIters = 20000;
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void dot4_nibble_vnni(const std::int8_t* lo_q,
-                                                                             const std::int8_t* hi_q,
-                                                                             const std::uint8_t* const* codes,
-                                                                             std::size_t dim, std::int32_t* out) {
+#define KBCORE_TRIAL_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+// One 128-dimension step of one row: the low nibbles against ql, the high ones against qh.
+KBCORE_TRIAL_VNNI inline __m512i nibble_step(__m512i acc, const std::uint8_t* c, __m512i ql, __m512i qh) {
   const __m512i mask = _mm512_set1_epi8(0x0f);
+  const __m512i v = _mm512_loadu_si512(c);
+  acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(v, mask), ql);
+  return _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask), qh);
+}
+
+KBCORE_TRIAL_VNNI void dot4_nibble_vnni(const std::int8_t* lo_q, const std::int8_t* hi_q,
+                                        const std::uint8_t* const* codes, std::size_t dim, std::int32_t* out) {
   __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
   __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
-  const auto step = [&](__m512i acc, const std::uint8_t* c, __m512i ql, __m512i qh) {
-    const __m512i v = _mm512_loadu_si512(c);
-    acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(v, mask), ql);
-    return _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask), qh);
-  };
   for (std::size_t b = 0; b < dim / 2; b += 64) {
     const __m512i ql = _mm512_loadu_si512(lo_q + b);
     const __m512i qh = _mm512_loadu_si512(hi_q + b);
-    a0 = step(a0, codes[0] + b, ql, qh);
-    a1 = step(a1, codes[1] + b, ql, qh);
-    a2 = step(a2, codes[2] + b, ql, qh);
-    a3 = step(a3, codes[3] + b, ql, qh);
+    a0 = nibble_step(a0, codes[0] + b, ql, qh);
+    a1 = nibble_step(a1, codes[1] + b, ql, qh);
+    a2 = nibble_step(a2, codes[2] + b, ql, qh);
+    a3 = nibble_step(a3, codes[3] + b, ql, qh);
   }
   out[0] = _mm512_reduce_add_epi32(a0);
   out[1] = _mm512_reduce_add_epi32(a1);
