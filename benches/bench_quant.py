@@ -74,15 +74,17 @@ REFINE_K_FACTOR = 4
 
 class KbcoreSq8(KbcoreHnsw):
     name = "kbcore-sq8"
+    m = M
+    ef_construction = EF_CONSTRUCTION
 
     def build(self, x: np.ndarray, threads: int) -> None:
         self.index = self.kbcore.Index(
-            x.shape[1], metric="cosine", kind="hnsw", M=M, ef_construction=EF_CONSTRUCTION, quantization="sq8"
+            x.shape[1], metric="cosine", kind="hnsw", M=self.m, ef_construction=self.ef_construction, quantization="sq8"
         )
         self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
 
 
-class KbcoreSq8Tuned(KbcoreHnsw):
+class KbcoreSq8Tuned(KbcoreSq8):
     """kbcore sq8 at the setting of the tuned SymphonyQG anchor (``symqg-tuned``): M = 32, so a
     level-0 degree of 64, and ef_construction 400. The twin of ``symqg-tuned`` at equal degree and
     build beam; not the default (M = 32 loses on the synthetic clusters, docs/graph-quality.md)."""
@@ -90,17 +92,6 @@ class KbcoreSq8Tuned(KbcoreHnsw):
     name = "kbcore-sq8-tuned"
     m = 32
     ef_construction = 400
-
-    def build(self, x: np.ndarray, threads: int) -> None:
-        self.index = self.kbcore.Index(
-            x.shape[1],
-            metric="cosine",
-            kind="hnsw",
-            M=self.m,
-            ef_construction=self.ef_construction,
-            quantization="sq8",
-        )
-        self.index.add(x, np.arange(x.shape[0], dtype=np.int64), threads=threads)
 
 
 class KbcoreSq8Disk(KbcoreHnsw):
