@@ -17,6 +17,7 @@
 
 #include "binary_io.h"
 #include "bitmap.h"
+#include "graph_reorder.h"
 #include "string_dict.h"
 #include "topk.h"
 #include "vector_store.h"
@@ -97,6 +98,9 @@ class Bm25Index {
   /// than this index has.
   std::vector<Scored> search(std::string_view query, std::size_t k, const Bitmap* allowed,
                              const Bm25Stats* global = nullptr) const;
+  /// Moves the text of old slot p.new_to_old[i] to slot i (graph_reorder.h) and rebuilds the
+  /// postings in the new slot order (as a compaction does). O(slots + postings).
+  void permute_slots(const SlotPermutation& p);
   std::size_t memory_bytes() const;
   void save(BinaryWriter& w) const;
   /// Reads the section save() wrote and builds the postings. O(postings).

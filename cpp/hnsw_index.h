@@ -17,6 +17,7 @@
 #include "aligned.h"
 #include "bitmap.h"
 #include "distance.h"
+#include "graph_reorder.h"
 #include "mapped_array.h"
 #include "prefetch.h"
 #include "row_scorer.h"
@@ -101,6 +102,15 @@ class HnswIndex {
   std::vector<Scored> search_expanding(const float* q, std::size_t ef, const Bitmap* allowed, Enough enough,
                                        std::size_t* evals = nullptr) const;
 
+  /// A new slot order in which a node's level-0 neighbours have nearby slots (graph_reorder.h):
+  /// the slots a level-0 walk from the entry point reaches, then every other slot in its old
+  /// order. O(n * M) (RCM: and a sort of each list by degree). Thread-safe against searches.
+  std::vector<Slot> locality_order(ReorderMethod method) const;
+  /// Renumbers the graph's slots by `p` (the store's rows are moved by its owner in the same
+  /// step, under the same exclusive lock): every per-slot array and every link. O(n * M).
+  /// Not thread-safe.
+  void permute_slots(const SlotPermutation& p);
+
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;
   /// Writes the graph (from format version 7 on, the level-0 lists at a 64-byte file offset).
@@ -156,6 +166,8 @@ class HnswIndex {
   /// Searches call it for every unvisited neighbour of an expanded node before scoring any.
   void prefetch_row(Slot s) const;
 
+  /// Gorder's window order (graph_reorder.cpp) of the slots `reached` (a breadth-first order).
+  std::vector<Slot> window_order(const std::vector<Slot>& reached) const;
   int draw_level();
   void insert(Slot s, const Kernels& k);
   /// Links s (whose own level is set) into levels [0, level]; used by insert and repair.

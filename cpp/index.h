@@ -177,6 +177,13 @@ class Index {
   /// index without quantization or without rows. Exclusive lock; O(n * dim).
   void retrain_quantizer(std::size_t threads);
 
+  /// Renumbers the slots so that graph neighbours sit near each other in memory
+  /// (graph_reorder.h; `method` "gorder" | "bfs" | "rcm"): rows, codes, links, metadata and text move
+  /// together, so the graph, the ids and the answers stay (up to the order of equal
+  /// distances). Throws InvalidArgument for a flat index or an unknown method. Exclusive lock;
+  /// O(n * (dim + M)) on one thread, the codes re-encoded on `threads`.
+  void reorder(const std::string& method, std::size_t threads);
+
   /// Writes the index to one file atomically (temp file, fsync, rename).
   void save(const std::string& path) const;
   /// Reads a file written by save(); validates magic, version, sizes, checksum and links.

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph_reorder.h"
 #include "string_dict.h"
 #include "vector_store.h"
 
@@ -217,6 +218,10 @@ class MetadataStore {
   /// True if any field exists.
   bool empty() const { return fields_.empty(); }
   std::size_t memory_bytes() const;
+
+  /// Moves every field's value of old slot p.new_to_old[i] to slot i (graph_reorder.h); the
+  /// sorted indexes and derived data are rebuilt at their next use. O(fields * slots).
+  void permute_slots(const SlotPermutation& p);
 
   void save(BinaryWriter& w, const VectorStore& store) const;
   void load(BinaryReader& r, const VectorStore& store);

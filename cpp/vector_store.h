@@ -9,6 +9,7 @@
 
 #include "aligned.h"
 #include "bitmap.h"
+#include "graph_reorder.h"
 #include "id_map.h"
 #include "row_buffer.h"
 #include "slot.h"
@@ -53,6 +54,11 @@ class VectorStore {
   void release_resident_rows() const { data_.release_resident(); }
   /// Bytes held (rows, ids, map), approximately.
   std::size_t memory_bytes() const;
+
+  /// Moves row, id and live flag of old slot p.new_to_old[i] to slot i (graph_reorder.h); the
+  /// id map follows. O(slot_count * dim): the rows move in place (no second copy). Not
+  /// thread-safe.
+  void permute_slots(const SlotPermutation& p);
 
   /// Raw state for persistence: ids per slot, live flags per slot, rows.
   const std::vector<std::int64_t>& slot_ids() const { return slot_ids_; }

@@ -645,6 +645,13 @@ void bind_index(py::module_& m) {
           "The code type's parameters by name (empty without quantization).")
       .def_property_readonly("quantizer_trained", &Index::quantizer_trained)
       .def(
+          "reorder",
+          [](Index& self, const std::string& method, std::size_t threads) {
+            py::gil_scoped_release nogil;
+            self.reorder(method, threads);
+          },
+          py::arg("method"), py::arg("threads"))
+      .def(
           "retrain_quantizer",
           [](Index& self, std::size_t threads) {
             py::gil_scoped_release nogil;

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from ._index import (
+    REORDER_MIN_ROWS,
     Group,
     Index,
     Search,
@@ -58,6 +59,7 @@ __all__ = [
     "KINDS",
     "QUANTIZATIONS",
     "VECTORS",
+    "REORDER_MIN_ROWS",
     "M_RANGE",
     "DIM_RANGE",
     "EF_RANGE",

@@ -31,6 +31,12 @@ from .spec import IndexSpec, as_index_spec
 # numpy's float32 dtype (a singleton: `dtype is _FLOAT32` is the cheapest exact test).
 _FLOAT32 = np.dtype(np.float32)
 
+# Index.add renumbers the slots for locality (Index.reorder) once the index holds at least this
+# many rows and twice as many as at its last reorder (or its creation or load), so each reorder
+# follows a doubling and their cost stays a small share of the build (about 6 % at 1M rows).
+# Below it the codes fit the caches and the walk gains nothing measurable (docs/graph-quality.md).
+REORDER_MIN_ROWS = 100_000
+
 __all__ = [
     "Index",
     "Group",
@@ -197,7 +203,7 @@ class Index:
     # About 420 lines: the whole index API (34 methods, most of them argument checks and a
     # docstring around one native call); the work is in the native core.
 
-    __slots__ = ("_native", "_dim")
+    __slots__ = ("_native", "_dim", "_ordered_rows")
 
     def __init__(
         self,
@@ -254,6 +260,7 @@ class Index:
             spec.bits or 0,
         )
         self._dim = int(self._native.dim)
+        self._ordered_rows = 0
 
     @property
     def spec(self) -> IndexSpec:
@@ -275,6 +282,7 @@ class Index:
         obj = cls.__new__(cls)
         obj._native = native
         obj._dim = int(native.dim)
+        obj._ordered_rows = int(native.size())
         return obj
 
     # -- properties ---------------------------------------------------------------------
@@ -346,6 +354,32 @@ class Index:
         """
         self._native.retrain_quantizer(_threads(threads))
 
+    def reorder(self, *, method: str = "gorder", threads: int = 0) -> None:
+        """Renumbers the rows' internal slots so that graph neighbours sit near each other in
+        memory: the walk then reads fewer scattered pages (on 1M synthetic rows, sq8: 13-17 %
+        less time per query at recall 0.95-0.99; nothing measurable below 100k rows, where the
+        codes fit the caches; docs/graph-quality.md).
+
+        :meth:`add` calls it by itself (``reorder=None``) when an add leaves at least
+        ``REORDER_MIN_ROWS`` (100,000) rows and twice as many as at the last reorder; call it
+        after building an index through many small adds, through ``defer_graph``, or with
+        ``vectors="disk"`` (never reordered by itself: its rows move inside their file).
+
+        ``method``: ``"gorder"`` (Gorder's greedy window on direct links, the fastest walk
+        measured), ``"bfs"`` (breadth-first from the graph's entry point) or ``"rcm"``
+        (reverse Cuthill-McKee). Rows, codes, links, metadata and text move together: ids,
+        metadata and answers are unchanged (up to the order of equal distances); only
+        :meth:`ids` lists the ids in the new storage order. A saved file keeps the order, so a
+        reload needs no work. Later adds take free or new slots. Raises InvalidArgumentError for
+        a flat index or an unknown method. Holds the exclusive lock (searches wait): about 2 s
+        per 100k rows of 384 dimensions (gorder, one thread; the codes are re-encoded on
+        ``threads``). No second copy of the rows is made.
+        """
+        if not isinstance(method, str):
+            raise InvalidTypeError(f"method must be a str ('gorder', 'bfs' or 'rcm'), got {type(method).__name__}")
+        self._native.reorder(method, _threads(threads))
+        self._ordered_rows = len(self)
+
     @property
     def ef(self) -> int:
         """Default size of the search candidate list (raised to k when smaller)."""
@@ -364,6 +398,7 @@ class Index:
         metadata: Sequence[Mapping[str, Any] | None] | Any | None = None,
         texts: Sequence[str | None] | Any | None = None,
         defer_graph: bool = False,
+        reorder: bool | None = None,
         threads: int = 0,
     ) -> None:
         """Adds vectors [n, dim] under int64 ids [n]; an id already present is replaced.
@@ -381,10 +416,20 @@ class Index:
         read from its buffers) feed the native BM25 index used by :meth:`search_text` and
         hybrid retrieval; a replaced id gets exactly the new text.
 
+        ``reorder``: ``None`` (default) renumbers the slots for locality (:meth:`reorder`)
+        after linking when the index now holds at least ``REORDER_MIN_ROWS`` (100,000) rows and
+        twice as many as at its last reorder, with the rows in memory and none waiting for the
+        graph: about 6 % more build time at 1M rows for a 13-17 % faster walk. ``True``
+        reorders after this add whatever its size (hnsw only), ``False`` never.
+
         The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
         under cosine, metadata types); a bad batch changes nothing. ``threads=0`` uses all
         cores.
         """
+        if reorder is not None and not isinstance(reorder, bool):
+            raise InvalidTypeError(f"reorder must be True, False or None, got {type(reorder).__name__}")
+        if reorder and self.kind != "hnsw":
+            raise InvalidArgumentError("reorder=True needs an hnsw index: a flat index has no graph to follow")
         arr, _ = _as_vectors(vectors, self.dim, "vectors")
         id_arr = _as_ids(ids)
         if len(id_arr) != arr.shape[0]:
@@ -399,6 +444,19 @@ class Index:
                 raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(texts)} texts")
             # each text's type is checked natively, as it is copied (InvalidTypeError)
         self._native.add(arr, id_arr, _threads(threads), columns, texts, bool(defer_graph))
+        if reorder or (reorder is None and not defer_graph and self._reorder_due()):
+            self.reorder(threads=threads)
+
+    def _reorder_due(self) -> bool:
+        """Whether add's automatic reorder applies now (see ``reorder`` in :meth:`add`)."""
+        n = len(self)
+        return (
+            n >= REORDER_MIN_ROWS
+            and n >= 2 * self._ordered_rows
+            and self.kind == "hnsw"
+            and self.vectors == "memory"
+            and self.pending == 0
+        )
 
     def build_graph(self, max_rows: int | None = None, *, threads: int = 0) -> int:
         """Links up to ``max_rows`` (all if None) rows added with ``defer_graph=True`` into
