@@ -607,6 +607,12 @@ def cache_folder(cache: Path, name: str, ds: Dataset) -> Path:
                 version = metadata.version(package)
             except metadata.PackageNotFoundError:
                 pass
+    if name.startswith("kbcore"):
+        # Index.add reorders the slots of a large build (REORDER_MIN_ROWS): an index saved by a
+        # kbcore without that step, or with another threshold, is not reused.
+        from kbcore.index import _index
+
+        version += f" reorder{getattr(_index, 'REORDER_MIN_ROWS', None)}"
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(ds.base[::997]).tobytes())
     h.update(np.ascontiguousarray(ds.base[-1:]).tobytes())

@@ -7,10 +7,11 @@ reported as ratios next to ``os.getloadavg()``.
     # A/B of two builds of the same index file: BASE is a PYTHONPATH holding the other build
     python -m benches.trials.graph_trial save --out /tmp/sf.kbi --quantization sq8
     python -m benches.trials.graph_trial ab --index /tmp/sf.kbi --base-path BASE --rounds 6
-    # slot reordering (issue 28; needs benches/trials/reorder_trial.patch applied and built):
-    # the same build on an index file and its reordered copy
+    # slot reordering (Index.reorder; `save` keeps the rows' slots as added): an index file
+    # and its reordered copy, in alternating processes or interleaved in one process
     python -m benches.trials.graph_trial reorder --index /tmp/sf.kbi --out /tmp/sf-bfs.kbi --method bfs
     python -m benches.trials.graph_trial ab --index /tmp/sf-bfs.kbi --base-index /tmp/sf.kbi --rounds 8 --fresh-copy
+    python -m benches.trials.graph_trial pair --index /tmp/sf-bfs.kbi --base-index /tmp/sf.kbi --passes 7
     # time one build (what `ab` runs in each process)
     python -m benches.trials.graph_trial time --index /tmp/sf.kbi --efs 16,32,64
     # alpha-pruning (needs benches/trials/alpha_trial.patch applied) or degree, interleaved
@@ -57,11 +58,12 @@ def build(
     """An hnsw cosine index of the dataset (ids = row numbers), ef_construction 200, seed 1.
 
     ``order``: the rows in the order they are added (their slots, and their insertion order).
+    The slots stay as added (``reorder=False``): the trials compare slot orders.
     """
     q = {} if quantization is None else {"quantization": quantization}
     index = kbcore.Index(ds.dim, "cosine", "hnsw", M=m, ef_construction=200, seed=1, **q)  # type: ignore[arg-type]
     rows = np.arange(ds.n, dtype=np.int64) if order is None else order.astype(np.int64)
-    index.add(np.ascontiguousarray(ds.base[rows]), rows, threads=threads)
+    index.add(np.ascontiguousarray(ds.base[rows]), rows, threads=threads, reorder=False)
     return index
 
 
@@ -104,17 +106,15 @@ def cmd_time(args: argparse.Namespace) -> None:
 
 
 def cmd_reorder(args: argparse.Namespace) -> None:
-    """Reorders the slots of --index by --method (bfs, rcm, gorder; Index.reorder of
-    benches/trials/reorder_trial.patch), checks the answers, saves it to --out."""
+    """Reorders the slots of --index by --method (bfs, rcm, gorder: Index.reorder), checks the
+    answers, saves it to --out."""
     ds = load(args.dataset)
     index = kbcore.Index.load(args.index)
     efs = [int(e) for e in args.efs.split(",")]
     before = {ef: index.search(ds.queries, 10, ef=ef, threads=1) for ef in efs}
     stats = {ef: index.search_stats(ds.queries, 10, ef=ef) for ef in efs}
     t0 = time.perf_counter()
-    if not hasattr(index._native, "reorder"):
-        sys.exit("reorder needs benches/trials/reorder_trial.patch applied to the native build")
-    index._native.reorder(args.method, 1)
+    index.reorder(method=args.method, threads=1)
     seconds = time.perf_counter() - t0
     for ef in efs:
         ids, dist = index.search(ds.queries, 10, ef=ef, threads=1)
@@ -157,6 +157,55 @@ def cmd_ab(args: argparse.Namespace) -> None:
         a = statistics.median(x[ef] for x in runs["A"])
         b = statistics.median(x[ef] for x in runs["B"])
         print(f"ef {ef}: A {a:.2f} us, B {b:.2f} us, B/A time {b / a:.3f}")
+
+
+def cmd_pair(args: argparse.Namespace) -> None:
+    """Times --base-index (A) and --index (B) in one process: a fresh byte copy of each (the
+    page-cache trap of docs/graph-quality.md), wall time of one pass over every query per
+    timing, one query per call, the two passes of each ef back to back in alternating order
+    (so a change of the machine's speed hits both), recall@10 against the exact top 10."""
+    ds = load(args.dataset)
+    efs = [int(e) for e in args.efs.split(",")]
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        index = {
+            tag: kbcore.Index.load(shutil.copy(path, Path(tmp) / f"{tag}.kbi"))
+            for tag, path in (("A", args.base_index), ("B", args.index))
+        }
+        print(json.dumps({"load_before": os.getloadavg()}), flush=True)
+        for ef in efs:
+            for one in index.values():
+                wall_pass(one, ds.queries[:100], ef)  # warm
+        times: dict[str, dict[int, list[float]]] = {tag: {ef: [] for ef in efs} for tag in index}
+        for p in range(args.passes):
+            for ef in efs:
+                for tag in ("A", "B") if p % 2 == 0 else ("B", "A"):
+                    times[tag][ef].append(wall_pass(index[tag], ds.queries, ef))
+        for ef in efs:
+            a, b = (statistics.median(times[tag][ef]) for tag in ("A", "B"))
+            per_pass = [y / x for x, y in zip(times["A"][ef], times["B"][ef])]
+            print(
+                json.dumps(
+                    {
+                        "ef": ef,
+                        "recall_A": recall(index["A"], ds, ef),
+                        "recall_B": recall(index["B"], ds, ef),
+                        "us_A": round(a, 2),
+                        "us_B": round(b, 2),
+                        "B/A": round(b / a, 3),
+                        "B/A_per_pass": [round(min(per_pass), 3), round(max(per_pass), 3)],
+                    }
+                ),
+                flush=True,
+            )
+        print(json.dumps({"load_after": os.getloadavg()}), flush=True)
+
+
+def wall_pass(index: kbcore.Index, queries: np.ndarray, ef: int) -> float:
+    """Wall microseconds per query over one pass, one query per call."""
+    t0 = time.perf_counter()
+    for q in queries:
+        index.search(q, 10, ef=ef)
+    return (time.perf_counter() - t0) / len(queries) * 1e6
 
 
 # Sweep keys set from environment variables read by a trial build (the refinement pass of
@@ -271,7 +320,7 @@ def summarise(rows: list[dict], key: str, variants: list[str]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("save", "time", "ab", "sweep", "reorder"):
+    for name in ("save", "time", "ab", "sweep", "reorder", "pair"):
         s = sub.add_parser(name)
         s.add_argument("--dataset", default="scifact")
         s.add_argument("--efs", default="16,32,64")
@@ -286,8 +335,11 @@ def main() -> None:
         s.add_argument("--method", default="bfs")
         s.add_argument("--rounds", type=int, default=6)
         s.add_argument("--variants", default="alpha=1.0,1.1,1.2")
+        s.add_argument("--tmp", default=None, help="pair: folder for the fresh copies (default $TMPDIR)")
     args = p.parse_args()
-    {"save": cmd_save, "time": cmd_time, "ab": cmd_ab, "sweep": cmd_sweep, "reorder": cmd_reorder}[args.cmd](args)
+    {"save": cmd_save, "time": cmd_time, "ab": cmd_ab, "sweep": cmd_sweep, "reorder": cmd_reorder, "pair": cmd_pair}[
+        args.cmd
+    ](args)
 
 
 if __name__ == "__main__":
