@@ -67,7 +67,7 @@ std::vector<Slot> HnswIndex::window_order(const std::vector<Slot>& reached) cons
   std::vector<std::int32_t> score(n, 0);
   std::vector<std::uint8_t> placed(n, 0);
   using Entry = std::pair<std::int32_t, std::uint32_t>;  // (score, ~slot): lower slots first on ties
-  std::vector<Entry> heap;  // a max-heap (std::push_heap / pop_heap)
+  std::vector<Entry> heap;                               // a max-heap (std::push_heap / pop_heap)
   const std::size_t heap_cap = 4 * reached.size() + 1024;
   const auto valid = [&](const Entry& e) {
     const Slot u = ~e.second;
