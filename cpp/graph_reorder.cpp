@@ -198,6 +198,11 @@ void HnswIndex::permute_slots(const SlotPermutation& p) {
 void VectorStore::permute_slots(const SlotPermutation& p) {
   const std::size_t n = slot_ids_.size();
   if (p.new_to_old.size() != n) throw InvalidArgument("slot permutation size differs from the store's slots");
+  if (n == 0) return;
+  // Rows read in place from a loaded file are copied out here, by the first mutable access,
+  // before anything moves (so a failed copy changes nothing), and every read and write below
+  // goes through the one buffer that is written.
+  float* const rows = data_.data();
   std::vector<std::int64_t> ids(n);
   std::vector<std::uint8_t> live(n);
   for (std::size_t i = 0; i < n; ++i) {
@@ -207,21 +212,22 @@ void VectorStore::permute_slots(const SlotPermutation& p) {
   restore_slots(std::move(ids), std::move(live));
   // The rows move in place, one cycle of the permutation at a time, through a one-row buffer:
   // no second copy of the rows (1.5 GB at 1M x 384), and rows on disk stay in their file.
+  const auto row = [&](std::size_t slot) { return rows + slot * dim_; };
   const std::size_t bytes = dim_ * sizeof(float);
   std::vector<float> held(dim_);
   std::vector<std::uint8_t> done(n, 0);
   for (std::size_t start = 0; start < n; ++start) {
     if (done[start] || p.new_to_old[start] == start) continue;
-    std::memcpy(held.data(), vector(static_cast<Slot>(start)), bytes);
+    std::memcpy(held.data(), row(start), bytes);
     std::size_t i = start;
     for (;;) {
       done[i] = 1;
       const std::size_t from = p.new_to_old[i];
       if (from == start) {
-        std::memcpy(mutable_vector(static_cast<Slot>(i)), held.data(), bytes);
+        std::memcpy(row(i), held.data(), bytes);
         break;
       }
-      std::memcpy(mutable_vector(static_cast<Slot>(i)), vector(static_cast<Slot>(from)), bytes);
+      std::memcpy(row(i), row(from), bytes);
       i = from;
     }
   }
