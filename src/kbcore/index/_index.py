@@ -356,14 +356,14 @@ class Index:
 
     def reorder(self, *, method: str = "gorder", threads: int = 0) -> None:
         """Renumbers the rows' internal slots so that graph neighbours sit near each other in
-        memory: the walk then reads fewer scattered pages (on 1M synthetic rows, sq8: 13-17 %
+        memory: the walk then reads fewer scattered pages (on 1M synthetic rows, sq8: 13-18 %
         less time per query at recall 0.95-0.99; nothing measurable below 100k rows, where the
         codes fit the caches; docs/graph-quality.md).
 
         :meth:`add` calls it by itself (``reorder=None``) when an add leaves at least
-        ``REORDER_MIN_ROWS`` (100,000) rows and twice as many as at the last reorder; call it
-        after building an index through many small adds, through ``defer_graph``, or with
-        ``vectors="disk"`` (never reordered by itself: its rows move inside their file).
+        ``REORDER_MIN_ROWS`` (100,000) rows and twice as many as at the last reorder (small adds included); call it
+        after building an index through ``defer_graph``, or with ``vectors="disk"`` (neither is
+        reordered by itself: deferred rows are linked later, rows on disk move inside their file).
 
         ``method``: ``"gorder"`` (Gorder's greedy window on direct links, the fastest walk
         measured), ``"bfs"`` (breadth-first from the graph's entry point) or ``"rcm"``
@@ -371,7 +371,7 @@ class Index:
         metadata and answers are unchanged (up to the order of equal distances); only
         :meth:`ids` lists the ids in the new storage order. A saved file keeps the order, so a
         reload needs no work. Later adds take free or new slots. Raises InvalidArgumentError for
-        a flat index or an unknown method. Holds the exclusive lock (searches wait): about 2 s
+        a flat index or an unknown method. Holds the exclusive lock (searches wait): about 1-2 s
         per 100k rows of 384 dimensions (gorder, one thread; the codes are re-encoded on
         ``threads``). No second copy of the rows is made.
         """
@@ -419,7 +419,7 @@ class Index:
         ``reorder``: ``None`` (default) renumbers the slots for locality (:meth:`reorder`)
         after linking when the index now holds at least ``REORDER_MIN_ROWS`` (100,000) rows and
         twice as many as at its last reorder, with the rows in memory and none waiting for the
-        graph: about 6 % more build time at 1M rows for a 13-17 % faster walk. ``True``
+        graph: about 6 % more build time at 1M rows for a 13-18 % faster walk. ``True``
         reorders after this add whatever its size (hnsw only), ``False`` never.
 
         The whole batch is validated first (dimension, NaN/inf, duplicate ids, zero vectors
