@@ -271,9 +271,27 @@ void Bm25Index::permute_slots(const SlotPermutation& p) {
 
 void Index::reorder(const std::string& method, std::size_t threads) {
   const ReorderMethod m = parse_reorder_method(method);
+  // The order is the long part (gorder: ~10 s at 1M rows) and reads only the graph, so it is
+  // computed under the shared lock: searches keep running, and only moving the rows below
+  // makes them wait.
+  std::vector<Slot> order;
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    if (!graph_) throw InvalidArgument("reorder needs an hnsw index: a flat index has no graph to follow");
+    order = graph_->locality_order(m);
+  }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (!graph_) throw InvalidArgument("reorder needs an hnsw index: a flat index has no graph to follow");
-  const SlotPermutation p = make_permutation(graph_->locality_order(m));
+  // A writer may have run in between. Any permutation keeps the answers; the order only decides
+  // locality. Slots added since keep their place at the end; if slots were dropped (the store
+  // compacted), the order is computed again here.
+  const std::size_t n = store_.slot_count();
+  if (order.size() > n) {
+    order = graph_->locality_order(m);
+  } else {
+    for (std::size_t s = order.size(); s < n; ++s) order.push_back(static_cast<Slot>(s));
+  }
+  const SlotPermutation p = make_permutation(std::move(order));
   store_.permute_slots(p);
   graph_->permute_slots(p);
   meta_.permute_slots(p);

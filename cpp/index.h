@@ -180,8 +180,10 @@ class Index {
   /// Renumbers the slots so that graph neighbours sit near each other in memory
   /// (graph_reorder.h; `method` "gorder" | "bfs" | "rcm"): rows, codes, links, metadata and text move
   /// together, so the graph, the ids and the answers stay (up to the order of equal
-  /// distances). Throws InvalidArgument for a flat index or an unknown method. Exclusive lock;
-  /// O(n * (dim + M)) on one thread, the codes re-encoded on `threads`.
+  /// distances). Throws InvalidArgument for a flat index or an unknown method. The order is
+  /// computed under the shared lock (searches run on), the moves under the exclusive lock;
+  /// slots added in between keep their place at the end. O(n * (dim + M)) on one thread, the
+  /// codes re-encoded on `threads`.
   void reorder(const std::string& method, std::size_t threads);
 
   /// Writes the index to one file atomically (temp file, fsync, rename).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +323,97 @@ def test_add_rejects_a_bad_reorder_before_adding_anything() -> None:
     with pytest.raises(TypeError, match="method must be a str"):
         index.reorder(method=3)  # type: ignore[arg-type]
     assert len(index) == 0
+
+
+# -- reorder beside searches and writers ---------------------------------------------------
+
+
+def test_searches_beside_repeated_reorders_always_answer_the_same() -> None:
+    x = _data(16)
+    index = kbcore.Index(DIM, "cosine", M=8, ef_construction=64, seed=5, quantization="sq8")
+    index.add(x, np.arange(N, dtype=np.int64), reorder=False, threads=1)
+    q = _queries(16, 20)
+    expected = [index.search(v, 10, ef=48) for v in q]
+    done = threading.Event()
+    failures: list[str] = []
+    searched = [0]
+
+    def searcher() -> None:
+        while not done.is_set():
+            for i, v in enumerate(q):
+                ids, dist = index.search(v, 10, ef=48)
+                try:
+                    _assert_same_answers((expected[i][0][None], expected[i][1][None]), (ids[None], dist[None]))
+                except AssertionError as exc:  # pragma: no cover - reported below
+                    failures.append(f"query {i}: {exc}")
+                searched[0] += 1
+
+    thread = threading.Thread(target=searcher)
+    thread.start()
+    try:
+        for method in ["gorder", "bfs", "rcm"] * 4:
+            index.reorder(method=method)
+    finally:
+        done.set()
+        thread.join()
+    assert failures == []
+    assert searched[0] > 0
+
+
+def test_reorders_beside_adds_and_removes_keep_every_row_and_vector() -> None:
+    # Writers may run between the order's computation (shared lock) and the moves (exclusive
+    # lock): slots added meanwhile must keep their rows, ids, codes and links.
+    x = _data(17, 6000)
+    ids = np.arange(6000, dtype=np.int64) * 7 + 3
+    index = kbcore.Index(DIM, "l2", M=8, ef_construction=64, seed=5, quantization="sq8")
+    index.add(x[:1500], ids[:1500], reorder=False, threads=1)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for start in range(1500, 6000, 50):
+                index.add(x[start : start + 50], ids[start : start + 50], reorder=False, threads=1)
+                if start % 500 == 0:
+                    index.remove(ids[start - 40 : start - 30], threads=1)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reorders = 0
+    while not done.is_set() or reorders == 0:
+        index.reorder()
+        reorders += 1
+    thread.join()
+    assert errors == []
+    index.reorder()  # and once more with every row in place
+    gone = np.concatenate([ids[s - 40 : s - 30] for s in range(1500, 6000, 50) if s % 500 == 0])
+    live = np.setdiff1d(ids, gone)
+    assert len(index) == len(live)
+    assert sorted(index.ids().tolist()) == sorted(live.tolist())
+    np.testing.assert_array_equal(index.get_vectors(live), x[np.searchsorted(ids, live)])
+    got, _ = index.search(x[np.searchsorted(ids, live[::7])], 1, ef=64, threads=1)
+    assert np.mean(got[:, 0] == live[::7]) >= 0.99
+
+
+def test_a_shard_reorders_only_when_its_index_is_due(reorders: list[int], tmp_path: Path) -> None:
+    # What a sharded knowledge base's graph builder calls on each shard (ShardedIndex.reorder).
+    from kbcore.distributed.shard import ShardState
+
+    opts = {"shard": 0, "dim": DIM, "metric": "l2", "kind": "hnsw", "index_options": {"M": 8, "ef_construction": 64}}
+    state = ShardState(str(tmp_path / "shard"), **opts)
+    x = _data(18, 1600)
+    none = np.empty(0, np.int64)
+    state.apply(x[:600], np.arange(600, dtype=np.int64), None, None, none, defer_graph=True)
+    state.build_graph(None, 1)
+    assert not state.reorder_due() and not state.reorder_if_due()  # 600 rows: below 1,000
+    state.apply(x[600:], np.arange(600, 1600, dtype=np.int64), None, None, none, defer_graph=True)
+    assert not state.reorder_due()  # rows still wait for the graph
+    state.build_graph(None, 1)
+    assert state.reorder_due() and state.reorder_if_due()
+    assert reorders == [1600] and not state.reorder_due()
+    got, _ = state.index.search(x[::40], 1, ef=64, threads=1)
+    np.testing.assert_array_equal(got[:, 0], np.arange(0, 1600, 40))

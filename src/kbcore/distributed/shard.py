@@ -336,6 +336,17 @@ class ShardState:
     def pending(self) -> int:
         return self.index.pending if self.index.kind == "hnsw" else 0
 
+    def reorder_due(self) -> bool:
+        return self.index.kind == "hnsw" and self.index.reorder_due
+
+    def reorder_if_due(self) -> bool:
+        """Renumbers this shard's slots for locality when its index has doubled past
+        ``REORDER_MIN_ROWS`` (Index.reorder_due); whether it did."""
+        if not self.reorder_due():
+            return False
+        self.index.reorder()
+        return True
+
     def get_vectors(self, ids: np.ndarray) -> dict[int, np.ndarray]:
         """Stored vectors of those of ``ids`` this shard holds, by id."""
         held = [int(i) for i in ids if int(i) in self.index]

@@ -541,6 +541,16 @@ class ShardedIndex:
         """Rows stored but not yet linked into a shard's graph."""
         return int(sum(self._scatter("pending", ()).values()))
 
+    @property
+    def reorder_due(self) -> bool:
+        """Whether some shard's index is due for a slot reorder (``Index.reorder_due``)."""
+        return any(self._scatter("reorder_due", ()).values())
+
+    def reorder(self) -> int:
+        """Reorders the slots of every shard whose index is due (``Index.reorder_due``);
+        returns how many did. Each shard's searches run on while its order is computed."""
+        return sum(bool(v) for v in self._scatter("reorder_if_due", ()).values())
+
     def save(self) -> None:
         """Checkpoints every shard (index file written, write-ahead log restarted). Writes are
         durable without it; a checkpoint shortens recovery."""

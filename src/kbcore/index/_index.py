@@ -371,9 +371,11 @@ class Index:
         metadata and answers are unchanged (up to the order of equal distances); only
         :meth:`ids` lists the ids in the new storage order. A saved file keeps the order, so a
         reload needs no work. Later adds take free or new slots. Raises InvalidArgumentError for
-        a flat index or an unknown method. Holds the exclusive lock (searches wait): about 1-2 s
-        per 100k rows of 384 dimensions (gorder, one thread; the codes are re-encoded on
-        ``threads``). No second copy of the rows is made.
+        a flat index or an unknown method. About 0.5-1 s per 100k rows of 384 dimensions
+        (gorder, one thread; the codes are re-encoded on ``threads``). The order is computed
+        under the shared lock, so searches keep running; they wait only while the rows move
+        (about a quarter of the time). Adds and removes may run meanwhile: rows added then keep
+        their slots at the end. No second copy of the rows is made.
         """
         if not isinstance(method, str):
             raise InvalidTypeError(f"method must be a str ('gorder', 'bfs' or 'rcm'), got {type(method).__name__}")
@@ -444,11 +446,15 @@ class Index:
                 raise InvalidArgumentError(f"got {arr.shape[0]} vectors but {len(texts)} texts")
             # each text's type is checked natively, as it is copied (InvalidTypeError)
         self._native.add(arr, id_arr, _threads(threads), columns, texts, bool(defer_graph))
-        if reorder or (reorder is None and not defer_graph and self._reorder_due()):
+        if reorder or (reorder is None and not defer_graph and self.reorder_due):
             self.reorder(threads=threads)
 
-    def _reorder_due(self) -> bool:
-        """Whether add's automatic reorder applies now (see ``reorder`` in :meth:`add`)."""
+    @property
+    def reorder_due(self) -> bool:
+        """Whether the automatic reorder applies now: at least ``REORDER_MIN_ROWS`` rows and
+        twice as many as at the last reorder (or creation, or load), an hnsw index with its
+        rows in memory and none waiting for the graph. :meth:`add` checks it after linking;
+        the engine's background graph builder checks it once every row is linked."""
         n = len(self)
         return (
             n >= REORDER_MIN_ROWS
