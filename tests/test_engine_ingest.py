@@ -398,3 +398,41 @@ def test_index_add_rejects_arrow_texts_of_another_type_or_length():
     with pytest.raises(InvalidArgumentError, match="offsets are out of range"):
         index._native.add(np.ones((2, 2), np.float32), np.array([1, 2], np.int64), 1, [], bad, False)
     assert len(index) == 0
+
+
+def test_graph_builder_reorders_a_grown_index_and_the_reopened_kb_keeps_it(tmp_path, monkeypatch):
+    from kbcore.index import _index
+
+    monkeypatch.setattr(_index, "REORDER_MIN_ROWS", 1500)  # 100,000 in production
+    rng = np.random.default_rng(21)
+    n, dim = 2000, 16
+    centres = rng.standard_normal((30, dim)).astype(np.float32)
+    vecs = (centres[rng.integers(0, 30, n)] + 0.3 * rng.standard_normal((n, dim))).astype(np.float32)
+    table = pa.table({"document_id": [f"d{i}" for i in range(n)], "text": [f"chunk {i}" for i in range(n)]})
+    engine = Engine(tmp_path / "data")
+    kb = engine.create_knowledge_base("grown", embedder=False, dim=dim, index="hnsw")
+    kb.ingest_table(table.slice(0, 1000), vectors=vecs[:1000])
+    assert kb.wait_until_indexed(timeout=60)
+    assert kb._builder.reorders == 0  # 1,000 rows: below the threshold
+    stored = kb.index.ids()
+    np.testing.assert_array_equal(stored, np.sort(stored))  # rows in the order they came
+    kb.ingest_table(table.slice(1000), vectors=vecs[1000:])
+    assert kb.wait_until_indexed(timeout=60)
+    assert kb._builder.reorders == 1  # 2,000 rows: linked, then reordered once
+    order = kb.index.ids()
+    assert not np.array_equal(order, np.sort(order))
+    probe = range(0, n, 37)
+
+    def top_texts(k):
+        return [[h.content for h in k.retrieve(vecs[i], top_k=1)] for i in probe]
+
+    assert top_texts(kb) == [[f"chunk {i}"] for i in probe]
+    engine.close()  # the reordered index is checkpointed at close
+    again = Engine(tmp_path / "data")
+    try:
+        reopened = again.get_knowledge_base("grown")
+        np.testing.assert_array_equal(reopened.index.ids(), order)
+        assert top_texts(reopened) == [[f"chunk {i}"] for i in probe]
+        assert reopened.wait_until_indexed(timeout=60) and reopened._builder.reorders == 0
+    finally:
+        again.close()

@@ -1,6 +1,8 @@
 """The background graph builder: links rows stored with ``defer_graph=True`` into the HNSW graph
 in small batches, each holding the native write lock briefly, while searches continue (rows
-not yet linked are searched exactly, so results never miss them).
+not yet linked are searched exactly, so results never miss them). Once every row is linked it
+renumbers the slots for locality when the index has doubled past 100k rows
+(``Index.reorder_due``).
 
 Knows only the index (through a callable that returns the current one), not segments or the
 manifest. Every running builder is stopped at interpreter exit, so that no native build is in
@@ -35,6 +37,8 @@ class GraphBuilder:
         self._lifecycle = threading.Lock()
         #: the builder linked rows since the index was last saved (checkpoint it at close)
         self.unsaved = False
+        #: slot reorders this builder ran (Index.reorder_due), for tests and stats
+        self.reorders = 0
 
     def start(self) -> None:
         """Starts the thread if there are rows to link and it is not running (never after
@@ -77,8 +81,9 @@ class GraphBuilder:
         self.unsaved = False
 
     def wait(self, timeout: float | None, pending: Callable[[], int]) -> bool:
-        """Waits until ``pending()`` is 0; False if ``timeout`` seconds passed first or the
-        builder is retired with rows left unlinked."""
+        """Waits until ``pending()`` is 0 and a reorder that follows the linking has ended;
+        False if ``timeout`` seconds passed first or the builder is retired with rows left
+        unlinked."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending():
             thread = self._thread
@@ -91,12 +96,26 @@ class GraphBuilder:
             thread.join(timeout=0.05 if remaining is None else min(0.05, remaining))
             if deadline is not None and time.monotonic() >= deadline:
                 return pending() == 0
+        # Every row is linked; the thread may still be reordering the slots (it ends then).
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            return not thread.is_alive()
         return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
             index = self._current_index()
-            if index is None or index.pending == 0:
+            if index is None:
+                return
+            if index.pending == 0:
+                # Every row is linked: renumber the slots for locality when the index has grown
+                # enough (Index.reorder_due: from 100k rows, at each doubling). The order is
+                # computed while searches run; they wait only while the rows move.
+                if index.reorder_due:
+                    index.reorder()
+                    self.unsaved = True
+                    self.reorders += 1
                 return
             index.build_graph(BATCH_ROWS)
             self.unsaved = True  # saved at the next checkpoint or close, so reopening does not relink

@@ -1110,8 +1110,9 @@ class KnowledgeBase:
 
     def wait_until_indexed(self, timeout: float | None = None) -> bool:
         """Waits until every chunk is linked into the HNSW graph (ingest returns as soon as
-        the chunks are durable and searchable; linking continues in the background). Returns
-        False if ``timeout`` seconds passed first."""
+        the chunks are durable and searchable; linking continues in the background), and until
+        the slot reorder that may follow the linking has ended (from 100k chunks, each time the
+        index has doubled; docs/engine.md). Returns False if ``timeout`` seconds passed first."""
         return self._builder.wait(timeout, lambda: self.pending_graph_rows)
 
     # -- lifecycle ---------------------------------------------------------------------------
