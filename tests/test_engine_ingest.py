@@ -400,6 +400,40 @@ def test_index_add_rejects_arrow_texts_of_another_type_or_length():
     assert len(index) == 0
 
 
+def test_graph_builder_reorders_a_sharded_index_in_one_call_and_counts_its_shards():
+    # A sharded knowledge base's index reorders its due shards itself (ShardedIndex.reorder,
+    # one call to the shards): the builder calls it once, never asks reorder_due first, and
+    # counts the shards it reordered. A stand-in with that interface.
+    from kbcore.engine.graph_builder import GraphBuilder
+
+    class Sharded:
+        kind = "hnsw"
+
+        def __init__(self) -> None:
+            self.pending = 2
+            self.calls: list[str] = []
+
+        def build_graph(self, max_rows: int) -> int:
+            self.calls.append("build_graph")
+            self.pending = 0
+            return 0
+
+        @property
+        def reorder_due(self) -> bool:
+            raise AssertionError("the builder asked reorder_due of a sharded index")
+
+        def reorder(self) -> int:
+            self.calls.append("reorder")
+            return 2  # two shards were due
+
+    index = Sharded()
+    builder = GraphBuilder("sharded", lambda: index)
+    builder.start()
+    assert builder.wait(30, lambda: index.pending)
+    assert index.calls == ["build_graph", "reorder"]
+    assert builder.reorders == 2 and builder.unsaved
+
+
 def test_graph_builder_reorders_a_grown_index_and_the_reopened_kb_keeps_it(tmp_path, monkeypatch):
     from kbcore.index import _index
 

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from ..index import Index
 
@@ -112,13 +113,26 @@ class GraphBuilder:
                 # Every row is linked: renumber the slots for locality when the index has grown
                 # enough (Index.reorder_due: from 100k rows, at each doubling). The order is
                 # computed while searches run; they wait only while the rows move.
-                if index.reorder_due:
-                    index.reorder()
+                done = reorder_if_due(index)
+                if done:
                     self.unsaved = True
-                    self.reorders += 1
+                    self.reorders += done
                 return
             index.build_graph(BATCH_ROWS)
             self.unsaved = True  # saved at the next checkpoint or close, so reopening does not relink
+
+
+def reorder_if_due(index: Any) -> int:
+    """Renumbers the slots of ``index`` where they are due (``Index.reorder_due``); returns
+    how many indexes were reordered. A sharded knowledge base's ``ShardedIndex.reorder()``
+    reorders each due shard in one call to the shards and counts them, so it is called as is
+    (asking its ``reorder_due`` first would ask every shard twice)."""
+    if not isinstance(index, Index):
+        return int(index.reorder())
+    if not index.reorder_due:
+        return 0
+    index.reorder()
+    return 1
 
 
 _LIVE: weakref.WeakSet[GraphBuilder] = weakref.WeakSet()
