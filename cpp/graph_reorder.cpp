@@ -297,11 +297,21 @@ void Index::reorder(const std::string& method, std::size_t threads) {
   meta_.permute_slots(p);
   text_.permute_slots(p);
   if (codes_trained()) {
-    // Encoding is a function of the row and the trained parameters: the same codes, moved.
-    std::vector<Slot> live;
-    live.reserve(store_.size());
-    store_.live_bitmap().for_each([&](Slot s) { live.push_back(s); });
-    update_codes_locked(live, threads);
+    // Encoding is a function of the row and the trained parameters, so the codes are the
+    // rows' codes moved: copied in the new order, or, should the code rows not match the
+    // slots, encoded again from the moved rows.
+    std::visit(
+        [&](auto& c) {
+          if (c.slot_count() == n) {
+            c.permute_slots(p.new_to_old);
+          } else {
+            std::vector<Slot> live;
+            live.reserve(store_.size());
+            store_.live_bitmap().for_each([&](Slot s) { live.push_back(s); });
+            update_codes_locked(live, threads);
+          }
+        },
+        *codes_);
   }
   store_.release_resident_rows();
 }

@@ -7,10 +7,12 @@
 // Reads go through one pointer (the view or the heap), so that reading costs what reading an
 // AlignedVector does. Not internally synchronised: the owner serialises writes against readers.
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "aligned.h"
 
@@ -93,5 +95,21 @@ class MappedArray {
   std::size_t size_ = 0;
   const T* base_ = nullptr;  // view_ or heap_.data(): the one pointer reads go through
 };
+
+/// The rows of `src` (`row_len` elements each) renumbered: row i of the result is row
+/// new_to_old[i] of src, on the heap. Every index must be below src.size() / row_len (the
+/// caller's permutation of its rows; checked by the caller). O(rows * row_len).
+template <typename T>
+MappedArray<T> gather_rows(const MappedArray<T>& src, const std::vector<std::uint32_t>& new_to_old,
+                           std::size_t row_len) {
+  MappedArray<T> out;
+  out.resize(new_to_old.size() * row_len);
+  T* dst = out.mutable_data();
+  const T* from = src.data();
+  for (std::size_t i = 0; i < new_to_old.size(); ++i) {
+    std::memcpy(dst + i * row_len, from + static_cast<std::size_t>(new_to_old[i]) * row_len, row_len * sizeof(T));
+  }
+  return out;
+}
 
 }  // namespace kbcore

@@ -362,6 +362,14 @@ void RabitqCodes::resize(std::size_t slots) {
   slots_ = slots;
 }
 
+void RabitqCodes::permute_slots(const std::vector<std::uint32_t>& new_to_old) {
+  if (new_to_old.size() != slots_ || rows_.size() != slots_ * stride_) {
+    throw InvalidArgument("rabitq: a slot permutation of " + std::to_string(new_to_old.size()) + " slots for " +
+                          std::to_string(slots_) + " rows");
+  }
+  rows_ = gather_rows(rows_, new_to_old, stride_);
+}
+
 void RabitqCodes::encode(std::uint32_t s, const float* x) {
   if (!trained_) throw InvalidArgument("rabitq: the quantizer is not trained");
   if (s >= slots_) throw InvalidArgument("rabitq: slot out of range");

@@ -132,6 +132,10 @@ class RabitqCodes {
 
   /// Grows (or shrinks) the row array to `slots` rows (new rows zero). Not thread-safe.
   void resize(std::size_t slots);
+  /// Renumbers the rows: row i takes the row of slot new_to_old[i] (a permutation of
+  /// 0..slot_count()-1, as Index::reorder makes; sizes checked, InvalidArgument), the rows
+  /// encoding would write again, moved. Not thread-safe.
+  void permute_slots(const std::vector<std::uint32_t>& new_to_old);
   std::size_t slot_count() const { return slots_; }
   /// Encodes x (dim finite floats; for cosine already normalised) into slot s < slot_count();
   /// requires trained(). Thread-safe for distinct slots.

@@ -683,3 +683,33 @@ KBCORE_TEST(memory_bytes_counts_rows_centroid_and_rotation) {
   codes.resize(1000);
   CHECK(codes.memory_bytes() >= before + 1000 * codes.stride());
 }
+
+KBCORE_TEST(permuted_rows_equal_the_permuted_vectors_encoded_and_sizes_are_checked) {
+  // Index::reorder moves the rows instead of encoding the moved vectors again: both must give
+  // the same bytes, slot for slot, for every container.
+  const std::size_t dim = 40, n = 200;
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> rows(n * dim);
+  for (float& x : rows) x = g(rng);
+  std::vector<std::uint32_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>((i * 13 + 5) % n);  // 13 and 200 coprime
+  std::vector<float> permuted(n * dim);
+  for (std::size_t i = 0; i < n; ++i) std::copy_n(rows.data() + order[i] * dim, dim, permuted.data() + i * dim);
+  for (const unsigned bits : {1u, 4u, 8u}) {
+    RabitqCodes moved = trained_codes(dim, Metric::kL2, bits, rows);
+    RabitqCodes fresh(dim, Metric::kL2, bits, 99);
+    fresh.train(rows.data(), n);  // the same training rows and seed: the same parameters
+    fresh.resize(n);
+    for (std::uint32_t s = 0; s < n; ++s) fresh.encode(s, permuted.data() + s * dim);
+    moved.permute_slots(order);
+    for (std::uint32_t s = 0; s < n; ++s) CHECK(std::memcmp(moved.code(s), fresh.code(s), moved.stride()) == 0);
+    bool threw = false;
+    try {
+      moved.permute_slots(std::vector<std::uint32_t>(n + 1, 0));
+    } catch (const InvalidArgument&) {
+      threw = true;
+    }
+    CHECK(threw);
+  }
+}

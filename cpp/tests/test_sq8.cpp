@@ -358,3 +358,33 @@ KBCORE_TEST(large_aligned_arrays_are_huge_page_aligned_through_growth) {
   CHECK(detail::huge_round(kHugePageBytes) == kHugePageBytes);
   CHECK(detail::huge_round(kHugePageBytes + 1) == 2 * kHugePageBytes);
 }
+
+KBCORE_TEST(permuted_codes_equal_the_permuted_rows_encoded_and_sizes_are_checked) {
+  // Index::reorder moves the codes instead of encoding the moved rows again: both must give
+  // the same bytes and L2 terms, slot for slot.
+  const std::size_t dim = 37, n = 300;
+  const auto rows = random_rows(n, dim, 23, -2, 3);
+  Sq8Codes moved(dim, Metric::kL2), fresh(dim, Metric::kL2);
+  moved.train(rows.data(), n);
+  fresh.set_params(moved.lo(), moved.scale());
+  moved.resize(n);
+  fresh.resize(n);
+  std::vector<std::uint32_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>((i * 7 + 3) % n);  // 7 and 300 coprime
+  for (std::uint32_t s = 0; s < n; ++s) {
+    moved.encode(s, rows.data() + s * dim);
+    fresh.encode(s, rows.data() + static_cast<std::size_t>(order[s]) * dim);
+  }
+  moved.permute_slots(order);
+  for (std::uint32_t s = 0; s < n; ++s) {
+    CHECK(std::memcmp(moved.code(s), fresh.code(s), moved.stride()) == 0);
+    CHECK(moved.term(s) == fresh.term(s));
+  }
+  bool threw = false;
+  try {
+    moved.permute_slots(std::vector<std::uint32_t>(n - 1, 0));
+  } catch (const InvalidArgument&) {
+    threw = true;
+  }
+  CHECK(threw);
+}
