@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "bm25_index.h"
 #include "errors.h"
 #include "hnsw_index.h"
 #include "index.h"
+#include "mapped_array.h"
 #include "metadata_store.h"
 #include "parallel.h"
 #include "vector_store.h"
@@ -155,25 +157,34 @@ std::vector<Slot> HnswIndex::locality_order(ReorderMethod method) const {
   return order;
 }
 
-void HnswIndex::permute_slots(const SlotPermutation& p) {
+MappedArray<std::uint32_t> HnswIndex::permuted_links0(const SlotPermutation& p) const {
   const std::size_t n = levels_.size();
   if (p.new_to_old.size() != n) throw InvalidArgument("slot permutation size differs from the graph's slots");
   const std::size_t w0 = 1 + m0_;
-  const std::size_t wu = 1 + params_.M;
   const std::uint32_t* old0 = links0_.data();
   MappedArray<std::uint32_t> links0;
   links0.resize(n * w0, 0);
   std::uint32_t* new0 = links0.mutable_data();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t* src = old0 + static_cast<std::size_t>(p.new_to_old[i]) * w0;
+    std::uint32_t* dst = new0 + i * w0;
+    dst[0] = src[0];
+    for (std::uint32_t j = 1; j <= src[0]; ++j) dst[j] = p.old_to_new[src[j]];
+  }
+  return links0;
+}
+
+void HnswIndex::permute_slots(const SlotPermutation& p, std::optional<MappedArray<std::uint32_t>> links0) {
+  const std::size_t n = levels_.size();
+  if (p.new_to_old.size() != n) throw InvalidArgument("slot permutation size differs from the graph's slots");
+  const std::size_t wu = 1 + params_.M;
+  if (!links0 || links0->size() != n * (1 + m0_)) links0 = permuted_links0(p);
   std::vector<std::uint16_t> core0(n);
   std::vector<std::uint8_t> levels(n);
   std::vector<std::unique_ptr<std::uint32_t[]>> upper(n);
   std::vector<std::uint8_t> pending(n);
   for (std::size_t i = 0; i < n; ++i) {
     const Slot o = p.new_to_old[i];
-    const std::uint32_t* src = old0 + static_cast<std::size_t>(o) * w0;
-    std::uint32_t* dst = new0 + i * w0;
-    dst[0] = src[0];
-    for (std::uint32_t j = 1; j <= src[0]; ++j) dst[j] = p.old_to_new[src[j]];
     core0[i] = core0_[o];
     levels[i] = levels_[o];
     pending[i] = pending_[o];
@@ -185,7 +196,7 @@ void HnswIndex::permute_slots(const SlotPermutation& p) {
       }
     }
   }
-  links0_ = std::move(links0);
+  links0_ = std::move(*links0);
   core0_ = std::move(core0);
   levels_ = std::move(levels);
   upper_ = std::move(upper);
@@ -195,14 +206,20 @@ void HnswIndex::permute_slots(const SlotPermutation& p) {
   if (entry_ != kNoSlot) entry_ = p.old_to_new[entry_];
 }
 
-void VectorStore::permute_slots(const SlotPermutation& p) {
+std::optional<RowBuffer> VectorStore::permuted_rows(const SlotPermutation& p) const {
+  if (!data_.in_place() || p.new_to_old.size() != slot_ids_.size() || slot_ids_.empty()) return std::nullopt;
+  return data_.gathered(p.new_to_old, dim_);
+}
+
+void VectorStore::permute_slots(const SlotPermutation& p, std::optional<RowBuffer> moved) {
   const std::size_t n = slot_ids_.size();
   if (p.new_to_old.size() != n) throw InvalidArgument("slot permutation size differs from the store's slots");
   if (n == 0) return;
-  // Rows read in place from a loaded file are copied out here, by the first mutable access,
-  // before anything moves (so a failed copy changes nothing), and every read and write below
-  // goes through the one buffer that is written.
-  float* const rows = data_.data();
+  const bool take_moved = moved && data_.in_place() && moved->size() == n * dim_;
+  // Rows read in place from a loaded file are copied out here (or were, into `moved`), before
+  // anything moves (so a failed copy changes nothing), and every read and write below goes
+  // through the one buffer that is written.
+  float* const rows = take_moved ? nullptr : data_.data();
   std::vector<std::int64_t> ids(n);
   std::vector<std::uint8_t> live(n);
   for (std::size_t i = 0; i < n; ++i) {
@@ -210,27 +227,13 @@ void VectorStore::permute_slots(const SlotPermutation& p) {
     live[i] = live_[p.new_to_old[i]];
   }
   restore_slots(std::move(ids), std::move(live));
-  // The rows move in place, one cycle of the permutation at a time, through a one-row buffer:
-  // no second copy of the rows (1.5 GB at 1M x 384), and rows on disk stay in their file.
-  const auto row = [&](std::size_t slot) { return rows + slot * dim_; };
-  const std::size_t bytes = dim_ * sizeof(float);
-  std::vector<float> held(dim_);
-  std::vector<std::uint8_t> done(n, 0);
-  for (std::size_t start = 0; start < n; ++start) {
-    if (done[start] || p.new_to_old[start] == start) continue;
-    std::memcpy(held.data(), row(start), bytes);
-    std::size_t i = start;
-    for (;;) {
-      done[i] = 1;
-      const std::size_t from = p.new_to_old[i];
-      if (from == start) {
-        std::memcpy(row(i), held.data(), bytes);
-        break;
-      }
-      std::memcpy(row(i), row(from), bytes);
-      i = from;
-    }
+  if (take_moved) {
+    data_ = std::move(*moved);
+    return;
   }
+  // The rows move in place, one cycle of the permutation at a time: no second copy of the
+  // rows (1.5 GB at 1M x 384), and rows on disk stay in their file.
+  permute_rows_in_place(rows, dim_, p.new_to_old);
 }
 
 void MetadataStore::permute_slots(const SlotPermutation& p) {
@@ -271,35 +274,65 @@ void Bm25Index::permute_slots(const SlotPermutation& p) {
 
 void Index::reorder(const std::string& method, std::size_t threads) {
   const ReorderMethod m = parse_reorder_method(method);
-  // The order is the long part (gorder: ~10 s at 1M rows) and reads only the graph, so it is
-  // computed under the shared lock: searches keep running, and only moving the rows below
-  // makes them wait.
-  std::vector<Slot> order;
+  // Everything that only reads the index is made under the shared lock, where searches keep
+  // running: the order (gorder: ~10 s at 1M rows), the renumbered level-0 links (a new array
+  // either way), and, for rows and codes read in place from a loaded file, the copy their first
+  // write would make (1.5 GB of rows at 1M x 384), made in the new order. Rows and codes on
+  // the heap move in place under the exclusive lock, without a second copy.
+  std::optional<SlotPermutation> prepared;
+  std::optional<MappedArray<std::uint32_t>> links0;
+  std::optional<RowBuffer> rows;
+  std::optional<CodeStore> codes;
+  std::uint64_t seen_writes = 0;
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     if (!graph_) throw InvalidArgument("reorder needs an hnsw index: a flat index has no graph to follow");
-    order = graph_->locality_order(m);
+    std::vector<Slot> order = graph_->locality_order(m);
+    seen_writes = writes_;
+    if (order.size() == store_.slot_count()) {
+      prepared = make_permutation(std::move(order));
+      links0 = graph_->permuted_links0(*prepared);
+      rows = store_.permuted_rows(*prepared);
+      if (codes_trained()) {
+        std::visit(
+            [&](const auto& c) {
+              if (!c.codes_in_place() || c.slot_count() != prepared->new_to_old.size()) return;
+              auto moved = c;  // shares the mapped code rows; the move below copies them once
+              moved.permute_slots(prepared->new_to_old);
+              codes.emplace(std::move(moved));
+            },
+            *codes_);
+      }
+    }
   }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (!graph_) throw InvalidArgument("reorder needs an hnsw index: a flat index has no graph to follow");
-  // A writer may have run in between. Any permutation keeps the answers; the order only decides
-  // locality. Slots added since keep their place at the end; if slots were dropped (the store
-  // compacted), the order is computed again here.
   const std::size_t n = store_.slot_count();
-  if (order.size() > n) {
-    order = graph_->locality_order(m);
-  } else {
+  if (!prepared || writes_ != seen_writes) {
+    // A writer ran in between (or the graph and the store differed): what was prepared may
+    // not fit. Any permutation keeps the answers; the order only decides locality. Slots
+    // added since keep their place at the end; if slots were dropped (the store compacted),
+    // the order is computed again here.
+    std::vector<Slot> order = prepared ? std::move(prepared->new_to_old) : graph_->locality_order(m);
+    if (order.size() > n) order = graph_->locality_order(m);
     for (std::size_t s = order.size(); s < n; ++s) order.push_back(static_cast<Slot>(s));
+    prepared = make_permutation(std::move(order));
+    links0.reset();
+    rows.reset();
+    codes.reset();
   }
-  const SlotPermutation p = make_permutation(std::move(order));
-  store_.permute_slots(p);
-  graph_->permute_slots(p);
+  ++writes_;
+  const SlotPermutation& p = *prepared;
+  store_.permute_slots(p, std::move(rows));
+  graph_->permute_slots(p, std::move(links0));
   meta_.permute_slots(p);
   text_.permute_slots(p);
-  if (codes_trained()) {
+  if (codes) {
+    *codes_ = std::move(*codes);
+  } else if (codes_trained()) {
     // Encoding is a function of the row and the trained parameters, so the codes are the
-    // rows' codes moved: copied in the new order, or, should the code rows not match the
-    // slots, encoded again from the moved rows.
+    // rows' codes moved, or, should the code rows not match the slots, encoded again from
+    // the moved rows.
     std::visit(
         [&](auto& c) {
           if (c.slot_count() == n) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -108,8 +109,12 @@ class HnswIndex {
   std::vector<Slot> locality_order(ReorderMethod method) const;
   /// Renumbers the graph's slots by `p` (the store's rows are moved by its owner in the same
   /// step, under the same exclusive lock): every per-slot array and every link. O(n * M).
-  /// Not thread-safe.
-  void permute_slots(const SlotPermutation& p);
+  /// `links0`, if given, is permuted_links0(p) of this same graph, made earlier (it is made
+  /// here otherwise, or if its size no longer fits). Not thread-safe.
+  void permute_slots(const SlotPermutation& p, std::optional<MappedArray<std::uint32_t>> links0 = std::nullopt);
+  /// The level-0 link lists renumbered by `p` (a new array; the largest part of
+  /// permute_slots). Only reads the graph: thread-safe against searches.
+  MappedArray<std::uint32_t> permuted_links0(const SlotPermutation& p) const;
 
   /// Bytes held by the graph (links, levels), approximately.
   std::size_t memory_bytes() const;

@@ -153,6 +153,7 @@ void Index::add(const float* vectors, const std::int64_t* ids, std::size_t n, st
   std::optional<Bm25Batch> text_batch;
   if (texts != nullptr) text_batch.emplace(*texts, threads);
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  ++writes_;
   text_.ensure_built();  // a loaded BM25 section that fails its deferred checks changes nothing
   // Upsert: ids already present are removed (with graph repair) and inserted anew.
   std::vector<Slot> replaced;
@@ -232,6 +233,7 @@ bool Index::quantizer_trained() const {
 
 void Index::retrain_quantizer(std::size_t threads) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  ++writes_;
   if (!quantized()) throw InvalidArgument("this index has no quantization to retrain");
   train_codes_locked(threads);
   store_.release_resident_rows();
@@ -240,6 +242,7 @@ void Index::retrain_quantizer(std::size_t threads) {
 std::size_t Index::build_graph(std::size_t max_rows, std::size_t threads) {
   if (!graph_) return 0;
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  ++writes_;
   const std::size_t left = graph_->build_pending(max_rows, threads);
   store_.release_resident_rows();
   return left;
@@ -261,6 +264,7 @@ void Index::remove_locked(const std::vector<Slot>& slots, std::size_t threads) {
 void Index::remove(const std::int64_t* ids, std::size_t n, std::size_t threads) {
   if (n == 0) return;
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  ++writes_;
   text_.ensure_built();  // as in add()
   std::vector<Slot> slots;
   slots.reserve(n);

@@ -180,10 +180,12 @@ class Index {
   /// Renumbers the slots so that graph neighbours sit near each other in memory
   /// (graph_reorder.h; `method` "gorder" | "bfs" | "rcm"): rows, codes, links, metadata and text move
   /// together, so the graph, the ids and the answers stay (up to the order of equal
-  /// distances). Throws InvalidArgument for a flat index or an unknown method. The order is
-  /// computed under the shared lock (searches run on), the moves under the exclusive lock;
-  /// slots added in between keep their place at the end. O(n * (dim + M)) on one thread, the
-  /// codes re-encoded on `threads`.
+  /// distances). Throws InvalidArgument for a flat index or an unknown method. The order, the
+  /// new level-0 links and the copies that rows and codes read in place from a loaded file
+  /// need anyway are made under the shared lock (searches run on); the rest moves in place
+  /// under the exclusive lock. A write in between voids what was prepared (made again under
+  /// the lock); slots added in between keep their place at the end. O(n * (dim + M)) on one
+  /// thread (codes that do not match the slots re-encoded on `threads`).
   void reorder(const std::string& method, std::size_t threads);
 
   /// Writes the index to one file atomically (temp file, fsync, rename).
@@ -275,6 +277,9 @@ class Index {
   // Measured graph work of recent unfiltered searches, feeding the filtered-search cost model.
   mutable EvalStats evals_;
   mutable std::shared_mutex mutex_;
+  // Counts the exclusive sections that change rows, slots, links or codes, so that work
+  // prepared under the shared lock (reorder) can tell whether it still applies.
+  std::uint64_t writes_ = 0;
 };
 
 }  // namespace kbcore

@@ -98,7 +98,9 @@ class MappedArray {
 
 /// The rows of `src` (`row_len` elements each) renumbered: row i of the result is row
 /// new_to_old[i] of src, on the heap. Every index must be below src.size() / row_len (the
-/// caller's permutation of its rows; checked by the caller). O(rows * row_len).
+/// caller's permutation of its rows; checked by the caller). O(rows * row_len). For rows read
+/// in place this is the one copy their first write would make anyway; rows on the heap move
+/// in place instead (permute_rows_in_place), without a second copy.
 template <typename T>
 MappedArray<T> gather_rows(const MappedArray<T>& src, const std::vector<std::uint32_t>& new_to_old,
                            std::size_t row_len) {
@@ -110,6 +112,47 @@ MappedArray<T> gather_rows(const MappedArray<T>& src, const std::vector<std::uin
     std::memcpy(dst + i * row_len, from + static_cast<std::size_t>(new_to_old[i]) * row_len, row_len * sizeof(T));
   }
   return out;
+}
+
+/// Renumbers the rows of `rows` (`row_len` elements each, new_to_old.size() rows) in place:
+/// row i becomes the old row new_to_old[i], which must be a permutation of the row numbers
+/// (checked by the caller). One cycle of the permutation at a time through a one-row buffer:
+/// O(rows * row_len) copies and no second copy of the rows.
+template <typename T>
+void permute_rows_in_place(T* rows, std::size_t row_len, const std::vector<std::uint32_t>& new_to_old) {
+  static_assert(std::is_trivially_copyable_v<T>, "rows move by memcpy");
+  const std::size_t n = new_to_old.size();
+  const std::size_t bytes = row_len * sizeof(T);
+  const auto row = [&](std::size_t i) { return rows + i * row_len; };
+  std::vector<T> held(row_len);
+  std::vector<std::uint8_t> done(n, 0);
+  for (std::size_t start = 0; start < n; ++start) {
+    if (done[start] || new_to_old[start] == start) continue;
+    std::memcpy(held.data(), row(start), bytes);
+    std::size_t i = start;
+    for (;;) {
+      done[i] = 1;
+      const std::size_t from = new_to_old[i];
+      if (from == start) {
+        std::memcpy(row(i), held.data(), bytes);
+        break;
+      }
+      std::memcpy(row(i), row(from), bytes);
+      i = from;
+    }
+  }
+}
+
+/// The elements of a MappedArray of `row_len`-element rows renumbered by new_to_old (as
+/// gather_rows): copied in the new order when read in place (the copy a first write makes
+/// anyway), moved in place on the heap.
+template <typename T>
+void permute_rows(MappedArray<T>& a, std::size_t row_len, const std::vector<std::uint32_t>& new_to_old) {
+  if (a.in_place()) {
+    a = gather_rows(a, new_to_old, row_len);
+  } else if (!new_to_old.empty()) {
+    permute_rows_in_place(a.mutable_data(), row_len, new_to_old);
+  }
 }
 
 }  // namespace kbcore

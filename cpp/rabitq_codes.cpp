@@ -367,7 +367,7 @@ void RabitqCodes::permute_slots(const std::vector<std::uint32_t>& new_to_old) {
     throw InvalidArgument("rabitq: a slot permutation of " + std::to_string(new_to_old.size()) + " slots for " +
                           std::to_string(slots_) + " rows");
   }
-  rows_ = gather_rows(rows_, new_to_old, stride_);
+  permute_rows(rows_, stride_, new_to_old);
 }
 
 void RabitqCodes::encode(std::uint32_t s, const float* x) {

@@ -134,7 +134,8 @@ class RabitqCodes {
   void resize(std::size_t slots);
   /// Renumbers the rows: row i takes the row of slot new_to_old[i] (a permutation of
   /// 0..slot_count()-1, as Index::reorder makes; sizes checked, InvalidArgument), the rows
-  /// encoding would write again, moved. Not thread-safe.
+  /// encoding would write again, moved (in place on the heap; copied once when read in place
+  /// from a loaded file). Not thread-safe.
   void permute_slots(const std::vector<std::uint32_t>& new_to_old);
   std::size_t slot_count() const { return slots_; }
   /// Encodes x (dim finite floats; for cosine already normalised) into slot s < slot_count();

@@ -301,6 +301,32 @@ void RowBuffer::materialize() {
 #endif
 }
 
+RowBuffer RowBuffer::gathered(const std::vector<std::uint32_t>& new_to_old, std::size_t row_len) const {
+  if (view_ == nullptr || new_to_old.size() * row_len != size_) {
+    throw InvalidArgument("rows can be gathered only from rows read in place, one index per row");
+  }
+  RowBuffer out;
+  float* dst = nullptr;
+  if (view_heap_) {
+    out.heap_.resize(size_);
+    dst = out.heap_.data();
+  } else {
+#if defined(KBCORE_HAVE_MMAP)
+    out.dir_ = dir_;
+    out.fd_ = open_row_file(row_dir(dir_), out.file_name_);
+    out.remap(size_);
+    out.size_ = size_;
+    dst = out.map_;
+#endif
+  }
+  const std::size_t bytes = row_len * sizeof(float);
+  for (std::size_t i = 0; i < new_to_old.size(); ++i) {
+    std::memcpy(dst + i * row_len, view_ + static_cast<std::size_t>(new_to_old[i]) * row_len, bytes);
+  }
+  out.release_resident();
+  return out;
+}
+
 void RowBuffer::remap(std::size_t cap) {
 #if defined(KBCORE_HAVE_MMAP)
   const std::size_t page = page_bytes();

@@ -14,8 +14,10 @@
 // IoError naming the file, not a SIGBUS on the first write to a sparse page.
 // Not internally synchronised: the owning Index serialises growth against readers.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "aligned.h"
 
@@ -58,6 +60,12 @@ class RowBuffer {
   void resize(std::size_t n);
   /// Replaces the contents with `v` (copied into the file when on disk).
   void assign(AlignedVector<float>&& v);
+  /// Rows read in place (in_place(); InvalidArgument otherwise), copied in a new order into a
+  /// buffer of the kind the first write would make (the heap, or a row file in the same
+  /// directory): row i of the result is row new_to_old[i] of this one (`row_len` floats per
+  /// row; new_to_old.size() * row_len must be size(), and its entries below the row count:
+  /// the caller's permutation). Only reads this buffer, so it can run beside readers.
+  RowBuffer gathered(const std::vector<std::uint32_t>& new_to_old, std::size_t row_len) const;
   /// Drops the mapping's pages from the resident set (no-op on the heap). Thread-safe
   /// against readers: a page read afterwards faults back in with the same contents.
   void release_resident() const;

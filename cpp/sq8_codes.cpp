@@ -98,12 +98,8 @@ void Sq8Codes::permute_slots(const std::vector<std::uint32_t>& new_to_old) {
     throw InvalidArgument("sq8: a slot permutation of " + std::to_string(new_to_old.size()) + " slots for " +
                           std::to_string(slots_) + " code rows");
   }
-  codes_ = gather_rows(codes_, new_to_old, stride_);
-  if (terms_.size() == slots_) {
-    std::vector<float> terms(slots_);
-    for (std::size_t i = 0; i < slots_; ++i) terms[i] = terms_[new_to_old[i]];
-    terms_ = std::move(terms);
-  }
+  permute_rows(codes_, stride_, new_to_old);
+  if (terms_.size() == slots_) permute_rows_in_place(terms_.data(), 1, new_to_old);
 }
 
 float Sq8Codes::encode_to(const float* x, std::uint8_t* out) const {

@@ -110,7 +110,8 @@ class Sq8Codes {
   void resize(std::size_t slots);
   /// Renumbers the code rows: row i takes the row of slot new_to_old[i] (a permutation of
   /// 0..slot_count()-1, as Index::reorder makes; sizes checked, InvalidArgument), the codes
-  /// the rows would be encoded to again, moved. Not thread-safe.
+  /// the rows would be encoded to again, moved (in place on the heap; copied once when read in
+  /// place from a loaded file). Not thread-safe.
   void permute_slots(const std::vector<std::uint32_t>& new_to_old);
   std::size_t slot_count() const { return slots_; }
   /// Encodes `x` (dim floats) into slot s (< slot_count()); requires trained().

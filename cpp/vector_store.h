@@ -58,7 +58,14 @@ class VectorStore {
   /// Moves row, id and live flag of old slot p.new_to_old[i] to slot i (graph_reorder.h); the
   /// id map follows. O(slot_count * dim): the rows move in place (no second copy). Not
   /// thread-safe.
-  void permute_slots(const SlotPermutation& p);
+  /// `moved`, if given, is permuted_rows(p) made earlier: it is installed instead of moving the
+  /// rows, provided the rows are still read in place with the same slots (else it is dropped).
+  void permute_slots(const SlotPermutation& p, std::optional<RowBuffer> moved = std::nullopt);
+  /// The rows in the order of `p`, when they are read in place from a loaded file: the copy
+  /// their first write would make anyway, made while readers run (a const read), so that
+  /// permute_slots need not copy them. std::nullopt for rows on the heap or in a row file (they
+  /// move in place) or a permutation of another size. O(slot_count * dim).
+  std::optional<RowBuffer> permuted_rows(const SlotPermutation& p) const;
 
   /// Raw state for persistence: ids per slot, live flags per slot, rows.
   const std::vector<std::int64_t>& slot_ids() const { return slot_ids_; }

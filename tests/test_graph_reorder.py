@@ -204,13 +204,14 @@ def test_reorder_of_an_empty_index_is_a_no_op() -> None:
     assert len(index) == 0
 
 
+@pytest.mark.parametrize("quantization", ["sq8", "rabitq"])
 @pytest.mark.parametrize("vectors", ["memory", "disk"])
-def test_reorder_of_a_loaded_index_read_in_place(tmp_path: Path, vectors: str) -> None:
+def test_reorder_of_a_loaded_index_read_in_place(tmp_path: Path, vectors: str, quantization: str) -> None:
     # A loaded quantized file is read in place (rows, codes, level-0 lists mapped); reorder
     # copies what it writes, and rows on disk stay on disk.
     x = _data(8)
     ids = np.arange(N, dtype=np.int64)
-    index = kbcore.Index(DIM, "cosine", M=8, ef_construction=64, seed=5, quantization="sq8")
+    index = kbcore.Index(DIM, "cosine", M=8, ef_construction=64, seed=5, quantization=quantization)  # type: ignore[arg-type]
     index.add(x, ids, threads=2)
     path = tmp_path / "a.kbi"
     index.save(path)
@@ -360,13 +361,19 @@ def test_searches_beside_repeated_reorders_always_answer_the_same() -> None:
     assert searched[0] > 0
 
 
-def test_reorders_beside_adds_and_removes_keep_every_row_and_vector() -> None:
+@pytest.mark.parametrize("source", ["built", "loaded"])
+def test_reorders_beside_adds_and_removes_keep_every_row_and_vector(source: str, tmp_path: Path) -> None:
     # Writers may run between the order's computation (shared lock) and the moves (exclusive
-    # lock): slots added meanwhile must keep their rows, ids, codes and links.
+    # lock): slots added meanwhile must keep their rows, ids, codes and links. A loaded index
+    # (rows, codes and links read in place) has its moved copies made under the shared lock; a
+    # write in between must void them.
     x = _data(17, 6000)
     ids = np.arange(6000, dtype=np.int64) * 7 + 3
     index = kbcore.Index(DIM, "l2", M=8, ef_construction=64, seed=5, quantization="sq8")
     index.add(x[:1500], ids[:1500], reorder=False, threads=1)
+    if source == "loaded":
+        index.save(tmp_path / "a.kbi")
+        index = kbcore.Index.load(tmp_path / "a.kbi")
     done = threading.Event()
     errors: list[BaseException] = []
 
