@@ -125,6 +125,9 @@ class HnswIndex {
   void load(BinaryReader& r);
   /// True while the level-0 lists are read in place from the mapped file (before a write).
   bool links_in_place() const { return links0_.in_place(); }
+  /// Level-0 lists read in place are copied to the heap (as the first write would); a no-op
+  /// otherwise.
+  void copy_links_to_heap() { (void)links0_.mutable_data(); }
   /// The level-0 lists' bytes (diagnostics; the range a load keeps resident).
   std::pair<const void*, std::size_t> level0_bytes() const {
     return {links0_.data(), links0_.size() * sizeof(std::uint32_t)};

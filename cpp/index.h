@@ -194,7 +194,12 @@ class Index {
   /// `vectors` overrides where the rows live (true: disk, quantized files only); unset, they
   /// live where they did when saved. Rows on disk from a version 4 or 5 file are read in place from
   /// the mapped file (row_buffer.h) until the first write copies them into a row file.
-  static std::unique_ptr<Index> load(const std::string& path, std::optional<bool> vectors = std::nullopt);
+  /// `in_place` false copies what a version 7 file would have read in place (rows in memory,
+  /// codes, level-0 lists) into the process's memory once the file is checked: aligned heap
+  /// arrays, in 2 MiB pages where the kernel grants them (aligned.h), which a large index
+  /// searches faster than 4 KiB file pages; rows on disk stay in the file.
+  static std::unique_ptr<Index> load(const std::string& path, std::optional<bool> vectors = std::nullopt,
+                                     bool in_place = true);
 
   /// Version of files without quantization (byte-identical to earlier releases). Versions 2
   /// (SQ8), 3 (RaBitQ) and 4 (either, vectors='disk') are read, no longer written.

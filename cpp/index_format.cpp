@@ -127,7 +127,7 @@ void Index::save(const std::string& path) const {
   store_.release_resident_rows();
 }
 
-std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> vectors) {
+std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> vectors, bool in_place) {
   // The payload checksum is computed on a second thread while the sections below are parsed
   // and checked (every read bounds-checked, as for any untrusted bytes): the index is returned,
   // and any error other than the checksum's reported, only once the checksum matches.
@@ -135,6 +135,13 @@ std::unique_ptr<Index> Index::load(const std::string& path, std::optional<bool> 
   try {
     std::unique_ptr<Index> index = load_sections(r, vectors);
     r.verify();
+    if (!in_place) {
+      // The first mutable access copies each section read in place to the heap.
+      VectorStore& store = index->store_;
+      if (store.rows_in_place() && !store.rows_on_disk()) store.copy_rows_to_heap();
+      if (index->graph_) index->graph_->copy_links_to_heap();
+      if (index->codes_) std::visit([](auto& c) { c.copy_codes_to_heap(); }, *index->codes_);
+    }
     // The checks read every page of the file; a file mapping's pages are not anonymous memory,
     // but they need not stay resident either, whether the mapping lives on (rows on disk used in
     // place, a BM25 section not built yet) or not; rows in memory used in place stay.

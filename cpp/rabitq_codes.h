@@ -146,6 +146,8 @@ class RabitqCodes {
   /// True while the rows are read in place from the mapped index file (load of a format
   /// version 7 file; the first write copies them to the heap).
   bool codes_in_place() const { return rows_.in_place(); }
+  /// Codes read in place are copied to the heap (as the first write would); else a no-op.
+  void copy_codes_to_heap() { (void)rows_.mutable_data(); }
   /// The approximate vector a row stands for, c + P^T (F_x y) (tests, diagnostics).
   void decode(std::uint32_t s, float* out) const;
 

@@ -122,6 +122,8 @@ class Sq8Codes {
   /// True while the codes are read in place from the mapped index file (load of a format
   /// version 7 file; the first write copies them to the heap).
   bool codes_in_place() const { return codes_.in_place(); }
+  /// Codes read in place are copied to the heap (as the first write would); else a no-op.
+  void copy_codes_to_heap() { (void)codes_.mutable_data(); }
   /// Per-row constant (|scale * c|^2 for L2, 0 otherwise).
   float term(std::uint32_t s) const { return metric_ == Metric::kL2 ? terms_[s] : 0.0f; }
   /// Decodes slot s into dim floats (tests, diagnostics).

@@ -50,6 +50,9 @@ class VectorStore {
   bool rows_on_disk() const { return data_.on_disk(); }
   /// True while the rows are read in place from a loaded file (row_buffer.h).
   bool rows_in_place() const { return data_.in_place(); }
+  /// Rows read in place are copied to where the first write would put them (the heap, or a
+  /// row file for rows on disk); a no-op otherwise.
+  void copy_rows_to_heap() { (void)data_.data(); }
   /// Drops file-mapped rows from the resident set (no-op for heap rows).
   void release_resident_rows() const { data_.release_resident(); }
   /// Bytes held (rows, ids, map), approximately.

@@ -598,16 +598,16 @@ void bind_index(py::module_& m) {
           py::arg("path"))
       .def_static(
           "load",
-          [](const std::string& path, std::optional<std::string> vectors) {
+          [](const std::string& path, std::optional<std::string> vectors, bool mmap) {
             // None: where the rows lived when the index was saved.
             if (vectors && *vectors != "memory" && *vectors != "disk") {
               throw InvalidArgument("unknown vectors '" + *vectors + "'; expected 'memory', 'disk' or None");
             }
             const std::optional<bool> on_disk = vectors ? std::optional<bool>(*vectors == "disk") : std::nullopt;
             py::gil_scoped_release nogil;
-            return Index::load(path, on_disk);
+            return Index::load(path, on_disk, mmap);
           },
-          py::arg("path"), py::arg("vectors") = py::none())
+          py::arg("path"), py::arg("vectors") = py::none(), py::arg("mmap") = true)
       .def_property_readonly("vectors",
                              [](const Index& self) { return self.config().vectors_on_disk ? "disk" : "memory"; })
       .def_property_readonly("evals_per_ef", &Index::evals_per_ef)

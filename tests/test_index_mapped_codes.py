@@ -90,6 +90,31 @@ def test_a_reopened_index_reads_its_codes_in_place_and_writes_like_the_saved_one
     assert _recall(got, _oracle(live, live_ids, queries, metric, 10)) >= 0.9
 
 
+@pytest.mark.parametrize(
+    ("quantization", "vectors"),
+    [("sq8", "memory"), ("rabitq", "memory"), (None, "memory"), ("sq8", "disk"), ("rabitq", "disk")],
+)
+def test_load_with_mmap_false_copies_what_it_would_read_in_place(tmp_path, quantization, vectors):
+    rng = np.random.default_rng(31)
+    data = rng.standard_normal((N, DIM)).astype(np.float32)
+    queries = rng.standard_normal((12, DIM)).astype(np.float32)
+    index = kbcore.Index(DIM, "l2", M=8, ef_construction=48, quantization=quantization, vectors=vectors)
+    index.add(data, np.arange(N, dtype=np.int64), threads=1)
+    index.save(tmp_path / "a.kbi")
+    copied = kbcore.Index.load(tmp_path / "a.kbi", mmap=False)
+    assert not copied._native._links_in_place and not copied._native._codes_in_place
+    assert copied.vectors == vectors  # rows kept on disk stay in the file
+    _same(index, copied, queries)
+    np.testing.assert_array_equal(copied.get_vectors(np.arange(N)), data)
+    (tmp_path / "a.kbi").unlink()  # nothing read in place is needed any more
+    _same(index, copied, queries)
+    copied.add(data[:5] + 1.0, np.arange(N, N + 5, dtype=np.int64), threads=1)
+    assert len(copied) == N + 5
+    copied.save(tmp_path / "b.kbi")
+    with pytest.raises(TypeError, match="mmap must be a bool"):
+        kbcore.Index.load(tmp_path / "b.kbi", mmap=0)  # type: ignore[arg-type]
+
+
 def test_codes_read_in_place_outlive_the_file_being_replaced_or_deleted(tmp_path):
     rng = np.random.default_rng(7)
     data = rng.standard_normal((N, DIM)).astype(np.float32)
