@@ -26,7 +26,9 @@ library's ratio to ``--reference`` (kbcore-sq8) the median and min-max over pass
 a build adds (indexes built earlier stay alive). ``os.getloadavg()`` is printed before and
 after, with a warning when the 1-minute load at the start is above 0.5. ``kbcore-nohp`` and
 ``kbcore-sq8-nohp`` are the same builds with the huge-page switch off (``_core.set_huge_pages``),
-for an interleaved A/B of the page size in one process.
+for an interleaved A/B of the page size in one process. ``kbcore-sq8-heap`` and
+``kbcore-rabitq-heap`` reopen the same ``--index-cache`` build with ``Index.load(mmap=False)``
+(copied into memory) where ``kbcore-sq8`` / ``kbcore-rabitq`` read it in place from the file.
 """
 
 from __future__ import annotations
@@ -165,6 +167,29 @@ def _without_huge_pages(build: Callable[[], None]) -> None:
         build()
     finally:
         _core.set_huge_pages(was)
+
+
+class KbcoreSq8Heap(KbcoreSq8):
+    """kbcore sq8 reopened with ``Index.load(mmap=False)``: rows, codes and links copied into the
+    process's memory (2 MiB pages where the kernel grants them) instead of read in place from the
+    mapped file. It reuses kbcore-sq8's ``--index-cache`` build; built in the process (no cache)
+    it is kbcore-sq8."""
+
+    name = "kbcore-sq8-heap"
+    cache_as = "kbcore-sq8"
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        self.index = self.kbcore.Index.load(folder / "index.kbi", mmap=False)
+
+
+class KbcoreRabitqHeap(KbcoreRabitq):
+    """kbcore RaBitQ reopened with ``Index.load(mmap=False)`` (as kbcore-sq8-heap)."""
+
+    name = "kbcore-rabitq-heap"
+    cache_as = "kbcore-rabitq"
+
+    def restore(self, folder: Path, dim: int, n: int) -> None:
+        self.index = self.kbcore.Index.load(folder / "index.kbi", mmap=False)
 
 
 class KbcoreNoHp(KbcoreHnsw):
@@ -557,7 +582,15 @@ class GlassSq4u(Glass):
 
 
 #: The A/B variants (huge pages off, other RaBitQ bit counts) run only when named in --libs.
-AB_VARIANTS = ("kbcore-nohp", "kbcore-sq8-nohp", "kbcore-rabitq1", "kbcore-rabitq2", "kbcore-rabitq8")
+AB_VARIANTS = (
+    "kbcore-nohp",
+    "kbcore-sq8-nohp",
+    "kbcore-sq8-heap",
+    "kbcore-rabitq-heap",
+    "kbcore-rabitq1",
+    "kbcore-rabitq2",
+    "kbcore-rabitq8",
+)
 ADAPTERS: dict[str, type[Adapter]] = {
     "kbcore": KbcoreHnsw,
     "kbcore-sq8": KbcoreSq8,
@@ -565,6 +598,8 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "kbcore-sq8-tuned": KbcoreSq8Tuned,
     "kbcore-nohp": KbcoreNoHp,
     "kbcore-sq8-nohp": KbcoreSq8NoHp,
+    "kbcore-sq8-heap": KbcoreSq8Heap,
+    "kbcore-rabitq-heap": KbcoreRabitqHeap,
     "kbcore-rabitq": KbcoreRabitq,
     "kbcore-rabitq1": KbcoreRabitq1,
     "kbcore-rabitq2": KbcoreRabitq2,
@@ -599,6 +634,8 @@ def cache_folder(cache: Path, name: str, ds: Dataset) -> Path:
     import hashlib
     from importlib import metadata
 
+    # A variant that only reopens another library's build differently shares its folder.
+    name = getattr(ADAPTERS.get(name), "cache_as", name)
     dist = {"kbcore": "kbcore", "symqg": "rabitqlib", "zvec": "zvec", "hnswlib": "hnswlib"}
     version = "?"
     for prefix, package in dist.items():
