@@ -433,10 +433,12 @@ def test_a_file_rewritten_after_a_checked_open_is_checked_again(tmp_path):
         Engine(tmp_path).get_knowledge_base("kb")
 
 
+@pytest.mark.parametrize("mmap", [True, False])
 @pytest.mark.parametrize("quantization, vectors", [(None, "memory"), ("sq8", "disk"), ("rabitq", "disk")])
-def test_reopen_gives_the_same_answers_and_documents(tmp_path, quantization, vectors):
+def test_reopen_gives_the_same_answers_and_documents(tmp_path, quantization, vectors, mmap):
     """What a reopened knowledge base answers (hits, their text and scores, the document list)
-    is what it answered before closing, whatever it loads lazily."""
+    is what it answered before closing, whatever it loads lazily, with its index checkpoint
+    read in place (``mmap=True``) or copied into memory."""
     kb = Engine(tmp_path).create_knowledge_base(
         "kb", chunk_size=CHUNK_SIZE, chunk_overlap=10, quantization=quantization, vectors=vectors
     )
@@ -455,11 +457,18 @@ def test_reopen_gives_the_same_answers_and_documents(tmp_path, quantization, vec
 
     before, docs_before = answers(kb), kb.documents()
     kb.close()
-    kb2 = Engine(tmp_path).get_knowledge_base("kb")
+    kb2 = Engine(tmp_path, mmap=mmap).get_knowledge_base("kb")
+    # (A float32 index is written as format version 1, whose links are always copied.)
+    assert kb2.index is not None and kb2.index._native._links_in_place == (mmap and quantization is not None)
     assert answers(kb2) == before
     assert kb2.documents() == docs_before
     assert "d3" not in kb2 and "d4" in kb2
     kb2.close()
+
+
+def test_engine_rejects_a_non_bool_mmap(tmp_path):
+    with pytest.raises(TypeError, match="mmap must be a bool"):
+        Engine(tmp_path, mmap="no")  # type: ignore[arg-type]
 
 
 def test_a_commit_leaves_no_thread_behind(tmp_path):

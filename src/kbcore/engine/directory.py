@@ -93,15 +93,26 @@ class Engine:
     to reopen knowledge bases built with a custom embedder. ``vectors`` (None, ``"memory"`` or
     ``"disk"``) overrides, in this process, where the knowledge bases it opens keep their
     float32 rows (None: as each was created; ``"disk"`` applies to quantized, unsharded
-    knowledge bases, the others keep theirs in memory); see docs/quantization.md.
+    knowledge bases, the others keep theirs in memory); see docs/quantization.md. ``mmap``
+    (default True) opens each knowledge base's index checkpoint in place from its mapped file;
+    False copies it into memory (:meth:`kbcore.Index.load`'s ``mmap``: a slower reopen and more
+    anonymous memory, faster searches of a large knowledge base; unsharded ones).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, embedder: Any = None, vectors: str | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        embedder: Any = None,
+        vectors: str | None = None,
+        mmap: bool = True,
     ) -> None:
         if vectors not in (None, *VECTORS):
             raise InvalidArgumentError(f"unknown vectors {vectors!r}; expected 'memory', 'disk' or None")
+        if type(mmap) is not bool:
+            raise InvalidTypeError(f"mmap must be a bool, got {type(mmap).__name__}")
         self._vectors = vectors
+        self._mmap = mmap
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_data_dir())
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -386,7 +397,13 @@ class Engine:
 
     def _open(self, name: str, path: str, embedder: Embedder | None) -> KnowledgeBase:
         kb = KnowledgeBase(
-            name, path, embedder, default_embedder=self._embedder, on_close=self._forget, vectors=self._vectors
+            name,
+            path,
+            embedder,
+            default_embedder=self._embedder,
+            on_close=self._forget,
+            vectors=self._vectors,
+            mmap=self._mmap,
         )
         self._kbs[name] = kb
         return kb

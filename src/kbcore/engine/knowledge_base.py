@@ -69,11 +69,13 @@ class KnowledgeBase:
         default_embedder: Embedder | None = None,
         on_close: Callable[[KnowledgeBase], None] | None = None,
         vectors: str | None = None,
+        mmap: bool = True,
     ) -> None:
         self.name = name
         self.path = path
         self._on_close = on_close
         self._vectors = vectors  # override of the configuration's vectors (None: as saved)
+        self._mmap = mmap  # Index.load's: the checkpoint read in place (True) or copied
         self._wmutex = threading.RLock()
         self._flock = storage.FileLock(os.path.join(path, storage.LOCK))
         self._closed = False
@@ -195,9 +197,9 @@ class KnowledgeBase:
         """KbState.load; for a sharded knowledge base under the writer lock (opening re-syncs
         the shards with the manifest, which writes them: :mod:`kbcore.engine.shards`)."""
         if not shards.is_sharded(storage.load_manifest(self.path)["config"]):
-            return KbState.load(self.name, self.path, self._vectors)
+            return KbState.load(self.name, self.path, self._vectors, mmap=self._mmap)
         with self._wmutex, self._flock.hold():
-            return KbState.load(self.name, self.path, self._vectors)
+            return KbState.load(self.name, self.path, self._vectors, mmap=self._mmap)
 
     def _sync(self) -> None:
         try:
@@ -208,7 +210,7 @@ class KnowledgeBase:
             raise
         if current != self._cell.state.generation:
             self._close_shards()  # the reload opens the shards again (one owner at a time)
-            state = KbState.load(self.name, self.path, self._vectors)
+            state = KbState.load(self.name, self.path, self._vectors, mmap=self._mmap)
             with self._cell.rw.write():
                 self._cell.state = state
 

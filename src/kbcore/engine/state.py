@@ -194,21 +194,22 @@ class KbState:
 
     # -- loading --------------------------------------------------------------------------------
     @classmethod
-    def load(cls, name: str, path: str, vectors: str | None = None) -> KbState:
+    def load(cls, name: str, path: str, vectors: str | None = None, *, mmap: bool = True) -> KbState:
         """Reads the manifest, the segments and the index checkpoint, and brings the index up
         to the manifest (replaying the tail; rebuilding a missing text leg once).
 
         ``vectors`` overrides the configuration's ``vectors`` for this process (see
-        :func:`vectors_of`); None opens the index as it was saved.
+        :func:`vectors_of`); None opens the index as it was saved. ``mmap`` as for
+        :meth:`kbcore.Index.load`: the checkpoint read in place (True) or copied into memory.
 
         Holds the reader lock (:func:`kbcore.engine.storage.reading`) throughout, so a writer in
         another process does not delete the files of the manifest read here meanwhile; every
         file is validated (:func:`kbcore.engine.storage.read_segments`): FormatError."""
         with storage.reading(path):
-            return cls._load_locked(name, path, vectors)
+            return cls._load_locked(name, path, vectors, mmap)
 
     @classmethod
-    def _load_locked(cls, name: str, path: str, override: str | None) -> KbState:
+    def _load_locked(cls, name: str, path: str, override: str | None, mmap: bool = True) -> KbState:
         m = storage.load_manifest(path)
         cfg = m["config"]
         vectors = vectors_of(cfg, override)
@@ -219,7 +220,7 @@ class KbState:
             # native load (no GIL) runs beside the segments' checks, which are mostly CRC-32 and
             # Arrow validation without the GIL too: a reopen waits for the longer of the two.
             storage.check_size(path, m["index"])
-            loading = _Background(Index.load, os.path.join(path, m["index"]["path"]), vectors=vectors)
+            loading = _Background(Index.load, os.path.join(path, m["index"]["path"]), vectors=vectors, mmap=mmap)
         try:
             segments = tuple(Segment(e, c, d) for e, c, d in storage.read_segments(path, m))
         except BaseException:
