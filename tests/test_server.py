@@ -726,6 +726,17 @@ def test_kbcore_serve_command_serves_with_keys_from_the_environment(tmp_path):
     assert "env-key" not in err
 
 
+@pytest.mark.parametrize(("flags", "mmap"), [([], True), (["--no-mmap"], False)])
+def test_kbcore_serve_passes_no_mmap_to_the_engine(tmp_path, monkeypatch, flags, mmap):
+    from kbcore import cli
+    from kbcore.dify import server as srv
+
+    seen: dict = {}
+    monkeypatch.setattr(srv, "serve", lambda data, keys, **kw: seen.update(kw, data=data))
+    assert cli.main(["serve", "--api-key", "k1", "--data", str(tmp_path), *flags]) == 0
+    assert seen["mmap"] is mmap and seen["data"] == str(tmp_path)
+
+
 def test_kbcore_serve_refuses_to_start_without_a_key(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KBCORE_API_KEYS"}
     proc = subprocess.run(

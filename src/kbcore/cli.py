@@ -875,6 +875,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction, data_help: str) -> None:
         help="JSON file of views: knowledge ids scoping one or several knowledge bases with a fixed "
         "filter, search type, top-k cap, score floor and their own keys (docs/dify.md)",
     )
+    p.add_argument(
+        "--no-mmap",
+        dest="mmap",
+        action="store_false",
+        help="copy each knowledge base's index into memory when it opens instead of reading it in "
+        "place from its file: a slower open and more memory, faster searches of a large one",
+    )
     add_embedder_arguments(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -903,6 +910,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             embedder=embedder,
             views=args.views,
+            mmap=args.mmap,
         )
     except (ImportError, InvalidArgumentError, FileNotFoundError) as exc:
         print(f"kbcore serve: {exc}", file=sys.stderr)

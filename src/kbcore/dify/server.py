@@ -828,12 +828,14 @@ def serve(
     embedder: Any = None,
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
     views: str | os.PathLike[str] | None = None,
+    mmap: bool = True,
 ) -> None:
     """Serves the knowledge bases in ``data`` with uvicorn until interrupted. Raises
     InvalidArgumentError for no key or a bad limit, ImportError without uvicorn.
 
     Knowledge bases rebuild the embedder their manifest records; ``embedder`` (the engine's
-    default) serves those built with a custom one."""
+    default) serves those built with a custom one. ``mmap`` is the engine's
+    (:class:`kbcore.engine.Engine`): False copies each index checkpoint into memory."""
     try:
         import uvicorn
     except ImportError:
@@ -841,7 +843,7 @@ def serve(
     from ..engine import Engine
 
     _KeyRing(api_keys)
-    engine = Engine(data, embedder=embedder)
+    engine = Engine(data, embedder=embedder, mmap=mmap)
     try:
         app = create_app(
             engine,
