@@ -96,6 +96,18 @@ class MappedArray {
   const T* base_ = nullptr;  // view_ or heap_.data(): the one pointer reads go through
 };
 
+/// Writes the rows of `src` (`row_len` elements each) to `dst` renumbered: row i of dst is row
+/// new_to_old[i] of src. dst holds new_to_old.size() rows and does not overlap src; every
+/// index is a row of src (the caller's permutation of its rows, checked by the caller).
+template <typename T>
+void gather_rows_into(T* dst, const T* src, std::size_t row_len, const std::vector<std::uint32_t>& new_to_old) {
+  static_assert(std::is_trivially_copyable_v<T>, "rows move by memcpy");
+  const std::size_t bytes = row_len * sizeof(T);
+  for (std::size_t i = 0; i < new_to_old.size(); ++i) {
+    std::memcpy(dst + i * row_len, src + static_cast<std::size_t>(new_to_old[i]) * row_len, bytes);
+  }
+}
+
 /// The rows of `src` (`row_len` elements each) renumbered: row i of the result is row
 /// new_to_old[i] of src, on the heap. Every index must be below src.size() / row_len (the
 /// caller's permutation of its rows; checked by the caller). O(rows * row_len). For rows read
@@ -106,11 +118,7 @@ MappedArray<T> gather_rows(const MappedArray<T>& src, const std::vector<std::uin
                            std::size_t row_len) {
   MappedArray<T> out;
   out.resize(new_to_old.size() * row_len);
-  T* dst = out.mutable_data();
-  const T* from = src.data();
-  for (std::size_t i = 0; i < new_to_old.size(); ++i) {
-    std::memcpy(dst + i * row_len, from + static_cast<std::size_t>(new_to_old[i]) * row_len, row_len * sizeof(T));
-  }
+  gather_rows_into(out.mutable_data(), src.data(), row_len, new_to_old);
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "mapped_array.h"
 
 #if defined(_WIN32)
 #ifndef NOMINMAX
@@ -319,10 +320,7 @@ RowBuffer RowBuffer::gathered(const std::vector<std::uint32_t>& new_to_old, std:
     dst = out.map_;
 #endif
   }
-  const std::size_t bytes = row_len * sizeof(float);
-  for (std::size_t i = 0; i < new_to_old.size(); ++i) {
-    std::memcpy(dst + i * row_len, view_ + static_cast<std::size_t>(new_to_old[i]) * row_len, bytes);
-  }
+  gather_rows_into(dst, view_, row_len, new_to_old);
   out.release_resident();
   return out;
 }
