@@ -19,6 +19,8 @@ using FloatArray = py::array_t<float, py::array::c_style>;
 using IdArray = py::array_t<std::int64_t, py::array::c_style>;
 
 void bind_index(py::module_& m);
+/// fast_search(index): the one-query search as a plain CPython function (bind_fast_search.cpp).
+void bind_fast_search(py::module_& m);
 /// The Filter class: a compiled filter IR converted to a FilterNode once.
 void bind_filter(py::module_& m);
 

@@ -142,4 +142,5 @@ PYBIND11_MODULE(_core, m) {
       "{parameter: (min, max, default)}.");
   kbcore::python::bind_filter(m);
   kbcore::python::bind_index(m);
+  kbcore::python::bind_fast_search(m);
 }

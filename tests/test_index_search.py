@@ -351,3 +351,88 @@ def test_single_query_path_equals_the_batch_row(clustered, quantization):
         index.search(np.zeros(23, dtype=np.float32), k=3)
     with pytest.raises(ValueError):
         index.search(queries[0], k=0)
+
+
+@pytest.mark.parametrize("quantization", [None, "sq8"])
+def test_plain_native_entry_answers_only_the_plain_case_and_equals_the_checked_path(clustered, quantization):
+    # Index.search's one-query entry (_core.fast_search, a plain CPython function): a
+    # float32 [dim] query with int k / ef / threads in range gets the batch row exactly; any
+    # other argument, and a query the search refuses, gets None, and Index.search then answers
+    # through its checked path as it did before (converting, or raising the mapped error).
+    from kbcore import _core
+    from kbcore.errors import InvalidArgumentError, InvalidTypeError
+
+    data, queries = clustered(11, 500, 16, n_queries=6)
+    index = kbcore.Index(16, metric="cosine", kind="hnsw", M=8, ef_construction=64, seed=5, quantization=quantization)
+    index.add(data, np.arange(len(data), dtype=np.int64) + 100)
+    fast = _core.fast_search(index._native)
+    b_ids, b_dist = index.search(queries, k=7, ef=30)
+    for i, q in enumerate(queries):
+        got = fast(q, 7, 30, 0)
+        assert got is not None
+        ids, dist = got
+        assert ids.shape == (7,) and ids.dtype == np.int64 and dist.shape == (7,) and dist.dtype == np.float32
+        np.testing.assert_array_equal(ids, b_ids[i])
+        np.testing.assert_array_equal(dist.view(np.uint32), b_dist[i].view(np.uint32))
+    default_ef = fast(queries[0], 7, None, 1)
+    assert default_ef is not None
+    np.testing.assert_array_equal(default_ef[0], index.search(queries[0], k=7)[0])
+
+    q = queries[0]
+    strided = np.repeat(q, 2)[::2]
+    unaligned = np.frombuffer(b"\0" + q.tobytes(), dtype=np.float32, offset=1, count=16)
+    assert not unaligned.flags.aligned and strided.strides == (8,)
+
+    class Sub(np.ndarray):
+        pass
+
+    declined = {
+        "float64": (q.astype(np.float64), 7, 30, 0),
+        "big-endian": (q.astype(">f4"), 7, 30, 0),
+        "strided": (strided, 7, 30, 0),
+        "unaligned": (unaligned, 7, 30, 0),
+        "subclass": (q.view(Sub), 7, 30, 0),
+        "list": (q.tolist(), 7, 30, 0),
+        "2-D": (q[None, :], 7, 30, 0),
+        "numpy int k": (q, np.int64(7), 30, 0),
+        "numpy int ef": (q, 7, np.int64(30), 0),
+    }
+    for name, args in declined.items():
+        assert fast(*args) is None, name
+        ids, dist = index.search(args[0], k=int(args[1]), ef=int(args[2]))  # converted
+        np.testing.assert_array_equal(np.asarray(ids).reshape(-1, 7)[0], b_ids[0], err_msg=name)
+    refused = {
+        "wrong dimension": ((np.zeros(15, dtype=np.float32), 7, 30, 0), InvalidArgumentError),
+        "k 0": ((q, 0, 30, 0), InvalidArgumentError),
+        "k bool": ((q, True, 30, 0), InvalidTypeError),
+        "k above MAX_EF": ((q, _core.MAX_EF + 1, 30, 0), InvalidArgumentError),
+        "huge k": ((q, 1 << 80, 30, 0), InvalidArgumentError),
+        "ef 0": ((q, 7, 0, 0), InvalidArgumentError),
+        "ef float": ((q, 7, 30.0, 0), InvalidTypeError),
+        "threads -1": ((q, 7, 30, -1), InvalidArgumentError),
+        "NaN": ((np.full(16, np.nan, dtype=np.float32), 7, 30, 0), InvalidArgumentError),
+        "zero under cosine": ((np.zeros(16, dtype=np.float32), 7, 30, 0), InvalidArgumentError),
+    }
+    for name, (args, error) in refused.items():
+        assert fast(*args) is None, name
+        with pytest.raises(error):
+            index.search(args[0], k=args[1], ef=args[2], threads=args[3])
+    with pytest.raises(TypeError):
+        fast(q, 7, 30)
+
+
+def test_plain_native_entry_keeps_its_index_alive(clustered):
+    from kbcore import _core
+
+    data, queries = clustered(12, 200, 8, n_queries=2)
+    index = kbcore.Index(8, kind="hnsw", M=8, ef_construction=32)
+    index.add(data, np.arange(len(data), dtype=np.int64))
+    expected = index.search(queries[0], k=3)[0]
+    fast = _core.fast_search(index._native)
+    del index
+    import gc
+
+    gc.collect()
+    got = fast(queries[0], 3, None, 0)
+    assert got is not None
+    np.testing.assert_array_equal(got[0], expected)

@@ -1,6 +1,6 @@
 """Type stub of the native extension (pybind11). Use the kbcore package, not this module."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -66,6 +66,9 @@ def search_many(
     concurrently on the search pool with the GIL released; (ids, distances) or groups each."""
 
 def set_search_threads(threads: int) -> None: ...
+def fast_search(
+    index: Index,
+) -> Callable[[Any, Any, Any, Any], tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None]: ...
 def search_threads() -> int: ...
 def wake_search_pool(tasks: int) -> None:
     """Wakes the search pool's workers a search_many call of ``tasks`` searches will use."""

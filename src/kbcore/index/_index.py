@@ -203,7 +203,7 @@ class Index:
     # About 420 lines: the whole index API (34 methods, most of them argument checks and a
     # docstring around one native call); the work is in the native core.
 
-    __slots__ = ("_native", "_dim", "_ordered_rows")
+    __slots__ = ("_native", "_dim", "_ordered_rows", "_fast")
 
     def __init__(
         self,
@@ -260,6 +260,7 @@ class Index:
             spec.bits or 0,
         )
         self._dim = int(self._native.dim)
+        self._fast = _core.fast_search(self._native)
         self._ordered_rows = 0
 
     @property
@@ -282,6 +283,7 @@ class Index:
         obj = cls.__new__(cls)
         obj._native = native
         obj._dim = int(native.dim)
+        obj._fast = _core.fast_search(native)
         obj._ordered_rows = int(native.size())
         return obj
 
@@ -511,6 +513,13 @@ class Index:
         sets are scanned exactly; larger ones use a filter-aware graph traversal, chosen by a
         cost model.
         """
+        if where is None:
+            # The loop of single queries a RAG request runs: one plain native call, which
+            # answers a float32 [dim] query with int k / ef / threads in range and returns None
+            # for anything else (and for a query it refuses), handled by the checked path below.
+            found = self._fast(queries, k, ef, threads)
+            if found is not None:
+                return found
         if (
             type(queries) is np.ndarray
             and queries.dtype is _FLOAT32
