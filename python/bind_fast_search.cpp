@@ -11,8 +11,6 @@
 // error set: the caller (kbcore.Index.search) then takes its checked path, which converts or
 // raises the mapped exception. So this entry changes no answer and no error, only the cost.
 #include <cstdint>
-#include <exception>
-#include <new>
 
 #include "bindings.h"
 #include "index.h"
@@ -48,6 +46,14 @@ std::size_t bounded(PyObject* v) {
   return static_cast<std::size_t>(x);
 }
 
+/// An int >= 0 that fits a long long (not a bool), else false: the checked path judges the rest.
+bool non_negative(PyObject* v) {
+  if (!PyLong_CheckExact(v)) return false;
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  return overflow == 0 && x >= 0;
+}
+
 /// A 1-D float32 [dim] numpy array whose data can be read as it is, else null.
 const float* plain_query(PyObject* q, std::size_t dim) {
   const auto& api = py::detail::npy_api::get();
@@ -81,8 +87,7 @@ PyObject* fast_search(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   const Index& index = *fs->index;
   const std::size_t k = bounded(args[1]);
   const std::size_t ef = args[2] == Py_None ? std::size_t{0} : bounded(args[2]);
-  const bool threads_ok = PyLong_CheckExact(args[3]) && PyLong_AsLongLong(args[3]) >= 0;
-  if (PyErr_Occurred() != nullptr) PyErr_Clear();  // an int beyond long long: the checked path says so
+  const bool threads_ok = non_negative(args[3]);
   const float* q = plain_query(args[0], index.dim());
   if (k == 0 || (args[2] != Py_None && ef == 0) || !threads_ok || q == nullptr) Py_RETURN_NONE;
   PyObject* ids = new_array(py::detail::npy_format_descriptor<std::int64_t>::value, k);
