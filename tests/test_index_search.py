@@ -410,6 +410,7 @@ def test_plain_native_entry_answers_only_the_plain_case_and_equals_the_checked_p
         "ef 0": ((q, 7, 0, 0), InvalidArgumentError),
         "ef float": ((q, 7, 30.0, 0), InvalidTypeError),
         "threads -1": ((q, 7, 30, -1), InvalidArgumentError),
+        "threads bool": ((q, 7, 30, True), InvalidArgumentError),
         "NaN": ((np.full(16, np.nan, dtype=np.float32), 7, 30, 0), InvalidArgumentError),
         "zero under cosine": ((np.zeros(16, dtype=np.float32), 7, 30, 0), InvalidArgumentError),
     }
@@ -419,6 +420,11 @@ def test_plain_native_entry_answers_only_the_plain_case_and_equals_the_checked_p
             index.search(args[0], k=args[1], ef=args[2], threads=args[3])
     with pytest.raises(TypeError):
         fast(q, 7, 30)
+    # threads beyond any machine: declined here, and the checked path caps it as the native
+    # pool does (one query or a batch), instead of failing to convert it
+    assert fast(q, 7, 30, 1 << 80) is None
+    np.testing.assert_array_equal(index.search(q, k=7, ef=30, threads=1 << 80)[0], b_ids[0])
+    np.testing.assert_array_equal(index.search(queries, k=7, ef=30, threads=1 << 80)[0], b_ids)
 
 
 def test_plain_native_entry_keeps_its_index_alive(clustered):

@@ -83,10 +83,15 @@ def limit(value: int) -> int:
     return int(value)
 
 
+_THREADS_CAP = 1 << 20  # far above any machine, well inside the native size_t
+
+
 def threads(value: int) -> int:
+    """A thread count as the native calls take it: 0 = all cores; a count above any machine's
+    is capped (the native pool caps it again at the cores and the work), so it converts."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise InvalidArgumentError(f"threads must be a non-negative integer (0 = all cores), got {value!r}")
-    return int(value)
+    return min(int(value), _THREADS_CAP)
 
 
 def check_params(metric: str, kind: str, M: int, ef_construction: int, ef: int) -> tuple[int, int, int]:
