@@ -103,6 +103,7 @@ def test_load_with_mmap_false_copies_what_it_would_read_in_place(tmp_path, quant
     index.save(tmp_path / "a.kbi")
     copied = kbcore.Index.load(tmp_path / "a.kbi", mmap=False)
     assert not copied._native._links_in_place and not copied._native._codes_in_place
+    assert not copied.in_place and not index.in_place
     assert copied.vectors == vectors  # rows kept on disk stay in the file
     _same(index, copied, queries)
     np.testing.assert_array_equal(copied.get_vectors(np.arange(N)), data)
@@ -124,7 +125,7 @@ def test_codes_read_in_place_outlive_the_file_being_replaced_or_deleted(tmp_path
     path = tmp_path / "a.kbi"
     index.save(path)
     back = kbcore.Index.load(path)
-    assert back._native._codes_in_place
+    assert back._native._codes_in_place and back.in_place
     other = kbcore.Index(DIM, "l2", M=8, ef_construction=32, quantization="sq8")
     other.add(data[::-1].copy() + 1.0, np.arange(N, dtype=np.int64), threads=1)
     other.save(path)  # replaced by rename: the old mapping still reads the old bytes

@@ -343,6 +343,12 @@ class Index:
         return self._native.vectors  # type: ignore[return-value]
 
     @property
+    def in_place(self) -> bool:
+        """True while a loaded index reads its level-0 graph links in place from its file
+        (:meth:`load` with ``mmap=True``); False when built here or copied (``mmap=False``)."""
+        return bool(self._native._links_in_place)
+
+    @property
     def quantizer_trained(self) -> bool:
         """True once a quantized index has trained its codes (at 1,000 rows)."""
         return bool(self._native.quantizer_trained)
