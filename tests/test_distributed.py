@@ -864,3 +864,25 @@ def test_a_closed_sharded_index_says_so(ray_local, tmp_path, corpus):
         assert len(again) == 10
     finally:
         again.close()
+
+
+@needs_ray
+def test_sharded_load_reopens_each_shard_in_place_or_copied_as_mmap_says(ray_local, tmp_path, corpus):
+    # mmap is how each shard reopens its checkpoint (Index.load's mmap): in place from the
+    # file by default, copied into the shard's memory with mmap=False; the answers are the same
+    vectors, ids, meta, texts = corpus
+    path = tmp_path / "kb"
+    q = np.random.default_rng(4).standard_normal(DIM).astype(np.float32)
+    with kbcore.distributed.ShardedIndex(DIM, "cosine", "hnsw", shards=2, path=path, quantization="sq8", M=8) as si:
+        si.add(vectors, ids, metadata=meta, texts=texts)
+        si.save()
+        want = si.search(q, 10, ef=64)
+        assert [i["in_place"] for i in si.shard_info()] == [False, False]  # built in memory
+    for mmap in (True, False):
+        with kbcore.distributed.ShardedIndex.load(path, mmap=mmap) as back:
+            assert [i["in_place"] for i in back.shard_info()] == [mmap, mmap]
+            got = back.search(q, 10, ef=64)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(TypeError, match="mmap must be a bool"):
+        kbcore.distributed.ShardedIndex.load(path, mmap="no")  # type: ignore[arg-type]

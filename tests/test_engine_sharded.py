@@ -187,6 +187,23 @@ def test_replace_delete_compact_and_reopen_keep_a_sharded_kb_equal_to_unsharded(
     engine.close()
 
 
+def test_engine_mmap_reaches_a_sharded_kbs_shards(ray_address, tmp_path):
+    # Engine(mmap=False) copies a sharded knowledge base's shard checkpoints into memory as it
+    # does an unsharded one's index; the default reads them in place; the answers are the same
+    engine = Engine(tmp_path)
+    kb = engine.create_knowledge_base("kb", index="hnsw", quantization="sq8", chunk_size=80, shards=2)
+    fill(kb, corpus(23, 20))
+    kb.compact()  # one checkpoint per shard covering every row
+    want = [[h.id for h in kb.retrieve(q, 8)] for q in QUERIES]
+    engine.close()
+    for mmap in (True, False):
+        engine = Engine(tmp_path, mmap=mmap)
+        kb = engine["kb"]
+        assert {i["in_place"] for i in kb.index.shard_info()} == {mmap}
+        assert [[h.id for h in kb.retrieve(q, 8)] for q in QUERIES] == want
+        engine.close()
+
+
 def test_a_vectors_only_sharded_kb_gets_its_dimension_at_the_first_ingest(ray_address, tmp_path):
     engine = Engine(tmp_path)
     one, sharded = make_pair(engine, embedder=False)

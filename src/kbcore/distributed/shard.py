@@ -69,8 +69,10 @@ class ShardState:
         index_options: Mapping[str, Any],
         durability: str = "wal",
         checkpoint_bytes: int = 64 << 20,
+        mmap: bool = True,
     ) -> None:
-        """Opens (recovering) or creates the shard stored in ``directory``.
+        """Opens (recovering) or creates the shard stored in ``directory``; ``mmap`` is how
+        it reopens its checkpoint (:meth:`kbcore.Index.load`).
 
         Raises :class:`~kbcore.errors.FormatError` if its files are corrupted and
         :class:`~kbcore.errors.StorageError` if the OS refuses a read or write.
@@ -81,6 +83,7 @@ class ShardState:
         self.directory = directory
         self.durability = durability
         self.checkpoint_bytes = int(checkpoint_bytes)
+        self._mmap = bool(mmap)
         self._lock = threading.Lock()
         self._broken: str | None = None
         self.replayed = 0
@@ -123,7 +126,7 @@ class ShardState:
         if fmt != _FORMAT:
             raise FormatError(errno.EINVAL, f"shard state {state_path!r} has format {fmt}, expected {_FORMAT}")
         self._snapshot, self._wal_name, self.seq = snapshot, wal, seq
-        self.index = Index.load(os.path.join(self.directory, snapshot))
+        self.index = Index.load(os.path.join(self.directory, snapshot), mmap=self._mmap)
         valid = 0
         if wal is not None:
             path = os.path.join(self.directory, wal)
@@ -376,4 +379,6 @@ class ShardState:
             "pid": os.getpid(),
             "durability": self.durability,
             "memory_bytes": self.index.memory_usage(),
+            # the graph links read in place from the checkpoint file (mmap=True, reopened)
+            "in_place": self.index.in_place,
         }

@@ -121,6 +121,7 @@ class ShardedIndex:
         max_concurrency: int = 4,
         transport: str | None = None,
         compiled_idle: float | None = 10.0,
+        mmap: bool = True,
         spec: IndexSpec | Mapping[str, Any] | None = None,
         **index_options: Any,
     ) -> None:
@@ -142,7 +143,10 @@ class ShardedIndex:
         variable ``KBCORE_SHARD_TRANSPORT``, else ``"socket"`` where the platform has Unix-domain
         sockets and ``poll()`` (Linux, macOS), else ``"actor"``. ``compiled_idle``: seconds
         without a query after which the compiled graph is torn down (its shards stop polling
-        their channels) and rebuilt on the next query; ``None`` keeps it. Raises
+        their channels) and rebuilt on the next query; ``None`` keeps it. ``mmap``: how a shard
+        reopens its checkpoint when it restarts (and at :meth:`load`), as
+        :meth:`kbcore.Index.load`'s ``mmap``: True reads it in place from the file, False copies
+        it into the shard's memory (a slower open, faster searches at scale). Raises
         :class:`~kbcore.errors.InvalidArgumentError` for bad options or a ``path`` that already
         holds an index (use :meth:`load`).
         """
@@ -185,6 +189,7 @@ class ShardedIndex:
             max_concurrency=max_concurrency,
             transport=transport,
             compiled_idle=compiled_idle,
+            mmap=mmap,
             create=True,
         )
 
@@ -201,9 +206,12 @@ class ShardedIndex:
         max_concurrency: int,
         transport: str | None,
         compiled_idle: float | None,
+        mmap: bool,
         create: bool,
     ) -> None:
         self._calls: ShardCalls | None = None
+        if type(mmap) is not bool:
+            raise InvalidTypeError(f"mmap must be a bool, got {type(mmap).__name__}")
         if transport is None:
             from .sockets import AVAILABLE
 
@@ -251,6 +259,7 @@ class ShardedIndex:
             max_restarts=max_restarts,
             num_cpus=num_cpus,
             max_concurrency=max_concurrency,
+            mmap=mmap,
             create=create,
             write_manifest=write_manifest,
         )
@@ -310,6 +319,7 @@ class ShardedIndex:
         max_concurrency: int = 4,
         transport: str | None = None,
         compiled_idle: float | None = 10.0,
+        mmap: bool = True,
     ) -> ShardedIndex:
         """Opens the sharded index in ``path``: one actor per shard, each recovering its last
         checkpoint plus its write-ahead log (the options as for the constructor). Raises
@@ -347,6 +357,7 @@ class ShardedIndex:
             max_concurrency=max_concurrency,
             transport=transport,
             compiled_idle=compiled_idle,
+            mmap=mmap,
             create=False,
         )
         return obj

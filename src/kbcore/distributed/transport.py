@@ -256,13 +256,15 @@ def spawn(
     max_concurrency: int,
     create: bool,
     write_manifest: Callable[[dict[str, Any]], None],
+    mmap: bool = True,
 ) -> list[Any]:
     """Starts one actor per shard of ``manifest`` and returns their handles (shard i first..).
 
     Placement: with ``storage="local"`` each shard is pinned to the node recorded for it (its
     data is on that node's disk); otherwise round-robin over the live nodes with CPUs, as a
     soft preference. A new index (``create``) records the placement and is written by
-    ``write_manifest`` before any actor starts.
+    ``write_manifest`` before any actor starts. ``mmap``: how each shard reopens its
+    checkpoint (:meth:`kbcore.Index.load`); not stored, an option of this open.
     """
     ray = ray_module()
     if not ray.is_initialized():
@@ -294,7 +296,7 @@ def spawn(
     try:
         for i in range(n):
             actors.append(
-                _start_shard(cls, root, i, manifest, placement, local, max_restarts, num_cpus, max_concurrency)
+                _start_shard(cls, root, i, manifest, placement, local, max_restarts, num_cpus, max_concurrency, mmap)
             )
     except BaseException:
         for a in actors:  # do not leave the shards started so far running
@@ -316,6 +318,7 @@ def _start_shard(
     max_restarts: int,
     num_cpus: float,
     max_concurrency: int,
+    mmap: bool = True,
 ) -> Any:
     """Starts the actor of shard ``i`` on its node (see :func:`spawn`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -338,6 +341,7 @@ def _start_shard(
         "index_options": manifest["index_options"],
         "durability": manifest["durability"],
         "checkpoint_bytes": manifest["checkpoint_bytes"],
+        "mmap": mmap,
     }
     return cls.options(**options).remote(shard_dir(root, i), shard_options)
 

@@ -219,7 +219,7 @@ def ingest(cell: StateCell, batch: ChunkBatch, vectors: np.ndarray, on_checkpoin
     index = state.index
     created = index is None
     if index is None:
-        index = new_index(cfg, cfg["dim"], state.path, fresh=True, vectors=state.vectors)
+        index = new_index(cfg, cfg["dim"], state.path, fresh=True, vectors=state.vectors, mmap=state.mmap)
     sharded = is_sharded(cfg)
     ids = np.arange(m["next_id"], m["next_id"] + n, dtype=np.int64)
     groups = np.arange(m["next_group"], m["next_group"] + ndocs, dtype=np.int64)

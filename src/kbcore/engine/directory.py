@@ -96,7 +96,8 @@ class Engine:
     knowledge bases, the others keep theirs in memory); see docs/quantization.md. ``mmap``
     (default True) opens each knowledge base's index checkpoint in place from its mapped file;
     False copies it into memory (:meth:`kbcore.Index.load`'s ``mmap``: a slower reopen and more
-    anonymous memory, faster searches of a large knowledge base; unsharded ones).
+    anonymous memory, faster searches of a large knowledge base); a sharded knowledge base's
+    shards reopen their checkpoints the same way (:class:`kbcore.distributed.ShardedIndex`).
     """
 
     def __init__(

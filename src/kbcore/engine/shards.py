@@ -92,7 +92,7 @@ def is_sharded(cfg: dict[str, Any]) -> bool:
     return bool(cfg.get("shards"))
 
 
-def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = False) -> Any:
+def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = False, mmap: bool = True) -> Any:
     """The ShardedIndex of a knowledge base of configuration ``cfg``: loaded from
     ``<kb>/shards`` when it holds one, else created there. ``fresh``: the knowledge base has
     no committed row, so a leftover directory is removed first (rule 4). FormatError if the
@@ -119,9 +119,10 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
                 shards=n,
                 path=root,
                 spec=IndexSpec.from_config(cfg),
+                mmap=mmap,
             )
         else:
-            index = ShardedIndex.load(root)
+            index = ShardedIndex.load(root, mmap=mmap)
             got = (index.dim, index.metric, index.kind, index.shards)
             want = (dim, cfg["metric"], cfg["index"], n)
             if got != want:

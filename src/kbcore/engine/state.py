@@ -57,6 +57,9 @@ class KbState:
     #: where this process keeps the float32 rows ("memory" / "disk"): the configuration's
     #: ``vectors``, or the override the knowledge base was opened with (:func:`vectors_of`)
     vectors: str = "memory"
+    #: whether this process reads a reopened index in place from its file (the ``mmap`` it
+    #: was opened with; a sharded knowledge base's shards reopen the same way)
+    mmap: bool = True
 
     @classmethod
     def build(
@@ -69,6 +72,7 @@ class KbState:
         index: Index | None,
         stale_text: bool = False,
         vectors: str = "memory",
+        mmap: bool = True,
     ) -> KbState:
         cfg = manifest["config"]
         defaults = tuple(cfg.get(k, v) for k, v in SEARCH_DEFAULTS.items())
@@ -84,6 +88,7 @@ class KbState:
             defaults,
             {s.name: s for s in segments},
             vectors,
+            mmap,
         )
 
     # -- reading --------------------------------------------------------------------------
@@ -184,12 +189,13 @@ class KbState:
             self.index if index is None else index,
             self.stale_text if stale_text is None else stale_text,
             self.vectors,
+            self.mmap,
         )
 
     def with_manifest(self, m: dict[str, Any]) -> KbState:
         """The same data under a manifest that changed only its configuration or pipelines."""
         return KbState.build(
-            self.name, self.path, m, self.segments, self.docs, self.index, self.stale_text, self.vectors
+            self.name, self.path, m, self.segments, self.docs, self.index, self.stale_text, self.vectors, self.mmap
         )
 
     # -- loading --------------------------------------------------------------------------------
@@ -231,7 +237,7 @@ class KbState:
         if loading is not None:
             index = loading.result()
         elif cfg.get("dim"):
-            index = new_index(cfg, int(cfg["dim"]), path, vectors=vectors)
+            index = new_index(cfg, int(cfg["dim"]), path, vectors=vectors, mmap=mmap)
         stale_text = False
         if index is not None:
             _reconcile(path, index, segments, m["segments"])
@@ -240,7 +246,7 @@ class KbState:
             ):  # written before the text leg existed
                 index = _rebuild_text_leg(index, segments, cfg)
                 stale_text = True
-        return cls.build(name, path, m, segments, LazyDocMap(segments), index, stale_text, vectors)
+        return cls.build(name, path, m, segments, LazyDocMap(segments), index, stale_text, vectors, mmap)
 
 
 class _Background:
@@ -300,14 +306,21 @@ def vectors_of(cfg: dict[str, Any], override: str | None = None) -> Vectors:
 
 
 def new_index(
-    cfg: dict[str, Any], dim: int, path: str | None = None, *, fresh: bool = False, vectors: str | None = None
+    cfg: dict[str, Any],
+    dim: int,
+    path: str | None = None,
+    *,
+    fresh: bool = False,
+    vectors: str | None = None,
+    mmap: bool = True,
 ) -> Index:
     """An empty index of a knowledge base's configuration (its rows where ``vectors`` says,
     default the configuration's); for a sharded knowledge base (at ``path``) its ShardedIndex,
-    loaded or created (see :func:`kbcore.engine.shards.open_index`)."""
+    loaded or created, whose shards reopen their checkpoints as ``mmap`` says (see
+    :func:`kbcore.engine.shards.open_index`)."""
     if _shards.is_sharded(cfg):
         assert path is not None
-        return _shards.open_index(path, cfg, dim, fresh=fresh)
+        return _shards.open_index(path, cfg, dim, fresh=fresh, mmap=mmap)
     return Index(dim, spec=IndexSpec.from_config(cfg).replace(vectors=vectors_of(cfg, vectors)))
 
 
