@@ -96,6 +96,16 @@ def test_setting_ef_to_a_non_positive_value_raises_and_keeps_old_ef(index, bad):
 # add
 
 
+def test_ids_beyond_int64_are_not_held_and_a_huge_build_limit_means_all(index):
+    # `in` answers False for what no int64 id can be (no binding TypeError), and a row limit
+    # past any index builds every deferred row
+    assert (1 << 80) not in index and -(1 << 80) not in index and (1 << 63) not in index
+    assert 0 in index and np.int64(0) in index
+    index.add(vecs(20), np.arange(200, 220, dtype=np.int64), defer_graph=True)
+    assert index.pending == (20 if index.kind == "hnsw" else 0)
+    assert index.build_graph(1 << 80) == 0 and index.pending == 0
+
+
 @pytest.mark.parametrize(
     "make, match",
     [

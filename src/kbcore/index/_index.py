@@ -478,7 +478,7 @@ class Index:
         for its own batch, so a background thread can call it in small batches while
         searches continue. Searches are exact over waiting rows, so results never miss them.
         """
-        limit = 2**62 if max_rows is None else _positive("max_rows", max_rows)
+        limit = 2**62 if max_rows is None else min(_positive("max_rows", max_rows), 2**62)  # more rows than any index
         return int(self._native.build_graph(limit, _threads(threads)))
 
     @property
@@ -773,8 +773,8 @@ class Index:
         return int(self._native.size())
 
     def __contains__(self, id: object) -> bool:
-        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
-            return False
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)) or not -(2**63) <= id < 2**63:
+            return False  # ids are int64: nothing else can be held
         return bool(self._native.contains(int(id)))
 
     def __repr__(self) -> str:
