@@ -46,6 +46,18 @@ def test_stats_count_segments_tail_and_checkpoint(kb):
     assert kb.stats().pending_graph_rows == 0
 
 
+def test_wait_until_indexed_checks_its_timeout(kb):
+    from kbcore.errors import InvalidArgumentError, InvalidTypeError
+
+    kb.ingest(text="linked in the background " * 20, document_id="d")
+    for bad, error in (("3", InvalidTypeError), (True, InvalidTypeError), (-1, InvalidArgumentError)):
+        with pytest.raises(error, match="timeout"):
+            kb.wait_until_indexed(bad)
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        kb.wait_until_indexed(float("nan"))  # would never pass its deadline
+    assert kb.wait_until_indexed(60.0) and kb.wait_until_indexed(0) and kb.pending_graph_rows == 0
+
+
 def test_search_options_equal_keyword_arguments(kb):
     for i in range(6):
         kb.ingest(text=f"Document {i} is about zebra{i} and shared words. " * 3, document_id=f"d{i}")

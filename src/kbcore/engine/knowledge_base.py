@@ -1114,7 +1114,13 @@ class KnowledgeBase:
         """Waits until every chunk is linked into the HNSW graph (ingest returns as soon as
         the chunks are durable and searchable; linking continues in the background), and until
         the slot reorder that may follow the linking has ended (from 100k chunks, each time the
-        index has doubled; docs/engine.md). Returns False if ``timeout`` seconds passed first."""
+        index has doubled; docs/engine.md). Returns False if ``timeout`` seconds (None: no
+        limit; a number >= 0) passed first."""
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise InvalidTypeError(f"timeout must be None or a number of seconds, got {type(timeout).__name__}")
+            if not timeout >= 0:  # NaN too
+                raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {timeout!r}")
         return self._builder.wait(timeout, lambda: self.pending_graph_rows)
 
     # -- lifecycle ---------------------------------------------------------------------------
