@@ -689,6 +689,10 @@ def test_bad_transport_is_rejected(ray_local, tmp_path):
         kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb", transport="carrier-pigeon")
     with pytest.raises(InvalidArgumentError, match="compiled_idle"):
         kbcore.distributed.ShardedIndex(DIM, shards=2, path=tmp_path / "kb2", compiled_idle=0)
+    for many in (kbcore.distributed.MAX_SHARDS + 1, 1 << 80):  # one actor each: none is started
+        with pytest.raises(InvalidArgumentError, match="shards must be at most 1024"):
+            kbcore.distributed.ShardedIndex(DIM, shards=many, path=tmp_path / "kb3")
+    assert not (tmp_path / "kb3").exists()
 
 
 # ------------------------------------------------------------------------------------------

@@ -257,6 +257,9 @@ def test_bad_shards_values_are_rejected_before_anything_is_created(ray_address, 
         engine.create_knowledge_base("a", shards=True)
     with pytest.raises(InvalidTypeError, match="shards must be None or an integer"):
         engine.create_knowledge_base("a", shards="2")
+    for many in (1025, 1 << 80):  # one Ray actor each: refused before any starts
+        with pytest.raises(InvalidArgumentError, match="shards must be at most 1024"):
+            engine.create_knowledge_base("a", shards=many)
     assert engine.knowledge_bases() == []
 
 

@@ -86,6 +86,8 @@ BAD_MANIFESTS = [
     ("config.chunk_overlap", 60, "config.chunk_overlap"),
     ("config.vector_weight", 7, "config.vector_weight"),
     ("config.search_type", "psychic", "config.search_type"),
+    ("config.shards", "2", "config.shards"),  # ValueError from int() before
+    ("config.shards", 0, "config.shards"),
     ("embedder.dim", 2**50, "embedder.dim"),
     ("embedder.char_ngrams", [0, 99], "embedder.char_ngrams[0]"),
     ("embedder", [], "embedder"),
@@ -113,6 +115,17 @@ def test_crafted_manifest_with_a_valid_checksum_raises_format_error_naming_the_f
     with pytest.raises(FormatError) as e:
         _open(d)
     assert f"field {field!r}" in str(e.value)
+
+
+def test_a_shard_count_past_the_limit_is_refused_before_any_shard_starts(tmp_path):
+    # one Ray actor per shard: a count the manifest check lets through (an int >= 1) but no
+    # cluster runs is a FormatError when the shards would open, before Ray is needed
+    from kbcore.engine.shards import open_index
+
+    for n in (1025, 5000):
+        with pytest.raises(FormatError, match="shards must be at most 1024"):
+            open_index(str(tmp_path), {"shards": n, "metric": "cosine", "index": "flat"}, 8)
+    assert os.listdir(tmp_path) == []
 
 
 def test_missing_top_level_field_is_named(base_kb, base_manifest, tmp_path):

@@ -7,7 +7,7 @@ exactly, and every acknowledged write survives a shard's crash. See ``docs/scale
 Importing this package does not import Ray; creating a :class:`ShardedIndex` does.
 """
 
-from .routing import shard_of_id, shard_of_key
+from .routing import MAX_SHARDS, shard_of_id, shard_of_key
 from .sharded_index import MANIFEST, PartialResult, ShardedIndex, ShardUnavailableError
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "MANIFEST",
     "shard_of_key",
     "shard_of_id",
+    "MAX_SHARDS",
 ]

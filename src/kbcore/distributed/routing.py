@@ -15,7 +15,11 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["shard_of_key", "shard_of_id", "route"]
+__all__ = ["shard_of_key", "shard_of_id", "route", "MAX_SHARDS"]
+
+#: The most shards one index may have: each is a Ray actor (a process); far more than a
+#: cluster runs, and a bound so that a mistyped count is refused instead of starting them.
+MAX_SHARDS = 1024
 
 
 def _bucket(data: bytes, shards: int) -> int:

@@ -29,7 +29,7 @@ from ..index.params import positive
 from ..index.params import threads as check_threads
 from .compiled import CompiledScatter
 from .merge import merge_groups, merge_text, merge_top_k, subset_rows
-from .routing import route, shard_of_key
+from .routing import MAX_SHARDS, route, shard_of_key
 from .transport import ShardCalls, ShardUnavailableError, pack_request, spawn
 
 __all__ = ["ShardedIndex", "ShardUnavailableError", "PartialResult", "MANIFEST"]
@@ -151,6 +151,8 @@ class ShardedIndex:
         holds an index (use :meth:`load`).
         """
         shards = positive("shards", shards)
+        if shards > MAX_SHARDS:
+            raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS} (one Ray actor each), got {shards}")
         if spec is not None:
             metric, kind, index_options = spec_options(spec, metric, kind, index_options)
         Index(dim, metric, kind, **index_options)  # type: ignore[arg-type]  # validates the knobs (str checked at run time)
@@ -335,7 +337,7 @@ class ShardedIndex:
             ok = (
                 manifest["format"] == _FORMAT_NAME
                 and isinstance(manifest["shards"], int)
-                and manifest["shards"] > 0
+                and 0 < manifest["shards"] <= MAX_SHARDS
                 and isinstance(manifest["dim"], int)
             )
         except (ValueError, KeyError, TypeError) as exc:
@@ -748,8 +750,8 @@ class ShardedIndex:
         return int(sum(self._scatter("size", ()).values()))
 
     def __contains__(self, id: object) -> bool:
-        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
-            return False
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)) or not -(2**63) <= id < 2**63:
+            return False  # ids are int64: nothing else can be held
         return bool(any(m[0] for m in self._scatter("holds", (np.array([id], np.int64),)).values()))
 
     def __repr__(self) -> str:

@@ -188,6 +188,9 @@ def _config(c: _Check, cfg: dict[str, Any]) -> int | None:
     c.int_(c.get(cfg, "M", "config.M"), "config.M", *M_RANGE)
     c.int_(c.get(cfg, "ef_construction", "config.ef_construction"), "config.ef_construction", *EF_RANGE)
     c.int_(c.get(cfg, "ef", "config.ef"), "config.ef", *EF_RANGE)
+    shards = c.get(cfg, "shards", "config.shards", optional=True)
+    if shards is not _MISSING and shards is not None:
+        c.int_(shards, "config.shards", 1)  # the upper bound when the shards open (engine.shards)
     dim = c.get(cfg, "dim", "config.dim", optional=True)
     dim = None if dim is _MISSING else dim
     if dim is not None:

@@ -58,13 +58,18 @@ _INSTALL = 'pip install "kbcore[ray]"'
 
 
 def check_shards(value: Any) -> int | None:
-    """``shards=`` of :meth:`Engine.create_knowledge_base`: None or an integer >= 1."""
+    """``shards=`` of :meth:`Engine.create_knowledge_base`: None or an integer in [1,
+    :data:`kbcore.distributed.MAX_SHARDS`]."""
+    from ..distributed.routing import MAX_SHARDS
+
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"shards must be None or an integer, got {type(value).__name__}")
     if value < 1:
         raise InvalidArgumentError(f"shards must be at least 1, got {value}")
+    if value > MAX_SHARDS:
+        raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS} (one Ray actor each), got {value}")
     return value
 
 
@@ -100,7 +105,11 @@ def open_index(kb_path: str, cfg: dict[str, Any], dim: int, *, fresh: bool = Fal
     from ..distributed import MANIFEST, ShardedIndex
     from ..index import IndexSpec
 
-    n = int(cfg["shards"])
+    try:
+        n = check_shards(cfg["shards"])
+    except (InvalidArgumentError, InvalidTypeError) as exc:
+        raise FormatError(5, f"the manifest of {kb_path!r} is unusable: {exc}") from exc
+    assert n is not None
     connect(os.path.basename(kb_path), n)
     root = os.path.join(kb_path, SHARDS_DIR)
     fd = _own(kb_path)
