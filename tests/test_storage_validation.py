@@ -86,7 +86,7 @@ BAD_MANIFESTS = [
     ("config.chunk_overlap", 60, "config.chunk_overlap"),
     ("config.vector_weight", 7, "config.vector_weight"),
     ("config.search_type", "psychic", "config.search_type"),
-    ("config.shards", "2", "config.shards"),  # ValueError from int() before
+    ("config.shards", "2", "config.shards"),  # int("2") took it before
     ("config.shards", 0, "config.shards"),
     ("embedder.dim", 2**50, "embedder.dim"),
     ("embedder.char_ngrams", [0, 99], "embedder.char_ngrams[0]"),
