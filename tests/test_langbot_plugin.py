@@ -543,6 +543,25 @@ def test_data_dir_is_the_installation_folder_the_runtime_keeps_across_upgrades(t
     assert not got.startswith(str(tmp_path / "data"))  # never the package folder
 
 
+def test_index_in_memory_setting_reaches_the_engine(loaded):
+    # the plugin setting index_in_memory opens the engine with mmap=False: a reopened knowledge
+    # base's index is then copied into memory instead of read in place
+    _, _, component, _, _ = loaded
+    kh = sys.modules["components.kbcore_home"]
+    assert [kh.index_in_memory(c) for c in ({}, {"index_in_memory": None}, {"index_in_memory": False})] == [False] * 3
+    assert [kh.index_in_memory({"index_in_memory": v}) for v in (True, "true", " On ", "1")] == [True] * 4
+    assert [kh.index_in_memory({"index_in_memory": v}) for v in ("false", "off", "")] == [False] * 3
+    for bad in ("maybe", 2, [True]):
+        with pytest.raises(ValueError, match="index_in_memory"):
+            kh.index_in_memory({"index_in_memory": bad})
+    assert component.plugin.index_in_memory is False and component.engine()._mmap is True
+    component._engine.close()
+    component._engine = None
+    component.plugin.config = {"index_in_memory": True}
+    run(component.plugin.initialize())
+    assert component.plugin.index_in_memory is True and component.engine()._mmap is False
+
+
 def test_an_unwritable_data_dir_fails_the_plugin_start_with_a_clear_message(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -1055,6 +1055,22 @@ def run_phase(args: argparse.Namespace) -> int:
             with contextlib.suppress(RuntimeError):
                 back = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
         c.check("unwritable data directory: with the setting cleared the data is back", back == before_restart, back)
+
+        # -- the setting that copies indexes into memory: the same answers --------------------
+        api.call("PUT", f"/api/v1/plugins/{PLUGIN_ID}/config", {"data_dir": "", "index_in_memory": True})
+        t1, got = time.time(), []
+        while time.time() - t1 < 120 and got != before_restart:
+            time.sleep(2)
+            with contextlib.suppress(RuntimeError):
+                got = [(e["id"], round(e["score"], 6)) for e in retrieve(kb_host, q, top_k=5)]
+        stored = api.call("GET", f"/api/v1/plugins/{PLUGIN_ID}/config", ok=False)
+        c.check(
+            "index in memory: the host stores the setting and the answers stay the same",
+            got == before_restart and "index_in_memory" in json.dumps(stored),
+            (got, json.dumps(stored)[:300]),
+        )
+        logs = "".join(f.read_text(errors="replace") for f in (home / "logs").glob("*.log"))
+        log(f"the host's logs show the engine opened with indexes in memory: {'copied into memory' in logs}")
         c.check(
             "unwritable data directory: the configured folder was left empty and removed",
             not (blocker / "kbcore").exists(),

@@ -21,6 +21,7 @@ class KbcoreKnowledgePlugin(BasePlugin):
     """
 
     data_dir: str | None = None
+    index_in_memory: bool = False
 
     def _start_config(self) -> dict:
         """The plugin settings while ``initialize`` runs.
@@ -40,6 +41,7 @@ class KbcoreKnowledgePlugin(BasePlugin):
 
     async def initialize(self) -> None:
         config = self._start_config()
+        self.index_in_memory = kbcore_home.index_in_memory(config)
         path = kbcore_home.resolve_data_dir(config)
         await asyncio.to_thread(kbcore_home.check_writable, path)
         moved = await asyncio.to_thread(kbcore_home.migrate_legacy_data, path)

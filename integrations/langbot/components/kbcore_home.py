@@ -232,6 +232,22 @@ def resolve_data_dir(config: Mapping[str, Any] | None = None) -> str:
     return os.path.abspath(os.path.join(base, "kbcore-langbot"))
 
 
+def index_in_memory(config: Mapping[str, Any] | None = None) -> bool:
+    """The plugin setting ``index_in_memory``: True copies each knowledge base's index into
+    memory when it opens (``Engine(mmap=False)``: a slower open and more memory, faster searches
+    of a large one); False or unset (the default) reads it in place from its file. A bool, or
+    its text ("true" / "false", as a form may send it); ``ValueError`` naming the setting else."""
+    value = (config or {}).get("index_in_memory")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(f"plugin setting 'index_in_memory' must be true or false, got {value!r}")
+
+
 def check_writable(path: str) -> None:
     """Creates ``path`` if needed and proves it writable; raises :class:`DataDirError` (a
     ``PermissionError``) naming the path, the reason and the two settings that move it."""

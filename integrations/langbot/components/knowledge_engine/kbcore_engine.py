@@ -662,8 +662,13 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         with self._engine_lock:
             if self._engine is None or not os.path.isdir(self._engine.path):
                 path = self.data_dir()
-                self._engine = Engine(path)
-                logger.info("kbcore knowledge engine: data directory %s", path)
+                in_memory = bool(getattr(getattr(self, "plugin", None), "index_in_memory", False))
+                self._engine = Engine(path, mmap=not in_memory)
+                logger.info(
+                    "kbcore knowledge engine: data directory %s, indexes %s",
+                    path,
+                    "copied into memory" if in_memory else "read in place",
+                )
             return self._engine
 
     def _open(self, kb_id: str) -> Any | None:
