@@ -231,6 +231,35 @@ def test_segment_text_of_reads_each_row_like_arrow(large):
     assert [seg.text_of(r) for r in range(3)] == ["a", None, "c"]
 
 
+@pytest.mark.parametrize("max_gaps", [None, 3])
+def test_segment_row_of_ids_with_gaps_is_their_position(monkeypatch, max_gaps):
+    """A merged segment's ids have gaps (dropped chunks): row() finds each id's position
+    from the list of missing ids, or by a binary search past MAX_GAPS of them."""
+    from kbcore.engine import segments
+    from kbcore.engine.segments import Segment, _missing_ids
+
+    if max_gaps is not None:
+        monkeypatch.setattr(segments, "MAX_GAPS", max_gaps)
+    rng = np.random.default_rng(5)
+    for ids in (
+        np.array([4, 5, 7, 8, 9, 12, 20], np.int64),
+        np.array([0, 2], np.int64),
+        np.sort(rng.choice(np.arange(100, 400), 150, replace=False)).astype(np.int64),
+    ):
+        seg = object.__new__(Segment)
+        seg.ids, seg.min_id, seg.max_id = ids, int(ids[0]), int(ids[-1])
+        seg.contiguous = False
+        seg._gaps = segments._UNSET
+        missing = sorted(set(range(int(ids[0]), int(ids[-1]) + 1)) - set(ids.tolist()))
+        gaps = seg.gaps
+        if len(missing) > segments.MAX_GAPS:
+            assert gaps is None
+        else:
+            assert list(gaps) == missing and list(_missing_ids(ids, seg.min_id, seg.max_id)) == missing
+        assert [seg.row(c) for c in ids.tolist()] == list(range(len(ids)))
+        assert seg.rows_of(ids).tolist() == list(range(len(ids)))
+
+
 def test_new_hit_builds_an_ordinary_frozen_hit():
     import dataclasses
 
@@ -248,10 +277,8 @@ def test_new_hit_builds_an_ordinary_frozen_hit():
 @pytest.mark.parametrize("metric", ["cosine", "ip", "l2"])
 def test_hits_over_several_segments_equal_the_general_path(tmp_path, metric):
     """make_hits' inlined path (bisect, text slice, score formula, Hit fill) builds what
-    locate + text_of + score_from_distance + Hit(...) build, for hits spread over segments."""
-    from kbcore.engine import Hit
-    from kbcore.engine.scores import score_from_distance
-
+    locate + text_of + score_from_distance + Hit(...) build, for hits spread over segments,
+    then over segments whose ids have gaps."""
     table, vecs, _ = _corpus(5)
     engine = Engine(tmp_path / metric)
     kb = engine.create_knowledge_base("kb", embedder=False, index="flat", metric=metric)
@@ -263,6 +290,20 @@ def test_hits_over_several_segments_equal_the_general_path(tmp_path, metric):
     state = kb._cell.state
     assert len(state.segments) > 2
     rng = np.random.default_rng(11)
+    _check_hits_equal_general_path(kb, state, rng, metric)
+    # Deleted documents dropped by a compaction: the merged segments' ids have gaps.
+    for doc in sorted(set(docs))[1::3]:
+        kb.delete_document(doc)
+    kb.compact()
+    state = kb._cell.state
+    assert any(not s.contiguous for s in state.segments)
+    _check_hits_equal_general_path(kb, state, rng, metric)
+
+
+def _check_hits_equal_general_path(kb, state, rng, metric):
+    from kbcore.engine import Hit
+    from kbcore.engine.scores import score_from_distance
+
     for q in rng.standard_normal((5, DIM)).astype(np.float32):
         hits = kb.retrieve(q, 12)
         ids, dist = state.index.search(q, 12)

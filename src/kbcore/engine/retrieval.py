@@ -515,10 +515,10 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     holds the read lock: ``state.index`` holds every candidate. A parent-child knowledge
     base's hit holds its parent's text.
 
-    This is the per-hit cost of every search, so the common case is inlined: a chunk of a
-    contiguous segment whose texts are Arrow string views and that holds no QA answers is
-    located by one bisect and its text sliced from the views (what :meth:`KbState.locate`
-    and :meth:`Segment.text_of` do, without their calls); its score is
+    This is the per-hit cost of every search, so the common case is inlined: a chunk is
+    located by one bisect and its row by arithmetic (:meth:`Segment.row` in a segment with
+    gaps: no numpy call), a text held as Arrow string views is sliced from them (what
+    :meth:`Segment.text_of` does, without its call), and the score is
     :func:`score_from_distance`'s float formula."""
     if not cands:
         return []
@@ -529,15 +529,14 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
     segs = state.segments
     mins = state.seg_mins
     first = segs[0] if len(segs) == 1 else None
-    # One segment whose texts are views (the usual case): its fast-path test and the views
-    # are the same for every candidate, read once here rather than per hit.
-    only_views = None
-    if first is not None and first.contiguous and first.content is None and not parents:
-        only_views = first.text_views
+    # One segment (the usual case): whether its texts are views, and the views, are the same
+    # for every candidate, so they are read once here rather than per hit.
+    only_views = first.text_views if first is not None and first.content is None and not parents else None
     l2 = metric == "l2"
     group_field, parent_field = GROUP_FIELD, PARENT_FIELD
     for (cid, value, parts), meta in zip(cands, metas):
         seg = first if first is not None else segs[_bisect_right(mins, cid) - 1]
+        row = cid - seg.min_id if seg.contiguous else seg.row(cid)
         del meta[group_field]
         meta.pop(parent_field, None)
         chunk_index = meta["chunk_index"]
@@ -554,16 +553,14 @@ def make_hits(state: KbState, cands: list[Candidate], metric: str, *, fused: boo
         else:
             score, dist = 1.0 - value / 2.0, value
             score = 0.0 if score < 0.0 else 1.0 if score > 1.0 else score
+        views = only_views
         if first is None:  # several segments: the fast-path test for this hit's own one
-            views = seg.text_views if seg.contiguous and seg.content is None and not parents else None
-        else:
-            views = only_views
+            views = seg.text_views if seg.content is None and not parents else None
         if views is not None:
             offsets, data, base = views
-            i = cid - seg.min_id + base
+            i = row + base
             content = str(data[offsets[i] : offsets[i + 1]], "utf-8")
         else:
-            row = seg.row(cid)
             content = seg.text_of(row)
             if seg.content is not None:  # a QA pair: its question was searched, its answer is returned
                 answer = seg.content_of(row)

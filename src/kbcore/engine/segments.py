@@ -10,9 +10,11 @@ A segment is three files named after the generation that wrote it: ``seg-G.chunk
 
 from __future__ import annotations
 
+import array
 import errno
 import json
 import time
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
 #: a lazily decoded Segment column not decoded yet (None is a value: no such column)
 _UNSET: Any = object()
 
+#: Most missing ids a non-contiguous segment keeps a list of (8 B each) to find a chunk's row
+#: without numpy; past it, rows are found by a binary search of the segment's ids.
+MAX_GAPS = 65536
+
 
 class Segment:
     """One segment as loaded: its tables and numpy views of the columns the engine reads.
@@ -54,6 +60,7 @@ class Segment:
         "min_id",
         "max_id",
         "contiguous",
+        "_gaps",
         "_text",
         "_text_views",
         "_start",
@@ -77,6 +84,7 @@ class Segment:
         self.min_id = int(self.ids[0]) if len(self.ids) else 0
         self.max_id = int(self.ids[-1]) if len(self.ids) else -1
         self.contiguous = len(self.ids) == 0 or self.max_id - self.min_id + 1 == len(self.ids)
+        self._gaps: Any = _UNSET
         # The columns a hit, a context window or a document's text reads, decoded at their
         # first use (per segment: a query touches the few segments its hits are in). The
         # bytes behind them were checked when the files were read (storage.read_segments).
@@ -217,9 +225,23 @@ class Segment:
     def live_mask(self) -> np.ndarray:
         return np.repeat(self.doc_live, np.diff(self.doc_offsets))
 
+    @property
+    def gaps(self) -> array.array | None:
+        """The ids missing between this segment's first and last (sorted; chunks dropped when
+        the segment was merged), when there are at most :data:`MAX_GAPS` of them, else None:
+        a chunk's row is then its id's offset from the first minus the gaps below it."""
+        gaps = self._gaps
+        if gaps is _UNSET:
+            gaps = self._gaps = _missing_ids(self.ids, self.min_id, self.max_id)
+        return gaps
+
     def row(self, chunk_id: int) -> int:
+        """The row of a stored chunk id."""
         if self.contiguous:
             return chunk_id - self.min_id
+        gaps = self.gaps
+        if gaps is not None:  # a bisect over a few gaps: no numpy call per id
+            return chunk_id - self.min_id - bisect_left(gaps, chunk_id)
         return int(np.searchsorted(self.ids, chunk_id))
 
     def text_of(self, row: int) -> str:
@@ -271,6 +293,21 @@ def internal_columns(table: Any) -> list[str]:
 def _optional_text(chunks: Any, name: str) -> Any:
     col = combined(chunks.column(name))
     return None if col.null_count == len(col) else col
+
+
+def _missing_ids(ids: np.ndarray, first: int, last: int) -> array.array | None:
+    """The ids in [first, last] that ``ids`` (sorted, unique, from first to last) lacks,
+    as an array of int64, or None when there are more than :data:`MAX_GAPS`."""
+    if last - first + 1 - len(ids) > MAX_GAPS:
+        return None
+    after = np.flatnonzero(np.diff(ids) > 1)  # ids[i] is followed by a gap
+    lengths = ids[after + 1] - ids[after] - 1
+    # Run r's ids: ids[after[r]] + 1 + j for j < lengths[r], numbered across all runs.
+    before = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    missing = np.repeat(ids[after] + 1 - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    out = array.array("q")
+    out.frombytes(missing.astype(np.int64).tobytes())
+    return out
 
 
 def _liveness(ndocs: int, deleted: tuple[int, ...]) -> np.ndarray:
