@@ -1437,3 +1437,113 @@ def test_question_prompts_follow_the_texts_language_and_are_bounded(loaded):
     assert qa_prompt("鍵は九十日ごとに交換します。", 1).startswith("次の文章")
     assert len(qa_prompt("x" * 100_000, 3)) < QA_PROMPT_CHARS + 300
     assert generated_questions("1. a?\n2. b?\n3. a?\n- c?\n" + "d" * 600 + "?", 2) == ["a?", "b?"]
+
+
+# -- the console page ------------------------------------------------------------------------
+
+
+def _console(loaded):
+    """The console Page component of the loaded plugin, wired as the runtime wires it."""
+    from langbot_plugin.api.definition.components.page import Page
+
+    plugin_manifest, components, component, _, _ = loaded
+    (manifest,) = [c for c in components if c.kind == Page.__kind__]
+    cls = manifest.get_python_component_class()
+    assert issubclass(cls, Page)
+    page = cls()
+    page.plugin = component.plugin
+    return manifest, page
+
+
+def page_call(page, endpoint: str, method: str = "GET", body=None) -> dict:
+    from langbot_plugin.api.definition.components.page import PageRequest, PageResponse
+
+    response = run(page.handle_api(PageRequest(endpoint=endpoint, method=method, body=body)))
+    assert isinstance(response, PageResponse)
+    return response.model_dump(mode="json")  # what crosses the wire
+
+
+def test_console_page_is_discovered_with_its_html_and_every_translation(loaded):
+    import json
+    import re
+
+    from langbot_plugin.cli.utils.page_components import populate_plugin_pages
+
+    plugin_manifest, components, _, _, _ = loaded
+    manifest, _ = _console(loaded)
+    assert manifest.metadata.name == "kbcore_console"
+    populate_plugin_pages(plugin_manifest, components)  # what the runtime lists in the sidebar
+    (entry,) = plugin_manifest.manifest["spec"]["pages"]
+    assert entry["id"] == "kbcore_console" and all(entry["label"][lang] for lang in ("en_US", "zh_Hans", "ja_JP"))
+    html = (PLUGIN_DIR / entry["path"]).read_text(encoding="utf-8")
+    assert '<script src="/api/v1/plugins/_sdk/page-sdk.js"></script>' in html
+    keys = set(re.findall(r'data-i18n="([^"]+)"', html)) | set(re.findall(r"(?<![\w.])t\('([^']+)'", html))
+    folder = (PLUGIN_DIR / entry["path"]).parent / "i18n"
+    for lang in ("en_US", "zh_Hans", "ja_JP"):
+        table = json.loads((folder / f"{lang}.json").read_text(encoding="utf-8"))
+        assert keys <= set(table), (lang, keys - set(table))
+        assert all(isinstance(v, str) and v for v in table.values())
+
+
+def test_console_before_anything_is_stored_lists_nothing_and_creates_nothing(loaded):
+    _, _, component, _, data = loaded
+    run(component.initialize())  # registers the engine component on the plugin
+    _, page = _console(loaded)
+    out = page_call(page, "/summary")
+    assert out["error"] is None, out
+    assert out["data"]["knowledge_bases"] == [] and out["data"]["totals"]["chunks"] == 0
+    assert out["data"]["data_dir"] == str(data) and not data.exists()
+
+
+def test_console_summarises_each_knowledge_base_and_what_was_done_with_it(loaded):
+    _, _, component, _, _ = loaded
+    populate(component)
+    assert retrieve(component, retrieval(KB, "rotate the signing keys")).results
+    retrieve(component, retrieval(KB, "ingress controllers", settings={"top_k": 2}))
+    with pytest.raises(RetrievalError, match="top_k"):
+        retrieve(component, retrieval(KB, "x", settings={"top_k": 0}))
+    bad = ingest(component, ingestion(KB, "doc-9", "kb/binary.txt"))
+    assert bad["status"] == "failed"
+    _, page = _console(loaded)
+    out = page_call(page, "/summary")
+    assert out["error"] is None, out
+    data = out["data"]
+    (kb,) = data["knowledge_bases"]
+    stored = component._open(KB)
+    assert kb["id"] == KB and kb["documents"] == 3 == len(stored.documents()) and kb["chunks"] == len(stored) > 3
+    assert kb["index"] == "flat" and kb["metric"] == "cosine" and kb["dim"] == HOST_DIM
+    assert kb["embedder"] == "LangBot model" and kb["disk_bytes"] > 0
+    assert data["totals"] == {
+        "knowledge_bases": 1,
+        "documents": 3,
+        "chunks": kb["chunks"],
+        "disk_bytes": kb["disk_bytes"],
+    }
+    t = kb["telemetry"]
+    assert t["retrieve"]["calls"] == 3 and t["retrieve"]["errors"] == 1
+    assert 1 <= t["retrieve"]["items"] <= 2 + 5  # the results of the two that answered
+    assert 0 < t["retrieve"]["ms_p50"] <= t["retrieve"]["ms_p95"]
+    assert t["ingest"]["calls"] == 4 and t["ingest"]["errors"] == 1 and t["ingest"]["items"] == kb["chunks"]
+    assert t["last_error"]["kind"] == "ingest" and t["last_error"]["message"]
+    metrics = page_call(page, "/metrics")["data"]
+    assert metrics["content_type"].startswith("text/plain")
+    lines = metrics["body"].splitlines()
+    assert f'kbcore_chunks{{knowledge_base="{KB}"}} {kb["chunks"]}' in lines
+    assert f'kbcore_retrieve_calls_total{{knowledge_base="{KB}"}} 3' in lines
+    assert f'kbcore_ingest_errors_total{{knowledge_base="{KB}"}} 1' in lines
+    assert any(
+        line.startswith(f'kbcore_retrieve_milliseconds{{knowledge_base="{KB}",quantile="0.95"}}') for line in lines
+    )
+    cleared = page_call(page, "/telemetry/clear", "POST")["data"]
+    assert cleared["knowledge_bases"][0]["telemetry"] is None and cleared["since"] >= data["since"]
+    assert page_call(page, "/nope")["error"] == "unknown endpoint: GET /nope"
+    assert page_call(page, "/summary", "DELETE")["error"].startswith("unknown endpoint")
+    run(component.on_knowledge_base_delete(KB))
+    assert page_call(page, "/summary")["data"]["knowledge_bases"] == []
+
+
+def test_console_answers_an_error_when_the_knowledge_engine_has_not_started(loaded):
+    _, page = _console(loaded)
+    page.plugin = type("P", (), {})()  # a plugin whose knowledge engine never initialised
+    out = page_call(page, "/summary")
+    assert out["data"] is None and "not started" in out["error"]

@@ -738,6 +738,67 @@ def run_phase(args: argparse.Namespace) -> int:
             local_manifest["config"],
         )
 
+        # -- the console page: the plugin's Page component, through the host's page API ----
+        console = api.call(
+            "POST",
+            f"/api/v1/plugins/{PLUGIN_ID}/page-api",
+            {"page_id": "kbcore_console", "endpoint": "/summary", "method": "GET"},
+        )
+        listed = {kb["id"]: kb for kb in console.get("knowledge_bases", [])}
+        c.check(
+            "page: the console lists each knowledge base with its documents and chunks",
+            set(listed) == {kb_host, kb_local}
+            and listed[kb_host]["documents"] == 3
+            and listed[kb_local]["documents"] == 1
+            and all(kb["chunks"] >= kb["documents"] for kb in listed.values()),
+            console,
+        )
+        counters = listed.get(kb_host, {}).get("telemetry") or {}
+        c.check(
+            "page: it counts this run's retrievals and ingests of a knowledge base",
+            counters.get("retrieve", {}).get("calls", 0) >= 4
+            and counters.get("retrieve", {}).get("errors") == 0
+            and counters.get("ingest", {}).get("calls") == 3
+            and counters.get("ingest", {}).get("items") == listed[kb_host]["chunks"],
+            counters,
+        )
+        metrics = api.call(
+            "POST",
+            f"/api/v1/plugins/{PLUGIN_ID}/page-api",
+            {"page_id": "kbcore_console", "endpoint": "/metrics", "method": "GET"},
+        )
+        c.check(
+            "page: /metrics answers Prometheus text",
+            f'kbcore_documents{{knowledge_base="{kb_host}"}} 3' in metrics.get("body", ""),
+            metrics,
+        )
+        wrong = api.call(
+            "POST",
+            f"/api/v1/plugins/{PLUGIN_ID}/page-api",
+            {"page_id": "kbcore_console", "endpoint": "/nope", "method": "GET"},
+            ok=False,
+        )
+        c.check("page: an unknown endpoint is a 400 naming it", "unknown endpoint" in str(wrong), wrong)
+        info = api.call("GET", f"/api/v1/plugins/{PLUGIN_ID}")
+        c.check("page: the plugin's manifest lists the console page", "kbcore_console" in json.dumps(info), info)
+        page_url = f"{host.base}/api/v1/plugins/{PLUGIN_ID}/assets/components/pages/kbcore_console/index.html"
+        try:
+            with urllib.request.urlopen(page_url, timeout=30) as resp:
+                html, status = resp.read().decode("utf-8", "replace"), resp.status
+        except urllib.error.HTTPError as e:
+            html, status = e.read().decode("utf-8", "replace")[:500], e.code
+        c.check(
+            "page: the host serves the console's HTML with the page SDK",
+            status == 200 and "/api/v1/plugins/_sdk/page-sdk.js" in html,
+            (status, html[:300]),
+        )
+        try:  # what page-sdk.js fetches for a Chinese UI: ./i18n/zh_Hans.json beside the page
+            with urllib.request.urlopen(page_url.rsplit("/", 1)[0] + "/i18n/zh_Hans.json", timeout=30) as resp:
+                zh = json.loads(resp.read())
+        except (urllib.error.HTTPError, ValueError) as e:
+            zh = {"error": str(e)}
+        c.check("page: the host serves the console's translations", zh.get("title") == "kbcore 知识库", zh)
+
         # -- office files and zips parsed natively; search types; rerank; query rewrite ------
         office = ROOT / "tests" / "data" / "office"
         kb_office = create(

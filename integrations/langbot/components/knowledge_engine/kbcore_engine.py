@@ -55,6 +55,7 @@ from langbot_plugin.api.entities.builtin.rag.errors import RetrievalError
 from langbot_plugin.api.entities.builtin.rag.models import IngestionContext, IngestionResult
 
 from components import kbcore_home
+from components.console_stats import Telemetry
 
 kbcore_home.ensure_kbcore()  # the kbcore wheel the .lbpkg carries (see kbcore_home)
 
@@ -635,6 +636,13 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
         self._rerank_log = _BurstLog()
+        self.telemetry = Telemetry()  # what this process did, for the console page
+
+    async def initialize(self) -> None:
+        await super().initialize()
+        plugin = getattr(self, "plugin", None)
+        if plugin is not None:  # the console page reads the knowledge bases through this component
+            plugin.knowledge_engine = self
 
     @classmethod
     def get_capabilities(cls) -> list[str]:
@@ -671,11 +679,19 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                 )
             return self._engine
 
-    def _open(self, kb_id: str) -> Any | None:
+    def stored_engine(self) -> Engine | None:
+        """The engine when anything is stored (None: no data directory yet, or the last
+        knowledge base was deleted); never creates the directory."""
         if self._engine is None and not os.path.isdir(self.data_dir()):
+            return None
+        return self.engine()
+
+    def _open(self, kb_id: str) -> Any | None:
+        engine = self.stored_engine()
+        if engine is None:
             return None  # nothing stored yet (or the last knowledge base was deleted)
         try:
-            return self.engine().get_knowledge_base(kb_name(kb_id))
+            return engine.get_knowledge_base(kb_name(kb_id))
         except NotFoundError:
             return None
 
@@ -759,10 +775,24 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
                     kbcore_home.remove_if_empty(engine.path)
 
         await asyncio.to_thread(drop)
+        self.telemetry.forget(kb_id)
         logger.info("kbcore: deleted knowledge base %s for %s", name, kb_id)
 
     # -- ingest ----------------------------------------------------------------------------
     async def ingest(self, context: IngestionContext) -> IngestionResult:
+        started = time.perf_counter()
+        result = await self._ingest_or_fail(context)
+        failed = result.status == DocumentStatus.FAILED
+        self.telemetry.record(
+            "ingest",
+            context.knowledge_base_id,
+            time.perf_counter() - started,
+            items=result.chunks_created or 0,
+            error=(result.error_message or "failed") if failed else None,
+        )
+        return result
+
+    async def _ingest_or_fail(self, context: IngestionContext) -> IngestionResult:
         doc_id = context.file_object.metadata.document_id
         try:
             return await self._ingest(context)
@@ -973,6 +1003,19 @@ class KbcoreKnowledgeEngine(KnowledgeEngine):
 
     # -- retrieve --------------------------------------------------------------------------
     async def retrieve(self, context: RetrievalContext) -> RetrievalResponse:
+        started = time.perf_counter()
+        kb_id = context.knowledge_base_id or context.get_collection_id()
+        try:
+            response = await self._retrieve(context)
+        except Exception as exc:
+            self.telemetry.record(
+                "retrieve", kb_id or "", time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}"
+            )
+            raise
+        self.telemetry.record("retrieve", kb_id or "", time.perf_counter() - started, items=len(response.results))
+        return response
+
+    async def _retrieve(self, context: RetrievalContext) -> RetrievalResponse:
         kb_id = context.knowledge_base_id or context.get_collection_id()
         try:
             settings = retrieval_settings(context.retrieval_settings)
