@@ -1542,6 +1542,24 @@ def test_console_summarises_each_knowledge_base_and_what_was_done_with_it(loaded
     assert page_call(page, "/summary")["data"]["knowledge_bases"] == []
 
 
+def test_console_lists_a_damaged_knowledge_base_with_its_error_beside_the_others(loaded):
+    _, _, component, _, data = loaded
+    populate(component)
+    other = "9a1c2a9e-7b4d-4e0a-9c51-0d2e6f8a1b99"
+    run(component.on_knowledge_base_create(other, dict(HOST_SETTINGS)))
+    component._engine.close()  # a fresh process: nothing open
+    component._engine = None
+    (data / other / "manifest.json").write_text("{not json", encoding="utf-8")
+    _, page = _console(loaded)
+    out = page_call(page, "/summary")
+    assert out["error"] is None, out
+    rows = {kb["id"]: kb for kb in out["data"]["knowledge_bases"]}
+    assert set(rows) == {KB, other}
+    assert rows[KB]["error"] is None and rows[KB]["documents"] == 3
+    assert rows[other]["error"] and rows[other]["documents"] == 0
+    assert out["data"]["totals"]["documents"] == 3 and out["data"]["totals"]["knowledge_bases"] == 2
+
+
 def test_console_answers_an_error_when_the_knowledge_engine_has_not_started(loaded):
     _, page = _console(loaded)
     page.plugin = type("P", (), {})()  # a plugin whose knowledge engine never initialised

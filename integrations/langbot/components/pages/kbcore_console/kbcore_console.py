@@ -43,6 +43,46 @@ def _embedder_label(info: dict[str, Any]) -> str:
     return f"{kind} ({name})" if name else str(kind)
 
 
+def _entry(engine: Any, name: str, counters: dict[str, Any]) -> dict[str, Any]:
+    """One knowledge base's row; one that cannot be opened (a damaged file) is listed with
+    its error and zero counts, so that it does not hide the others."""
+    try:
+        kb = engine.get_knowledge_base(name)
+        info, stats = kb.info(), kb.stats()
+    except Exception as exc:  # noqa: BLE001 - shown in its row
+        return {
+            "id": name,
+            "name": name,
+            "error": f"{type(exc).__name__}: {exc}",
+            "documents": 0,
+            "chunks": 0,
+            "segments": 0,
+            "pending_graph_rows": 0,
+            "disk_bytes": None,
+            "telemetry": counters.get(name),
+        }
+    kb_id = _kb_id(info)
+    return {
+        "id": kb_id,
+        "name": name,
+        "error": None,
+        "documents": stats.documents,
+        "chunks": stats.chunks,
+        "segments": stats.segments,
+        "pending_graph_rows": stats.pending_graph_rows,
+        "index": info.get("index"),
+        "index_type": info.get("index_type", "chunk"),
+        "quantization": info.get("quantization"),
+        "metric": info.get("metric"),
+        "dim": info.get("dim"),
+        "embedder": _embedder_label(info),
+        "search_type": info.get("search_type"),
+        "disk_bytes": info.get("disk_bytes"),
+        "created_at": info.get("created_at"),
+        "telemetry": counters.get(kb_id),
+    }
+
+
 def summary(component: Any) -> dict[str, Any]:
     """The page's figures (see the module docstring); ``component`` is the knowledge engine."""
     telemetry = component.telemetry.snapshot()
@@ -50,30 +90,7 @@ def summary(component: Any) -> dict[str, Any]:
     engine = component.stored_engine()
     kbs: list[dict[str, Any]] = []
     if engine is not None:
-        for name in engine.knowledge_bases():
-            kb = engine.get_knowledge_base(name)
-            info, stats = kb.info(), kb.stats()
-            kb_id = _kb_id(info)
-            kbs.append(
-                {
-                    "id": kb_id,
-                    "name": name,
-                    "documents": stats.documents,
-                    "chunks": stats.chunks,
-                    "segments": stats.segments,
-                    "pending_graph_rows": stats.pending_graph_rows,
-                    "index": info.get("index"),
-                    "index_type": info.get("index_type", "chunk"),
-                    "quantization": info.get("quantization"),
-                    "metric": info.get("metric"),
-                    "dim": info.get("dim"),
-                    "embedder": _embedder_label(info),
-                    "search_type": info.get("search_type"),
-                    "disk_bytes": info.get("disk_bytes"),
-                    "created_at": info.get("created_at"),
-                    "telemetry": counters.get(kb_id),
-                }
-            )
+        kbs = [_entry(engine, name, counters) for name in engine.knowledge_bases()]
     stored = {kb["id"] for kb in kbs}
     return {
         "data_dir": component.data_dir(),
